@@ -1,0 +1,30 @@
+# Two entry points, both self-contained on a fresh machine:
+#   make demo   set up .venv, run a 2-rank profiled CPU training job into runs/
+#   make test   set up .venv, run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# CPU machines take the pinned CPU wheel (an unpinned torch pulls a multi-GB
+# CUDA build); machines with an NVIDIA driver take the default CUDA build.
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+RUNS   ?= runs
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/reftrain --nproc 2 --runs-dir $(RUNS) --demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

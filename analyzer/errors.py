@@ -1,0 +1,17 @@
+"""Project exceptions. The CLI turns each into one line and an exit code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class AnalyzerError(Exception):
+    """An input problem a user can act on; the message is the whole story."""
+
+
+class TraceError(AnalyzerError):
+    """One trace file is unusable; other ranks can still be analyzed."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{self.path.name}: {problem}")
