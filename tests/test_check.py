@@ -1,0 +1,194 @@
+"""The CI gate's statistics on synthetic samples with known outcomes."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.check import (
+    CheckConfig,
+    StepSamples,
+    check_samples,
+    mann_whitney_less,
+    min_one_sided_p,
+    samples_from_metrics,
+    samples_from_steps,
+)
+from analyzer.errors import AnalyzerError
+
+
+def _samples(values, metric="mfu") -> StepSamples:
+    values = np.asarray(values, dtype=float)
+    return StepSamples(metric=metric, values=values, steps=np.arange(len(values)), source="synthetic", n_ranks=1)
+
+
+def test_identical_distribution_passes_with_zero_drop():
+    rng = np.random.default_rng(0)
+    base = 0.40 * (1 + 0.01 * rng.standard_normal(30))
+    cand = rng.permutation(base)
+    result = check_samples(_samples(base), _samples(cand))
+    assert result.verdict == "pass"
+    assert result.drop == 0.0
+    # Same values in another order: U is exactly n1*n2/2, so p is about one half.
+    assert 0.4 < result.p_value < 0.6
+
+
+def test_two_draws_of_the_same_distribution_pass():
+    rng = np.random.default_rng(1)
+    base = 0.40 * (1 + 0.02 * rng.standard_normal(40))
+    cand = 0.40 * (1 + 0.02 * rng.standard_normal(40))
+    result = check_samples(_samples(base), _samples(cand))
+    assert result.verdict == "pass"
+    assert abs(result.drop) < 0.02
+
+
+def test_ten_percent_slower_with_low_noise_fails():
+    rng = np.random.default_rng(2)
+    base = 0.40 * (1 + 0.005 * rng.standard_normal(20))
+    cand = 0.36 * (1 + 0.005 * rng.standard_normal(20))
+    result = check_samples(_samples(base), _samples(cand))
+    assert result.verdict == "regression"
+    assert result.regression
+    assert result.drop == pytest.approx(0.10, abs=0.01)
+    # Every candidate value is below every baseline value; the normal
+    # approximation (n > 8) then gives p of order 1e-8.
+    assert result.p_value < 1e-6
+    assert result.exceeds_threshold and result.significant
+
+
+def test_ten_percent_slower_but_noisy_and_few_samples_is_not_significant():
+    # Medians 0.40 and 0.36 (a 10% drop), but the values interleave.
+    base = [0.20, 0.30, 0.40, 0.50, 0.60]
+    cand = [0.16, 0.28, 0.36, 0.52, 0.64]
+    result = check_samples(_samples(base), _samples(cand))
+    assert result.drop == pytest.approx(0.10)
+    assert result.exceeds_threshold
+    assert not result.significant
+    assert result.p_value > 0.3
+    assert result.verdict == "pass"
+    assert "not significant" in result.notes[0]
+
+
+def test_drop_exactly_at_threshold_passes_and_just_beyond_fails():
+    offsets = np.linspace(-2, 2, 11)  # medians are exactly the centre values
+    base = 100 + offsets
+    at_edge = check_samples(_samples(base), _samples(95 + offsets))
+    assert at_edge.drop == 0.05
+    assert at_edge.significant  # fully separated samples
+    assert at_edge.verdict == "pass"  # "beyond the threshold" is strict
+    beyond = check_samples(_samples(base), _samples(94.9 + offsets))
+    assert beyond.drop == pytest.approx(0.051)
+    assert beyond.verdict == "regression"
+
+
+def test_float_rounding_at_the_threshold_counts_as_at_it():
+    offsets = np.linspace(-0.01, 0.01, 11)
+    result = check_samples(_samples(1.0 + offsets), _samples(0.95 + offsets))
+    assert result.drop > 0.05  # 0.05000000000000004 in binary floating point
+    assert not result.exceeds_threshold
+    assert result.verdict == "pass"
+
+
+def test_faster_candidate_passes_with_negative_drop():
+    base = np.linspace(0.30, 0.31, 12)
+    result = check_samples(_samples(base), _samples(base * 1.2))
+    assert result.drop == pytest.approx(-0.2)
+    assert result.p_value > 0.99
+    assert result.verdict == "pass"
+
+
+def test_custom_threshold_and_alpha():
+    base = np.linspace(0.99, 1.01, 8)
+    cand = base * 0.97  # 3% drop, fully separated
+    assert check_samples(_samples(base), _samples(cand)).verdict == "pass"
+    strict = check_samples(_samples(base), _samples(cand), CheckConfig(max_drop=0.02))
+    assert strict.verdict == "regression"
+    # Exact test (n = 8 each, no ties), total separation: p = 1/C(16, 8).
+    assert strict.p_value == pytest.approx(1 / math.comb(16, 8))
+    # One candidate value above the lowest baseline value: U = 1, p = 2/C(16, 8),
+    # which a stricter alpha no longer accepts.
+    cand_overlap = cand.copy()
+    cand_overlap[-1] = 0.991
+    loose = check_samples(_samples(base), _samples(cand_overlap), CheckConfig(max_drop=0.02))
+    assert loose.p_value == pytest.approx(2 / math.comb(16, 8))
+    assert loose.verdict == "regression"
+    tight = check_samples(_samples(base), _samples(cand_overlap), CheckConfig(max_drop=0.02, alpha=1.5e-4))
+    assert tight.verdict == "pass" and tight.exceeds_threshold and not tight.significant
+
+
+def test_too_few_steps_to_ever_be_significant_is_unusable():
+    assert min_one_sided_p(3, 3) == pytest.approx(0.05)
+    with pytest.raises(AnalyzerError, match="too few steady-state steps"):
+        check_samples(_samples([1.0, 1.0, 1.0]), _samples([0.5, 0.5, 0.5]))
+    # Four each reach p = 1/70 < 0.05: usable, and a clear drop fails.
+    result = check_samples(_samples([1.0, 1.01, 1.02, 1.03]), _samples([0.5, 0.51, 0.52, 0.53]))
+    assert result.p_value == pytest.approx(1 / 70)
+    assert result.verdict == "regression"
+
+
+def test_metric_mismatch_and_bad_values_are_unusable():
+    with pytest.raises(AnalyzerError, match="incompatible runs"):
+        check_samples(_samples([1.0] * 5), _samples([1.0] * 5, metric="tokens_per_s"))
+    with pytest.raises(AnalyzerError, match="no steady-state steps"):
+        check_samples(_samples([]), _samples([1.0] * 5))
+    with pytest.raises(AnalyzerError, match="non-finite"):
+        check_samples(_samples([1.0, np.nan, 1.0, 1.0, 1.0]), _samples([1.0] * 5))
+    with pytest.raises(AnalyzerError, match="positive"):
+        check_samples(_samples([0.0] * 5), _samples([1.0] * 5))
+
+
+def test_constant_values_give_p_one():
+    assert mann_whitney_less(np.full(10, 2.0), np.full(10, 2.0)) == 1.0
+
+
+def test_config_rejects_out_of_range_values():
+    with pytest.raises(AnalyzerError, match="max-mfu-drop"):
+        CheckConfig(max_drop=1.5)
+    with pytest.raises(AnalyzerError, match="alpha"):
+        CheckConfig(alpha=0.0)
+
+
+def _metrics_table() -> pd.DataFrame:
+    rows = []
+    for step in range(10):
+        for rank in range(2):
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "mfu": 0.1 * (step + 1) + 0.01 * rank,
+                    "tokens_per_s": 1000.0 + step,
+                    "profiled": step in (6, 7),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_samples_from_metrics_exclude_warmup_and_profiled_steps_and_average_ranks():
+    samples = samples_from_metrics(
+        _metrics_table(), warmup_steps=3, profiled_steps=[6, 7], metric="mfu", label="run"
+    )
+    assert samples.steps.tolist() == [3, 4, 5, 8, 9]
+    # mean over ranks of 0.1*(step+1) and 0.1*(step+1)+0.01
+    assert samples.values == pytest.approx([0.405, 0.505, 0.605, 0.905, 1.005])
+    assert samples.n_ranks == 2
+    # The `profiled` flag alone also excludes a step the manifest omits.
+    flagged = samples_from_metrics(_metrics_table(), warmup_steps=3, profiled_steps=[], metric="mfu", label="run")
+    assert flagged.steps.tolist() == [3, 4, 5, 8, 9]
+
+
+def test_samples_from_metrics_without_the_metric_is_unusable():
+    table = _metrics_table().assign(mfu=None)
+    with pytest.raises(AnalyzerError, match="no steady-state steps with `mfu`"):
+        samples_from_metrics(table, warmup_steps=0, profiled_steps=[], metric="mfu", label="run")
+    with pytest.raises(AnalyzerError, match="no steady-state steps"):
+        samples_from_metrics(_metrics_table(), warmup_steps=20, profiled_steps=[], metric="mfu", label="run")
+
+
+def test_samples_from_trace_steps_are_steps_per_second():
+    steps = pd.DataFrame({"rank": [0, 1, 0, 1], "step": [5, 5, 6, 6], "step_time_ms": [100.0, 100.0, 200.0, 250.0]})
+    samples = samples_from_steps(steps, value_column="step_time_ms", metric="steps_per_s", label="t")
+    assert samples.steps.tolist() == [5, 6]
+    assert samples.values == pytest.approx([10.0, (5.0 + 4.0) / 2])
