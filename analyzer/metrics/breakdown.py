@@ -1,0 +1,175 @@
+"""Per-step time breakdown of one rank: parts that sum exactly to the step.
+
+Device timeline (traces with GPU events; docs/metrics.md, "Step breakdown"):
+within each ProfilerStep window ``W = [start, end)``, with ``C`` the union of
+compute kernels, ``M`` the union of communication kernels and ``Y`` the
+union of memcpy and memset, all streams merged,
+
+* ``compute_ms``         = |(C \\ M) ∩ W|     compute with no communication running
+* ``overlapped_comm_ms`` = |(C ∩ M) ∩ W|     communication hidden behind compute
+* ``exposed_comm_ms``    = |(M \\ C) ∩ W|     communication nothing hides
+* ``exposed_memcpy_ms``  = |(Y \\ (C ∪ M)) ∩ W|
+* ``idle_ms``            = |W| - |(C ∪ M ∪ Y) ∩ W|
+
+These partition ``W``, so they sum to ``step_time_ms``; total compute busy
+time is ``compute_ms + overlapped_comm_ms``. Device events are clipped to
+the window (a kernel running across a step boundary is split).
+
+Host timeline (CPU-only traces): the phase annotations the trainer writes
+(``record_function`` ranges named in :data:`HOST_PHASES`) and the host
+collective ops (``cpu_comm``: ``c10d::*``, ``gloo:*``, ``record_param_comms``,
+on any thread) are the layers. Each instant of ``W`` goes to the first
+phase of :data:`PHASE_PRECEDENCE` active there, else to ``exposed_comm_ms``
+when a collective is active, else to ``other_ms``. Collectives running
+inside a phase (gloo work on its own threads during backward) are part of
+that phase's time, as the trainer's own phase timers see it; ``comm_ms``
+(the union of collective time in ``W``, both timelines) is reported beside
+the parts and is not one of them.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.intervals import Timeline, sweep, union
+from analyzer.tables import DEVICE_KINDS
+
+Source = Literal["device", "host"]
+
+DEVICE_PARTS = ("compute_ms", "overlapped_comm_ms", "exposed_comm_ms", "exposed_memcpy_ms", "idle_ms")
+# record_function names the reference trainer wraps its phases in.
+HOST_PHASES = ("data", "forward", "backward", "optimizer", "grad_sync")
+# Which phase an instant belongs to when ranges overlap (nesting): the more
+# specific, shorter ranges first.
+PHASE_PRECEDENCE = ("grad_sync", "optimizer", "backward", "forward", "data")
+HOST_PARTS = tuple(f"{p}_ms" for p in HOST_PHASES) + ("exposed_comm_ms", "other_ms")
+# Not a part: reported beside the parts on both timelines.
+EXTRA_COLUMNS = ("comm_ms",)
+
+_NS_PER_MS = 1e6
+_COMPUTE, _COMM, _MEMCPY = 1, 2, 4
+
+
+def parts_of(source: Source) -> tuple[str, ...]:
+    """The columns that partition a step on this timeline."""
+    return DEVICE_PARTS if source == "device" else HOST_PARTS
+
+
+def source_of(events: pd.DataFrame) -> Source:
+    """``device`` when the rank has any GPU-stream event, else ``host``."""
+    return "device" if bool(events["kind"].isin(DEVICE_KINDS).any()) else "host"
+
+
+def _layer(events: pd.DataFrame, mask: pd.Series | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    sel = events.loc[mask]
+    return union(sel["start_ns"].to_numpy(np.int64), sel["end_ns"].to_numpy(np.int64))
+
+
+def device_timeline(events: pd.DataFrame) -> Timeline:
+    """Compute (bit 1), communication (bit 2), memcpy+memset (bit 4) of one rank."""
+    kind = events["kind"]
+    return sweep(
+        [
+            _layer(events, kind == "compute"),
+            _layer(events, kind == "comm"),
+            _layer(events, kind.isin(("memcpy", "memset"))),
+        ]
+    )
+
+
+def phase_annotations(events: pd.DataFrame) -> pd.Series:
+    """Boolean row mask of host phase ranges (``user_annotation`` named a phase)."""
+    return (events["kind"] == "annotation") & (events["cat"].astype(str) == "user_annotation") & events[
+        "name"
+    ].astype(str).isin(HOST_PHASES)
+
+
+def host_timeline(events: pd.DataFrame) -> Timeline:
+    """One layer per phase of :data:`HOST_PHASES` (bit ``2**i``), then host collectives."""
+    names = events["name"].astype(str)
+    is_phase = phase_annotations(events)
+    layers = [_layer(events, is_phase & (names == phase)) for phase in HOST_PHASES]
+    layers.append(_layer(events, events["kind"] == "cpu_comm"))
+    return sweep(layers)
+
+
+def _window_arrays(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    return steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+
+
+def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame, source: Source | None = None) -> pd.DataFrame:
+    """Breakdown of each ProfilerStep window of one rank.
+
+    ``events`` is one rank's events table, ``steps`` its ProfilerStep windows
+    (``step``, ``start_ns``, ``end_ns``). ``source`` picks the timeline
+    (default: ``device`` when there are GPU events). Returns one row per step
+    with ``step, start_ns, end_ns, step_time_ms, source``, the parts of
+    :func:`parts_of` in ms (summing to ``step_time_ms``) and ``comm_ms``.
+    Empty when ``steps`` is.
+    """
+    source = source or source_of(events)
+    lo, hi = _window_arrays(steps)
+    width_ns = hi - lo
+    if source == "device":
+        tl = device_timeline(events)
+        compute, comm = (tl.mask & _COMPUTE) != 0, (tl.mask & _COMM) != 0
+        parts_ns = {
+            "compute_ms": tl.length_in(compute & ~comm, lo, hi),
+            "overlapped_comm_ms": tl.length_in(compute & comm, lo, hi),
+            "exposed_comm_ms": tl.length_in(comm & ~compute, lo, hi),
+            "exposed_memcpy_ms": tl.length_in(tl.mask == _MEMCPY, lo, hi),
+        }
+        parts_ns["idle_ms"] = width_ns - tl.length_in(tl.mask != 0, lo, hi)
+        comm_ns = tl.length_in(comm, lo, hi)
+    else:
+        tl = host_timeline(events)
+        comm = (tl.mask & (1 << len(HOST_PHASES))) != 0
+        bit = {p: 1 << i for i, p in enumerate(HOST_PHASES)}
+        parts_ns = {}
+        claimed = np.zeros(tl.mask.shape, dtype=bool)
+        for phase in PHASE_PRECEDENCE:
+            mine = ((tl.mask & bit[phase]) != 0) & ~claimed
+            parts_ns[f"{phase}_ms"] = tl.length_in(mine, lo, hi)
+            claimed |= mine
+        exposed = comm & ~claimed
+        parts_ns["exposed_comm_ms"] = tl.length_in(exposed, lo, hi)
+        claimed |= exposed
+        parts_ns["other_ms"] = width_ns - tl.length_in(claimed, lo, hi)
+        parts_ns = {p: parts_ns[p] for p in HOST_PARTS}
+        comm_ns = tl.length_in(comm, lo, hi)
+    out = pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(np.int64),
+            "start_ns": lo,
+            "end_ns": hi,
+            "step_time_ms": width_ns / _NS_PER_MS,
+            "source": source,
+        }
+    )
+    for name, ns in parts_ns.items():
+        out[name] = ns / _NS_PER_MS
+    out["comm_ms"] = comm_ns / _NS_PER_MS
+    return out
+
+
+def summarize_breakdown(table: pd.DataFrame, source: Source) -> dict[str, dict[str, float]]:
+    """Per part: ``median_ms`` and ``mean_ms`` over steps, and ``pct`` of step time.
+
+    ``pct = 100 * sum(part) / sum(step_time)`` over the steps, so the parts'
+    percentages sum to 100 (medians of parts need not add up to the median
+    step). Empty dict when there are no steps.
+    """
+    if table.empty:
+        return {}
+    total_ms = float(table["step_time_ms"].sum())
+    out: dict[str, dict[str, float]] = {}
+    for part in parts_of(source):
+        col = table[part]
+        out[part.removesuffix("_ms")] = {
+            "median_ms": float(col.median()),
+            "mean_ms": float(col.mean()),
+            "pct": 100.0 * float(col.sum()) / total_ms if total_ms > 0 else float("nan"),
+        }
+    return out

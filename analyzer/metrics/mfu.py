@@ -1,0 +1,359 @@
+"""Model and hardware FLOPs utilization (MFU, HFU) per step and per run.
+
+Definitions (docs/metrics.md, "MFU and HFU"):
+
+``MFU = achieved model FLOP/s per device / peak FLOP/s per device`` (PaLM,
+Chowdhery et al. 2022, appendix B), a fraction in 0..1. HFU is the same with
+hardware FLOPs (model FLOPs plus activation recompute).
+
+Two sources, tried in this order; the result names the one used:
+
+``manifest`` (reftrain run directories). Per optimizer step ``s``:
+    ``flops_per_device = tokens_per_step * flops.per_token / world_size``
+    ``mfu_s = flops_per_device / (t_s * peak_flops.per_s)``
+with ``t_s`` the mean over ranks of ``step_time_ms`` in
+``metrics/rank*.jsonl``, over steady-state steps only (``step >=
+warmup_steps``, not in ``profiled_steps``, not flagged ``profiled``); HFU uses
+``flops.per_token_hardware``. The run value is the median over steps. The
+metrics JSONL is used rather than the trace windows because the traced steps
+are exactly the profiled ones, which the profiler slows down; the trainer's
+own ``mfu`` field, summarized the same way, is reported beside it
+(``logged_median``) as a check.
+
+``trace-shapes`` (any Kineto trace with ``record_shapes=True``). Per rank and
+ProfilerStep window, the FLOPs of the top-level matmul-like ops that start in
+the window (:mod:`analyzer.metrics.matmul_flops`), over the window length and
+a peak from the ``peak_flops`` argument or the device table
+(:mod:`analyzer.metrics.peaks`) by the device name in ``deviceProperties``
+and the dtype carrying most matmul FLOPs. Backward:
+
+* the trace has autograd backward ranges with matmuls in them: counted as
+  recorded (``aten::mm`` under ``AddmmBackward0`` etc.);
+* it has backward ranges but no matmul inside any (backward not recorded
+  with shapes): backward estimated as 2x forward, i.e. ``3 * forward``
+  (the usual 1:2 forward:backward matmul ratio, PaLM appendix B);
+* it has no backward at all (inference, or forward-only profile): forward
+  only, with a note.
+
+Recorded ops include any activation recompute, so on this source HFU = MFU
+(the model/hardware split cannot be recovered from a trace). A step's value
+is the mean over ranks; the run value the median over steps.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, dominant_dtype, matmul_ops
+from analyzer.metrics.peaks import Peak, lookup_peak
+from analyzer.tables import DEVICE_KINDS
+
+MfuSource = Literal["manifest", "trace-shapes", "none"]
+STEP_COLUMNS = ("step", "n_ranks", "step_time_ms", "flops", "hardware_flops", "achieved_tflops_per_s", "mfu", "hfu")
+
+
+@dataclass
+class MfuResult:
+    """MFU of a run. ``median``/``hfu_median`` are fractions (0..1) or None.
+
+    ``steps`` has one row per step (:data:`STEP_COLUMNS`; ``flops`` are model
+    FLOPs per device per step). ``reason`` says why when ``source`` is
+    ``none``; ``step_time_source`` and ``peak_detail`` say where the
+    denominator came from.
+    """
+
+    source: MfuSource
+    median: float | None = None
+    hfu_median: float | None = None
+    reason: str | None = None
+    steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: pd.Series(dtype="float64") for c in STEP_COLUMNS}))
+    step_time_source: str | None = None
+    peak_flops_per_s: float | None = None
+    peak_source: str | None = None
+    peak_detail: str | None = None
+    dtype: str | None = None
+    flops_per_step: float | None = None
+    logged_median: float | None = None
+    backward: str | None = None  # "recorded" | "estimated-2x-forward" | "absent"
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (NaN becomes None); ``steps`` as a list of records."""
+        return {
+            "source": self.source,
+            "median": _num(self.median),
+            "hfu_median": _num(self.hfu_median),
+            "reason": self.reason,
+            "step_time_source": self.step_time_source,
+            "peak_flops_per_s": _num(self.peak_flops_per_s),
+            "peak_source": self.peak_source,
+            "peak_detail": self.peak_detail,
+            "dtype": self.dtype,
+            "flops_per_step": _num(self.flops_per_step),
+            "logged_median": _num(self.logged_median),
+            "backward": self.backward,
+            "notes": list(self.notes),
+            "steps": [{k: _num(v) for k, v in row.items()} for row in self.steps.to_dict("records")],
+        }
+
+
+def _num(x: Any) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return None if not math.isfinite(float(x)) else float(x)
+    return x
+
+
+def _median_or_none(values: pd.Series) -> float | None:
+    values = values.dropna()
+    return float(values.median()) if len(values) else None
+
+
+def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, Mapping) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def steady_state(metrics: pd.DataFrame, warmup_steps: int, profiled_steps: Sequence[int]) -> pd.DataFrame:
+    """Rows of the metrics table outside warmup and profiler windows."""
+    keep = (metrics["step"] >= warmup_steps) & ~metrics["step"].isin(list(profiled_steps))
+    if "profiled" in metrics.columns:
+        keep &= ~metrics["profiled"].fillna(False).astype(bool)
+    return metrics.loc[keep]
+
+
+def mfu_from_manifest(manifest: Mapping[str, Any], metrics: pd.DataFrame | None) -> MfuResult:
+    """MFU of a reftrain run from its manifest and metrics records (see module doc).
+
+    Returns source ``none`` with the reason when a needed manifest field or
+    every steady-state step is missing.
+    """
+    per_token = _get(manifest, "flops", "per_token")
+    per_token_hw = _get(manifest, "flops", "per_token_hardware") or per_token
+    tokens_per_step = manifest.get("tokens_per_step")
+    peak = _get(manifest, "peak_flops", "per_s")
+    world_size = manifest.get("world_size")
+    missing = [
+        name
+        for name, value in (
+            ("flops.per_token", per_token),
+            ("tokens_per_step", tokens_per_step),
+            ("peak_flops.per_s", peak),
+            ("world_size", world_size),
+        )
+        if not value
+    ]
+    if missing:
+        return MfuResult("none", reason=f"run.json lacks {', '.join(missing)}")
+    if metrics is None or metrics.empty or "step_time_ms" not in metrics.columns:
+        return MfuResult("none", reason="no metrics records (metrics/rank*.jsonl) to time the steps")
+    warmup = int(manifest.get("warmup_steps") or 0)
+    profiled = list(manifest.get("profiled_steps") or [])
+    steady = steady_state(metrics, warmup, profiled)
+    if steady.empty:
+        return MfuResult(
+            "none",
+            reason=f"no steady-state steps: all {metrics['step'].nunique()} step(s) are warmup (< {warmup}) or profiled",
+        )
+    per_step = steady.groupby("step", sort=True).agg(n_ranks=("rank", "nunique"), step_time_ms=("step_time_ms", "mean"))
+    flops = float(tokens_per_step) * float(per_token) / float(world_size)
+    hw_flops = float(tokens_per_step) * float(per_token_hw) / float(world_size)
+    seconds = per_step["step_time_ms"].to_numpy() / 1e3
+    steps = pd.DataFrame(
+        {
+            "step": per_step.index.to_numpy(np.int64),
+            "n_ranks": per_step["n_ranks"].to_numpy(np.int64),
+            "step_time_ms": per_step["step_time_ms"].to_numpy(),
+            "flops": flops,
+            "hardware_flops": hw_flops,
+            "achieved_tflops_per_s": flops / seconds / 1e12,
+            "mfu": flops / (seconds * float(peak)),
+            "hfu": hw_flops / (seconds * float(peak)),
+        }
+    )
+    logged = None
+    if "mfu" in steady.columns:
+        logged = _median_or_none(pd.to_numeric(steady["mfu"], errors="coerce").groupby(steady["step"]).mean())
+    notes = []
+    if logged:
+        rel = (float(steps["mfu"].median()) - logged) / logged
+        notes.append(f"reftrain's logged MFU over the same steps: {logged:.4f} ({rel:+.2%} relative)")
+    return MfuResult(
+        "manifest",
+        median=float(steps["mfu"].median()),
+        hfu_median=float(steps["hfu"].median()),
+        steps=steps,
+        step_time_source=(
+            f"metrics JSONL: mean over ranks of step_time_ms, {len(steps)} steady-state step(s) "
+            f"(warmup < {warmup} and {len(set(profiled))} profiled step(s) excluded)"
+        ),
+        peak_flops_per_s=float(peak),
+        peak_source=str(_get(manifest, "peak_flops", "source") or "manifest"),
+        peak_detail=_get(manifest, "peak_flops", "detail"),
+        dtype=_get(manifest, "peak_flops", "dtype"),
+        flops_per_step=flops,
+        logged_median=logged,
+        backward="recorded",
+        notes=notes,
+    )
+
+
+@dataclass(frozen=True)
+class RankFlops:
+    """Per-step FLOPs of one rank from trace shapes."""
+
+    rank: int
+    steps: pd.DataFrame  # step, step_time_ms, flops, recorded_fwd_flops, recorded_bwd_flops
+    backward: str  # "recorded" | "estimated-2x-forward" | "absent"
+    n_ops: int
+    n_unknown_shapes: int
+    dtype: str | None
+
+
+def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> RankFlops:
+    """Model FLOPs per ProfilerStep window of one rank from matmul shapes (see module doc)."""
+    ops = matmul_ops(events)
+    top = ops.loc[ops["top_level"]]
+    names = events["name"].astype(str)
+    has_backward = bool(names.str.startswith(BACKWARD_PREFIX).any())
+    lo = steps["start_ns"].to_numpy(np.int64)
+    hi = steps["end_ns"].to_numpy(np.int64)
+    start = top["start_ns"].to_numpy(np.int64)
+    k = np.searchsorted(lo, start, side="right") - 1
+    in_step = (k >= 0) & (start < hi[np.clip(k, 0, None)]) if len(lo) else np.zeros(len(top), dtype=bool)
+    flops = np.nan_to_num(top["flops"].to_numpy(np.float64))
+    bwd = top["backward"].to_numpy(bool)
+    fwd_per_step = np.bincount(k[in_step & ~bwd], weights=flops[in_step & ~bwd], minlength=len(lo))
+    bwd_per_step = np.bincount(k[in_step & bwd], weights=flops[in_step & bwd], minlength=len(lo))
+    if not has_backward:
+        mode, model = "absent", fwd_per_step
+    elif bwd_per_step.sum() == 0:
+        mode, model = "estimated-2x-forward", 3.0 * fwd_per_step
+    else:
+        mode, model = "recorded", fwd_per_step + bwd_per_step
+    table = pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(np.int64),
+            "step_time_ms": (hi - lo) / 1e6,
+            "flops": model,
+            "recorded_fwd_flops": fwd_per_step,
+            "recorded_bwd_flops": bwd_per_step,
+        }
+    )
+    dtype = dominant_dtype(ops)
+    if dtype == "fp32":
+        kernels = events.loc[events["kind"] == "compute", "name"].astype(str)
+        if kernels.str.contains("tf32", case=False, regex=False).any():
+            dtype = "tf32"
+    return RankFlops(rank, table, mode, int(len(top)), int(top["flops"].isna().sum()), dtype)
+
+
+def device_name_of(events: pd.DataFrame, device_properties: Sequence[Mapping[str, Any]]) -> str | None:
+    """Name of the device a rank ran on: the ``deviceProperties`` entry whose id is the GPU events' pid."""
+    if not device_properties:
+        return None
+    device_pids = events.loc[events["kind"].isin(DEVICE_KINDS), "pid"]
+    if len(device_pids):
+        pid = int(device_pids.mode().iloc[0])
+        for prop in device_properties:
+            if prop.get("id") == pid and prop.get("name"):
+                return str(prop["name"])
+    first = device_properties[0].get("name")
+    return str(first) if first else None
+
+
+def mfu_from_trace_shapes(
+    ranks: Sequence[RankFlops],
+    device_names: Mapping[int, str | None],
+    peak_flops: float | None = None,
+) -> MfuResult:
+    """MFU from per-rank shape FLOPs (see module doc); ``peak_flops`` overrides the table."""
+    if not ranks or all(r.steps.empty for r in ranks):
+        return MfuResult("none", reason="no ProfilerStep windows to time the FLOPs against")
+    n_ops = sum(r.n_ops for r in ranks)
+    n_known = n_ops - sum(r.n_unknown_shapes for r in ranks)
+    if n_known == 0:
+        why = "no matmul-like ops in the trace" if n_ops == 0 else "matmul-like ops lack recorded shapes"
+        return MfuResult("none", reason=f"{why} (profile with record_shapes=True, or give a run directory)")
+    dtypes = [r.dtype for r in ranks if r.dtype]
+    dtype = max(set(dtypes), key=dtypes.count) if dtypes else None
+    notes: list[str] = []
+    peak: Peak | None = None
+    reason = None
+    if peak_flops is not None:
+        peak = Peak(float(peak_flops), dtype, "argument", "peak_flops argument")
+    else:
+        names = {n for n in device_names.values() if n}
+        if not names:
+            reason = "no GPU in the trace (deviceProperties empty) and no peak_flops given"
+        else:
+            name = sorted(names)[0]
+            peak = lookup_peak(name, dtype or "bf16")
+            if peak is None:
+                reason = f"device {name!r} is not in the peak table; pass peak_flops (--peak-flops)"
+            if len(names) > 1:
+                notes.append(f"ranks report different devices {sorted(names)}; peak of {name!r} used")
+    per_rank = []
+    for r in ranks:
+        t = r.steps.assign(rank=r.rank)
+        per_rank.append(t)
+    table = pd.concat(per_rank, ignore_index=True)
+    seconds = table["step_time_ms"].to_numpy() / 1e3
+    table["achieved_tflops_per_s"] = table["flops"].to_numpy() / seconds / 1e12
+    table["mfu"] = table["flops"] / (seconds * peak.per_s) if peak else np.nan
+    per_step = table.groupby("step", sort=True).agg(
+        n_ranks=("rank", "nunique"),
+        step_time_ms=("step_time_ms", "mean"),
+        flops=("flops", "mean"),
+        achieved_tflops_per_s=("achieved_tflops_per_s", "mean"),
+        mfu=("mfu", "mean"),
+    )
+    steps = per_step.reset_index()
+    steps["hardware_flops"] = steps["flops"]
+    steps["hfu"] = steps["mfu"]
+    steps = steps[list(STEP_COLUMNS)]
+    modes = sorted({r.backward for r in ranks})
+    backward = modes[0] if len(modes) == 1 else "mixed"
+    if backward == "estimated-2x-forward":
+        notes.append("backward ranges have no matmul shapes: backward FLOPs estimated as 2x forward")
+    elif backward == "absent":
+        notes.append("no autograd backward in the trace: forward FLOPs only (inference or forward-only profile)")
+    unknown = n_ops - n_known
+    if unknown:
+        notes.append(f"{unknown} of {n_ops} top-level matmul-like ops lack usable shapes and count 0 FLOPs")
+    notes.append("trace shapes count every recorded matmul, recompute included: HFU = MFU on this source")
+    common = dict(
+        steps=steps,
+        step_time_source="ProfilerStep windows (mean over ranks)",
+        dtype=dtype,
+        flops_per_step=float(steps["flops"].median()),
+        backward=backward,
+        notes=notes,
+    )
+    if peak is None:
+        return MfuResult("none", reason=reason, **common)
+    return MfuResult(
+        "trace-shapes",
+        median=_median_or_none(steps["mfu"]),
+        hfu_median=_median_or_none(steps["hfu"]),
+        peak_flops_per_s=peak.per_s,
+        peak_source=peak.source,
+        peak_detail=peak.detail,
+        **common,
+    )
+
+
+def rank_step_mfu(step_table: pd.DataFrame, flops_per_step: float, peak_flops_per_s: float) -> np.ndarray:
+    """Per-(rank, step) MFU of trace windows given FLOPs per device per step."""
+    return flops_per_step / (step_table["step_time_ms"].to_numpy() / 1e3 * peak_flops_per_s)

@@ -1,0 +1,109 @@
+"""Communication/compute overlap and idle time, the way HTA defines them.
+
+Two overlap figures, side by side (docs/metrics.md, "Overlap"):
+
+* ``comm_comp_overlap_pct`` (HTA's definition, ``get_comm_comp_overlap``):
+  ``100 * |C ∩ M| / |M|``, the share of communication time during which some
+  compute kernel also runs, over all device events of HTA's window.
+* ``exposed_comm_pct``: ``100 * sum(exposed_comm) / sum(step_time)`` over
+  the ProfilerStep windows, the share of step time in which communication
+  runs and nothing hides it (see :mod:`analyzer.metrics.breakdown`).
+
+``idle_pct`` follows HTA's ``get_temporal_breakdown``: over the span from
+the first device event's start to the last one's end (HTA's "kernel
+time"), the share in which no device event runs at all.
+
+HTA's window, read from ``hta/common/trace.py``
+(``_filter_irrelevant_gpu_kernels`` with ``include_last_profiler_step=True``):
+when a rank has two or more ProfilerStep markers, a device event is kept
+iff some host event with the same correlation id (its launch, e.g.
+``cudaLaunchKernel``) starts no later than the end of the last
+ProfilerStep; with fewer markers every device event is kept.
+
+Deliberate differences from HTA, each measured on the shared sample traces
+and explained in docs/metrics.md: communication kernels are any name
+containing nccl/rccl (HTA: ``^nccl`` or ``ncclKernel``, plus ``^hip``);
+compute is every other kernel (HTA also drops names matching ``Memcpy``,
+``Sync`` and a few vendor patterns); times stay in exact nanoseconds (HTA
+rounds start up and end down to whole microseconds); and ``cuda_sync``
+events are not device activity (HTA counts a ``Stream Sync`` with a stream
+id as a kernel).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.intervals import sweep, union
+from analyzer.tables import DEVICE_KINDS
+
+
+@dataclass(frozen=True)
+class OverlapResult:
+    """Whole-window totals of one rank (ns) and the derived percentages.
+
+    Percentages are None when undefined: no communication (overlap) or no
+    device events (idle).
+    """
+
+    comm_ns: int
+    comm_overlapped_ns: int
+    compute_ns: int
+    busy_ns: int
+    span_ns: int
+    n_device_events: int
+
+    @property
+    def comm_comp_overlap_pct(self) -> float | None:
+        return 100.0 * self.comm_overlapped_ns / self.comm_ns if self.comm_ns > 0 else None
+
+    @property
+    def idle_pct(self) -> float | None:
+        return 100.0 * (self.span_ns - self.busy_ns) / self.span_ns if self.span_ns > 0 else None
+
+    @property
+    def compute_pct(self) -> float | None:
+        """HTA's ``compute_time_pctg``: union of compute over the span."""
+        return 100.0 * self.compute_ns / self.span_ns if self.span_ns > 0 else None
+
+
+def hta_window(events: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Boolean row mask: device events inside HTA's analysis window (see module doc)."""
+    device = events["kind"].isin(DEVICE_KINDS).to_numpy()
+    if len(steps) < 2:
+        return device
+    last_end_ns = int(steps["end_ns"].max())
+    corr = events["correlation"].to_numpy(np.int64)
+    launched = ~device & (corr >= 0) & (events["start_ns"].to_numpy(np.int64) <= last_end_ns)
+    return device & np.isin(corr, np.unique(corr[launched]))
+
+
+def overlap(events: pd.DataFrame, steps: pd.DataFrame) -> OverlapResult:
+    """HTA-style overlap and idle totals of one rank over :func:`hta_window`."""
+    sel = events.loc[hta_window(events, steps), ["kind", "start_ns", "end_ns"]]
+    kind = sel["kind"]
+    start = sel["start_ns"].to_numpy(np.int64)
+    end = sel["end_ns"].to_numpy(np.int64)
+    is_compute = (kind == "compute").to_numpy()
+    is_comm = (kind == "comm").to_numpy()
+    tl = sweep([union(start[is_compute], end[is_compute]), union(start[is_comm], end[is_comm]), union(start, end)])
+    compute, comm, busy = (tl.mask & 1) != 0, (tl.mask & 2) != 0, (tl.mask & 4) != 0
+    span = int(end.max() - start.min()) if len(sel) else 0
+    return OverlapResult(
+        comm_ns=tl.total(comm),
+        comm_overlapped_ns=tl.total(comm & compute),
+        compute_ns=tl.total(compute),
+        busy_ns=tl.total(busy),
+        span_ns=span,
+        n_device_events=len(sel),
+    )
+
+
+def exposed_comm_pct(step_table: pd.DataFrame) -> float | None:
+    """``100 * sum(exposed_comm_ms) / sum(step_time_ms)`` over a rank's steps; None without steps."""
+    if step_table.empty:
+        return None
+    total = float(step_table["step_time_ms"].sum())
+    return 100.0 * float(step_table["exposed_comm_ms"].sum()) / total if total > 0 else None

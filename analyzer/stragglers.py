@@ -1,0 +1,539 @@
+"""Stragglers: which rank makes the others wait, with the evidence.
+
+Definitions (docs/metrics.md, "Stragglers"):
+
+Arrivals. A collective is matched across ranks by its key: ``(pg, seq)`` in
+reftrain's collective records, or its order within the process group in
+traces (``arrivals_from_traces``). A rank's *arrival* is the collective's
+start on that rank, on a common clock (reftrain records: ``start_ns -
+clock.offsets_ns[rank]``). Per collective: ``skew = max(arrival) -
+min(arrival)``; ``wait[r] = max(arrival) - arrival[r]`` is the time rank
+``r`` spends waiting for the last arriver, who waits least; ``lateness[r] =
+arrival[r] - min(arrival)``.
+
+Signals, each a value per (rank, step):
+
+* ``step_time``: the step time;
+* ``lateness``: the sum of the rank's lateness over the step's collectives.
+
+For a signal ``x``, per step ``d[r, s] = x[r, s] - median over the other
+ranks of x[r', s]`` (leave-one-out, so that with two ranks each is compared
+with the other, not with the mean of both). Per rank: ``excess = median_s
+d``; ``slow_share`` = share of steps with ``d >= min_excess_ms``; robust
+``z = excess / (sqrt(pi/2) * sigma / sqrt(n))``, the median excess over its
+standard error, with ``sigma = 1.4826 * median over ranks of MAD_s(d)``
+(the step-to-step noise, floored at ``0.1 * min_excess_ms``) and ``n`` the
+rank's number of steps. A rank is a
+*persistent straggler* on a signal when ``slow_share >= min_slow_share``,
+``z >= min_z``, ``excess >= min_excess_ms`` and ``excess >= min_excess_frac
+* median step time``, over at least ``min_steps`` steps; it is flagged when
+either signal says so.
+
+In synchronous data parallelism the step times even out (everyone waits in
+the gradient all-reduce), so the lateness signal is usually the one that
+names the straggler; the step-time ratio (``step_time / median over ranks``)
+is reported for every rank regardless.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+_MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+_MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a sample median, in sigma / sqrt(n)
+
+ARRIVAL_COLUMNS = ("rank", "key", "step", "kind", "bytes", "group_size", "start_ns", "end_ns")
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Thresholds of the persistent-straggler verdict (see module doc)."""
+
+    min_slow_share: float = 0.6
+    min_z: float = 2.5
+    min_excess_ms: float = 1.0
+    min_excess_frac: float = 0.02
+    min_steps: int = 3
+
+
+@dataclass
+class RankStraggle:
+    """One rank's straggler evidence. Times in ms; None where a signal is missing."""
+
+    rank: int
+    n_steps: int
+    step_time_ms: float | None
+    step_time_ratio: float | None  # median over steps of step_time / median over ranks
+    step_excess_ms: float | None
+    step_slow_share: float | None
+    step_z: float | None
+    lateness_excess_ms: float | None
+    lateness_slow_share: float | None
+    lateness_z: float | None
+    last_arrivals: int
+    n_collectives: int
+    wait_ms: float  # time this rank waited for later arrivers
+    caused_wait_ms: float  # time the others waited on collectives this rank arrived at last
+    flagged: bool
+    signals: list[str] = field(default_factory=list)
+    evidence: str = ""
+
+
+@dataclass
+class StragglerResult:
+    """Per-rank evidence and the verdict; ``ranks`` lists the flagged ranks."""
+
+    ranks: list[int]
+    per_rank: list[RankStraggle]
+    verdict: str
+    step_source: str | None
+    arrival_source: str | None
+    config: StragglerConfig
+    per_step: pd.DataFrame  # rank, step, step_time_ms, step_time_ratio, lateness_ms
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": list(self.ranks),
+            "verdict": self.verdict,
+            "step_source": self.step_source,
+            "arrival_source": self.arrival_source,
+            "config": self.config.__dict__.copy(),
+            "per_rank": [{k: _clean(v) for k, v in r.__dict__.items()} for r in self.per_rank],
+            "notes": list(self.notes),
+        }
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, (np.bool_,)):
+        return bool(x)
+    return x
+
+
+# ---------------------------------------------------------------------------
+# Arrivals: one row per (rank, collective)
+# ---------------------------------------------------------------------------
+
+
+def arrivals_from_records(collectives: pd.DataFrame, offsets_ns: Sequence[int] | None) -> pd.DataFrame:
+    """Arrivals from reftrain's collective records (``reftrain.collectives/1`` plus ``rank``).
+
+    Start and end are shifted onto rank 0's clock with the manifest's
+    ``clock.offsets_ns`` (that rank's clock minus rank 0's).
+    """
+    if collectives is None or collectives.empty:
+        return _empty_arrivals()
+    frame = collectives
+    offsets = np.zeros(len(frame), dtype=np.int64)
+    if offsets_ns:
+        table = np.asarray(list(offsets_ns), dtype=np.int64)
+        ranks = frame["rank"].to_numpy(np.int64)
+        known = ranks < len(table)
+        offsets[known] = table[ranks[known]]
+    pg = frame["pg"].astype(str) if "pg" in frame.columns else pd.Series("0", index=frame.index)
+    return pd.DataFrame(
+        {
+            "rank": frame["rank"].to_numpy(np.int64),
+            "key": (pg + ":" + frame["seq"].astype(np.int64).astype(str)).to_numpy(),
+            "step": frame["step"].to_numpy(np.int64) if "step" in frame.columns else -1,
+            "kind": frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else "unknown",
+            "bytes": pd.to_numeric(frame.get("bytes"), errors="coerce").to_numpy(np.float64) if "bytes" in frame.columns else np.nan,
+            "group_size": frame["group_size"].to_numpy(np.int64) if "group_size" in frame.columns else -1,
+            "start_ns": frame["start_ns"].to_numpy(np.int64) - offsets,
+            "end_ns": frame["end_ns"].to_numpy(np.int64) - offsets,
+        }
+    )
+
+
+def _empty_arrivals() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="object" if c in ("key", "kind") else "int64") for c in ARRIVAL_COLUMNS})
+
+
+# c10d op / NCCL kernel names -> collective kind.
+_KIND_PATTERNS = (
+    (re.compile(r"all_?reduce", re.I), "all_reduce"),
+    (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
+    (re.compile(r"all_?gather", re.I), "all_gather"),
+    (re.compile(r"all_?to_?all", re.I), "all_to_all"),
+    (re.compile(r"broadcast", re.I), "broadcast"),
+    (re.compile(r"barrier", re.I), "barrier"),
+    (re.compile(r"send_?recv", re.I), "send_recv"),
+    (re.compile(r"\breduce|_reduce|reduce_", re.I), "reduce"),
+    (re.compile(r"send", re.I), "send"),
+    (re.compile(r"recv", re.I), "recv"),
+)
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8,
+    "c10::Half": 2, "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
+    "long int": 8, "Long": 8, "int64": 8, "int": 4, "Int": 4, "int32": 4, "signed char": 1, "Byte": 1,
+    "unsigned char": 1, "Char": 1, "int8": 1, "uint8": 1, "bool": 1, "Bool": 1,
+}
+
+
+def collective_kind(name: str) -> str:
+    """all_reduce, all_gather, ... from a c10d op, collective or NCCL kernel name."""
+    for pattern, kind in _KIND_PATTERNS:
+        if pattern.search(name):
+            return kind
+    return "unknown"
+
+
+def _step_of(times_ns: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Index of the last ProfilerStep starting at or before each time (its step number), -1 before the first."""
+    if steps.empty:
+        return np.full(len(times_ns), -1, dtype=np.int64)
+    lo = steps["start_ns"].to_numpy(np.int64)
+    k = np.searchsorted(lo, times_ns, side="right") - 1
+    numbers = steps["step"].to_numpy(np.int64)
+    return np.where(k >= 0, numbers[np.clip(k, 0, None)], -1)
+
+
+def rank_collective_events(events: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The events of one rank that mark its arrival at each collective, in order.
+
+    GPU traces: communication kernels (device arrival), ordered per stream.
+    CPU traces: the ``c10d::*`` ops the training thread issues (host
+    arrival); the ``gloo:*`` ranges run later on gloo's worker threads and
+    ``record_param_comms`` wraps the same call, so neither is used.
+    """
+    kind = events["kind"]
+    comm = events.loc[kind == "comm"]
+    if not comm.empty:
+        return comm.sort_values(["stream", "start_ns"], kind="stable"), "device communication kernels"
+    names = events["name"].astype(str)
+    host = events.loc[(kind == "cpu_comm") & names.str.startswith("c10d::")]
+    return host.sort_values("start_ns", kind="stable"), "host c10d collective ops"
+
+
+def arrivals_from_traces(per_rank: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]]) -> tuple[pd.DataFrame, str | None, list[str]]:
+    """Arrivals matched across ranks by order within the process group.
+
+    ``per_rank`` maps rank to ``(events, steps)``. The k-th collective of a
+    group on one rank is the k-th on every rank: the group is the stream
+    (its position among the rank's communication streams) for kernels, the
+    op name for host ops. Groups whose counts differ across ranks are left
+    out with a note. Returns ``(arrivals, source, notes)``; arrivals empty
+    when fewer than two ranks have collectives. Assumes the ranks' trace
+    clocks agree (same host, or synchronized hosts).
+    """
+    notes: list[str] = []
+    frames = []
+    source = None
+    for rank, (events, steps) in sorted(per_rank.items()):
+        sel, source = rank_collective_events(events)
+        if sel.empty:
+            continue
+        if source.startswith("device"):
+            streams = np.sort(sel["stream"].unique())
+            group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str)
+        else:
+            group = sel["name"].astype(str).to_numpy()
+        names = sel["coll_name"].astype(object).where(sel["coll_name"].notna(), sel["name"].astype(str)).astype(str)
+        nelems = sel["msg_in_nelems"].to_numpy(np.int64)
+        elem_bytes = sel["msg_dtype"].astype(object).map(lambda d: _DTYPE_BYTES.get(str(d), np.nan)).to_numpy(np.float64)
+        order = pd.Series(group).groupby(group).cumcount().to_numpy()
+        start = sel["start_ns"].to_numpy(np.int64)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "rank": rank,
+                    "key": [f"{g}:{i}" for g, i in zip(group, order)],
+                    "step": _step_of(start, steps),
+                    "kind": [collective_kind(n) for n in names],
+                    "bytes": np.where(nelems >= 0, nelems * elem_bytes, np.nan),
+                    "group_size": sel["group_size"].to_numpy(np.int64),
+                    "start_ns": start,
+                    "end_ns": sel["end_ns"].to_numpy(np.int64),
+                }
+            )
+        )
+    if len(frames) < 2:
+        return _empty_arrivals(), None, notes
+    arrivals = pd.concat(frames, ignore_index=True)
+    group_of = arrivals["key"].str.rsplit(":", n=1).str[0]
+    counts = arrivals.groupby([group_of, arrivals["rank"]]).size().unstack(fill_value=0)
+    uneven = counts.index[counts.nunique(axis=1) > 1]
+    if len(uneven):
+        notes.append(f"collective groups {sorted(map(str, uneven))} have different counts across ranks; left out of arrival matching")
+        arrivals = arrivals.loc[~group_of.isin(uneven)].reset_index(drop=True)
+    return arrivals, source, notes
+
+
+# ---------------------------------------------------------------------------
+# Per-collective skew and per-rank waits
+# ---------------------------------------------------------------------------
+
+# nccl-tests' bus-bandwidth factors (PERFORMANCE.md), n = ranks in the group.
+def _busbw_factor(kind: str, n: int) -> float:
+    if n <= 1:
+        return float("nan")
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if kind in ("broadcast", "reduce", "send", "recv", "send_recv"):
+        return 1.0
+    return float("nan")
+
+
+def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective seen on two or more ranks.
+
+    Columns: ``key, step, kind, bytes, n_ranks, first_arrival_ns, skew_ms,
+    last_rank, wait_ms`` (sum over ranks of the time waiting for the last
+    arriver), ``duration_ms`` (the last arriver's start-to-end time, i.e.
+    the transfer without waiting), ``algbw_gbps`` (``size / duration`` in
+    GB/s, where size is the input bytes, times n for all_gather as in
+    nccl-tests) and ``busbw_gbps`` (algbw times the nccl-tests factor).
+    """
+    if arrivals.empty:
+        cols = ("key", "step", "kind", "bytes", "n_ranks", "first_arrival_ns", "skew_ms", "last_rank", "wait_ms", "duration_ms", "algbw_gbps", "busbw_gbps")
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    a = arrivals.sort_values(["key", "start_ns", "rank"], kind="stable")
+    g = a.groupby("key", sort=False)
+    last_idx = g["start_ns"].idxmax()
+    last = a.loc[last_idx].set_index("key")
+    agg = g.agg(
+        step=("step", "min"),
+        kind=("kind", "first"),
+        bytes=("bytes", "max"),
+        n_ranks=("rank", "nunique"),
+        first_arrival_ns=("start_ns", "min"),
+        last_arrival_ns=("start_ns", "max"),
+        sum_start_ns=("start_ns", "sum"),
+    )
+    agg = agg.loc[agg["n_ranks"] >= 2]
+    last = last.loc[agg.index]
+    skew_ns = agg["last_arrival_ns"] - agg["first_arrival_ns"]
+    wait_ns = agg["last_arrival_ns"] * agg["n_ranks"] - agg["sum_start_ns"]
+    duration_ns = (last["end_ns"] - last["start_ns"]).astype(np.float64)
+    n = agg["n_ranks"].to_numpy()
+    size = agg["bytes"].to_numpy(np.float64) * np.where(agg["kind"].to_numpy() == "all_gather", n, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(duration_ns.to_numpy() > 0, size / duration_ns.to_numpy(), np.nan)  # bytes/ns == GB/s
+    factor = np.array([_busbw_factor(k, int(m)) for k, m in zip(agg["kind"], n)])
+    out = pd.DataFrame(
+        {
+            "key": agg.index.to_numpy(),
+            "step": agg["step"].to_numpy(np.int64),
+            "kind": agg["kind"].to_numpy(),
+            "bytes": agg["bytes"].to_numpy(np.float64),
+            "n_ranks": n.astype(np.int64),
+            "first_arrival_ns": agg["first_arrival_ns"].to_numpy(np.int64),
+            "skew_ms": skew_ns.to_numpy() / 1e6,
+            "last_rank": last["rank"].to_numpy(np.int64),
+            "wait_ms": wait_ns.to_numpy() / 1e6,
+            "duration_ms": duration_ns.to_numpy() / 1e6,
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor,
+        }
+    )
+    return out.sort_values("first_arrival_ns", kind="stable").reset_index(drop=True)
+
+
+def _rank_waits(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, collective): lateness_ns, wait_ns, is_last."""
+    a = arrivals.copy()
+    g = a.groupby("key")["start_ns"]
+    n = a.groupby("key")["rank"].transform("nunique")
+    a = a.loc[n >= 2].copy()
+    g = a.groupby("key")["start_ns"]
+    a["lateness_ns"] = a["start_ns"] - g.transform("min")
+    a["wait_ns"] = g.transform("max") - a["start_ns"]
+    # The last arriver: the latest start, lowest rank on ties.
+    ordered = a.sort_values(["key", "start_ns", "rank"], ascending=[True, False, True], kind="stable")
+    last_rows = ordered.drop_duplicates("key").index
+    a["is_last"] = False
+    a.loc[last_rows, "is_last"] = True
+    return a
+
+
+# ---------------------------------------------------------------------------
+# Robust per-rank scores and the verdict
+# ---------------------------------------------------------------------------
+
+
+def _leave_one_out_excess(values: pd.DataFrame) -> pd.DataFrame:
+    """``d[r, s] = x[r, s] - median over r' != r of x[r', s]`` on a (step x rank) table."""
+    x = values.to_numpy(np.float64)
+    out = np.full(x.shape, np.nan)
+    for j in range(x.shape[1]):  # one pass per rank (ranks, not events)
+        others = np.delete(x, j, axis=1)
+        with np.errstate(all="ignore"):
+            ref = np.nanmedian(others, axis=1) if others.shape[1] else np.full(x.shape[0], np.nan)
+        out[:, j] = x[:, j] - ref
+    return pd.DataFrame(out, index=values.index, columns=values.columns)
+
+
+@dataclass(frozen=True)
+class _Signal:
+    excess_ms: dict[int, float]
+    slow_share: dict[int, float]
+    z: dict[int, float]
+    n_steps: dict[int, int]
+
+
+def _score(values: pd.DataFrame, cfg: StragglerConfig) -> _Signal | None:
+    """Robust per-rank scores of a (step x rank) table in ms; None with fewer than two ranks."""
+    if values.shape[1] < 2:
+        return None
+    d = _leave_one_out_excess(values)
+    excess = d.median(axis=0, skipna=True)
+    n = d.notna().sum(axis=0)
+    mad = (d - excess).abs().median(axis=0, skipna=True)
+    pooled_mad = float(np.nanmedian(mad.to_numpy())) if mad.notna().any() else 0.0
+    sigma = max(_MAD_TO_SIGMA * pooled_mad, 0.1 * cfg.min_excess_ms)
+    # Standard error of a median of n draws: sqrt(pi/2) * sigma / sqrt(n).
+    stderr = _MEDIAN_SE * sigma / np.sqrt(n.clip(lower=1))
+    slow = (d >= cfg.min_excess_ms).where(d.notna())
+    return _Signal(
+        excess_ms={int(r): float(v) for r, v in excess.items()},
+        slow_share={int(r): float(v) for r, v in slow.mean(axis=0, skipna=True).items()},
+        z={int(r): float(excess[r] / stderr[r]) for r in excess.index},
+        n_steps={int(r): int(v) for r, v in n.items()},
+    )
+
+
+def _flags(sig: _Signal | None, rank: int, step_ms: float | None, cfg: StragglerConfig) -> bool:
+    if sig is None or rank not in sig.excess_ms:
+        return False
+    excess = sig.excess_ms[rank]
+    return (
+        sig.n_steps[rank] >= cfg.min_steps
+        and sig.slow_share[rank] >= cfg.min_slow_share
+        and sig.z[rank] >= cfg.min_z
+        and excess >= cfg.min_excess_ms
+        and (step_ms is None or excess >= cfg.min_excess_frac * step_ms)
+    )
+
+
+def find_stragglers(
+    step_times: pd.DataFrame,
+    arrivals: pd.DataFrame,
+    *,
+    step_source: str | None,
+    arrival_source: str | None,
+    config: StragglerConfig = StragglerConfig(),
+) -> StragglerResult:
+    """Per-rank straggler evidence and verdict (see module doc).
+
+    ``step_times`` has ``rank, step, step_time_ms`` (steady-state steps of the
+    metrics records, or ProfilerStep windows); ``arrivals`` has
+    :data:`ARRIVAL_COLUMNS` on a common clock (may be empty).
+    """
+    cfg = config
+    notes: list[str] = []
+    st = step_times[["rank", "step", "step_time_ms"]].dropna() if not step_times.empty else step_times
+    ranks = sorted(
+        (set(st["rank"].astype(int)) if not st.empty else set())
+        | (set(arrivals["rank"].astype(int)) if not arrivals.empty else set())
+    )
+    step_table = st.pivot_table(index="step", columns="rank", values="step_time_ms", aggfunc="mean") if not st.empty else pd.DataFrame()
+    step_sig = _score(step_table, cfg) if not step_table.empty else None
+    median_step_ms = float(st["step_time_ms"].median()) if not st.empty else None
+
+    waits = _rank_waits(arrivals) if not arrivals.empty else pd.DataFrame(columns=["rank", "step", "lateness_ns", "wait_ns", "is_last", "key"])
+    late_table = pd.DataFrame()
+    if not waits.empty:
+        per = waits.loc[waits["step"] >= 0] if (waits["step"] >= 0).any() else waits.assign(step=0)
+        late_table = per.pivot_table(index="step", columns="rank", values="lateness_ns", aggfunc="sum") / 1e6
+    late_sig = _score(late_table, cfg) if not late_table.empty else None
+
+    per_step = pd.DataFrame()
+    if not step_table.empty:
+        ratio = step_table.div(step_table.median(axis=1), axis=0)
+        per_step = (
+            step_table.stack().rename("step_time_ms").to_frame().join(ratio.stack().rename("step_time_ratio"))
+        )
+        if not late_table.empty:
+            per_step = per_step.join(late_table.stack().rename("lateness_ms"), how="outer")
+        per_step = per_step.reset_index()
+
+    per_rank: list[RankStraggle] = []
+    for r in ranks:
+        mine = waits.loc[waits["rank"] == r] if not waits.empty else waits
+        caused = 0.0
+        if not waits.empty:
+            last_keys = waits.loc[(waits["rank"] == r) & waits["is_last"], "key"]
+            caused = float(waits.loc[waits["key"].isin(last_keys) & (waits["rank"] != r), "wait_ns"].sum()) / 1e6
+        ratio_r = None
+        if not step_table.empty and r in step_table.columns:
+            ratio_r = float(step_table[r].div(step_table.median(axis=1)).median())
+        signals = []
+        if _flags(step_sig, r, median_step_ms, cfg):
+            signals.append("step_time")
+        if _flags(late_sig, r, median_step_ms, cfg):
+            signals.append("lateness")
+        rs = RankStraggle(
+            rank=r,
+            n_steps=int(step_table[r].notna().sum()) if r in getattr(step_table, "columns", []) else 0,
+            step_time_ms=float(step_table[r].median()) if r in getattr(step_table, "columns", []) else None,
+            step_time_ratio=ratio_r,
+            step_excess_ms=step_sig.excess_ms.get(r) if step_sig else None,
+            step_slow_share=step_sig.slow_share.get(r) if step_sig else None,
+            step_z=step_sig.z.get(r) if step_sig else None,
+            lateness_excess_ms=late_sig.excess_ms.get(r) if late_sig else None,
+            lateness_slow_share=late_sig.slow_share.get(r) if late_sig else None,
+            lateness_z=late_sig.z.get(r) if late_sig else None,
+            last_arrivals=int(mine["is_last"].sum()) if not mine.empty else 0,
+            n_collectives=int(len(mine)),
+            wait_ms=float(mine["wait_ns"].sum()) / 1e6 if not mine.empty else 0.0,
+            caused_wait_ms=caused,
+            flagged=bool(signals),
+            signals=signals,
+        )
+        rs.evidence = _evidence(rs)
+        per_rank.append(rs)
+
+    flagged = [r.rank for r in per_rank if r.flagged]
+    if len(ranks) < 2:
+        verdict = "no verdict: stragglers need two or more ranks"
+    elif max((len(step_table),) + ((len(late_table),) if not late_table.empty else ())) < cfg.min_steps:
+        verdict = f"no verdict: fewer than {cfg.min_steps} steps to judge persistence"
+    elif flagged:
+        verdict = "persistent straggler(s): " + "; ".join(r.evidence for r in per_rank if r.flagged)
+    else:
+        verdict = f"no persistent straggler among {len(ranks)} ranks"
+    if arrivals.empty and len(ranks) >= 2:
+        notes.append("no collectives matched across ranks: verdict from step times only")
+    return StragglerResult(
+        ranks=flagged,
+        per_rank=per_rank,
+        verdict=verdict,
+        step_source=step_source,
+        arrival_source=arrival_source if not arrivals.empty else None,
+        config=cfg,
+        per_step=per_step,
+        notes=notes,
+    )
+
+
+def _evidence(r: RankStraggle) -> str:
+    """One sentence of numbers: arrivals, then the lateness and step-time signals."""
+    parts = [f"rank {r.rank}"]
+    if r.n_collectives:
+        parts.append(
+            f"arrived last at {r.last_arrivals}/{r.n_collectives} collectives "
+            f"({100.0 * r.last_arrivals / r.n_collectives:.0f}%), the others waited {r.caused_wait_ms:.1f} ms on it in total"
+        )
+    if r.lateness_excess_ms is not None:
+        parts.append(
+            f"median lateness {r.lateness_excess_ms:+.2f} ms/step vs the other ranks "
+            f"(late in {100.0 * (r.lateness_slow_share or 0):.0f}% of steps, robust z {r.lateness_z:.1f})"
+        )
+    if r.step_excess_ms is not None and ("step_time" in r.signals or r.lateness_excess_ms is None):
+        parts.append(
+            f"step time {r.step_time_ms:.2f} ms, {r.step_excess_ms:+.2f} ms vs the other ranks "
+            f"(ratio to median {r.step_time_ratio:.3f}, slow in {100.0 * (r.step_slow_share or 0):.0f}% of steps, "
+            f"robust z {r.step_z:.1f})"
+        )
+    return ", ".join(parts)
