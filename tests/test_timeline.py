@@ -1,98 +1,89 @@
 """analyzer.timeline: binned occupancy and event windows, exact answers."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from analyzer.tables import events_from_records
-from analyzer.timeline import (
-    STATES,
-    active_span,
-    align_origins,
-    covered_ns,
-    merge_intervals,
-    occupancy,
-    select_window,
-    source_of,
-)
+from analyzer.metrics.breakdown import step_breakdown
+from analyzer.timeline import active_span, align_origins, occupancy, select_window, states_of
 
 
 def _ev(rank, cat, name, start_ns, end_ns, tid=7):
     return dict(rank=rank, cat=cat, name=name, start_ns=start_ns, end_ns=end_ns, tid=tid)
 
 
-def test_merge_intervals_unions_nested_overlapping_and_touching():
-    s, e = merge_intervals(np.array([50, 0, 10, 100, 200, 300]), np.array([60, 40, 20, 200, 250, 300]))
-    # [0,40) absorbs [10,20); [50,60) alone; [100,200) touches [200,250); [300,300) is empty.
-    assert s.tolist() == [0, 50, 100]
-    assert e.tolist() == [40, 60, 250]
-
-
-def test_covered_ns_splits_intervals_across_bins():
-    edges = np.array([0, 100, 200, 300])
-    # [50,150) and [120,260): union [50,260) -> 50 in bin 0, 100 in bin 1, 60 in bin 2.
-    assert covered_ns(np.array([50, 120]), np.array([150, 260]), edges).tolist() == [50, 100, 60]
-    # Interval entirely before and after the edges contributes nothing.
-    assert covered_ns(np.array([-50, 400]), np.array([-10, 500]), edges).tolist() == [0, 0, 0]
-    assert covered_ns(np.array([], dtype=np.int64), np.array([], dtype=np.int64), edges).tolist() == [0, 0, 0]
-
-
-def test_occupancy_device_states_partition_each_bin_exactly():
+def _device_events():
     # One rank, origin 1000. Bin 0 = [0,100), bin 1 = [100,200) relative.
     # compute [0,60) on stream 7 and [150,200) on stream 8;
     # comm [40,140) (nccl): overlaps compute on [40,60), exposed [60,140);
-    # memcpy [170,190) is hidden under compute; memcpy [140,150) is exposed.
-    events = events_from_records(
+    # memcpy [170,190) is hidden under compute; memset [140,150) is exposed.
+    return events_from_records(
         [
-            _ev(0, "kernel", "sm90_gemm", 1000, 1060, tid=7),
-            _ev(0, "kernel", "elementwise", 1150, 1200, tid=8),
-            _ev(0, "kernel", "ncclDevKernel_AllReduce_Sum_f32", 1040, 1140, tid=20),
-            _ev(0, "gpu_memcpy", "Memcpy HtoD", 1170, 1190, tid=9),
-            _ev(0, "gpu_memset", "Memset", 1140, 1150, tid=9),
             _ev(0, "user_annotation", "ProfilerStep#3", 900, 1300, tid=1),
+            _ev(0, "kernel", "sm90_gemm", 1000, 1060, tid=7),
+            _ev(0, "kernel", "ncclDevKernel_AllReduce_Sum_f32", 1040, 1140, tid=20),
+            _ev(0, "gpu_memset", "Memset", 1140, 1150, tid=9),
+            _ev(0, "kernel", "elementwise", 1150, 1200, tid=8),
+            _ev(0, "gpu_memcpy", "Memcpy HtoD", 1170, 1190, tid=9),
         ]
     )
-    occ = occupancy(events, origin_ns=1000, span_ns=(0, 200), n_bins=2)
+
+
+def test_occupancy_device_parts_partition_each_bin_exactly():
+    occ = occupancy(_device_events(), origin_ns=1000, span_ns=(0, 200), n_bins=2)
+    assert states_of("device") == ("compute", "overlapped_comm", "exposed_comm", "exposed_memcpy", "idle")
     assert occ["start_ns"].tolist() == [0, 100]
     assert occ["end_ns"].tolist() == [100, 200]
     # Bin 0: compute only [0,40) = 40; overlapped [40,60) = 20; exposed comm [60,100) = 40.
     assert occ.loc[0, "compute_frac"] == pytest.approx(0.40)
-    assert occ.loc[0, "comm_overlapped_frac"] == pytest.approx(0.20)
-    assert occ.loc[0, "comm_exposed_frac"] == pytest.approx(0.40)
-    assert occ.loc[0, "memcpy_exposed_frac"] == pytest.approx(0.0)
+    assert occ.loc[0, "overlapped_comm_frac"] == pytest.approx(0.20)
+    assert occ.loc[0, "exposed_comm_frac"] == pytest.approx(0.40)
+    assert occ.loc[0, "exposed_memcpy_frac"] == pytest.approx(0.0)
     assert occ.loc[0, "idle_frac"] == pytest.approx(0.0)
     # Bin 1: exposed comm [100,140) = 40; exposed memset [140,150) = 10;
-    # compute [150,200) = 50 (memcpy under it is not exposed); idle 0.
-    assert occ.loc[1, "comm_exposed_frac"] == pytest.approx(0.40)
-    assert occ.loc[1, "memcpy_exposed_frac"] == pytest.approx(0.10)
+    # compute [150,200) = 50 (the memcpy under it is not exposed); idle 0.
+    assert occ.loc[1, "exposed_comm_frac"] == pytest.approx(0.40)
+    assert occ.loc[1, "exposed_memcpy_frac"] == pytest.approx(0.10)
     assert occ.loc[1, "compute_frac"] == pytest.approx(0.50)
     assert occ.loc[1, "idle_frac"] == pytest.approx(0.0)
-    sums = occ[[f"{s}_frac" for s in STATES]].sum(axis=1)
+    sums = occ[[f"{s}_frac" for s in states_of("device")]].sum(axis=1)
     assert sums.tolist() == pytest.approx([1.0, 1.0])
 
 
-def test_occupancy_host_source_uses_cpu_ops_and_ignores_annotations():
-    # CPU-only trace: aten ops are compute, gloo/c10d ops communication.
+def test_occupancy_over_one_step_equals_the_step_breakdown():
+    # One bin spanning the ProfilerStep window gives the breakdown's shares.
+    events = _device_events()
+    occ = occupancy(events, origin_ns=900, span_ns=(0, 400), n_bins=1)
+    steps = pd.DataFrame({"step": [3], "start_ns": [900], "end_ns": [1300]})
+    row = step_breakdown(events, steps).iloc[0]
+    for state in states_of("device"):
+        assert occ.loc[0, f"{state}_frac"] == pytest.approx(row[f"{state}_ms"] / row["step_time_ms"])
+    # 100 idle before the first kernel and 100 after the last one, of 400.
+    assert occ.loc[0, "idle_frac"] == pytest.approx(0.5)
+
+
+def test_occupancy_host_source_uses_phase_annotations_and_collectives():
+    # CPU-only trace: the trainer's phase ranges and gloo/c10d collectives.
     events = events_from_records(
         [
             _ev(0, "user_annotation", "ProfilerStep#0", 0, 1000, tid=1),
-            _ev(0, "cpu_op", "aten::addmm", 0, 300, tid=1),
-            _ev(0, "cpu_op", "aten::mm", 100, 200, tid=1),  # nested: counted once
-            _ev(0, "cpu_op", "c10d::allreduce_", 250, 600, tid=1),
+            _ev(0, "user_annotation", "forward", 0, 300, tid=1),
+            _ev(0, "cpu_op", "aten::addmm", 100, 200, tid=1),  # inside forward: not a part of its own
+            _ev(0, "user_annotation", "backward", 300, 600, tid=1),
             _ev(0, "user_annotation", "gloo:all_reduce", 500, 700, tid=3),
         ]
     )
-    assert source_of(events) == "host"
-    occ = occupancy(events, origin_ns=0, span_ns=(0, 1000), n_bins=1)
-    # compute [0,300); comm [250,700); overlapped [250,300) = 50;
-    # compute only 250; exposed comm [300,700) = 400; idle [700,1000) = 300.
-    row = occ.iloc[0]
-    assert row["compute_frac"] == pytest.approx(0.25)
-    assert row["comm_overlapped_frac"] == pytest.approx(0.05)
-    assert row["comm_exposed_frac"] == pytest.approx(0.40)
-    assert row["idle_frac"] == pytest.approx(0.30)
-    assert row["memcpy_exposed_frac"] == 0.0
+    occ = occupancy(events, origin_ns=0, span_ns=(0, 1000), n_bins=2)
+    # Bin 0 [0,500): forward 300, backward 200.
+    assert occ.loc[0, "forward_frac"] == pytest.approx(0.6)
+    assert occ.loc[0, "backward_frac"] == pytest.approx(0.4)
+    # Bin 1 [500,1000): backward [500,600) = 100 (the collective inside it is
+    # backward's), exposed comm [600,700) = 100, other [700,1000) = 300.
+    assert occ.loc[1, "backward_frac"] == pytest.approx(0.2)
+    assert occ.loc[1, "exposed_comm_frac"] == pytest.approx(0.2)
+    assert occ.loc[1, "other_frac"] == pytest.approx(0.6)
+    assert occ.loc[1, "data_frac"] == 0.0
 
 
 def test_occupancy_rejects_empty_span():
