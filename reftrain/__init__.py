@@ -1,0 +1,1 @@
+"""reftrain: an instrumented reference distributed trainer (see docs/reftrain.md)."""

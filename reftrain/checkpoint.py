@@ -1,0 +1,80 @@
+"""Checkpoint and resume through torch.distributed.checkpoint (DCP).
+
+`checkpoints/step{K}/` holds the state after K optimizer steps (the next
+step to run is K): model and optimizer state from
+`torch.distributed.checkpoint.state_dict.get_state_dict` (fully qualified
+names without DDP/FSDP/AC/compile wrappers, so a checkpoint loads under
+either strategy and any world size) and the step counter. Data needs no
+state: the token stream is a pure function of (seed, rank, step).
+
+torch is imported inside the save/load functions so that the command line
+can find and check a checkpoint path without importing it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from reftrain.errors import ReftrainError
+
+_STEP_DIR = re.compile(r"^step(\d+)$")
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step{step}"
+
+
+def find_checkpoint(path: Path) -> tuple[Path, Path]:
+    """(run directory, checkpoint directory) for `--resume PATH`.
+
+    PATH is a run directory (its latest complete checkpoint is taken) or one
+    `checkpoints/step{K}` directory. A checkpoint is complete when DCP's
+    `.metadata` file exists (DCP writes it last).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ReftrainError(f"--resume {path}: no such run or checkpoint directory")
+    if _STEP_DIR.match(path.name) and path.parent.name == "checkpoints":
+        if not (path / ".metadata").is_file():
+            raise ReftrainError(f"--resume {path}: incomplete checkpoint (no .metadata)")
+        return path.parent.parent, path
+    steps = []
+    for d in (path / "checkpoints").glob("step*"):
+        m = _STEP_DIR.match(d.name)
+        if m and (d / ".metadata").is_file():
+            steps.append((int(m.group(1)), d))
+    if not steps:
+        raise ReftrainError(f"--resume {path}: no complete checkpoint under {path / 'checkpoints'} "
+                            "(run with --checkpoint-every K)")
+    return path, max(steps)[1]
+
+
+def save(run_dir: Path, step: int, model, optimizer) -> Path:
+    """Save model + optimizer + step as checkpoints/step{step}. Collective: call on all ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = checkpoint_dir(run_dir, step)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}}, checkpoint_id=str(path))
+    return path
+
+
+def load(path: Path, model, optimizer) -> int:
+    """Load a checkpoint into model and optimizer in place; returns its step. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": -1}}
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # DCP raises CheckpointException with per-rank tracebacks
+        first = str(exc).strip().splitlines()
+        detail = next((line for line in reversed(first) if "Error" in line), first[-1] if first else repr(exc))
+        raise ReftrainError(f"--resume {path}: checkpoint does not fit this model/optimizer: {detail.strip()}") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    step = int(state["trainer"]["step"])
+    if step < 0:
+        raise ReftrainError(f"--resume {path}: checkpoint has no step counter")
+    return step

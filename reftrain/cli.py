@@ -1,0 +1,225 @@
+"""`reftrain` command line: build and check the config, then train here or launch ranks.
+
+Three ways to run, one code path per rank (`reftrain.train.run`):
+
+- `reftrain --nproc N ...`: this process validates the config, creates the
+  run directory, and starts N ranks through torch's own launcher
+  (`torch.distributed.run`, the code behind `torchrun --standalone`). Each
+  rank re-enters here with the internal `--attach RUN_DIR`.
+- `torchrun --nproc-per-node N [rendezvous flags] -m reftrain ...`: every
+  rank builds the config itself; rank 0 creates the run directory.
+- `reftrain ...` alone: one rank in this process.
+
+Errors a user can fix are ReftrainError: one line on stderr, exit status 1.
+Under the launcher a rank does not print its error; it writes it to
+torchelastic's per-rank error file and the launcher prints the first one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from reftrain import checkpoint, manifest
+from reftrain.config import Config, apply_set, from_dict, load_file, merge_dict, resolve, set_value, to_yaml
+from reftrain.errors import ReftrainError
+
+_ENV_LAUNCHED = "REFTRAIN_LAUNCHED"  # set by our launcher for its ranks
+_ENV_COMMAND = "REFTRAIN_COMMAND"  # the user's command line, JSON, for the manifest
+
+# Convenience flags: each sets one config key (applied before --set).
+_FLAG_KEYS = {
+    "runs_dir": "run.runs_dir",
+    "run_name": "run.name",
+    "steps": "train.steps",
+    "preset": "model.preset",
+    "strategy": "parallel.strategy",
+    "device": "train.device",
+    "data": "data.path",
+    "checkpoint_every": "train.checkpoint_every",
+    "inject_slow_rank": "inject.slow_rank",
+    "inject_delay_ms": "inject.delay_ms",
+    "inject_slowdown": "inject.slowdown",
+    "peak_flops": "run.peak_flops",
+}
+_DEMO = {"train.device": "cpu", "profile.enabled": True}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + error
+        raise ReftrainError(f"{message} (see reftrain --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="reftrain",
+        description="Instrumented reference trainer: a decoder-only transformer with DDP or FSDP2; "
+                    "every run writes a run directory (docs/rundir.md).",
+        epilog="Config reference: docs/reftrain.md. Multi-node: torchrun --nnodes ... -m reftrain ...",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML or TOML config (e.g. RUN_DIR/config.yaml to repeat a run)")
+    p.add_argument("--set", metavar="SECTION.KEY=VALUE", action="append", default=[],
+                   help="override one config key; repeatable, applied last")
+    p.add_argument("--demo", action="store_true", help="the built-in small CPU config with profiling on")
+    p.add_argument("--nproc", type=int, metavar="N", help="start N ranks on this machine (torch.distributed.run)")
+    p.add_argument("--runs-dir", metavar="DIR", help="where run directories go (run.runs_dir)")
+    p.add_argument("--run-name", metavar="NAME", help="run directory name (run.name); must not exist")
+    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps (train.steps)")
+    p.add_argument("--preset", metavar="NAME", help="model size preset (model.preset)")
+    p.add_argument("--strategy", metavar="ddp|fsdp", help="parallel.strategy")
+    p.add_argument("--device", metavar="auto|cpu|cuda", help="train.device")
+    p.add_argument("--data", metavar="PATH", help="uint16 token file, nanoGPT .bin layout (data.path)")
+    p.add_argument("--checkpoint-every", type=int, metavar="K", help="checkpoint every K steps (train.checkpoint_every)")
+    p.add_argument("--resume", metavar="PATH",
+                   help="continue from a run directory's latest checkpoint or from RUN_DIR/checkpoints/stepK, "
+                        "with that run's config (flags and --set still apply); writes a new run directory")
+    p.add_argument("--inject-slow-rank", type=int, metavar="R", help="make rank R a straggler (inject.slow_rank)")
+    p.add_argument("--inject-delay-ms", type=float, metavar="D", help="the straggler's delay per step (inject.delay_ms)")
+    p.add_argument("--inject-slowdown", type=float, metavar="F", help="all compute F times slower (inject.slowdown)")
+    p.add_argument("--peak-flops", type=float, metavar="FLOP_PER_S", help="per-device peak for MFU (run.peak_flops)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
+    return p
+
+
+def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Config, Path | None, Path | None]:
+    """(resolved config, checkpoint to resume from, the run it belongs to) from the command line."""
+    resume_ckpt = resumed_run = None
+    if sum(bool(x) for x in (args.config, args.resume, args.demo)) > 1:
+        raise ReftrainError("--config, --resume and --demo are exclusive: each supplies the base config")
+    if args.resume:
+        resumed_run, resume_ckpt = checkpoint.find_checkpoint(Path(args.resume))
+        cfg = from_dict(load_file(resumed_run / "config.yaml"), str(resumed_run / "config.yaml"))
+    elif args.config:
+        cfg = merge_dict(Config(), load_file(args.config), args.config)
+    else:
+        cfg = Config()
+        if args.demo:
+            for key, value in _DEMO.items():
+                set_value(cfg, key, value, "--demo")
+    for attr, key in _FLAG_KEYS.items():
+        value = getattr(args, attr)
+        if value is not None:
+            set_value(cfg, key, value, f"--{attr.replace('_', '-')}")
+    for assignment in args.set:
+        apply_set(cfg, assignment)
+    return resolve(cfg, world_size), resume_ckpt, resumed_run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `reftrain` script and of `python -m reftrain`."""
+    argv = sys.argv[1:] if argv is None else argv
+    launched = os.environ.get(_ENV_LAUNCHED) == "1"
+    in_rank = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    try:
+        args = build_parser().parse_args(argv)
+        if args.attach:
+            return _attached_rank(args)
+        if args.nproc is not None and in_rank:
+            raise ReftrainError("--nproc starts its own ranks; under torchrun leave it out")
+        world = args.nproc if args.nproc is not None else (int(os.environ["WORLD_SIZE"]) if in_rank else 1)
+        if args.nproc is not None and args.nproc < 1:
+            raise ReftrainError(f"--nproc {args.nproc}: need at least 1")
+        cfg, resume, resumed_run = build_config(args, world)
+        if args.print_config:
+            print(to_yaml(cfg), end="")
+            return 0
+        command = ["reftrain", *argv]
+        if args.nproc is not None:
+            return _launch(cfg, args.nproc, resume, resumed_run, command)
+        from reftrain import train  # imports torch
+
+        train.run(cfg, None, resume, json.loads(os.environ.get(_ENV_COMMAND, "null")) or command, resumed_run)
+        return 0
+    except ReftrainError as exc:
+        return _fail(str(exc), launched, in_rank)
+    except KeyboardInterrupt:
+        if not in_rank:
+            print("reftrain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: the traceback is the useful output
+        traceback.print_exc()
+        _write_error_file(f"rank {os.environ.get('RANK', 0)}: {type(exc).__name__}: {exc} (traceback above)")
+        return 1
+
+
+def _attached_rank(args: argparse.Namespace) -> int:
+    """A rank started by `reftrain --nproc`: config and run directory come from the launcher."""
+    from reftrain import train
+
+    run_dir = Path(args.attach)
+    cfg = resolve(from_dict(load_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")),
+                  int(os.environ.get("WORLD_SIZE", 1)))
+    resume = resumed_run = None
+    if args.resume:
+        resumed_run, resume = checkpoint.find_checkpoint(Path(args.resume))
+    command = json.loads(os.environ.get(_ENV_COMMAND, "null")) or ["reftrain", *sys.argv[1:]]
+    train.run(cfg, run_dir, resume, command, resumed_run)
+    return 0
+
+
+def _write_error_file(message: str) -> None:
+    """Hand the error to torchelastic's agent (it reads this file when the rank exits non-zero)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        Path(path).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+    except OSError:
+        pass
+
+
+def _fail(message: str, launched: bool, in_rank: bool) -> int:
+    """Report a user error: one line on stderr (or, under our launcher, in the error file)."""
+    if in_rank:
+        rank = os.environ.get("RANK", "0")
+        _write_error_file(message)
+        if launched:
+            return 1
+        if os.environ.get("WORLD_SIZE", "1") != "1":
+            message = f"rank {rank}: {message}"
+    print(f"reftrain: error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str]) -> int:
+    """Create the run directory and start `nproc` local ranks through torch.distributed.run."""
+    run_dir = manifest.create_run_dir(cfg, nproc)
+    import torch.distributed.run as torchrun  # the implementation of the torchrun command
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    # The agent logs each rank's failure and its own restarts at WARNING/ERROR;
+    # the one line printed below says it all.
+    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ[_ENV_LAUNCHED] = "1"
+    os.environ[_ENV_COMMAND] = json.dumps(command)
+    # torchrun would set 1 thread per rank and warn; share the cores instead.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
+    launch_args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", "--module", "reftrain", *child])
+    try:
+        torchrun.run(launch_args)
+    except ChildFailedError as exc:
+        message = _first_failure(exc)
+        manifest.mark_failed(run_dir, message, command, nproc)
+        raise ReftrainError(message) from None
+    return 0
+
+
+def _first_failure(exc) -> str:
+    """The message of the lowest rank that reported one; else the first failure's exit description."""
+    for rank in sorted(exc.failures):
+        failure = exc.failures[rank]
+        message = failure.message
+        if isinstance(message, dict):  # torchelastic's @record format
+            message = message.get("message", "")
+        if message and not str(message).startswith("To enable traceback") and "Signal" not in str(message):
+            return str(message)
+    rank, failure = exc.get_first_failure()
+    return f"rank {rank} exited with status {failure.exitcode}"

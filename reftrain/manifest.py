@@ -1,0 +1,141 @@
+"""The run directory: its name, creation, config.yaml and the run.json manifest (docs/rundir.md).
+
+Torch-free, so the command line can create and fail run directories before
+any rank starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from reftrain.config import Config, to_yaml
+from reftrain.errors import ReftrainError
+
+SCHEMA = "reftrain.run/1"
+SCHEMAS = {
+    "metrics": "reftrain.metrics/1",
+    "collectives": "reftrain.collectives/1",
+    "telemetry": "reftrain.telemetry/1",
+}
+
+
+def utc_now() -> str:
+    """ISO 8601 UTC timestamp with milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def default_run_name(cfg: Config, world_size: int) -> str:
+    """`YYYYmmdd-HHMMSS-<preset>-<strategy>-w<world>` (local time)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{cfg.model.preset}-{cfg.parallel.strategy}-w{world_size}"
+
+
+def create_run_dir(cfg: Config, world_size: int) -> Path:
+    """Create RUNS_DIR/<name>/ and write config.yaml; never reuses an existing directory.
+
+    An explicit `run.name` that exists is an error. A generated name that
+    exists (two runs in the same second) gets a `-2`, `-3`, ... suffix.
+    config.yaml stores `run.name: null`, so `reftrain --config` on it
+    repeats the run into a new directory.
+    """
+    runs = Path(cfg.run.runs_dir)
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReftrainError(f"run.runs_dir: cannot create {runs}: {exc.strerror or exc}") from None
+    if not runs.is_dir():
+        raise ReftrainError(f"run.runs_dir: {runs} is not a directory")
+    if not os.access(runs, os.W_OK | os.X_OK):
+        raise ReftrainError(f"run.runs_dir: {runs} is not writable")
+    explicit = cfg.run.name is not None
+    base = cfg.run.name or default_run_name(cfg, world_size)
+    for attempt in range(1, 100):
+        path = runs / (base if attempt == 1 else f"{base}-{attempt}")
+        try:
+            path.mkdir()
+            break
+        except FileExistsError:
+            if explicit:
+                raise ReftrainError(
+                    f"run directory {path} already exists; reftrain never overwrites a run (choose another --run-name)"
+                ) from None
+        except OSError as exc:
+            raise ReftrainError(f"run.runs_dir: cannot create {path}: {exc.strerror or exc}") from None
+    else:
+        raise ReftrainError(f"run.runs_dir: {runs}: too many runs named {base}-N")
+    saved = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=None))
+    (path / "config.yaml").write_text(to_yaml(saved))
+    return path
+
+
+def saved_config_dict(run_dir: Path) -> dict:
+    """The content of RUN_DIR/config.yaml as a dict (the manifest's `config`)."""
+    import yaml
+
+    return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON atomically (temp file + rename): readers never see half a manifest."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    """run.json as a dict, or None when it does not exist yet."""
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int | None) -> None:
+    """Record a failure in run.json (the launcher does this when ranks died before rank 0 could).
+
+    Keeps everything rank 0 wrote; a run that failed before rank 0 wrote
+    anything gets a minimal manifest with the config and the error.
+    """
+    run_dir = Path(run_dir)
+    data = read_manifest(run_dir)
+    if data is None:
+        data = {
+            "schema": SCHEMA,
+            "run_id": run_dir.name,
+            "start_time": None,
+            "command": command,
+            "config": saved_config_dict(run_dir),
+            "world_size": world_size,
+            "files": {"config": "config.yaml", "metrics": [], "collectives": [], "telemetry": [],
+                      "traces": [], "checkpoints": []},
+            "schemas": SCHEMAS,
+        }
+    elif data.get("status") != "running":
+        return
+    data.update(status="failed", end_time=utc_now(), error=error)
+    write_json(run_dir / "run.json", data)
+
+
+def files_listing(run_dir: Path, per_rank: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """The manifest's `files` object from each rank's own list of files it wrote.
+
+    `per_rank[r]` maps "metrics", "collectives", "traces", "telemetry" to
+    paths relative to the run directory. Checkpoints are listed from disk
+    (complete ones only: DCP writes `.metadata` last).
+    """
+    run_dir = Path(run_dir)
+    checkpoints = sorted(
+        (str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").glob("step*") if (p / ".metadata").is_file()),
+        key=lambda s: int(s.rsplit("step", 1)[1]),
+    )
+    out: dict[str, Any] = {"config": "config.yaml"}
+    for family in ("metrics", "collectives", "telemetry", "traces"):
+        out[family] = [path for files in per_rank for path in files.get(family, [])]
+    out["checkpoints"] = checkpoints
+    return out

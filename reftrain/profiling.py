@@ -1,0 +1,86 @@
+"""torch.profiler on a schedule, writing one gzipped Kineto trace per window per rank.
+
+Traces are `traces/rank{R}.step{N}.json.gz`, N the last step of the window.
+ProfilerStep#N markers carry the run's global step index (also after a
+resume), so trace steps join metrics records by `step`. torch adds
+`distributedInfo` (backend, rank, world size, process groups) to the trace
+when a process group is initialized, which HTA needs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity
+
+from reftrain.config import ProfileConfig
+
+_COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+
+class StepProfiler:
+    """torch.profiler.profile driven by the training loop's global step numbers.
+
+    The schedule (wait, warmup, active, repeat) counts from the first step of
+    this process (`start_step`), so a resumed run waits before profiling too.
+    Use as a context manager around the loop; call `step_done(step)` at the
+    end of every step. A disabled profiler is a no-op with the same interface.
+    """
+
+    def __init__(self, cfg: ProfileConfig, rank: int, traces_dir: Path, device: torch.device,
+                 start_step: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.traces_dir = Path(traces_dir)
+        self.start_step = start_step
+        self.traces: list[str] = []  # file names written, relative to traces_dir
+        self._finished_step = start_step - 1
+        self._prof: torch.profiler.profile | None = None
+        if not cfg.enabled:
+            return
+        self._schedule = torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(
+            activities=activities,
+            # torch evaluates the schedule once at construction with 0; clamp so that maps to start_step.
+            schedule=lambda step: self._schedule(max(step - start_step, 0)),
+            on_trace_ready=self._write_trace,
+            record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory,
+            with_stack=cfg.with_stack,
+        )
+        # ProfilerStep#N markers use step_num; start it at the global step.
+        self._prof.step_num = start_step
+
+    def action(self, step: int) -> ProfilerAction:
+        """What the profiler does during global step `step`."""
+        if self._prof is None:
+            return ProfilerAction.NONE
+        return self._schedule(step - self.start_step)
+
+    def collecting(self, step: int) -> bool:
+        """True when the profiler runs during `step` (warm-up or active): the step is slower."""
+        return self.action(step) in _COLLECTING
+
+    def _write_trace(self, prof: torch.profiler.profile) -> None:
+        self.traces_dir.mkdir(parents=True, exist_ok=True)
+        name = f"rank{self.rank}.step{self._finished_step}.json.gz"
+        prof.export_chrome_trace(str(self.traces_dir / name))  # torch gzips a .gz path
+        self.traces.append(name)
+
+    def step_done(self, step: int) -> None:
+        """Mark the end of global step `step` (may write a trace)."""
+        self._finished_step = step
+        if self._prof is not None:
+            self._prof.step()
+
+    def __enter__(self) -> StepProfiler:
+        if self._prof is not None:
+            self._prof.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._prof is not None:
+            self._prof.stop()

@@ -1,0 +1,496 @@
+"""The training loop of one rank, instrumented on every step.
+
+Reads top to bottom: set up (process group, clocks, model, FLOPs and peak,
+parallelism, optimizer, resume, data, writers), then the loop, then the
+summary. Each step runs the phases data -> forward -> backward (per
+micro-batch) -> grad_sync (only with parallel.overlap_grad_sync=false) ->
+optimizer, timed by PhaseTimer and annotated for the profiler, and writes one
+metrics record (docs/rundir.md, reftrain.metrics/1).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from reftrain import checkpoint, data, flops, manifest, parallel
+from reftrain.clock import align_clocks
+from reftrain.config import Config, resolve
+from reftrain.errors import ReftrainError
+from reftrain.hardware import describe_hardware, git_state
+from reftrain.instrument import CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives
+from reftrain.model import Transformer, block_parameter_count, parameter_counts
+from reftrain.profiling import StepProfiler
+from reftrain.telemetry import GpuTelemetry, nvml_index_of
+
+PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Linear warm-up to optim.lr, then cosine decay to optim.min_lr at the last step."""
+    o, steps = cfg.optim, cfg.train.steps
+    if step < o.lr_warmup_steps:
+        return o.lr * (step + 1) / o.lr_warmup_steps
+    span = max(1, steps - 1 - o.lr_warmup_steps)
+    progress = min(1.0, (step - o.lr_warmup_steps) / span)
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------
+# Injected slowness
+# ---------------------------------------------------------------------------
+
+class Injector:
+    """Deliberate compute slowness, added inside the forward/backward phases so it counts as compute.
+
+    - slow rank: `inject.slow_rank` sleeps `inject.delay_ms` in the forward of
+      its first micro-batch of every step (a straggler).
+    - slowdown F: after each forward and each backward, every rank waits
+      (F-1) times that phase's measured time, so compute takes F times as long.
+
+    The wait is `time.sleep` on CPU. On CUDA it is `torch.cuda._sleep`, a
+    kernel that spins for a number of GPU clock cycles (calibrated once with
+    CUDA events), so the delay is device time where the real compute is; the
+    slowdown measures each phase with CUDA events and a synchronize.
+    """
+
+    def __init__(self, cfg: Config, rank: int, device: torch.device) -> None:
+        inj = cfg.inject
+        self.delay_ms = inj.delay_ms if inj.slow_rank == rank else 0.0
+        self.factor = inj.slowdown if inj.slowdown is not None else 1.0
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.active = bool(self.delay_ms) or self.factor > 1.0
+        self.injected_ms = 0.0  # added during the current step
+        self._cycles_per_ms = self._calibrate() if self.active and self.cuda else 0.0
+
+    def _calibrate(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles)  # warm up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / max(start.elapsed_time(end), 1e-3)
+
+    def _wait(self, ms: float) -> None:
+        if ms <= 0:
+            return
+        if self.cuda:
+            torch.cuda._sleep(int(ms * self._cycles_per_ms))
+        else:
+            time.sleep(ms / 1e3)
+        self.injected_ms += ms
+
+    def start_step(self) -> None:
+        self.injected_ms = 0.0
+
+    @contextlib.contextmanager
+    def compute(self, first_forward: bool = False):
+        """Wrap a forward or backward; adds the straggler delay and/or the slowdown."""
+        if not self.active:
+            yield
+            return
+        if first_forward:
+            self._wait(self.delay_ms)
+        if self.factor <= 1.0:
+            yield
+            return
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            end.synchronize()
+            self._wait((self.factor - 1.0) * start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._wait((self.factor - 1.0) * (time.perf_counter() - t0) * 1e3)
+
+
+# ---------------------------------------------------------------------------
+# Set-up helpers
+# ---------------------------------------------------------------------------
+
+def _agree_on_run_dir(cfg: Config, run_dir: Path | None, env: parallel.DistEnv) -> Path:
+    """The run directory: given by the launcher, or created by rank 0 and broadcast (torchrun)."""
+    if run_dir is not None:
+        return run_dir
+    box: list = [None]
+    if env.rank == 0:
+        try:
+            box[0] = ("ok", str(manifest.create_run_dir(cfg, env.world_size)))
+        except ReftrainError as exc:
+            box[0] = ("error", str(exc))
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise ReftrainError(value)
+    return Path(value)
+
+
+def _peak_flops(cfg: Config, env: parallel.DistEnv) -> flops.PeakFlops:
+    """Override, else the GPU table, else a matmul measured on every rank at once (max taken)."""
+    key = flops.peak_dtype(cfg.train.dtype, env.device.type, cfg.train.tf32)
+    if cfg.run.peak_flops is not None:
+        return flops.PeakFlops(cfg.run.peak_flops, "override", "--peak-flops / run.peak_flops", key)
+    if env.device.type == "cuda":
+        found = flops.table_peak(torch.cuda.get_device_name(env.device), key)
+        if found is not None:
+            return found
+    # All ranks measure concurrently, as they will train: on a shared CPU the
+    # ranks share cores. The max over ranks is the per-device peak.
+    measured = flops.measure_matmul_peak(env.device, key)
+    value = torch.tensor([measured.per_s], dtype=torch.float64, device=env.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    detail = measured.detail + (f", max over {env.world_size} ranks measuring at once" if env.world_size > 1 else "")
+    return flops.PeakFlops(float(value.item()), "measured", detail, key)
+
+
+def _optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (norm gains are 1-D)."""
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    impl = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[o.impl]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **impl)
+
+
+def _autocast(cfg: Config, env: parallel.DistEnv):
+    """bf16 autocast for DDP; FSDP2 casts through its MixedPrecisionPolicy instead."""
+    if cfg.train.dtype == "bf16" and cfg.parallel.strategy == "ddp":
+        return torch.autocast(env.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class _Telemetry:
+    sampler: GpuTelemetry | None
+    files: list[str]
+    note: str | None
+
+
+def _start_telemetry(cfg: Config, env: parallel.DistEnv, run_dir: Path) -> _Telemetry:
+    if not cfg.telemetry.enabled:
+        return _Telemetry(None, [], "telemetry disabled (telemetry.enabled=false)")
+    if env.device.type != "cuda":
+        ok, reason = GpuTelemetry.available()
+        note = "CPU run: no GPU to sample" + (f" ({reason})" if not ok else "")
+        return _Telemetry(None, [], note)
+    ok, reason = GpuTelemetry.available()
+    if not ok:
+        return _Telemetry(None, [], reason)
+    rel = f"telemetry/gpu{env.rank}.jsonl"
+    sampler = GpuTelemetry(run_dir / rel, nvml_index_of(env.device), cfg.telemetry.interval_ms)
+    sampler.start()
+    return _Telemetry(sampler, [rel], None)
+
+
+def _say(env: parallel.DistEnv, text: str) -> None:
+    if env.rank == 0:
+        print(text, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[str],
+        resumed_from_run: Path | None = None) -> None:
+    """Train on this rank. Collective: every rank of the job calls it with the same arguments."""
+    env = parallel.init_distributed(cfg)
+    try:
+        resolve(cfg, env.world_size)
+        run_dir = _agree_on_run_dir(cfg, run_dir, env)
+        try:
+            _train(cfg, env, run_dir, resume, command, resumed_from_run)
+        except BaseException as exc:
+            if env.rank == 0:
+                reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
+                manifest.mark_failed(run_dir, reason, command, env.world_size)
+            raise
+    finally:
+        parallel.shutdown()
+
+
+def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | None, command: list[str],
+           resumed_from_run: Path | None) -> dict:
+    t, device = cfg.train, env.device
+    start_time = manifest.utc_now()
+    torch.manual_seed(t.seed)  # identical initial weights on every rank (FSDP2 shards them as is)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = t.tf32
+        torch.backends.cudnn.allow_tf32 = t.tf32
+    clock = align_clocks().to_dict()
+
+    # Model, its FLOPs and the peak they are compared with.
+    model = Transformer(cfg.model).to(device)
+    params = parameter_counts(model)
+    m = cfg.model
+    fpt = flops.flops_per_token(params["non_embedding"], block_parameter_count(model), m.n_layers, m.n_heads,
+                                m.d_model // m.n_heads, m.seq_len, t.activation_checkpointing)
+    peak = _peak_flops(cfg, env)
+
+    if t.activation_checkpointing:
+        parallel.apply_activation_checkpointing(model)
+    if t.compile:
+        parallel.apply_compile(model)
+    ddp = cfg.parallel.strategy == "ddp"
+    model = parallel.apply_ddp(model, cfg, env) if ddp else parallel.apply_fsdp(model, cfg, env)
+    optimizer = _optimizer(model, cfg)
+
+    start_step = 0
+    if resume is not None:
+        start_step = checkpoint.load(resume, model, optimizer)
+        if start_step >= t.steps:
+            raise ReftrainError(f"--resume {resume}: checkpoint is at step {start_step}, "
+                                f"train.steps={t.steps} leaves nothing to do (raise it with --steps)")
+    loader = data.build_loader(cfg, env.rank, start_step, device.type)
+    tokens_per_micro = t.micro_batch_size * m.seq_len
+    tokens_per_rank_step = tokens_per_micro * t.grad_accum
+    tokens_per_step = tokens_per_rank_step * env.world_size
+
+    # Who ran where (gathered so rank 0 can write it).
+    hw = describe_hardware(device)
+    all_hw: list = [None] * env.world_size
+    dist.all_gather_object(all_hw, hw)
+
+    profiler = StepProfiler(cfg.profile, env.rank, run_dir / "traces", device, start_step)
+    steps_run = list(range(start_step, t.steps))
+    profiled_steps = [s for s in steps_run if profiler.collecting(s)]
+    telemetry = _start_telemetry(cfg, env, run_dir)
+    injector = Injector(cfg, env.rank, device)
+
+    man = {
+        "schema": manifest.SCHEMA,
+        "run_id": run_dir.name,
+        "status": "running",
+        "start_time": start_time,
+        "end_time": None,
+        "git": git_state(REPO_ROOT),
+        "command": command,
+        "config": manifest.saved_config_dict(run_dir),
+        "world_size": env.world_size,
+        "backend": env.backend,
+        "hardware": {
+            "device_type": device.type,
+            "device_names": [h["device_name"] for h in all_hw],
+            "cpu_model": hw["cpu_model"],
+            "cpu_cores": hw["cpu_cores"],
+            "cpu_cores_usable": hw["cpu_cores_usable"],
+            "hostnames": [h["hostname"] for h in all_hw],
+        },
+        "torch_version": torch.__version__,
+        "params": params,
+        "flops": fpt.to_manifest(),
+        "peak_flops": peak.to_manifest(),
+        "tokens_per_step": tokens_per_step,
+        "steps": t.steps,
+        "start_step": start_step,
+        "warmup_steps": t.warmup_steps,
+        "profiled_steps": profiled_steps,
+        "clock": clock,
+        "inject": {"slow_rank": cfg.inject.slow_rank, "delay_ms": cfg.inject.delay_ms, "slowdown": cfg.inject.slowdown},
+        "resumed_from": None if resume is None else {"run_dir": str(resumed_from_run), "checkpoint": str(resume),
+                                                      "step": start_step},
+        "telemetry_note": telemetry.note,
+        "files": manifest.files_listing(run_dir, []),
+        "schemas": manifest.SCHEMAS,
+    }
+    if env.rank == 0:
+        manifest.write_json(run_dir / "run.json", man)
+        if telemetry.note and device.type != "cuda":
+            print(f"telemetry: {telemetry.note}", flush=True)
+        _say(env, f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
+                  f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
+                  f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})")
+
+    metrics_rel = f"metrics/rank{env.rank}.jsonl"
+    colls_rel = f"collectives/rank{env.rank}.jsonl"
+    metrics_writer = JsonlWriter(run_dir / metrics_rel)
+    colls_writer = JsonlWriter(run_dir / colls_rel)
+    timer = CollectiveTimer(colls_writer, env.rank, device)
+    if ddp:
+        model.register_comm_hook(None, timer.ddp_comm_hook)
+    timer.install()
+    records: list[dict] = []
+    wall_start = time.perf_counter()
+    try:
+        with profiler:
+            _loop(cfg, env, run_dir, model, optimizer, loader, profiler, injector, timer, metrics_writer,
+                  records, peak, fpt, start_step, tokens_per_micro)
+        timer.flush(wait=True)
+    finally:
+        timer.uninstall()
+        metrics_writer.close()
+        colls_writer.close()
+        if telemetry.sampler is not None:
+            telemetry.sampler.stop()
+            if telemetry.sampler.error:
+                print(f"rank {env.rank}: {telemetry.sampler.error}", file=sys.stderr, flush=True)
+    wall_s = time.perf_counter() - wall_start
+
+    mine = {"metrics": [metrics_rel], "collectives": [colls_rel], "telemetry": telemetry.files,
+            "traces": [f"traces/{name}" for name in profiler.traces], "summary": _rank_summary(records, cfg, start_step)}
+    everyone: list = [None] * env.world_size
+    dist.all_gather_object(everyone, mine)
+    if env.rank == 0:
+        man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, everyone))
+        manifest.write_json(run_dir / "run.json", man)
+        _print_summary(cfg, run_dir, records, everyone, tokens_per_step, wall_s, start_step, profiled_steps)
+    return man
+
+
+def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, model, optimizer, loader, profiler: StepProfiler,
+          injector: Injector, timer: CollectiveTimer, writer: JsonlWriter, records: list[dict],
+          peak: flops.PeakFlops, fpt: flops.FlopsPerToken, start_step: int, tokens_per_micro: int) -> None:
+    t, p, device = cfg.train, cfg.parallel, env.device
+    ddp = p.strategy == "ddp"
+    params = [q for q in model.parameters() if q.requires_grad]
+    check_tokens = cfg.data.path is not None
+    pt = PhaseTimer(device, PHASES)
+    batches = iter(loader)
+    autocast = _autocast(cfg, env)
+    tokens = tokens_per_micro * t.grad_accum
+    for step in range(start_step, t.steps):
+        timer.set_step(step)
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        injector.start_step()
+        pt.start_step()
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(t.grad_accum):
+            last = micro == t.grad_accum - 1
+            with pt.phase("data", host_clock=True):
+                x, y = next(batches)
+                if check_tokens:
+                    data.check_batch(x, cfg.model.vocab_size, cfg.data.path)
+                    data.check_batch(y, cfg.model.vocab_size, cfg.data.path)
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
+            if ddp:
+                # Gradients are all-reduced only in the last micro-batch's backward (or after it).
+                sync = contextlib.nullcontext() if (last and p.overlap_grad_sync) else model.no_sync()
+            else:
+                model.set_requires_gradient_sync(last)
+                sync = contextlib.nullcontext()
+            with sync:
+                with pt.phase("forward"), injector.compute(first_forward=micro == 0):
+                    with autocast:
+                        loss = model(x, y)
+                with pt.phase("backward"), injector.compute():
+                    (loss / t.grad_accum).backward()
+            loss_sum += loss.detach()
+        if ddp and not p.overlap_grad_sync:
+            with pt.phase("grad_sync"):
+                parallel.allreduce_gradients(params, p.bucket_cap_mb, env.world_size)
+        with pt.phase("optimizer"):
+            grad_norm = None
+            if cfg.optim.grad_clip > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        times = pt.end_step()
+        mem_bytes, mem_kind = process_memory_bytes(device, reset_peak=True)
+        step_s = times["step_time_ms"] / 1e3
+        if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        record = {
+            "step": step,
+            "rank": env.rank,
+            "loss": loss_sum.item() / t.grad_accum,
+            "step_time_ms": times["step_time_ms"],
+            "data_wait_ms": times["data_ms"],
+            "forward_ms": times["forward_ms"],
+            "backward_ms": times["backward_ms"],
+            "optimizer_ms": times["optimizer_ms"],
+            "grad_sync_ms": times["grad_sync_ms"],
+            "comm_ms": timer.step_comm_ms(step),
+            "tokens": tokens,
+            "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+            "mfu": flops.mfu(tokens, fpt.model, step_s, peak.per_s),
+            "hfu": flops.mfu(tokens, fpt.hardware, step_s, peak.per_s),
+            "mem_bytes": mem_bytes,
+            "mem_kind": mem_kind,
+            "profiled": profiler.collecting(step),
+            "lr": lr,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "injected_ms": injector.injected_ms,
+            "time_ns": time.time_ns(),
+        }
+        writer.write(record)
+        writer.flush()
+        timer.flush()
+        records.append(record)
+        if env.rank == 0:
+            _print_step(record, t.steps, env.world_size)
+        if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
+            t0 = time.perf_counter()
+            with untimed_collectives():  # checkpoint I/O is not training communication
+                path = checkpoint.save(run_dir, step + 1, model, optimizer)
+            _say(env, f"  checkpoint {path.relative_to(run_dir.parent)} saved in {time.perf_counter() - t0:.1f} s")
+        profiler.step_done(step)
+
+
+# ---------------------------------------------------------------------------
+# Console
+# ---------------------------------------------------------------------------
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k"
+
+
+def _print_step(r: dict, steps: int, world: int) -> None:
+    mark = "  [profiler]" if r["profiled"] else ""
+    print(
+        f"step {r['step']:>{len(str(steps))}}/{steps}  loss {r['loss']:.4f}  {r['step_time_ms']:7.1f} ms  "
+        f"{_fmt_rate(r['tokens_per_s'] * world)} tok/s  MFU {r['mfu']:.1%}{mark}",
+        flush=True,
+    )
+
+
+def steady_state(records: list[dict], start_step: int, warmup_steps: int) -> list[dict]:
+    """Records after the warm-up steps and outside profiler windows."""
+    return [r for r in records if r["step"] >= start_step + warmup_steps and not r["profiled"]]
+
+
+def _rank_summary(records: list[dict], cfg: Config, start_step: int) -> dict:
+    steady = steady_state(records, start_step, cfg.train.warmup_steps) or records
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in steady) if steady else float("nan")
+
+    return {k: med(k) for k in ("step_time_ms", "forward_ms", "backward_ms", "data_wait_ms", "comm_ms", "mfu", "hfu")} | {
+        "steady_steps": len(steady)}
+
+
+def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: list[dict], tokens_per_step: int,
+                   wall_s: float, start_step: int, profiled_steps: list[int]) -> None:
+    s0 = everyone[0]["summary"]
+    n = len(records)
+    print(f"\nreftrain: {n} steps in {wall_s:.1f} s; steady state = {s0['steady_steps']} steps "
+          f"(excluding the first {cfg.train.warmup_steps} and {len(profiled_steps)} with the profiler running)")
+    step_ms = max(e["summary"]["step_time_ms"] for e in everyone)
+    print(f"  median step {step_ms:.1f} ms   {_fmt_rate(tokens_per_step / (step_ms / 1e3))} tok/s (all ranks)   "
+          f"MFU {s0['mfu']:.1%}   HFU {s0['hfu']:.1%}   final loss {records[-1]['loss']:.4f}" if records else "")
+    print("  per rank (median ms):  " + "  ".join(
+        f"r{i}: fwd {e['summary']['forward_ms']:.1f} bwd {e['summary']['backward_ms']:.1f} "
+        f"data {e['summary']['data_wait_ms']:.1f} comm {e['summary']['comm_ms']:.1f}"
+        for i, e in enumerate(everyone)))
+    runs_dir = run_dir.parent
+    print(f"\nrun directory: {run_dir}")
+    print(f"next:  analyzer report {run_dir}\n       dashboard {runs_dir}", flush=True)
