@@ -23,8 +23,8 @@ own ``mfu`` field, summarized the same way, is reported beside it
 ``trace-shapes`` (any Kineto trace with ``record_shapes=True``). Per rank and
 ProfilerStep window, the FLOPs of the top-level matmul-like ops that start in
 the window (:mod:`analyzer.metrics.matmul_flops`), over the window length and
-a peak from the ``peak_flops`` argument or the device table
-(:mod:`analyzer.metrics.peaks`) by the device name in ``deviceProperties``
+a peak from the ``peak_flops`` argument or the trainer's datasheet table
+(``reftrain.flops.GPU_PEAKS``) by the device name in ``deviceProperties``
 and the dtype carrying most matmul FLOPs. Backward:
 
 * the trace has autograd backward ranges with matmuls in them: counted as
@@ -42,7 +42,6 @@ is the mean over ranks; the run value the median over steps.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
@@ -50,11 +49,37 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, dominant_dtype, matmul_ops
-from analyzer.metrics.peaks import Peak, lookup_peak
+from reftrain.flops import table_peak
 from analyzer.tables import DEVICE_KINDS
 
 MfuSource = Literal["manifest", "trace-shapes", "none"]
 STEP_COLUMNS = ("step", "n_ranks", "step_time_ms", "flops", "hardware_flops", "achieved_tflops_per_s", "mfu", "hfu")
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak rate (FLOP/s per device) and where it came from."""
+
+    per_s: float
+    dtype: str | None
+    source: str  # "argument" | "table"
+    detail: str
+
+
+# Trace dtype -> the peak-table column that runs it (reftrain.flops keys:
+# bf16 for all 16-bit tensor-core math, tf32, fp32). fp8 matmuls are rated
+# against the 16-bit peak: the table has no fp8 column, and the 16-bit rate
+# is the one model-FLOPs utilization is usually quoted against.
+_PEAK_KEYS = {"bf16": ("bf16",), "fp16": ("bf16",), "fp8": ("bf16",), "tf32": ("tf32", "fp32"), "fp32": ("fp32",), "fp64": ()}
+
+
+def lookup_peak(device_name: str, dtype: str | None) -> Peak | None:
+    """Dense datasheet peak of a device for a trace dtype, from reftrain's table (reftrain/flops.py)."""
+    for key in _PEAK_KEYS.get(dtype or "bf16", ("bf16",)):
+        found = table_peak(device_name, key)
+        if found is not None:
+            return Peak(found.per_s, found.dtype, "table", found.detail)
+    return None
 
 
 @dataclass
@@ -133,16 +158,19 @@ def steady_state(metrics: pd.DataFrame, warmup_steps: int, profiled_steps: Seque
     return metrics.loc[keep]
 
 
-def mfu_from_manifest(manifest: Mapping[str, Any], metrics: pd.DataFrame | None) -> MfuResult:
+def mfu_from_manifest(
+    manifest: Mapping[str, Any], metrics: pd.DataFrame | None, peak_flops: float | None = None
+) -> MfuResult:
     """MFU of a reftrain run from its manifest and metrics records (see module doc).
 
-    Returns source ``none`` with the reason when a needed manifest field or
-    every steady-state step is missing.
+    ``peak_flops`` (FLOP/s per device) replaces the manifest's peak. Returns
+    source ``none`` with the reason when a needed manifest field or every
+    steady-state step is missing.
     """
     per_token = _get(manifest, "flops", "per_token")
     per_token_hw = _get(manifest, "flops", "per_token_hardware") or per_token
     tokens_per_step = manifest.get("tokens_per_step")
-    peak = _get(manifest, "peak_flops", "per_s")
+    peak = peak_flops if peak_flops is not None else _get(manifest, "peak_flops", "per_s")
     world_size = manifest.get("world_size")
     missing = [
         name
@@ -186,7 +214,7 @@ def mfu_from_manifest(manifest: Mapping[str, Any], metrics: pd.DataFrame | None)
     if "mfu" in steady.columns:
         logged = _median_or_none(pd.to_numeric(steady["mfu"], errors="coerce").groupby(steady["step"]).mean())
     notes = []
-    if logged:
+    if logged and peak_flops is None:
         rel = (float(steps["mfu"].median()) - logged) / logged
         notes.append(f"reftrain's logged MFU over the same steps: {logged:.4f} ({rel:+.2%} relative)")
     return MfuResult(
@@ -199,8 +227,8 @@ def mfu_from_manifest(manifest: Mapping[str, Any], metrics: pd.DataFrame | None)
             f"(warmup < {warmup} and {len(set(profiled))} profiled step(s) excluded)"
         ),
         peak_flops_per_s=float(peak),
-        peak_source=str(_get(manifest, "peak_flops", "source") or "manifest"),
-        peak_detail=_get(manifest, "peak_flops", "detail"),
+        peak_source="argument" if peak_flops is not None else str(_get(manifest, "peak_flops", "source") or "manifest"),
+        peak_detail="peak_flops argument" if peak_flops is not None else _get(manifest, "peak_flops", "detail"),
         dtype=_get(manifest, "peak_flops", "dtype"),
         flops_per_step=flops,
         logged_median=logged,
@@ -299,9 +327,9 @@ def mfu_from_trace_shapes(
             reason = "no GPU in the trace (deviceProperties empty) and no peak_flops given"
         else:
             name = sorted(names)[0]
-            peak = lookup_peak(name, dtype or "bf16")
+            peak = lookup_peak(name, dtype)
             if peak is None:
-                reason = f"device {name!r} is not in the peak table; pass peak_flops (--peak-flops)"
+                reason = f"no datasheet peak for device {name!r} in {dtype or 'bf16'}; pass peak_flops (--peak-flops)"
             if len(names) > 1:
                 notes.append(f"ranks report different devices {sorted(names)}; peak of {name!r} used")
     per_rank = []

@@ -1,0 +1,257 @@
+"""MFU: FLOPs from recorded shapes (hand-computed and against torch's counter) and from the manifest."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.metrics.matmul_flops import flops_of, matmul_ops
+from analyzer.metrics.mfu import (
+    device_name_of,
+    lookup_peak,
+    mfu_from_manifest,
+    mfu_from_trace_shapes,
+    rank_flops_from_shapes,
+)
+from analyzer.tables import events_from_records
+
+US = 1000
+
+
+def op(name: str, start_us: float, end_us: float, dims=None, types=None, tid: int = 1, cat: str = "cpu_op") -> dict:
+    return {
+        "rank": 0,
+        "cat": cat,
+        "name": name,
+        "pid": 10,
+        "tid": tid,
+        "start_ns": int(start_us * US),
+        "end_ns": int(end_us * US),
+        "input_dims": json.dumps(dims) if dims is not None else None,
+        "input_types": json.dumps(types) if types is not None else None,
+    }
+
+
+def steps_table(*windows_us) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"step": [w[0] for w in windows_us], "start_ns": [w[1] * US for w in windows_us], "end_ns": [w[2] * US for w in windows_us]}
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "dims", "flops"),
+    [
+        ("aten::mm", [[64, 256], [256, 512]], 2 * 64 * 256 * 512),
+        ("aten::addmm", [[512], [64, 256], [256, 512], [], []], 2 * 64 * 256 * 512),
+        ("aten::bmm", [[8, 32, 16], [8, 16, 4]], 2 * 8 * 32 * 16 * 4),
+        ("aten::baddbmm", [[8, 32, 4], [8, 32, 16], [8, 16, 4], [], []], 2 * 8 * 32 * 16 * 4),
+        ("aten::linear", [[4, 128, 768], [3072, 768], [3072]], 2 * 4 * 128 * 768 * 3072),
+        ("aten::matmul", [[2, 1, 5, 6], [3, 6, 7]], 2 * (2 * 3) * 5 * 6 * 7),  # broadcast batch
+        ("aten::matmul", [[6], [6]], 2 * 6),
+        ("aten::matmul", [[4, 5, 6], [6]], 2 * 4 * 5 * 6),
+        ("aten::scaled_dot_product_attention", [[2, 8, 128, 64], [2, 8, 256, 64], [2, 8, 256, 32], [], []], 2 * 16 * 128 * 256 * 64 + 2 * 16 * 128 * 256 * 32),
+    ],
+)
+def test_flops_formulas(name: str, dims, flops: int) -> None:
+    assert flops_of(name, dims) == flops
+
+
+def test_linear_nesting_counts_each_product_once_and_backward_as_recorded() -> None:
+    fwd = 2 * 64 * 256 * 512
+    events = events_from_records(
+        [
+            op("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+            op("aten::linear", 10, 100, [[64, 256], [512, 256], [512]], ["float", "float", "float"]),
+            op("aten::addmm", 20, 90, [[512], [64, 256], [256, 512], [], []], ["c10::BFloat16"] * 3 + ["Scalar"] * 2),
+            op("aten::matmul", 110, 200, [[64, 256], [256, 512]], ["float", "float"]),
+            op("aten::mm", 120, 190, [[64, 256], [256, 512]], ["float", "float"]),
+            # Backward on the autograd thread: two mm under AddmmBackward0, each top level.
+            op("autograd::engine::evaluate_function: AddmmBackward0", 300, 600, tid=2),
+            op("AddmmBackward0", 305, 595, tid=2),
+            op("aten::mm", 310, 400, [[64, 512], [512, 256]], ["float", "float"], tid=2),
+            op("aten::mm", 410, 500, [[256, 64], [64, 512]], ["float", "float"], tid=2),
+            # An mm on another thread at the same time as the linear: not nested in it.
+            op("aten::mm", 30, 40, [[2, 3], [3, 4]], ["float", "float"], tid=3),
+        ]
+    )
+    ops = matmul_ops(events)
+    top = ops.loc[ops["top_level"]]
+    assert sorted(top["name"]) == ["aten::linear", "aten::matmul", "aten::mm", "aten::mm", "aten::mm"]
+    assert int(top["backward"].sum()) == 2
+    rf = rank_flops_from_shapes(0, events, steps_table((3, 0, 1000)))
+    assert rf.backward == "recorded"
+    assert rf.steps["recorded_fwd_flops"].tolist() == [2 * fwd + 2 * 2 * 3 * 4]
+    assert rf.steps["recorded_bwd_flops"].tolist() == [2 * fwd]
+    assert rf.steps["flops"].tolist() == [4 * fwd + 2 * 2 * 3 * 4]
+    # Autocast: the linear is recorded with fp32 inputs, the addmm inside runs in bf16. Leaves
+    # decide: 3 fp32 mm leaves outweigh the one bf16 addmm here.
+    assert rf.dtype == "fp32"
+
+
+def test_backward_estimated_as_twice_forward_when_backward_has_no_shapes() -> None:
+    events = events_from_records(
+        [
+            op("aten::linear", 10, 100, [[8, 16], [32, 16], [32]], ["c10::BFloat16"] * 3),
+            op("autograd::engine::evaluate_function: AddmmBackward0", 300, 600, tid=2),
+        ]
+    )
+    rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
+    assert rf.backward == "estimated-2x-forward"
+    assert rf.steps["flops"].tolist() == [3 * 2 * 8 * 16 * 32]
+    assert rf.dtype == "bf16"
+
+
+def test_forward_only_trace_counts_forward() -> None:
+    events = events_from_records([op("aten::bmm", 10, 100, [[4, 8, 16], [4, 16, 2]], ["c10::Half", "c10::Half"])])
+    rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 50), (1, 50, 1000)))
+    assert rf.backward == "absent"
+    # Assigned to the step the op starts in.
+    assert rf.steps["flops"].tolist() == [2 * 4 * 8 * 16 * 2, 0]
+
+
+def test_trace_shapes_mfu_with_table_peak_and_argument() -> None:
+    flops = 2 * 4096 * 4096 * 4096
+    events = events_from_records(
+        [
+            op("aten::mm", 10, 100, [[4096, 4096], [4096, 4096]], ["c10::BFloat16"] * 2),
+            {"rank": 0, "cat": "kernel", "name": "sm90_gemm_bf16", "pid": 0, "tid": 7, "start_ns": 20 * US, "end_ns": 900 * US},
+        ]
+    )
+    steps = steps_table((0, 0, 1000))  # 1 ms
+    rf = rank_flops_from_shapes(0, events, steps)
+    name = device_name_of(events, [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}])
+    assert name == "NVIDIA H100 80GB HBM3"
+    result = mfu_from_trace_shapes([rf], {0: name})
+    assert result.source == "trace-shapes"
+    assert result.peak_flops_per_s == pytest.approx(989.4e12)
+    assert result.median == pytest.approx(flops / 1e-3 / 989.4e12)
+    assert result.hfu_median == result.median
+    assert result.backward == "absent"
+    forced = mfu_from_trace_shapes([rf], {0: name}, peak_flops=1e15)
+    assert forced.median == pytest.approx(flops / 1e-3 / 1e15)
+    assert forced.peak_source == "argument"
+    unknown = mfu_from_trace_shapes([rf], {0: "Imaginary GPU 9000"})
+    assert unknown.source == "none"
+    assert "Imaginary GPU 9000" in unknown.reason
+    assert unknown.steps["achieved_tflops_per_s"].iloc[0] == pytest.approx(flops / 1e-3 / 1e12)
+    cpu = mfu_from_trace_shapes([rf], {0: None})
+    assert cpu.source == "none" and "peak_flops" in cpu.reason
+
+
+def test_no_shapes_gives_none_with_reason() -> None:
+    events = events_from_records([op("aten::mm", 10, 100)])
+    rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
+    result = mfu_from_trace_shapes([rf], {0: "NVIDIA A100-SXM4-80GB"})
+    assert result.source == "none"
+    assert "record_shapes" in result.reason
+
+
+def test_peak_lookup_uses_the_trainer_table() -> None:
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "bf16").per_s == pytest.approx(312e12)
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "fp16").per_s == pytest.approx(312e12)
+    assert lookup_peak("NVIDIA H100 PCIe", "tf32").per_s == pytest.approx(378e12)
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "fp64") is None
+
+
+def manifest(**over) -> dict:
+    m = {
+        "world_size": 2,
+        "tokens_per_step": 8192,
+        "flops": {"per_token": 1.5e9, "per_token_hardware": 2.0e9},
+        "peak_flops": {"per_s": 1e14, "source": "table", "detail": "test part bf16 dense", "dtype": "bf16"},
+        "warmup_steps": 2,
+        "profiled_steps": [4],
+    }
+    m.update(over)
+    return m
+
+
+def metrics_table(step_ms: dict[int, tuple[float, float]]) -> pd.DataFrame:
+    rows = []
+    for step, times in step_ms.items():
+        for rank, t in enumerate(times):
+            mfu = 4096 * 1.5e9 / (t / 1e3 * 1e14)
+            rows.append({"rank": rank, "step": step, "step_time_ms": t, "mfu": mfu, "profiled": step == 4})
+    return pd.DataFrame(rows)
+
+
+def test_manifest_mfu_steady_state_and_logged_agreement() -> None:
+    metrics = metrics_table({0: (900, 900), 1: (500, 500), 2: (100, 110), 3: (120, 120), 4: (300, 300), 5: (100, 100)})
+    result = mfu_from_manifest(manifest(), metrics)
+    assert result.source == "manifest"
+    assert result.steps["step"].tolist() == [2, 3, 5]  # warmup 0-1 and profiled 4 excluded
+    per_device = 8192 * 1.5e9 / 2
+    expected = [per_device / (0.105 * 1e14), per_device / (0.120 * 1e14), per_device / (0.100 * 1e14)]
+    assert result.steps["mfu"].to_numpy() == pytest.approx(expected)
+    assert result.median == pytest.approx(per_device / (0.105 * 1e14))
+    assert result.hfu_median == pytest.approx(8192 * 2.0e9 / 2 / (0.105 * 1e14))
+    # The trainer's own per-rank values, averaged per step: equal here except the uneven step 2.
+    assert result.logged_median == pytest.approx(np.mean([4096 * 1.5e9 / (0.100 * 1e14), 4096 * 1.5e9 / (0.110 * 1e14)]))
+    assert abs(result.median - result.logged_median) / result.logged_median < 0.02
+    assert "metrics JSONL" in result.step_time_source
+    assert result.peak_detail == "test part bf16 dense"
+
+
+def test_manifest_mfu_none_reasons() -> None:
+    metrics = metrics_table({0: (100, 100), 1: (100, 100)})
+    missing = mfu_from_manifest(manifest(tokens_per_step=None), metrics)
+    assert missing.source == "none" and "tokens_per_step" in missing.reason
+    all_warmup = mfu_from_manifest(manifest(warmup_steps=5), metrics)
+    assert all_warmup.source == "none" and "steady-state" in all_warmup.reason
+    assert mfu_from_manifest(manifest(), None).source == "none"
+    override = mfu_from_manifest(manifest(warmup_steps=0, profiled_steps=[]), metrics, peak_flops=2e14)
+    assert override.median == pytest.approx(8192 * 1.5e9 / 2 / (0.1 * 2e14))
+    assert override.peak_source == "argument"
+
+
+def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
+    """A real profiled forward+backward: our count from the trace equals torch's FlopCounterMode."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from analyzer.load import load_trace
+
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(32, 64)
+            self.down = torch.nn.Linear(64, 32, bias=False)
+
+        def forward(self, x):  # x [B, T, 32]: 3-D linear goes through aten::matmul
+            h = torch.relu(self.up(x))
+            scores = torch.bmm(h, h.transpose(1, 2))  # [B, T, T]
+            return self.down(torch.bmm(scores, h)).sum()
+
+    model = Block()
+    x = torch.randn(4, 16, 32)
+
+    def train_step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).backward()
+
+    with FlopCounterMode(display=False) as counter:
+        train_step()
+    expected = counter.get_total_flops()
+
+    path = tmp_path / "trace.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        schedule=schedule(wait=0, warmup=1, active=2),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
+        for _ in range(3):
+            with record_function("forward"):
+                train_step()
+            prof.step()
+    rt = load_trace(path)
+    rf = rank_flops_from_shapes(0, rt.events, rt.steps)
+    assert rf.backward == "recorded"
+    assert len(rf.steps) == 2
+    assert rf.steps["flops"].tolist() == [expected, expected]
