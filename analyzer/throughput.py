@@ -1,0 +1,69 @@
+"""Training throughput in tokens per second, all ranks together.
+
+Definition (docs/metrics.md, "Throughput"): per steady-state optimizer step
+``s`` of a reftrain run,
+
+    ``tokens_per_s_s = tokens_per_step / t_s``
+
+with ``tokens_per_step`` the manifest's global tokens per optimizer step
+(all ranks, all micro-batches) and ``t_s`` the mean over ranks of
+``step_time_ms`` in ``metrics/rank*.jsonl``: the same steps (warmup and
+profiled steps excluded) and the same step time as the manifest MFU
+(:func:`analyzer.metrics.mfu.mfu_from_manifest`), so throughput and MFU are
+proportional step by step. The run value is the median over steps.
+
+A folder of traces records no token counts, so it has no throughput
+(``source`` ``none`` with the reason).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.mfu import steady_state
+
+STEP_COLUMNS = ("step", "n_ranks", "step_time_ms", "tokens", "tokens_per_s")
+
+
+def _empty_steps() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in STEP_COLUMNS})
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Tokens per second of a run (all ranks). ``median`` is None when unknown."""
+
+    source: Literal["manifest", "none"]
+    median: float | None = None
+    reason: str | None = None
+    steps: pd.DataFrame = field(default_factory=_empty_steps)
+
+
+def throughput(manifest: Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> Throughput:
+    """Tokens per second per steady-state step and its median (see module doc)."""
+    if manifest is None:
+        return Throughput("none", reason="no run.json: traces do not record token counts")
+    tokens_per_step = manifest.get("tokens_per_step")
+    if not tokens_per_step:
+        return Throughput("none", reason="run.json lacks tokens_per_step")
+    if metrics is None or metrics.empty or "step_time_ms" not in metrics.columns:
+        return Throughput("none", reason="no metrics records (metrics/rank*.jsonl) to time the steps")
+    warmup = int(manifest.get("warmup_steps") or 0)
+    steady = steady_state(metrics, warmup, list(manifest.get("profiled_steps") or []))
+    if steady.empty:
+        return Throughput("none", reason="no steady-state steps (all are warmup or profiled)")
+    per_step = steady.groupby("step", sort=True).agg(n_ranks=("rank", "nunique"), step_time_ms=("step_time_ms", "mean"))
+    step_time_ms = per_step["step_time_ms"].to_numpy(np.float64)
+    steps = pd.DataFrame(
+        {
+            "step": per_step.index.to_numpy(np.int64),
+            "n_ranks": per_step["n_ranks"].to_numpy(np.int64),
+            "step_time_ms": step_time_ms,
+            "tokens": float(tokens_per_step),
+            "tokens_per_s": float(tokens_per_step) / (step_time_ms / 1e3),
+        }
+    )
+    return Throughput("manifest", median=float(steps["tokens_per_s"].median()), steps=steps)

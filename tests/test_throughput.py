@@ -1,0 +1,59 @@
+"""analyzer.throughput: tokens per second over steady-state steps, exact answers."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analyzer.metrics.mfu import mfu_from_manifest
+from analyzer.throughput import throughput
+
+MANIFEST = {
+    "tokens_per_step": 2048,
+    "warmup_steps": 1,
+    "profiled_steps": [3],
+    "world_size": 2,
+    "flops": {"per_token": 1000, "per_token_hardware": 1000},
+    "peak_flops": {"per_s": 1e9, "source": "table", "detail": "x", "dtype": "fp32"},
+}
+
+
+def _metrics():
+    rows = []
+    # step: (rank0 ms, rank1 ms). Step 0 is warmup, step 3 profiled.
+    for step, (a, b) in enumerate([(900, 900), (100, 300), (400, 400), (5000, 5000), (250, 350)]):
+        rows.append(dict(step=step, rank=0, step_time_ms=a, profiled=step == 3))
+        rows.append(dict(step=step, rank=1, step_time_ms=b, profiled=step == 3))
+    return pd.DataFrame(rows)
+
+
+def test_tokens_per_s_uses_mean_step_time_over_ranks_on_steady_steps():
+    tp = throughput(MANIFEST, _metrics())
+    assert tp.source == "manifest"
+    assert tp.steps["step"].tolist() == [1, 2, 4]
+    # Mean over ranks: 200, 400, 300 ms -> 2048 tokens / 0.2 s etc.
+    assert tp.steps["step_time_ms"].tolist() == [200.0, 400.0, 300.0]
+    assert tp.steps["tokens_per_s"].tolist() == pytest.approx([10240.0, 5120.0, 2048 / 0.3])
+    assert tp.median == pytest.approx(2048 / 0.3)
+
+
+def test_throughput_is_proportional_to_manifest_mfu_step_by_step():
+    tp = throughput(MANIFEST, _metrics())
+    mfu = mfu_from_manifest(MANIFEST, _metrics())
+    # MFU = tokens/s * flops_per_token / world_size / peak.
+    expected = tp.steps["tokens_per_s"] * 1000 / 2 / 1e9
+    assert mfu.steps["mfu"].tolist() == pytest.approx(expected.tolist())
+
+
+@pytest.mark.parametrize(
+    "manifest, metrics, reason",
+    [
+        (None, None, "traces do not record token counts"),
+        ({"warmup_steps": 0}, _metrics(), "lacks tokens_per_step"),
+        (MANIFEST, None, "no metrics records"),
+        ({**MANIFEST, "warmup_steps": 10}, _metrics(), "no steady-state steps"),
+    ],
+)
+def test_no_throughput_says_why(manifest, metrics, reason):
+    tp = throughput(manifest, metrics)
+    assert tp.source == "none" and tp.median is None
+    assert reason in tp.reason
