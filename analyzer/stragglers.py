@@ -289,7 +289,7 @@ def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
     """One row per collective seen on two or more ranks.
 
     Columns: ``key, step, kind, bytes, n_ranks, first_arrival_ns, skew_ms,
-    last_rank, wait_ms`` (sum over ranks of the time waiting for the last
+    last_rank`` (-1 when all arrive at once), ``wait_ms`` (sum over ranks of the time waiting for the last
     arriver), ``duration_ms`` (the last arriver's start-to-end time, i.e.
     the transfer without waiting), ``algbw_gbps`` (``size / duration`` in
     GB/s, where size is the input bytes, times n for all_gather as in
@@ -330,7 +330,7 @@ def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
             "n_ranks": n.astype(np.int64),
             "first_arrival_ns": agg["first_arrival_ns"].to_numpy(np.int64),
             "skew_ms": skew_ns.to_numpy() / 1e6,
-            "last_rank": last["rank"].to_numpy(np.int64),
+            "last_rank": np.where(skew_ns.to_numpy() > 0, last["rank"].to_numpy(np.int64), -1),
             "wait_ms": wait_ns.to_numpy() / 1e6,
             "duration_ms": duration_ns.to_numpy() / 1e6,
             "algbw_gbps": algbw,
@@ -343,17 +343,17 @@ def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
 def _rank_waits(arrivals: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, collective): lateness_ns, wait_ns, is_last."""
     a = arrivals.copy()
-    g = a.groupby("key")["start_ns"]
     n = a.groupby("key")["rank"].transform("nunique")
     a = a.loc[n >= 2].copy()
     g = a.groupby("key")["start_ns"]
     a["lateness_ns"] = a["start_ns"] - g.transform("min")
     a["wait_ns"] = g.transform("max") - a["start_ns"]
-    # The last arriver: the latest start, lowest rank on ties.
-    ordered = a.sort_values(["key", "start_ns", "rank"], ascending=[True, False, True], kind="stable")
-    last_rows = ordered.drop_duplicates("key").index
+    # The last arriver: the latest start (lowest rank on ties); no one when all arrive together.
+    ordered = a.loc[g.transform("max") > g.transform("min")].sort_values(
+        ["key", "start_ns", "rank"], ascending=[True, False, True], kind="stable"
+    )
     a["is_last"] = False
-    a.loc[last_rows, "is_last"] = True
+    a.loc[ordered.drop_duplicates("key").index, "is_last"] = True
     return a
 
 

@@ -1,0 +1,204 @@
+"""Stragglers from collective arrivals and step times, with exact waits and skews."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.stragglers import (
+    arrivals_from_records,
+    arrivals_from_traces,
+    collective_kind,
+    collective_table,
+    find_stragglers,
+)
+from analyzer.tables import events_from_records
+
+MS = 1_000_000
+STEP_MS = 100.0
+
+
+def records(n_ranks: int, n_steps: int, late: dict[int, float], jitter_ms: float = 0.0, seed: int = 0, per_step: int = 3) -> pd.DataFrame:
+    """reftrain-like collective records: per step ``per_step`` all-reduces of 1 GB.
+
+    Rank r's first collective of each step starts ``late[r]`` ms after the
+    others; later collectives of the step start together (the late rank has
+    caught up). The last arriver's transfer takes 10 ms.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(n_steps):
+        base = step * STEP_MS * MS
+        for k in range(per_step):
+            t0 = base + (20 + 20 * k) * MS
+            starts = {r: t0 + (late.get(r, 0.0) * MS if k == 0 else 0) + int(rng.normal(0, jitter_ms) * MS) for r in range(n_ranks)}
+            end = max(starts.values()) + 10 * MS
+            for r in range(n_ranks):
+                rows.append(
+                    {"rank": r, "step": step, "seq": step * per_step + k, "pg": "0", "kind": "all_reduce", "bytes": 1_000_000_000,
+                     "group_size": n_ranks, "start_ns": int(starts[r]), "end_ns": int(end), "clock": "host"}
+                )
+    return pd.DataFrame(rows)
+
+
+def step_times(n_ranks: int, n_steps: int, slow: dict[int, float] | None = None, jitter_ms: float = 0.0, seed: int = 1) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    slow = slow or {}
+    return pd.DataFrame(
+        [
+            {"rank": r, "step": s, "step_time_ms": STEP_MS + slow.get(r, 0.0) + rng.normal(0, jitter_ms)}
+            for s in range(n_steps)
+            for r in range(n_ranks)
+        ]
+    )
+
+
+def test_two_ranks_late_rank_is_named_and_others_wait_five_ms() -> None:
+    arrivals = arrivals_from_records(records(2, 10, late={1: 5.0}), offsets_ns=[0, 0])
+    table = collective_table(arrivals)
+    first = table.loc[table["key"] == "0:0"].iloc[0]
+    assert first["skew_ms"] == pytest.approx(5.0)
+    assert first["last_rank"] == 1
+    assert first["wait_ms"] == pytest.approx(5.0)  # rank 0 waited 5 ms; the last arriver waits 0
+    assert first["duration_ms"] == pytest.approx(10.0)
+    # 1 GB in 10 ms = 100 GB/s; all-reduce bus factor 2(n-1)/n = 1 for two ranks.
+    assert first["algbw_gbps"] == pytest.approx(100.0)
+    assert first["busbw_gbps"] == pytest.approx(100.0)
+    result = find_stragglers(step_times(2, 10), arrivals, step_source="test", arrival_source="test")
+    assert result.ranks == [1]
+    r0, r1 = result.per_rank
+    assert r1.signals == ["lateness"]
+    assert r1.lateness_excess_ms == pytest.approx(5.0)
+    assert r1.caused_wait_ms == pytest.approx(50.0)  # 10 steps x 5 ms
+    assert r0.wait_ms == pytest.approx(50.0)
+    assert r1.wait_ms == pytest.approx(0.0)
+    # Last at the first collective of each step; the other two start together, so no one is last.
+    assert (r1.last_arrivals, r1.n_collectives, r0.last_arrivals) == (10, 30, 0)
+    assert "rank 1" in result.verdict and "5.00 ms/step" in result.verdict
+
+
+def test_clean_noisy_run_names_no_one() -> None:
+    for seed in range(5):
+        arrivals = arrivals_from_records(records(2, 20, late={}, jitter_ms=0.5, seed=seed), offsets_ns=None)
+        result = find_stragglers(step_times(2, 20, jitter_ms=1.0, seed=seed), arrivals, step_source="t", arrival_source="t")
+        assert result.ranks == [], result.verdict
+        assert result.verdict == "no persistent straggler among 2 ranks"
+
+
+def test_noisy_run_with_a_late_rank_among_eight() -> None:
+    arrivals = arrivals_from_records(records(8, 15, late={5: 4.0}, jitter_ms=0.3, seed=3), offsets_ns=None)
+    result = find_stragglers(step_times(8, 15, jitter_ms=0.5), arrivals, step_source="t", arrival_source="t")
+    assert result.ranks == [5]
+    assert result.per_rank[5].lateness_excess_ms == pytest.approx(4.0, abs=0.6)
+
+
+def test_clock_offsets_are_subtracted_before_comparing_arrivals() -> None:
+    raw = records(2, 6, late={})
+    shifted = raw.copy()
+    one_second = 1_000_000_000
+    shifted.loc[shifted["rank"] == 1, ["start_ns", "end_ns"]] += one_second  # rank 1's clock runs 1 s ahead
+    aligned = find_stragglers(step_times(2, 6), arrivals_from_records(shifted, [0, one_second]), step_source="t", arrival_source="t")
+    assert aligned.ranks == []
+    assert collective_table(arrivals_from_records(shifted, [0, one_second]))["skew_ms"].max() == pytest.approx(0.0)
+    unaligned = find_stragglers(step_times(2, 6), arrivals_from_records(shifted, None), step_source="t", arrival_source="t")
+    assert unaligned.ranks == [1]
+
+
+def test_step_time_signal_without_collectives() -> None:
+    result = find_stragglers(step_times(4, 12, slow={3: 8.0}, jitter_ms=0.5), records(0, 0, {}).iloc[0:0], step_source="t", arrival_source=None)
+    assert result.ranks == [3]
+    r3 = result.per_rank[3]
+    assert r3.signals == ["step_time"]
+    assert r3.step_time_ratio == pytest.approx(108 / 100, rel=0.01)
+    assert "no collectives matched" in result.notes[0]
+
+
+def test_small_excess_is_not_a_straggler() -> None:
+    # Rank 1 is consistently 0.5 ms late: real, but under min_excess_ms (1 ms).
+    result = find_stragglers(step_times(2, 10), arrivals_from_records(records(2, 10, late={1: 0.5}), None), step_source="t", arrival_source="t")
+    assert result.ranks == []
+    assert result.per_rank[1].lateness_excess_ms == pytest.approx(0.5)
+
+
+def test_too_few_steps_or_ranks_gives_no_verdict() -> None:
+    few = find_stragglers(step_times(2, 2), arrivals_from_records(records(2, 2, late={1: 50.0}), None), step_source="t", arrival_source="t")
+    assert few.ranks == [] and few.verdict.startswith("no verdict: fewer than 3 steps")
+    alone = find_stragglers(step_times(1, 10), records(0, 0, {}).iloc[0:0], step_source="t", arrival_source=None)
+    assert alone.ranks == [] and "two or more ranks" in alone.verdict
+
+
+def host_trace(rank: int, late_ms: float, n_steps: int = 4):
+    """A CPU rank: ProfilerStep windows and two c10d all-reduces per step, the first late by late_ms."""
+    rows = []
+    for s in range(n_steps):
+        base = s * 100 * MS
+        rows.append({"rank": rank, "cat": "user_annotation", "name": f"ProfilerStep#{s}", "start_ns": base, "end_ns": base + 100 * MS})
+        rows.append({"rank": rank, "cat": "cpu_op", "name": "c10d::allreduce_", "start_ns": base + int((30 + late_ms) * MS), "end_ns": base + int((30.1 + late_ms) * MS)})
+        rows.append({"rank": rank, "cat": "user_annotation", "name": "gloo:all_reduce", "tid": 9, "start_ns": base + int((30.2 + late_ms) * MS), "end_ns": base + 45 * MS})
+        rows.append({"rank": rank, "cat": "cpu_op", "name": "c10d::allreduce_", "start_ns": base + 60 * MS, "end_ns": base + 61 * MS})
+    events = events_from_records(rows)
+    steps = pd.DataFrame({"step": range(n_steps), "start_ns": [s * 100 * MS for s in range(n_steps)], "end_ns": [(s + 1) * 100 * MS for s in range(n_steps)]})
+    return events, steps
+
+
+def test_trace_arrivals_match_host_ops_by_order() -> None:
+    arrivals, source, notes = arrivals_from_traces({0: host_trace(0, 0.0), 1: host_trace(1, 5.0)})
+    assert source == "host c10d collective ops"
+    assert notes == []
+    assert len(arrivals) == 16  # gloo ranges are not arrivals
+    table = collective_table(arrivals)
+    assert table["kind"].unique().tolist() == ["all_reduce"]
+    assert table["skew_ms"].tolist() == pytest.approx([5.0, 0.0] * 4)
+    assert table["last_rank"].tolist() == [1, -1] * 4
+    steps = pd.concat([pd.DataFrame({"rank": r, "step": range(4), "step_time_ms": 100.0}) for r in (0, 1)])
+    result = find_stragglers(steps, arrivals, step_source="t", arrival_source=source)
+    assert result.ranks == [1]
+
+
+def device_trace(rank: int, starts_ms: list[float]):
+    rows = [{"rank": rank, "cat": "user_annotation", "name": f"ProfilerStep#{i}", "start_ns": i * 100 * MS, "end_ns": (i + 1) * 100 * MS} for i in range(len(starts_ms))]
+    for t in starts_ms:
+        rows.append({"rank": rank, "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "tid": 13 + rank, "start_ns": int(t * MS), "end_ns": int((t + 2) * MS)})
+    rows.append({"rank": rank, "cat": "kernel", "name": "sm90_gemm", "tid": 7, "start_ns": 0, "end_ns": MS})
+    events = events_from_records(rows)
+    steps = pd.DataFrame({"step": range(len(starts_ms)), "start_ns": [i * 100 * MS for i in range(len(starts_ms))], "end_ns": [(i + 1) * 100 * MS for i in range(len(starts_ms))]})
+    return events, steps
+
+
+def test_trace_arrivals_from_comm_kernels_and_uneven_counts() -> None:
+    arrivals, source, notes = arrivals_from_traces(
+        {0: device_trace(0, [10, 110, 210]), 1: device_trace(1, [13, 113, 213])}  # streams differ across ranks
+    )
+    assert source == "device communication kernels"
+    table = collective_table(arrivals)
+    assert table["skew_ms"].tolist() == pytest.approx([3.0, 3.0, 3.0])
+    assert table["last_rank"].tolist() == [1, 1, 1]
+    uneven, _, notes = arrivals_from_traces({0: device_trace(0, [10, 110, 210]), 1: device_trace(1, [13, 113])})
+    assert uneven.empty
+    assert "different counts" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("c10d::allreduce_", "all_reduce"),
+        ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+        ("ncclKernel_ReduceScatter_RING_LL_Sum_float", "reduce_scatter"),
+        ("c10d::broadcast_", "broadcast"),
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "send_recv"),
+        ("c10d::_allgather_base_", "all_gather"),
+        ("c10d::reduce_", "reduce"),
+    ],
+)
+def test_collective_kind(name: str, kind: str) -> None:
+    assert collective_kind(name) == kind
+
+
+def test_straggler_result_is_json_ready() -> None:
+    import json
+
+    result = find_stragglers(step_times(2, 10), arrivals_from_records(records(2, 10, late={1: 5.0}), None), step_source="t", arrival_source="t")
+    out = json.loads(json.dumps(result.to_json()))
+    assert out["ranks"] == [1]
+    assert out["per_rank"][1]["flagged"] is True
+    assert out["config"]["min_slow_share"] == 0.6
