@@ -1,6 +1,6 @@
 """Rank-by-time occupancy and event windows, for timeline views.
 
-Two pure functions over the events tables of :mod:`analyzer.tables`:
+Pure functions over the events tables of :mod:`analyzer.tables`:
 
 * :func:`occupancy` cuts one rank's time axis into equal bins and says, per
   bin, which share of it went to each part of the step breakdown. It *is*
@@ -12,6 +12,7 @@ Two pure functions over the events tables of :mod:`analyzer.tables`:
   communication and other. The fractions of a bin sum to 1.
 * :func:`select_window` picks the events overlapping a time range, capped at
   a number a browser can draw, keeping the longest ones.
+* :func:`overview` aligns several ranks and bins them over one common span.
 
 Times are relative to a per-rank *origin* (see :func:`align_origins`), in
 integer nanoseconds.
@@ -186,3 +187,60 @@ def select_window(
         table = keep.head(max_events).drop(columns="_dur")
     table = table.sort_values(["rank", "lane", "start_ns"], kind="stable").reset_index(drop=True)
     return Window(events=table, n_total=n_total)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The rank-by-time occupancy of a set of ranks (see :func:`overview`).
+
+    ``occupancy`` has one row per (rank, bin): ``rank``, ``bin``,
+    ``start_ns``, ``end_ns`` (relative to the rank's origin) and the
+    ``<state>_frac`` columns of :func:`states_of` for ``source``.
+    ``steps`` has the ProfilerStep windows relative to each rank's origin
+    (``rank, step, start_ns, end_ns``).
+    """
+
+    source: Source
+    span_ns: tuple[int, int]
+    origins: dict[int, int]
+    occupancy: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def overview(
+    events_by_rank: Mapping[int, pd.DataFrame], steps_by_rank: Mapping[int, pd.DataFrame], n_bins: int
+) -> Overview:
+    """Occupancy of every rank over one common, aligned time span.
+
+    The source is ``device`` when any rank has GPU events (then all ranks
+    are read on their device timeline), else ``host``. Ranks are aligned
+    with :func:`align_origins`; the span is :func:`active_span`, cut into
+    ``n_bins`` bins.
+    """
+    source: Source = "device" if any(source_of(e) == "device" for e in events_by_rank.values()) else "host"
+    origins = align_origins(steps_by_rank, events_by_rank)
+    span = active_span(events_by_rank, origins, source)
+    tables = [
+        occupancy(events, origins[rank], span, n_bins, source).assign(rank=rank)
+        for rank, events in sorted(events_by_rank.items())
+    ]
+    columns = ["rank", "bin", "start_ns", "end_ns"] + [f"{s}_frac" for s in states_of(source)]
+    occ = pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)
+    step_rows = [
+        pd.DataFrame(
+            {
+                "rank": rank,
+                "step": steps["step"].to_numpy(np.int64),
+                "start_ns": steps["start_ns"].to_numpy(np.int64) - origins[rank],
+                "end_ns": steps["end_ns"].to_numpy(np.int64) - origins[rank],
+            }
+        )
+        for rank, steps in sorted(steps_by_rank.items())
+        if rank in origins and len(steps)
+    ]
+    step_table = (
+        pd.concat(step_rows, ignore_index=True)
+        if step_rows
+        else pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64")
+    )
+    return Overview(source=source, span_ns=span, origins=origins, occupancy=occ, steps=step_table)

@@ -6,7 +6,7 @@ import pytest
 
 from analyzer.tables import events_from_records
 from analyzer.metrics.breakdown import step_breakdown
-from analyzer.timeline import active_span, align_origins, occupancy, select_window, states_of
+from analyzer.timeline import active_span, align_origins, occupancy, overview, select_window, states_of
 
 
 def _ev(rank, cat, name, start_ns, end_ns, tid=7):
@@ -144,3 +144,30 @@ def test_select_window_empty_range():
     win = select_window({0: ev}, {0: 0}, (500, 600), max_events=10, source="device")
     assert win.n_total == 0 and len(win.events) == 0
     assert list(win.events.columns) == ["rank", "lane", "kind", "name", "start_ns", "end_ns"]
+
+
+def test_overview_aligns_two_ranks_on_their_first_common_step():
+    # Rank 1's clock is 1_000_000 ns ahead; both run the same kernel pattern
+    # inside ProfilerStep#7, so after alignment their occupancy is identical.
+    def rank_events(rank, shift):
+        return events_from_records(
+            [
+                _ev(rank, "user_annotation", "ProfilerStep#7", shift + 0, shift + 400, tid=1),
+                _ev(rank, "kernel", "gemm", shift + 0, shift + 200, tid=7),
+                _ev(rank, "kernel", "ncclDevKernel_AllReduce", shift + 100, shift + 400, tid=20),
+            ]
+        )
+
+    events = {0: rank_events(0, 0), 1: rank_events(1, 1_000_000)}
+    steps = {0: _steps([(7, 0, 400)]), 1: _steps([(7, 1_000_000, 1_000_400)])}
+    ov = overview(events, steps, n_bins=4)
+    assert ov.source == "device"
+    assert ov.origins == {0: 0, 1: 1_000_000}
+    assert ov.span_ns == (0, 400)
+    assert ov.steps[["rank", "step", "start_ns", "end_ns"]].values.tolist() == [[0, 7, 0, 400], [1, 7, 0, 400]]
+    for rank in (0, 1):
+        mine = ov.occupancy[ov.occupancy["rank"] == rank]
+        # Bins of 100: compute only, overlapped, exposed comm, exposed comm.
+        assert mine["compute_frac"].tolist() == pytest.approx([1.0, 0.0, 0.0, 0.0])
+        assert mine["overlapped_comm_frac"].tolist() == pytest.approx([0.0, 1.0, 0.0, 0.0])
+        assert mine["exposed_comm_frac"].tolist() == pytest.approx([0.0, 0.0, 1.0, 1.0])
