@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from analyzer.errors import AnalyzerError
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
+    from analyzer.compare import Comparison, Delta
 
 Metric = Literal["mfu", "tokens_per_s", "steps_per_s"]
 METRIC_LABELS: dict[str, str] = {
@@ -138,6 +141,8 @@ def mann_whitney_less(base: np.ndarray, cand: np.ndarray) -> float:
     identical the statistic has zero variance and scipy returns NaN: there
     is no evidence of a difference, so the p-value is 1.
     """
+    from scipy import stats  # here, not at module level: `analyzer report` never needs scipy
+
     result = stats.mannwhitneyu(cand, base, alternative="less", method="auto")
     p = float(result.pvalue)
     return 1.0 if math.isnan(p) else p
@@ -274,3 +279,210 @@ def samples_from_steps(steps: pd.DataFrame, *, value_column: str, metric: Metric
         source=f"ProfilerStep windows, {n_ranks} rank(s): {len(per_step)} step(s)",
         n_ranks=n_ranks,
     )
+
+
+# ----------------------------------------------------------------- runs
+@dataclass
+class GateOutcome:
+    """The gate's verdict on two analyzed runs plus what changed between them."""
+
+    result: CheckResult
+    comparison: "Comparison"
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = self.result.to_json()
+        out["notes"] = list(self.result.notes) + list(self.notes)
+        out["explanation"] = explain(self)
+        out["compare"] = self.comparison.to_json()
+        return out
+
+
+def _model_identity(manifest: dict | None) -> dict:
+    manifest = manifest or {}
+    config = manifest.get("config") or {}
+    return {
+        "model": config.get("model"),
+        "params": (manifest.get("params") or {}).get("total"),
+        "flops_per_token": (manifest.get("flops") or {}).get("per_token"),
+    }
+
+
+def _describe_model(manifest: dict | None) -> str:
+    ident = _model_identity(manifest)
+    model = ident["model"] or {}
+    preset = model.get("preset", "?") if isinstance(model, dict) else "?"
+    return f"preset {preset}, {ident['params']} parameters"
+
+
+def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
+    """Raise AnalyzerError when the runs cannot be compared; return notes otherwise.
+
+    Incompatible: one is a reftrain run directory and the other a trace
+    folder (their step samples measure different things), or two run
+    directories of different models (model config, parameter count or
+    FLOPs per token differ). Differing world sizes or hardware are allowed
+    (MFU is per device) and noted.
+    """
+    if base.kind != cand.kind:
+        what = {"reftrain": "a reftrain run directory", "traces": "a trace folder"}
+        raise AnalyzerError(
+            f"incompatible runs: the baseline is {what[base.kind]}, the candidate {what[cand.kind]}"
+        )
+    notes: list[str] = []
+    if base.kind == "reftrain":
+        if _model_identity(base.manifest) != _model_identity(cand.manifest):
+            raise AnalyzerError(
+                f"incompatible runs: different model (baseline {_describe_model(base.manifest)}; "
+                f"candidate {_describe_model(cand.manifest)})"
+            )
+        bw, cw = (base.manifest or {}).get("world_size"), (cand.manifest or {}).get("world_size")
+        if bw != cw:
+            notes.append(f"world sizes differ (baseline {bw}, candidate {cw}); MFU is per device")
+        bh = ((base.manifest or {}).get("hardware") or {}).get("device_names")
+        ch = ((cand.manifest or {}).get("hardware") or {}).get("device_names")
+        if bh != ch:
+            notes.append(f"hardware differs (baseline {bh}, candidate {ch})")
+    return notes
+
+
+def _measured_peak(a: "RunAnalysis") -> float | None:
+    """The run's peak when reftrain measured it on the machine (not a datasheet or an override)."""
+    if a.mfu.source == "manifest" and a.mfu.peak_source == "measured":
+        return a.mfu.peak_flops_per_s
+    return None
+
+
+def _same_hardware(base: "RunAnalysis", cand: "RunAnalysis") -> bool:
+    hw = lambda a: ((a.manifest or {}).get("hardware") or {})  # noqa: E731
+    return hw(base).get("device_names") == hw(cand).get("device_names") and hw(base).get("cpu_model") == hw(cand).get("cpu_model")
+
+
+def _mfu_samples(a: "RunAnalysis", label: str, scale: float = 1.0) -> StepSamples:
+    steps = a.mfu.steps
+    values = pd.to_numeric(steps["mfu"], errors="coerce").to_numpy(np.float64) * scale
+    ok = np.isfinite(values)
+    n_ranks = int(steps["n_ranks"].max()) if "n_ranks" in steps.columns and len(steps) else len(a.ranks)
+    where = a.mfu.step_time_source or a.mfu.source
+    if not ok.any():
+        raise AnalyzerError(f"{label}: no steady-state steps with an MFU ({where})")
+    return StepSamples("mfu", values[ok], steps["step"].to_numpy(np.int64)[ok], f"MFU per step, {where}", n_ranks)
+
+
+def run_samples(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[StepSamples, StepSamples, list[str]]:
+    """Steady-state samples of both runs on a common metric, and notes on the choice.
+
+    MFU when both runs have it from the same source (run directories: the
+    manifest's FLOPs over the metrics records' step times; trace folders:
+    shape FLOPs over ProfilerStep windows); otherwise throughput: tokens/s
+    per rank from the metrics records, or steps/s from ProfilerStep windows.
+
+    When both runs' peaks were *measured* by reftrain on the same hardware
+    (CPU runs), the candidate's MFU is recomputed with the baseline's peak:
+    a measured peak differs a little from run to run, and that difference
+    is one constant factor on every step, which the test would take for
+    a real change.
+    """
+    notes: list[str] = []
+    if base.mfu.source != "none" and base.mfu.source == cand.mfu.source:
+        scale = 1.0
+        bp, cp = _measured_peak(base), _measured_peak(cand)
+        if bp and cp and bp != cp and _same_hardware(base, cand):
+            scale = cp / bp
+            notes.append(
+                f"candidate MFU recomputed with the baseline's measured peak ({bp / 1e9:.1f} GFLOP/s; the "
+                f"candidate measured {cp / 1e9:.1f}), so that peak-measurement noise is not read as a change"
+            )
+        return _mfu_samples(base, "baseline"), _mfu_samples(cand, "candidate", scale), notes
+    why = (
+        f"MFU unavailable ({'baseline' if base.mfu.source == 'none' else 'candidate'}: "
+        f"{(base.mfu if base.mfu.source == 'none' else cand.mfu).reason})"
+        if "none" in (base.mfu.source, cand.mfu.source)
+        else f"MFU sources differ ({base.mfu.source} vs {cand.mfu.source})"
+    )
+    if base.kind == "reftrain":
+        notes.append(f"{why}: gating on throughput (tokens/s per rank) instead")
+
+        def tokens(a: "RunAnalysis", label: str) -> StepSamples:
+            manifest = a.manifest or {}
+            return samples_from_metrics(
+                a.metrics,
+                warmup_steps=int(manifest.get("warmup_steps") or 0),
+                profiled_steps=list(manifest.get("profiled_steps") or []),
+                metric="tokens_per_s",
+                label=label,
+            )
+
+        return tokens(base, "baseline"), tokens(cand, "candidate"), notes
+    notes.append(f"{why}: gating on throughput (steps/s from ProfilerStep durations) instead")
+    return (
+        samples_from_steps(base.steps, value_column="step_time_ms", metric="steps_per_s", label="baseline"),
+        samples_from_steps(cand.steps, value_column="step_time_ms", metric="steps_per_s", label="candidate"),
+        notes,
+    )
+
+
+def check(
+    baseline: "RunAnalysis", candidate: "RunAnalysis", *, max_drop: float = 0.05, alpha: float = 0.05
+) -> GateOutcome:
+    """The CI gate on two analyzed runs (``analyzer check``).
+
+    Checks that the runs can be compared, takes their steady-state samples
+    (:func:`run_samples`), applies :func:`check_samples` with ``max_drop``
+    and ``alpha``, and compares the runs for the explanation. Raises
+    AnalyzerError when the runs are incompatible or have too few
+    steady-state steps.
+    """
+    from analyzer.compare import compare
+
+    config = CheckConfig(max_drop=max_drop, alpha=alpha)
+    notes = check_compatible(baseline, candidate)
+    base_samples, cand_samples, sample_notes = run_samples(baseline, candidate)
+    result = check_samples(base_samples, cand_samples, config)
+    return GateOutcome(result=result, comparison=compare(baseline, candidate), notes=notes + sample_notes)
+
+
+def _value_text(metric: str, value: float) -> str:
+    if metric == "mfu":
+        return f"{100 * value:.2f}%"
+    if metric == "tokens_per_s":
+        return f"{value:,.0f} tokens/s"
+    return f"{value:.3f} steps/s"
+
+
+def _signed_ms(d: "Delta") -> str:
+    pct = f", {d.delta_pct:+.0f}%" if d.delta_pct is not None else ", new"
+    return f"{d.name} {d.delta:+.1f} ms{pct}"
+
+
+def explain(outcome: GateOutcome) -> str:
+    """One paragraph: the verdict, the numbers behind it, and what got slower."""
+    r, c = outcome.result, outcome.comparison
+    label = r.metric_label
+    head = (
+        f"median {label} {_value_text(r.metric, r.base_median)} -> {_value_text(r.metric, r.cand_median)} "
+        f"(drop {r.drop:+.1%}, allowed {r.max_drop:.1%}; one-sided Mann-Whitney p = {r.p_value:.2g}, "
+        f"alpha {r.alpha}; {r.n_base} vs {r.n_cand} steady-state steps)"
+    )
+    if r.regression:
+        text = f"Regression: {head}."
+    elif r.exceeds_threshold:
+        text = f"Within bounds: {head}; the drop exceeds the threshold but is not significant given the step-to-step noise."
+    elif r.drop > 0 and r.significant:
+        text = f"Within bounds: {head}; a significant but allowed slowdown."
+    else:
+        text = f"Within bounds: {head}."
+    st = c.step_time
+    if st.base is not None and st.cand is not None:
+        text += f" Mean step time {st.base:.1f} -> {st.cand:.1f} ms ({st.delta:+.1f} ms"
+        text += f", {st.delta_pct:+.1f}%)." if st.delta_pct is not None else ")."
+    if r.regression or r.drop > 0:
+        grew = c.growing_phases(3)
+        if grew:
+            text += " Largest growth by phase: " + "; ".join(_signed_ms(d) for d in grew) + "."
+        kernels = c.growing_kernels(3)
+        if kernels:
+            text += " By kernel (per profiled step): " + "; ".join(_signed_ms(d) for d in kernels) + "."
+    for note in outcome.notes:
+        text += f" Note: {note}."
+    return text

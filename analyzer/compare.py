@@ -1,0 +1,292 @@
+"""What changed between two runs: phase, kernel, rank and MFU deltas.
+
+A pure function over two :class:`~analyzer.api.RunAnalysis` results
+(docs/cli.md, "compare"). Every delta is ``cand - base``; tables are sorted
+by ``|delta|``, largest first, so the top rows are the largest contributors.
+
+Phases (time per step, ms; **means**, so that the parts' deltas add up to
+the step-time delta, which medians do not):
+
+* reftrain run directories with metrics records: the steady-state steps of
+  ``metrics/rank*.jsonl`` (``step >= warmup_steps``, not profiled), mean
+  over ranks and steps of ``data_wait_ms``, ``forward_ms``,
+  ``backward_ms``, ``optimizer_ms``, ``grad_sync_ms`` and ``other`` (step
+  time minus those five: logging, the loss all-reduce, Python between
+  phases). These steps are not slowed by the profiler and there are more
+  of them than traced steps.
+* trace folders: the breakdown parts of every (rank, ProfilerStep) row
+  (docs/metrics.md, "Step breakdown"), mean over ranks and steps.
+
+Kernels (ms per profiled step): a kernel's (or, on CPU-only traces, a host
+op's) total time on a rank over the whole trace divided by that rank's
+number of ProfilerStep windows, mean over the ranks; from each run's top
+kernels list (50 per rank), where a name absent from one run counts as 0.
+
+MFU: the runs' medians (fractions), ``delta = cand - base`` and
+``drop = (base - cand) / base`` (the CI gate's definition).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.mfu import steady_state
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
+
+SCHEMA = "analyzer.compare/1"
+METRICS_PHASES = ("data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms")
+# Columns of the steps table that are not breakdown parts.
+_STEP_META = ("rank", "step", "start_ns", "end_ns", "step_time_ms", "source", "comm_ms", "mfu")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One quantity in both runs; None where a run lacks it (then counted as 0 in ``delta``)."""
+
+    name: str
+    base: float | None
+    cand: float | None
+    kind: str | None = None  # kernels: compute, comm, memcpy, ... ; phases: None
+
+    @property
+    def delta(self) -> float:
+        return (self.cand or 0.0) - (self.base or 0.0)
+
+    @property
+    def delta_pct(self) -> float | None:
+        """Relative change in percent of the baseline; None when the baseline is 0 or absent."""
+        return 100.0 * self.delta / self.base if self.base else None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["delta"] = self.delta
+        out["delta_pct"] = self.delta_pct
+        return out
+
+
+@dataclass(frozen=True)
+class MfuDelta:
+    """MFU of both runs (fractions 0..1) and where each came from."""
+
+    base: float | None
+    cand: float | None
+    base_source: str
+    cand_source: str
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.base is None or self.cand is None else self.cand - self.base
+
+    @property
+    def drop(self) -> float | None:
+        """``(base - cand) / base``: 0.1 means the candidate's MFU is 10% lower."""
+        return None if self.base is None or self.cand is None or self.base == 0 else (self.base - self.cand) / self.base
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["delta"] = self.delta
+        out["drop"] = self.drop
+        return out
+
+
+@dataclass
+class Comparison:
+    """Result of :func:`compare`; :meth:`to_json` gives schema ``analyzer.compare/1``."""
+
+    base_path: str
+    cand_path: str
+    step_time: Delta  # mean ms per step, same steps and source as ``phases``
+    step_time_median: Delta  # median ms per step
+    phase_source: str
+    phases: list[Delta]  # sorted by |delta| desc; deltas sum to step_time.delta
+    kernel_source: str
+    kernels: list[Delta]  # ms per profiled step, sorted by |delta| desc
+    ranks: list[Delta]  # per-rank median step time (ms), by rank
+    mfu: MfuDelta
+    notes: list[str] = field(default_factory=list)
+
+    def growing_phases(self, n: int = 3) -> list[Delta]:
+        """The ``n`` phases that grew the most (positive delta), largest first."""
+        return sorted((d for d in self.phases if d.delta > 0), key=lambda d: -d.delta)[:n]
+
+    def growing_kernels(self, n: int = 3) -> list[Delta]:
+        """The ``n`` kernels that grew the most (positive delta), largest first."""
+        return sorted((d for d in self.kernels if d.delta > 0), key=lambda d: -d.delta)[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        return _finite(
+            {
+                "schema": SCHEMA,
+                "base": self.base_path,
+                "cand": self.cand_path,
+                "step_time_ms": self.step_time.to_json(),
+                "step_time_median_ms": self.step_time_median.to_json(),
+                "phase_source": self.phase_source,
+                "phases": [d.to_json() for d in self.phases],
+                "kernel_source": self.kernel_source,
+                "kernels": [d.to_json() for d in self.kernels],
+                "ranks": [d.to_json() for d in self.ranks],
+                "mfu": self.mfu.to_json(),
+                "notes": list(self.notes),
+            }
+        )
+
+
+def _finite(x: Any) -> Any:
+    """NaN/inf to None and numpy scalars to Python, recursively."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(float(x)) else None
+    return x
+
+
+def _by_abs_delta(deltas: list[Delta]) -> list[Delta]:
+    return sorted(deltas, key=lambda d: (-abs(d.delta), d.name))
+
+
+def _path_text(a: "RunAnalysis") -> str:
+    return ", ".join(str(p) for p in a.path) if isinstance(a.path, list) else str(a.path)
+
+
+# ----------------------------------------------------------------- phases
+def _metrics_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
+    """Steady-state metrics rows with the five phases plus ``other_ms``; None when unusable."""
+    metrics = a.metrics
+    if metrics is None or metrics.empty or not {"rank", "step", "step_time_ms"} <= set(metrics.columns):
+        return None
+    manifest = a.manifest or {}
+    steady = steady_state(metrics, int(manifest.get("warmup_steps") or 0), list(manifest.get("profiled_steps") or []))
+    if steady.empty:
+        return None
+    cols = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
+    for phase in METRICS_PHASES:
+        cols[phase] = pd.to_numeric(steady[phase], errors="coerce") if phase in steady.columns else 0.0
+    table = pd.DataFrame(cols, index=steady.index).fillna(0.0)
+    table["other_ms"] = table["step_time_ms"] - table[list(METRICS_PHASES)].sum(axis=1)
+    return table
+
+
+def _trace_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
+    steps = a.steps
+    if steps is None or steps.empty:
+        return None
+    parts = [c for c in steps.columns if c not in _STEP_META and c.endswith("_ms")]
+    return steps[["step_time_ms"] + parts].astype(float)
+
+
+def _phase_tables(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[pd.DataFrame | None, pd.DataFrame | None, str]:
+    mb, mc = _metrics_phase_table(base), _metrics_phase_table(cand)
+    if mb is not None and mc is not None:
+        return mb, mc, "metrics JSONL, steady-state steps (warmup and profiled steps excluded), mean over ranks and steps"
+    tb, tc = _trace_phase_table(base), _trace_phase_table(cand)
+    sources = {str(s) for a in (base, cand) if a.steps is not None and not a.steps.empty for s in a.steps["source"].unique()}
+    timeline = " and ".join(sorted(sources)) or "no"
+    return tb, tc, f"trace breakdown ({timeline} timeline), ProfilerStep windows, mean over ranks and steps"
+
+
+def _phase_deltas(tb: pd.DataFrame | None, tc: pd.DataFrame | None) -> tuple[Delta, Delta, list[Delta]]:
+    def mean(t: pd.DataFrame | None, col: str) -> float | None:
+        return float(t[col].mean()) if t is not None and col in t.columns and len(t) else None
+
+    def median(t: pd.DataFrame | None, col: str) -> float | None:
+        return float(t[col].median()) if t is not None and col in t.columns and len(t) else None
+
+    names: list[str] = []
+    for t in (tb, tc):
+        if t is not None:
+            names += [c for c in t.columns if c != "step_time_ms" and c not in names]
+    phases = [Delta(n.removesuffix("_ms"), mean(tb, n), mean(tc, n)) for n in names]
+    step = Delta("step_time", mean(tb, "step_time_ms"), mean(tc, "step_time_ms"))
+    step_median = Delta("step_time_median", median(tb, "step_time_ms"), median(tc, "step_time_ms"))
+    return step, step_median, _by_abs_delta(phases)
+
+
+# ----------------------------------------------------------------- kernels
+def _kernel_ms_per_step(a: "RunAnalysis") -> pd.DataFrame:
+    """name, kind, ms_per_step (mean over ranks), from the top-kernels table."""
+    k = a.kernels
+    if k is None or k.empty:
+        return pd.DataFrame({"name": [], "kind": [], "ms_per_step": []})
+    n_steps = a.steps.groupby("rank").size() if a.steps is not None and not a.steps.empty else pd.Series(dtype=float)
+    ranks = sorted(int(r) for r in k["rank"].unique())
+    frame = k[["rank", "name", "kind", "total_ms"]].copy()
+    frame["name"] = frame["name"].astype(str)
+    # A trace without ProfilerStep windows counts as one window.
+    frame["per_step"] = frame["total_ms"].astype(float) / frame["rank"].map(n_steps).fillna(1).clip(lower=1).astype(float)
+    grouped = frame.groupby("name", sort=False).agg(kind=("kind", "first"), total=("per_step", "sum"))
+    grouped["ms_per_step"] = grouped["total"] / len(ranks)  # ranks lacking a kernel contribute 0
+    return grouped.reset_index()[["name", "kind", "ms_per_step"]]
+
+
+def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) -> tuple[list[Delta], str]:
+    kb, kc = _kernel_ms_per_step(base), _kernel_ms_per_step(cand)
+    joined = kb.merge(kc, on="name", how="outer", suffixes=("_base", "_cand"))
+    deltas = [
+        Delta(
+            name=row.name,
+            base=float(row.ms_per_step_base) if pd.notna(row.ms_per_step_base) else 0.0,
+            cand=float(row.ms_per_step_cand) if pd.notna(row.ms_per_step_cand) else 0.0,
+            kind=str(row.kind_base if pd.notna(row.kind_base) else row.kind_cand),
+        )
+        for row in joined.itertuples(index=False)
+    ]
+    sources = {str(s) for a in (base, cand) if a.kernels is not None and not a.kernels.empty for s in a.kernels["source"].unique()}
+    what = "host ops (inclusive time)" if sources == {"host"} else "device kernels" if sources == {"device"} else "kernels and host ops"
+    source = f"{what}, ms per profiled step, mean over ranks"
+    deltas = _by_abs_delta(deltas)
+    return (deltas if top is None else deltas[:top]), source
+
+
+# ----------------------------------------------------------------- compare
+def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -> Comparison:
+    """Deltas from ``base`` to ``cand`` (see the module docstring for definitions).
+
+    ``top`` limits the kernel list (None: all kernels of both top lists).
+    Never raises on missing data: a side without a table gives empty deltas
+    and a note.
+    """
+    notes: list[str] = []
+    tb, tc, phase_source = _phase_tables(base, cand)
+    step, step_median, phases = _phase_deltas(tb, tc)
+    if tb is None or tc is None:
+        notes.append("phases: one run has no steps to compare (" + ("baseline" if tb is None else "candidate") + ")")
+    base_sources = set(base.steps["source"].unique()) if base.steps is not None and not base.steps.empty else set()
+    cand_sources = set(cand.steps["source"].unique()) if cand.steps is not None and not cand.steps.empty else set()
+    if "trace breakdown" in phase_source and base_sources and cand_sources and base_sources != cand_sources:
+        notes.append(
+            f"the runs' breakdowns come from different timelines ({', '.join(sorted(base_sources))} vs "
+            f"{', '.join(sorted(cand_sources))}); their parts do not correspond"
+        )
+    kernels, kernel_source = _kernel_deltas(base, cand, top)
+    base_ranks = {r.rank: r.step_time_ms for r in base.ranks}
+    cand_ranks = {r.rank: r.step_time_ms for r in cand.ranks}
+    ranks = [Delta(f"rank {r}", base_ranks.get(r), cand_ranks.get(r)) for r in sorted(set(base_ranks) | set(cand_ranks))]
+    if set(base_ranks) != set(cand_ranks):
+        notes.append(f"different ranks: baseline {sorted(base_ranks)}, candidate {sorted(cand_ranks)}")
+    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source)
+    if base.mfu.source != cand.mfu.source:
+        notes.append(f"MFU sources differ (baseline {base.mfu.source}, candidate {cand.mfu.source})")
+    return Comparison(
+        base_path=_path_text(base),
+        cand_path=_path_text(cand),
+        step_time=step,
+        step_time_median=step_median,
+        phase_source=phase_source,
+        phases=phases,
+        kernel_source=kernel_source,
+        kernels=kernels,
+        ranks=ranks,
+        mfu=mfu,
+        notes=notes,
+    )

@@ -1,0 +1,483 @@
+"""Presenting analyzer results: text tables, JSON, self-contained HTML, Markdown.
+
+Everything here formats results computed elsewhere (analyzer.api,
+analyzer.compare, analyzer.check); no metric is computed here. The HTML
+page embeds plotly.js inline (no CDN, no network): CI artifacts are opened
+offline.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import orjson
+import pandas as pd
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
+    from analyzer.check import GateOutcome
+    from analyzer.compare import Comparison, Delta
+
+KERNEL_NAME_WIDTH = 72
+
+
+# ----------------------------------------------------------------- formatting
+def _num(value: Any, fmt: str = ".1f", none: str = "-") -> str:
+    if value is None:
+        return none
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return none if not math.isfinite(x) else format(x, fmt)
+
+
+def _pct(fraction: float | None, digits: int = 1) -> str:
+    """A fraction (0..1) as a percentage."""
+    return _num(None if fraction is None else 100.0 * fraction, f".{digits}f") + ("%" if fraction is not None else "")
+
+
+def short_kernel_name(name: str, width: int = KERNEL_NAME_WIDTH) -> str:
+    """A kernel name a table can show, at most ``width`` characters.
+
+    Drops a leading ``void``, ``(anonymous namespace)::`` and the parameter
+    list of a C++ signature (``foo<float>(int, float*)`` becomes
+    ``foo<float>``; ``Memcpy HtoD (Pinned -> Device)`` is not a signature
+    and stays), then elides the middle so that both the start and the
+    distinguishing template arguments at the end remain.
+    """
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    text = text.replace("(anonymous namespace)::", "")
+    if text.endswith(")"):
+        depth = 0
+        for i in range(len(text) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(text[i], 0)
+            if depth == 0:
+                if i > 0 and not text[i - 1].isspace():
+                    text = text[:i]
+                break
+    if len(text) <= width:
+        return text
+    head = (width - 1) * 3 // 5
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, left: Sequence[int] = ()) -> str:
+    """A plain-text table; columns right-aligned except the indices in ``left``."""
+    rows = [[str(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(list(headers)), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def dumps_json(obj: Any) -> str:
+    """Indented JSON text (NaN never appears: the producers map it to null)."""
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("trainperf")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _path_text(a: "RunAnalysis") -> str:
+    return ", ".join(str(p) for p in a.path) if isinstance(a.path, list) else str(a.path)
+
+
+# ----------------------------------------------------------------- report: JSON
+def report_json(a: "RunAnalysis") -> dict[str, Any]:
+    """The versioned report: :meth:`RunAnalysis.to_json` plus a ``generator`` block."""
+    out = a.to_json()
+    out["generator"] = {
+        "tool": "analyzer",
+        "version": _version(),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return out
+
+
+# ----------------------------------------------------------------- report: text
+def _kind_text(a: "RunAnalysis") -> str:
+    n = len(a.ranks)
+    if a.kind == "reftrain":
+        m = a.manifest or {}
+        return f"reftrain run {m.get('run_id', '?')} ({m.get('status', '?')}), {n} rank(s)"
+    return f"Kineto traces, {n} rank(s)"
+
+
+def _parts(a: "RunAnalysis") -> list[str]:
+    parts: list[str] = []
+    for r in a.ranks:
+        parts += [p for p in r.breakdown if p not in parts]
+    return parts
+
+
+def top_kernels_table(a: "RunAnalysis", top: int) -> pd.DataFrame:
+    """The ``top`` kernels (or host ops) over all ranks: name, kind, count, total_ms, ms per rank, share."""
+    k = a.kernels
+    if k is None or k.empty:
+        return pd.DataFrame(columns=["name", "kind", "count", "total_ms", "ms_per_rank", "share_pct"])
+    n_ranks = max(1, k["rank"].nunique())
+    frame = k.assign(name=k["name"].astype(str))
+    grouped = frame.groupby("name", sort=False).agg(
+        kind=("kind", "first"), count=("count", "sum"), total_ms=("total_ms", "sum"), share_pct=("share_pct", "mean")
+    )
+    grouped["ms_per_rank"] = grouped["total_ms"] / n_ranks
+    grouped = grouped.reset_index().sort_values(["total_ms", "name"], ascending=[False, True], kind="stable")
+    return grouped.head(top)[["name", "kind", "count", "total_ms", "ms_per_rank", "share_pct"]].reset_index(drop=True)
+
+
+def _mfu_lines(a: "RunAnalysis") -> list[str]:
+    m = a.mfu
+    if m.source == "none" or m.median is None:
+        return [f"MFU: none ({m.reason})"]
+    peak = f"{m.peak_flops_per_s / 1e12:.3g} TFLOP/s" if m.peak_flops_per_s else "?"
+    lines = [
+        f"MFU: {_pct(m.median, 2)} median over {len(m.steps)} step(s), HFU {_pct(m.hfu_median, 2)}  "
+        f"[source: {m.source}]",
+        f"  peak {peak} per device ({m.peak_source}: {m.peak_detail})" + (f", dtype {m.dtype}" if m.dtype else ""),
+    ]
+    if m.step_time_source:
+        lines.append(f"  step time: {m.step_time_source}")
+    if m.logged_median is not None:
+        lines.append(f"  reftrain's logged MFU (median over the same steps): {_pct(m.logged_median, 2)}")
+    lines += [f"  note: {n}" for n in m.notes]
+    return lines
+
+
+def _straggler_lines(a: "RunAnalysis") -> list[str]:
+    s = a.stragglers
+    lines = [f"Stragglers: {s.verdict}"]
+    if s.per_rank:
+        rows = [
+            [
+                r.rank,
+                r.n_steps,
+                _num(r.step_time_ms),
+                _num(r.step_time_ratio, ".3f"),
+                _num(r.lateness_excess_ms, ".2f"),
+                _num(r.lateness_z, ".1f"),
+                f"{r.last_arrivals}/{r.n_collectives}",
+                _num(r.caused_wait_ms, ".1f"),
+                "yes" if r.flagged else "",
+            ]
+            for r in s.per_rank
+        ]
+        table = format_table(
+            ["rank", "steps", "step ms", "ratio", "late ms", "late z", "last in", "others waited ms", "flagged"], rows
+        )
+        lines += ["  " + line for line in table.splitlines()]
+        lines += [f"  rank {r.rank}: {r.evidence}" for r in s.per_rank if r.flagged and r.evidence]
+        if s.step_source or s.arrival_source:
+            lines.append(f"  steps from {s.step_source or '-'}; arrivals from {s.arrival_source or '-'}")
+    lines += [f"  note: {n}" for n in s.notes]
+    return lines
+
+
+def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
+    """The readable report of one run (what ``analyzer report`` prints)."""
+    out = [f"analyzer report: {_path_text(a)}", _kind_text(a), ""]
+    rows = [
+        [
+            r.rank,
+            r.source or "-",
+            r.n_steps,
+            _num(r.step_time_ms),
+            _num(r.compute_pct),
+            _num(r.comm_comp_overlap_pct),
+            _num(r.exposed_comm_pct),
+            _num(r.idle_pct),
+            r.device_name or "-",
+        ]
+        for r in a.ranks
+    ]
+    out.append("Per rank")
+    out.append(
+        format_table(
+            ["rank", "timeline", "steps", "step ms", "compute %", "overlap % (HTA)", "exposed comm %", "idle % (HTA)", "device"],
+            rows,
+            left=(1, 8),
+        )
+    )
+    out += [
+        "  step ms: median over ProfilerStep windows (or steady-state metrics steps without a trace).",
+        "  overlap % (HTA): time communication and compute kernels both run / communication time, all kernels.",
+        "  exposed comm %: communication not hidden by compute / step time. idle % (HTA): no GPU activity / kernel span.",
+        "",
+    ]
+    parts = _parts(a)
+    if parts:
+        out.append("Step breakdown (mean ms per step, % of step time; the parts sum to the step)")
+        brows = []
+        for r in a.ranks:
+            cells = [r.rank]
+            for p in parts:
+                b = r.breakdown.get(p)
+                cells.append(f"{_num(b['mean_ms'], '.2f')} ({_num(b['pct'])}%)" if b else "-")
+            brows.append(cells)
+        out.append(format_table(["rank"] + parts, brows))
+        out.append("")
+    out += _mfu_lines(a)
+    out.append("")
+    out += _straggler_lines(a)
+    out.append("")
+    kernels = top_kernels_table(a, top)
+    if not kernels.empty:
+        host = a.kernels is not None and set(a.kernels["source"].astype(str)) == {"host"}
+        title = "Top host ops (inclusive time)" if host else "Top kernels"
+        out.append(f"{title}, all ranks (ms/rank = total over the trace / ranks)")
+        krows = [
+            [short_kernel_name(k.name), k.kind, k.count, _num(k.total_ms, ".2f"), _num(k.ms_per_rank, ".2f"), _num(k.share_pct)]
+            for k in kernels.itertuples(index=False)
+        ]
+        out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ----------------------------------------------------------------- report: HTML
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222;padding:0 1rem}
+h1{font-size:1.5rem}h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9rem;margin:.5rem 0}td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
+th{background:#f4f4f4}td.l,th.l{text-align:left}.note{color:#555;font-size:.85rem}.warn{color:#a40}
+.headline{display:flex;gap:2rem;flex-wrap:wrap}.headline div{background:#f7f7f9;padding:.5rem 1rem;border-radius:6px}
+.headline b{display:block;font-size:1.4rem}
+"""
+
+
+def _html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: Sequence[int] = ()) -> str:
+    head = "".join(f'<th class="l">{html.escape(h)}</th>' if i in left else f"<th>{html.escape(h)}</th>" for i, h in enumerate(headers))
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="l">{html.escape(str(c))}</td>' if i in left else f"<td>{html.escape(str(c))}</td>" for i, c in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _figure_html(fig) -> str:
+    import plotly.io as pio
+
+    fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50))
+    return pio.to_html(
+        fig, full_html=False, include_plotlyjs=False, default_height="420px", config={"displaylogo": False, "responsive": True}
+    )
+
+
+def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
+    """HTML of each chart the run has data for, by section: breakdown, step_time, mfu, overlap, kernels."""
+    import plotly.graph_objects as go
+
+    charts: dict[str, str] = {}
+    parts = _parts(a)
+    if parts:
+        fig = go.Figure()
+        labels = [f"rank {r.rank}" for r in a.ranks]
+        for p in parts:
+            fig.add_bar(name=p, x=labels, y=[(r.breakdown.get(p) or {}).get("mean_ms") for r in a.ranks])
+        fig.update_layout(barmode="stack", title="Step breakdown per rank (mean ms per step)", yaxis_title="ms")
+        charts["breakdown"] = _figure_html(fig)
+    if a.steps is not None and not a.steps.empty:
+        fig = go.Figure()
+        for rank, grp in a.steps.groupby("rank", sort=True):
+            fig.add_scatter(name=f"rank {rank}", x=grp["step"], y=grp["step_time_ms"], mode="lines+markers")
+        fig.update_layout(title="Step time per ProfilerStep", xaxis_title="step", yaxis_title="ms")
+        charts["step_time"] = _figure_html(fig)
+    if a.mfu.source != "none" and len(a.mfu.steps):
+        fig = go.Figure()
+        fig.add_scatter(name="MFU", x=a.mfu.steps["step"], y=100 * a.mfu.steps["mfu"], mode="lines+markers")
+        fig.update_layout(title=f"MFU per step ({a.mfu.source})", xaxis_title="step", yaxis_title="% of peak")
+        charts["mfu"] = _figure_html(fig)
+    if any(r.comm_comp_overlap_pct is not None or r.idle_pct is not None for r in a.ranks):
+        fig = go.Figure()
+        labels = [f"rank {r.rank}" for r in a.ranks]
+        fig.add_bar(name="overlap % (HTA)", x=labels, y=[r.comm_comp_overlap_pct for r in a.ranks])
+        fig.add_bar(name="exposed comm % of step", x=labels, y=[r.exposed_comm_pct for r in a.ranks])
+        fig.add_bar(name="idle % (HTA)", x=labels, y=[r.idle_pct for r in a.ranks])
+        fig.update_layout(barmode="group", title="Overlap and idle per rank", yaxis_title="%")
+        charts["overlap"] = _figure_html(fig)
+    kernels = top_kernels_table(a, top)
+    if not kernels.empty:
+        fig = go.Figure(
+            go.Bar(
+                x=kernels["ms_per_rank"][::-1],
+                # Numbered: two kernels can shorten to the same text, and plotly
+                # would stack bars that share a category label.
+                y=[f"{i + 1}. {short_kernel_name(n, 60)}" for i, n in enumerate(kernels["name"])][::-1],
+                orientation="h",
+                hovertext=list(kernels["name"][::-1]),
+            )
+        )
+        fig.update_layout(title="Top kernels (ms per rank over the trace)", xaxis_title="ms", margin=dict(l=400))
+        charts["kernels"] = _figure_html(fig)
+    return charts
+
+
+def html_page(title: str, body: str) -> str:
+    """A complete HTML document with plotly.js inlined once (works offline)."""
+    from plotly.offline import get_plotlyjs
+
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head>"
+        f"<body>{body}</body></html>\n"
+    )
+
+
+def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
+    """A self-contained HTML report of one run: headline, tables and plotly charts."""
+    m = a.mfu
+    mfu_text = _pct(m.median, 2) if m.source != "none" else "none"
+    steps = [r.step_time_ms for r in a.ranks if r.step_time_ms is not None]
+    step_text = f"{_num(sorted(steps)[len(steps) // 2])} ms" if steps else "-"
+    flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
+    body = [
+        f"<h1>analyzer report</h1><p class=\"note\">{html.escape(_path_text(a))}<br>{html.escape(_kind_text(a))}"
+        f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {_version()}</p>",
+        '<div class="headline">'
+        f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
+        f"<div>step time (median rank)<b>{html.escape(step_text)}</b></div>"
+        f"<div>stragglers<b>{html.escape(flagged)}</b></div></div>",
+    ]
+    if a.errors or a.warnings:
+        items = [f'<li class="warn">skipped: {html.escape(e)}</li>' for e in a.errors]
+        items += [f"<li>{html.escape(w)}</li>" for w in a.warnings]
+        body.append(f"<h2>Input problems</h2><ul>{''.join(items)}</ul>")
+    rows = [
+        [r.rank, r.source or "-", r.n_steps, _num(r.step_time_ms), _num(r.compute_pct), _num(r.comm_comp_overlap_pct),
+         _num(r.exposed_comm_pct), _num(r.idle_pct), r.device_name or "-"]
+        for r in a.ranks
+    ]
+    body.append("<h2>Per rank</h2>" + _html_table(
+        ["rank", "timeline", "steps", "step ms (median)", "compute %", "overlap % (HTA)", "exposed comm %", "idle % (HTA)", "device"],
+        rows, left=(1, 8)))
+    body.append(
+        '<p class="note">overlap % (HTA): time in which communication and compute kernels both run, over communication '
+        "time. exposed comm %: communication not hidden by compute, over step time. idle % (HTA): time with no GPU "
+        "activity over the span of device events. Definitions: docs/metrics.md.</p>"
+    )
+    charts = _charts(a, top)
+    for key, title in (("breakdown", "Step breakdown"), ("overlap", "Overlap and idle"), ("step_time", "Step time")):
+        if key in charts:
+            body.append(f"<h2>{title}</h2>{charts[key]}")
+    body.append("<h2>MFU</h2>" + "".join(f"<p>{html.escape(line.strip())}</p>" for line in _mfu_lines(a)) + charts.get("mfu", ""))
+    body.append("<h2>Stragglers</h2><pre>" + html.escape("\n".join(_straggler_lines(a))) + "</pre>")
+    kernels = top_kernels_table(a, top)
+    if not kernels.empty:
+        body.append("<h2>Top kernels</h2>" + charts.get("kernels", "") + _html_table(
+            ["#", "name", "kind", "count", "total ms", "ms/rank", "share %"],
+            [[i + 1, short_kernel_name(k.name, 120), k.kind, k.count, _num(k.total_ms, ".2f"), _num(k.ms_per_rank, ".2f"), _num(k.share_pct)]
+             for i, k in enumerate(kernels.itertuples(index=False))],
+            left=(1, 2)))
+    return html_page(f"analyzer report: {_path_text(a)}", "\n".join(body))
+
+
+# ----------------------------------------------------------------- compare
+def _delta_rows(deltas: Sequence["Delta"], fmt: str = ".2f", kernel: bool = False) -> list[list[str]]:
+    rows = []
+    for d in deltas:
+        name = short_kernel_name(d.name) if kernel else d.name
+        pct = "new" if d.delta_pct is None and d.delta else _num(d.delta_pct, "+.1f")
+        row = [name] + ([d.kind or "-"] if kernel else []) + [_num(d.base, fmt), _num(d.cand, fmt), _num(d.delta, "+" + fmt), pct]
+        rows.append(row)
+    return rows
+
+
+def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
+    """What ``analyzer compare`` prints: MFU, step time, phases, kernels, ranks; largest first."""
+    out = [f"analyzer compare\n  base: {c.base_path}\n  cand: {c.cand_path}", ""]
+    m = c.mfu
+    if m.base is not None and m.cand is not None:
+        out.append(
+            f"MFU: {_pct(m.base, 2)} -> {_pct(m.cand, 2)} ({100 * m.delta:+.2f} points, drop {m.drop:+.1%})"
+            f"  [{m.base_source} / {m.cand_source}]"
+        )
+    else:
+        out.append(f"MFU: {_pct(m.base, 2) if m.base is not None else 'none'} -> {_pct(m.cand, 2) if m.cand is not None else 'none'}")
+    st = c.step_time
+    out.append(
+        f"Step time (mean): {_num(st.base, '.2f')} -> {_num(st.cand, '.2f')} ms ({_num(st.delta, '+.2f')} ms, "
+        f"{_num(st.delta_pct, '+.1f')}%); median {_num(c.step_time_median.base, '.2f')} -> {_num(c.step_time_median.cand, '.2f')} ms"
+    )
+    out.append("")
+    if c.phases:
+        out.append(f"Phases, largest change first ({c.phase_source})")
+        out.append(format_table(["phase", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.phases), left=(0,)))
+        out.append("")
+    if c.kernels:
+        out.append(f"Kernels, largest change first ({c.kernel_source})")
+        out.append(
+            format_table(["name", "kind", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.kernels[:top], ".3f", kernel=True), left=(0, 1))
+        )
+        out.append("")
+    if c.ranks:
+        out.append("Per-rank median step time")
+        out.append(format_table(["rank", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.ranks), left=(0,)))
+    out += [f"note: {n}" for n in c.notes]
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ----------------------------------------------------------------- check
+def render_check_text(outcome: "GateOutcome", explanation: str) -> str:
+    """What ``analyzer check`` prints: the verdict line, then the explanation paragraph."""
+    r = outcome.result
+    verdict = "REGRESSION" if r.regression else "PASS"
+    lines = [f"analyzer check: {verdict}", "", explanation, ""]
+    lines.append(f"baseline:  {r.base_source}")
+    lines.append(f"candidate: {r.cand_source}")
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return re.sub(r"([\\`*_{}\[\]<>|#])", r"\\\1", text)
+
+
+def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int = 5) -> str:
+    """A Markdown summary for a CI job summary (e.g. ``$GITHUB_STEP_SUMMARY``)."""
+    r, c = outcome.result, outcome.comparison
+    icon = ":x:" if r.regression else ":white_check_mark:"
+    verdict = "regression" if r.regression else "within bounds"
+    fmt = (lambda v: f"{100 * v:.2f}%") if r.metric == "mfu" else (lambda v: f"{v:,.3f}")
+    lines = [
+        f"## {icon} analyzer check: {verdict}",
+        "",
+        _md_escape(explanation),
+        "",
+        f"| | baseline | candidate | change |",
+        "|---|---:|---:|---:|",
+        f"| median {r.metric_label} | {fmt(r.base_median)} | {fmt(r.cand_median)} | {-r.drop:+.1%} |",
+    ]
+    st = c.step_time
+    if st.base is not None and st.cand is not None:
+        lines.append(f"| mean step time | {st.base:.1f} ms | {st.cand:.1f} ms | {_num(st.delta_pct, '+.1f')}% |")
+    lines += [
+        f"| steady-state steps | {r.n_base} | {r.n_cand} | |",
+        "",
+        f"Gate: regression when the median drops by more than {r.max_drop:.1%} **and** the one-sided Mann-Whitney U "
+        f"test gives p < {r.alpha} (here p = {r.p_value:.3g}).",
+    ]
+    if c.phases:
+        lines += ["", f"**Phases** ({_md_escape(c.phase_source)})", "", "| phase | base ms | cand ms | delta ms | delta % |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {_md_escape(row[0])} | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.phases[:top])]
+    if c.kernels:
+        lines += ["", f"**Kernels** ({_md_escape(c.kernel_source)})", "", "| kernel | kind | base ms | cand ms | delta ms | delta % |",
+                  "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| `{row[0].replace('`', '')}` | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.kernels[:top], ".3f", kernel=True)]
+    return "\n".join(lines) + "\n"
