@@ -173,12 +173,14 @@ def _resolve_rank(distributed_info: dict, path: Path, hint: int | None) -> tuple
 # Reading bytes
 
 
-def _read_blocks(path: Path, size: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Decompressed content of ``path`` in blocks of at most ``size`` bytes.
+def _read_blocks(path: Path, size: int | None = None) -> Iterator[bytes]:
+    """Decompressed content of ``path`` in blocks of at most ``size`` bytes
+    (default :data:`BLOCK_BYTES`).
 
     Gzip is recognized by its magic bytes, not the suffix. Raises TraceError
     for an unreadable file, a truncated or corrupt gzip stream.
     """
+    size = size or BLOCK_BYTES
     try:
         fh = open(path, "rb")
     except OSError as exc:
@@ -1057,9 +1059,8 @@ def _check_world(result: TraceSet) -> None:
     world = max(sizes)
     missing = sorted(set(range(world)) - set(result.ranks))
     if missing:
-        result.warnings.append(
-            f"world_size is {world} but {len(missing)} ranks have no trace: {_ranges(missing)}"
-        )
+        have = "rank has" if len(missing) == 1 else "ranks have"
+        result.warnings.append(f"world_size is {world} but {len(missing)} {have} no trace: {_ranges(missing)}")
     extra = sorted(r for r in result.ranks if r >= world or r < 0)
     if extra:
         result.warnings.append(f"ranks {_ranges(extra)} are outside world_size {world}")
