@@ -284,17 +284,19 @@ class CollectiveTimer:
 
     def _begin(self, kind: str, nbytes: int, dtype: str | None, group: Any) -> _Record:
         pg, size = self._group_info(group)
-        with self._lock:
-            seq = self._seq.get(pg, 0)
-            self._seq[pg] = seq + 1
-            rec = _Record(self._step, seq, kind, nbytes, dtype, pg, size)
-            self._pending.append(rec)
+        rec = _Record(self._step, -1, kind, nbytes, dtype, pg, size)
         if self._cuda:
             rec.anchor = self._anchor
             rec.start_event = torch.cuda.Event(enable_timing=True)
             rec.start_event.record()
         else:
             rec.start_ns = time.time_ns()
+        # c10d requires one issue order per group on all ranks, so a per-group
+        # counter taken at issue names the same collective everywhere.
+        with self._lock:
+            rec.seq = self._seq.get(pg, 0)
+            self._seq[pg] = rec.seq + 1
+            self._pending.append(rec)
         return rec
 
     def _end_now(self, rec: _Record) -> None:
@@ -591,12 +593,28 @@ class PhaseTimer:
 # Memory
 # ---------------------------------------------------------------------------
 
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_statm: tuple[int, int] | None = None  # (pid, fd) of an open /proc/self/statm
+
+
+def _statm_fd() -> int:
+    """An fd on this process's /proc/<pid>/statm, kept open: opening costs ~10x a pread.
+
+    Reopened after a fork, since the inherited fd describes the parent.
+    """
+    global _statm
+    pid = os.getpid()
+    if _statm is None or _statm[0] != pid:
+        _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC))
+    return _statm[1]
+
+
 def process_memory_bytes(device: torch.device, reset_peak: bool = False) -> tuple[int, str]:
     """Memory in bytes and its kind: peak CUDA allocation, or the process's resident set.
 
     CUDA: `torch.cuda.max_memory_allocated(device)`, the peak since the last
     reset; pass `reset_peak=True` to restart the peak after reading (per-step
-    peaks). CPU: current RSS from /proc/self/statm (resident pages x page
+    peaks). CPU: current RSS from /proc/<pid>/statm (resident pages x page
     size); where /proc is missing, the lifetime peak RSS from getrusage.
     """
     device = torch.device(device)
@@ -606,9 +624,8 @@ def process_memory_bytes(device: torch.device, reset_peak: bool = False) -> tupl
             torch.cuda.reset_peak_memory_stats(device)
         return int(peak), "cuda_peak_allocated"
     try:
-        with open("/proc/self/statm", "rb") as f:
-            resident_pages = int(f.read().split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE"), "cpu_rss"
+        resident_pages = int(os.pread(_statm_fd(), 256, 0).split()[1])
+        return resident_pages * _PAGE_BYTES, "cpu_rss"
     except OSError:
         import resource
         import sys

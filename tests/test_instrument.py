@@ -367,3 +367,86 @@ def test_process_memory_tracks_rss():
     after, _ = process_memory_bytes(torch.device("cpu"))
     assert after - before >= 48 * 2**20
     del block
+
+
+# ---------------------------------------------------------------------------
+# The CUDA code path, with CUDA events simulated by host clock reads (this
+# machine has no GPU): exercises event bookkeeping, lazy resolution in flush
+# and the host-anchor conversion to epoch ns.
+# ---------------------------------------------------------------------------
+
+class FakeCudaEvent:
+    """Stands in for torch.cuda.Event: "records" the host epoch time; always complete."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t_ns: int | None = None
+
+    def record(self, stream=None) -> None:
+        self.t_ns = time.time_ns()
+
+    def query(self) -> bool:
+        return self.t_ns is not None
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
+        return (end.t_ns - self.t_ns) / 1e6  # ms, like CUDA
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    return torch.device("cuda", 0)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_cuda_path_resolves_events_to_epoch_ns(tmp_path, fake_cuda, one_rank_group):
+    writer = JsonlWriter(tmp_path / "c.jsonl")
+    timer = CollectiveTimer(writer, rank=0, device=fake_cuda)
+    timer.install()
+    try:
+        timer.set_step(3)
+        before = time.time_ns()
+        dist.all_reduce(torch.ones(5))
+        mid = time.time_ns()
+        dist.all_reduce(torch.ones(3, dtype=torch.float64), async_op=True).wait()
+        after = time.time_ns()
+        comm_ms = timer.step_comm_ms(3)
+        timer.flush(wait=True)
+    finally:
+        timer.uninstall()
+        writer.close()
+    recs = [json.loads(line) for line in (tmp_path / "c.jsonl").open()]
+    assert [(r["kind"], r["bytes"], r["clock"], r["step"], r["seq"]) for r in recs] == [
+        ("all_reduce", 20, "cuda", 3, 0), ("all_reduce", 24, "cuda", 3, 1)]
+    # The anchor's host time is the midpoint of a bracket around its record:
+    # conversion error is at most the bracket's half width (plus float rounding).
+    slack = timer._anchor.uncertainty_ns + 1_000
+    assert before - slack <= recs[0]["start_ns"] <= recs[0]["end_ns"] <= mid + slack
+    assert mid - slack <= recs[1]["start_ns"] <= recs[1]["end_ns"] <= after + slack
+    assert comm_ms == pytest.approx(sum(r["end_ns"] - r["start_ns"] for r in recs) / 1e6, abs=1e-6)
+
+
+def test_cuda_phase_timer_uses_events_and_host_clock_on_request(fake_cuda):
+    timer = PhaseTimer(fake_cuda)
+    timer.start_step()
+    with timer.phase("data", host_clock=True):
+        time.sleep(0.010)
+    for _ in range(2):
+        with timer.phase("forward"):
+            time.sleep(0.005)
+    out = timer.end_step()
+    assert 10 <= out["data_ms"] < 10 + 250
+    assert 10 <= out["forward_ms"] < 10 + 250
+    assert out["data_ms"] + out["forward_ms"] <= out["step_time_ms"]
+    assert len(timer._free_events) == 4, "events are reused across steps"

@@ -1,0 +1,247 @@
+"""Overhead of reftrain's always-on instrumentation layer, plain DDP vs instrumented DDP.
+
+Two gloo ranks on CPU train the same model on the same batches in two variants,
+interleaved in alternating order (A B, B A, ...) so machine load drifts hit both:
+
+  plain         DDP with its built-in C++ all-reduce, nothing else.
+  instrumented  DDP + CollectiveTimer comm hook (and torch.distributed wrappers
+                installed) + PhaseTimer around data/forward/backward/optimizer
+                + per-step metrics JSONL record + collective flush + RSS read:
+                what reftrain does on every step outside profiler windows.
+
+Step time is rank 0's host wall time per optimizer step. Reported: median
+step time per variant over all measured steps, overhead = median_instr /
+median_plain - 1, and the median over step pairs of instrumented/plain - 1
+(the two steps of a pair run back to back, so it is robust to load drift on a
+shared machine). Also reported: the host cost of the instrumentation calls
+alone, timed in a tight loop, as a share of the plain step: a low-noise
+floor for the overhead (it leaves out the hook's future callback and the
+effects on caches and scheduling, which the paired measurement includes).
+
+    .venv/bin/python bench/bench_instrument.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from reftrain.instrument import CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes
+
+WORLD = 2
+
+
+class Block(torch.nn.Module):
+    """Pre-norm residual MLP block (the MLP half of a transformer layer)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def make_model(width: int, layers: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block(width) for _ in range(layers)], torch.nn.Linear(width, width))
+
+
+def plain_step(model, opt, batch, set_to_none: bool = True) -> None:
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+
+
+class Instrumented:
+    """The per-step work reftrain's loop adds around the same training step."""
+
+    def __init__(self, model, opt, rank: int, out: Path, tokens_per_step: int, set_to_none: bool) -> None:
+        self.model, self.opt, self.rank, self.set_to_none = model, opt, rank, set_to_none
+        self.coll_writer = JsonlWriter(out / "collectives" / f"rank{rank}.jsonl")
+        self.metrics = JsonlWriter(out / "metrics" / f"rank{rank}.jsonl")
+        self.timer = CollectiveTimer(self.coll_writer, rank=rank, device=torch.device("cpu"))
+        self.phases = PhaseTimer(torch.device("cpu"), phases=("data", "forward", "backward", "optimizer"))
+        model.register_comm_hook(state=None, hook=self.timer.ddp_comm_hook)
+        self.tokens = tokens_per_step
+        self.step_index = 0
+
+    def step(self, batch) -> None:
+        step = self.step_index
+        self.timer.set_step(step)
+        self.phases.start_step()
+        with self.phases.phase("data"):
+            x, y = batch
+        with self.phases.phase("forward"):
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+        with self.phases.phase("backward"):
+            loss.backward()
+        with self.phases.phase("optimizer"):
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=self.set_to_none)
+        times = self.phases.end_step()
+        mem_bytes, mem_kind = process_memory_bytes(torch.device("cpu"))
+        step_s = times["step_time_ms"] / 1e3
+        self.metrics.write({
+            "step": step, "rank": self.rank, "loss": loss.detach().item(),
+            "step_time_ms": times["step_time_ms"], "data_wait_ms": times["data_ms"],
+            "forward_ms": times["forward_ms"], "backward_ms": times["backward_ms"],
+            "optimizer_ms": times["optimizer_ms"], "grad_sync_ms": 0.0,
+            "comm_ms": self.timer.step_comm_ms(step), "tokens": self.tokens,
+            "tokens_per_s": self.tokens / step_s, "mfu": 0.0, "hfu": 0.0,
+            "mem_bytes": mem_bytes, "mem_kind": mem_kind, "profiled": False, "time_ns": time.time_ns(),
+        })
+        self.timer.flush()
+        self.metrics.flush()
+        self.step_index += 1
+
+    def close(self) -> None:
+        self.timer.flush(wait=True)
+        self.coll_writer.close()
+        self.metrics.close()
+
+
+def host_cost_us(tmp: Path, rank: int, collectives_per_step: int, repeats: int = 2000) -> tuple[float, float]:
+    """Host time of the instrumentation calls alone, in a tight loop: (phases + memory +
+    metrics record per step, collective bookkeeping per step), both in microseconds.
+
+    The collective part uses CollectiveTimer's internal begin/end (what the hook
+    and the wrappers call around each collective), so the collective itself is
+    not in the time; then step_comm_ms and flush, as the loop calls them.
+    """
+    writer = JsonlWriter(tmp / f"cost-collectives{rank}.jsonl")
+    timer = CollectiveTimer(writer, rank=rank, device=torch.device("cpu"))
+    group = dist.group.WORLD
+    t0 = time.perf_counter()
+    for i in range(repeats):
+        timer.set_step(i)
+        for _ in range(collectives_per_step):
+            timer._end_now(timer._begin("all_reduce", 4 << 20, "float32", group))
+        timer.step_comm_ms(i)
+        timer.flush()
+    collectives_us = (time.perf_counter() - t0) / repeats * 1e6
+    writer.close()
+    metrics = JsonlWriter(tmp / f"cost-metrics{rank}.jsonl")
+    cpu = torch.device("cpu")
+    phases = PhaseTimer(cpu, phases=("data", "forward", "backward", "optimizer"))
+    t0 = time.perf_counter()
+    for i in range(repeats):
+        phases.start_step()
+        for name in ("data", "forward", "backward", "optimizer"):
+            with phases.phase(name):
+                pass
+        times = phases.end_step()
+        mem_bytes, mem_kind = process_memory_bytes(cpu)
+        metrics.write({"step": i, "rank": rank, "loss": 1.0, **times, "mem_bytes": mem_bytes,
+                       "mem_kind": mem_kind, "tokens": 1, "tokens_per_s": 1.0, "mfu": 0.0, "hfu": 0.0,
+                       "profiled": False, "time_ns": time.time_ns()})
+        metrics.flush()
+    step_us = (time.perf_counter() - t0) / repeats * 1e6
+    metrics.close()
+    return step_us, collectives_us
+
+
+def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
+    ddp_kwargs = {"bucket_cap_mb": args.bucket_cap_mb, "gradient_as_bucket_view": args.grad_as_bucket_view}
+    plain = DDP(make_model(args.width, args.layers), **ddp_kwargs)
+    instr_model = DDP(make_model(args.width, args.layers), **ddp_kwargs)
+    set_to_none = not args.grad_as_bucket_view
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+    opt_instr = torch.optim.AdamW(instr_model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen))
+               for _ in range(8)]
+    instr = Instrumented(instr_model, opt_instr, rank, Path(tmp) / "run", tokens_per_step=args.batch,
+                         set_to_none=set_to_none)
+    instr.timer.install()
+    run = {"plain": lambda b: plain_step(plain, opt_plain, b, set_to_none), "instrumented": instr.step}
+    times_ms: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    pair_ratios = []
+    # Steps alternate A B / B A: the two steps of a pair see the same machine
+    # load, so the paired ratio cancels drift that a busy machine adds.
+    for i in range(args.warmup_steps + args.steps):
+        batch = batches[i % len(batches)]
+        order = ("plain", "instrumented") if i % 2 == 0 else ("instrumented", "plain")
+        pair = {}
+        for variant in order:
+            dist.barrier()  # both ranks start the step together
+            t0 = time.perf_counter()
+            run[variant](batch)
+            pair[variant] = (time.perf_counter() - t0) * 1e3
+        if i >= args.warmup_steps:
+            for variant, ms in pair.items():
+                times_ms[variant].append(ms)
+            pair_ratios.append(pair["instrumented"] / pair["plain"])
+    instr.timer.uninstall()
+    instr.close()
+    n_records = sum(1 for _ in open(Path(tmp) / "run" / "collectives" / f"rank{rank}.jsonl"))
+    buckets = len(plain._get_ddp_logging_data().get("rebuilt_bucket_sizes", "").split(","))
+    step_us, collectives_us = host_cost_us(Path(tmp), rank, collectives_per_step=buckets)
+    if rank == 0:
+        med_plain = statistics.median(times_ms["plain"])
+        med_instr = statistics.median(times_ms["instrumented"])
+        result = {
+            "world_size": WORLD, "params": sum(p.numel() for p in plain.parameters()),
+            "buckets": buckets,
+            "steps_per_variant": args.steps,
+            "median_step_ms_plain": round(med_plain, 3), "median_step_ms_instrumented": round(med_instr, 3),
+            "overhead_ratio": round(med_instr / med_plain - 1, 4),
+            "median_paired_overhead_ratio": round(statistics.median(pair_ratios) - 1, 4),
+            "collective_records_rank0": n_records,
+            "host_cost_us_per_step": round(step_us + collectives_us, 2),
+        }
+        host_share = (step_us + collectives_us) / (med_plain * 1e3)
+        print(f"model: {result['params'] / 1e6:.2f} M params, {result['buckets']} DDP buckets, "
+              f"batch {args.batch}, gradient_as_bucket_view={args.grad_as_bucket_view}, "
+              f"{WORLD} ranks gloo, {args.steps} steps per variant, alternating")
+        print(f"median step time  plain        {med_plain:8.3f} ms")
+        print(f"median step time  instrumented {med_instr:8.3f} ms")
+        print(f"overhead (median step)         {100 * result['overhead_ratio']:+.2f} %")
+        print(f"overhead (median of pairs)     {100 * result['median_paired_overhead_ratio']:+.2f} %")
+        print(f"host cost of the calls alone   {step_us:.0f} us (phases, memory, metrics) + {collectives_us:.0f} us "
+              f"({buckets} collective records, flush) per step = {100 * host_share:.3f} % of the plain step")
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="60 measured steps per variant (under a minute)")
+    p.add_argument("--steps", type=int, default=300, help="measured steps per variant")
+    p.add_argument("--warmup-steps", type=int, default=10, help="unmeasured leading step pairs")
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=256,
+                   help="rows (tokens) per rank per step; small batches exaggerate the hook's per-parameter cost")
+    p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="small: several buckets, more hook calls")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--grad-as-bucket-view", action="store_true",
+                   help="DDP gradient_as_bucket_view=True in both variants (zero_grad keeps grads)")
+    p.add_argument("--json", help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps = 60
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(args, tmp), nprocs=WORLD, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
