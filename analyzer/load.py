@@ -873,7 +873,8 @@ def load_traces(
     or the user cache folder when that is read-only; a Path: that folder)
     parsed tables are reused while a file's path, size and mtime are
     unchanged. ``workers`` parallel processes parse uncached files
-    (default: min(files, CPU cores)). ``progress``: a tqdm bar on stderr;
+    (default: min(files, CPU cores), or 1 when the uncached files hold
+    less than 8 MB compressed). ``progress``: a tqdm bar on stderr;
     None shows it only on a terminal for many (> 4) or large (> 200 MB)
     inputs.
 
@@ -962,9 +963,16 @@ def _parse_and_store(path: Path, entry: Path | None) -> tuple[RankTrace, str | N
     return rt, note
 
 
+# Below this much compressed input, starting worker processes costs more
+# than it saves (a process start plus imports is ~0.2-1 s).
+PARALLEL_MIN_BYTES = 8 << 20
+
+
 def _parse_many(misses: list[tuple[Path, Path | None]], workers: int | None) -> Iterator[tuple[Path, Any]]:
     if not misses:
         return
+    if workers is None and sum(_size(f) for f, _ in misses) < PARALLEL_MIN_BYTES:
+        workers = 1
     n = min(len(misses), workers or os.cpu_count() or 1)
     if n <= 1:
         for f, entry in misses:

@@ -1,0 +1,310 @@
+"""Read a reftrain run directory (docs/rundir.md) into tables.
+
+``read_run_dir`` is tolerant: a missing, unreadable or partly corrupt
+JSON-lines file of one rank becomes one line in ``RunDir.errors`` and
+everything else is still read (a run killed mid-write leaves a torn last
+line; the records before it are good). Only a missing or unreadable
+``run.json`` or a schema this analyzer does not know raises AnalyzerError.
+
+Schemas: ``run.json`` must be ``reftrain.run/<major>[.<minor>]`` with a
+major version in :data:`SUPPORTED_MAJOR`; each JSON-lines family names its
+schema in the manifest's ``schemas`` (a family with an unknown major is
+skipped with an error line). Minor versions may add fields: unknown fields
+are kept as extra columns.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import pandas as pd
+
+from analyzer.errors import AnalyzerError
+
+MANIFEST = "run.json"
+SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
+_SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")
+_RANK_IN_NAME_RE = re.compile(r"(?:rank|gpu)(\d+)\.jsonl$")
+
+# Documented columns per family and their dtypes (docs/rundir.md); a
+# file's records may carry more fields, kept as they come.
+METRICS_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "rank": "int64",
+    "loss": "float64",
+    "step_time_ms": "float64",
+    "data_wait_ms": "float64",
+    "forward_ms": "float64",
+    "backward_ms": "float64",
+    "optimizer_ms": "float64",
+    "grad_sync_ms": "float64",
+    "comm_ms": "float64",
+    "tokens": "int64",
+    "tokens_per_s": "float64",
+    "mfu": "float64",
+    "hfu": "float64",
+    "mem_bytes": "int64",
+    "mem_kind": "category",
+    "profiled": "bool",
+    "time_ns": "int64",
+}
+COLLECTIVES_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "rank": "int64",
+    "seq": "int64",
+    "kind": "category",
+    "bytes": "int64",
+    "dtype": "category",
+    "pg": "category",
+    "group_size": "int64",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "clock": "category",
+}
+# ``rank`` is not in the records: it comes from the file name (gpu{R}).
+TELEMETRY_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "time_ns": "int64",
+    "gpu_util_pct": "float64",
+    "mem_util_pct": "float64",
+    "sm_clock_mhz": "float64",
+    "power_w": "float64",
+    "mem_used_bytes": "float64",
+    "temp_c": "float64",
+    "throttle_reasons": "object",
+}
+_FAMILIES = {
+    "metrics": ("metrics/rank*.jsonl", METRICS_COLUMNS),
+    "collectives": ("collectives/rank*.jsonl", COLLECTIVES_COLUMNS),
+    "telemetry": ("telemetry/gpu*.jsonl", TELEMETRY_COLUMNS),
+}
+
+
+@dataclass
+class RunDir:
+    """A run directory's contents as tables.
+
+    ``metrics``, ``collectives`` and ``telemetry`` hold all ranks, sorted by
+    rank then step (telemetry: rank then time), with the documented columns
+    (:data:`METRICS_COLUMNS`, ...) always present, even when empty. Integer
+    columns that have missing values become float64. ``trace_paths`` are
+    absolute paths of the Kineto traces that exist; ``errors`` one line per
+    problem found on the way.
+    """
+
+    path: Path
+    manifest: dict
+    metrics: pd.DataFrame
+    collectives: pd.DataFrame
+    telemetry: pd.DataFrame
+    trace_paths: list[Path]
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int | None:
+        ws = self.manifest.get("world_size")
+        return int(ws) if isinstance(ws, int) else None
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` is a folder with a ``run.json`` whose schema is
+    ``reftrain.run/*``, or whose run.json cannot be parsed (so that
+    :func:`read_run_dir` reports the problem instead of the folder being
+    taken for a folder of traces)."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        data = orjson.loads(manifest.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return True
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith("reftrain.run/")
+
+
+def read_run_dir(path: Path) -> RunDir:
+    """Read the manifest, the per-rank JSON-lines files and the trace list.
+
+    Raises AnalyzerError when ``run.json`` is missing, not valid JSON, or
+    of an unknown schema major version.
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    errors: list[str] = []
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    schemas = manifest.get("schemas") if isinstance(manifest.get("schemas"), dict) else {}
+    tables: dict[str, pd.DataFrame] = {}
+    for family, (pattern, columns) in _FAMILIES.items():
+        frames: list[pd.DataFrame] = []
+        schema = schemas.get(family, f"reftrain.{family}/1")
+        problem = _schema_problem(schema, family)
+        if problem:
+            errors.append(f"{family}: {problem}; {family} not read")
+        else:
+            for rel in _listed_or_found(path, files.get(family), pattern, errors):
+                frame = _read_jsonl(path, rel, errors)
+                if frame is None:
+                    continue
+                rank = _rank_from_name(rel)
+                if "rank" not in frame.columns or frame["rank"].isna().any():
+                    if rank is None:
+                        errors.append(f"{rel}: no rank in the records or the file name; file skipped")
+                        continue
+                    frame["rank"] = frame["rank"].fillna(rank) if "rank" in frame.columns else rank
+                frames.append(frame)
+        tables[family] = _conform(frames, columns, "time_ns" if family == "telemetry" else "step")
+    traces = []
+    for rel in _listed_or_found(path, files.get("traces"), "traces/*.json*", errors):
+        traces.append((path / rel).absolute())
+    return RunDir(
+        path=path,
+        manifest=manifest,
+        metrics=tables["metrics"],
+        collectives=tables["collectives"],
+        telemetry=tables["telemetry"],
+        trace_paths=traces,
+        errors=errors,
+    )
+
+
+def _read_manifest(path: Path) -> dict:
+    manifest = path / MANIFEST
+    try:
+        raw = manifest.read_bytes()
+    except FileNotFoundError:
+        raise AnalyzerError(f"{path}: not a run directory (no {MANIFEST})") from None
+    except OSError as exc:
+        raise AnalyzerError(f"{manifest}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise AnalyzerError(f"{manifest}: invalid JSON ({str(exc).split(': line')[0]})") from None
+    if not isinstance(data, dict):
+        raise AnalyzerError(f"{manifest}: expected a JSON object, found a {type(data).__name__}")
+    problem = _schema_problem(data.get("schema"), "run")
+    if problem:
+        raise AnalyzerError(f"{manifest}: {problem}")
+    return data
+
+
+def _schema_problem(schema: object, family: str) -> str | None:
+    m = _SCHEMA_RE.match(str(schema)) if schema is not None else None
+    if m is None or m.group(1) != family:
+        return f"schema {schema!r} is not reftrain.{family}/<version>"
+    major = int(m.group(2))
+    if major != SUPPORTED_MAJOR[family]:
+        return (
+            f"schema {schema} is not supported (this analyzer reads reftrain.{family}/{SUPPORTED_MAJOR[family]}); "
+            "upgrade the analyzer"
+        )
+    return None
+
+
+def _listed_or_found(root: Path, listed: object, pattern: str, errors: list[str]) -> list[str]:
+    """The manifest's list of a family's files (relative paths); when it
+    lists none (a run still running, or one that failed early), what is on
+    disk. Listed files that do not exist are reported."""
+    if isinstance(listed, list) and listed:
+        out = []
+        for rel in listed:
+            if (root / str(rel)).is_file():
+                out.append(str(rel))
+            else:
+                errors.append(f"{rel}: listed in {MANIFEST} but missing")
+        return out
+    return sorted((str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file()), key=_natural)
+
+
+def _natural(s: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def _rank_from_name(rel: str) -> int | None:
+    m = _RANK_IN_NAME_RE.search(rel)
+    return int(m.group(1)) if m else None
+
+
+def _read_jsonl(root: Path, rel: str, errors: list[str]) -> pd.DataFrame | None:
+    """Records of one JSON-lines file; bad lines are skipped and reported
+    (a torn last line is what a killed writer leaves behind)."""
+    try:
+        raw = (root / rel).read_bytes()
+    except OSError as exc:
+        errors.append(f"{rel}: cannot read ({exc.strerror or exc})")
+        return None
+    records = []
+    bad: list[tuple[int, str]] = []
+    lines = raw.split(b"\n")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            bad.append((i, str(exc).split(": line")[0]))
+            continue
+        if not isinstance(rec, dict):
+            bad.append((i, f"a {type(rec).__name__}, not an object"))
+            continue
+        records.append(rec)
+    if bad:
+        last_line = max(i for i, line in enumerate(lines, 1) if line.strip())
+        torn = len(bad) == 1 and bad[0][0] == last_line
+        first = bad[0]
+        if torn:
+            errors.append(f"{rel}: last line {first[0]} is incomplete ({first[1]}; run killed while writing?); {len(records)} records read")
+        else:
+            errors.append(f"{rel}: {len(bad)} unreadable lines skipped (first: line {first[0]}, {first[1]}); {len(records)} records read")
+    if not records:
+        if not bad:
+            errors.append(f"{rel}: empty")
+        return None
+    return pd.DataFrame.from_records(records)
+
+
+def _conform(frames: list[pd.DataFrame], columns: dict[str, str], order: str) -> pd.DataFrame:
+    """One table with the documented columns first, in their dtypes."""
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    for col in columns:
+        if col not in frame.columns:
+            frame[col] = pd.Series([None] * len(frame), dtype=object)
+    extra = [c for c in frame.columns if c not in columns]
+    frame = frame[list(columns) + extra]
+    for col, dtype in columns.items():
+        frame[col] = _as_dtype(frame[col], dtype)
+    if len(frame):
+        frame = frame.sort_values(["rank", order], kind="stable").reset_index(drop=True)
+    return frame
+
+
+def _as_dtype(s: pd.Series, dtype: str) -> pd.Series:
+    if dtype == "int64":
+        num = pd.to_numeric(s, errors="coerce")
+        if num.isna().any():
+            return num.astype("float64")
+        return num.astype("int64")
+    if dtype == "float64":
+        return pd.to_numeric(s, errors="coerce").astype("float64")
+    if dtype == "bool":
+        if s.isna().any():
+            return s.astype(object)
+        return s.astype(bool)
+    if dtype == "category":
+        return s.astype(object).where(s.notna(), None).astype("category")
+    return pd.Series(s.to_numpy(dtype=object), index=s.index, dtype=object)
+
+
+def empty_like(columns: dict[str, str]) -> pd.DataFrame:
+    """A table with the documented columns and no rows."""
+    return _conform([], columns, "step")
+
+
+__all__ = [
+    "COLLECTIVES_COLUMNS",
+    "METRICS_COLUMNS",
+    "TELEMETRY_COLUMNS",
+    "RunDir",
+    "is_run_dir",
+    "read_run_dir",
+]
