@@ -723,60 +723,70 @@ def parse_trace(path: Path, rank: int | None = None) -> RankTrace:
 
 
 def _build_events(cols: _Columns, rank: int) -> tuple[pd.DataFrame, list[str]]:
-    p = {k: np.concatenate(v) for k, v in cols.parts.items()}
+    """The events table from the accumulated columns: rows sorted by start,
+    negative durations dropped. Column by column, freeing the per-block
+    parts as it goes, so the peak holds about one extra column."""
+    parts = cols.parts
     notes = []
     if cols.dropped_no_time:
         notes.append(f"{cols.dropped_no_time} complete events without ts or dur were dropped")
-    keep = p["dur_ns"] >= 0
+    ts = np.concatenate(parts.pop("ts_ns"))
+    dur = np.concatenate(parts.pop("dur_ns"))
+    keep = dur >= 0
     if not keep.all():
         notes.append(f"{int((~keep).sum())} events with a negative duration were dropped")
     # Stable sort by start: ties keep file order.
     order = np.flatnonzero(keep)
-    order = order[np.argsort(p["ts_ns"][order], kind="stable")]
+    order = order[np.argsort(ts[order], kind="stable")]
     n = len(order)
+    start = ts[order]
+    end = start + dur[order]
+    del ts, dur
+
+    def column(key: str) -> np.ndarray:
+        return np.concatenate(parts.pop(key))[order]
 
     lower_code, cat_list = _lower_categories(cols.cat_ids)
     name_list = list(cols.name_ids)
-    cat_code = lower_code[p["cat"]][order]
-    name_code = p["name"][order]
-    kind_code = _kind_codes(cat_list, cat_code, name_list, name_code)
-    start = p["ts_ns"][order]
+    cat_code = lower_code[column("cat")]
+    name_code = column("name")
     frame = {
         "rank": np.full(n, rank, dtype=np.int32),
         "cat": _compact_categorical(cat_code, cat_list),
         "name": _compact_categorical(name_code, name_list),
-        "kind": pd.Categorical.from_codes(kind_code, categories=list(KINDS)),
-        "pid": p["pid"][order],
-        "tid": p["tid"][order],
-        "stream": p["stream"][order],
-        "start_ns": start,
-        "end_ns": start + p["dur_ns"][order],
-        "correlation": p["correlation"][order],
-        "external_id": p["external_id"][order],
+        "kind": pd.Categorical.from_codes(_kind_codes(cat_list, cat_code, name_list, name_code), categories=list(KINDS)),
     }
-    # Sparse columns: positions in the sorted table.
-    inverse = np.empty(len(keep), dtype=np.int64)
-    inverse[order] = np.arange(n)
+    del cat_code, name_code
+    for key in ("pid", "tid", "stream"):
+        frame[key] = column(key)
+    frame["start_ns"], frame["end_ns"] = start, end
+    for key in ("correlation", "external_id"):
+        frame[key] = column(key)
+    # Sparse columns: row numbers of the file order -> positions in the table.
+    position = np.full(len(keep), -1, dtype=np.int64)
+    position[order] = np.arange(n)
     for col in ("input_dims", "input_types"):
         values = np.full(n, None, dtype=object)
         for row, v in cols.sparse[col].items():
-            if keep[row]:
-                values[inverse[row]] = v
-        # Explicit object dtype: pandas 3 would infer its str dtype.
-        frame[col] = pd.Series(values, dtype=object)
+            if position[row] >= 0:
+                values[position[row]] = v
+        # An explicit object Series: pandas 3 would infer its str dtype.
+        frame[col] = pd.Series(values, dtype=object, copy=False)
     for col in ("msg_in_nelems", "msg_out_nelems", "group_size"):
         values = np.full(n, -1, dtype=np.int64)
         for row, v in cols.sparse[col].items():
-            if keep[row]:
-                values[inverse[row]] = v
+            if position[row] >= 0:
+                values[position[row]] = v
         frame[col] = values
     for col in ("coll_name", "msg_dtype", "pg_name"):
-        values = np.full(n, None, dtype=object)
+        cats = sorted(set(cols.sparse[col].values()))
+        index = {c: i for i, c in enumerate(cats)}
+        codes = np.full(n, -1, dtype=np.int32)
         for row, v in cols.sparse[col].items():
-            if keep[row]:
-                values[inverse[row]] = v
-        frame[col] = pd.Categorical(values, categories=pd.Index(sorted(set(cols.sparse[col].values())), dtype="str"))
-    events = pd.DataFrame({c: frame[c] for c in COLUMNS})
+            if position[row] >= 0:
+                codes[position[row]] = index[v]
+        frame[col] = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype="str"))
+    events = pd.DataFrame({c: frame[c] for c in COLUMNS}, copy=False)
     return events, notes
 
 
