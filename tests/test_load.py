@@ -582,3 +582,12 @@ def test_rows_match_hta_parser(hta_samples: Path, folder: str) -> None:
     assert sorted(theirs_streams[theirs_streams.index.isin(dev)].tolist()) == sorted(
         rt.events.loc[rt.events["cat"].isin(dev), "stream"].tolist()
     )
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path: Path, capsys) -> None:
+    for r in range(2):
+        _gpu_trace(rank=r).write(tmp_path / f"rank{r}.json.gz")
+    load_traces(tmp_path, cache=False, workers=1)  # stderr is not a terminal here
+    assert capsys.readouterr().err == ""
+    load_traces(tmp_path, cache=False, workers=1, progress=True)
+    assert "loading traces" in capsys.readouterr().err
