@@ -25,6 +25,7 @@ a second load reads a few MB of Parquet instead of re-parsing JSON.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import re
 import sys
@@ -34,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
-import multiprocessing
 import numpy as np
 import orjson
 import pandas as pd
@@ -50,6 +50,7 @@ from analyzer.tables import (
     MATMUL_OPS,
     RankTrace,
     classify,
+    empty_events,
     empty_processes,
     empty_threads,
     steps_from_events,
@@ -95,8 +96,6 @@ class TraceSet:
         """All ranks' events in one table (categories unified), ordered by rank."""
         frames = [self.ranks[r].events for r in sorted(self.ranks)]
         if not frames:
-            from analyzer.tables import empty_events
-
             return empty_events()
         cat_cols = [c for c, t in COLUMNS.items() if t == "category" and c != "kind"]
         unified = {}
@@ -485,7 +484,6 @@ class _Columns:
         self.threads: dict[tuple[int, int], str] = {}
         self.seen_events = 0
         self.dropped_no_time = 0
-        self.dropped_negative = 0
         self._wants_args: dict[str, bool] = {}
 
     def add(self, events: list) -> None:
@@ -520,6 +518,8 @@ class _Columns:
             if cat == "Trace":
                 continue  # the profiler's own span (HTA drops it too)
             name = e.get("name") or ""
+            if type(name) is not str or type(cat) is not str:
+                cat, name = str(cat), str(name)
             a = e.get("args") or _EMPTY
             tid = e.get("tid", -1)
             cats.append(cat)
@@ -689,6 +689,9 @@ def parse_trace(path: Path, rank: int | None = None) -> RankTrace:
         for block in _read_blocks(path):
             splitter.feed(block)
         splitter.finish()
+    except (TypeError, ValueError, OverflowError) as exc:
+        # Valid JSON with values of the wrong type (a text "ts", say).
+        raise TraceError(path, f"unexpected values in traceEvents ({type(exc).__name__}: {str(exc)[:100]})") from None
     finally:
         if was_enabled:
             gc.enable()

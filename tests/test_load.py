@@ -324,6 +324,10 @@ def test_json_cut_off_without_gzip(tmp_path: Path) -> None:
         (b'{"traceEvents": []}', "traceEvents is empty"),
         (b'"just a string"', "not a Kineto trace: the JSON is a str, not an object"),
         (
+            b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": "abc", "dur": 1}]}',
+            "unexpected values in traceEvents (ValueError: could not convert string to float: 'abc')",
+        ),
+        (
             b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "x"}}, {"ph": "i", "ts": 1}]}',
             'no timed events: none of the 2 events is a complete event ("ph": "X") with ts and dur',
         ),
@@ -591,3 +595,17 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path: Path, capsys) -
     assert capsys.readouterr().err == ""
     load_traces(tmp_path, cache=False, workers=1, progress=True)
     assert "loading traces" in capsys.readouterr().err
+
+
+def test_traceset_events_concatenates_ranks_with_unified_categories(tmp_path: Path) -> None:
+    for r in range(2):
+        t = KinetoTrace(rank=r, world_size=2)
+        t.step(1, 0, 100)
+        t.kernel(f"only_on_rank{r}", 10, 5)
+        t.write(tmp_path / f"rank{r}.json.gz")
+    ts = load_traces(tmp_path, cache=False, workers=1)
+    both = ts.events()
+    assert both["rank"].tolist() == [0, 0, 1, 1]
+    assert both["name"].astype(str).tolist() == ["ProfilerStep#1", "only_on_rank0", "ProfilerStep#1", "only_on_rank1"]
+    assert isinstance(both["name"].dtype, pd.CategoricalDtype) and isinstance(both["kind"].dtype, pd.CategoricalDtype)
+    assert list(both["kind"].cat.categories) == list(KINDS)
