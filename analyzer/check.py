@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
+from analyzer.compare import candidate_peak_scale
 from analyzer.errors import AnalyzerError
 
 if TYPE_CHECKING:
@@ -346,18 +347,6 @@ def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
     return notes
 
 
-def _measured_peak(a: "RunAnalysis") -> float | None:
-    """The run's peak when reftrain measured it on the machine (not a datasheet or an override)."""
-    if a.mfu.source == "manifest" and a.mfu.peak_source == "measured":
-        return a.mfu.peak_flops_per_s
-    return None
-
-
-def _same_hardware(base: "RunAnalysis", cand: "RunAnalysis") -> bool:
-    hw = lambda a: ((a.manifest or {}).get("hardware") or {})  # noqa: E731
-    return hw(base).get("device_names") == hw(cand).get("device_names") and hw(base).get("cpu_model") == hw(cand).get("cpu_model")
-
-
 def _mfu_samples(a: "RunAnalysis", label: str, scale: float = 1.0) -> StepSamples:
     steps = a.mfu.steps
     values = pd.to_numeric(steps["mfu"], errors="coerce").to_numpy(np.float64) * scale
@@ -385,14 +374,9 @@ def run_samples(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[StepSamples, 
     """
     notes: list[str] = []
     if base.mfu.source != "none" and base.mfu.source == cand.mfu.source:
-        scale = 1.0
-        bp, cp = _measured_peak(base), _measured_peak(cand)
-        if bp and cp and bp != cp and _same_hardware(base, cand):
-            scale = cp / bp
-            notes.append(
-                f"candidate MFU recomputed with the baseline's measured peak ({bp / 1e9:.1f} GFLOP/s; the "
-                f"candidate measured {cp / 1e9:.1f}), so that peak-measurement noise is not read as a change"
-            )
+        scale, scale_note = candidate_peak_scale(base, cand)
+        if scale_note:
+            notes.append(scale_note)
         return _mfu_samples(base, "baseline"), _mfu_samples(cand, "candidate", scale), notes
     why = (
         f"MFU unavailable ({'baseline' if base.mfu.source == 'none' else 'candidate'}: "

@@ -23,7 +23,9 @@ number of ProfilerStep windows, mean over the ranks; from each run's top
 kernels list (50 per rank), where a name absent from one run counts as 0.
 
 MFU: the runs' medians (fractions), ``delta = cand - base`` and
-``drop = (base - cand) / base`` (the CI gate's definition).
+``drop = (base - cand) / base`` (the CI gate's definition). When reftrain
+measured both peaks on the same hardware, the candidate's MFU is put on the
+baseline's peak (:func:`candidate_peak_scale`).
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ class Comparison:
     phases: list[Delta]  # sorted by |delta| desc; deltas sum to step_time.delta
     kernel_source: str
     kernels: list[Delta]  # ms per profiled step, sorted by |delta| desc
-    ranks: list[Delta]  # per-rank median step time (ms), by rank
+    ranks: list[Delta]  # per-rank median step time (ms), by rank: steady-state metrics steps when both runs have them
     mfu: MfuDelta
     notes: list[str] = field(default_factory=list)
 
@@ -229,6 +231,10 @@ def _kernel_ms_per_step(a: "RunAnalysis") -> pd.DataFrame:
     return grouped.reset_index()[["name", "kind", "ms_per_step"]]
 
 
+def _has_kernels(a: "RunAnalysis") -> bool:
+    return a.kernels is not None and not a.kernels.empty
+
+
 def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) -> tuple[list[Delta], str]:
     kb, kc = _kernel_ms_per_step(base), _kernel_ms_per_step(cand)
     joined = kb.merge(kc, on="name", how="outer", suffixes=("_base", "_cand"))
@@ -246,6 +252,39 @@ def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) ->
     source = f"{what}, ms per profiled step, mean over ranks"
     deltas = _by_abs_delta(deltas)
     return (deltas if top is None else deltas[:top]), source
+
+
+# ----------------------------------------------------------------- MFU
+def _measured_peak(a: "RunAnalysis") -> float | None:
+    """The run's peak when reftrain measured it on the machine (not a datasheet or an override)."""
+    if a.mfu.source == "manifest" and a.mfu.peak_source == "measured":
+        return a.mfu.peak_flops_per_s
+    return None
+
+
+def _hardware(a: "RunAnalysis") -> tuple:
+    hw = (a.manifest or {}).get("hardware") or {}
+    return (hw.get("device_type"), hw.get("cpu_model"), tuple(hw.get("device_names") or ()))
+
+
+def candidate_peak_scale(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[float, str | None]:
+    """Factor that puts the candidate's MFU on the baseline's peak, and a note saying so.
+
+    When reftrain *measured* both runs' peaks (CPU runs, GPUs missing from
+    its table) on the same hardware, the two measurements differ by noise
+    (tens of percent on a busy CPU), and that difference would be one
+    constant factor on every step of the candidate. The candidate's MFU is
+    then recomputed with the baseline's peak: ``mfu * cand_peak / base_peak``.
+    Otherwise 1.0 and no note.
+    """
+    bp, cp = _measured_peak(base), _measured_peak(cand)
+    if not bp or not cp or bp == cp or _hardware(base) != _hardware(cand):
+        return 1.0, None
+    note = (
+        f"candidate MFU recomputed with the baseline's measured peak ({bp / 1e9:.1f} GFLOP/s; the candidate "
+        f"measured {cp / 1e9:.1f}), so that peak-measurement noise is not read as a change"
+    )
+    return cp / bp, note
 
 
 # ----------------------------------------------------------------- compare
@@ -268,13 +307,26 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
             f"the runs' breakdowns come from different timelines ({', '.join(sorted(base_sources))} vs "
             f"{', '.join(sorted(cand_sources))}); their parts do not correspond"
         )
-    kernels, kernel_source = _kernel_deltas(base, cand, top)
-    base_ranks = {r.rank: r.step_time_ms for r in base.ranks}
-    cand_ranks = {r.rank: r.step_time_ms for r in cand.ranks}
+    if _has_kernels(base) and _has_kernels(cand):
+        kernels, kernel_source = _kernel_deltas(base, cand, top)
+    else:
+        missing = " and ".join(n for n, a in (("baseline", base), ("candidate", cand)) if not _has_kernels(a))
+        kernels, kernel_source = [], "none"
+        notes.append(f"no kernel deltas: the {missing} has no trace")
+    # Run directories: steady-state metrics steps on both sides (a run
+    # profiled in one and not the other would otherwise compare profiled
+    # windows with unprofiled steps); else the ProfilerStep medians.
+    steady = all(r.steady_step_time_ms is not None for a in (base, cand) for r in a.ranks)
+    base_ranks = {r.rank: r.steady_step_time_ms if steady else r.step_time_ms for r in base.ranks}
+    cand_ranks = {r.rank: r.steady_step_time_ms if steady else r.step_time_ms for r in cand.ranks}
     ranks = [Delta(f"rank {r}", base_ranks.get(r), cand_ranks.get(r)) for r in sorted(set(base_ranks) | set(cand_ranks))]
     if set(base_ranks) != set(cand_ranks):
         notes.append(f"different ranks: baseline {sorted(base_ranks)}, candidate {sorted(cand_ranks)}")
-    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source)
+    scale, scale_note = candidate_peak_scale(base, cand)
+    cand_mfu = None if cand.mfu.median is None else cand.mfu.median * scale
+    mfu = MfuDelta(base.mfu.median, cand_mfu, base.mfu.source, cand.mfu.source)
+    if scale_note:
+        notes.append(scale_note)
     if base.mfu.source != cand.mfu.source:
         notes.append(f"MFU sources differ (baseline {base.mfu.source}, candidate {cand.mfu.source})")
     return Comparison(

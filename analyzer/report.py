@@ -153,8 +153,6 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
     ]
     if m.step_time_source:
         lines.append(f"  step time: {m.step_time_source}")
-    if m.logged_median is not None:
-        lines.append(f"  reftrain's logged MFU (median over the same steps): {_pct(m.logged_median, 2)}")
     lines += [f"  note: {n}" for n in m.notes]
     return lines
 
