@@ -910,14 +910,13 @@ def load_traces(
     try:
         # Parse first, then read cache hits: the worker processes are forked
         # before this process starts any Arrow threads (analyzer/cache.py).
-        for f, outcome in _parse_many(misses, workers):
-            if isinstance(outcome, TraceError):
-                result.errors.append(outcome)
+        for f, (first, second) in _parse_many(misses, workers):
+            if isinstance(first, RankTrace):
+                loaded[f] = first
+                if second:
+                    result.warnings.append(second)
             else:
-                rt, cache_note = outcome
-                loaded[f] = rt
-                if cache_note:
-                    result.warnings.append(cache_note)
+                result.errors.append(TraceError(first, second))
             if bar:
                 bar.update(1)
         for f, entry in hits:
@@ -966,12 +965,16 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _parse_and_store(path: Path, entry: Path | None) -> tuple[RankTrace, str | None] | TraceError:
-    """Worker body: parse one file and write its cache entry."""
+def _parse_and_store(path: Path, entry: Path | None) -> tuple[RankTrace, str | None] | tuple[str, str]:
+    """Worker body: parse one file and write its cache entry.
+
+    A failure comes back as ``(path, problem)`` text: TraceError's
+    two-argument constructor does not survive pickling between processes.
+    """
     try:
         rt = parse_trace(path)
     except TraceError as err:
-        return err
+        return str(err.path), err.problem
     note = trace_cache.TraceCache.write_entry(entry, rt) if entry is not None else None
     return rt, note
 

@@ -417,16 +417,24 @@ def _only_sub(tmp_path: Path) -> Path:
     return root
 
 
-def test_parallel_workers_give_the_same_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threaded", [False, True])
+def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, threaded: bool) -> None:
     for r in range(3):
         t = _gpu_trace(rank=r)
         t.write(tmp_path / f"rank{r}.json.gz")
+    (tmp_path / "rank3.json").write_bytes(b"{")
     serial = load_traces(tmp_path, cache=False, workers=1)
-    parallel = load_traces(tmp_path, cache=False, workers=3)
-    assert sorted(parallel.ranks) == [0, 1, 2] and parallel.errors == []
+    # A multi-threaded caller (a Streamlit server) gets forkserver workers.
+    monkeypatch.setattr(load, "_single_threaded", lambda: not threaded)
+    assert load._mp_context().get_start_method() == ("forkserver" if threaded else "fork")
+    parallel = load_traces(tmp_path, cache=tmp_path / "cache", workers=3)
+    assert sorted(parallel.ranks) == [0, 1, 2]
+    assert [str(e) for e in parallel.errors] == ["rank3.json: invalid JSON: unexpected end of data after 0.0 MB (line 1, column 2; file cut off?)"]
     for r in range(3):
         pd.testing.assert_frame_equal(serial.ranks[r].events, parallel.ranks[r].events)
     assert serial.ranks[2].events["rank"].eq(2).all()
+    # The workers wrote the cache entries.
+    assert len(list((tmp_path / "cache").glob("*.parquet"))) == 3
 
 
 # ---------------------------------------------------------------- cache
