@@ -122,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
             return _attached_rank(args)
         if args.nproc is not None and in_rank:
             raise ReftrainError("--nproc starts its own ranks; under torchrun leave it out")
-        world = args.nproc if args.nproc is not None else (int(os.environ["WORLD_SIZE"]) if in_rank else 1)
+        if args.nproc is not None:
+            world: int | None = args.nproc
+        elif in_rank:
+            world = int(os.environ["WORLD_SIZE"])
+        else:
+            world = None if args.print_config else 1  # printing a config does not fix the world size
         if args.nproc is not None and args.nproc < 1:
             raise ReftrainError(f"--nproc {args.nproc}: need at least 1")
         cfg, resume, resumed_run = build_config(args, world)

@@ -133,37 +133,49 @@ def table_peak(device_name: str, dtype_key: str) -> PeakFlops | None:
     return None
 
 
-MEASURE_SIZE = 1024
+MEASURE_MAX_SIZE = 1024
+MEASURE_MIN_TIME_S = 0.025
 MEASURE_REPEATS = 5
 
 
-def measure_matmul_peak(device, dtype_key: str, size: int = MEASURE_SIZE, repeats: int = MEASURE_REPEATS) -> PeakFlops:
-    """Best-of-`repeats` FLOP/s of a size^3 matmul on `device` in the run's dtype.
+def measure_matmul_peak(device, dtype_key: str, max_size: int = MEASURE_MAX_SIZE,
+                        repeats: int = MEASURE_REPEATS) -> PeakFlops:
+    """Best-of-`repeats` FLOP/s of an n x n x n matmul on `device` in the run's dtype (2*n^3 FLOPs each).
 
-    2*size^3 FLOPs per matmul. Used on CPUs (no datasheet applies: the
-    result depends on cores, threads and vector units) and on GPUs missing
-    from the table. Each repeat times several matmuls so one timing covers
-    at least ~50 ms.
+    Used on CPUs (no datasheet applies: the result depends on cores, threads
+    and vector units) and on GPUs missing from the table. n doubles from 128
+    until one matmul takes at least 25 ms or n reaches `max_size`, so a slow
+    path (bf16 on a CPU without bf16 instructions runs ~100x slower than fp32)
+    is measured in well under a second instead of minutes. Each repeat times
+    enough matmuls to cover at least 50 ms.
     """
     import torch
 
     device = torch.device(device)
     tdtype = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dtype_key]
-    a = torch.randn(size, size, device=device, dtype=tdtype)
-    b = torch.randn(size, size, device=device, dtype=tdtype)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    torch.matmul(a, b)  # first call: allocation, kernel selection
-    sync()
-    start = time.perf_counter()
-    torch.matmul(a, b)
-    sync()
-    one_s = max(time.perf_counter() - start, 1e-6)
+    def one_matmul_s(a: torch.Tensor, b: torch.Tensor) -> float:
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        sync()
+        return max(time.perf_counter() - start, 1e-7)
+
+    size = 128
+    while True:
+        a = torch.randn(size, size, device=device, dtype=tdtype)
+        b = torch.randn(size, size, device=device, dtype=tdtype)
+        torch.matmul(a, b)  # first call: allocation, kernel selection
+        sync()
+        one_s = one_matmul_s(a, b)
+        if one_s >= MEASURE_MIN_TIME_S or size >= max_size:
+            break
+        size *= 2
     per_timing = max(1, int(0.05 / one_s))
-    best_s = float("inf")
+    best_s = one_s
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(per_timing):

@@ -469,28 +469,34 @@ def steady_state(records: list[dict], start_step: int, warmup_steps: int) -> lis
 
 
 def _rank_summary(records: list[dict], cfg: Config, start_step: int) -> dict:
-    steady = steady_state(records, start_step, cfg.train.warmup_steps) or records
+    """Medians over this rank's steady-state steps (all steps when there are none)."""
+    steady = steady_state(records, start_step, cfg.train.warmup_steps)
+    pool = steady or records
 
     def med(key: str) -> float:
-        return statistics.median(r[key] for r in steady) if steady else float("nan")
+        return statistics.median(r[key] for r in pool) if pool else float("nan")
 
-    return {k: med(k) for k in ("step_time_ms", "forward_ms", "backward_ms", "data_wait_ms", "comm_ms", "mfu", "hfu")} | {
-        "steady_steps": len(steady)}
+    keys = ("step_time_ms", "forward_ms", "backward_ms", "data_wait_ms", "comm_ms", "mfu", "hfu")
+    return {k: med(k) for k in keys} | {"steady_steps": len(steady)}
 
 
 def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: list[dict], tokens_per_step: int,
                    wall_s: float, start_step: int, profiled_steps: list[int]) -> None:
     s0 = everyone[0]["summary"]
-    n = len(records)
-    print(f"\nreftrain: {n} steps in {wall_s:.1f} s; steady state = {s0['steady_steps']} steps "
-          f"(excluding the first {cfg.train.warmup_steps} and {len(profiled_steps)} with the profiler running)")
-    step_ms = max(e["summary"]["step_time_ms"] for e in everyone)
-    print(f"  median step {step_ms:.1f} ms   {_fmt_rate(tokens_per_step / (step_ms / 1e3))} tok/s (all ranks)   "
-          f"MFU {s0['mfu']:.1%}   HFU {s0['hfu']:.1%}   final loss {records[-1]['loss']:.4f}" if records else "")
-    print("  per rank (median ms):  " + "  ".join(
-        f"r{i}: fwd {e['summary']['forward_ms']:.1f} bwd {e['summary']['backward_ms']:.1f} "
-        f"data {e['summary']['data_wait_ms']:.1f} comm {e['summary']['comm_ms']:.1f}"
-        for i, e in enumerate(everyone)))
-    runs_dir = run_dir.parent
+    print(f"\nreftrain: {len(records)} steps in {wall_s:.1f} s; ", end="")
+    if s0["steady_steps"]:
+        print(f"steady state = {s0['steady_steps']} steps (without the first {cfg.train.warmup_steps} "
+              f"and the {len(profiled_steps)} with the profiler running)")
+    else:
+        print("no steady-state steps (all in warm-up or profiler windows): medians over all steps")
+    if records:
+        # The job moves at the pace of its slowest rank.
+        step_ms = max(e["summary"]["step_time_ms"] for e in everyone)
+        print(f"  median step {step_ms:.1f} ms   {_fmt_rate(tokens_per_step / (step_ms / 1e3))} tok/s (all ranks)   "
+              f"MFU {s0['mfu']:.1%}   HFU {s0['hfu']:.1%}   final loss {records[-1]['loss']:.4f}")
+    for i, e in enumerate(everyone):
+        r = e["summary"]
+        print(f"  rank {i}: median forward {r['forward_ms']:.1f} ms, backward {r['backward_ms']:.1f} ms, "
+              f"data wait {r['data_wait_ms']:.1f} ms, in collectives {r['comm_ms']:.1f} ms")
     print(f"\nrun directory: {run_dir}")
-    print(f"next:  analyzer report {run_dir}\n       dashboard {runs_dir}", flush=True)
+    print(f"next:  analyzer report {run_dir}\n       dashboard {run_dir.parent}", flush=True)

@@ -1,0 +1,242 @@
+"""Real 2-rank CPU training runs through `reftrain --nproc 2` (torch.distributed.run, gloo).
+
+One DDP run (profiled, with an injected straggler and checkpoints) is shared
+by most assertions; an FSDP2 run and a resumed run check their own paths.
+Timing assertions are lower bounds set by the injected sleep, never speeds.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--preset", "tiny"]
+DELAY_MS = 150.0
+TIMEOUT_S = 600  # a busy 2-core machine starts 3 torch processes per run
+
+
+def reftrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reftrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+
+
+def must_succeed(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"reftrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def ddp_run(runs: Path) -> Path:
+    """6 steps, tiny model, 2 ranks; profiler waits 1, warms up 1, records steps 2-3;
+    rank 1 sleeps DELAY_MS in every forward; checkpoints after steps 3 and 6."""
+    proc = reftrain(
+        "--nproc", "2", "--runs-dir", str(runs), "--run-name", "ddp", *TINY, "--steps", "6",
+        "--inject-slow-rank", "1", "--inject-delay-ms", str(DELAY_MS), "--checkpoint-every", "3",
+        "--set", "profile.wait=1", "--set", "profile.warmup=1", "--set", "profile.active=2",
+        "--set", "train.warmup_steps=1", cwd=runs,
+    )
+    must_succeed(proc)
+    return runs / "ddp"
+
+
+def test_manifest(ddp_run: Path) -> None:
+    m = json.loads((ddp_run / "run.json").read_text())
+    assert m["schema"] == "reftrain.run/1" and m["run_id"] == "ddp" and m["status"] == "completed"
+    assert m["end_time"] > m["start_time"]
+    assert m["world_size"] == 2 and m["backend"] == "gloo"
+    assert m["command"][:3] == ["reftrain", "--nproc", "2"]
+    assert m["hardware"]["device_type"] == "cpu" and len(m["hardware"]["device_names"]) == 2
+    assert m["hardware"]["cpu_cores"] >= 1 and len(m["hardware"]["hostnames"]) == 2
+    # tiny preset, counted by hand in test_reftrain_units.py
+    assert m["params"] == {"total": 135488, "non_embedding": 131392, "embedding": 4096}
+    assert m["flops"]["per_token"] == 886656 == m["flops"]["per_token_hardware"]
+    assert m["flops"]["terms"] == {"N": 131392, "N_blocks": 98560, "L": 2, "H": 4, "Q": 16, "T": 64}
+    assert m["peak_flops"]["source"] == "measured" and m["peak_flops"]["dtype"] == "fp32"
+    assert m["peak_flops"]["per_s"] > 1e8
+    assert m["tokens_per_step"] == 2 * 4 * 64  # ranks x micro-batch x seq_len
+    assert m["steps"] == 6 and m["warmup_steps"] == 1
+    assert m["profiled_steps"] == [1, 2, 3]  # profiler warm-up step 1, active steps 2-3
+    assert len(m["clock"]["offsets_ns"]) == 2 and m["clock"]["offsets_ns"][0] == 0
+    assert m["inject"] == {"slow_rank": 1, "delay_ms": DELAY_MS, "slowdown": None}
+    assert m["files"] == {
+        "config": "config.yaml",
+        "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
+        "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"],
+        "telemetry": [],
+        "traces": ["traces/rank0.step3.json.gz", "traces/rank1.step3.json.gz"],
+        "checkpoints": ["checkpoints/step3", "checkpoints/step6"],
+    }
+    for rel in [*m["files"]["metrics"], *m["files"]["collectives"], *m["files"]["traces"]]:
+        assert (ddp_run / rel).is_file()
+    assert "NVML" in m["telemetry_note"] or "GPU" in m["telemetry_note"]
+    assert m["config"] == yaml.safe_load((ddp_run / "config.yaml").read_text())
+    assert m["config"]["run"]["name"] is None  # a repeat gets a new directory
+    assert m["schemas"] == {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1",
+                            "telemetry": "reftrain.telemetry/1"}
+
+
+def test_traces_have_steps_phases_and_distributed_info(ddp_run: Path) -> None:
+    for rank in (0, 1):
+        trace = json.loads(gzip.open(ddp_run / "traces" / f"rank{rank}.step3.json.gz").read())
+        info = trace["distributedInfo"]
+        assert info["rank"] == rank and info["world_size"] == 2 and info["backend"] == "gloo"
+        names = defaultdict(int)
+        for e in trace["traceEvents"]:
+            if e.get("cat") == "user_annotation":
+                names[e["name"]] += 1
+        assert names["ProfilerStep#2"] == 1 and names["ProfilerStep#3"] == 1
+        assert not any(n.startswith("ProfilerStep#") and n not in ("ProfilerStep#2", "ProfilerStep#3") for n in names)
+        for phase in ("data", "forward", "backward", "optimizer"):
+            assert names[phase] == 2, (rank, phase, dict(names))
+        # record_shapes=True: matmuls carry their input dimensions
+        assert any(e.get("name") == "aten::mm" and e.get("args", {}).get("Input Dims") for e in trace["traceEvents"])
+
+
+def test_metrics(ddp_run: Path) -> None:
+    fields = {"step", "rank", "loss", "step_time_ms", "data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms",
+              "grad_sync_ms", "comm_ms", "tokens", "tokens_per_s", "mfu", "hfu", "mem_bytes", "mem_kind",
+              "profiled", "time_ns"}
+    m = json.loads((ddp_run / "run.json").read_text())
+    for rank in (0, 1):
+        recs = read_jsonl(ddp_run / "metrics" / f"rank{rank}.jsonl")
+        assert [r["step"] for r in recs] == list(range(6))
+        for r in recs:
+            assert fields <= r.keys()
+            assert r["rank"] == rank and r["tokens"] == 4 * 64
+            assert 0 < r["mfu"] <= 1 and r["hfu"] == r["mfu"]
+            expected_mfu = r["tokens"] * 886656 / (r["step_time_ms"] / 1e3 * m["peak_flops"]["per_s"])
+            assert r["mfu"] == pytest.approx(expected_mfu, rel=1e-9)
+            assert r["tokens_per_s"] == pytest.approx(r["tokens"] / (r["step_time_ms"] / 1e3), rel=1e-9)
+            phases = r["data_wait_ms"] + r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"]
+            assert phases <= r["step_time_ms"] + 1e-6
+            assert r["grad_sync_ms"] == 0.0  # DDP overlaps the all-reduce with backward
+            assert r["mem_kind"] == "cpu_rss" and r["mem_bytes"] > 10 * 2**20
+            assert r["profiled"] == (r["step"] in (1, 2, 3))
+        assert recs[-1]["loss"] < recs[0]["loss"]  # it learns the synthetic bigrams
+        assert recs[0]["loss"] == pytest.approx(6.24, abs=0.1)  # ~ln(512) at initialization
+
+
+def test_collectives_line_up_across_ranks(ddp_run: Path) -> None:
+    by_rank = [read_jsonl(ddp_run / "collectives" / f"rank{r}.jsonl") for r in (0, 1)]
+    keys = [[(c["pg"], c["seq"]) for c in recs] for recs in by_rank]
+    assert keys[0] == keys[1] and len(keys[0]) >= 6
+    assert [c["seq"] for c in by_rank[0]] == list(range(len(by_rank[0])))
+    for c0, c1 in zip(*by_rank):
+        assert (c0["kind"], c0["bytes"], c0["step"], c0["group_size"]) == (c1["kind"], c1["bytes"], c1["step"], 2)
+        assert c0["end_ns"] >= c0["start_ns"] and c0["clock"] == "host"
+    # DDP all-reduces every gradient once per step: 4 bytes x 135488 parameters, in one 25 MiB bucket.
+    per_step = defaultdict(int)
+    for c in by_rank[0]:
+        assert c["kind"] == "all_reduce"
+        per_step[c["step"]] += c["bytes"]
+    assert dict(per_step) == {s: 4 * 135488 for s in range(6)}
+
+
+def test_injected_straggler(ddp_run: Path) -> None:
+    """Rank 1 sleeps 150 ms inside its forward: its forward time holds it, and it arrives last."""
+    m = json.loads((ddp_run / "run.json").read_text())
+    recs = [read_jsonl(ddp_run / "metrics" / f"rank{r}.jsonl") for r in (0, 1)]
+    assert all(r["injected_ms"] == 0 for r in recs[0])
+    assert all(r["injected_ms"] == DELAY_MS and r["forward_ms"] >= DELAY_MS for r in recs[1])
+    assert statistics.median(r["forward_ms"] for r in recs[1]) > statistics.median(r["forward_ms"] for r in recs[0])
+    # Arrival skew at each step's all-reduce, on rank-0-aligned clocks: rank 1 is last.
+    offsets = m["clock"]["offsets_ns"]
+    colls = [read_jsonl(ddp_run / "collectives" / f"rank{r}.jsonl") for r in (0, 1)]
+    skew_ms = [((c1["start_ns"] - offsets[1]) - (c0["start_ns"] - offsets[0])) / 1e6 for c0, c1 in zip(*colls)]
+    assert sum(s > 0 for s in skew_ms) >= len(skew_ms) - 1, skew_ms
+    assert statistics.median(skew_ms) > DELAY_MS / 3, skew_ms
+
+
+def test_resume_reproduces_losses(ddp_run: Path, runs: Path) -> None:
+    """Resuming the run's step-3 checkpoint gives steps 3-5 the same losses as the uninterrupted run."""
+    proc = reftrain("--nproc", "2", "--resume", str(ddp_run / "checkpoints" / "step3"), "--run-name", "resumed",
+                    "--set", "profile.enabled=false", "--set", "inject.slow_rank=null",
+                    "--set", "inject.delay_ms=null", cwd=runs)
+    must_succeed(proc)
+    resumed = runs / "resumed"
+    m = json.loads((resumed / "run.json").read_text())
+    assert m["resumed_from"]["step"] == 3 and m["start_step"] == 3 and m["steps"] == 6
+    assert m["files"]["checkpoints"] == ["checkpoints/step6"]
+    for rank in (0, 1):
+        full = {r["step"]: r["loss"] for r in read_jsonl(ddp_run / "metrics" / f"rank{rank}.jsonl")}
+        again = {r["step"]: r["loss"] for r in read_jsonl(resumed / "metrics" / f"rank{rank}.jsonl")}
+        assert sorted(again) == [3, 4, 5]
+        for step, loss in again.items():
+            assert loss == pytest.approx(full[step], rel=1e-6, abs=1e-7), (rank, step)
+
+
+def test_config_repeats_the_run(ddp_run: Path, runs: Path) -> None:
+    proc = reftrain("--config", str(ddp_run / "config.yaml"), "--print-config", cwd=runs)
+    must_succeed(proc)
+    assert yaml.safe_load(proc.stdout) == yaml.safe_load((ddp_run / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(runs: Path) -> Path:
+    """FSDP2, 2 micro-batches per step, activation checkpointing, no profiler (fp32: this
+    CPU path is what CI has; bf16 matmuls on CPUs without bf16 instructions are ~100x slower)."""
+    proc = reftrain("--nproc", "2", "--runs-dir", str(runs), "--run-name", "fsdp", *TINY, "--steps", "3",
+                    "--strategy", "fsdp", "--set", "train.grad_accum=2", "--set", "train.activation_checkpointing=true",
+                    "--set", "profile.enabled=false", cwd=runs)
+    must_succeed(proc)
+    return runs / "fsdp"
+
+
+def test_fsdp_run(fsdp_run: Path) -> None:
+    m = json.loads((fsdp_run / "run.json").read_text())
+    assert m["status"] == "completed" and m["config"]["parallel"]["strategy"] == "fsdp"
+    # HFU adds one recomputed forward of the blocks: 2 * 98560 + 4 * 2 * 4 * 16 * 64
+    assert m["flops"]["per_token_hardware"] == 886656 + 2 * 98560 + 4 * 2 * 4 * 16 * 64 == 1116544
+    assert m["files"]["traces"] == []
+    for rank in (0, 1):
+        recs = read_jsonl(fsdp_run / "metrics" / f"rank{rank}.jsonl")
+        assert [r["step"] for r in recs] == [0, 1, 2]
+        for r in recs:
+            assert r["tokens"] == 2 * 4 * 64
+            assert r["hfu"] / r["mfu"] == pytest.approx(1116544 / 886656, rel=1e-12)
+            assert 0 < r["loss"] < 7
+    colls = [read_jsonl(fsdp_run / "collectives" / f"rank{r}.jsonl") for r in (0, 1)]
+    assert [(c["pg"], c["seq"], c["kind"], c["bytes"]) for c in colls[0]] == \
+        [(c["pg"], c["seq"], c["kind"], c["bytes"]) for c in colls[1]]
+    kinds = defaultdict(int)
+    for c in colls[0]:
+        kinds[c["kind"]] += 1
+    # Each step: forward all-gathers (x2 micro-batches) and backward re-gathers; one reduce-scatter
+    # per FSDP unit (2 blocks + root) in the last micro-batch's backward only.
+    assert kinds["reduce_scatter"] == 3 * 3
+    assert kinds["all_gather"] > kinds["reduce_scatter"]
+
+
+def test_error_inside_ranks_is_one_line(tmp_path: Path) -> None:
+    """An error only the ranks can see (token ids beyond the vocabulary) surfaces as one line."""
+    import numpy as np
+
+    data = tmp_path / "tokens.bin"
+    np.arange(0, 5000, dtype=np.uint16).tofile(data)
+    proc = reftrain("--nproc", "1", "--runs-dir", str(tmp_path / "runs"), "--run-name", "bad", *TINY,
+                    "--data", str(data), "--set", "profile.enabled=false", cwd=tmp_path)
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(rf"reftrain: error: data\.path: {re.escape(str(data))}: token id (\d+) >= "
+                        r"model\.vocab_size=512; set model\.vocab_size to the tokenizer's size", lines[0]), lines[0]
+    m = json.loads((tmp_path / "runs" / "bad" / "run.json").read_text())
+    assert m["status"] == "failed" and lines[0].endswith(m["error"])
