@@ -332,8 +332,15 @@ class CollectiveTimer:
         scalar) and all-reduces with SUM; with a hook it copies the gradient
         unscaled and leaves the averaging to the hook. Multiplying by the same
         reciprocal here reproduces the default bit for bit (torch's own
-        `allreduce_hook` divides instead, which can differ in the last bit
-        when the world size is not a power of two).
+        `allreduce_hook` divides instead). One case differs in the last bit:
+        with `gradient_as_bucket_view=True` and gradients kept between steps
+        (`zero_grad(set_to_none=False)`) the default path divides in place,
+        and x * (1/n) != x / n can happen when n is not a power of two.
+
+        Cost: the scaling is a separate pass over the bucket (the default
+        fuses it into the copy), about one elementwise pass over all
+        gradients per step; negligible on GPU, measurable on CPU with few
+        tokens per step (bench/bench_instrument.py).
         """
         group = state if state is not None else dist.group.WORLD
         buffer = bucket.buffer()

@@ -96,16 +96,23 @@ def nvml_index_of(device: torch.device, nvml: ModuleType | None = None) -> int:
 
     CUDA numbers devices after CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER;
     NVML numbers all devices in PCI order, so `cuda:N` is NVML index N only by
-    coincidence. NVML must be initialized by the caller (or use `GpuTelemetry`).
+    coincidence. Initializes NVML for the lookup (nvmlInit is reference counted).
     """
     nvml = _load_nvml(nvml)
     uuid = str(torch.cuda.get_device_properties(device).uuid)
-    for index in range(nvml.nvmlDeviceGetCount()):
-        nvml_uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
-        if isinstance(nvml_uuid, bytes):
-            nvml_uuid = nvml_uuid.decode()
-        if nvml_uuid.removeprefix("GPU-") == uuid.removeprefix("GPU-"):
-            return index
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise ReftrainError(f"NVML unavailable: {exc}") from None
+    try:
+        for index in range(nvml.nvmlDeviceGetCount()):
+            nvml_uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+            if isinstance(nvml_uuid, bytes):
+                nvml_uuid = nvml_uuid.decode()
+            if nvml_uuid.removeprefix("GPU-") == uuid.removeprefix("GPU-"):
+                return index
+    finally:
+        nvml.nvmlShutdown()
     raise ReftrainError(f"{device}: no NVML device has UUID {uuid}")
 
 

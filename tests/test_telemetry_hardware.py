@@ -192,7 +192,9 @@ def test_gpu_telemetry_bad_index_and_interval(tmp_path):
 def test_nvml_index_of_matches_uuid(monkeypatch):
     props = SimpleNamespace(uuid="00000001-aaaa-bbbb-cccc-dddddddddddd")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
-    assert nvml_index_of(torch.device("cuda", 0), nvml=FakeNvml()) == 1
+    fake = FakeNvml()
+    assert nvml_index_of(torch.device("cuda", 0), nvml=fake) == 1
+    assert fake.inits == fake.shutdowns == 1  # usable before GpuTelemetry.start()
     props.uuid = "ffffffff-aaaa-bbbb-cccc-dddddddddddd"
     with pytest.raises(ReftrainError, match="no NVML device"):
         nvml_index_of(torch.device("cuda", 0), nvml=FakeNvml())
