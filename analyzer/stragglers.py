@@ -23,9 +23,10 @@ d``; ``slow_share`` = share of steps with ``d >= min_excess_ms``; robust
 ``z = excess / (sqrt(pi/2) * sigma / sqrt(n))``, the median excess over its
 standard error, with ``sigma = 1.4826 * median over ranks of MAD_s(d)``
 (the step-to-step noise, floored at ``0.1 * min_excess_ms``) and ``n`` the
-rank's number of steps. A rank is a
+rank's number of steps; ``sign_p`` the one-sided sign-test p-value of
+being slow in that many of the steps by chance (fair coin). A rank is a
 *persistent straggler* on a signal when ``slow_share >= min_slow_share``,
-``z >= min_z``, ``excess >= min_excess_ms`` and ``excess >= min_excess_frac
+``sign_p <= max_sign_p``, ``z >= min_z``, ``excess >= min_excess_ms`` and ``excess >= min_excess_frac
 * median step time``, over at least ``min_steps`` steps; it is flagged when
 either signal says so.
 
@@ -54,11 +55,12 @@ ARRIVAL_COLUMNS = ("rank", "key", "step", "kind", "bytes", "group_size", "start_
 class StragglerConfig:
     """Thresholds of the persistent-straggler verdict (see module doc)."""
 
-    min_slow_share: float = 0.6
-    min_z: float = 2.5
+    min_slow_share: float = 0.75
+    max_sign_p: float = 0.05
+    min_z: float = 3.0
     min_excess_ms: float = 1.0
     min_excess_frac: float = 0.02
-    min_steps: int = 3
+    min_steps: int = 5
 
 
 @dataclass
@@ -71,9 +73,11 @@ class RankStraggle:
     step_time_ratio: float | None  # median over steps of step_time / median over ranks
     step_excess_ms: float | None
     step_slow_share: float | None
+    step_sign_p: float | None
     step_z: float | None
     lateness_excess_ms: float | None
     lateness_slow_share: float | None
+    lateness_sign_p: float | None
     lateness_z: float | None
     last_arrivals: int
     n_collectives: int
@@ -378,8 +382,14 @@ def _leave_one_out_excess(values: pd.DataFrame) -> pd.DataFrame:
 class _Signal:
     excess_ms: dict[int, float]
     slow_share: dict[int, float]
+    sign_p: dict[int, float]
     z: dict[int, float]
     n_steps: dict[int, int]
+
+
+def sign_test_p(k: int, n: int) -> float:
+    """One-sided sign test: P(at least k of n fair coin flips come up "slow")."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0**n if n > 0 else 1.0
 
 
 def _score(values: pd.DataFrame, cfg: StragglerConfig) -> _Signal | None:
@@ -395,9 +405,11 @@ def _score(values: pd.DataFrame, cfg: StragglerConfig) -> _Signal | None:
     # Standard error of a median of n draws: sqrt(pi/2) * sigma / sqrt(n).
     stderr = _MEDIAN_SE * sigma / np.sqrt(n.clip(lower=1))
     slow = (d >= cfg.min_excess_ms).where(d.notna())
+    n_slow = slow.sum(axis=0, skipna=True)
     return _Signal(
         excess_ms={int(r): float(v) for r, v in excess.items()},
         slow_share={int(r): float(v) for r, v in slow.mean(axis=0, skipna=True).items()},
+        sign_p={int(r): sign_test_p(int(n_slow[r]), int(n[r])) for r in excess.index},
         z={int(r): float(excess[r] / stderr[r]) for r in excess.index},
         n_steps={int(r): int(v) for r, v in n.items()},
     )
@@ -410,6 +422,7 @@ def _flags(sig: _Signal | None, rank: int, step_ms: float | None, cfg: Straggler
     return (
         sig.n_steps[rank] >= cfg.min_steps
         and sig.slow_share[rank] >= cfg.min_slow_share
+        and sig.sign_p[rank] <= cfg.max_sign_p
         and sig.z[rank] >= cfg.min_z
         and excess >= cfg.min_excess_ms
         and (step_ms is None or excess >= cfg.min_excess_frac * step_ms)
@@ -480,9 +493,11 @@ def find_stragglers(
             step_time_ratio=ratio_r,
             step_excess_ms=step_sig.excess_ms.get(r) if step_sig else None,
             step_slow_share=step_sig.slow_share.get(r) if step_sig else None,
+            step_sign_p=step_sig.sign_p.get(r) if step_sig else None,
             step_z=step_sig.z.get(r) if step_sig else None,
             lateness_excess_ms=late_sig.excess_ms.get(r) if late_sig else None,
             lateness_slow_share=late_sig.slow_share.get(r) if late_sig else None,
+            lateness_sign_p=late_sig.sign_p.get(r) if late_sig else None,
             lateness_z=late_sig.z.get(r) if late_sig else None,
             last_arrivals=int(mine["is_last"].sum()) if not mine.empty else 0,
             n_collectives=int(len(mine)),
@@ -528,12 +543,13 @@ def _evidence(r: RankStraggle) -> str:
     if r.lateness_excess_ms is not None:
         parts.append(
             f"median lateness {r.lateness_excess_ms:+.2f} ms/step vs the other ranks "
-            f"(late in {100.0 * (r.lateness_slow_share or 0):.0f}% of steps, robust z {r.lateness_z:.1f})"
+            f"(late in {100.0 * (r.lateness_slow_share or 0):.0f}% of steps, sign-test p {r.lateness_sign_p:.3f}, "
+            f"robust z {r.lateness_z:.1f})"
         )
     if r.step_excess_ms is not None and ("step_time" in r.signals or r.lateness_excess_ms is None):
         parts.append(
             f"step time {r.step_time_ms:.2f} ms, {r.step_excess_ms:+.2f} ms vs the other ranks "
             f"(ratio to median {r.step_time_ratio:.3f}, slow in {100.0 * (r.step_slow_share or 0):.0f}% of steps, "
-            f"robust z {r.step_z:.1f})"
+            f"sign-test p {r.step_sign_p:.3f}, robust z {r.step_z:.1f})"
         )
     return ", ".join(parts)

@@ -80,7 +80,7 @@ def test_gpu_rank_five_ms_late_is_the_straggler(tmp_path: Path) -> None:
     folder = tmp_path / "traces"
     for rank, late in ((0, 0), (1, 0), (2, 5000), (3, 0)):
         t = KinetoTrace(rank=rank, world_size=4)
-        for s in range(4):
+        for s in range(6):
             base = s * 20_000
             t.step(s, base, 20_000)
             t.kernel("gemm", base + 100, 1000)
@@ -90,8 +90,8 @@ def test_gpu_rank_five_ms_late_is_the_straggler(tmp_path: Path) -> None:
     assert a.stragglers.ranks == [2]
     r2 = next(r for r in a.stragglers.per_rank if r.rank == 2)
     assert r2.lateness_excess_ms == pytest.approx(5.0)
-    assert r2.caused_wait_ms == pytest.approx(4 * 3 * 5.0)  # 3 others wait 5 ms in each of 4 steps
-    assert a.collectives["skew_ms"].to_numpy() == pytest.approx([5.0] * 4)
+    assert r2.caused_wait_ms == pytest.approx(6 * 3 * 5.0)  # 3 others wait 5 ms in each of 6 steps
+    assert a.collectives["skew_ms"].to_numpy() == pytest.approx([5.0] * 6)
     assert a.to_json()["stragglers"]["ranks"] == [2]
 
 
