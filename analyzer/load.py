@@ -130,6 +130,14 @@ def find_trace_files(path: Path) -> list[Path]:
         raise AnalyzerError(f"{path}: no such file or directory")
     if not path.is_dir():
         raise AnalyzerError(f"{path}: not a file or directory")
+    from analyzer.rundir import is_run_dir
+
+    if is_run_dir(path):
+        # Its run.json is not a trace, and its traces/ may hold several
+        # profiler windows per rank: the run-directory reader sorts that out.
+        raise AnalyzerError(
+            f"{path}: a reftrain run directory; read it with analyzer.rundir.read_run_dir, or pass {path / 'traces'}"
+        )
     files = [p for p in path.iterdir() if _is_trace_name(p.name) and p.is_file()]
     if not files:
         deeper = sorted(p for p in path.rglob("*") if _is_trace_name(p.name) and p.is_file() and not _hidden(p, path))

@@ -295,11 +295,6 @@ def _as_dtype(s: pd.Series, dtype: str) -> pd.Series:
     return pd.Series(s.to_numpy(dtype=object), index=s.index, dtype=object)
 
 
-def empty_like(columns: dict[str, str]) -> pd.DataFrame:
-    """A table with the documented columns and no rows."""
-    return _conform([], columns, "step")
-
-
 __all__ = [
     "COLLECTIVES_COLUMNS",
     "METRICS_COLUMNS",

@@ -408,6 +408,11 @@ def test_find_trace_files(tmp_path: Path) -> None:
         find_trace_files(_only_sub(tmp_path))
     with pytest.raises(AnalyzerError, match="no such file or directory"):
         find_trace_files(tmp_path / "missing")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_bytes(b'{"schema": "reftrain.run/1"}')
+    with pytest.raises(AnalyzerError, match=r"a reftrain run directory; read it with analyzer\.rundir\.read_run_dir, or pass .*run/traces"):
+        find_trace_files(run)
 
 
 def _only_sub(tmp_path: Path) -> Path:
