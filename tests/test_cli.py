@@ -285,31 +285,16 @@ def _analyzer(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "analyzer"), *argv], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
-def test_end_to_end_gate_on_reftrain_runs(tmp_path) -> None:
-    runs = _reftrain_concurrently(tmp_path, base=[], slow=["--inject-slowdown", "1.5", "--set", "profile.enabled=false"])
-    base, slow = runs["base"], runs["slow"]
+@pytest.fixture(scope="module")
+def reftrain_runs(tmp_path_factory) -> dict[str, Path]:
+    """A clean 2-rank run (profiled) and one with every rank's compute 1.5x slower (not profiled)."""
+    root = tmp_path_factory.mktemp("e2e")
+    return _reftrain_concurrently(root, base=[], slow=["--inject-slowdown", "1.5", "--set", "profile.enabled=false"])
 
-    # MFU of the report agrees with reftrain's own logged MFU (median over the
-    # steady-state steps of metrics/rank*.jsonl `mfu`) within 2% relative.
-    report = tmp_path / "report.json"
-    proc = _analyzer("report", str(base), "--json", str(report))
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(report.read_text())
-    manifest = json.loads((base / "run.json").read_text())
-    steady = set(range(manifest["warmup_steps"], manifest["steps"])) - set(manifest["profiled_steps"])
-    per_step: dict[int, list[float]] = {}
-    for path in sorted((base / "metrics").glob("rank*.jsonl")):
-        for rec in map(json.loads, path.read_text().splitlines()):
-            if rec["step"] in steady:
-                per_step.setdefault(rec["step"], []).append(rec["mfu"])
-    # A step's logged MFU is the mean over its ranks; the run's, the median over steps.
-    logged = statistics.median(statistics.fmean(v) for v in per_step.values())
-    mfu = doc["run"]["mfu"]
-    assert mfu["source"] == "manifest"
-    assert mfu["logged_median"] == pytest.approx(logged, rel=1e-9)
-    assert mfu["median"] == pytest.approx(logged, rel=0.02)
-    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+
+@pytest.mark.slow
+def test_end_to_end_gate_on_reftrain_runs(reftrain_runs, tmp_path) -> None:
+    base, slow = reftrain_runs["base"], reftrain_runs["slow"]
 
     # Baseline against itself: within bounds.
     proc = _analyzer("check", str(base), "--baseline", str(base))
@@ -330,3 +315,27 @@ def test_end_to_end_gate_on_reftrain_runs(tmp_path) -> None:
     assert proc.stderr.strip().splitlines()[-1] == (
         "analyzer: error: incompatible runs: the baseline is a reftrain run directory, the candidate a trace folder"
     )
+
+
+@pytest.mark.slow
+def test_report_mfu_matches_reftrains_logged_mfu(reftrain_runs, tmp_path) -> None:
+    """The analyzer's MFU agrees with reftrain's logged MFU within 2% relative."""
+    base = reftrain_runs["base"]
+    report = tmp_path / "report.json"
+    proc = _analyzer("report", str(base), "--json", str(report))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(report.read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    manifest = json.loads((base / "run.json").read_text())
+    steady = set(range(manifest["warmup_steps"], manifest["steps"])) - set(manifest["profiled_steps"])
+    per_step: dict[int, list[float]] = {}
+    for path in sorted((base / "metrics").glob("rank*.jsonl")):
+        for rec in map(json.loads, path.read_text().splitlines()):
+            if rec["step"] in steady:
+                per_step.setdefault(rec["step"], []).append(rec["mfu"])
+    # Reftrain's logged MFU of a step is the mean over its ranks; the run's, the median over steps.
+    logged = statistics.median(statistics.fmean(v) for v in per_step.values())
+    mfu = doc["run"]["mfu"]
+    assert mfu["source"] == "manifest"
+    assert mfu["logged_median"] == pytest.approx(logged, rel=1e-9)
+    assert mfu["median"] == pytest.approx(logged, rel=0.02)
