@@ -1,0 +1,200 @@
+"""Analyzer results for the pages, cached on run path and file fingerprint.
+
+Every page asks here; nothing here computes a metric, it only calls the
+analyzer (``analyze``, ``load_traces``, ``read_run_dir``, ``timeline``,
+``throughput``) and keeps the results. The cache key is the run's path plus
+:func:`dashboard.discover.fingerprint` (path, size and mtime of each file),
+so an unchanged run is parsed once per server and switching pages is
+instant, while a rewritten file is picked up on the next rerun.
+
+``st.cache_resource`` (not ``cache_data``) holds the results: they are large
+read-only tables that ``cache_data`` would pickle and copy on every hit.
+Pages must not mutate them. A failure is cached too (as :class:`Loaded` with
+``error``), so a bad run in the runs table is not re-parsed on every rerun.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import streamlit as st
+
+from analyzer.errors import AnalyzerError
+from dashboard.discover import RunEntry, fingerprint, trace_files
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# reftrain names a profiler window's traces rank{R}.step{N}.json.gz (docs/rundir.md).
+_WINDOW_RE = re.compile(r"^rank\d+\.step(\d+)\.json(?:\.gz)?$")
+# Bounds on what the server keeps: runs analyzed, trace sets, timeline tables.
+_MAX_ANALYSES = 32
+_MAX_TRACESETS = 4
+_MAX_TABLES = 64
+
+
+@dataclass(frozen=True)
+class Loaded(Generic[T]):
+    """A cached result, or the one-line reason there is none."""
+
+    value: T | None
+    error: str | None = None
+
+
+def _fail(what: str, exc: BaseException) -> Loaded:
+    if isinstance(exc, AnalyzerError):
+        return Loaded(None, str(exc))
+    # Not an input problem: an analyzer bug. Keep the traceback in the
+    # server log and give the page one line, so other runs still show.
+    log.exception("%s failed", what)
+    return Loaded(None, f"analyzer failed on this run ({type(exc).__name__}: {exc}); see the dashboard server log")
+
+
+@st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Analyzing the run...")
+def _analysis(path: str, key: tuple) -> Loaded:
+    from analyzer.api import analyze
+
+    try:
+        return Loaded(analyze(Path(path)))
+    except Exception as exc:  # noqa: BLE001 - reported as this run's error, see _fail
+        return _fail(f"analyze({path})", exc)
+
+
+def analysis(run: RunEntry) -> Loaded:
+    """``analyzer.api.analyze`` of a run: a RunAnalysis, or its error."""
+    return _analysis(str(run.path), fingerprint(run))
+
+
+@st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
+def _run_dir(path: str, key: tuple) -> Loaded:
+    from analyzer.rundir import read_run_dir
+
+    try:
+        return Loaded(read_run_dir(Path(path)))
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"read_run_dir({path})", exc)
+
+
+def run_dir(run: RunEntry) -> Loaded:
+    """``analyzer.rundir.read_run_dir`` of a reftrain run (manifest, metrics, telemetry)."""
+    return _run_dir(str(run.path), fingerprint(run))
+
+
+@st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
+def _throughput(path: str, key: tuple) -> Any:
+    from analyzer.throughput import throughput
+
+    loaded = _analysis(path, key)
+    ra = loaded.value
+    return throughput(ra.manifest if ra else None, ra.metrics if ra else None)
+
+
+def throughput(run: RunEntry):
+    """``analyzer.throughput.throughput`` of a run (tokens/s, all ranks)."""
+    return _throughput(str(run.path), fingerprint(run))
+
+
+def trace_windows(run: RunEntry) -> dict[str, list[Path]]:
+    """The run's trace files grouped by profiler window.
+
+    A reftrain run can hold several windows (``rank{R}.step{N}``), far apart
+    in time; a timeline shows one window at a time. Keys are ``"step N"``
+    (the window's last step) or ``"all traces"`` for a trace folder.
+    """
+    windows: dict[str, list[Path]] = {}
+    for f in trace_files(run):
+        m = _WINDOW_RE.match(f.name) if run.kind == "reftrain" else None
+        windows.setdefault(f"step {m.group(1)}" if m else "all traces", []).append(f)
+    return dict(sorted(windows.items(), key=lambda kv: _window_order(kv[0])))
+
+
+def _window_order(key: str) -> tuple[int, int]:
+    return (0, int(key.split()[1])) if key.startswith("step ") else (1, 0)
+
+
+@st.cache_resource(max_entries=_MAX_TRACESETS, show_spinner="Loading traces...")
+def _traces(files: tuple[str, ...], key: tuple) -> Loaded:
+    from analyzer.load import load_traces
+
+    try:
+        return Loaded(load_traces([Path(f) for f in files], cache=True, progress=False))
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"load_traces({files[0]}...)", exc)
+
+
+def traces(run: RunEntry, files: list[Path]) -> Loaded:
+    """``analyzer.load.load_traces`` of some of a run's trace files (one window)."""
+    return _traces(tuple(str(f) for f in files), fingerprint(run))
+
+
+@st.cache_data(max_entries=_MAX_TABLES, show_spinner="Binning the timeline...")
+def _overview(files: tuple[str, ...], key: tuple, n_bins: int) -> Loaded:
+    from analyzer.timeline import overview
+
+    loaded = _traces(files, key)
+    if loaded.value is None:
+        return Loaded(None, loaded.error)
+    ranks = loaded.value.ranks
+    if not ranks:
+        return Loaded(None, "no trace in this window could be read")
+    return Loaded(overview({r: rt.events for r, rt in ranks.items()}, {r: rt.steps for r, rt in ranks.items()}, n_bins))
+
+
+def timeline_overview(run: RunEntry, files: list[Path], n_bins: int) -> Loaded:
+    """``analyzer.timeline.overview`` of one profiler window of a run."""
+    return _overview(tuple(str(f) for f in files), fingerprint(run), n_bins)
+
+
+@st.cache_data(max_entries=_MAX_TABLES, show_spinner="Selecting events...")
+def _window(files: tuple[str, ...], key: tuple, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: str) -> Loaded:
+    from analyzer.timeline import select_window
+
+    loaded = _traces(files, key)
+    if loaded.value is None:
+        return Loaded(None, loaded.error)
+    ranks = loaded.value.ranks
+    return Loaded(select_window({r: rt.events for r, rt in ranks.items()}, dict(origins), span_ns, max_events, source))
+
+
+def timeline_window(run: RunEntry, files: list[Path], ov, span_ns: tuple[int, int], max_events: int) -> Loaded:
+    """``analyzer.timeline.select_window`` over one profiler window, aligned as `ov`."""
+    origins = tuple(sorted(ov.origins.items()))
+    return _window(tuple(str(f) for f in files), fingerprint(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
+
+
+@dataclass(frozen=True)
+class Compared:
+    """``analyzer.compare.compare`` of two runs, plus the CI gate's outcome
+    (``analyzer.check.check``) when the runs are fit for it, else why not."""
+
+    comparison: Any
+    gate: Any | None
+    gate_error: str | None
+
+
+@st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Comparing...")
+def _compared(base_path: str, base_key: tuple, cand_path: str, cand_key: tuple) -> Loaded:
+    base, cand = _analysis(base_path, base_key), _analysis(cand_path, cand_key)
+    if base.value is None or cand.value is None:
+        which = "baseline" if base.value is None else "candidate"
+        return Loaded(None, f"{which}: {base.error or cand.error}")
+    try:
+        from analyzer.check import check
+        from analyzer.compare import compare
+
+        comparison = compare(base.value, cand.value)
+        try:
+            gate, gate_error = check(base.value, cand.value), None
+        except AnalyzerError as exc:
+            gate, gate_error = None, str(exc)
+        return Loaded(Compared(comparison, gate, gate_error))
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"compare({base_path}, {cand_path})", exc)
+
+
+def compared(base: RunEntry, cand: RunEntry) -> Loaded:
+    """Comparison and CI-gate outcome from `base` to `cand` (cached on both runs' files)."""
+    return _compared(str(base.path), fingerprint(base), str(cand.path), fingerprint(cand))

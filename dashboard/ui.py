@@ -1,0 +1,124 @@
+"""Shared presentation helpers: number formats, the run header, charts.
+
+Formatting only: every number shown comes from an analyzer result. Where a
+headline has one value per rank, the page shows the value or the range
+(lowest to highest rank) rather than deriving a new statistic from them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard.data import Loaded, analysis
+from dashboard.discover import RunEntry
+from dashboard.text import plain
+
+NA = "n/a"
+PLOTLY_CONFIG = {"displaylogo": False}
+
+
+def _finite(x: Any) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(float(x))
+
+
+def fmt_pct(fraction: float | None, digits: int = 1) -> str:
+    """0.647 -> '64.7%'; None/NaN -> 'n/a'."""
+    return f"{100.0 * float(fraction):.{digits}f}%" if _finite(fraction) else NA
+
+
+def fmt_pct_points(pct: float | None, digits: int = 1) -> str:
+    """A value already in percent (0..100): 12.34 -> '12.3%'."""
+    return f"{float(pct):.{digits}f}%" if _finite(pct) else NA
+
+
+def fmt_ms(ms: float | None) -> str:
+    """Milliseconds with a precision that suits the size."""
+    if not _finite(ms):
+        return NA
+    ms = float(ms)
+    if abs(ms) >= 100:
+        return f"{ms:.0f} ms"
+    if abs(ms) >= 1:
+        return f"{ms:.1f} ms"
+    return f"{ms * 1e3:.0f} us"
+
+
+def fmt_rate(per_s: float | None, unit: str = "tok/s") -> str:
+    """1234.5 -> '1.23k tok/s'."""
+    if not _finite(per_s):
+        return NA
+    v = float(per_s)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix} {unit}"
+    return f"{v:.3g} {unit}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if not _finite(n):
+        return NA
+    v = float(n)
+    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(v) >= scale:
+            return f"{v / scale:.1f} {suffix}"
+    return f"{v:.0f} B"
+
+
+def fmt_flops(per_s: float | None) -> str:
+    """1.64e10 -> '16.4 GFLOP/s'."""
+    if not _finite(per_s):
+        return NA
+    v = float(per_s)
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {prefix}FLOP/s"
+    return f"{v:.3g} FLOP/s"
+
+
+def fmt_range(values: Iterable[float | None], fmt: Callable[[float | None], str]) -> str:
+    """One value formatted, or 'low–high unit' over ranks; 'n/a' when none is known."""
+    known = sorted(float(v) for v in values if _finite(v))
+    if not known:
+        return NA
+    lo, hi = fmt(known[0]), fmt(known[-1])
+    if lo == hi:
+        return lo
+    lo_num, _, lo_unit = lo.partition(" ")
+    hi_num, _, hi_unit = hi.partition(" ")
+    if lo_unit == hi_unit and lo_unit:
+        return f"{lo_num}–{hi_num} {lo_unit}"
+    if lo.endswith("%") and hi.endswith("%"):
+        return f"{lo[:-1]}–{hi}"
+    return f"{lo}–{hi}"
+
+
+def run_header(run: RunEntry) -> Loaded:
+    """Title, kind and the analysis of `run`; shows its errors and warnings.
+
+    Returns the cached analysis; when it failed, the error is on the page
+    and ``value`` is None.
+    """
+    st.title(plain(run.name))
+    loaded = analysis(run)
+    kind = "reftrain run directory" if run.kind == "reftrain" else "folder of profiler traces"
+    st.caption(f"{kind} · {plain(str(run.path))}")
+    if loaded.error:
+        st.error(plain(loaded.error))
+        return loaded
+    ra = loaded.value
+    for err in ra.errors:
+        st.error(plain(err))
+    if ra.warnings:
+        with st.expander(f"{len(ra.warnings)} warning(s) from the analyzer"):
+            for w in ra.warnings:
+                st.warning(plain(w))
+    return loaded
+
+
+def show_chart(fig: go.Figure, key: str | None = None) -> None:
+    """A Plotly figure at full width, Streamlit theme, no Plotly logo."""
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=10))
+    st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)

@@ -1,0 +1,111 @@
+"""Communication: overlap and exposed communication per rank, and every
+collective's size, duration, bandwidth and arrival skew."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard import state
+from dashboard.text import html_text, plain
+from dashboard.ui import run_header, show_chart
+
+COLLECTIVE_COLUMNS = {
+    "step": "step",
+    "kind": "kind",
+    "bytes": "bytes",
+    "n_ranks": "ranks",
+    "duration_ms": "duration (ms)",
+    "algbw_gbps": "algbw (GB/s)",
+    "busbw_gbps": "busbw (GB/s)",
+    "skew_ms": "arrival skew (ms)",
+    "last_rank": "last to arrive",
+    "wait_ms": "wait caused (ms)",
+}
+
+
+def rank_table(ra) -> pd.DataFrame:
+    """Per rank: the analyzer's overlap, exposed share and communication parts."""
+    rows = []
+    for r in ra.ranks:
+        parts = r.breakdown
+        rows.append(
+            {
+                "rank": r.rank,
+                "comm/compute overlap % (HTA)": r.comm_comp_overlap_pct,
+                "exposed comm % of step": r.exposed_comm_pct,
+                "overlapped comm ms/step": parts.get("overlapped_comm", {}).get("mean_ms"),
+                "exposed comm ms/step": parts.get("exposed_comm", {}).get("mean_ms"),
+                "timeline": r.source,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def render() -> None:
+    runs = state.all_runs()
+    run = state.selected_run(runs)
+    if run is None:
+        return
+    loaded = run_header(run)
+    if loaded.value is None:
+        return
+    ra = loaded.value
+    st.header("Communication")
+
+    st.subheader("Per rank")
+    table = rank_table(ra)
+    if table.empty:
+        st.info("No ranks were analyzed.")
+    else:
+        fig = go.Figure()
+        labels = [f"rank {r}" for r in table["rank"]]
+        fig.add_bar(name="comm/compute overlap (HTA)", x=labels, y=table["comm/compute overlap % (HTA)"])
+        fig.add_bar(name="exposed comm (% of step)", x=labels, y=table["exposed comm % of step"])
+        fig.update_layout(barmode="group", yaxis_title="%", yaxis_range=[0, 100])
+        show_chart(fig, key="comm_ranks")
+        st.dataframe(table, hide_index=True)
+        st.caption(
+            "Overlap (HTA): time with communication and compute kernels both running, over communication time. "
+            "Exposed: communication with no compute running, as a share of step time. Both in docs/metrics.md. "
+            "CPU-only traces have no communication kernels, so the HTA overlap is n/a there."
+        )
+
+    st.subheader("Collectives")
+    coll = ra.collectives
+    if coll is None or coll.empty:
+        st.info("No collectives were matched across ranks in this run.")
+        return
+    source = ra.stragglers.arrival_source
+    if source:
+        st.caption(f"From {plain(source)}.")
+    left, right = st.columns(2)
+    with left:
+        fig = go.Figure()
+        for kind, rows in coll.groupby("kind", sort=True):
+            fig.add_scatter(
+                x=rows["bytes"],
+                y=rows["duration_ms"],
+                mode="markers",
+                name=html_text(kind),
+                hovertext=[f"step {s}" for s in rows["step"]],
+            )
+        fig.update_layout(title="Size and duration", xaxis_title="bytes", yaxis_title="duration (ms)", xaxis_type="log")
+        show_chart(fig, key="coll_size")
+    with right:
+        fig = go.Figure()
+        for kind, rows in coll.groupby("kind", sort=True):
+            fig.add_scatter(x=rows.index, y=rows["skew_ms"], mode="markers", name=html_text(kind))
+        fig.update_layout(title="Arrival skew per collective", xaxis_title="collective (in order of arrival)", yaxis_title="skew (ms)")
+        show_chart(fig, key="coll_skew")
+    shown = coll[[c for c in COLLECTIVE_COLUMNS if c in coll.columns]].rename(columns=COLLECTIVE_COLUMNS)
+    st.dataframe(shown, hide_index=True)
+    st.caption(
+        "Duration: the last arriver's start to end (the transfer without waiting). Arrival skew: last arrival "
+        "minus first. Wait caused: the other ranks' total wait for the last arriver. algbw = bytes / duration; "
+        "busbw applies the nccl-tests factor."
+    )
+
+
+if __name__ == "__main__":
+    render()

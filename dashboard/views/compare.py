@@ -1,0 +1,127 @@
+"""Compare: two runs side by side, with the analyzer's deltas per phase, per
+kernel and per rank, the MFU delta and the CI gate's verdict (the same
+paragraph ``analyzer check`` prints)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard import state
+from dashboard.data import compared
+from dashboard.text import html_text, plain
+from dashboard.ui import fmt_ms, fmt_pct, show_chart
+
+BASE_KEY = "compare_base"
+
+
+def delta_table(deltas, unit: str) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "name": d.name,
+                "kind": d.kind,
+                f"baseline ({unit})": d.base,
+                f"candidate ({unit})": d.cand,
+                f"delta ({unit})": d.delta,
+                "delta %": d.delta_pct,
+            }
+            for d in deltas
+        ]
+    )
+
+
+def delta_chart(deltas, title: str, unit: str) -> go.Figure:
+    names = [html_text(d.name)[:80] for d in deltas]
+    values = [d.delta for d in deltas]
+    fig = go.Figure(
+        go.Bar(
+            x=values,
+            y=names,
+            orientation="h",
+            marker_color=["#d62728" if v > 0 else "#2ca02c" for v in values],
+        )
+    )
+    fig.update_layout(title=title, xaxis_title=f"candidate - baseline ({unit})", yaxis_autorange="reversed",
+                      height=160 + 24 * len(deltas))
+    return fig
+
+
+def _on_base() -> None:
+    st.query_params[state.BASE_PARAM] = st.session_state[BASE_KEY]
+
+
+def render() -> None:
+    runs = state.all_runs()
+    cand = state.selected_run(runs)
+    if cand is None:
+        return
+    st.title(f"Compare · {plain(cand.name)}")
+    if importlib.util.find_spec("analyzer.compare") is None:
+        st.info("Compare is not available yet: this analyzer has no analyzer.compare module.")
+        return
+    others = [r.name for r in runs if r.name != cand.name]
+    if not others:
+        st.info("Only one run in the folder: nothing to compare with.")
+        return
+    wanted = st.query_params.get(state.BASE_PARAM)
+    if wanted in others:
+        st.session_state[BASE_KEY] = wanted
+    st.selectbox("Baseline", others, key=BASE_KEY, index=None, placeholder="choose a baseline run", on_change=_on_base)
+    base = state.param_run(runs, state.BASE_PARAM) if wanted else None
+    if base is None and st.session_state.get(BASE_KEY):
+        base = next(r for r in runs if r.name == st.session_state[BASE_KEY])
+    if base is None:
+        st.caption("The selected run is the candidate; choose the baseline to compare it against.")
+        return
+    st.caption(f"baseline {plain(base.name)} → candidate {plain(cand.name)}")
+    loaded = compared(base, cand)
+    if loaded.value is None:
+        st.error(plain(loaded.error or "comparison failed"))
+        return
+    c, gate = loaded.value.comparison, loaded.value.gate
+
+    st.subheader("CI gate")
+    if gate is not None:
+        from analyzer.check import explain
+
+        text = plain(explain(gate))
+        (st.error if gate.result.regression else st.success)(text)
+    else:
+        st.info(plain(f"The CI gate cannot judge these runs: {loaded.value.gate_error}"))
+
+    cols = st.columns(4)
+    cols[0].metric("MFU baseline", fmt_pct(c.mfu.base))
+    cols[1].metric(
+        "MFU candidate",
+        fmt_pct(c.mfu.cand),
+        delta=None if c.mfu.delta is None else f"{100 * c.mfu.delta:+.2f} pts",
+    )
+    cols[2].metric("MFU drop", fmt_pct(c.mfu.drop), help="(baseline - candidate) / baseline")
+    cols[3].metric(
+        "Mean step time",
+        fmt_ms(c.step_time.cand),
+        delta=None if c.step_time.base is None or c.step_time.cand is None else f"{c.step_time.delta:+.1f} ms",
+        delta_color="inverse",
+    )
+    for note in c.notes:
+        st.caption(plain(note))
+
+    st.subheader("Per phase")
+    st.caption(plain(c.phase_source))
+    if c.phases:
+        show_chart(delta_chart(c.phases, "Change per phase, largest first", "ms per step"), key="compare_phases")
+        st.dataframe(delta_table(c.phases, "ms"), hide_index=True)
+    st.subheader("Per kernel")
+    st.caption(plain(c.kernel_source))
+    if c.kernels:
+        show_chart(delta_chart(c.kernels, "Change per kernel, largest first", "ms per profiled step"), key="compare_kernels")
+        st.dataframe(delta_table(c.kernels, "ms"), hide_index=True)
+    st.subheader("Per rank")
+    st.dataframe(delta_table(c.ranks, "ms"), hide_index=True)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,220 @@
+"""Run overview: headline figures, per-rank breakdown, per-step MFU and step
+time, config and hardware, suggestions, raw trace downloads."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboard import state
+from dashboard.data import throughput
+from dashboard.discover import RunEntry, safe_file, trace_files
+from dashboard.text import plain
+from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_chart
+
+PERFETTO_URL = "https://ui.perfetto.dev"
+
+
+def mfu_caption(mfu) -> str:
+    """Where the MFU figure came from, or why there is none (analyzer's words)."""
+    if mfu.source == "none" or mfu.median is None:
+        return f"source: none ({mfu.reason or 'no reason given'})"
+    peak = fmt_flops(mfu.peak_flops_per_s) if mfu.peak_flops_per_s else "unknown peak"
+    detail = f", {mfu.peak_detail}" if mfu.peak_detail else ""
+    return f"source: {mfu.source}; peak {peak} per device ({mfu.peak_source}{detail})"
+
+
+def headline(run: RunEntry, ra) -> None:
+    tp = throughput(run)
+    steady = [r.steady_step_time_ms for r in ra.ranks if r.steady_step_time_ms is not None]
+    if steady:
+        step_value, step_note = fmt_range(steady, fmt_ms), "median per rank, steady-state steps (metrics)"
+    else:
+        step_value = fmt_range([r.step_time_ms for r in ra.ranks], fmt_ms)
+        step_note = "median per rank, " + (next((r.step_time_source for r in ra.ranks if r.step_time_source), None) or "no steps")
+    cols = st.columns(5)
+    cols[0].metric("MFU", fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
+    cols[0].caption(plain(mfu_caption(ra.mfu)))
+    cols[1].metric("Tokens/s", fmt_rate(tp.median), help="all ranks, median over steady-state steps")
+    cols[1].caption("all ranks" if tp.median is not None else plain(tp.reason or ""))
+    cols[2].metric("Step time", step_value)
+    cols[2].caption(plain(step_note))
+    cols[3].metric("Exposed communication", fmt_range([r.exposed_comm_pct for r in ra.ranks], fmt_pct_points))
+    cols[3].caption("% of step time, per rank (lowest–highest)")
+    overlap = [r.comm_comp_overlap_pct for r in ra.ranks]
+    cols[4].metric("Comm/compute overlap", fmt_range(overlap, fmt_pct_points))
+    cols[4].caption(
+        "HTA definition, per rank" if any(v is not None for v in overlap) else "no GPU communication kernels in the traces"
+    )
+
+
+def breakdown_chart(ra) -> None:
+    st.subheader("Step-time breakdown per rank")
+    ranks = [r for r in ra.ranks if r.breakdown]
+    if not ranks:
+        st.info("No ProfilerStep windows in the traces, so no per-step breakdown.")
+        return
+    parts = list(ranks[0].breakdown)
+    labels = [f"rank {r.rank}" for r in ranks]
+    fig = go.Figure()
+    for part in parts:
+        fig.add_bar(name=part, x=labels, y=[r.breakdown.get(part, {}).get("mean_ms") for r in ranks])
+    fig.update_layout(barmode="stack", yaxis_title="ms per step (mean over profiled steps)", legend_title="part")
+    show_chart(fig, key="breakdown")
+    st.caption(
+        f"Parts of the step on the {ranks[0].source} timeline; they add up to the step time. "
+        "Percent of step time per part:"
+    )
+    table = pd.DataFrame(
+        {f"rank {r.rank}": {p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown} for r in ranks}
+    )
+    st.dataframe(table.round(2))
+
+
+def per_step_charts(ra) -> None:
+    st.subheader("MFU and step time per step")
+    left, right = st.columns(2)
+    with left:
+        mfu_steps = ra.mfu.steps
+        if ra.mfu.source != "none" and len(mfu_steps):
+            fig = go.Figure(go.Scatter(x=mfu_steps["step"], y=mfu_steps["mfu"], mode="lines+markers", name="MFU"))
+            fig.update_layout(title="MFU per step", xaxis_title="step", yaxis_title="MFU", yaxis_tickformat=".0%")
+            show_chart(fig, key="mfu_steps")
+            st.caption(plain(ra.mfu.step_time_source or ""))
+        else:
+            st.info(plain(f"No MFU per step: {ra.mfu.reason or 'unknown'}"))
+    with right:
+        if ra.metrics is not None and not ra.metrics.empty:
+            table, where = ra.metrics, "every step, from the trainer's metrics records"
+        else:
+            table, where = ra.steps, "ProfilerStep windows in the traces"
+        if len(table):
+            fig = go.Figure()
+            for rank, rows in table.groupby("rank", sort=True):
+                fig.add_scatter(x=rows["step"], y=rows["step_time_ms"], mode="lines+markers", name=f"rank {rank}")
+            fig.update_layout(title="Step time per step", xaxis_title="step", yaxis_title="ms")
+            show_chart(fig, key="step_times")
+            notes = [where]
+            manifest = ra.manifest or {}
+            if manifest.get("warmup_steps"):
+                notes.append(f"steps below {manifest['warmup_steps']} are warmup")
+            if manifest.get("profiled_steps"):
+                notes.append("profiled steps " + ", ".join(str(s) for s in manifest["profiled_steps"]) + " run under the profiler")
+            st.caption(plain("; ".join(notes)))
+        else:
+            st.info("No step times recorded.")
+
+
+def config_and_hardware(ra) -> None:
+    st.subheader("Config and hardware")
+    manifest = ra.manifest
+    if manifest:
+        facts = {
+            "run_id": manifest.get("run_id"),
+            "status": manifest.get("status"),
+            "start_time": manifest.get("start_time"),
+            "end_time": manifest.get("end_time"),
+            "git sha": (manifest.get("git") or {}).get("sha"),
+            "git dirty": (manifest.get("git") or {}).get("dirty"),
+            "command": " ".join(str(a) for a in manifest.get("command") or []),
+            "world_size": manifest.get("world_size"),
+            "backend": manifest.get("backend"),
+            "torch_version": manifest.get("torch_version"),
+            "params (total)": (manifest.get("params") or {}).get("total"),
+            "FLOPs per token": (manifest.get("flops") or {}).get("per_token"),
+            "tokens per step": manifest.get("tokens_per_step"),
+            "steps": manifest.get("steps"),
+        }
+        hw = manifest.get("hardware") or {}
+        facts.update({f"hardware.{k}": v for k, v in hw.items()})
+        peak = manifest.get("peak_flops") or {}
+        facts.update({f"peak_flops.{k}": v for k, v in peak.items()})
+        facts_table = pd.DataFrame(
+            {"field": list(facts), "value": [json.dumps(v) if isinstance(v, (list, dict)) else ("" if v is None else str(v)) for v in facts.values()]}
+        )
+        st.dataframe(facts_table, hide_index=True)
+        with st.expander("Resolved config (run.json `config`)"):
+            st.json(manifest.get("config") or {}, expanded=True)
+    else:
+        st.caption("No manifest: a folder of traces. What the traces say about each rank:")
+    ranks = pd.DataFrame(
+        [
+            {
+                "rank": r.rank,
+                "trace": r.trace,
+                "device": r.device_name,
+                "timeline": r.source,
+                "profiled steps": r.n_steps,
+                "device events": r.n_device_events,
+            }
+            for r in ra.ranks
+        ]
+    )
+    st.dataframe(ranks, hide_index=True)
+
+
+def suggestions(ra) -> None:
+    """The analyzer's suggestions for this run, once `analyzer.suggest` exists."""
+    if importlib.util.find_spec("analyzer.suggest") is None:
+        return
+    module = importlib.import_module("analyzer.suggest")
+    suggest = getattr(module, "suggest", None)
+    if suggest is None:
+        return
+    items = suggest(ra)
+    st.subheader("Suggestions")
+    if not items:
+        st.caption("No suggestions for this run.")
+        return
+    for item in items:
+        title = getattr(item, "title", None) or str(item)
+        detail = getattr(item, "detail", None) or getattr(item, "evidence", None)
+        st.markdown(f"- **{plain(title)}**" + (f"  \n  {plain(detail)}" if detail else ""))
+
+
+def downloads(run: RunEntry) -> None:
+    st.subheader("Raw traces")
+    files = trace_files(run)
+    if not files:
+        st.caption("This run has no trace files.")
+        return
+    st.caption(
+        f"Download a trace and open it in the Perfetto UI ({PERFETTO_URL}, \"Open trace file\"); "
+        "it reads PyTorch profiler .json and .json.gz files in the browser, nothing is uploaded."
+    )
+    root = state.runs_root()
+    for i, path in enumerate(files):
+        real = safe_file(root, path)
+        st.download_button(
+            f"{plain(path.name)} ({real.stat().st_size / 2**20:.1f} MiB)",
+            data=lambda real=real: real.read_bytes(),
+            file_name=path.name,
+            mime="application/gzip" if path.name.endswith(".gz") else "application/json",
+            on_click="ignore",
+            key=f"download_{i}",
+        )
+
+
+def render() -> None:
+    runs = state.all_runs()
+    run = state.selected_run(runs)
+    if run is None:
+        return
+    loaded = run_header(run)
+    if loaded.value is None:
+        return
+    ra = loaded.value
+    headline(run, ra)
+    breakdown_chart(ra)
+    per_step_charts(ra)
+    suggestions(ra)
+    config_and_hardware(ra)
+    downloads(run)
+
+
+if __name__ == "__main__":
+    render()

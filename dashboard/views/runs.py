@@ -1,0 +1,125 @@
+"""Runs page: every run below RUNS_DIR in one sortable, filterable table.
+
+A run that cannot be read shows its one-line error in its own row; the other
+rows are unaffected.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from urllib.parse import quote
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import state
+from dashboard.data import analysis, throughput
+from dashboard.discover import RunEntry, trace_files
+from dashboard.text import plain
+
+COLUMNS = (
+    "run",
+    "open",
+    "status",
+    "error",
+    "MFU",
+    "MFU source",
+    "tokens/s",
+    "steps",
+    "world size",
+    "model",
+    "params",
+    "date",
+    "git sha",
+    "kind",
+)
+
+
+def _trace_date(run: RunEntry) -> str | None:
+    """Newest trace file's modification time (UTC), for folders without a manifest."""
+    mtimes = [p.stat().st_mtime for p in trace_files(run)]
+    if not mtimes:
+        return None
+    return dt.datetime.fromtimestamp(max(mtimes), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _manifest_date(manifest: dict) -> str | None:
+    start = manifest.get("start_time")
+    if not start:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(start)).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return str(start)
+
+
+def run_row(run: RunEntry) -> dict[str, Any]:
+    """One table row: recorded facts from the manifest, numbers from the analyzer."""
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(run=run.name, open=f"./overview?{state.RUN_PARAM}={quote(run.name, safe='')}", kind=run.kind)
+    loaded = analysis(run)
+    if loaded.error:
+        row.update(status="error", error=loaded.error, date=_trace_date(run))
+        return row
+    ra = loaded.value
+    manifest = ra.manifest or {}
+    params = (manifest.get("params") or {}).get("total")
+    model = ((manifest.get("config") or {}).get("model") or {}).get("preset")
+    tp = throughput(run)
+    row.update(
+        date=_manifest_date(manifest) if manifest else _trace_date(run),
+        **{
+            "git sha": ((manifest.get("git") or {}).get("sha") or "")[:10] or None,
+            "world size": manifest.get("world_size") or len(ra.ranks) or None,
+            "model": model,
+            "params": params,
+            "tokens/s": tp.median,
+            "MFU": ra.mfu.median,
+            "MFU source": ra.mfu.source,
+            "steps": manifest.get("steps") if manifest else max((r.n_steps for r in ra.ranks), default=None),
+            # A trace folder has no recorded status: say whether every file was usable.
+            "status": manifest.get("status") if manifest else ("partial" if ra.errors else "ok"),
+            "error": "; ".join(ra.errors) if ra.errors else None,
+        },
+    )
+    return row
+
+
+def render() -> None:
+    st.title("Runs")
+    root = state.runs_root()
+    runs = state.all_runs()
+    st.caption(f"{len(runs)} run(s) in {plain(str(root))}")
+    if not runs:
+        st.info(
+            "No runs here yet. A run is a reftrain run directory (run.json) or a folder of "
+            "PyTorch profiler traces (*.json, *.json.gz). `make demo` writes one into runs/."
+        )
+        return
+    col_filter, col_kind = st.columns([3, 2])
+    needle = col_filter.text_input("Filter by name, status or error", key="runs_filter")
+    kinds = col_kind.multiselect("Kind", ["reftrain", "traces"], default=["reftrain", "traces"], key="runs_kinds")
+    table = pd.DataFrame([run_row(r) for r in runs], columns=list(COLUMNS))
+    shown = table[table["kind"].isin(kinds)]
+    if needle:
+        text = shown[["run", "status", "error"]].fillna("").astype(str).agg(" ".join, axis=1)
+        shown = shown[text.str.contains(needle, case=False, regex=False)]
+    st.dataframe(
+        shown,
+        hide_index=True,
+        column_config={
+            "open": st.column_config.LinkColumn("open", display_text="open", help="open the run's overview"),
+            "params": st.column_config.NumberColumn("params", format="compact"),
+            "tokens/s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
+            "MFU": st.column_config.NumberColumn("MFU", format="percent", help="median over steps (analyzer)"),
+            "world size": st.column_config.NumberColumn("world size", format="%d"),
+            "steps": st.column_config.NumberColumn("steps", format="%d"),
+        },
+    )
+    n_bad = int(table["error"].notna().sum())
+    if n_bad:
+        st.caption(f"{n_bad} run(s) have errors; their rows say why. The other runs are unaffected.")
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,179 @@
+"""Timeline: a rank-by-time occupancy heatmap, and a zoomed window of events.
+
+The overview bins time (analyzer.timeline.overview), so it costs the same
+for 1k or 10M events. The zoomed window draws individual events with WebGL
+(``scattergl``), capped at :data:`MAX_EVENTS` (the user may lower the cap):
+SVG bar timelines take over 10 s at 100k events, WebGL lines stay
+interactive at tens of thousands.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from analyzer.timeline import states_of
+from dashboard import state
+from dashboard.data import timeline_overview, timeline_window, trace_windows, traces
+from dashboard.text import html_text, plain
+from dashboard.ui import run_header, show_chart
+
+MAX_EVENTS = 50_000
+DEFAULT_EVENTS = 20_000
+BIN_CHOICES = (50, 100, 200, 400, 800)
+DEFAULT_BINS = 200
+_NS_PER_MS = 1e6
+_KIND_COLORS = {
+    "compute": "#1f77b4",
+    "comm": "#d62728",
+    "memcpy": "#2ca02c",
+    "memset": "#98df8a",
+    "cpu_op": "#1f77b4",
+    "cpu_comm": "#d62728",
+    "annotation": "#9467bd",
+}
+_MAX_NAME_CHARS = 160
+
+
+def heatmap(ov, state_name: str) -> go.Figure:
+    """Rank (rows) by time bin (columns), colour = share of the bin in `state_name`."""
+    occ = ov.occupancy
+    grid = occ.pivot(index="rank", columns="bin", values=f"{state_name}_frac").sort_index()
+    centers_ms = occ.loc[occ["rank"] == grid.index[0], ["start_ns", "end_ns"]].mean(axis=1).to_numpy() / _NS_PER_MS
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.to_numpy(),
+            x=centers_ms,
+            y=[f"rank {r}" for r in grid.index],
+            zmin=0.0,
+            zmax=1.0,
+            colorscale="Viridis",
+            colorbar=dict(title="share", tickformat=".0%"),
+            hovertemplate="%{y}<br>t = %{x:.2f} ms<br>" + state_name + " %{z:.1%}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Share of time in {state_name}, per rank and time bin",
+        xaxis_title="time since the first common profiler step (ms)",
+        height=120 + 40 * len(grid.index),
+    )
+    return fig
+
+
+def window_figure(events: pd.DataFrame) -> go.Figure:
+    """One WebGL line per event, one trace per kind, one row per (rank, lane)."""
+    lanes = events[["rank", "lane"]].drop_duplicates().sort_values(["rank", "lane"]).reset_index(drop=True)
+    lane_index = {(int(r), int(l)): i for i, (r, l) in enumerate(zip(lanes["rank"], lanes["lane"]))}
+    row = np.array([lane_index[(int(r), int(l))] for r, l in zip(events["rank"], events["lane"])], dtype=np.float64)
+    fig = go.Figure()
+    for kind, sel in events.groupby("kind", sort=True):
+        idx = sel.index.to_numpy()
+        n = len(idx)
+        # x: start, end, gap per event; NaN breaks the line between events.
+        x = np.full(3 * n, np.nan)
+        y = np.full(3 * n, np.nan)
+        x[0::3] = sel["start_ns"].to_numpy() / _NS_PER_MS
+        x[1::3] = sel["end_ns"].to_numpy() / _NS_PER_MS
+        y[0::3] = row[idx]
+        y[1::3] = row[idx]
+        names = [html_text(str(n_)[:_MAX_NAME_CHARS]) for n_ in sel["name"]]
+        text = [None] * (3 * n)
+        text[0::3] = names
+        text[1::3] = names
+        fig.add_trace(
+            go.Scattergl(
+                x=x,
+                y=y,
+                mode="lines",
+                line=dict(width=10, color=_KIND_COLORS.get(str(kind))),
+                name=str(kind),
+                hovertext=text,
+                hoverinfo="text+x",
+                connectgaps=False,
+            )
+        )
+    fig.update_yaxes(
+        tickvals=list(range(len(lanes))),
+        ticktext=[f"rank {r} · {'stream' if l >= 0 else 'thread'} {l}" for r, l in zip(lanes["rank"], lanes["lane"])],
+        autorange="reversed",
+    )
+    fig.update_layout(
+        xaxis_title="time since the first common profiler step (ms)",
+        height=120 + 30 * len(lanes),
+        legend_title="kind",
+    )
+    return fig
+
+
+def render() -> None:
+    runs = state.all_runs()
+    run = state.selected_run(runs)
+    if run is None:
+        return
+    st.title(f"Timeline · {plain(run.name)}")
+    windows = trace_windows(run)
+    if not windows:
+        st.info("This run has no trace files, so there is no timeline.")
+        return
+    names = list(windows)
+    window_name = st.selectbox("Profiler window", names, key="timeline_window") if len(names) > 1 else names[0]
+    files = windows[window_name]
+    loaded = traces(run, files)
+    if loaded.value is None:
+        st.error(plain(loaded.error or "traces could not be read"))
+        return
+    for err in loaded.value.errors:
+        st.error(plain(str(err)))
+    n_bins = st.select_slider("Time bins", BIN_CHOICES, value=DEFAULT_BINS, key="timeline_bins")
+    ov_loaded = timeline_overview(run, files, n_bins)
+    if ov_loaded.value is None:
+        st.error(plain(ov_loaded.error or "no timeline"))
+        return
+    ov = ov_loaded.value
+    states = list(states_of(ov.source))
+    state_name = st.radio("Show", states, index=states.index("exposed_comm"), horizontal=True, key="timeline_state")
+    show_chart(heatmap(ov, state_name), key="timeline_heatmap")
+    st.caption(
+        f"{ov.source} timeline; each bin is {(ov.span_ns[1] - ov.span_ns[0]) / n_bins / _NS_PER_MS:.3g} ms. "
+        "The shares per bin are the step breakdown's parts (docs/metrics.md) over that bin; ranks are aligned "
+        "at the start of their first common profiler step."
+    )
+
+    st.subheader("Zoom")
+    lo_ms, hi_ms = ov.span_ns[0] / _NS_PER_MS, ov.span_ns[1] / _NS_PER_MS
+    first = ov.steps.sort_values(["step", "rank"]).head(1)
+    default_hi = float(first["end_ns"].iloc[0]) / _NS_PER_MS if len(first) else lo_ms + (hi_ms - lo_ms) / 10
+    default = (lo_ms, min(max(default_hi, lo_ms), hi_ms))
+    t0_ms, t1_ms = st.slider(
+        "Time range (ms)", min_value=lo_ms, max_value=hi_ms, value=default, key="timeline_range", format="%.2f"
+    )
+    if t1_ms <= t0_ms:
+        st.info("Pick a non-empty time range.")
+        return
+    max_events = st.number_input(
+        "Events drawn at most (the longest are kept)",
+        min_value=100,
+        max_value=MAX_EVENTS,
+        value=min(DEFAULT_EVENTS, MAX_EVENTS),
+        step=1000,
+        key="timeline_max_events",
+    )
+    span_ns = (round(t0_ms * _NS_PER_MS), round(t1_ms * _NS_PER_MS))
+    win_loaded = timeline_window(run, files, ov, span_ns, int(max_events))
+    if win_loaded.value is None:
+        st.error(plain(win_loaded.error or "no events"))
+        return
+    win = win_loaded.value
+    if not len(win.events):
+        st.info("No events in this range.")
+        return
+    show_chart(window_figure(win.events), key="timeline_window_chart")
+    shown = f"{len(win.events):,} of {win.n_total:,} events in this range"
+    if win.n_dropped:
+        shown += f"; the {win.n_dropped:,} shortest are not drawn (narrow the range to see them)"
+    st.caption(shown)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,146 @@
+"""The dashboard in a real browser: `dashboard` server + headless Chromium.
+
+Starts the installed `dashboard` command on a free port over a runs folder
+with good and bad runs, waits for /_stcore/health, and drives Debian's
+chromium through Playwright (never Playwright's own browser download) to
+the runs page and a run page. Fails on any browser console error.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dashboard_support import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    GOOD_RUN,
+    NO_MANIFEST_RUN,
+    TRUNCATED_RUN,
+    build_runs_dir,
+    start_dashboard,
+    stop_dashboard,
+)
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="/usr/bin/chromium is absent (CI installs Debian's chromium in .ci/run; locally: apt-get install chromium)",
+)
+
+# Cold analysis of a run on a busy 2-core machine takes seconds; be generous.
+RENDER_TIMEOUT_MS = 180_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    runs = build_runs_dir(root / "runs")
+    proc, url = start_dashboard(runs, root / "dashboard.log")
+    try:
+        yield url, runs, root
+    finally:
+        stop_dashboard(proc)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# Opening a page URL such as /overview directly, Streamlit's frontend first
+# looks for the server under that path (/overview/_stcore/health and
+# /host-config), gets 404, then finds it at the root. Those two probes are
+# the only failed requests and console errors we excuse.
+_BASE_PATH_PROBE = re.compile(r"^http://127\.0\.0\.1:\d+/[a-z]+/_stcore/(health|host-config)$")
+_FAILED_LOAD = "Failed to load resource: the server responded with a status of 404"
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that records console errors, page errors and failed requests."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    console: list[str] = []
+    failed: list[str] = []
+    pg.on("console", lambda msg: console.append(msg.text) if msg.type == "error" else None)
+    pg.on("pageerror", lambda exc: console.append(f"uncaught: {exc}"))
+    pg.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    pg.on("requestfailed", lambda r: failed.append(f"failed {r.url}"))
+
+    def problems() -> list[str]:
+        excused = [f for f in failed if f.startswith("404 ") and _BASE_PATH_PROBE.match(f[4:])]
+        bad = [f for f in failed if f not in excused]
+        errors = list(console)
+        for _ in excused:  # one "Failed to load resource" console line per excused 404
+            match = next((e for e in errors if _FAILED_LOAD in e), None)
+            if match is not None:
+                errors.remove(match)
+        return bad + errors
+
+    pg.problems = problems
+    yield pg
+    context.close()
+
+
+def _wait_idle(pg) -> None:
+    """Wait until Streamlit has finished running the script for this page."""
+    pg.wait_for_selector('[data-testid="stApp"]', timeout=RENDER_TIMEOUT_MS)
+    pg.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
+        timeout=RENDER_TIMEOUT_MS,
+    )
+
+
+def test_runs_page_lists_good_and_bad_runs(server, page):
+    url, runs, root = server
+    page.goto(url + "/", wait_until="domcontentloaded")
+    page.get_by_role("heading", name="Runs").wait_for(timeout=RENDER_TIMEOUT_MS)
+    grid = page.locator('[data-testid="stDataFrame"]').first
+    grid.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    # Glide data grid renders to canvas and keeps an accessible table in the DOM.
+    html = grid.inner_html()
+    for name in (GOOD_RUN, TRUNCATED_RUN, NO_MANIFEST_RUN):
+        assert name in html, f"{name} missing from the runs table"
+    page.get_by_text("run(s) have errors").wait_for(timeout=RENDER_TIMEOUT_MS)
+    page.screenshot(path=str(root / "runs_page.png"), full_page=True)
+    assert page.problems() == []
+
+
+def test_run_page_shows_mfu_and_a_chart(server, page):
+    url, runs, root = server
+    page.goto(f"{url}/overview?run={quote(GOOD_RUN)}", wait_until="domcontentloaded")
+    mfu = page.locator('[data-testid="stMetric"]', has_text="MFU").first
+    mfu.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    value = mfu.locator('[data-testid="stMetricValue"]').inner_text()
+    assert value.endswith("%") and float(value.rstrip("%")) > 0, value
+    chart = page.locator('[data-testid="stPlotlyChart"] .main-svg').first
+    chart.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    assert chart.bounding_box()["height"] > 100
+    # Plotly drew the stacked breakdown bars (one path per bar).
+    page.locator('[data-testid="stPlotlyChart"] .barlayer .point').first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    page.screenshot(path=str(root / "run_page.png"), full_page=True)
+    assert (root / "run_page.png").stat().st_size > 10_000
+    assert page.problems() == []
+
+
+def test_refused_run_name_reads_nothing(server, page):
+    url, runs, root = server
+    page.goto(f"{url}/overview?run={quote('../../etc')}", wait_until="domcontentloaded")
+    page.get_by_text("refused").first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    assert page.locator('[data-testid="stMetric"]').count() == 0
+    assert page.problems() == []

@@ -1,0 +1,450 @@
+"""Every dashboard page under streamlit.testing.v1.AppTest.
+
+Each test opens the real app (dashboard/app.py) on a runs folder with real
+reftrain runs, synthetic GPU traces and broken runs, and checks the numbers
+and labels shown against analyzer results computed here. Caches are
+cleared between tests.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dashboard_support import (  # noqa: E402
+    GOOD_RUN,
+    GPU_RUN,
+    NO_MANIFEST_RUN,
+    SLOW_RUN,
+    TRUNCATED_RUN,
+    build_runs_dir,
+)
+
+from analyzer.api import analyze  # noqa: E402
+from analyzer.errors import AnalyzerError  # noqa: E402
+from analyzer.throughput import throughput  # noqa: E402
+from analyzer.timeline import overview, select_window  # noqa: E402
+from dashboard.cli import APP_PATH, RUNS_DIR_ENV  # noqa: E402
+from dashboard.text import plain  # noqa: E402
+
+# Cold analysis on a loaded 2-core machine: be generous.
+TIMEOUT_S = 300
+TELEMETRY_RUN = "with-telemetry"
+EVIL_RUN = "evil-[x](javascript:alert(1))"
+
+
+def _add_telemetry_run(runs: Path) -> None:
+    """A copy of the good run with two GPUs' NVML samples (reftrain.telemetry/1)."""
+    dst = runs / TELEMETRY_RUN
+    shutil.copytree(runs / GOOD_RUN, dst, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    manifest = json.loads((dst / "run.json").read_text())
+    files = []
+    for rank in (0, 1):
+        rel = f"telemetry/gpu{rank}.jsonl"
+        lines = [
+            orjson.dumps(
+                {
+                    "time_ns": 1_000_000_000 * (10 + i),
+                    "gpu_util_pct": 50.0 + 10 * i + rank,
+                    "mem_util_pct": 20.0,
+                    "sm_clock_mhz": 1980.0 - i,
+                    "power_w": 300.0 + i,
+                    "mem_used_bytes": 2**30,
+                    "temp_c": 60.0,
+                    "throttle_reasons": ["sw_power_cap"] if (rank, i) == (1, 2) else [],
+                }
+            ).decode()
+            for i in range(3)
+        ]
+        (dst / "telemetry").mkdir(exist_ok=True)
+        (dst / rel).write_text("\n".join(lines) + "\n")
+        files.append(rel)
+    manifest["files"]["telemetry"] = files
+    manifest["schemas"]["telemetry"] = "reftrain.telemetry/1"
+    (dst / "run.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    runs = build_runs_dir(tmp_path_factory.mktemp("dashboard") / "runs")
+    _add_telemetry_run(runs)
+    shutil.copytree(runs / GPU_RUN, runs / EVIL_RUN)
+    outside = runs.parent / "outside"
+    shutil.copytree(runs / GPU_RUN, outside)
+    (runs / "escape").symlink_to(outside)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def analyses(runs_dir) -> dict:
+    return {name: analyze(runs_dir / name) for name in (GOOD_RUN, SLOW_RUN, GPU_RUN, TRUNCATED_RUN)}
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+@pytest.fixture
+def open_page(runs_dir, monkeypatch):
+    monkeypatch.setenv(RUNS_DIR_ENV, str(runs_dir))
+
+    def _open(page: str, **params: str) -> AppTest:
+        at = AppTest.from_file(str(APP_PATH), default_timeout=TIMEOUT_S)
+        for key, value in params.items():
+            at.query_params[key] = value
+        if page != "runs":
+            # url_path equals the file stem, so the page hash is known before a first run.
+            at.switch_page(f"views/{page}.py")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    return _open
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _decode(value):
+    """Plotly >= 6 writes numpy arrays as {"dtype", "bdata"[, "shape"]}; return lists."""
+    if isinstance(value, dict) and "bdata" in value:
+        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        if "shape" in value:
+            data = data.reshape([int(n) for n in str(value["shape"]).split(",")])
+        return data.tolist()
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def charts(at: AppTest) -> dict[str, dict]:
+    """Plotly figures on the page by their element key, arrays as lists."""
+    out = {}
+    for el in at.get("plotly_chart"):
+        out[el.proto.id.rsplit("-", 1)[-1]] = _decode(json.loads(el.proto.spec))
+    return out
+
+
+def frame(at: AppTest, column: str):
+    """The (only) table on the page that has `column` (tables carry no key in AppTest)."""
+    found = [d.value for d in at.dataframe if column in d.value.columns]
+    assert len(found) == 1, f"{len(found)} tables with column {column!r}"
+    return found[0]
+
+
+def frame_named(at: AppTest, names: list[str]):
+    """The table whose ``name`` column lists exactly `names`."""
+    found = [d.value for d in at.dataframe if "name" in d.value.columns and d.value["name"].tolist() == names]
+    assert found, f"no table listing {names}"
+    return found[0]
+
+
+def captions(at: AppTest) -> list[str]:
+    return [c.value for c in at.caption]
+
+
+# --------------------------------------------------------------------------- runs page
+
+
+def test_runs_page_rows_show_analyzer_numbers_and_errors(open_page, runs_dir, analyses):
+    at = open_page("runs")
+    table = at.dataframe[0].value.set_index("run")
+    assert sorted(table.index) == sorted(
+        [GOOD_RUN, SLOW_RUN, GPU_RUN, TRUNCATED_RUN, NO_MANIFEST_RUN, TELEMETRY_RUN, EVIL_RUN]
+    )
+    good = analyses[GOOD_RUN]
+    row = table.loc[GOOD_RUN]
+    assert row["MFU"] == good.mfu.median
+    assert row["MFU source"] == "manifest"
+    assert row["tokens/s"] == throughput(good.manifest, good.metrics).median
+    assert row["world size"] == 2 and row["steps"] == 12 and row["status"] == "completed"
+    assert row["git sha"] == good.manifest["git"]["sha"][:10]
+    assert row["params"] == good.manifest["params"]["total"]
+    assert row["open"] == f"./overview?run={GOOD_RUN}"
+    assert table.loc[SLOW_RUN, "MFU"] == analyses[SLOW_RUN].mfu.median
+
+    bad = table.loc[TRUNCATED_RUN]
+    assert bad["status"] == "partial" and bad["world size"] == 1
+    assert bad["error"] == "; ".join(analyses[TRUNCATED_RUN].errors)
+    assert "rank1.json.gz" in bad["error"] and "truncated" in bad["error"]
+    with pytest.raises(AnalyzerError) as missing:
+        analyze(runs_dir / NO_MANIFEST_RUN)
+    assert table.loc[NO_MANIFEST_RUN, "status"] == "error"
+    assert table.loc[NO_MANIFEST_RUN, "error"] == str(missing.value)
+    assert "2 run(s) have errors" in " ".join(captions(at))
+
+
+def test_runs_page_filters(open_page):
+    at = open_page("runs")
+    at.text_input(key="runs_filter").input("slow").run()
+    assert at.dataframe[0].value["run"].tolist() == [SLOW_RUN]
+    at.text_input(key="runs_filter").input("").run()
+    at.multiselect(key="runs_kinds").set_value(["traces"]).run()
+    assert sorted(at.dataframe[0].value["run"]) == sorted([EVIL_RUN, GPU_RUN, TRUNCATED_RUN])
+
+
+def test_empty_runs_folder_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path))
+    at = AppTest.from_file(str(APP_PATH), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    assert "No runs here yet" in at.info[0].value
+
+
+# --------------------------------------------------------------------------- overview
+
+
+def test_overview_of_a_reftrain_run(open_page, analyses):
+    ra = analyses[GOOD_RUN]
+    at = open_page("overview", run=GOOD_RUN)
+    assert at.title[0].value == plain(GOOD_RUN)
+    shown = metrics(at)
+    assert shown["MFU"] == f"{100 * ra.mfu.median:.1f}%"
+    tp = throughput(ra.manifest, ra.metrics).median
+    assert shown["Tokens/s"] == f"{tp / 1e3:.3g}k tok/s"
+    steady = sorted(r.steady_step_time_ms for r in ra.ranks)
+    assert shown["Step time"] == f"{steady[0]:.0f}–{steady[-1]:.0f} ms"
+    # A CPU run: the HTA overlap needs GPU communication kernels.
+    assert shown["Comm/compute overlap"] == "n/a"
+    assert any(c.startswith(plain("source: manifest; peak")) for c in captions(at))
+
+    figs = charts(at)
+    bars = figs["breakdown"]["data"]
+    parts = list(ra.ranks[0].breakdown)
+    assert [b["name"] for b in bars] == parts
+    for bar in bars:
+        assert bar["y"] == pytest.approx([r.breakdown[bar["name"]]["mean_ms"] for r in ra.ranks])
+    assert figs["mfu_steps"]["data"][0]["y"] == pytest.approx(ra.mfu.steps["mfu"].tolist())
+    per_rank = figs["step_times"]["data"]
+    assert [t["name"] for t in per_rank] == ["rank 0", "rank 1"]
+    rank1 = ra.metrics[ra.metrics["rank"] == 1].sort_values("step")
+    assert per_rank[1]["y"] == pytest.approx(rank1["step_time_ms"].tolist())
+
+    facts = frame(at, "field").set_index("field")["value"]
+    assert facts["run_id"] == GOOD_RUN and facts["world_size"] == "2" and facts["backend"] == "gloo"
+    downloads = [b.proto.label for b in at.get("download_button")]
+    assert downloads[0].startswith(plain("rank0.step7.json.gz") + " (") and len(downloads) == 2
+    assert any("ui.perfetto.dev" in c for c in captions(at))
+
+
+def test_overview_of_gpu_traces_shows_hta_overlap_and_exposed_comm(open_page, analyses):
+    ra = analyses[GPU_RUN]
+    at = open_page("overview", run=GPU_RUN)
+    shown = metrics(at)
+    # Exact by construction (tests/dashboard_support.py): 50% and 200/350.
+    assert [r.comm_comp_overlap_pct for r in ra.ranks] == pytest.approx([50.0, 100 * 200 / 350])
+    assert shown["Comm/compute overlap"] == "50.0–57.1%"
+    assert shown["Exposed communication"] == "15.0–20.0%"
+    assert shown["Step time"] == "1.0 ms"
+    assert shown["MFU"] == "n/a"
+    assert any(plain(ra.mfu.reason) in c for c in captions(at))
+    bars = {b["name"]: b["y"] for b in charts(at)["breakdown"]["data"]}
+    assert bars["compute"] == pytest.approx([0.4, 0.45])
+    assert bars["overlapped_comm"] == pytest.approx([0.2, 0.2])
+    assert bars["idle"] == pytest.approx([0.2, 0.2])
+
+
+def test_overview_of_bad_runs_shows_errors_not_tracebacks(open_page, runs_dir, analyses):
+    at = open_page("overview", run=TRUNCATED_RUN)
+    assert plain(analyses[TRUNCATED_RUN].errors[0]) in [e.value for e in at.error]
+    assert metrics(at)["Step time"] != "n/a"  # rank 0 is still analyzed
+    at = open_page("overview", run=NO_MANIFEST_RUN)
+    with pytest.raises(AnalyzerError) as missing:
+        analyze(runs_dir / NO_MANIFEST_RUN)
+    assert [e.value for e in at.error] == [plain(str(missing.value))]
+    assert metrics(at) == {}
+
+
+@pytest.mark.parametrize("name", ["../../etc", "/etc", f"{GOOD_RUN}/../{SLOW_RUN}"])
+def test_unsafe_run_names_are_refused(open_page, name):
+    at = open_page("overview", run=name)
+    assert len(at.error) == 1 and "refused" in at.error[0].value
+    assert metrics(at) == {} and len(at.title) == 0
+
+
+def test_symlink_out_of_runs_dir_is_not_a_run(open_page):
+    at = open_page("overview", run="escape")
+    assert "no run named" in at.error[0].value
+    assert metrics(at) == {}
+
+
+def test_trace_derived_names_are_escaped(open_page):
+    at = open_page("overview", run=EVIL_RUN)
+    title = at.title[0].value
+    assert title == plain(EVIL_RUN)
+    assert "](" not in title and "[x]" not in title
+
+
+def test_sidebar_selection_updates_the_url(open_page):
+    at = open_page("overview")
+    assert "Choose a run" in at.info[0].value
+    at.selectbox(key="selected_run").set_value(SLOW_RUN).run()
+    assert at.query_params["run"] == SLOW_RUN
+    assert at.title[0].value == plain(SLOW_RUN)
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def _load(runs_dir, name):
+    from analyzer.load import load_traces
+
+    files = sorted((runs_dir / name).glob("*.json.gz")) or sorted((runs_dir / name / "traces").glob("*.json.gz"))
+    return load_traces(files)
+
+
+def test_timeline_heatmap_and_window_of_gpu_traces(open_page, runs_dir):
+    ts = _load(runs_dir, GPU_RUN)
+    ov = overview({r: t.events for r, t in ts.ranks.items()}, {r: t.steps for r, t in ts.ranks.items()}, 200)
+    at = open_page("timeline", run=GPU_RUN)
+    figs = charts(at)
+    heat = figs["timeline_heatmap"]["data"][0]
+    assert heat["y"] == ["rank 0", "rank 1"]
+    expected = ov.occupancy.pivot(index="rank", columns="bin", values="exposed_comm_frac").to_numpy()
+    assert np.array_equal(np.array(heat["z"], dtype=float), expected)
+    # Rank 0, first step: communication runs alone from 600 to 800 us, and
+    # never before 400 us.
+    centers_us = np.array(heat["x"]) * 1e3
+    rank0 = np.array(heat["z"][0])
+    assert (rank0[(centers_us > 610) & (centers_us < 790)] == 1.0).all()
+    assert (rank0[centers_us < 590] == 0.0).all()
+    # Default zoom: the first profiler step, 4 kernels (2 per rank), all drawn.
+    assert at.slider(key="timeline_range").value == (0.0, 1.0)
+    assert "4 of 4 events in this range" in captions(at)
+    lines = figs["timeline_window_chart"]["data"]
+    assert sorted(t["name"] for t in lines) == ["comm", "compute"]
+    comm = next(t for t in lines if t["name"] == "comm")
+    assert comm["type"] == "scattergl"
+    # start, end, gap (NaN) per event, in ms: rank 0 then rank 1.
+    assert comm["x"][0::3] + comm["x"][1::3] == pytest.approx([0.4, 0.45, 0.8, 0.8])
+    assert np.isnan(comm["x"][2::3]).all()
+
+    at.radio(key="timeline_state").set_value("compute").run()
+    heat = charts(at)["timeline_heatmap"]["data"][0]
+    expected = ov.occupancy.pivot(index="rank", columns="bin", values="compute_frac").to_numpy()
+    assert np.array_equal(np.array(heat["z"], dtype=float), expected)
+
+
+def test_timeline_caps_the_events_drawn(open_page, runs_dir):
+    ts = _load(runs_dir, GOOD_RUN)
+    ov = overview({r: t.events for r, t in ts.ranks.items()}, {r: t.steps for r, t in ts.ranks.items()}, 200)
+    at = open_page("timeline", run=GOOD_RUN)
+    assert at.radio(key="timeline_state").options[:3] == ["data", "forward", "backward"]
+    at.number_input(key="timeline_max_events").set_value(100).run()
+    t0_ms, t1_ms = at.slider(key="timeline_range").value
+    win = select_window(
+        {r: t.events for r, t in ts.ranks.items()}, ov.origins, (round(t0_ms * 1e6), round(t1_ms * 1e6)), 100, ov.source
+    )
+    assert win.n_total > 100
+    expected = (
+        f"100 of {win.n_total:,} events in this range; the {win.n_total - 100:,} shortest are not drawn "
+        "(narrow the range to see them)"
+    )
+    assert expected in captions(at)
+    drawn = sum(len(t["x"][0::3]) for t in charts(at)["timeline_window_chart"]["data"])
+    assert drawn == 100
+
+
+# --------------------------------------------------------------------------- communication
+
+
+def test_communication_page(open_page, analyses):
+    ra = analyses[GPU_RUN]
+    at = open_page("communication", run=GPU_RUN)
+    table = frame(at, "comm/compute overlap % (HTA)")
+    assert table["comm/compute overlap % (HTA)"].tolist() == pytest.approx([r.comm_comp_overlap_pct for r in ra.ranks])
+    assert table["exposed comm % of step"].tolist() == pytest.approx([20.0, 15.0])
+    assert table["exposed comm ms/step"].tolist() == pytest.approx([0.2, 0.15])
+    coll = frame(at, "arrival skew (ms)")
+    assert len(coll) == len(ra.collectives) == 2
+    assert coll["arrival skew (ms)"].tolist() == pytest.approx(ra.collectives["skew_ms"].tolist())
+    assert coll["bytes"].tolist() == ra.collectives["bytes"].tolist()
+    bars = charts(at)["comm_ranks"]["data"]
+    assert bars[0]["y"] == pytest.approx([50.0, 100 * 200 / 350])
+
+
+# --------------------------------------------------------------------------- stragglers
+
+
+def test_stragglers_page_names_the_slow_rank(open_page, analyses):
+    result = analyses[SLOW_RUN].stragglers
+    assert result.ranks == [1]
+    at = open_page("stragglers", run=SLOW_RUN)
+    assert [w.value for w in at.warning] == [plain(result.verdict)]
+    heat = charts(at)["straggler_ratio"]["data"][0]
+    expected = result.per_step.pivot_table(index="rank", columns="step", values="step_time_ratio").to_numpy()
+    assert np.allclose(np.array(heat["z"], dtype=float), expected, equal_nan=True)
+    evidence = frame(at, "flagged").set_index("rank")
+    assert bool(evidence.loc[1, "flagged"]) and not bool(evidence.loc[0, "flagged"])
+    assert evidence.loc[1, "last_arrivals"] == result.per_rank[1].last_arrivals
+
+
+def test_stragglers_page_without_a_straggler(open_page, analyses):
+    at = open_page("stragglers", run=GOOD_RUN)
+    assert [s.value for s in at.success] == [plain(analyses[GOOD_RUN].stragglers.verdict)]
+    assert "no persistent straggler among 2 ranks" in analyses[GOOD_RUN].stragglers.verdict
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+def test_telemetry_page_plots_nvml_series(open_page):
+    at = open_page("telemetry", run=TELEMETRY_RUN)
+    util = charts(at)["telemetry_gpu_util_pct"]["data"]
+    assert [t["name"] for t in util] == ["rank 0", "rank 1"]
+    assert util[1]["y"] == pytest.approx([51.0, 61.0, 71.0])
+    assert util[0]["x"] == pytest.approx([0.0, 1.0, 2.0])
+    throttled = frame(at, "throttle_reasons")
+    assert throttled["rank"].tolist() == [1]
+
+
+@pytest.mark.parametrize("name", [GOOD_RUN, GPU_RUN])
+def test_telemetry_page_without_samples(open_page, name):
+    at = open_page("telemetry", run=name)
+    assert at.info[0].value.startswith("This run had no GPU telemetry.")
+    assert charts(at) == {}
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_page_shows_gate_and_deltas(open_page, analyses):
+    from analyzer.check import check, explain
+    from analyzer.compare import compare
+
+    base, cand = analyses[GOOD_RUN], analyses[SLOW_RUN]
+    outcome = check(base, cand)
+    comparison = compare(base, cand)
+    at = open_page("compare", run=SLOW_RUN, base=GOOD_RUN)
+    gate = at.error if outcome.result.regression else at.success
+    assert [g.value for g in gate] == [plain(explain(outcome))]
+    shown = metrics(at)
+    # The comparison's MFU (the candidate may be put on the baseline's measured peak).
+    assert shown["MFU baseline"] == f"{100 * comparison.mfu.base:.1f}%"
+    assert shown["MFU candidate"] == f"{100 * comparison.mfu.cand:.1f}%"
+    assert shown["MFU drop"] == f"{100 * comparison.mfu.drop:.1f}%"
+    phases = frame_named(at, [d.name for d in comparison.phases])
+    assert phases["name"].tolist() == [d.name for d in comparison.phases]
+    assert phases["delta (ms)"].tolist() == pytest.approx([d.delta for d in comparison.phases])
+
+
+def test_compare_with_an_unreadable_baseline(open_page):
+    at = open_page("compare", run=GOOD_RUN, base=NO_MANIFEST_RUN)
+    assert at.error[0].value.startswith(plain("baseline: "))
+    assert metrics(at) == {}
