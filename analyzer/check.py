@@ -291,10 +291,15 @@ class GateOutcome:
     comparison: "Comparison"
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def explanation(self) -> str:
+        """The paragraph ``analyzer check`` prints (:func:`explain`)."""
+        return explain(self)
+
     def to_json(self) -> dict:
         out = self.result.to_json()
         out["notes"] = list(self.result.notes) + list(self.notes)
-        out["explanation"] = explain(self)
+        out["explanation"] = self.explanation
         out["compare"] = self.comparison.to_json()
         return out
 

@@ -89,13 +89,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from analyzer import report
-    from analyzer.check import CheckConfig, check, explain
+    from analyzer.check import CheckConfig, check
 
     CheckConfig(max_drop=args.max_mfu_drop, alpha=args.alpha)  # reject bad values before analyzing
     cand = _analyze(_existing(args.cand), args)
     base = _analyze(_existing(args.baseline), args)
     outcome = check(base, cand, max_drop=args.max_mfu_drop, alpha=args.alpha)
-    explanation = explain(outcome)
+    explanation = outcome.explanation
     if args.summary:
         _write_text(args.summary, report.render_check_markdown(outcome, explanation))
     if args.json:

@@ -339,3 +339,66 @@ def test_report_mfu_matches_reftrains_logged_mfu(reftrain_runs, tmp_path) -> Non
     assert mfu["source"] == "manifest"
     assert mfu["logged_median"] == pytest.approx(logged, rel=1e-9)
     assert mfu["median"] == pytest.approx(logged, rel=0.02)
+
+
+# ----------------------------------------------------------------- the docs' examples
+def _code_blocks(doc: str, lang: str) -> list[str]:
+    text = (REPO / "docs" / doc).read_text()
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.DOTALL)
+
+
+def test_api_doc_example_runs_verbatim(synthetic, tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "base").symlink_to(synthetic["base"])
+    (tmp_path / "runs" / "cand").symlink_to(synthetic["cand"])
+    monkeypatch.chdir(tmp_path)
+    example, statistics_example = _code_blocks("api.md", "python")[:2]
+    exec(compile(example, "docs/api.md", "exec"), {"__name__": "docs_api_example"})
+    out = capsys.readouterr().out.splitlines()
+    # H100 in the synthetic traces: MFU from shapes and the datasheet peak.
+    assert out[0].startswith("trace-shapes 0.0249")
+    assert out[1:3] == ["0 1.2 50.0 4.166666666666667 58.18181818181818", "1 1.2 50.0 4.166666666666667 58.18181818181818"]
+    assert out[3] == "no persistent straggler among 2 ranks []"
+    assert out[4] == "compute: 0.15 -> 0.35 ms/step (+0.20)"
+    assert out[7].startswith("MFU drop: 0.16666")
+    assert out[8].startswith("regression 0.16666")
+    assert out[9].startswith("Regression: median MFU 2.99% -> 2.49% (drop +16.7%")
+    exec(compile(statistics_example, "docs/api.md", "exec"), {"__name__": "docs_api_example"})
+    assert capsys.readouterr().out.strip() == "regression"
+
+
+def test_ci_workflow_commands_parse() -> None:
+    """Every `analyzer` and `reftrain` command in the documented workflow is valid for the current parsers."""
+    import shlex
+
+    import yaml
+
+    from reftrain.cli import build_parser as reftrain_parser
+
+    (workflow,) = _code_blocks("ci.md", "yaml")
+    steps = yaml.safe_load(workflow)["jobs"]["gate"]["steps"]
+    lines = [line.strip() for s in steps if "run" in s for line in s["run"].strip().splitlines()]
+    subst = {"$PWD": "/w", '"$GITHUB_STEP_SUMMARY"': "/tmp/summary.md"}
+
+    def words(text: str) -> list[str]:
+        for k, v in subst.items():
+            text = text.replace(k, v)
+        return shlex.split(text)
+
+    reftrain_args = words(next(l for l in lines if l.startswith("ARGS=")).split("=", 1)[1].strip('"'))
+    run_names = []
+    for line in lines:
+        if "-m reftrain $ARGS" in line:
+            tail = line.split("-m reftrain $ARGS", 1)[1].split(")")[0].rstrip(" &")
+            args = reftrain_parser().parse_args(reftrain_args + words(tail))
+            assert (args.nproc, args.device, args.runs_dir) == (2, "cpu", "/w/runs")
+            run_names.append(args.run_name)
+    assert run_names == ["base", "cand"]
+    # `run: >` folds the check command into one line.
+    analyzer_argv = [words(l)[1:] for l in lines if l.startswith("analyzer ")]
+    assert [argv[0] for argv in analyzer_argv] == ["report", "check"]
+    for argv in analyzer_argv:
+        args = cli.build_parser().parse_args(argv)
+        if args.command == "check":
+            assert (args.cand, args.baseline, args.max_mfu_drop, args.alpha) == ("runs/cand", "runs/base", 0.05, 0.05)
+            assert str(args.summary) == "/tmp/summary.md"
