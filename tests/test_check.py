@@ -192,3 +192,108 @@ def test_samples_from_trace_steps_are_steps_per_second():
     samples = samples_from_steps(steps, value_column="step_time_ms", metric="steps_per_s", label="t")
     assert samples.steps.tolist() == [5, 6]
     assert samples.values == pytest.approx([10.0, (5.0 + 4.0) / 2])
+
+
+# ----------------------------------------------------------------- runs: compatibility and samples
+def _run(
+    *,
+    kind: str = "reftrain",
+    model: dict | None = None,
+    params: int = 1000,
+    peak: float = 1e10,
+    peak_source: str = "measured",
+    mfu: list[float] | None = None,
+    mfu_source: str = "manifest",
+    tokens_per_s: list[float] | None = None,
+    cpu_model: str = "AMD EPYC",
+    world_size: int = 2,
+):
+    """A RunAnalysis with only what the gate reads: manifest, MFU steps, metrics."""
+    from pathlib import Path
+
+    from analyzer.api import RunAnalysis
+    from analyzer.metrics.mfu import MfuResult
+    from analyzer.stragglers import StragglerConfig, StragglerResult
+
+    mfu = mfu if mfu is not None else [0.2] * 6
+    tokens_per_s = tokens_per_s if tokens_per_s is not None else [1000.0] * len(mfu)
+    steps = pd.DataFrame({"step": np.arange(len(mfu)), "n_ranks": 2, "mfu": mfu})
+    mfu_result = (
+        MfuResult(mfu_source, median=float(np.median(mfu)), steps=steps, peak_flops_per_s=peak, peak_source=peak_source)
+        if mfu_source != "none"
+        else MfuResult("none", reason="run.json lacks peak_flops.per_s")
+    )
+    metrics = pd.DataFrame(
+        [{"rank": r, "step": s, "step_time_ms": 100.0, "tokens_per_s": t, "profiled": False}
+         for s, t in enumerate(tokens_per_s) for r in range(2)]
+    )
+    manifest = {
+        "config": {"model": model or {"preset": "tiny", "n_layers": 2}},
+        "params": {"total": params},
+        "flops": {"per_token": 6 * params},
+        "world_size": world_size,
+        "warmup_steps": 0,
+        "profiled_steps": [],
+        "hardware": {"device_type": "cpu", "cpu_model": cpu_model, "device_names": [cpu_model] * world_size},
+    }
+    empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in ["rank", "step", "step_time_ms", "source"]})
+    return RunAnalysis(
+        path=Path("run"), kind=kind, manifest=manifest if kind == "reftrain" else None, ranks=[], steps=empty,
+        mfu=mfu_result, stragglers=StragglerResult([], [], "n/a", None, None, StragglerConfig(), pd.DataFrame()),
+        kernels=pd.DataFrame(columns=["rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct"]),
+        collectives=None, metrics=metrics if kind == "reftrain" else None,
+    )
+
+
+def test_runs_of_different_models_or_kinds_are_incompatible():
+    from analyzer.check import check, check_compatible
+
+    base = _run()
+    with pytest.raises(AnalyzerError, match=r"different model \(baseline preset tiny, 1000 parameters; candidate preset small, 2000"):
+        check(base, _run(model={"preset": "small", "n_layers": 4}, params=2000))
+    with pytest.raises(AnalyzerError, match="baseline is a reftrain run directory, the candidate a trace folder"):
+        check(base, _run(kind="traces"))
+    # Different world sizes are allowed, and said.
+    assert check_compatible(base, _run(world_size=4)) == [
+        "world sizes differ (baseline 2, candidate 4); MFU is per device",
+        "hardware differs (baseline ['AMD EPYC', 'AMD EPYC'], candidate ['AMD EPYC', 'AMD EPYC', 'AMD EPYC', 'AMD EPYC'])",
+    ]
+
+
+def test_measured_peaks_put_the_candidate_on_the_baselines_peak():
+    from analyzer.check import check
+
+    base_mfu = [0.20, 0.21, 0.19, 0.20, 0.205, 0.195]
+    # Same speed, but the candidate measured a 25% higher peak: its MFU reads 20% lower.
+    cand = _run(peak=1.25e10, mfu=[m / 1.25 for m in base_mfu])
+    outcome = check(_run(peak=1e10, mfu=base_mfu), cand)
+    assert outcome.result.metric == "mfu"
+    assert outcome.result.drop == pytest.approx(0.0, abs=1e-12)
+    assert outcome.result.verdict == "pass"
+    assert any("recomputed with the baseline's measured peak (10.0 GFLOP/s; the candidate measured 12.5)" in n for n in outcome.notes)
+    assert outcome.comparison.mfu.drop == pytest.approx(0.0, abs=1e-12)
+    # Datasheet peaks are real differences (other hardware): used as they are.
+    table = check(_run(peak=1e10, peak_source="table", mfu=base_mfu), _run(peak=1.25e10, peak_source="table", mfu=[m / 1.25 for m in base_mfu]))
+    assert table.result.drop == pytest.approx(0.2)
+    assert table.result.verdict == "regression"
+    # Measured on different CPUs: no rescale either.
+    other_cpu = check(_run(peak=1e10, mfu=base_mfu), _run(peak=1.25e10, mfu=[m / 1.25 for m in base_mfu], cpu_model="Intel Xeon"))
+    assert other_cpu.result.drop == pytest.approx(0.2)
+
+
+def test_without_mfu_the_gate_uses_tokens_per_second():
+    from analyzer.check import check
+
+    base = _run(mfu_source="none", mfu=[0.2] * 6, tokens_per_s=[1000, 1010, 990, 1005, 995, 1000])
+    cand = _run(mfu_source="none", mfu=[0.2] * 6, tokens_per_s=[800, 810, 790, 805, 795, 800])
+    outcome = check(base, cand)
+    assert outcome.result.metric == "tokens_per_s"
+    assert outcome.result.base_median == pytest.approx(1000.0)
+    assert outcome.result.drop == pytest.approx(0.2)
+    assert outcome.result.verdict == "regression"
+    assert outcome.notes == [
+        "MFU unavailable (baseline: run.json lacks peak_flops.per_s): gating on throughput (tokens/s per rank) instead"
+    ]
+    assert "median throughput (tokens/s per rank) 1,000 tokens/s -> 800 tokens/s (drop +20.0%" in outcome.explanation
+    doc = outcome.to_json()
+    assert doc["schema"] == "analyzer.check/1" and doc["verdict"] == "regression" and doc["compare"]["schema"] == "analyzer.compare/1"
