@@ -45,6 +45,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.text import text_map, text_mask
+
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a sample median, in sigma / sqrt(n)
 
@@ -209,12 +211,13 @@ def rank_collective_events(events: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     arrival); the ``gloo:*`` ranges run later on gloo's worker threads and
     ``record_param_comms`` wraps the same call, so neither is used.
     """
+    columns = ["name", "coll_name", "stream", "start_ns", "end_ns", "msg_in_nelems", "msg_dtype", "group_size"]
     kind = events["kind"]
-    comm = events.loc[kind == "comm"]
+    comm = events.loc[(kind == "comm").to_numpy(), columns]
     if not comm.empty:
         return comm.sort_values(["stream", "start_ns"], kind="stable"), "device communication kernels"
-    names = events["name"].astype(str)
-    host = events.loc[(kind == "cpu_comm") & names.str.startswith("c10d::")]
+    c10d = text_mask(events["name"], lambda n: n.startswith("c10d::"))
+    host = events.loc[(kind == "cpu_comm").to_numpy() & c10d, columns]
     return host.sort_values("start_ns", kind="stable"), "host c10d collective ops"
 
 
@@ -238,21 +241,24 @@ def arrivals_from_traces(per_rank: Mapping[int, tuple[pd.DataFrame, pd.DataFrame
             continue
         if source.startswith("device"):
             streams = np.sort(sel["stream"].unique())
-            group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str)
+            group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
         else:
-            group = sel["name"].astype(str).to_numpy()
-        names = sel["coll_name"].astype(object).where(sel["coll_name"].notna(), sel["name"].astype(str)).astype(str)
+            group = text_map(sel["name"], str)
+        # Kind from the collective name when the event carries one, else from the op/kernel name.
+        kind = text_map(sel["coll_name"], collective_kind)
+        by_name = text_map(sel["name"], collective_kind)
+        kind = np.where(pd.isna(kind), by_name, kind)
         nelems = sel["msg_in_nelems"].to_numpy(np.int64)
-        elem_bytes = sel["msg_dtype"].astype(object).map(lambda d: _DTYPE_BYTES.get(str(d), np.nan)).to_numpy(np.float64)
+        elem_bytes = text_map(sel["msg_dtype"], lambda d: _DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
         order = pd.Series(group).groupby(group).cumcount().to_numpy()
         start = sel["start_ns"].to_numpy(np.int64)
         frames.append(
             pd.DataFrame(
                 {
                     "rank": rank,
-                    "key": [f"{g}:{i}" for g, i in zip(group, order)],
+                    "key": group + ":" + order.astype(str).astype(object),
                     "step": _step_of(start, steps),
-                    "kind": [collective_kind(n) for n in names],
+                    "kind": kind,
                     "bytes": np.where(nelems >= 0, nelems * elem_bytes, np.nan),
                     "group_size": sel["group_size"].to_numpy(np.int64),
                     "start_ns": start,
@@ -367,15 +373,30 @@ def _rank_waits(arrivals: pd.DataFrame) -> pd.DataFrame:
 
 
 def _leave_one_out_excess(values: pd.DataFrame) -> pd.DataFrame:
-    """``d[r, s] = x[r, s] - median over r' != r of x[r', s]`` on a (step x rank) table."""
+    """``d[r, s] = x[r, s] - median over r' != r of x[r', s]`` on a (step x rank) table.
+
+    Vectorized through each row's sort: removing the element at sorted
+    position ``i`` shifts the later ones down by one, so the others' median
+    sits at a known sorted index. Missing values (NaN) are ignored.
+    """
     x = values.to_numpy(np.float64)
-    out = np.full(x.shape, np.nan)
-    for j in range(x.shape[1]):  # one pass per rank (ranks, not events)
-        others = np.delete(x, j, axis=1)
-        with np.errstate(all="ignore"):
-            ref = np.nanmedian(others, axis=1) if others.shape[1] else np.full(x.shape[0], np.nan)
-        out[:, j] = x[:, j] - ref
-    return pd.DataFrame(out, index=values.index, columns=values.columns)
+    n_steps, n_ranks = x.shape
+    order = np.argsort(x, axis=1, kind="stable")  # NaN sort last
+    srt = np.take_along_axis(x, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n_ranks)[None, :].repeat(n_steps, axis=0), axis=1)
+    m = (np.isfinite(x).sum(axis=1, keepdims=True) - 1).repeat(n_ranks, axis=1)  # others per element
+    rows = np.arange(n_steps)[:, None].repeat(n_ranks, axis=1)
+
+    def others_at(j: np.ndarray) -> np.ndarray:
+        k = np.where(j < pos, j, j + 1).clip(0, n_ranks - 1)
+        return srt[rows, k]
+
+    lo = others_at(np.maximum((m - 1) // 2, 0))
+    hi = others_at(np.maximum(m // 2, 0))
+    ref = np.where(m % 2 == 1, lo, (lo + hi) / 2.0)
+    ref = np.where(m >= 1, ref, np.nan)
+    return pd.DataFrame(x - ref, index=values.index, columns=values.columns)
 
 
 @dataclass(frozen=True)
@@ -462,6 +483,7 @@ def find_stragglers(
     late_sig = _score(late_table, cfg) if not late_table.empty else None
 
     per_step = pd.DataFrame()
+    ratio = pd.DataFrame()
     if not step_table.empty:
         ratio = step_table.div(step_table.median(axis=1), axis=0)
         per_step = (
@@ -471,26 +493,38 @@ def find_stragglers(
             per_step = per_step.join(late_table.stack().rename("lateness_ms"), how="outer")
         per_step = per_step.reset_index()
 
+    # Per-rank arrival totals in one pass over the (rank, collective) rows.
+    empty = pd.Series(dtype="float64")
+    if not waits.empty:
+        by_rank = waits.groupby("rank")
+        n_colls, n_last, wait_ns = by_rank.size(), by_rank["is_last"].sum(), by_rank["wait_ns"].sum()
+        # The others' wait at a collective is its total wait (the last arriver waits 0).
+        coll_wait = waits.groupby("key")["wait_ns"].sum()
+        last = waits.loc[waits["is_last"], ["key", "rank"]]
+        caused_ns = pd.Series(coll_wait.reindex(last["key"]).to_numpy(), index=last["rank"].to_numpy()).groupby(level=0).sum()
+    else:
+        n_colls = n_last = wait_ns = caused_ns = empty
+    step_n = step_table.notna().sum() if not step_table.empty else empty
+    step_median = step_table.median() if not step_table.empty else empty
+    ratio_median = ratio.median() if not ratio.empty else empty
+
+    def get(series: pd.Series, r: int, default=None):
+        return series.get(r, default) if len(series) else default
+
     per_rank: list[RankStraggle] = []
-    for r in ranks:
-        mine = waits.loc[waits["rank"] == r] if not waits.empty else waits
-        caused = 0.0
-        if not waits.empty:
-            last_keys = waits.loc[(waits["rank"] == r) & waits["is_last"], "key"]
-            caused = float(waits.loc[waits["key"].isin(last_keys) & (waits["rank"] != r), "wait_ns"].sum()) / 1e6
-        ratio_r = None
-        if not step_table.empty and r in step_table.columns:
-            ratio_r = float(step_table[r].div(step_table.median(axis=1)).median())
+    for r in ranks:  # one record per rank; every number above is already aggregated
         signals = []
         if _flags(step_sig, r, median_step_ms, cfg):
             signals.append("step_time")
         if _flags(late_sig, r, median_step_ms, cfg):
             signals.append("lateness")
+        step_ms = get(step_median, r)
+        ratio_r = get(ratio_median, r)
         rs = RankStraggle(
             rank=r,
-            n_steps=int(step_table[r].notna().sum()) if r in getattr(step_table, "columns", []) else 0,
-            step_time_ms=float(step_table[r].median()) if r in getattr(step_table, "columns", []) else None,
-            step_time_ratio=ratio_r,
+            n_steps=int(get(step_n, r, 0)),
+            step_time_ms=float(step_ms) if step_ms is not None else None,
+            step_time_ratio=float(ratio_r) if ratio_r is not None else None,
             step_excess_ms=step_sig.excess_ms.get(r) if step_sig else None,
             step_slow_share=step_sig.slow_share.get(r) if step_sig else None,
             step_sign_p=step_sig.sign_p.get(r) if step_sig else None,
@@ -499,10 +533,10 @@ def find_stragglers(
             lateness_slow_share=late_sig.slow_share.get(r) if late_sig else None,
             lateness_sign_p=late_sig.sign_p.get(r) if late_sig else None,
             lateness_z=late_sig.z.get(r) if late_sig else None,
-            last_arrivals=int(mine["is_last"].sum()) if not mine.empty else 0,
-            n_collectives=int(len(mine)),
-            wait_ms=float(mine["wait_ns"].sum()) / 1e6 if not mine.empty else 0.0,
-            caused_wait_ms=caused,
+            last_arrivals=int(get(n_last, r, 0)),
+            n_collectives=int(get(n_colls, r, 0)),
+            wait_ms=float(get(wait_ns, r, 0.0)) / 1e6,
+            caused_wait_ms=float(get(caused_ns, r, 0.0)) / 1e6,
             flagged=bool(signals),
             signals=signals,
         )

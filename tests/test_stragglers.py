@@ -221,3 +221,20 @@ def test_straggler_result_is_json_ready() -> None:
     assert out["ranks"] == [1]
     assert out["per_rank"][1]["flagged"] is True
     assert out["config"]["min_slow_share"] == 0.75
+
+
+def test_leave_one_out_median_matches_brute_force() -> None:
+    from analyzer.stragglers import _leave_one_out_excess
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n_steps, n_ranks = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        x = rng.normal(size=(n_steps, n_ranks)).round(1)
+        x[rng.random(x.shape) < 0.2] = np.nan  # ranks missing some steps
+        got = _leave_one_out_excess(pd.DataFrame(x)).to_numpy()
+        for j in range(n_ranks):
+            others = np.delete(x, j, axis=1)
+            for s in range(n_steps):
+                finite = others[s][np.isfinite(others[s])]
+                expected = x[s, j] - np.median(finite) if finite.size else np.nan
+                assert np.isclose(got[s, j], expected, equal_nan=True), (x, j, s)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import Timeline, sweep, union
+from analyzer.metrics.text import is_in
 from analyzer.tables import DEVICE_KINDS
 
 Source = Literal["device", "host"]
@@ -59,12 +60,12 @@ def parts_of(source: Source) -> tuple[str, ...]:
 
 def source_of(events: pd.DataFrame) -> Source:
     """``device`` when the rank has any GPU-stream event, else ``host``."""
-    return "device" if bool(events["kind"].isin(DEVICE_KINDS).any()) else "host"
+    return "device" if bool(is_in(events["kind"], DEVICE_KINDS).any()) else "host"
 
 
 def _layer(events: pd.DataFrame, mask: pd.Series | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    sel = events.loc[mask]
-    return union(sel["start_ns"].to_numpy(np.int64), sel["end_ns"].to_numpy(np.int64))
+    rows = np.asarray(mask, dtype=bool)
+    return union(events["start_ns"].to_numpy(np.int64)[rows], events["end_ns"].to_numpy(np.int64)[rows])
 
 
 def device_timeline(events: pd.DataFrame) -> Timeline:
@@ -74,23 +75,24 @@ def device_timeline(events: pd.DataFrame) -> Timeline:
         [
             _layer(events, kind == "compute"),
             _layer(events, kind == "comm"),
-            _layer(events, kind.isin(("memcpy", "memset"))),
+            _layer(events, is_in(kind, ("memcpy", "memset"))),
         ]
     )
 
 
-def phase_annotations(events: pd.DataFrame) -> pd.Series:
+def phase_annotations(events: pd.DataFrame) -> np.ndarray:
     """Boolean row mask of host phase ranges (``user_annotation`` named a phase)."""
-    return (events["kind"] == "annotation") & (events["cat"].astype(str) == "user_annotation") & events[
-        "name"
-    ].astype(str).isin(HOST_PHASES)
+    return (
+        (events["kind"] == "annotation").to_numpy()
+        & is_in(events["cat"], ("user_annotation",))
+        & is_in(events["name"], HOST_PHASES)
+    )
 
 
 def host_timeline(events: pd.DataFrame) -> Timeline:
     """One layer per phase of :data:`HOST_PHASES` (bit ``2**i``), then host collectives."""
-    names = events["name"].astype(str)
     is_phase = phase_annotations(events)
-    layers = [_layer(events, is_phase & (names == phase)) for phase in HOST_PHASES]
+    layers = [_layer(events, is_phase & is_in(events["name"], (phase,))) for phase in HOST_PHASES]
     layers.append(_layer(events, events["kind"] == "cpu_comm"))
     return sweep(layers)
 

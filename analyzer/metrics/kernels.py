@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.text import is_in
 from analyzer.tables import DEVICE_KINDS
 
 COLUMNS = ("rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct")
@@ -32,18 +33,24 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     mean_us, max_us, share_pct``; sorted by ``total_ms`` descending, ties by
     name.
     """
-    device = events["kind"].isin(DEVICE_KINDS)
+    columns = ["name", "kind", "start_ns", "end_ns"]
+    device = is_in(events["kind"], DEVICE_KINDS)
     if device.any():
-        source, sel = "device", events.loc[device]
+        source, sel = "device", events.loc[device, columns]
     else:
-        source, sel = "host", events.loc[events["kind"].isin(HOST_OP_KINDS)]
+        source, sel = "host", events.loc[is_in(events["kind"], HOST_OP_KINDS), columns]
     if sel.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     dur_ns = (sel["end_ns"] - sel["start_ns"]).to_numpy(np.int64)
-    frame = pd.DataFrame({"name": sel["name"].astype(str).to_numpy(), "kind": sel["kind"].astype(str).to_numpy(), "dur_ns": dur_ns})
-    grouped = frame.groupby("name", sort=False).agg(
-        kind=("kind", "first"), count=("dur_ns", "size"), total_ns=("dur_ns", "sum"), max_ns=("dur_ns", "max")
-    )
+    # Aggregate on the categorical codes with numpy: one bincount per statistic.
+    codes, names = pd.factorize(sel["name"])
+    kinds = sel["kind"].to_numpy()
+    n = len(names)
+    count = np.bincount(codes, minlength=n)
+    total_ns = np.bincount(codes, weights=dur_ns, minlength=n)
+    max_ns = np.zeros(n, dtype=np.int64)
+    np.maximum.at(max_ns, codes, dur_ns)
+    first = np.unique(codes, return_index=True)[1]
     if source == "device":
         denominator_ns = float(dur_ns.sum())
     elif len(steps):
@@ -54,13 +61,13 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
         {
             "rank": rank,
             "source": source,
-            "kind": grouped["kind"].to_numpy(),
-            "name": grouped.index.to_numpy(),
-            "count": grouped["count"].to_numpy(np.int64),
-            "total_ms": grouped["total_ns"].to_numpy() / 1e6,
-            "mean_us": grouped["total_ns"].to_numpy() / grouped["count"].to_numpy() / 1e3,
-            "max_us": grouped["max_ns"].to_numpy() / 1e3,
-            "share_pct": 100.0 * grouped["total_ns"].to_numpy() / denominator_ns if denominator_ns > 0 else np.nan,
+            "kind": [str(kinds[i]) for i in first],
+            "name": [str(v) for v in names],
+            "count": count.astype(np.int64),
+            "total_ms": total_ns / 1e6,
+            "mean_us": total_ns / count / 1e3,
+            "max_us": max_ns / 1e3,
+            "share_pct": 100.0 * total_ns / denominator_ns if denominator_ns > 0 else np.nan,
         }
     )
     out = out.sort_values(["total_ms", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)

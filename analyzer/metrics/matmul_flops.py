@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import union
+from analyzer.metrics.text import is_in, text_mask
 from analyzer.tables import MATMUL_OPS
 
 # Backward regions: every autograd node runs inside one of these ranges.
@@ -171,8 +172,7 @@ def _nesting(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     """Per row of ``ops``: its start lies inside a backward range on the same thread."""
-    names = events["name"].astype(str)
-    bw = events.loc[names.str.startswith(BACKWARD_PREFIX), ["pid", "tid", "start_ns", "end_ns"]]
+    bw = events.loc[text_mask(events["name"], lambda n: n.startswith(BACKWARD_PREFIX)), ["pid", "tid", "start_ns", "end_ns"]]
     inside = np.zeros(len(ops), dtype=bool)
     if bw.empty:
         return inside
@@ -199,9 +199,9 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     ``backward`` (inside an autograd backward range), ``dtype`` (bf16, fp16,
     fp32, fp64, fp8 or None).
     """
-    names = events["name"].astype(str)
-    ops = events.loc[names.isin(MATMUL_OPS) & (events["kind"] == "cpu_op"), ["name", "pid", "tid", "start_ns", "end_ns", "input_dims", "input_types"]]
-    ops = ops.assign(name=ops["name"].astype(str)).reset_index(drop=True)
+    rows = is_in(events["name"], MATMUL_OPS) & (events["kind"] == "cpu_op").to_numpy()
+    ops = events.loc[rows, ["name", "pid", "tid", "start_ns", "end_ns", "input_dims", "input_types"]]
+    ops = ops.assign(name=[str(n) for n in ops["name"]]).reset_index(drop=True)
     if ops.empty:
         return ops.assign(flops=np.float64(0), top_level=True, leaf=True, backward=False, dtype=None).drop(columns=["input_dims", "input_types"])
     # Formulas once per distinct (name, dims) pair.

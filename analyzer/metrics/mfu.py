@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, dominant_dtype, matmul_ops
+from analyzer.metrics.text import is_in, text_mask
 from reftrain.flops import table_peak
 from analyzer.tables import DEVICE_KINDS
 
@@ -253,8 +254,7 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     """Model FLOPs per ProfilerStep window of one rank from matmul shapes (see module doc)."""
     ops = matmul_ops(events)
     top = ops.loc[ops["top_level"]]
-    names = events["name"].astype(str)
-    has_backward = bool(names.str.startswith(BACKWARD_PREFIX).any())
+    has_backward = bool(text_mask(events["name"], lambda n: n.startswith(BACKWARD_PREFIX)).any())
     lo = steps["start_ns"].to_numpy(np.int64)
     hi = steps["end_ns"].to_numpy(np.int64)
     start = top["start_ns"].to_numpy(np.int64)
@@ -281,8 +281,8 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     )
     dtype = dominant_dtype(ops)
     if dtype == "fp32":
-        kernels = events.loc[events["kind"] == "compute", "name"].astype(str)
-        if kernels.str.contains("tf32", case=False, regex=False).any():
+        tf32 = text_mask(events["name"], lambda n: "tf32" in n.lower())
+        if (tf32 & (events["kind"] == "compute").to_numpy()).any():
             dtype = "tf32"
     return RankFlops(rank, table, mode, int(len(top)), int(top["flops"].isna().sum()), dtype)
 
@@ -291,7 +291,7 @@ def device_name_of(events: pd.DataFrame, device_properties: Sequence[Mapping[str
     """Name of the device a rank ran on: the ``deviceProperties`` entry whose id is the GPU events' pid."""
     if not device_properties:
         return None
-    device_pids = events.loc[events["kind"].isin(DEVICE_KINDS), "pid"]
+    device_pids = events.loc[is_in(events["kind"], DEVICE_KINDS), "pid"]
     if len(device_pids):
         pid = int(device_pids.mode().iloc[0])
         for prop in device_properties:

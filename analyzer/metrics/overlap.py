@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import sweep, union
+from analyzer.metrics.text import is_in
 from analyzer.tables import DEVICE_KINDS
 
 
@@ -71,7 +72,7 @@ class OverlapResult:
 
 def hta_window(events: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """Boolean row mask: device events inside HTA's analysis window (see module doc)."""
-    device = events["kind"].isin(DEVICE_KINDS).to_numpy()
+    device = is_in(events["kind"], DEVICE_KINDS)
     if len(steps) < 2:
         return device
     last_end_ns = int(steps["end_ns"].max())
