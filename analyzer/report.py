@@ -141,6 +141,11 @@ def top_kernels_table(a: "RunAnalysis", top: int) -> pd.DataFrame:
     return grouped.head(top)[["name", "kind", "count", "total_ms", "ms_per_rank", "share_pct"]].reset_index(drop=True)
 
 
+def _host_ops(a: "RunAnalysis") -> bool:
+    """True when the top list holds host ops (CPU-only traces), not device kernels."""
+    return a.kernels is not None and not a.kernels.empty and set(a.kernels["source"].astype(str)) == {"host"}
+
+
 def _mfu_lines(a: "RunAnalysis") -> list[str]:
     m = a.mfu
     if m.source == "none" or m.median is None:
@@ -235,8 +240,7 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     out.append("")
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
-        host = a.kernels is not None and set(a.kernels["source"].astype(str)) == {"host"}
-        title = "Top host ops (inclusive time)" if host else "Top kernels"
+        title = "Top host ops (inclusive time)" if _host_ops(a) else "Top kernels"
         out.append(f"{title}, all ranks (ms/rank = total over the trace / ranks)")
         krows = [
             [short_kernel_name(k.name), k.kind, k.count, _num(k.total_ms, ".2f"), _num(k.ms_per_rank, ".2f"), _num(k.share_pct)]
@@ -277,6 +281,12 @@ def _figure_html(fig) -> str:
     )
 
 
+def _integer_steps(fig, steps: pd.Series) -> None:
+    """Step axes tick on whole steps (plotly would otherwise label 6.2, 6.4, ...)."""
+    span = float(steps.max() - steps.min()) if len(steps) else 0.0
+    fig.update_xaxes(tickformat="d", dtick=max(1, round(span / 10)))
+
+
 def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
     """HTML of each chart the run has data for, by section: breakdown, step_time, mfu, overlap, kernels."""
     import plotly.graph_objects as go
@@ -290,16 +300,36 @@ def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
             fig.add_bar(name=p, x=labels, y=[(r.breakdown.get(p) or {}).get("mean_ms") for r in a.ranks])
         fig.update_layout(barmode="stack", title="Step breakdown per rank (mean ms per step)", yaxis_title="ms")
         charts["breakdown"] = _figure_html(fig)
-    if a.steps is not None and not a.steps.empty:
+    metrics = a.metrics
+    if metrics is not None and not metrics.empty and {"rank", "step", "step_time_ms"} <= set(metrics.columns):
+        # Run directories: every optimizer step from the metrics records, with
+        # the steps that steady-state statistics leave out shaded.
+        fig = go.Figure()
+        for rank, grp in metrics.sort_values("step").groupby("rank", sort=True):
+            fig.add_scatter(name=f"rank {rank}", x=grp["step"], y=grp["step_time_ms"], mode="lines+markers")
+        manifest = a.manifest or {}
+        warmup = int(manifest.get("warmup_steps") or 0)
+        if warmup:
+            fig.add_vrect(x0=-0.5, x1=warmup - 0.5, fillcolor="grey", opacity=0.15, line_width=0,
+                          annotation_text="warmup", annotation_position="top left")
+        for step in sorted(set(manifest.get("profiled_steps") or [])):
+            fig.add_vrect(x0=step - 0.5, x1=step + 0.5, fillcolor="orange", opacity=0.15, line_width=0)
+        fig.update_layout(title="Step time per optimizer step (metrics records; shaded: warmup, profiled)",
+                          xaxis_title="step", yaxis_title="ms")
+        _integer_steps(fig, metrics["step"])
+        charts["step_time"] = _figure_html(fig)
+    elif a.steps is not None and not a.steps.empty:
         fig = go.Figure()
         for rank, grp in a.steps.groupby("rank", sort=True):
             fig.add_scatter(name=f"rank {rank}", x=grp["step"], y=grp["step_time_ms"], mode="lines+markers")
         fig.update_layout(title="Step time per ProfilerStep", xaxis_title="step", yaxis_title="ms")
+        _integer_steps(fig, a.steps["step"])
         charts["step_time"] = _figure_html(fig)
     if a.mfu.source != "none" and len(a.mfu.steps):
         fig = go.Figure()
         fig.add_scatter(name="MFU", x=a.mfu.steps["step"], y=100 * a.mfu.steps["mfu"], mode="lines+markers")
         fig.update_layout(title=f"MFU per step ({a.mfu.source})", xaxis_title="step", yaxis_title="% of peak")
+        _integer_steps(fig, a.mfu.steps["step"])
         charts["mfu"] = _figure_html(fig)
     if any(r.comm_comp_overlap_pct is not None or r.idle_pct is not None for r in a.ranks):
         fig = go.Figure()
@@ -321,7 +351,8 @@ def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
                 hovertext=list(kernels["name"][::-1]),
             )
         )
-        fig.update_layout(title="Top kernels (ms per rank over the trace)", xaxis_title="ms", margin=dict(l=400))
+        what = "host ops (inclusive" if _host_ops(a) else "kernels ("
+        fig.update_layout(title=f"Top {what} ms per rank over the trace)", xaxis_title="ms", margin=dict(l=400))
         charts["kernels"] = _figure_html(fig)
     return charts
 
@@ -378,7 +409,8 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     body.append("<h2>Stragglers</h2><pre>" + html.escape("\n".join(_straggler_lines(a))) + "</pre>")
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
-        body.append("<h2>Top kernels</h2>" + charts.get("kernels", "") + _html_table(
+        title = "Top host ops" if _host_ops(a) else "Top kernels"
+        body.append(f"<h2>{title}</h2>" + charts.get("kernels", "") + _html_table(
             ["#", "name", "kind", "count", "total ms", "ms/rank", "share %"],
             [[i + 1, short_kernel_name(k.name, 120), k.kind, k.count, _num(k.total_ms, ".2f"), _num(k.ms_per_rank, ".2f"), _num(k.share_pct)]
              for i, k in enumerate(kernels.itertuples(index=False))],
