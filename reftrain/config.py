@@ -38,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "125m": dict(n_layers=12, d_model=768, n_heads=12, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True),
     "350m": dict(n_layers=24, d_model=1024, n_heads=16, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True),
     "760m": dict(n_layers=24, d_model=1536, n_heads=16, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True),
-    "1.3b": dict(n_layers=24, d_model=2048, n_heads=16, seq_len=2048, vocab_size=50304, mlp="swiglu", tie_embeddings=False),
+    "1.3b": dict(n_layers=24, d_model=2048, n_heads=16, seq_len=2048, vocab_size=50304, mlp="swiglu", tie_embeddings=True),
 }
 
 
@@ -98,7 +98,7 @@ class OptimConfig:
     beta1: float = _opt(0.9, "AdamW beta1")
     beta2: float = _opt(0.95, "AdamW beta2")
     eps: float = _opt(1e-8, "AdamW epsilon")
-    weight_decay: float = _opt(0.1, "decoupled weight decay on matrices (not on norms and biases)")
+    weight_decay: float = _opt(0.1, "decoupled weight decay on matrices (not on norm gains)")
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this (0 = off)")
     impl: str = _opt("auto", "AdamW implementation; auto = torch's default", ("auto", "fused", "foreach", "for_loop"))
 
@@ -131,7 +131,7 @@ class TelemetryConfig:
 @dataclass
 class RunConfig:
     runs_dir: str = _opt("runs", "directory holding run directories")
-    name: str | None = _opt(None, "run directory name; null = <time>-<preset>-<strategy>-w<world>")
+    name: str | None = _opt(None, "run directory name; null = YYYYmmdd-HHMMSS-PRESET-STRATEGY-wWORLD")
     peak_flops: float | None = _opt(None, "per-device peak FLOP/s for MFU; null = GPU table or CPU measurement")
 
 

@@ -8,6 +8,7 @@ when a process group is initialized, which HTA needs.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,6 +17,11 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from reftrain.config import ProfileConfig
 
 _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+
+# Each window is written to its own file, so clearing events between cycles is
+# what we want; torch warns about it from the second window on.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle",
+                        category=UserWarning)
 
 
 class StepProfiler:

@@ -330,8 +330,9 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     wall_start = time.perf_counter()
     try:
         with profiler:
-            _loop(cfg, env, run_dir, model, optimizer, loader, profiler, injector, timer, metrics_writer,
-                  records, peak, fpt, start_step, tokens_per_micro)
+            step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector,
+                                profiler, peak, fpt)
+            _loop(cfg, env, run_dir, step_fn, start_step, records)
         timer.flush(wait=True)
     finally:
         timer.uninstall()
@@ -354,30 +355,41 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     return man
 
 
-def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, model, optimizer, loader, profiler: StepProfiler,
-          injector: Injector, timer: CollectiveTimer, writer: JsonlWriter, records: list[dict],
-          peak: flops.PeakFlops, fpt: flops.FlopsPerToken, start_step: int, tokens_per_micro: int) -> None:
-    t, p, device = cfg.train, cfg.parallel, env.device
-    ddp = p.strategy == "ddp"
-    params = [q for q in model.parameters() if q.requires_grad]
-    check_tokens = cfg.data.path is not None
-    pt = PhaseTimer(device, PHASES)
-    batches = iter(loader)
-    autocast = _autocast(cfg, env)
-    tokens = tokens_per_micro * t.grad_accum
-    for step in range(start_step, t.steps):
-        timer.set_step(step)
+class TrainStep:
+    """One optimizer step with everything that is always on: phase timing, collective
+    timing, the metrics record and its write. The loop (and bench/bench_reftrain.py)
+    call `run(step)`; printing, checkpoints and the profiler stay in the loop.
+    """
+
+    def __init__(self, cfg: Config, env: parallel.DistEnv, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 batches, timer: CollectiveTimer, writer: JsonlWriter, injector: Injector,
+                 profiler: StepProfiler, peak: flops.PeakFlops, fpt: flops.FlopsPerToken) -> None:
+        self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
+        self.batches = batches
+        self.timer, self.writer, self.injector, self.profiler = timer, writer, injector, profiler
+        self.peak, self.fpt = peak, fpt
+        self.params = [q for q in model.parameters() if q.requires_grad]
+        self.phases = PhaseTimer(env.device, PHASES)
+        self.autocast = _autocast(cfg, env)
+        self.tokens = cfg.train.micro_batch_size * cfg.model.seq_len * cfg.train.grad_accum
+
+    def run(self, step: int) -> dict:
+        """Train step `step`; returns the reftrain.metrics/1 record it wrote."""
+        cfg, env, model, pt = self.cfg, self.env, self.model, self.phases
+        t, p, device = cfg.train, cfg.parallel, env.device
+        ddp = p.strategy == "ddp"
+        self.timer.set_step(step)
         lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
+        for group in self.optimizer.param_groups:
             group["lr"] = lr
-        injector.start_step()
+        self.injector.start_step()
         pt.start_step()
         loss_sum = torch.zeros((), device=device)
         for micro in range(t.grad_accum):
             last = micro == t.grad_accum - 1
             with pt.phase("data", host_clock=True):
-                x, y = next(batches)
-                if check_tokens:
+                x, y = next(self.batches)
+                if cfg.data.path is not None:
                     data.check_batch(x, cfg.model.vocab_size, cfg.data.path)
                     data.check_batch(y, cfg.model.vocab_size, cfg.data.path)
                 x = x.to(device, non_blocking=True)
@@ -389,26 +401,27 @@ def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, model, optimizer, l
                 model.set_requires_gradient_sync(last)
                 sync = contextlib.nullcontext()
             with sync:
-                with pt.phase("forward"), injector.compute(first_forward=micro == 0):
-                    with autocast:
+                with pt.phase("forward"), self.injector.compute(first_forward=micro == 0):
+                    with self.autocast:
                         loss = model(x, y)
-                with pt.phase("backward"), injector.compute():
+                with pt.phase("backward"), self.injector.compute():
                     (loss / t.grad_accum).backward()
             loss_sum += loss.detach()
         if ddp and not p.overlap_grad_sync:
             with pt.phase("grad_sync"):
-                parallel.allreduce_gradients(params, p.bucket_cap_mb, env.world_size)
+                parallel.allreduce_gradients(self.params, p.bucket_cap_mb, env.world_size)
         with pt.phase("optimizer"):
             grad_norm = None
             if cfg.optim.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         times = pt.end_step()
         mem_bytes, mem_kind = process_memory_bytes(device, reset_peak=True)
         step_s = times["step_time_ms"] / 1e3
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
+        tokens = self.tokens
         record = {
             "step": step,
             "rank": env.rank,
@@ -419,31 +432,39 @@ def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, model, optimizer, l
             "backward_ms": times["backward_ms"],
             "optimizer_ms": times["optimizer_ms"],
             "grad_sync_ms": times["grad_sync_ms"],
-            "comm_ms": timer.step_comm_ms(step),
+            "comm_ms": self.timer.step_comm_ms(step),
             "tokens": tokens,
             "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
-            "mfu": flops.mfu(tokens, fpt.model, step_s, peak.per_s),
-            "hfu": flops.mfu(tokens, fpt.hardware, step_s, peak.per_s),
+            "mfu": flops.mfu(tokens, self.fpt.model, step_s, self.peak.per_s),
+            "hfu": flops.mfu(tokens, self.fpt.hardware, step_s, self.peak.per_s),
             "mem_bytes": mem_bytes,
             "mem_kind": mem_kind,
-            "profiled": profiler.collecting(step),
+            "profiled": self.profiler.collecting(step),
             "lr": lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),
-            "injected_ms": injector.injected_ms,
+            "injected_ms": self.injector.injected_ms,
             "time_ns": time.time_ns(),
         }
-        writer.write(record)
-        writer.flush()
-        timer.flush()
+        self.writer.write(record)
+        self.writer.flush()
+        self.timer.flush()
+        return record
+
+
+def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep, start_step: int,
+          records: list[dict]) -> None:
+    t = cfg.train
+    for step in range(start_step, t.steps):
+        record = step_fn.run(step)
         records.append(record)
         if env.rank == 0:
             _print_step(record, t.steps, env.world_size)
         if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
             t0 = time.perf_counter()
             with untimed_collectives():  # checkpoint I/O is not training communication
-                path = checkpoint.save(run_dir, step + 1, model, optimizer)
+                path = checkpoint.save(run_dir, step + 1, step_fn.model, step_fn.optimizer)
             _say(env, f"  checkpoint {path.relative_to(run_dir.parent)} saved in {time.perf_counter() - t0:.1f} s")
-        profiler.step_done(step)
+        step_fn.profiler.step_done(step)
 
 
 # ---------------------------------------------------------------------------
