@@ -328,7 +328,8 @@ def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
     folder (their step samples measure different things), or two run
     directories of different models (model config, parameter count or
     FLOPs per token differ). Differing world sizes or hardware are allowed
-    (MFU is per device) and noted.
+    (MFU is per device) and noted, as are trace folders whose FLOPs per
+    step (from matmul shapes) differ by more than 1%.
     """
     if base.kind != cand.kind:
         what = {"reftrain": "a reftrain run directory", "traces": "a trace folder"}
@@ -349,6 +350,15 @@ def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
         ch = ((cand.manifest or {}).get("hardware") or {}).get("device_names")
         if bh != ch:
             notes.append(f"hardware differs (baseline {bh}, candidate {ch})")
+    else:
+        # Trace folders carry no model identity; the FLOPs per step from the
+        # matmul shapes are the closest thing to one.
+        bf, cf = base.mfu.flops_per_step, cand.mfu.flops_per_step
+        if bf and cf and abs(cf - bf) > 0.01 * bf:
+            notes.append(
+                f"FLOPs per step differ ({bf:.3g} vs {cf:.3g}): different workloads? MFU stays comparable, "
+                "throughput would not"
+            )
     return notes
 
 

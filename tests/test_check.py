@@ -207,6 +207,7 @@ def _run(
     tokens_per_s: list[float] | None = None,
     cpu_model: str = "AMD EPYC",
     world_size: int = 2,
+    flops_per_step: float | None = None,
 ):
     """A RunAnalysis with only what the gate reads: manifest, MFU steps, metrics."""
     from pathlib import Path
@@ -219,7 +220,8 @@ def _run(
     tokens_per_s = tokens_per_s if tokens_per_s is not None else [1000.0] * len(mfu)
     steps = pd.DataFrame({"step": np.arange(len(mfu)), "n_ranks": 2, "mfu": mfu})
     mfu_result = (
-        MfuResult(mfu_source, median=float(np.median(mfu)), steps=steps, peak_flops_per_s=peak, peak_source=peak_source)
+        MfuResult(mfu_source, median=float(np.median(mfu)), steps=steps, peak_flops_per_s=peak, peak_source=peak_source,
+                  flops_per_step=flops_per_step)
         if mfu_source != "none"
         else MfuResult("none", reason="run.json lacks peak_flops.per_s")
     )
@@ -297,3 +299,12 @@ def test_without_mfu_the_gate_uses_tokens_per_second():
     assert "median throughput (tokens/s per rank) 1,000 tokens/s -> 800 tokens/s (drop +20.0%" in outcome.explanation
     doc = outcome.to_json()
     assert doc["schema"] == "analyzer.check/1" and doc["verdict"] == "regression" and doc["compare"]["schema"] == "analyzer.compare/1"
+
+
+def test_trace_folders_with_different_flops_per_step_are_noted():
+    from analyzer.check import check_compatible
+
+    a = _run(kind="traces", mfu_source="trace-shapes", flops_per_step=2e9)
+    assert check_compatible(a, _run(kind="traces", mfu_source="trace-shapes", flops_per_step=2.01e9)) == []
+    (note,) = check_compatible(a, _run(kind="traces", mfu_source="trace-shapes", flops_per_step=3e9))
+    assert note.startswith("FLOPs per step differ (2e+09 vs 3e+09)")
