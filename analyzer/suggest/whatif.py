@@ -1,0 +1,206 @@
+"""What-if estimates on the measured timeline: the step after a change (pure functions).
+
+Each function takes measured numbers (ms) and returns the predicted step
+time; :func:`prediction` turns a before/after pair into a
+:class:`~analyzer.suggest.engine.Prediction` with tokens/s and MFU. The
+models, their assumptions and the constants' calibration are in
+docs/suggestions.md ("What-if models").
+
+The constants below were calibrated on 2-rank gloo CPU runs of reftrain on
+the 2-core development machine (bench/bench_suggest.py and the sweeps in
+docs/suggestions.md); GPU values come from the cited sources and are not
+calibrated here (no GPU was available).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from analyzer.suggest.engine import Prediction
+
+if TYPE_CHECKING:
+    from analyzer.suggest.facts import RunFacts
+
+# Asymptotic efficiency of the per-token work of a training step on CPU,
+# relative to the run's measured matmul peak (reftrain's 1024^3 fp32 matmul):
+# the marginal time per sequence is seq_len * flops_per_token / (eta * peak).
+# eta grows with the width of the matrices: least-squares fit of the marginal
+# cost per sequence (micro-batch sweeps 1..16) on reftrain presets tiny
+# (d_model 64: eta 0.35), d_model 128 and small (d_model 256: eta 0.57), log-linear
+# in d_model between those widths and clamped outside them.
+CPU_ETA_AT_D64 = 0.35
+CPU_ETA_AT_D256 = 0.57
+# GPU: the share of the datasheet dense peak a well-fed transformer step
+# reaches at large batch; PaLM reports 46-58 % MFU/HFU at scale (Chowdhery et
+# al. 2022, table 3) and nanoGPT-size models reach roughly 40-50 % on A100.
+GPU_ETA = 0.45
+
+
+def cpu_eta(d_model: int | None) -> float:
+    """Per-token efficiency on CPU for a model of this width (see :data:`CPU_ETA_AT_D64`)."""
+    if not d_model or d_model <= 64:
+        return CPU_ETA_AT_D64
+    if d_model >= 256:
+        return CPU_ETA_AT_D256
+    frac = (math.log2(d_model) - 6.0) / 2.0
+    return CPU_ETA_AT_D64 + frac * (CPU_ETA_AT_D256 - CPU_ETA_AT_D64)
+
+
+def prediction(
+    f: "RunFacts",
+    step_after_ms: float,
+    method: str,
+    *,
+    tokens_per_step_after: float | None = None,
+    work_ratio: float = 1.0,
+    peak_ratio: float = 1.0,
+    scope: str = "steady-state step",
+    step_before_ms: float | None = None,
+) -> Prediction:
+    """A Prediction from the run's measured step and the what-if step.
+
+    Throughput scales by ``work / (step_after / step)``, with ``work`` the
+    tokens per step after over before (or ``work_ratio`` when the run has
+    no token count). MFU scales the same way, times ``peak_ratio`` (old
+    peak / new peak) when the change moves the run to another peak (a
+    precision change). Model FLOPs per token are unchanged by every change
+    the rules propose. ``step_before_ms`` replaces the steady step for
+    predictions of another scope (the run's mean step).
+    """
+    before = float(step_before_ms if step_before_ms is not None else f.step_time_ms)
+    tokens_before = f.tokens_per_step
+    tokens_after = tokens_per_step_after if tokens_per_step_after is not None else tokens_before
+    work = (tokens_after / tokens_before) if (tokens_before and tokens_after) else work_ratio
+    ratio = work * before / step_after_ms
+    tps_before = (tokens_before / (before / 1e3)) if tokens_before else None
+    return Prediction(
+        step_time_ms_before=before,
+        step_time_ms_after=float(step_after_ms),
+        tokens_per_step_before=tokens_before,
+        tokens_per_step_after=tokens_after,
+        mfu_before=f.mfu,
+        mfu_after=None if f.mfu is None else f.mfu * ratio * peak_ratio,
+        tokens_per_s_before=tps_before,
+        tokens_per_s_after=None if tps_before is None else tps_before * ratio,
+        method=method,
+        scope=scope,
+        work_ratio=work,
+    )
+
+
+def remove(step_ms: float, saved_ms: float) -> float:
+    """Step time with ``saved_ms`` of it gone (clipped so that a step never vanishes)."""
+    return max(step_ms - max(saved_ms, 0.0), 0.05 * step_ms)
+
+
+# ---------------------------------------------------------------------------
+# Data loading
+# ---------------------------------------------------------------------------
+
+# Time to take a ready batch from a DataLoader worker's queue (unpickling from
+# shared memory, waking the main thread). Median of data_wait_ms per
+# micro-batch in runs whose workers were ahead (num_workers >= 1, no delay)
+# on the development machine under load; an idle machine shows ~1-3 ms.
+DATA_WORKER_FLOOR_MS = 8.0
+# A producer is sized to deliver a batch in this fraction of the consumer's time per micro-batch.
+DATA_PRODUCER_HEADROOM = 0.7
+
+
+def data_load_ms_per_batch(wait_per_micro_ms: float, consume_per_micro_ms: float, num_workers: int) -> float:
+    """The source's time to produce one micro-batch, inferred from the wait.
+
+    ``num_workers == 0``: loading is synchronous, the wait *is* the load
+    time. ``num_workers = W > 0`` and the consumer waits: the workers
+    deliver one batch per ``wait + consume`` ms, so each takes ``W * (wait +
+    consume)`` ms per batch (a lower bound when the wait is only the
+    queue floor).
+    """
+    if num_workers <= 0:
+        return wait_per_micro_ms
+    return num_workers * (wait_per_micro_ms + consume_per_micro_ms)
+
+
+def data_wait_after(load_ms: float, consume_per_micro_ms: float, num_workers: int,
+                    floor_ms: float = DATA_WORKER_FLOOR_MS) -> float:
+    """Wait per micro-batch with ``num_workers`` workers: ``max(floor, load / W - consume)``."""
+    if num_workers <= 0:
+        return load_ms
+    return max(floor_ms, load_ms / num_workers - consume_per_micro_ms)
+
+
+def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int:
+    """Fewest workers that keep up with headroom: ``ceil(load / (headroom * consume))``, within 1..cap."""
+    if consume_per_micro_ms <= 0:
+        return cap
+    return max(1, min(cap, math.ceil(load_ms / (DATA_PRODUCER_HEADROOM * consume_per_micro_ms))))
+
+
+# ---------------------------------------------------------------------------
+# Micro-batch scaling
+# ---------------------------------------------------------------------------
+
+
+def per_sequence_ms(seq_len: int, flops_per_token: float, peak_flops_per_s: float, eta: float) -> float:
+    """Marginal forward+backward time of one more sequence per micro-batch: ``T * F / (eta * peak)``."""
+    return 1e3 * seq_len * flops_per_token / (eta * peak_flops_per_s)
+
+
+def micro_batch_step_ms(step_ms: float, fwd_bwd_ms: float, grad_accum: int, micro_batch: int,
+                        per_seq_ms: float, factor: float) -> tuple[float, float]:
+    """Step time when the micro-batch grows ``factor`` times; returns ``(step_after, fixed_per_micro)``.
+
+    Per micro-batch, forward+backward = ``c0 + P * B`` (fixed dispatch and
+    per-layer overhead ``c0``, marginal cost ``P`` per sequence); the other
+    parts of the step (data wait with workers ahead, optimizer, gradient
+    sync, communication of a fixed gradient size) do not depend on ``B``.
+    ``c0`` is what the measured time leaves after ``P * B``; when that is
+    negative the run is already compute-bound and ``P`` becomes
+    ``fwd_bwd / B`` with ``c0 = 0``.
+    """
+    per_micro = fwd_bwd_ms / grad_accum
+    c0 = per_micro - per_seq_ms * micro_batch
+    if c0 < 0:
+        per_seq_ms, c0 = per_micro / micro_batch, 0.0
+    new_per_micro = c0 + per_seq_ms * micro_batch * factor
+    return step_ms - fwd_bwd_ms + grad_accum * new_per_micro, c0
+
+
+def device_batch_step_ms(step_ms: float, scaled_ms: float, fixed_ms: float, factor: float) -> float:
+    """GPU step when the batch grows ``factor`` times: ``max(step, factor * scaled + fixed)``.
+
+    A launch-bound step keeps the host's time (the same kernels are
+    launched; each does more work) until the device's work, ``scaled``
+    (compute and memcpy, proportional to the batch) plus ``fixed`` (exposed
+    communication of the same gradients), catches up with it.
+    """
+    return max(step_ms, factor * scaled_ms + fixed_ms)
+
+
+# ---------------------------------------------------------------------------
+# Communication
+# ---------------------------------------------------------------------------
+
+# DDP's first bucket (the gradients ready first) is capped at 1 MiB whatever bucket_cap_mb says
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+
+
+def ddp_bucket_count(grad_bytes: float, bucket_cap_mb: float) -> int:
+    """Buckets DDP makes for ``grad_bytes`` of gradients: the 1 MiB first bucket, then ``bucket_cap_mb`` ones."""
+    if grad_bytes <= DDP_FIRST_BUCKET_BYTES:
+        return 1
+    return 1 + math.ceil((grad_bytes - DDP_FIRST_BUCKET_BYTES) / (bucket_cap_mb * 2**20))
+
+
+def ddp_last_bucket_bytes(grad_bytes: float, bucket_cap_mb: float) -> float:
+    """Size of the bucket DDP all-reduces last (the gradients ready last, issued after backward's last op)."""
+    n = ddp_bucket_count(grad_bytes, bucket_cap_mb)
+    if n == 1:
+        return grad_bytes
+    cap = bucket_cap_mb * 2**20
+    return grad_bytes - DDP_FIRST_BUCKET_BYTES - (n - 2) * cap
+
+
+def accumulate_step_ms(step_ms: float, per_micro_ms: float, factor: int) -> float:
+    """Step with ``factor`` times the micro-batches per optimizer step: the per-micro part repeats, the rest does not."""
+    return step_ms + (factor - 1) * per_micro_ms
