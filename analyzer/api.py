@@ -45,6 +45,7 @@ from analyzer.stragglers import (
     arrivals_from_records,
     arrivals_from_traces,
     collective_table,
+    disturbed_steps,
     find_stragglers,
 )
 from analyzer.tables import RankTrace
@@ -299,10 +300,15 @@ def _analyze_loaded(
 
     # Stragglers: steady-state metrics and collective records when the run has them.
     steady = None
+    quiet = None  # steady-state steps not disturbed by trace or checkpoint writing
     if metrics is not None and not metrics.empty and {"rank", "step", "step_time_ms"} <= set(metrics.columns):
-        steady = steady_state(metrics, int((manifest or {}).get("warmup_steps") or 0), list((manifest or {}).get("profiled_steps") or []))
-    if steady is not None and not steady.empty:
-        step_times, step_source = steady[["rank", "step", "step_time_ms"]], "metrics JSONL (steady-state steps)"
+        m = manifest or {}
+        steady = steady_state(metrics, int(m.get("warmup_steps") or 0), list(m.get("profiled_steps") or []))
+        disturbed = disturbed_steps(m.get("profiled_steps") or [], (m.get("files") or {}).get("checkpoints") or [])
+        quiet = steady.loc[~steady["step"].isin(sorted(disturbed))]
+    if quiet is not None and not quiet.empty:
+        step_times = quiet[["rank", "step", "step_time_ms"]]
+        step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
     else:
         step_times, step_source = steps[["rank", "step", "step_time_ms"]], "ProfilerStep windows"
     arrival_notes: list[str] = []
@@ -310,8 +316,8 @@ def _analyze_loaded(
         offsets = ((manifest or {}).get("clock") or {}).get("offsets_ns")
         arrivals = arrivals_from_records(records, offsets)
         arrival_source = "collective records (collectives/rank*.jsonl), clocks aligned with clock.offsets_ns"
-        if steady is not None and not steady.empty:
-            arrivals = arrivals.loc[arrivals["step"].isin(steady["step"].unique())].reset_index(drop=True)
+        if quiet is not None and not quiet.empty:
+            arrivals = arrivals.loc[arrivals["step"].isin(quiet["step"].unique())].reset_index(drop=True)
     else:
         arrivals, arrival_source, arrival_notes = arrivals_from_traces({r: (rt.events, rt.steps) for r, rt in traces.ranks.items()})
         if arrival_source:

@@ -125,6 +125,31 @@ def _clean(x: Any) -> Any:
     return x
 
 
+_CHECKPOINT_RE = re.compile(r"step(\d+)/?$")
+
+
+def disturbed_steps(profiled_steps: Sequence[int], checkpoint_paths: Sequence[str] = ()) -> set[int]:
+    """Steps that start right after work done between two steps.
+
+    reftrain writes a profiler window's traces after the window's last step
+    and a checkpoint ``checkpoints/stepK`` after step ``K - 1``, outside any
+    step's timing; each rank resumes when its own writing is done, so the
+    next step's first collective measures disk speed, not training speed.
+    Those steps are left out of the straggler analysis: the step after each
+    run of consecutive profiled steps, and step ``K`` for each checkpoint.
+    """
+    out: set[int] = set()
+    profiled = sorted(set(int(s) for s in profiled_steps))
+    for i, s in enumerate(profiled):
+        if i + 1 == len(profiled) or profiled[i + 1] != s + 1:
+            out.add(s + 1)
+    for path in checkpoint_paths:
+        m = _CHECKPOINT_RE.search(str(path))
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Arrivals: one row per (rank, collective)
 # ---------------------------------------------------------------------------

@@ -238,3 +238,10 @@ def test_leave_one_out_median_matches_brute_force() -> None:
                 finite = others[s][np.isfinite(others[s])]
                 expected = x[s, j] - np.median(finite) if finite.size else np.nan
                 assert np.isclose(got[s, j], expected, equal_nan=True), (x, j, s)
+
+
+def test_disturbed_steps_follow_profiler_windows_and_checkpoints() -> None:
+    from analyzer.stragglers import disturbed_steps
+
+    assert disturbed_steps([4, 5, 6, 10, 11], ["checkpoints/step3", "checkpoints/step9/"]) == {7, 12, 3, 9}
+    assert disturbed_steps([], []) == set()
