@@ -1,6 +1,6 @@
 """Benchmark `analyzer report` against HTA on the same trace folders.
 
-    .venv/bin/python bench/bench_analyzer.py [--repeats 3] [--out bench/out]
+    .venv/bin/python bench/bench_analyzer.py [--repeats 3] [--out bench/out/analyzer] [--folders NAME ...]
 
 For every folder, interleaved in one run (HTA, analyzer cold, analyzer warm,
 then the next folder, rotated each repeat so neither tool always runs first
@@ -16,23 +16,26 @@ after the other's page-cache effects):
 * **analyzer warm**: the same command again, with the cache present.
 
 Figures per run: wall time of the whole subprocess (interpreter start and
-imports included, for both tools), peak RSS of the whole process tree
-(sum of VmRSS over the process and all its descendants, sampled every
-10 ms from /proc; pages shared between a parent and its forked workers are
-counted in each, for both tools alike) and MB/s of uncompressed trace JSON.
-The report gives the median over repeats.
+imports included, for both tools), peak memory of the whole process tree
+sampled every 10 ms from /proc, as summed PSS (pages shared between a
+parent and its forked workers split between them, so the tree is not
+double-counted) and as summed RSS (shared pages counted in every process),
+and MB/s of uncompressed trace JSON over the wall time. The summary gives
+the median over repeats.
 
-Folders: the two largest shared HTA samples and an 8-rank folder made by
-copying the largest one under rank ids 0..7 (``distributedInfo.rank`` and
-``world_size`` rewritten), built once under ``--out``. Linux only (/proc).
+Folders (``bench_load.prepare_cases``): the two largest shared HTA samples
+and an 8-rank folder made by copying the largest one under rank ids 0..7
+(``distributedInfo.rank`` and ``world_size`` rewritten), built once under
+``--out``. The shared folders are read-only, so the analyzer's cache goes to
+``$XDG_CACHE_HOME/trainperf``; the benchmark points ``XDG_CACHE_HOME`` into
+``--out`` and empties it (and any ``.analyzer-cache`` beside the traces)
+before each cold run. Linux only (/proc).
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -43,9 +46,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "traces" / "hta-samples"
 BIN = Path(sys.executable).parent
 SAMPLE_PERIOD_S = 0.01
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_load import json_mb, prepare_cases, tree_memory  # noqa: E402  (same folders and memory sampler)
 
 HTA_SCRIPT = """
 import sys, logging
@@ -64,6 +69,7 @@ class Measurement:
     tool: str  # "hta" | "analyzer-cold" | "analyzer-warm"
     repeat: int
     wall_s: float
+    peak_pss_mb: float
     peak_rss_mb: float
     json_mb: float
     returncode: int
@@ -74,52 +80,17 @@ class Measurement:
 
 
 # ----------------------------------------------------------------- process tree
-def _children_map() -> dict[int, list[int]]:
-    """ppid -> pids, from /proc/*/stat (field 4 after the parenthesized comm)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def tree_rss_bytes(root: int) -> int:
-    """Sum of resident memory of ``root`` and all its live descendants."""
-    children = _children_map()
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        total += _rss_bytes(pid)
-        stack.extend(children.get(pid, ()))
-    return total
-
-
-def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str]:
-    """Run ``cmd``; return (wall seconds, peak tree RSS bytes, returncode, stderr tail)."""
-    peak = 0
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, int, str]:
+    """Run ``cmd``; (wall s, peak tree PSS bytes, peak tree RSS bytes, returncode, stderr tail)."""
+    peak = [0, 0]
     done = threading.Event()
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
 
     def sample() -> None:
-        nonlocal peak
         while not done.is_set():
-            peak = max(peak, tree_rss_bytes(proc.pid))
+            pss, rss = tree_memory(proc.pid)
+            peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
             done.wait(SAMPLE_PERIOD_S)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -128,90 +99,33 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> tuple[flo
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    return wall, peak, proc.returncode, err.decode(errors="replace")[-2000:]
+    return wall, peak[0], peak[1], proc.returncode, err.decode(errors="replace")[-2000:]
 
 
-# ----------------------------------------------------------------- folders
-def uncompressed_json_bytes(folder: Path) -> int:
-    total = 0
-    for path in sorted(folder.iterdir()):
-        if path.name.endswith(".json.gz"):
-            with gzip.open(path, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    total += len(chunk)
-        elif path.name.endswith(".json"):
-            total += path.stat().st_size
-    return total
-
-
-_DIST_INFO_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*\}')
-
-
-def copy_as_rank(src: Path, dst: Path, rank: int, world_size: int) -> None:
-    """Write ``src`` (a .json.gz trace) to ``dst`` as rank ``rank`` of ``world_size``.
-
-    Only the distributedInfo object changes; the rest of the bytes are kept.
-    """
-    with gzip.open(src, "rb") as f:
-        data = f.read()
-    match = _DIST_INFO_RE.search(data)
-    if match is None:
-        raise SystemExit(f"{src}: no distributedInfo object to rewrite")
-    info = json.loads(match.group(0).split(b":", 1)[1])
-    info.update(rank=rank, world_size=world_size)
-    data = data[: match.start()] + b'"distributedInfo": ' + json.dumps(info).encode() + data[match.end() :]
-    with gzip.open(dst, "wb", compresslevel=6) as f:
-        f.write(data)
-
-
-def prepare_folders(out: Path) -> dict[str, Path]:
-    """Working copies of the trace folders under ``out`` (the analyzer's cache goes beside them)."""
-    sources = {
-        "df_index_resolver": SHARED / "df_index_resolver",
-        "trace_diff-control": SHARED / "trace_diff" / "control",
-    }
-    folders: dict[str, Path] = {}
-    for name, src in sources.items():
-        if not src.is_dir():
-            raise SystemExit(f"{src}: not found (the shared HTA sample traces are needed)")
-        dst = out / "traces" / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for trace in src.glob("*.json*"):
-            if not (dst / trace.name).exists():
-                shutil.copy2(trace, dst / trace.name)
-        folders[name] = dst
-    eight = out / "traces" / "8-ranks"
-    eight.mkdir(parents=True, exist_ok=True)
-    src_trace = next((SHARED / "df_index_resolver").glob("*.json.gz"))
-    for rank in range(8):
-        dst = eight / f"rank{rank}.json.gz"
-        if not dst.exists():
-            copy_as_rank(src_trace, dst, rank, 8)
-    folders["8-ranks"] = eight
-    return folders
-
-
-def clear_analyzer_cache(folder: Path) -> None:
-    """Delete the analyzer's parse cache of ``folder`` (beside the traces, see analyzer/cache.py)."""
+def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:
+    """Delete the analyzer's parse cache of ``folder``: beside the traces and in the user cache."""
     from analyzer.cache import CACHE_DIRNAME
 
     shutil.rmtree(folder / CACHE_DIRNAME, ignore_errors=True)
+    shutil.rmtree(user_cache, ignore_errors=True)
 
 
 # ----------------------------------------------------------------- main
 def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path) -> Measurement:
+    user_cache = out / "xdg-cache"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", XDG_CACHE_HOME=str(user_cache))
     if tool == "hta":
         cmd = [sys.executable, "-c", HTA_SCRIPT, str(folder)]
     else:
         if tool == "analyzer-cold":
-            clear_analyzer_cache(folder)
+            clear_analyzer_cache(folder, user_cache)
         cmd = [str(BIN / "analyzer"), "report", str(folder), "--json", str(out / f"{folder_name}.report.json")]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    wall, peak, rc, err = run_measured(cmd, env)
+    wall, pss, rss, rc, err = run_measured(cmd, env)
     if rc != 0:
-        print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:] }", file=sys.stderr)
-    m = Measurement(folder_name, tool, repeat, wall, peak / 2**20, json_mb, rc)
-    print(f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  {m.peak_rss_mb:8.0f} MB  {m.mb_per_s:7.1f} MB/s", flush=True)
+        print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:]}", file=sys.stderr)
+    m = Measurement(folder_name, tool, repeat, wall, pss / 2**20, rss / 2**20, json_mb, rc)
+    print(f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  PSS {m.peak_pss_mb:6.0f} MB  RSS {m.peak_rss_mb:6.0f} MB  "
+          f"{m.mb_per_s:6.1f} MB/s", flush=True)
     return m
 
 
@@ -224,6 +138,7 @@ def summarize(results: list[Measurement]) -> list[dict]:
             if ms:
                 by_tool[tool] = {
                     "wall_s": statistics.median(m.wall_s for m in ms),
+                    "peak_pss_mb": statistics.median(m.peak_pss_mb for m in ms),
                     "peak_rss_mb": statistics.median(m.peak_rss_mb for m in ms),
                     "mb_per_s": statistics.median(m.mb_per_s for m in ms),
                     "failed_runs": sum(m.returncode != 0 for m in ms),
@@ -233,36 +148,39 @@ def summarize(results: list[Measurement]) -> list[dict]:
         row = {"folder": folder, "json_mb": json_mb, **by_tool}
         if hta and cold:
             row["speedup_cold"] = hta["wall_s"] / cold["wall_s"]
+            row["pss_ratio_cold"] = cold["peak_pss_mb"] / hta["peak_pss_mb"]
             row["rss_ratio_cold"] = cold["peak_rss_mb"] / hta["peak_rss_mb"]
         rows.append(row)
     return rows
 
 
 def print_summary(rows: list[dict]) -> None:
+    nan = float("nan")
     print()
-    print(f"{'folder':20s} {'JSON MB':>8s} | {'HTA s':>7s} {'MB':>6s} | {'cold s':>7s} {'MB':>6s} {'MB/s':>6s} | "
-          f"{'warm s':>7s} {'MB':>6s} | {'speedup':>7s} {'RSS ratio':>9s}")
+    print(f"{'folder':20s} {'JSON MB':>7s} | {'HTA s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} | {'cold s':>6s} {'PSS MB':>6s} "
+          f"{'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'PSS MB':>6s} | {'speedup':>7s} {'PSS/HTA':>7s} {'RSS/HTA':>7s}")
     for r in rows:
-        hta, cold, warm = r.get("hta", {}), r.get("analyzer-cold", {}), r.get("analyzer-warm", {})
+        h, c, w = r.get("hta", {}), r.get("analyzer-cold", {}), r.get("analyzer-warm", {})
         print(
-            f"{r['folder']:20s} {r['json_mb']:8.1f} | {hta.get('wall_s', float('nan')):7.2f} {hta.get('peak_rss_mb', float('nan')):6.0f} | "
-            f"{cold.get('wall_s', float('nan')):7.2f} {cold.get('peak_rss_mb', float('nan')):6.0f} {cold.get('mb_per_s', float('nan')):6.1f} | "
-            f"{warm.get('wall_s', float('nan')):7.2f} {warm.get('peak_rss_mb', float('nan')):6.0f} | "
-            f"{r.get('speedup_cold', float('nan')):6.1f}x {r.get('rss_ratio_cold', float('nan')):9.2f}"
+            f"{r['folder']:20s} {r['json_mb']:7.1f} | {h.get('wall_s', nan):6.2f} {h.get('peak_pss_mb', nan):6.0f} "
+            f"{h.get('peak_rss_mb', nan):6.0f} | {c.get('wall_s', nan):6.2f} {c.get('peak_pss_mb', nan):6.0f} "
+            f"{c.get('peak_rss_mb', nan):6.0f} {c.get('mb_per_s', nan):5.1f} | {w.get('wall_s', nan):6.2f} "
+            f"{w.get('peak_pss_mb', nan):6.0f} | {r.get('speedup_cold', nan):6.1f}x {r.get('pss_ratio_cold', nan):7.2f} "
+            f"{r.get('rss_ratio_cold', nan):7.2f}"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and folder (median reported)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="working folder (git-ignored)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "analyzer", help="working folder (git-ignored)")
     parser.add_argument("--folders", nargs="*", help="subset of folder names to run")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    folders = prepare_folders(args.out)
+    folders = prepare_cases(args.out)
     if args.folders:
         folders = {k: v for k, v in folders.items() if k in args.folders}
-    sizes = {name: uncompressed_json_bytes(path) / 1e6 for name, path in folders.items()}
+    sizes = {name: json_mb(path) for name, path in folders.items()}
     print(f"machine: {os.cpu_count()} CPUs; folders: " + ", ".join(f"{k} ({v:.0f} MB JSON)" for k, v in sizes.items()))
     tools = ["hta", "analyzer-cold", "analyzer-warm"]
     results: list[Measurement] = []
