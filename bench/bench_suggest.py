@@ -1,0 +1,196 @@
+"""Closed loop: poor config -> reftrain run -> analyzer suggest -> emitted config -> re-run -> measured gain.
+
+For each scenario (a deliberately poor 2-rank gloo CPU config), the bench
+
+1. writes the scenario's config and runs ``reftrain --nproc 2 --config``;
+2. analyzes the run and takes the top suggestion that has a reftrain
+   override (``analyzer.suggest``), writes its config with
+   ``emit_config`` (the run's config with the change applied);
+3. runs ``reftrain --nproc 2 --config <emitted>``;
+4. repeats 1 and 3 ``--repeats`` times, interleaved (base, after, base,
+   after, ...) so that load drift on the shared machine hits both;
+5. prints tokens/s and MFU before and after (medians over repeats of each
+   run's steady-state median), the measured gain, the predicted gain and
+   the prediction's error relative to the measured gain.
+
+Every run uses the same peak FLOP/s (``run.peak_flops``, measured once at
+the start with reftrain's own matmul measurement), so MFU before and after
+share a denominator and move with tokens/s.
+
+    .venv/bin/python bench/bench_suggest.py --quick              # ~10 min on 2 busy cores
+    .venv/bin/python bench/bench_suggest.py --repeats 2 --json bench/out/suggest.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from analyzer.api import analyze  # noqa: E402
+from analyzer.suggest import emit_config, suggest  # noqa: E402
+from analyzer.throughput import throughput  # noqa: E402
+from reftrain.config import Config, resolve, set_value, to_yaml  # noqa: E402
+
+NPROC = 2
+# Target error of a prediction, relative to the measured gain (the issue's goal).
+MAX_REL_ERROR = 0.25
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    why: str
+    settings: dict = field(default_factory=dict)
+
+
+SCENARIOS = (
+    Scenario("micro-batch-1", "micro-batch 1, no accumulation: fixed per-step costs dominate",
+             {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1}),
+    Scenario("slow-data", "num_workers=0 with a slow data source (150 ms per micro-batch)",
+             {"model.preset": "tiny", "train.micro_batch_size": 16, "data.num_workers": 0, "data.delay_ms": 150.0}),
+    Scenario("tiny-buckets", "DDP buckets of 50 kB on a 5 MB model",
+             {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096,
+              "train.micro_batch_size": 8, "parallel.bucket_cap_mb": 0.05}),
+    Scenario("sync-after-backward", "explicit gradient all-reduce after backward (no overlap)",
+             {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096,
+              "train.micro_batch_size": 8, "parallel.overlap_grad_sync": False}),
+    Scenario("straggler", "rank 1 delayed 80 ms per step (inject.slow_rank)",
+             {"model.preset": "tiny", "train.micro_batch_size": 16, "inject.slow_rank": 1, "inject.delay_ms": 80.0}),
+)
+
+
+def measure_peak() -> float:
+    """Per-rank matmul peak with the threads one of NPROC ranks gets (reftrain's measurement)."""
+    import torch
+
+    from reftrain.flops import measure_matmul_peak
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // NPROC))
+    return measure_matmul_peak(torch.device("cpu"), "fp32").per_s
+
+
+def write_config(path: Path, settings: dict, runs_dir: Path, steps: int, peak: float) -> None:
+    cfg = Config()
+    base = {"train.device": "cpu", "train.steps": steps, "run.runs_dir": str(runs_dir), "run.peak_flops": peak}
+    for key, value in (base | settings).items():
+        set_value(cfg, key, value, "bench")
+    resolve(cfg, NPROC)
+    path.write_text(to_yaml(cfg))
+
+
+def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float) -> Path:
+    cmd = [str(REPO / ".venv" / "bin" / "reftrain"), "--nproc", str(NPROC), "--config", str(config),
+           "--run-name", run_name, "--runs-dir", str(runs_dir)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"reftrain failed ({run_name}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+    print(f"    ran {run_name} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return runs_dir / run_name
+
+
+def measured(run_dir: Path) -> dict:
+    """Steady-state medians of a run: tokens/s (all ranks), MFU, step time."""
+    ra = analyze(run_dir)
+    tp = throughput(ra.manifest, ra.metrics)
+    return {"tokens_per_s": tp.median, "mfu": ra.mfu.median, "step_time_ms": float(ra.mfu.steps["step_time_ms"].median()),
+            "analysis": ra}
+
+
+def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float, timeout_s: float) -> dict:
+    print(f"\n== {sc.name}: {sc.why}", flush=True)
+    runs_dir = work / "runs"
+    base_cfg = work / f"{sc.name}.base.yaml"
+    write_config(base_cfg, sc.settings, runs_dir, steps, peak)
+    before, after, predicted, picks = [], [], [], []
+    after_cfg = work / f"{sc.name}.after.yaml"
+    for rep in range(repeats):
+        b = measured(run_reftrain(base_cfg, f"{sc.name}-base-{rep}", runs_dir, timeout_s))
+        suggestions = suggest(b["analysis"])
+        actionable = [s for s in suggestions if s.kind == "change" and s.change.overrides]
+        ranking = ", ".join(f"{s.rule} {s.gain:+.0%}" for s in suggestions)
+        print(f"    suggestions: {ranking or 'none'}", flush=True)
+        if not actionable:
+            return {"scenario": sc.name, "why": sc.why, "top": None, "ranking": ranking,
+                    "before": _summary([b]), "error": "no suggestion with a reftrain override"}
+        top = actionable[0]
+        picks.append(top.rule)
+        predicted.append(top.gain)
+        if rep == 0:  # the change is fixed by the first analysis; later repeats measure it again
+            emit_config(b["analysis"], top, after_cfg, run_name=f"{sc.name}-after-0")
+            first = top
+        after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s)))
+        before.append(b)
+    sb, sa = _summary(before), _summary(after)
+    gain = sa["tokens_per_s"] / sb["tokens_per_s"] - 1.0
+    pred = statistics.median(predicted)
+    rel_err = abs(pred - gain) / abs(gain) if gain else float("inf")
+    return {
+        "scenario": sc.name, "why": sc.why, "top": first.rule, "change": " ".join(first.change.set_args()),
+        "picks": picks, "ranking": ranking, "before": sb, "after": sa,
+        "measured_gain": gain, "predicted_gain": pred, "predicted_gains": predicted, "rel_error": rel_err,
+        "improved": sa["mfu"] > sb["mfu"], "within_target": rel_err <= MAX_REL_ERROR,
+        "predicted_step_ms": first.predicted.step_time_ms_after if first.predicted else None,
+        "runs_before": [r["tokens_per_s"] for r in before], "runs_after": [r["tokens_per_s"] for r in after],
+    }
+
+
+def _summary(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "mfu", "step_time_ms")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps, one repeat (development)")
+    ap.add_argument("--steps", type=int, help="optimizer steps per run (default 30, quick 16)")
+    ap.add_argument("--repeats", type=int, help="interleaved base/after pairs per scenario (default 2, quick 1)")
+    ap.add_argument("--scenarios", help="comma-separated subset of: " + ", ".join(s.name for s in SCENARIOS))
+    ap.add_argument("--work", type=Path, help="keep runs and configs here (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, help="write the results as JSON")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per reftrain run")
+    args = ap.parse_args(argv)
+    steps = args.steps or (16 if args.quick else 30)
+    repeats = args.repeats or (1 if args.quick else 2)
+    chosen = [s for s in SCENARIOS if not args.scenarios or s.name in args.scenarios.split(",")]
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-suggest-"))
+    work.mkdir(parents=True, exist_ok=True)
+    peak = measure_peak()
+    print(f"bench_suggest: {len(chosen)} scenario(s), {steps} steps per run, {repeats} repeat(s), "
+          f"fixed peak {peak / 1e9:.2f} GFLOP/s per rank, work dir {work}", flush=True)
+    results = []
+    for sc in chosen:
+        try:
+            results.append(run_scenario(sc, work, steps, repeats, peak, args.timeout))
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            results.append({"scenario": sc.name, "why": sc.why, "error": str(exc)})
+            print(f"    error: {exc}", flush=True)
+    print("\nscenario              top suggestion        tokens/s before -> after    MFU before -> after   "
+          "gain measured  predicted  error")
+    for r in results:
+        if "measured_gain" not in r:
+            print(f"{r['scenario']:21s} {r.get('top') or '-':21s} {r.get('error', '')}")
+            continue
+        b, a = r["before"], r["after"]
+        print(f"{r['scenario']:21s} {r['top']:21s} {b['tokens_per_s']:9.0f} -> {a['tokens_per_s']:9.0f}   "
+              f"{100 * b['mfu']:6.2f}% -> {100 * a['mfu']:6.2f}%   {r['measured_gain']:+9.1%}  {r['predicted_gain']:+9.1%}  "
+              f"{r['rel_error']:6.1%}{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"steps": steps, "repeats": repeats, "peak_flops_per_s": peak,
+                                         "results": results}, indent=2, default=str))
+    ok = all(r.get("improved") for r in results)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

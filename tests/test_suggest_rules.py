@@ -1,0 +1,351 @@
+"""Each suggestion rule fires on facts built to trigger it, with the predicted step worked out by hand,
+and stays silent on facts that are not (analyzer/suggest/rules_*.py, docs/suggestions.md)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from analyzer.stragglers import ARRIVAL_COLUMNS, StragglerConfig, StragglerResult, find_stragglers
+from analyzer.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory
+from analyzer.suggest.engine import RULES, rank
+from analyzer.suggest.facts import CommFacts, KernelFacts, MemoryFacts, RunFacts
+from reftrain.config import Config, resolve, set_value
+
+MiB = 2**20
+
+
+def no_stragglers() -> StragglerResult:
+    return StragglerResult(ranks=[], per_rank=[], verdict="none", step_source=None, arrival_source=None,
+                           config=StragglerConfig(), per_step=pd.DataFrame())
+
+
+def config(**settings) -> dict:
+    """A resolved reftrain config (dict) with ``section__key=value`` settings."""
+    cfg = Config()
+    for key, value in settings.items():
+        set_value(cfg, key.replace("__", "."), value, "test")
+    return resolve(cfg).to_dict()
+
+
+def facts(cfg: dict | None = None, **fields) -> RunFacts:
+    """A 2-rank CPU reftrain run, 100 ms steps, 1024 tokens per step, MFU 0.1, nothing else measured."""
+    base = dict(
+        kind="reftrain", device="cpu", device_name="AMD EPYC", config=cfg if cfg is not None else config(),
+        config_path="/runs/r/config.yaml", world_size=2, step_time_ms=100.0, step_time_source="test", n_steps=20,
+        tokens_per_step=1024.0, mfu=0.1, peak_flops_per_s=1e10, flops_per_token=1e6, dtype="fp32", phases={},
+        profiled_step_time_ms=None, shares={}, shares_source=None, exposed_comm_ms=None, exposed_comm_source=None,
+        comm=None, kernels=None, memory=MemoryFacts(None, None, None, None), stragglers=no_stragglers(),
+        cpu_cores=8, ranks_per_host=2,
+    )
+    base.update(fields)
+    return RunFacts(**base)
+
+
+def trace_facts(**fields) -> RunFacts:
+    """A 2-rank foreign GPU trace set: no config, no tokens, 10 ms steps."""
+    base = dict(kind="traces", device="cuda", device_name="NVIDIA H100 80GB HBM3", config=None, config_path=None,
+                step_time_ms=10.0, tokens_per_step=None, mfu=None, peak_flops_per_s=None, flops_per_token=None,
+                dtype="bf16", shares_source="device")
+    base.update(fields)
+    return facts(**base)
+
+
+def comm(n=1.0, nbytes=20 * MiB, service=50.0, alpha=None, per_byte=None, kinds=("all_reduce",), gather=None) -> CommFacts:
+    return CommFacts(n_per_step=n, bytes_per_step=float(nbytes), mean_bytes=nbytes / n, service_ms_per_step=service,
+                     alpha_ms=alpha, per_byte_ms=per_byte, kinds=kinds, gather_service_share=gather)
+
+
+def test_at_least_fifteen_documented_rules():
+    import analyzer.suggest.engine as engine
+
+    engine.suggest  # the rule modules register on import
+    names = {r.__name__ for r in RULES}
+    assert len(names) >= 15, names
+    assert all(r.__doc__ and len(r.__doc__.split()) > 8 for r in RULES)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_data_wait_sizes_workers_from_the_inferred_load_time():
+    f = facts(config(data__num_workers=0), phases={"data_wait": 100.0, "forward": 30.0, "backward": 60.0}, step_time_ms=200.0)
+    s = rules_data.rule_data_wait(f)
+    # Synchronous loading: 100 ms per batch; consume 100 ms; ceil(100 / (0.7 * 100)) = 2 workers;
+    # wait after = max(floor 8, 100/2 - 100) = 8 ms: step 200 - (100 - 8) = 108 ms.
+    assert s.change.overrides == {"data.num_workers": 2}
+    assert s.predicted.step_time_ms_after == pytest.approx(108.0)
+    assert s.predicted.gain == pytest.approx(200 / 108 - 1)
+    assert s.confidence == "high"
+
+
+def test_data_wait_silent_under_five_percent():
+    f = facts(config(data__num_workers=0), phases={"data_wait": 4.9}, step_time_ms=100.0)
+    assert rules_data.rule_data_wait(f) is None
+
+
+def test_data_wait_silent_when_the_wait_is_the_queue_floor():
+    # 2 workers already waiting only 6 ms: the floor caps at the current wait, no gain left.
+    f = facts(config(data__num_workers=2), phases={"data_wait": 6.0}, step_time_ms=100.0)
+    assert rules_data.rule_data_wait(f) is None
+
+
+def test_pin_memory_fires_on_cuda_with_pageable_copies():
+    f = facts(config(data__pin_memory=False), device="cuda", shares={"exposed_memcpy": 0.1}, shares_source="device")
+    s = rules_data.rule_pin_memory(f)
+    assert s.change.overrides == {"data.pin_memory": True}
+    assert s.predicted.step_time_ms_after == pytest.approx(90.0)
+    assert rules_data.rule_pin_memory(dataclasses.replace(f, config=config(data__pin_memory=True))) is None
+    assert rules_data.rule_pin_memory(dataclasses.replace(f, device="cpu")) is None
+
+
+def test_exposed_memcpy_on_device_traces():
+    f = trace_facts(shares={"exposed_memcpy": 0.2, "compute": 0.8})
+    s = rules_data.rule_exposed_memcpy(f)
+    assert s.change.overrides == {} and "non_blocking" in s.change.advice
+    assert s.predicted.step_time_ms_after == pytest.approx(8.0)
+    assert rules_data.rule_exposed_memcpy(trace_facts(shares={"exposed_memcpy": 0.04})) is None
+
+
+# ----------------------------------------------------------------------------- communication
+
+
+def test_ddp_bucket_size_saves_alpha_per_removed_collective():
+    f = facts(config(parallel__bucket_cap_mb=1.0), step_time_ms=200.0, exposed_comm_ms=40.0,
+              comm=comm(n=20, nbytes=20 * MiB, service=60.0, alpha=2.0, per_byte=1e-6))
+    s = rules_comm.rule_ddp_bucket_size(f)
+    # cap 1 -> 25 MiB: 1 MiB first bucket + ceil(19/25) = 2 buckets; saved min(40, 18 * 2) = 36 ms.
+    assert s.change.overrides == {"parallel.bucket_cap_mb": 25.0}
+    assert s.predicted.step_time_ms_after == pytest.approx(164.0)
+    quiet = dataclasses.replace(f, exposed_comm_ms=15.0)  # 7.5 % exposed
+    assert rules_comm.rule_ddp_bucket_size(quiet) is None
+    few = dataclasses.replace(f, comm=comm(n=2, nbytes=20 * MiB, alpha=2.0, per_byte=1e-6))
+    assert rules_comm.rule_ddp_bucket_size(few) is None
+
+
+def test_gradient_as_bucket_view_estimates_the_copy():
+    f = facts(step_time_ms=1000.0, comm=comm(nbytes=100e6))
+    s = rules_comm.rule_gradient_as_bucket_view(f)
+    # 2 x 100 MB at 4 GB/s = 50 ms.
+    assert s.predicted.step_time_ms_after == pytest.approx(950.0)
+    assert s.change.overrides == {"parallel.gradient_as_bucket_view": True}
+    assert rules_comm.rule_gradient_as_bucket_view(dataclasses.replace(f, comm=comm(nbytes=1e6))) is None
+    on = dataclasses.replace(f, config=config(parallel__gradient_as_bucket_view=True))
+    assert rules_comm.rule_gradient_as_bucket_view(on) is None
+
+
+def test_overlap_grad_sync_keeps_only_the_last_bucket():
+    f = facts(config(parallel__overlap_grad_sync=False), step_time_ms=400.0, phases={"grad_sync": 100.0},
+              comm=comm(n=1, nbytes=20 * MiB, service=80.0))
+    s = rules_comm.rule_overlap_grad_sync(f)
+    # DDP buckets: 1 MiB first, then 19 MiB last; tail 80 * 19/20 = 76 ms replaces the 100 ms sync.
+    assert s.predicted.step_time_ms_after == pytest.approx(376.0)
+    assert rules_comm.rule_overlap_grad_sync(dataclasses.replace(f, config=config())) is None
+
+
+def test_grad_accumulation_amortizes_exposed_comm():
+    f = facts(step_time_ms=200.0, exposed_comm_ms=40.0, phases={"data_wait": 10.0, "forward": 50.0, "backward": 100.0})
+    s = rules_comm.rule_grad_accumulation(f)
+    # per micro-batch (10 + 50 + 100 - 40) = 120 ms; 4 micro-batches: 200 + 3 * 120 = 560 ms for 4x the tokens.
+    assert s.change.overrides == {"train.grad_accum": 4}
+    assert s.predicted.step_time_ms_after == pytest.approx(560.0)
+    assert s.predicted.gain == pytest.approx(4 * 200 / 560 - 1)
+    assert rules_comm.rule_grad_accumulation(dataclasses.replace(f, exposed_comm_ms=19.0)) is None
+    assert rules_comm.rule_grad_accumulation(dataclasses.replace(f, world_size=1)) is None
+
+
+def test_fsdp_reshard_needs_headroom():
+    cfg = config(parallel__strategy="fsdp")
+    f = facts(cfg, step_time_ms=200.0, exposed_comm_ms=50.0,
+              comm=comm(n=10, service=100.0, kinds=("all_gather", "reduce_scatter"), gather=0.6))
+    s = rules_comm.rule_fsdp_reshard(f)
+    assert s.change.overrides == {"parallel.reshard_after_forward": False}
+    assert s.predicted.step_time_ms_after == pytest.approx(170.0)  # half of 60 ms of gathers
+    tight = dataclasses.replace(f, memory=MemoryFacts(75e9, "cuda_peak_allocated", 80e9, "test"))
+    assert rules_comm.rule_fsdp_reshard(tight) is None
+    assert rules_comm.rule_fsdp_reshard(dataclasses.replace(f, config=config())) is None  # DDP
+
+
+def test_comm_compression_only_when_bandwidth_bound():
+    f = trace_facts(exposed_comm_ms=6.0, comm=comm(n=2, nbytes=80e6, service=10.0, alpha=0.5, per_byte=1e-7))
+    s = rules_comm.rule_comm_compression(f)
+    # bandwidth part 80e6 * 1e-7 = 8 ms of 10; half saved, capped at the 6 ms exposed: 4 ms.
+    assert s.predicted.step_time_ms_after == pytest.approx(6.0)
+    latency = dataclasses.replace(f, comm=comm(n=2, nbytes=20e6, service=10.0, alpha=4.0, per_byte=1e-7))
+    assert rules_comm.rule_comm_compression(latency) is None
+
+
+# ----------------------------------------------------------------------------- compute
+
+
+def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
+    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: eta 0.35
+    f = facts(cfg, phases={"forward": 20.0, "backward": 40.0, "optimizer": 10.0}, step_time_ms=100.0)
+    s = rules_compute.rule_micro_batch(f)
+    per_seq = 1e3 * 64 * 1e6 / (0.35 * 1e10)  # 18.29 ms
+    c0 = 60.0 - per_seq
+    # fixed share stays over 25 % up to 8x: step = 100 - 60 + c0 + 8 * per_seq.
+    step_after = 40.0 + c0 + 8 * per_seq
+    assert s.change.overrides == {"train.micro_batch_size": 8}
+    assert s.predicted.step_time_ms_after == pytest.approx(step_after)
+    assert s.predicted.tokens_per_step_after == 8 * 1024
+    assert s.predicted.gain == pytest.approx(8 * 100 / step_after - 1)
+    big = facts(config(model__preset="tiny", train__micro_batch_size=16), phases={"forward": 100.0, "backward": 200.0},
+                step_time_ms=330.0)
+    assert rules_compute.rule_micro_batch(big) is None  # 16 x 18.3 = 293 of 330 ms is per-token work
+
+
+def test_launch_bound_grows_the_batch_while_the_device_idles():
+    f = trace_facts(shares={"idle": 0.5, "compute": 0.4, "exposed_comm": 0.1})
+    s = rules_compute.rule_launch_bound(f)
+    # device work 4 ms + 1 ms comm in a 10 ms step: 2x fits (9 ms), 4x does not (17 ms).
+    assert s.predicted.step_time_ms_after == pytest.approx(10.0)
+    assert s.predicted.gain == pytest.approx(1.0)
+    assert rules_compute.rule_launch_bound(trace_facts(shares={"idle": 0.1, "compute": 0.9})) is None
+    reft = facts(config(train__micro_batch_size=4), device="cuda", shares={"idle": 0.8, "compute": 0.2},
+                 shares_source="device", memory=MemoryFacts(8e9, "cuda_peak_allocated", 80e9, "test"))
+    s = rules_compute.rule_launch_bound(reft)
+    # 20 ms of device work in a 100 ms step: 4x fits (80 ms), 8x does not (160 ms); memory 10 % x 4 is fine.
+    assert s.change.overrides == {"train.micro_batch_size": 16}
+    assert s.predicted.step_time_ms_after == pytest.approx(100.0) and s.predicted.gain == pytest.approx(3.0)
+    tight = dataclasses.replace(reft, memory=MemoryFacts(40e9, "cuda_peak_allocated", 80e9, "test"))
+    assert rules_compute.rule_launch_bound(tight) is None  # 0.5 x 2 > 0.85
+
+
+def test_cuda_graphs_on_short_kernels():
+    ks = KernelFacts(n_per_step=2000, gemm_ms_per_step=2.0, kernel_ms_per_step=4.0, short_share=0.8, mean_us=2.0)
+    f = trace_facts(shares={"idle": 0.5, "compute": 0.5}, kernels=ks)
+    s = rules_compute.rule_cuda_graphs(f)
+    assert s.predicted.step_time_ms_after == pytest.approx(6.0)  # 10 - 0.5 * 0.8 * 10
+    long = dataclasses.replace(f, kernels=dataclasses.replace(ks, short_share=0.2))
+    assert rules_compute.rule_cuda_graphs(long) is None
+
+
+def test_torch_compile_on_non_gemm_heavy_device_bound_steps():
+    ks = KernelFacts(n_per_step=500, gemm_ms_per_step=3.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0)
+    f = trace_facts(shares={"idle": 0.1, "compute": 0.9}, kernels=ks)
+    s = rules_compute.rule_torch_compile(f)
+    assert s.predicted.step_time_ms_after == pytest.approx(7.5)  # 5 ms non-GEMM x 0.5
+    gemmy = dataclasses.replace(f, kernels=dataclasses.replace(ks, gemm_ms_per_step=7.0))
+    assert rules_compute.rule_torch_compile(gemmy) is None
+    reft = facts(config(train__compile=True), device="cuda", shares={"idle": 0.1}, shares_source="device", kernels=ks)
+    assert rules_compute.rule_torch_compile(reft) is None
+
+
+def test_bf16_autocast_by_datasheet_peak_ratio():
+    ks = KernelFacts(n_per_step=500, gemm_ms_per_step=5.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0)
+    f = trace_facts(dtype="tf32", kernels=ks, mfu=0.2, shares={"compute": 1.0})
+    s = rules_compute.rule_bf16_autocast(f)
+    # H100 SXM tf32 494.7 / bf16 989.4 TFLOP/s: GEMMs take half as long.
+    assert s.predicted.step_time_ms_after == pytest.approx(7.5)
+    assert s.predicted.mfu_after == pytest.approx(0.2 * (10 / 7.5) * 0.5)  # against the bf16 peak
+    assert rules_compute.rule_bf16_autocast(dataclasses.replace(f, dtype="bf16")) is None
+    reft = facts(config(train__dtype="fp32", train__tf32=True), device="cuda", device_name="NVIDIA A100-SXM4-80GB",
+                 kernels=ks, step_time_ms=10.0)
+    assert rules_compute.rule_bf16_autocast(reft).change.overrides == {"train.dtype": "bf16"}
+
+
+def test_tf32_for_plain_fp32_matmuls_where_tensor_cores_have_it():
+    ks = KernelFacts(n_per_step=500, gemm_ms_per_step=4.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0)
+    f = facts(config(train__tf32=False), device="cuda", device_name="NVIDIA A100-SXM4-80GB", kernels=ks, step_time_ms=10.0)
+    s = rules_compute.rule_tf32(f)
+    # A100 fp32 19.5 / tf32 156 TFLOP/s.
+    assert s.predicted.step_time_ms_after == pytest.approx(10.0 - 4.0 * (1 - 19.5 / 156))
+    assert s.change.overrides == {"train.tf32": True}
+    v100 = dataclasses.replace(f, device_name="Tesla V100-SXM2-32GB")
+    assert rules_compute.rule_tf32(v100) is None
+    assert rules_compute.rule_tf32(dataclasses.replace(f, config=config(train__tf32=True))) is None
+
+
+def test_fused_adamw():
+    f = facts(phases={"optimizer": 30.0})
+    s = rules_compute.rule_fused_adamw(f)
+    assert s.predicted.step_time_ms_after == pytest.approx(100.0 - 30.0 * (1 - rules_compute.FUSED_OPTIMIZER_TIME_FACTOR["cpu"]))
+    assert s.change.overrides == {"optim.impl": "fused"}
+    assert rules_compute.rule_fused_adamw(dataclasses.replace(f, config=config(optim__impl="fused"))) is None
+    assert rules_compute.rule_fused_adamw(facts(phases={"optimizer": 9.0})) is None
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _full(cfg: dict, **fields) -> RunFacts:
+    return facts(cfg, device="cuda", device_name="NVIDIA H100 80GB HBM3",
+                 memory=MemoryFacts(76e9, "cuda_peak_allocated", 80e9, "test"), **fields)
+
+
+def test_activation_checkpointing_over_ninety_percent():
+    s = rules_memory.rule_activation_checkpointing(_full(config(), phases={"forward": 30.0}))
+    assert s.change.overrides == {"train.activation_checkpointing": True}
+    assert s.predicted.step_time_ms_after == pytest.approx(130.0)
+    assert s.predicted.gain < 0
+    low = facts(config(), device="cuda", phases={"forward": 30.0}, memory=MemoryFacts(40e9, "cuda_peak_allocated", 80e9, "t"))
+    assert rules_memory.rule_activation_checkpointing(low) is None
+    on = _full(config(train__activation_checkpointing=True), phases={"forward": 30.0})
+    assert rules_memory.rule_activation_checkpointing(on) is None
+
+
+def test_smaller_micro_batch_keeps_tokens_per_step():
+    s = rules_memory.rule_smaller_micro_batch(_full(config(train__micro_batch_size=8), shares={"idle": 0.2}, shares_source="device"))
+    assert s.change.overrides == {"train.micro_batch_size": 4, "train.grad_accum": 2}
+    assert s.predicted.step_time_ms_after == pytest.approx(120.0)
+    assert s.predicted.tokens_per_step_after == s.predicted.tokens_per_step_before
+    assert rules_memory.rule_smaller_micro_batch(_full(config(train__micro_batch_size=1))) is None
+
+
+# ----------------------------------------------------------------------------- health
+
+
+def _straggling(rank: int, excess_ms: float) -> StragglerResult:
+    """The analyzer's verdict on 20 steps where ``rank`` takes ``excess_ms`` longer (a little noise on both)."""
+    rows = [{"rank": r, "step": s, "step_time_ms": 100.0 + (excess_ms if r == rank else 0.0) + (s % 3) * 0.1}
+            for s in range(20) for r in (0, 1)]
+    result = find_stragglers(pd.DataFrame(rows), pd.DataFrame(columns=list(ARRIVAL_COLUMNS)), step_source="test", arrival_source=None)
+    assert result.ranks == [rank]
+    return result
+
+
+def test_straggler_names_rank_phase_and_removes_an_injection():
+    phases = {0: {"data_wait": 2.0, "forward": 20.0, "backward": 40.0}, 1: {"data_wait": 2.0, "forward": 60.0, "backward": 40.0}}
+    f = facts(stragglers=_straggling(1, 40.0), rank_phases=phases)
+    s = rules_health.rule_straggler(f)
+    assert s.evidence["rank"] == 1 and s.evidence["slowest_phase"] == "forward"
+    assert s.evidence["slowest_phase_excess_ms"] == pytest.approx(40.0)
+    assert s.change.overrides == {} and "compute" in s.change.advice
+    assert s.predicted.step_time_ms_after == pytest.approx(60.0)
+    injected = dataclasses.replace(f, inject={"slow_rank": 1, "delay_ms": 40.0, "slowdown": None})
+    s = rules_health.rule_straggler(injected)
+    assert s.change.overrides == {"inject.slow_rank": None, "inject.delay_ms": None}
+    assert s.change.set_args() == ["--set", "inject.slow_rank=null", "--set", "inject.delay_ms=null"]
+    assert rules_health.rule_straggler(facts()) is None
+
+
+def test_profiler_overhead_is_about_run_wall_time():
+    f = facts(profiled_step_time_ms=300.0, profile_steps=(10, 30))
+    s = rules_health.rule_profiler_overhead(f)
+    assert s.predicted.scope == "run wall time"
+    assert s.predicted.step_time_ms_before == pytest.approx((20 * 100 + 10 * 300) / 30)
+    assert s.predicted.step_time_ms_after == pytest.approx((27 * 100 + 3 * 300) / 30)
+    assert s.gain == 0.0  # ranked by steady-state gain: it does not change MFU
+    assert rules_health.rule_profiler_overhead(dataclasses.replace(f, profile_steps=(3, 30))) is None
+
+
+def test_mfu_gap_lists_top_contributors():
+    cfg = config(model__preset="tiny", train__micro_batch_size=1)
+    f = facts(cfg, mfu=0.05, phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0},
+              exposed_comm_ms=12.0)
+    s = rules_health.rule_mfu_gap(f)
+    assert s.kind == "diagnosis" and s.evidence["reference_mfu"] == pytest.approx(0.35)
+    assert list(k for k in s.evidence if k.endswith("_ms") and k != "step_time_ms")[0] == "fixed_overhead_ms"
+    assert "micro_batch" in s.change.advice
+    assert rules_health.rule_mfu_gap(dataclasses.replace(f, mfu=0.3)) is None
+
+
+def test_ranking_puts_changes_first_by_gain():
+    f = facts(config(model__preset="tiny", train__micro_batch_size=1), mfu=0.05,
+              phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0})
+    found = [s for s in (rules_compute.rule_fused_adamw(f), rules_health.rule_mfu_gap(f), rules_compute.rule_micro_batch(f)) if s]
+    ranked = rank(found)
+    assert [s.rule for s in ranked] == ["micro_batch", "fused_adamw", "mfu_gap"]
+    assert ranked[0].gain > ranked[1].gain
