@@ -16,7 +16,9 @@ after the other's page-cache effects):
 * **analyzer warm**: the same command again, with the cache present.
 
 Figures per run: wall time of the whole subprocess (interpreter start and
-imports included, for both tools), peak memory of the whole process tree
+imports included, for both tools), its CPU time (user + system of the
+process and all its descendants; steadier than wall time on a busy machine),
+peak memory of the whole process tree
 sampled every 10 ms from /proc, as summed PSS (pages shared between a
 parent and its forked workers split between them, so the tree is not
 double-counted) and as summed RSS (shared pages counted in every process),
@@ -50,7 +52,7 @@ BIN = Path(sys.executable).parent
 SAMPLE_PERIOD_S = 0.01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import json_mb, prepare_cases, tree_memory  # noqa: E402  (same folders and memory sampler)
+from bench_load import json_mb, prepare_cases  # noqa: E402  (the same trace folders as the loader benchmark)
 
 HTA_SCRIPT = """
 import sys, logging
@@ -69,6 +71,7 @@ class Measurement:
     tool: str  # "hta" | "analyzer-cold" | "analyzer-warm"
     repeat: int
     wall_s: float
+    cpu_s: float
     peak_pss_mb: float
     peak_rss_mb: float
     json_mb: float
@@ -80,16 +83,80 @@ class Measurement:
 
 
 # ----------------------------------------------------------------- process tree
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, int, str]:
-    """Run ``cmd``; (wall s, peak tree PSS bytes, peak tree RSS bytes, returncode, stderr tail)."""
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _children() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc/*/stat."""
+    out: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of one process, in clock ticks (fields 14 and 15 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _pss_rss(pid: int) -> tuple[int, int]:
+    pss = rss = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith(b"Rss:"):
+                    rss = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return pss, rss
+
+
+def sample_tree(root: int, cpu_ticks: dict[int, int]) -> tuple[int, int]:
+    """(summed PSS, summed RSS) bytes of ``root`` and its descendants; updates the
+    last CPU ticks seen per pid in ``cpu_ticks``."""
+    children = _children()
+    pss = rss = 0
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        p, r = _pss_rss(pid)
+        pss, rss = pss + p, rss + r
+        cpu_ticks[pid] = max(cpu_ticks.get(pid, 0), _cpu_ticks(pid))
+        stack.extend(children.get(pid, ()))
+    return pss, rss
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, int, int, str]:
+    """Run ``cmd``; (wall s, CPU s, peak tree PSS bytes, peak tree RSS bytes, returncode, stderr tail).
+
+    CPU seconds: user + system time of every process of the tree, the last
+    value sampled per process (a process's final <= 10 ms is missed). Read
+    from /proc rather than getrusage(RUSAGE_CHILDREN), which misses
+    descendants nobody waits for (e.g. a forkserver's workers).
+    """
     peak = [0, 0]
+    cpu_ticks: dict[int, int] = {}
     done = threading.Event()
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
 
     def sample() -> None:
         while not done.is_set():
-            pss, rss = tree_memory(proc.pid)
+            pss, rss = sample_tree(proc.pid, cpu_ticks)
             peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
             done.wait(SAMPLE_PERIOD_S)
 
@@ -99,7 +166,8 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int, 
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    return wall, peak[0], peak[1], proc.returncode, err.decode(errors="replace")[-2000:]
+    cpu = sum(cpu_ticks.values()) / _TICKS_PER_S
+    return wall, cpu, peak[0], peak[1], proc.returncode, err.decode(errors="replace")[-2000:]
 
 
 def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:
@@ -120,11 +188,11 @@ def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: flo
         if tool == "analyzer-cold":
             clear_analyzer_cache(folder, user_cache)
         cmd = [str(BIN / "analyzer"), "report", str(folder), "--json", str(out / f"{folder_name}.report.json")]
-    wall, pss, rss, rc, err = run_measured(cmd, env)
+    wall, cpu, pss, rss, rc, err = run_measured(cmd, env)
     if rc != 0:
         print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:]}", file=sys.stderr)
-    m = Measurement(folder_name, tool, repeat, wall, pss / 2**20, rss / 2**20, json_mb, rc)
-    print(f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  PSS {m.peak_pss_mb:6.0f} MB  RSS {m.peak_rss_mb:6.0f} MB  "
+    m = Measurement(folder_name, tool, repeat, wall, cpu, pss / 2**20, rss / 2**20, json_mb, rc)
+    print(f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  cpu {cpu:7.2f} s  PSS {m.peak_pss_mb:6.0f} MB  RSS {m.peak_rss_mb:6.0f} MB  "
           f"{m.mb_per_s:6.1f} MB/s", flush=True)
     return m
 
@@ -138,6 +206,7 @@ def summarize(results: list[Measurement]) -> list[dict]:
             if ms:
                 by_tool[tool] = {
                     "wall_s": statistics.median(m.wall_s for m in ms),
+                    "cpu_s": statistics.median(m.cpu_s for m in ms),
                     "peak_pss_mb": statistics.median(m.peak_pss_mb for m in ms),
                     "peak_rss_mb": statistics.median(m.peak_rss_mb for m in ms),
                     "mb_per_s": statistics.median(m.mb_per_s for m in ms),
@@ -148,6 +217,7 @@ def summarize(results: list[Measurement]) -> list[dict]:
         row = {"folder": folder, "json_mb": json_mb, **by_tool}
         if hta and cold:
             row["speedup_cold"] = hta["wall_s"] / cold["wall_s"]
+            row["cpu_speedup_cold"] = hta["cpu_s"] / cold["cpu_s"]
             row["pss_ratio_cold"] = cold["peak_pss_mb"] / hta["peak_pss_mb"]
             row["rss_ratio_cold"] = cold["peak_rss_mb"] / hta["peak_rss_mb"]
         rows.append(row)
@@ -157,16 +227,18 @@ def summarize(results: list[Measurement]) -> list[dict]:
 def print_summary(rows: list[dict]) -> None:
     nan = float("nan")
     print()
-    print(f"{'folder':20s} {'JSON MB':>7s} | {'HTA s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} | {'cold s':>6s} {'PSS MB':>6s} "
-          f"{'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'PSS MB':>6s} | {'speedup':>7s} {'PSS/HTA':>7s} {'RSS/HTA':>7s}")
+    print(f"{'folder':18s} {'JSON MB':>7s} | {'HTA s':>6s} {'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} | {'cold s':>6s} "
+          f"{'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'cpu s':>6s} | "
+          f"{'speedup':>7s} {'cpu x':>6s} {'PSS/HTA':>7s} {'RSS/HTA':>7s}")
     for r in rows:
         h, c, w = r.get("hta", {}), r.get("analyzer-cold", {}), r.get("analyzer-warm", {})
         print(
-            f"{r['folder']:20s} {r['json_mb']:7.1f} | {h.get('wall_s', nan):6.2f} {h.get('peak_pss_mb', nan):6.0f} "
-            f"{h.get('peak_rss_mb', nan):6.0f} | {c.get('wall_s', nan):6.2f} {c.get('peak_pss_mb', nan):6.0f} "
-            f"{c.get('peak_rss_mb', nan):6.0f} {c.get('mb_per_s', nan):5.1f} | {w.get('wall_s', nan):6.2f} "
-            f"{w.get('peak_pss_mb', nan):6.0f} | {r.get('speedup_cold', nan):6.1f}x {r.get('pss_ratio_cold', nan):7.2f} "
-            f"{r.get('rss_ratio_cold', nan):7.2f}"
+            f"{r['folder']:18s} {r['json_mb']:7.1f} | {h.get('wall_s', nan):6.2f} {h.get('cpu_s', nan):6.2f} "
+            f"{h.get('peak_pss_mb', nan):6.0f} {h.get('peak_rss_mb', nan):6.0f} | {c.get('wall_s', nan):6.2f} "
+            f"{c.get('cpu_s', nan):6.2f} {c.get('peak_pss_mb', nan):6.0f} {c.get('peak_rss_mb', nan):6.0f} "
+            f"{c.get('mb_per_s', nan):5.1f} | {w.get('wall_s', nan):6.2f} {w.get('cpu_s', nan):6.2f} | "
+            f"{r.get('speedup_cold', nan):6.1f}x {r.get('cpu_speedup_cold', nan):5.1f}x "
+            f"{r.get('pss_ratio_cold', nan):7.2f} {r.get('rss_ratio_cold', nan):7.2f}"
         )
 
 
