@@ -205,6 +205,24 @@ def test_run_dir_manifest_mfu_and_collective_straggler(tmp_path: Path) -> None:
     assert clean.stragglers.ranks == []
 
 
+def test_run_dir_without_traces(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path, late_ms=5.0, offsets_ns=[0, 0])
+    for f in (run / "traces").iterdir():
+        f.unlink()
+    manifest = orjson.loads((run / "run.json").read_bytes())
+    manifest["files"]["traces"] = []
+    (run / "run.json").write_bytes(orjson.dumps(manifest))
+    a = analyze(run, cache=False)
+    assert a.errors == [] and a.steps.empty
+    assert [(r.rank, r.source, r.step_time_source) for r in a.ranks] == [
+        (0, None, "metrics JSONL (steady-state steps)"),
+        (1, None, "metrics JSONL (steady-state steps)"),
+    ]
+    assert a.rank(0).step_time_ms == pytest.approx(100.25)
+    assert a.mfu.source == "manifest" and a.stragglers.ranks == [1]
+    assert json.loads(json.dumps(a.to_json()))["ranks"][0]["breakdown"] == {}
+
+
 @pytest.mark.slow
 def test_real_reftrain_runs_straggler_and_mfu(tmp_path: Path) -> None:
     """Two real 2-rank CPU runs: the injected slow rank is named, a clean run names none,

@@ -207,6 +207,7 @@ def test_manifest_mfu_none_reasons() -> None:
     assert override.peak_source == "argument"
 
 
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
 def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
     """A real profiled forward+backward: our count from the trace equals torch's FlopCounterMode."""
     torch = pytest.importorskip("torch")
