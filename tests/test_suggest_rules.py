@@ -152,7 +152,7 @@ def test_grad_accumulation_amortizes_exposed_comm():
     assert s.predicted.step_time_ms_after == pytest.approx(560.0)
     assert s.predicted.gain == pytest.approx(4 * 200 / 560 - 1)
     assert rules_comm.rule_grad_accumulation(dataclasses.replace(f, exposed_comm_ms=19.0)) is None
-    assert rules_comm.rule_grad_accumulation(dataclasses.replace(f, world_size=1)) is None
+    assert rules_comm.rule_grad_accumulation(dataclasses.replace(f, exposed_comm_ms=None)) is None
 
 
 def test_fsdp_reshard_needs_headroom():

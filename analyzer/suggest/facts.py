@@ -52,6 +52,8 @@ PHASES = ("data_wait", "forward", "backward", "optimizer", "grad_sync", "comm")
 # sm90_xmma_gemm, cutlass::Kernel, nvjet) and AMD (rocBLAS/hipBLASLt Tensile "Cijk_") GPUs,
 # and flash attention. Case-insensitive.
 GEMM_KERNEL_RE = re.compile(r"gemm|cutlass|cublas|nvjet|xmma|Cijk_|wgmma|flash|fmha|mma_", re.I)
+# GEMMs on TF32 tensor cores: cuBLAS/CUTLASS name them tf32, or "s1688"/"s16816" tensor-op SGEMMs (sm80).
+TF32_GEMM_RE = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm|s16816gemm", re.I)
 # A kernel this short does too little work to hide its ~5 us launch cost.
 SHORT_KERNEL_US = 10.0
 
@@ -93,6 +95,7 @@ class KernelFacts:
     kernel_ms_per_step: float
     short_share: float  # share of launches whose mean duration is under SHORT_KERNEL_US
     mean_us: float
+    tf32_gemm_ms_per_step: float = 0.0  # GEMMs whose names say TF32 tensor cores
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class RunFacts:
     params: dict | None = None
     cpu_cores: int | None = None  # usable cores of one host
     rank_phases: dict[int, dict[str, float]] = field(default_factory=dict)  # per rank: phase -> median ms
+    sync_delay_ms: dict[int, float] = field(default_factory=dict)  # per rank: see sync_delay_ms()
     inject: dict | None = None  # the manifest's injected slowness
     hostnames: list[str] | None = None  # per rank
     profile_steps: tuple[int, int] = (0, 0)  # (profiled steps, all steps) of the run
@@ -238,7 +242,9 @@ def breakdown_shares(steps: pd.DataFrame) -> tuple[dict[str, float], str | None]
 
 def _collective_times(coll: pd.DataFrame) -> pd.DataFrame:
     """Per collective: ``step``, ``bytes``, start and end on the last arriver (ns, aligned clock), sorted by start."""
-    start = coll["first_arrival_ns"].to_numpy(np.float64) + coll["skew_ms"].to_numpy(np.float64) * 1e6
+    first = coll["first_arrival_ns"].to_numpy(np.int64)
+    # Relative to the first arrival of all, so float64 keeps nanoseconds (epoch ns do not fit its mantissa).
+    start = (first - first.min()).astype(np.float64) + coll["skew_ms"].to_numpy(np.float64) * 1e6
     end = start + coll["duration_ms"].to_numpy(np.float64) * 1e6
     out = pd.DataFrame({"step": coll["step"].to_numpy(np.int64), "bytes": coll["bytes"].to_numpy(np.float64),
                         "kind": coll["kind"].astype(str).to_numpy(), "start_ns": start, "end_ns": end})
@@ -289,6 +295,25 @@ def fit_alpha_beta(bytes_: np.ndarray, service_ms: np.ndarray) -> tuple[float | 
     return float(intercept), float(slope)
 
 
+def sync_delay_ms(coll: pd.DataFrame) -> dict[int, float]:
+    """Per rank: how long it holds the others up per step, median over steps (ms).
+
+    Per step, the largest arrival skew among the collectives the rank
+    arrived at last (0 when it arrived last at none): a rank that is late by
+    ``x`` at a gradient collective delays every other rank's step by ``x``
+    (later collectives of the step then start together).
+    """
+    if coll is None or coll.empty or "last_rank" not in coll.columns:
+        return {}
+    steps = sorted(coll["step"].unique())
+    ranks = sorted(int(r) for r in coll["last_rank"].unique() if r >= 0)
+    out = {}
+    for r in ranks:
+        per_step = coll.loc[coll["last_rank"] == r].groupby("step")["skew_ms"].max().reindex(steps, fill_value=0.0)
+        out[r] = float(per_step.median())
+    return out
+
+
 def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFacts | None, pd.Series | None]:
     """Collective counts, sizes and service times per steady step, and the per-step tail (ms)."""
     coll = ra.collectives
@@ -336,16 +361,18 @@ def kernel_facts(ra: "RunAnalysis") -> KernelFacts | None:
         total = mine["total_ms"].to_numpy(np.float64)
         compute = (kind == "compute").to_numpy()
         gemm = compute & names.str.contains(GEMM_KERNEL_RE).to_numpy()
+        tf32 = gemm & names.str.contains(TF32_GEMM_RE).to_numpy()
         short = compute & (mine["mean_us"].to_numpy(np.float64) < SHORT_KERNEL_US)
         n = count[compute].sum()
         rows.append(
             (n / r.n_steps, total[gemm].sum() / r.n_steps, total[compute].sum() / r.n_steps,
-             count[short].sum() / n if n else 0.0, 1e3 * total[compute].sum() / n if n else 0.0)
+             count[short].sum() / n if n else 0.0, 1e3 * total[compute].sum() / n if n else 0.0,
+             total[tf32].sum() / r.n_steps)
         )
     if not rows:
         return None
     a = np.asarray(rows).mean(axis=0)
-    return KernelFacts(float(a[0]), float(a[1]), float(a[2]), float(a[3]), float(a[4]))
+    return KernelFacts(float(a[0]), float(a[1]), float(a[2]), float(a[3]), float(a[4]), float(a[5]))
 
 
 def gpu_memory_bytes(device_name: str | None) -> tuple[float | None, str | None]:
@@ -433,7 +460,11 @@ def run_facts(ra: "RunAnalysis") -> RunFacts:
             profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
 
     shares, shares_source = breakdown_shares(ra.steps)
-    comm, tail = comm_facts(ra, set(steady["step"].unique()) if steady is not None else None)
+    steady_steps = set(steady["step"].unique()) if steady is not None else None
+    comm, tail = comm_facts(ra, steady_steps)
+    coll = ra.collectives
+    if coll is not None and steady_steps:
+        coll = coll.loc[coll["step"].isin(steady_steps)]
     exposed, exposed_source = None, None
     if shares_source == "device" and step_time_ms:
         exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "device breakdown of the trace windows"
@@ -482,6 +513,7 @@ def run_facts(ra: "RunAnalysis") -> RunFacts:
         params=man.get("params") if isinstance(man.get("params"), dict) else None,
         cpu_cores=int(cores) if isinstance(cores, int) else None,
         rank_phases=rank_phase_medians(steady) if steady is not None else {},
+        sync_delay_ms=sync_delay_ms(coll),
         inject=man.get("inject") if isinstance(man.get("inject"), dict) else None,
         hostnames=list(hw["hostnames"]) if isinstance(hw.get("hostnames"), list) else None,
         profile_steps=(len(man.get("profiled_steps") or []), int(ra.metrics["step"].nunique())

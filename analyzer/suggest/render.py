@@ -31,6 +31,8 @@ def prediction_text(s: Suggestion) -> str:
     parts = [f"step {p.step_time_ms_before:.1f} -> {p.step_time_ms_after:.1f} ms"]
     if p.tokens_per_step_before and p.tokens_per_step_after and p.tokens_per_step_after != p.tokens_per_step_before:
         parts.append(f"tokens/step {p.tokens_per_step_before:.0f} -> {p.tokens_per_step_after:.0f}")
+    elif not p.tokens_per_step_before and p.work_ratio != 1.0:
+        parts.append(f"{p.work_ratio:g}x the work per step")
     if p.tokens_per_s_before is not None and p.tokens_per_s_after is not None:
         parts.append(f"tokens/s {p.tokens_per_s_before:,.0f} -> {p.tokens_per_s_after:,.0f}")
     if p.mfu_before is not None and p.mfu_after is not None:

@@ -31,7 +31,7 @@ COPY_BYTES_PER_S = {"cpu": 4e9, "cuda": 2e12}
 
 def _exposed(f: RunFacts) -> tuple[float, float] | None:
     """(exposed comm ms, share of step) when over EXPOSED_COMM_MIN_SHARE, else None."""
-    if not f.step_time_ms or f.exposed_comm_ms is None or f.world_size < 2:
+    if not f.step_time_ms or f.exposed_comm_ms is None:
         return None
     share = f.exposed_comm_ms / f.step_time_ms
     return (f.exposed_comm_ms, share) if share > EXPOSED_COMM_MIN_SHARE else None

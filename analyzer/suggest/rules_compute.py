@@ -252,7 +252,11 @@ def _matmul_precision(f: RunFacts) -> str | None:
         if f.cfg("train.dtype") == "bf16":
             return "bf16"
         return "tf32" if f.cfg("train.tf32") else "fp32"
-    return {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}.get(f.dtype or "")
+    precision = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}.get(f.dtype or "")
+    ks = f.kernels
+    if precision == "fp32" and ks is not None and ks.gemm_ms_per_step > 0 and ks.tf32_gemm_ms_per_step >= 0.5 * ks.gemm_ms_per_step:
+        precision = "tf32"  # fp32 tensors, but most GEMM time on TF32 tensor-core kernels
+    return precision
 
 
 def _gemm_ms(f: RunFacts) -> float | None:

@@ -8,6 +8,8 @@ from analyzer.suggest import whatif
 from analyzer.suggest.engine import Change, Suggestion, rule
 from analyzer.suggest.facts import RunFacts
 
+# A flagged straggler is worth a suggestion when it holds the step up by this share.
+MIN_STRAGGLER_SHARE = 0.02
 # Profiled steps slower than steady ones by at least this factor ...
 PROFILER_MIN_SLOWDOWN = 1.20
 # ... and making up at least this share of the run's steps.
@@ -88,8 +90,10 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
 
     What-if: in synchronous data parallelism every rank waits for the
     slowest, so the step shrinks by the straggler's excess when it runs at
-    the median (its median lateness per step at collectives, or its step
-    time excess). A straggler reftrain injected on purpose
+    the median: its per-step sync delay (facts.sync_delay_ms: the largest
+    arrival skew among the collectives it arrived at last), or without
+    collectives its step-time excess. Silent when that is under
+    MIN_STRAGGLER_SHARE of the step. A straggler reftrain injected on purpose
     (``inject.slow_rank``) gets the exact change that removes the injection.
     """
     s = f.stragglers
@@ -98,10 +102,17 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
     flagged = [r for r in s.per_rank if r.flagged]
 
     def excess_of(r) -> float:
-        return max(r.lateness_excess_ms or 0.0, r.step_excess_ms or 0.0)
+        # Time the rank holds the others up per step: its arrival delay at the step's collectives when
+        # there are any (a sum of lateness over many collectives overcounts: they overlap), else its
+        # step-time excess.
+        if r.rank in f.sync_delay_ms:
+            return f.sync_delay_ms[r.rank]
+        return max(r.step_excess_ms or 0.0, 0.0)
 
     worst = max(flagged, key=excess_of)
     excess = excess_of(worst)
+    if excess < MIN_STRAGGLER_SHARE * f.step_time_ms:
+        return None  # flagged, but costs the step too little to act on
     slow = _slowest_phase(f, worst.rank)
     where = f"; slowest phase on that rank: {slow[0]} (+{slow[1]:.1f} ms vs the others)" if slow and slow[1] > 0 else ""
     checks = _PHASE_ADVICE.get(slow[0] if slow else "", "its host (other processes), its data shard, thermal throttling (NVML)")
@@ -118,6 +129,7 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
         title=f"Rank {worst.rank} is a persistent straggler (+{excess:.1f} ms per step)",
         trigger=f"analyzer.stragglers flagged rank(s) {s.ranks} on {', '.join(worst.signals)}",
         evidence={"rank": worst.rank, "excess_ms": excess, "step_time_ms": f.step_time_ms,
+                  "sync_delay_ms": f.sync_delay_ms.get(worst.rank),
                   "lateness_excess_ms": worst.lateness_excess_ms, "step_excess_ms": worst.step_excess_ms,
                   "last_arrivals": worst.last_arrivals, "n_collectives": worst.n_collectives,
                   "others_waited_ms": worst.caused_wait_ms, "slowest_phase": slow[0] if slow else None,

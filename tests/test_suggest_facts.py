@@ -1,0 +1,219 @@
+"""Facts the rules read, from synthetic run directories and synthetic GPU traces with exact answers,
+and suggest() end to end on them (analyzer/suggest/facts.py, docs/suggestions.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.api import analyze
+from analyzer.suggest import suggest
+from analyzer.suggest.facts import collective_tail_ms, fit_alpha_beta, gpu_memory_bytes, run_facts, service_times_ms
+from reftrain.config import Config, resolve, set_value
+from tests.synth import KinetoTrace
+
+T0 = 1_700_000_000_000_000_000  # epoch ns
+MS = 1_000_000
+
+
+def write_run(root: Path, *, settings: dict | None = None, steps: int = 12, step_ms=lambda rank, step: 100.0,
+              phases=lambda rank, step: {}, collectives=None, device: str = "cpu", mem_bytes: float = 4e8,
+              device_name: str = "AMD EPYC", world: int = 2) -> Path:
+    """A reftrain run directory (docs/rundir.md) with chosen per-step numbers; warmup 2, no profiled steps.
+
+    ``collectives(step)`` returns ``[(start_ms, end_ms, bytes), ...]`` relative to the step's start, the
+    same on every rank.
+    """
+    cfg = Config()
+    for key, value in (settings or {}).items():
+        set_value(cfg, key, value, "test")
+    resolve(cfg, world)
+    run = root / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "collectives").mkdir()
+    tokens = cfg.train.micro_batch_size * cfg.model.seq_len * cfg.train.grad_accum
+    for rank in range(world):
+        recs, colls, seq, t = [], [], 0, T0
+        for s in range(steps):
+            st = step_ms(rank, s)
+            rec = {"step": s, "rank": rank, "loss": 5.0, "step_time_ms": st, "data_wait_ms": 1.0, "forward_ms": 0.3 * st,
+                   "backward_ms": 0.6 * st, "optimizer_ms": 0.05 * st, "grad_sync_ms": 0.0, "comm_ms": 0.0,
+                   "tokens": tokens, "tokens_per_s": tokens / st * 1e3, "mfu": 0.1, "hfu": 0.1, "mem_bytes": mem_bytes,
+                   "mem_kind": "cuda_peak_allocated" if device == "cuda" else "cpu_rss", "profiled": False,
+                   "time_ns": t + int(st * MS), "injected_ms": 0.0}
+            rec.update(phases(rank, s))
+            recs.append(rec)
+            for start, end, nbytes in (collectives(s) if collectives else []):
+                colls.append({"step": s, "rank": rank, "seq": seq, "kind": "all_reduce", "bytes": nbytes, "dtype": "float32",
+                              "pg": "0", "group_size": world, "start_ns": t + int(start * MS), "end_ns": t + int(end * MS),
+                              "clock": "host"})
+                seq += 1
+            t += int(st * MS)
+        (run / "metrics" / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (run / "collectives" / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in colls))
+    manifest = {
+        "schema": "reftrain.run/1", "run_id": "run", "status": "completed", "config": cfg.to_dict(),
+        "world_size": world, "backend": "gloo" if device == "cpu" else "nccl",
+        "hardware": {"device_type": device, "device_names": [device_name] * world, "cpu_model": "AMD EPYC",
+                     "cpu_cores": 8, "cpu_cores_usable": 8, "hostnames": ["h"] * world},
+        "params": {"total": 1000, "non_embedding": 800, "embedding": 200},
+        "flops": {"per_token": 1e6, "per_token_hardware": 1e6},
+        "peak_flops": {"per_s": 1e10, "source": "override", "detail": "test", "dtype": "fp32"},
+        "tokens_per_step": tokens * world, "steps": steps, "warmup_steps": 2, "profiled_steps": [],
+        "clock": {"method": "test", "offsets_ns": [0] * world, "uncertainty_ns": 0},
+        "inject": {"slow_rank": None, "delay_ms": None, "slowdown": None},
+        "files": {"config": "config.yaml", "metrics": [f"metrics/rank{r}.jsonl" for r in range(world)],
+                  "collectives": [f"collectives/rank{r}.jsonl" for r in range(world)], "telemetry": [], "traces": [],
+                  "checkpoints": []},
+        "schemas": {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1", "telemetry": "reftrain.telemetry/1"},
+    }
+    (run / "run.json").write_text(json.dumps(manifest))
+    return run
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def test_service_times_remove_queueing_and_tail_is_after_the_last_issue():
+    times = pd.DataFrame({"step": [0, 0, 0], "start_ns": [10 * MS, 20 * MS, 30 * MS], "end_ns": [25 * MS, 40 * MS, 60 * MS]})
+    # The 2nd starts at 20 but the 1st runs until 25; the 3rd waits until 40.
+    assert service_times_ms(times).tolist() == pytest.approx([15.0, 15.0, 20.0])
+    assert collective_tail_ms(times).tolist() == pytest.approx([30.0])
+
+
+def test_alpha_beta_fit():
+    b = np.array([1e6, 2e6, 4e6])
+    alpha, per_byte = fit_alpha_beta(b, 3.0 + b * 2e-6)
+    assert alpha == pytest.approx(3.0) and per_byte == pytest.approx(2e-6)
+    assert fit_alpha_beta(np.array([1e6, 1e6]), np.array([1.0, 2.0])) == (None, None)
+
+
+def test_gpu_memory_from_name_or_datasheet():
+    assert gpu_memory_bytes("NVIDIA A100-SXM4-80GB")[0] == 80e9
+    assert gpu_memory_bytes("NVIDIA H200")[0] == 141e9
+    assert gpu_memory_bytes("Some GPU") == (None, None)
+
+
+# ----------------------------------------------------------------------------- run directories
+
+
+def test_facts_from_a_run_directory(tmp_path):
+    def colls(step):  # three buckets per step: service 15, 15, 20 ms; tail 30 ms
+        return [(10, 25, 1e6), (20, 40, 2e6), (30, 60, 3e6)]
+
+    run = write_run(tmp_path, steps=12, step_ms=lambda r, s: 100.0 + s, collectives=colls,
+                    phases=lambda r, s: {"data_wait_ms": 2.0 + r})
+    f = run_facts(analyze(run))
+    # steady steps 2..11: step time 102..111, median 106.5
+    assert f.step_time_ms == pytest.approx(106.5)
+    assert f.phases["data_wait"] == pytest.approx(2.5)  # mean over ranks 2 and 3
+    assert f.rank_phases[1]["data_wait"] == pytest.approx(3.0)
+    assert f.exposed_comm_ms == pytest.approx(30.0)
+    assert f.comm.n_per_step == 3 and f.comm.service_ms_per_step == pytest.approx(50.0, abs=1e-4)
+    slope, intercept = np.polyfit([1e6, 2e6, 3e6], [15, 15, 20], 1)
+    assert f.comm.alpha_ms == pytest.approx(intercept) and f.comm.per_byte_ms == pytest.approx(slope)
+    assert f.tokens_per_step == 2 * 4 * 128 and f.cores_per_rank == 4
+    assert f.config_path == str(run / "config.yaml")
+
+
+def test_exposed_tail_fires_grad_accumulation_end_to_end(tmp_path):
+    run = write_run(tmp_path, collectives=lambda s: [(10, 25, 1e6), (20, 40, 2e6), (30, 60, 3e6)])
+    rules = [s.rule for s in suggest(analyze(run))]
+    assert "grad_accumulation" in rules  # 30 ms of 100 exposed
+    assert "ddp_bucket_size" not in rules  # 3 collectives per step: not latency-bound bucketing
+
+    quiet = write_run(tmp_path / "q", collectives=lambda s: [(50, 55, 1e6)])  # 5 ms tail
+    assert "grad_accumulation" not in [s.rule for s in suggest(analyze(quiet))]
+
+
+def test_data_wait_run_top_suggestion_and_its_command(tmp_path):
+    run = write_run(tmp_path, settings={"data.num_workers": 0}, phases=lambda r, s: {"data_wait_ms": 60.0})
+    top = suggest(analyze(run))[0]
+    # load 60 ms per batch, consume 40: ceil(60 / (0.7 * 40)) = 3 workers, wait max(8, 20 - 40) = 8 ms.
+    assert top.rule == "data_wait" and top.change.overrides == {"data.num_workers": 3}
+    assert top.predicted.step_time_ms_after == pytest.approx(100.0 - 52.0)
+    assert top.change.command(str(run / "config.yaml"), 2) == (
+        f"reftrain --nproc 2 --config {run / 'config.yaml'} --set data.num_workers=3")
+
+
+def test_memory_pressure_on_a_cuda_run(tmp_path):
+    run = write_run(tmp_path, device="cuda", device_name="NVIDIA A100-SXM4-80GB", mem_bytes=76e9,
+                    settings={"train.micro_batch_size": 8})
+    found = {s.rule: s for s in suggest(analyze(run))}
+    assert found["activation_checkpointing"].evidence["memory_fraction"] == pytest.approx(0.95)
+    assert found["smaller_micro_batch"].change.overrides == {"train.micro_batch_size": 4, "train.grad_accum": 2}
+    roomy = write_run(tmp_path / "r", device="cuda", device_name="NVIDIA A100-SXM4-80GB", mem_bytes=20e9)
+    assert not {"activation_checkpointing", "smaller_micro_batch"} & {s.rule for s in suggest(analyze(roomy))}
+
+
+def test_straggler_from_run_records(tmp_path):
+    run = write_run(tmp_path, steps=16, step_ms=lambda r, s: 100.0 + (30.0 if r == 1 else 0.0) + (s % 3) * 0.2,
+                    phases=lambda r, s: {"forward_ms": 60.0 if r == 1 else 30.0})
+    ra = analyze(run)
+    assert ra.stragglers.ranks == [1]
+    s = next(s for s in suggest(ra) if s.rule == "straggler")
+    assert s.evidence["rank"] == 1 and s.evidence["slowest_phase"] == "forward"
+    assert s.predicted.step_time_ms_after == pytest.approx(s.predicted.step_time_ms_before - s.evidence["excess_ms"])
+    fair = write_run(tmp_path / "f", steps=16, step_ms=lambda r, s: 100.0 + (s % 3) * 0.2)
+    assert "straggler" not in [s.rule for s in suggest(analyze(fair))]
+
+
+# ----------------------------------------------------------------------------- GPU traces
+
+
+def write_gpu_traces(root: Path, *, short_kernels: int, gemm_name: str = "ampere_sgemm_128x64_nn",
+                     gemm_us: float = 3000.0, step_us: float = 10000.0, device_name: str = "NVIDIA A100-SXM4-80GB") -> Path:
+    """Two ranks, 3 ProfilerSteps: one GEMM, ``short_kernels`` 4-us kernels 20 us apart, a 1 ms exposed all-reduce."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rank in range(2):
+        t = KinetoTrace(rank=rank, world_size=2, device_name=device_name)
+        for n in range(3):
+            s0 = 1000.0 + n * step_us
+            t.step(n + 1, s0, step_us)
+            t.cpu_op("aten::mm", s0 + 10, 20, input_dims=[[1024, 1024], [1024, 1024]], input_types=["float", "float"])
+            t.kernel(gemm_name, s0 + 50, gemm_us, launch_us=s0 + 10)
+            k0 = s0 + 100 + gemm_us
+            for i in range(short_kernels):
+                t.kernel("void at::native::vectorized_elementwise_kernel<4, add>", k0 + 20 * i, 4, launch_us=k0 + 20 * i - 5)
+            c0 = s0 + step_us - 1500
+            t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", c0, 1000, stream=20, args=t.comm_args("allreduce", 1 << 20))
+        t.write(root / f"rank{rank}.json.gz")
+    return root
+
+
+def test_kernel_facts_and_launch_bound_rules_on_gpu_traces(tmp_path):
+    folder = write_gpu_traces(tmp_path / "t", short_kernels=200)
+    f = run_facts(analyze(folder, cache=False))
+    # per step: 1 GEMM of 3 ms + 200 kernels of 4 us; 10 ms steps.
+    assert f.kernels.n_per_step == pytest.approx(201.0)
+    assert f.kernels.gemm_ms_per_step == pytest.approx(3.0)
+    assert f.kernels.short_share == pytest.approx(200 / 201)
+    assert f.shares["idle"] == pytest.approx(1 - (3.0 + 0.8 + 1.0) / 10.0)
+    assert f.dtype == "fp32"
+    found = {s.rule: s for s in suggest(analyze(folder))}
+    assert {"launch_bound", "cuda_graphs", "tf32", "bf16_autocast"} <= set(found)
+    # A100: fp32 19.5 -> tf32 156 TFLOP/s on 3 ms of GEMMs per 10 ms step.
+    assert found["tf32"].predicted.step_time_ms_after == pytest.approx(10.0 - 3.0 * (1 - 19.5 / 156))
+    assert found["launch_bound"].predicted.work_ratio == 2.0  # 3.8 ms device work: 2x fits, 4x does not
+
+
+def test_device_bound_gpu_traces_get_compile_not_launch_rules(tmp_path):
+    # 40 kernels of 4 us and an 8 ms TF32 GEMM in a 10 ms step: device-bound, GEMM-heavy.
+    folder = write_gpu_traces(tmp_path / "t", short_kernels=40, gemm_us=8000.0,
+                              gemm_name="sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16")
+    rules = {s.rule for s in suggest(analyze(folder))}
+    assert not {"launch_bound", "cuda_graphs", "torch_compile", "tf32"} & rules
+    assert "bf16_autocast" in rules  # TF32 -> bf16 on 80 % GEMM time
+
+
+def test_hta_samples_get_the_rules_their_timelines_call_for(hta_samples):
+    # nccl_parser_config: one A100 rank idle 76 % of its steps.
+    found = {s.rule: s for s in suggest(analyze(hta_samples / "nccl_parser_config"))}
+    assert "launch_bound" in found and found["launch_bound"].evidence["idle_share"] > 0.7
+    # trace_diff/test: 13 % of the step in copies nothing overlaps.
+    found = {s.rule: s for s in suggest(analyze(hta_samples / "trace_diff" / "test"))}
+    assert found["exposed_memcpy"].evidence["exposed_memcpy_share"] > 0.1
+    assert all(not s.change.overrides for s in found.values())  # foreign traces: advice only
