@@ -10,6 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import state
+from dashboard.text import plain
 
 st.set_page_config(page_title="trainperf dashboard", layout="wide")
 
@@ -29,5 +30,5 @@ navigation = st.navigation(
         ],
     }
 )
-st.sidebar.caption(f"Runs folder: {state.runs_root()}")
+st.sidebar.caption(f"Runs folder: {plain(str(state.runs_root()))}")
 navigation.run()

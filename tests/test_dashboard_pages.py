@@ -331,9 +331,13 @@ def test_timeline_heatmap_and_window_of_gpu_traces(open_page, runs_dir):
     assert sorted(t["name"] for t in lines) == ["comm", "compute"]
     comm = next(t for t in lines if t["name"] == "comm")
     assert comm["type"] == "scattergl"
-    # start, end, gap (NaN) per event, in ms: rank 0 then rank 1.
-    assert comm["x"][0::3] + comm["x"][1::3] == pytest.approx([0.4, 0.45, 0.8, 0.8])
-    assert np.isnan(comm["x"][2::3]).all()
+    # start, end, gap (null) per event, in ms, on the lane of each rank's stream 20.
+    assert comm["x"] == pytest.approx([0.4, 0.8, None, 0.45, 0.8, None])
+    yaxis = figs["timeline_window_chart"]["layout"]["yaxis"]
+    lane_y = dict(zip(yaxis["ticktext"], yaxis["tickvals"]))
+    # Four lanes, rank 0's first stream on top.
+    assert lane_y == {"rank 0 · stream 7": 3, "rank 0 · stream 20": 2, "rank 1 · stream 7": 1, "rank 1 · stream 20": 0}
+    assert comm["y"] == [2, 2, None, 0, 0, None]
 
     at.radio(key="timeline_state").set_value("compute").run()
     heat = charts(at)["timeline_heatmap"]["data"][0]

@@ -36,19 +36,24 @@ def headline(run: RunEntry, ra) -> None:
     else:
         step_value = fmt_range([r.step_time_ms for r in ra.ranks], fmt_ms)
         step_note = "median per rank, " + (next((r.step_time_source for r in ra.ranks if r.step_time_source), None) or "no steps")
-    cols = st.columns(5)
-    cols[0].metric("MFU", fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
-    cols[0].caption(plain(mfu_caption(ra.mfu)))
-    cols[1].metric("Tokens/s", fmt_rate(tp.median), help="all ranks, median over steady-state steps")
-    cols[1].caption("all ranks" if tp.median is not None else plain(tp.reason or ""))
-    cols[2].metric("Step time", step_value)
-    cols[2].caption(plain(step_note))
-    cols[3].metric("Exposed communication", fmt_range([r.exposed_comm_pct for r in ra.ranks], fmt_pct_points))
-    cols[3].caption("% of step time, per rank (lowest–highest)")
+    top = st.columns(3)
+    top[0].metric("MFU", fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
+    top[0].caption(plain(mfu_caption(ra.mfu)))
+    top[1].metric("HFU", fmt_pct(ra.mfu.hfu_median), help="hardware FLOPs utilization: MFU plus activation recompute")
+    top[1].caption("equals MFU without activation recompute" if ra.mfu.hfu_median is not None else "")
+    top[2].metric("Tokens/s", fmt_rate(tp.median), help="all ranks, median over steady-state steps")
+    top[2].caption("all ranks" if tp.median is not None else plain(tp.reason or ""))
+    bottom = st.columns(3)
+    bottom[0].metric("Step time", step_value)
+    bottom[0].caption(plain(step_note))
+    bottom[1].metric("Exposed communication", fmt_range([r.exposed_comm_pct for r in ra.ranks], fmt_pct_points))
+    bottom[1].caption("% of step time, per rank (lowest–highest)")
     overlap = [r.comm_comp_overlap_pct for r in ra.ranks]
-    cols[4].metric("Comm/compute overlap", fmt_range(overlap, fmt_pct_points))
-    cols[4].caption(
-        "HTA definition, per rank" if any(v is not None for v in overlap) else "no GPU communication kernels in the traces"
+    bottom[2].metric("Comm/compute overlap", fmt_range(overlap, fmt_pct_points))
+    bottom[2].caption(
+        "HTA definition, per rank (lowest–highest)"
+        if any(v is not None for v in overlap)
+        else "no GPU communication kernels in the traces"
     )
 
 

@@ -17,7 +17,7 @@ from analyzer.timeline import states_of
 from dashboard import state
 from dashboard.data import timeline_overview, timeline_window, trace_windows, traces
 from dashboard.text import html_text, plain
-from dashboard.ui import run_header, show_chart
+from dashboard.ui import show_chart
 
 MAX_EVENTS = 50_000
 DEFAULT_EVENTS = 20_000
@@ -61,24 +61,45 @@ def heatmap(ov, state_name: str) -> go.Figure:
     return fig
 
 
-def window_figure(events: pd.DataFrame) -> go.Figure:
-    """One WebGL line per event, one trace per kind, one row per (rank, lane)."""
-    lanes = events[["rank", "lane"]].drop_duplicates().sort_values(["rank", "lane"]).reset_index(drop=True)
-    lane_index = {(int(r), int(l)): i for i, (r, l) in enumerate(zip(lanes["rank"], lanes["lane"]))}
-    row = np.array([lane_index[(int(r), int(l))] for r, l in zip(events["rank"], events["lane"])], dtype=np.float64)
+def window_figure(events: pd.DataFrame, source: str) -> go.Figure:
+    """One WebGL line per event, one trace per kind, one row per lane.
+
+    A lane is a GPU stream (device timeline) or a host thread (host
+    timeline); on a host thread, annotations (ProfilerStep, phases) get a
+    row of their own above the thread's ops, which they would cover.
+    """
+    what = "stream" if source == "device" else "thread"
+    sub = np.where(events["kind"].to_numpy() == "annotation", 0, 1) if source == "host" else np.ones(len(events), int)
+    keyed = events.assign(_sub=sub)
+    lanes = keyed[["rank", "lane", "_sub"]].drop_duplicates().sort_values(["rank", "lane", "_sub"]).reset_index(drop=True)
+    # First lane on top. The y axis is not reversed (autorange="reversed"):
+    # Streamlit's plotly.js draws scattergl lines on a reversed axis all on
+    # one row; counting lanes down from the top gives the same picture.
+    top = len(lanes) - 1
+    lane_index = {
+        (int(r), int(l), int(k)): top - i for i, (r, l, k) in enumerate(zip(lanes["rank"], lanes["lane"], lanes["_sub"]))
+    }
+    row = np.array(
+        [lane_index[(int(r), int(l), int(k))] for r, l, k in zip(keyed["rank"], keyed["lane"], keyed["_sub"])],
+        dtype=np.int64,
+    )
+    labels = [
+        f"rank {r} · {what} {l}" + (" · ranges" if source == "host" and k == 0 else "")
+        for r, l, k in zip(lanes["rank"], lanes["lane"], lanes["_sub"])
+    ]
     fig = go.Figure()
     for kind, sel in events.groupby("kind", sort=True):
         idx = sel.index.to_numpy()
         n = len(idx)
-        # x: start, end, gap per event; NaN breaks the line between events.
-        x = np.full(3 * n, np.nan)
-        y = np.full(3 * n, np.nan)
-        x[0::3] = sel["start_ns"].to_numpy() / _NS_PER_MS
-        x[1::3] = sel["end_ns"].to_numpy() / _NS_PER_MS
-        y[0::3] = row[idx]
-        y[1::3] = row[idx]
+        # start, end, gap per event; the gap (None, JSON null) breaks the line.
+        x: list[float | None] = [None] * (3 * n)
+        y: list[float | None] = [None] * (3 * n)
+        x[0::3] = (sel["start_ns"].to_numpy() / _NS_PER_MS).tolist()
+        x[1::3] = (sel["end_ns"].to_numpy() / _NS_PER_MS).tolist()
+        y[0::3] = row[idx].tolist()
+        y[1::3] = row[idx].tolist()
         names = [html_text(str(n_)[:_MAX_NAME_CHARS]) for n_ in sel["name"]]
-        text = [None] * (3 * n)
+        text: list[str | None] = [None] * (3 * n)
         text[0::3] = names
         text[1::3] = names
         fig.add_trace(
@@ -93,11 +114,7 @@ def window_figure(events: pd.DataFrame) -> go.Figure:
                 connectgaps=False,
             )
         )
-    fig.update_yaxes(
-        tickvals=list(range(len(lanes))),
-        ticktext=[f"rank {r} · {'stream' if l >= 0 else 'thread'} {l}" for r, l in zip(lanes["rank"], lanes["lane"])],
-        autorange="reversed",
-    )
+    fig.update_yaxes(tickvals=[top - i for i in range(len(lanes))], ticktext=labels, range=[-0.5, top + 0.5])
     fig.update_layout(
         xaxis_title="time since the first common profiler step (ms)",
         height=120 + 30 * len(lanes),
@@ -168,7 +185,7 @@ def render() -> None:
     if not len(win.events):
         st.info("No events in this range.")
         return
-    show_chart(window_figure(win.events), key="timeline_window_chart")
+    show_chart(window_figure(win.events, ov.source), key="timeline_window_chart")
     shown = f"{len(win.events):,} of {win.n_total:,} events in this range"
     if win.n_dropped:
         shown += f"; the {win.n_dropped:,} shortest are not drawn (narrow the range to see them)"
