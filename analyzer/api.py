@@ -66,8 +66,9 @@ class RankSummary:
     exposed_memcpy, idle; host: data, forward, backward, optimizer,
     grad_sync, exposed_comm, other) to ``median_ms``, ``mean_ms`` and
     ``pct`` (of total step time; the parts' pct sum to 100).
-    ``comm_comp_overlap_pct`` and ``idle_pct`` follow HTA's definitions (None
-    without GPU communication or GPU events); ``exposed_comm_pct`` is the
+    ``comm_comp_overlap_pct``, ``idle_pct``, ``compute_pct`` and
+    ``non_compute_pct`` follow HTA's definitions (None without GPU
+    communication or GPU events); ``exposed_comm_pct`` is the
     share of step time with communication not hidden by compute.
     """
 
@@ -81,6 +82,7 @@ class RankSummary:
     exposed_comm_pct: float | None
     idle_pct: float | None
     compute_pct: float | None
+    non_compute_pct: float | None
     steady_step_time_ms: float | None = None
     device_name: str | None = None
     trace: str | None = None
@@ -411,6 +413,7 @@ def _rank_summaries(
                 exposed_comm_pct=exposed_comm_pct(table) if len(table) else None,
                 idle_pct=ov.idle_pct if ov else None,
                 compute_pct=ov.compute_pct if ov else None,
+                non_compute_pct=ov.non_compute_pct if ov else None,
                 steady_step_time_ms=steady_ms,
                 device_name=device_names.get(rank),
                 trace=rt.path.name if rt else None,

@@ -94,6 +94,7 @@ def test_overlap_and_idle_agree_with_hta(hta_results, group: str) -> None:
         hta_overlap = _hta_value(overlap_df, rank, "comp_comm_overlap_pctg")
         hta_idle = _hta_value(breakdown_df, rank, "idle_time_pctg")
         hta_compute = _hta_value(breakdown_df, rank, "compute_time_pctg")
+        hta_non_compute = _hta_value(breakdown_df, rank, "non_compute_time_pctg")
         ours = overlap(rt.events, rt.steps)
         as_hta = overlap(hta_rounded(rt.events), hta_rounded(rt.steps))
         name = rt.path.name
@@ -105,6 +106,7 @@ def test_overlap_and_idle_agree_with_hta(hta_results, group: str) -> None:
             assert as_hta.comm_comp_overlap_pct == pytest.approx(hta_overlap, abs=HTA_DECIMALS_TOL), name
         assert as_hta.idle_pct == pytest.approx(hta_idle, abs=HTA_DECIMALS_TOL), name
         assert as_hta.compute_pct == pytest.approx(hta_compute, abs=HTA_DECIMALS_TOL), name
+        assert as_hta.non_compute_pct == pytest.approx(hta_non_compute, abs=HTA_DECIMALS_TOL), name
 
         # 2. Exact timestamps: within 0.5 pp, or the gap is the rounding, in its direction.
         pairs = [("idle", ours.idle_pct, hta_idle, +1)]

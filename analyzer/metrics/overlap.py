@@ -69,6 +69,11 @@ class OverlapResult:
         """HTA's ``compute_time_pctg``: union of compute over the span."""
         return 100.0 * self.compute_ns / self.span_ns if self.span_ns > 0 else None
 
+    @property
+    def non_compute_pct(self) -> float | None:
+        """HTA's ``non_compute_time_pctg``: busy without compute (communication, memcpy) over the span."""
+        return 100.0 * (self.busy_ns - self.compute_ns) / self.span_ns if self.span_ns > 0 else None
+
 
 def hta_window(events: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """Boolean row mask: device events inside HTA's analysis window (see module doc)."""
