@@ -26,9 +26,10 @@ standard error, with ``sigma = 1.4826 * median over ranks of MAD_s(d)``
 rank's number of steps; ``sign_p`` the one-sided sign-test p-value of
 being slow in that many of the steps by chance (fair coin). A rank is a
 *persistent straggler* on a signal when ``slow_share >= min_slow_share``,
-``sign_p <= max_sign_p``, ``z >= min_z``, ``excess >= min_excess_ms`` and ``excess >= min_excess_frac
-* median step time``, over at least ``min_steps`` steps; it is flagged when
-either signal says so.
+``sign_p <= max_sign_p``, ``z >= min_z``, ``excess >= min_excess_ms`` and
+``excess >= min_excess_frac * median step time``, over at least
+``min_steps`` steps; it is flagged when either signal says so. Steps right
+after trace or checkpoint writing are left out (:func:`disturbed_steps`).
 
 In synchronous data parallelism the step times even out (everyone waits in
 the gradient all-reduce), so the lateness signal is usually the one that
