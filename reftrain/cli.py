@@ -196,12 +196,15 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
     """Create the run directory and start `nproc` local ranks through torch.distributed.run."""
     run_dir = manifest.create_run_dir(cfg, nproc)
     import torch.distributed.run as torchrun  # the implementation of the torchrun command
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    # The agent logs each rank's failure and its own restarts at WARNING/ERROR;
-    # the one line printed below says it all.
-    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    # The agent logs each rank's failure, signals and restarts at WARNING/ERROR;
+    # the one line printed below says it all. Its loggers set their own levels
+    # (torch.distributed.elastic.utils.logging), so each is silenced by name.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ[_ENV_LAUNCHED] = "1"
     os.environ[_ENV_COMMAND] = json.dumps(command)
     # torchrun would set 1 thread per rank and warn; share the cores instead.
@@ -214,6 +217,10 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
         message = _first_failure(exc)
         manifest.mark_failed(run_dir, message, command, nproc)
         raise ReftrainError(message) from None
+    except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent stopped the ranks
+        manifest.mark_failed(run_dir, "interrupted", command, nproc)
+        print(f"reftrain: interrupted (signal {exc.sigval.name}); {run_dir} is marked failed", file=sys.stderr)
+        return 130
     return 0
 
 

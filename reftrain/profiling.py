@@ -8,7 +8,11 @@ when a process group is initialized, which HTA needs.
 """
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,6 +26,32 @@ _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECO
 # what we want; torch warns about it from the second window on.
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle",
                         category=UserWarning)
+
+
+@contextmanager
+def _without_kineto_banners():
+    """Drop the `USDT:`/`STAGE:` lines libkineto prints to fd 2 when a trace starts and stops.
+
+    They are unconditional (KINETO_LOG_LEVEL does not silence them) and, from
+    every rank, bury the progress lines. fd 2 goes to a temporary file for the
+    duration; everything else written there is passed on unchanged.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not line.startswith(("USDT:", "STAGE:")))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
 
 
 class StepProfiler:
@@ -77,16 +107,23 @@ class StepProfiler:
         self.traces.append(name)
 
     def step_done(self, step: int) -> None:
-        """Mark the end of global step `step` (may write a trace)."""
+        """Mark the end of global step `step` (may start or stop tracing, or write a trace)."""
         self._finished_step = step
-        if self._prof is not None:
+        if self._prof is None:
+            return
+        if self.action(step) == self.action(step + 1):
             self._prof.step()
+        else:  # a transition: libkineto prints its banners here
+            with _without_kineto_banners():
+                self._prof.step()
 
     def __enter__(self) -> StepProfiler:
         if self._prof is not None:
-            self._prof.start()
+            with _without_kineto_banners():
+                self._prof.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._prof is not None:
-            self._prof.stop()
+            with _without_kineto_banners():
+                self._prof.stop()
