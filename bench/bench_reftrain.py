@@ -203,6 +203,9 @@ def report(args: argparse.Namespace, cfg, everyone: list[dict]) -> None:
         "profiler": {k + "_median_ms": statistics.median(v) for k, v in kinds.items()}
                     | {"active_overhead": statistics.median(kinds["active"]) / statistics.median(kinds["unprofiled"]) - 1,
                        "warmup_overhead": statistics.median(kinds["warmup"]) / statistics.median(kinds["unprofiled"]) - 1,
+                       # each window's active step over the unprofiled step two steps before it
+                       "active_paired_ratio_median": statistics.median(
+                           a / u for a, u in zip(kinds["active"], kinds["unprofiled"])),
                        "trace_export_median_ms": statistics.median(export), "windows": len(export)},
     }
     a, pr = out["always_on"], out["profiler"]
@@ -214,7 +217,8 @@ def report(args: argparse.Namespace, cfg, everyone: list[dict]) -> None:
           f"   losses identical: {'yes' if a['loss_mismatches'] == 0 else 'NO (' + str(a['loss_mismatches']) + ')'}")
     print(f"\nprofiler windows ({len(export)} windows of wait 1 / warm-up 1 / active 1):")
     print(f"  unprofiled {pr['unprofiled_median_ms']:8.2f} ms   warm-up {pr['warmup_median_ms']:8.2f} ms "
-          f"({pr['warmup_overhead']:+.1%})   active {pr['active_median_ms']:8.2f} ms ({pr['active_overhead']:+.1%})")
+          f"({pr['warmup_overhead']:+.1%})   active {pr['active_median_ms']:8.2f} ms ({pr['active_overhead']:+.1%}; "
+          f"{pr['active_paired_ratio_median'] - 1:+.1%} median of per-window ratios)")
     print(f"  trace export (between steps) median {pr['trace_export_median_ms']:.1f} ms per window")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

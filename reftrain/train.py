@@ -312,11 +312,11 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     }
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
-        if telemetry.note and device.type != "cuda":
+        print(f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
+              f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
+              f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})")
+        if telemetry.note and cfg.telemetry.enabled:
             print(f"telemetry: {telemetry.note}", flush=True)
-        _say(env, f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
-                  f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
-                  f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})")
 
     metrics_rel = f"metrics/rank{env.rank}.jsonl"
     colls_rel = f"collectives/rank{env.rank}.jsonl"

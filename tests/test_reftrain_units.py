@@ -17,7 +17,7 @@ from reftrain.data import SYNTHETIC_NOISE, SyntheticTokens, build_loader, check_
 from reftrain.errors import ReftrainError
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from reftrain.profiling import StepProfiler
-from reftrain.train import lr_at
+from reftrain.train import Injector, lr_at
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -262,3 +262,25 @@ def test_lr_schedule() -> None:
     assert lr_at(0, cfg) == 0.5 and lr_at(1, cfg) == 1.0
     assert lr_at(2, cfg) == pytest.approx(1.0) and lr_at(9, cfg) == pytest.approx(0.1)
     assert lr_at(2, cfg) > lr_at(5, cfg) > lr_at(8, cfg)
+
+
+def test_injected_slowdown_and_straggler_delay() -> None:
+    import time
+
+    slow = Injector(tiny(inject__slowdown=3), rank=0, device=torch.device("cpu"))
+    start = time.perf_counter()
+    with slow.compute():
+        time.sleep(0.02)
+    total_ms = (time.perf_counter() - start) * 1e3
+    # waits (3 - 1) x the measured 20+ ms block: the whole block takes >= 3 x 20 ms
+    assert slow.injected_ms >= 40 and total_ms >= 60 and total_ms >= slow.injected_ms + 20
+    for rank, expected in ((1, 30.0), (0, 0.0)):
+        inj = Injector(tiny(inject__slow_rank=1, inject__delay_ms=30), rank=rank, device=torch.device("cpu"))
+        inj.start_step()
+        start = time.perf_counter()
+        with inj.compute(first_forward=True):
+            pass
+        with inj.compute():  # backward and later micro-batches: no straggler delay
+            pass
+        assert inj.injected_ms == expected
+        assert (time.perf_counter() - start) * 1e3 >= expected
