@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", type=Path, metavar="FILE", help="write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the verdict as JSON (schema analyzer.check/1)")
     p.set_defaults(func=cmd_check)
+
+    from analyzer.suggest.cli import add_suggest_subcommand  # analyzer suggest (docs/suggestions.md)
+
+    add_suggest_subcommand(sub, parents=[common, analysis])
     return parser
 
 
