@@ -74,16 +74,14 @@ def run_suggest(args: argparse.Namespace) -> int:
     config_path, nproc = facts.config_path, facts.world_size
     if args.json:
         _write(args.json, dumps_json(suggestions_document(ra, suggestions, config_path, nproc)))
-    text = render_text(suggestions, config_path, nproc=nproc)
+    sys.stdout.write(render_text(suggestions, config_path, nproc=nproc))
+    sys.stdout.flush()
     if args.emit_config:
         if args.pick > len(suggestions):
             raise AnalyzerError(f"--pick {args.pick}: only {len(suggestions)} suggestion(s) for {path}")
         chosen = suggestions[args.pick - 1]
         written = emit_config(ra, chosen, args.emit_config)
-        world = (ra.manifest or {}).get("world_size") or 1
-        text += f"\nwrote {written} ({chosen.rule} applied); run it: reftrain --nproc {world} --config {written}\n"
-    sys.stdout.write(text)
-    sys.stdout.flush()
+        print(f"\nwrote {written} ({chosen.rule} applied); run it: reftrain --nproc {nproc} --config {written}", flush=True)
     return 0
 
 

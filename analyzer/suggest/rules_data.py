@@ -21,9 +21,16 @@ MEMCPY_MIN_SHARE = 0.05
 PIN_MIN_SHARE = 0.01
 
 
+# Workers per rank a suggestion may ask for: the host's cores per rank, but at
+# least DATA_MIN_WORKER_CAP (a slow source is usually I/O, where workers wait
+# rather than compute) and at most DATA_MAX_WORKER_CAP.
+DATA_MIN_WORKER_CAP = 4
+DATA_MAX_WORKER_CAP = 8
+
+
 def _workers_cap(f: RunFacts) -> int:
-    """Workers per rank worth suggesting: the host's cores per rank, at least 2, at most 8."""
-    return max(2, min(8, f.cores_per_rank or 2))
+    """Workers per rank worth suggesting (see DATA_MIN_WORKER_CAP)."""
+    return max(DATA_MIN_WORKER_CAP, min(DATA_MAX_WORKER_CAP, f.cores_per_rank or 1))
 
 
 @rule
