@@ -1,0 +1,88 @@
+"""`analyzer suggest` end to end on a real 2-rank CPU reftrain run: ranked suggestions, their JSON,
+and an emitted config that reftrain accepts and runs (docs/suggestions.md)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 900  # a 2-rank CPU run on a busy 2-core machine
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, **kw)
+
+
+@pytest.fixture(scope="module")
+def micro_batch_1_run(tmp_path_factory) -> Path:
+    """tiny preset, micro-batch 1: a step made of fixed costs."""
+    runs = tmp_path_factory.mktemp("runs")
+    proc = _run([str(BIN / "reftrain"), "--nproc", "2", "--runs-dir", str(runs), "--run-name", "mb1", "--preset", "tiny",
+                 "--steps", "12", "--device", "cpu", "--set", "train.micro_batch_size=1"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return runs / "mb1"
+
+
+def test_suggest_json_and_emitted_config_run(micro_batch_1_run, tmp_path):
+    out_json, out_cfg = tmp_path / "s.json", tmp_path / "next.yaml"
+    proc = _run([str(BIN / "analyzer"), "suggest", str(micro_batch_1_run), "--json", str(out_json),
+                 "--emit-config", str(out_cfg)])
+    assert proc.returncode == 0, proc.stderr
+    assert "1. [micro_batch]" in proc.stdout
+    doc = json.loads(out_json.read_text())
+    assert doc["schema"] == "analyzer.suggestions/1" and doc["run_id"] == "mb1"
+    top = doc["suggestions"][0]
+    assert {"rule", "evidence", "change", "predicted", "confidence", "trigger"} <= set(top)
+    assert top["rule"] == "micro_batch"
+    assert top["evidence"]["micro_batch_size"] == 1
+    new_mb = top["change"]["overrides"]["train.micro_batch_size"]
+    assert new_mb in (2, 4, 8)
+    pred = top["predicted"]
+    assert pred["tokens_per_step"]["after"] == pred["tokens_per_step"]["before"] * new_mb
+    assert pred["mfu"]["after"] == pytest.approx(pred["mfu"]["before"] * (1 + pred["gain"]))
+    assert top["change"]["command"] == (f"reftrain --nproc 2 --config {micro_batch_1_run / 'config.yaml'} "
+                                        f"--set train.micro_batch_size={new_mb}")
+
+    # The emitted config: the run's config with the change, a new run name, valid for reftrain as is.
+    emitted = yaml.safe_load(out_cfg.read_text())
+    original = yaml.safe_load((micro_batch_1_run / "config.yaml").read_text())
+    assert emitted["train"]["micro_batch_size"] == new_mb
+    assert emitted["run"]["name"] == "mb1-micro-batch"
+    emitted["train"]["micro_batch_size"], emitted["run"]["name"] = 1, None
+    assert emitted == original  # nothing else changed
+    runs = tmp_path / "runs"
+    proc = _run([str(BIN / "reftrain"), "--config", str(out_cfg), "--runs-dir", str(runs), "--steps", "2"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((runs / "mb1-micro-batch" / "run.json").read_text())
+    assert manifest["status"] == "completed" and manifest["config"]["train"]["micro_batch_size"] == new_mb
+
+
+def test_pick_beyond_the_list_and_advice_only_picks_are_one_line_errors(micro_batch_1_run, tmp_path, capsys):
+    from analyzer.cli import main
+
+    assert main(["suggest", str(micro_batch_1_run), "--emit-config", str(tmp_path / "x.yaml"), "--pick", "99"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "--pick 99" in err
+    assert main(["suggest", str(micro_batch_1_run), "--json", str(tmp_path / "s.json")]) == 0
+    capsys.readouterr()
+    rules = [s["rule"] for s in json.loads((tmp_path / "s.json").read_text())["suggestions"]]
+    assert "mfu_gap" in rules  # micro-batch 1 of tiny runs far under its reference MFU
+    pick = str(rules.index("mfu_gap") + 1)  # a diagnosis: no reftrain override to apply
+    assert main(["suggest", str(micro_batch_1_run), "--emit-config", str(tmp_path / "y.yaml"), "--pick", pick]) == 2
+    assert "no reftrain override" in capsys.readouterr().err
+    assert not (tmp_path / "y.yaml").exists()
+
+
+def test_emit_config_refuses_a_non_yaml_name(micro_batch_1_run, tmp_path, capsys):
+    from analyzer.cli import main
+
+    assert main(["suggest", str(micro_batch_1_run), "--emit-config", str(tmp_path / "x.json")]) == 2
+    assert "YAML" in capsys.readouterr().err
