@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             return _launch(cfg, args.nproc, resume, resumed_run, command)
         from reftrain import train  # imports torch
 
-        train.run(cfg, None, resume, json.loads(os.environ.get(_ENV_COMMAND, "null")) or command, resumed_run)
+        train.run(cfg, None, resume, command, resumed_run)
         return 0
     except ReftrainError as exc:
         return _fail(str(exc), launched, in_rank)
