@@ -19,6 +19,13 @@ share a denominator and move with tokens/s.
 
     .venv/bin/python bench/bench_suggest.py --quick              # ~10 min on 2 busy cores
     .venv/bin/python bench/bench_suggest.py --repeats 2 --json bench/out/suggest.json
+
+``--calibrate`` measures instead the constant behind rule micro_batch's
+per-sequence cost (analyzer.suggest.whatif.CPU_ETA_AT_*): in one process
+with one rank's threads, forward+backward at two micro-batch sizes and
+reftrain's 1024^3 matmul, interleaved round by round so that load drift on
+a shared machine hits all three alike; ``eta = seq_len * flops_per_token /
+(per-sequence time * matmul peak)`` per model width, from the medians.
 """
 from __future__ import annotations
 
@@ -164,6 +171,66 @@ def _summary(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "mfu", "step_time_ms")}
 
 
+# Model widths the calibration measures (reftrain presets at seq_len 64, as in the scenarios).
+CALIBRATION_MODELS = (
+    ("tiny d64", {"model.preset": "tiny"}),
+    ("d128", {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096}),
+    ("small d256", {"model.preset": "small", "model.seq_len": 64}),
+)
+
+
+def calibrate(rounds: int, b_lo: int = 4, b_hi: int = 16) -> list[dict]:
+    """eta per model width: interleaved rounds of fwd+bwd at b_lo and b_hi and one peak matmul (see module doc)."""
+    import torch
+
+    from reftrain import flops
+    from reftrain.model import Transformer, block_parameter_count, parameter_counts
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // NPROC))
+    torch.manual_seed(0)
+    n = 1024  # reftrain.flops measures its CPU peak on matmuls of this size
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = []
+    for label, settings in CALIBRATION_MODELS:
+        cfg = Config()
+        for key, value in settings.items():
+            set_value(cfg, key, value, "calibrate")
+        resolve(cfg, 1)
+        m = cfg.model
+        model = Transformer(m)
+        counts = parameter_counts(model)
+        fpt = flops.flops_per_token(counts["non_embedding"], block_parameter_count(model), m.n_layers, m.n_heads,
+                                    m.d_model // m.n_heads, m.seq_len, False).model
+        batches = {bs: torch.randint(0, m.vocab_size, (bs, m.seq_len + 1)) for bs in (b_lo, b_hi)}
+
+        def step_s(bs: int) -> float:
+            x = batches[bs]
+            t0 = time.perf_counter()
+            model(x[:, :-1], x[:, 1:]).backward()
+            dt = time.perf_counter() - t0
+            model.zero_grad(set_to_none=True)
+            return dt
+
+        def peak() -> float:
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            return 2 * n**3 / (time.perf_counter() - t0)
+
+        step_s(b_lo), step_s(b_hi), peak()  # warm-up
+        per_seq, peaks = [], []
+        for _ in range(rounds):
+            lo, hi = step_s(b_lo), step_s(b_hi)
+            per_seq.append((hi - lo) / (b_hi - b_lo))
+            peaks.append(peak())
+        p_s, pk = statistics.median(per_seq), statistics.median(peaks)
+        eta = m.seq_len * fpt / (p_s * pk)
+        out.append({"model": label, "d_model": m.d_model, "seq_len": m.seq_len, "flops_per_token": fpt,
+                    "per_sequence_ms": 1e3 * p_s, "peak_flops_per_s": pk, "eta": eta, "rounds": rounds})
+        print(f"  {label:12s} d_model {m.d_model:4d}: {1e3 * p_s:7.2f} ms per sequence, peak {pk / 1e9:6.2f} GFLOP/s "
+              f"-> eta {eta:.3f}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps, one repeat (development)")
@@ -173,7 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="keep runs and configs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="write the results as JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per reftrain run")
+    ap.add_argument("--calibrate", type=int, metavar="ROUNDS", help="measure eta per model width instead (see module doc)")
     args = ap.parse_args(argv)
+    if args.calibrate:
+        print(f"bench_suggest --calibrate: {args.calibrate} interleaved rounds per model", flush=True)
+        cal = calibrate(args.calibrate)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"calibration": cal}, indent=2))
+        return 0
     steps = args.steps or (16 if args.quick else 30)
     repeats = args.repeats or (1 if args.quick else 2)
     chosen = [s for s in SCENARIOS if not args.scenarios or s.name in args.scenarios.split(",")]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analyzer.stragglers import ARRIVAL_COLUMNS, StragglerConfig, StragglerResult, find_stragglers
-from analyzer.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory
+from analyzer.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory, whatif
 from analyzer.suggest.engine import RULES, rank
 from analyzer.suggest.facts import CommFacts, KernelFacts, MemoryFacts, RunFacts
 from reftrain.config import Config, resolve, set_value
@@ -55,6 +55,12 @@ def trace_facts(**fields) -> RunFacts:
 def comm(n=1.0, nbytes=20 * MiB, service=50.0, alpha=None, per_byte=None, kinds=("all_reduce",), gather=None) -> CommFacts:
     return CommFacts(n_per_step=n, bytes_per_step=float(nbytes), mean_bytes=nbytes / n, service_ms_per_step=service,
                      alpha_ms=alpha, per_byte_ms=per_byte, kinds=kinds, gather_service_share=gather)
+
+
+def test_cpu_eta_interpolates_the_calibration_points():
+    assert whatif.cpu_eta(64) == 0.32 and whatif.cpu_eta(256) == 0.75 and whatif.cpu_eta(32) == 0.32
+    assert whatif.cpu_eta(128) == pytest.approx(0.57)
+    assert whatif.cpu_eta(181) == pytest.approx(0.57 + 0.18 * 0.5, abs=2e-3)  # log2 midpoint of 128 and 256
 
 
 def test_at_least_fifteen_documented_rules():
@@ -180,10 +186,10 @@ def test_comm_compression_only_when_bandwidth_bound():
 
 
 def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
-    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: eta 0.35
+    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64
     f = facts(cfg, phases={"forward": 20.0, "backward": 40.0, "optimizer": 10.0}, step_time_ms=100.0)
     s = rules_compute.rule_micro_batch(f)
-    per_seq = 1e3 * 64 * 1e6 / (0.35 * 1e10)  # 18.29 ms
+    per_seq = 1e3 * 64 * 1e6 / (whatif.cpu_eta(64) * 1e10)  # 20 ms
     c0 = 60.0 - per_seq
     # fixed share stays over 25 % up to 8x: step = 100 - 60 + c0 + 8 * per_seq.
     step_after = 40.0 + c0 + 8 * per_seq
@@ -193,7 +199,7 @@ def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
     assert s.predicted.gain == pytest.approx(8 * 100 / step_after - 1)
     big = facts(config(model__preset="tiny", train__micro_batch_size=16), phases={"forward": 100.0, "backward": 200.0},
                 step_time_ms=330.0)
-    assert rules_compute.rule_micro_batch(big) is None  # 16 x 18.3 = 293 of 330 ms is per-token work
+    assert rules_compute.rule_micro_batch(big) is None  # 16 x 20 = 320 of 330 ms is per-token work
 
 
 def test_launch_bound_grows_the_batch_while_the_device_idles():
@@ -336,7 +342,7 @@ def test_mfu_gap_lists_top_contributors():
     f = facts(cfg, mfu=0.05, phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0},
               exposed_comm_ms=12.0)
     s = rules_health.rule_mfu_gap(f)
-    assert s.kind == "diagnosis" and s.evidence["reference_mfu"] == pytest.approx(0.35)
+    assert s.kind == "diagnosis" and s.evidence["reference_mfu"] == pytest.approx(whatif.cpu_eta(64))
     assert list(k for k in s.evidence if k.endswith("_ms") and k != "step_time_ms")[0] == "fixed_overhead_ms"
     assert "micro_batch" in s.change.advice
     assert rules_health.rule_mfu_gap(dataclasses.replace(f, mfu=0.3)) is None

@@ -6,10 +6,9 @@ time; :func:`prediction` turns a before/after pair into a
 models, their assumptions and the constants' calibration are in
 docs/suggestions.md ("What-if models").
 
-The constants below were calibrated on 2-rank gloo CPU runs of reftrain on
-the 2-core development machine (bench/bench_suggest.py and the sweeps in
-docs/suggestions.md); GPU values come from the cited sources and are not
-calibrated here (no GPU was available).
+The constants below were calibrated on the 2-core development machine
+(bench/bench_suggest.py, docs/suggestions.md "Calibration"); nothing here
+was calibrated on a GPU (none was available).
 """
 from __future__ import annotations
 
@@ -23,27 +22,28 @@ if TYPE_CHECKING:
 
 # Asymptotic efficiency of the per-token work of a training step on CPU,
 # relative to the run's measured matmul peak (reftrain's 1024^3 fp32 matmul):
-# the marginal time per sequence is seq_len * flops_per_token / (eta * peak).
-# eta grows with the width of the matrices: least-squares fit of the marginal
-# cost per sequence (micro-batch sweeps 1..16) on reftrain presets tiny
-# (d_model 64: eta 0.35), d_model 128 and small (d_model 256: eta 0.57), log-linear
-# in d_model between those widths and clamped outside them.
-CPU_ETA_AT_D64 = 0.35
-CPU_ETA_AT_D256 = 0.57
-# GPU: the share of the datasheet dense peak a well-fed transformer step
-# reaches at large batch; PaLM reports 46-58 % MFU/HFU at scale (Chowdhery et
-# al. 2022, table 3) and nanoGPT-size models reach roughly 40-50 % on A100.
-GPU_ETA = 0.45
-
+# the marginal forward+backward time per sequence is
+# seq_len * flops_per_token / (eta * peak). eta grows with the width of the
+# matrices. Measured with `bench/bench_suggest.py --calibrate` (forward+backward
+# at micro-batch 4 and 16 and the peak matmul, interleaved round by round, one
+# rank's thread; two sessions of 15 and 25 rounds on the development machine):
+# d_model 64: 0.304, 0.334; 128: 0.530, 0.616; 256: 0.747, 0.758. The points are
+# the session means; between them eta is interpolated in log2(d_model), and
+# clamped outside.
+CPU_ETA_POINTS = ((64, 0.32), (128, 0.57), (256, 0.75))
 
 def cpu_eta(d_model: int | None) -> float:
-    """Per-token efficiency on CPU for a model of this width (see :data:`CPU_ETA_AT_D64`)."""
-    if not d_model or d_model <= 64:
-        return CPU_ETA_AT_D64
-    if d_model >= 256:
-        return CPU_ETA_AT_D256
-    frac = (math.log2(d_model) - 6.0) / 2.0
-    return CPU_ETA_AT_D64 + frac * (CPU_ETA_AT_D256 - CPU_ETA_AT_D64)
+    """Per-token efficiency on CPU for a model of this width (see :data:`CPU_ETA_POINTS`)."""
+    points = CPU_ETA_POINTS
+    if not d_model or d_model <= points[0][0]:
+        return points[0][1]
+    if d_model >= points[-1][0]:
+        return points[-1][1]
+    for (d0, e0), (d1, e1) in zip(points, points[1:]):
+        if d_model <= d1:
+            frac = (math.log2(d_model) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+            return e0 + frac * (e1 - e0)
+    return points[-1][1]
 
 
 def prediction(
