@@ -15,10 +15,10 @@ from __future__ import annotations
 from analyzer.suggest.cli import add_suggest_subcommand, run_suggest
 from analyzer.suggest.emit import emit_config, emitted_config_text
 from analyzer.suggest.engine import RULES, Change, Prediction, Suggestion, report_suggestions, suggest, suggestions_json
-from analyzer.suggest.render import render_markdown, render_text
+from analyzer.suggest.render import render_markdown, render_text, suggestions_text
 
 __all__ = [
     "suggest", "suggestions_json", "report_suggestions", "Suggestion", "Change", "Prediction", "RULES",
-    "emit_config", "emitted_config_text", "render_text", "render_markdown",
+    "emit_config", "emitted_config_text", "render_text", "render_markdown", "suggestions_text",
     "add_suggest_subcommand", "run_suggest",
 ]

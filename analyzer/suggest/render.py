@@ -80,3 +80,12 @@ def render_markdown(suggestions: Sequence[Suggestion], config_path: str | None =
         change = change.replace("|", "\\|")
         rows.append(f"| {i} | `{s.rule}` | `{change}` | {prediction_text(s)} | {s.confidence} |")
     return "\n".join(rows) + "\n"
+
+
+def suggestions_text(ra) -> str:
+    """The text section of ``analyzer report`` for a run: its ranked suggestions (one call for report.render_text)."""
+    from analyzer.suggest.engine import suggest
+    from analyzer.suggest.facts import run_facts
+
+    facts = run_facts(ra)
+    return render_text(suggest(ra), facts.config_path, nproc=facts.world_size)
