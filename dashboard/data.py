@@ -198,3 +198,21 @@ def _compared(base_path: str, base_key: tuple, cand_path: str, cand_key: tuple) 
 def compared(base: RunEntry, cand: RunEntry) -> Loaded:
     """Comparison and CI-gate outcome from `base` to `cand` (cached on both runs' files)."""
     return _compared(str(base.path), fingerprint(base), str(cand.path), fingerprint(cand))
+
+
+@st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Finding suggestions...")
+def _suggestions(path: str, key: tuple) -> Loaded:
+    from analyzer.suggest import report_suggestions
+
+    loaded = _analysis(path, key)
+    if loaded.value is None:
+        return Loaded(None, loaded.error)
+    try:
+        return Loaded(report_suggestions(loaded.value))
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"report_suggestions({path})", exc)
+
+
+def suggestions(run: RunEntry) -> Loaded:
+    """``analyzer.suggest.report_suggestions``: the ranked suggestion entries of a run."""
+    return _suggestions(str(run.path), fingerprint(run))

@@ -243,6 +243,21 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert any("ui.perfetto.dev" in c for c in captions(at))
 
 
+def test_overview_shows_the_analyzers_suggestions(open_page, analyses):
+    from analyzer.suggest import report_suggestions
+
+    entries = report_suggestions(analyses[SLOW_RUN])
+    assert entries and entries[0]["rule"] == "straggler"
+    at = open_page("overview", run=SLOW_RUN)
+    labels = [e.label for e in at.expander if not e.label.startswith("Resolved config")]
+    assert len(labels) == len(entries)
+    assert labels[0].startswith(f"1. {plain(entries[0]['title'])} (confidence {entries[0]['confidence']})")
+    commands = [e["change"]["command"] for e in entries if e["change"]["command"]]
+    assert [c.value for c in at.code] == commands
+    gain = entries[0]["predicted"]["gain"]
+    assert any(f"{100 * gain:+.0f}% throughput" in m.value for m in at.markdown)
+
+
 def test_overview_of_gpu_traces_shows_hta_overlap_and_exposed_comm(open_page, analyses):
     ra = analyses[GPU_RUN]
     at = open_page("overview", run=GPU_RUN)

@@ -2,7 +2,6 @@
 time, config and hardware, suggestions, raw trace downloads."""
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 
@@ -11,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import state
-from dashboard.data import throughput
+from dashboard.data import suggestions, throughput
 from dashboard.discover import RunEntry, safe_file, trace_files
 from dashboard.text import plain
 from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_chart
@@ -162,23 +161,42 @@ def config_and_hardware(ra) -> None:
     st.dataframe(ranks, hide_index=True)
 
 
-def suggestions(ra) -> None:
-    """The analyzer's suggestions for this run, once `analyzer.suggest` exists."""
+def suggestions_section(run: RunEntry) -> None:
+    """The analyzer's ranked suggestions (docs/suggestions.md), when ``analyzer.suggest`` exists."""
     if importlib.util.find_spec("analyzer.suggest") is None:
         return
-    module = importlib.import_module("analyzer.suggest")
-    suggest = getattr(module, "suggest", None)
-    if suggest is None:
-        return
-    items = suggest(ra)
     st.subheader("Suggestions")
-    if not items:
-        st.caption("No suggestions for this run.")
+    loaded = suggestions(run)
+    if loaded.value is None:
+        st.error(plain(loaded.error or "suggestions failed"))
         return
-    for item in items:
-        title = getattr(item, "title", None) or str(item)
-        detail = getattr(item, "detail", None) or getattr(item, "evidence", None)
-        st.markdown(f"- **{plain(title)}**" + (f"  \n  {plain(detail)}" if detail else ""))
+    if not loaded.value:
+        st.caption("No rule fired for this run (docs/suggestions.md lists the rules and their thresholds).")
+        return
+    for i, entry in enumerate(loaded.value, 1):
+        tag = "diagnosis" if entry["kind"] == "diagnosis" else f"confidence {entry['confidence']}"
+        with st.expander(f"{i}. {plain(entry['title'])} ({plain(tag)})", expanded=i == 1):
+            st.markdown(f"**Why:** {plain(entry['trigger'])}")
+            predicted = entry.get("predicted")
+            if predicted:
+                step = predicted["step_time_ms"]
+                gain = predicted.get("gain")
+                st.markdown(
+                    f"**Predicted:** step {fmt_ms(step['before'])} → {fmt_ms(step['after'])}"
+                    + (f", {100 * gain:+.0f}% throughput" if gain is not None else "")
+                    + f" ({plain(predicted['scope'])}). {plain(predicted['method'])}"
+                )
+            st.markdown(f"**Change:** {plain(entry['change']['advice'])}")
+            if entry["change"].get("command"):
+                st.code(entry["change"]["command"], language="bash")
+            evidence = {k: v for k, v in entry["evidence"].items() if v is not None}
+            if evidence:
+                st.dataframe(
+                    pd.DataFrame({"evidence": list(evidence), "value": [str(v) for v in evidence.values()]}),
+                    hide_index=True,
+                )
+            for note in entry.get("notes") or []:
+                st.caption(plain(note))
 
 
 def downloads(run: RunEntry) -> None:
@@ -216,7 +234,7 @@ def render() -> None:
     headline(run, ra)
     breakdown_chart(ra)
     per_step_charts(ra)
-    suggestions(ra)
+    suggestions_section(run)
     config_and_hardware(ra)
     downloads(run)
 

@@ -1,0 +1,183 @@
+"""Time to first full render of a dashboard run page, in a real browser.
+
+Two inputs:
+
+  2-rank run     traces/example-ddp-w2, a real reftrain run directory
+  8-rank folder  one Kineto trace copied under rank ids 0..7 (its
+                 distributedInfo rewritten), default the example's rank 0
+                 trace; ``--trace FILE`` picks another (e.g. a GPU trace)
+
+Three cache states per input, each measured ``--repeat`` times:
+
+  cold         fresh `dashboard` server, no analyzer Parquet cache (the
+               traces are parsed from JSON) and a fresh browser profile (the
+               Streamlit frontend's JavaScript is downloaded and compiled)
+  server-cold  fresh server, Parquet cache present (a restarted dashboard),
+               fresh browser profile
+  warm         the same server and browser profile, the page opened again:
+               Streamlit's cache holds the analysis and the browser its
+               JavaScript (what a user sees switching runs or reloading)
+
+and ``script``: the page's Python script alone with warm caches, under
+streamlit.testing.AppTest, without a browser: the server's share of a warm
+render.
+
+"First full render" is the time from navigation to ``/overview?run=NAME``
+until the run page is complete: the headline metrics are shown, every
+Plotly chart has drawn its SVG, the last section (raw trace downloads) is
+present and Streamlit no longer reports the script running. The browser is
+Debian's chromium driven by Playwright (headless), like the e2e test; the
+server start is not timed. Goal (issue 4): under 3 s cold and under 1 s
+warm on a 2-core machine.
+
+    .venv/bin/python bench/bench_dashboard.py [--repeat 3] [--trace FILE] [--json bench/out/dashboard.json]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from dashboard_support import CHROMIUM, CHROMIUM_ARGS, start_dashboard, stop_dashboard  # noqa: E402
+
+EXAMPLE_RUN = REPO / "traces" / "example-ddp-w2"
+TIMEOUT_MS = 300_000
+_DONE_JS = """() => {
+  const running = document.querySelector('[data-testid="stStatusWidget"]');
+  if (running && running.innerText.includes('Running')) return false;
+  if (!document.querySelector('[data-testid="stMetric"]')) return false;
+  if (!Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))) return false;
+  const charts = Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]'));
+  return charts.length > 0 && charts.every(c => c.querySelector('.main-svg'));
+}"""
+
+
+def make_rank_folder(trace: Path, dst: Path, world: int) -> None:
+    """`world` copies of one trace, each claiming its own rank."""
+    raw = trace.read_bytes()
+    doc = orjson.loads(gzip.decompress(raw) if trace.name.endswith(".gz") else raw)
+    dst.mkdir(parents=True)
+    for rank in range(world):
+        info = dict(doc.get("distributedInfo") or {})
+        info.update(rank=rank, world_size=world)
+        doc["distributedInfo"] = info
+        (dst / f"rank{rank}.json.gz").write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1))
+
+
+def drop_parquet_caches(root: Path) -> None:
+    for cache in root.rglob(".analyzer-cache"):
+        shutil.rmtree(cache)
+
+
+def render_s(context, url: str) -> float:
+    """Seconds from navigation to a complete run page, in a new page (a new
+    Streamlit session) of the browser context."""
+    page = context.new_page()
+    try:
+        t0 = time.perf_counter()
+        page.goto(url, wait_until="commit")
+        page.wait_for_function(_DONE_JS, timeout=TIMEOUT_MS, polling=50)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
+def bench(runs: Path, names: list[str], repeat: int, log_dir: Path) -> dict[str, dict[str, list[float]]]:
+    from playwright.sync_api import sync_playwright
+
+    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": []} for n in names}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            for i in range(repeat):
+                for state in ("cold", "server-cold"):
+                    if state == "cold":
+                        drop_parquet_caches(runs)
+                    proc, base = start_dashboard(runs, log_dir / f"server-{i}-{state}.log")
+                    try:
+                        for name in names:
+                            url = f"{base}/overview?run={quote(name)}"
+                            # A fresh browser context per input: an empty HTTP cache.
+                            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                            try:
+                                out[name][state].append(render_s(context, url))
+                                if state == "server-cold":
+                                    out[name]["warm"].append(render_s(context, url))
+                            finally:
+                                context.close()
+                    finally:
+                        stop_dashboard(proc)
+        finally:
+            browser.close()
+    return out
+
+
+def script_s(runs: Path, name: str, repeat: int) -> list[float]:
+    """The overview script's own time with warm caches (AppTest, no browser)."""
+    import os
+
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard.cli import APP_PATH, RUNS_DIR_ENV
+
+    os.environ[RUNS_DIR_ENV] = str(runs)
+    at = AppTest.from_file(str(APP_PATH), default_timeout=TIMEOUT_MS / 1e3)
+    at.query_params["run"] = name
+    at.switch_page("views/overview.py")
+    at.run()  # fills the caches
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        at.run()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--trace", type=Path, default=EXAMPLE_RUN / "traces" / "rank0.step7.json.gz")
+    parser.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "dashboard.json")
+    args = parser.parse_args(argv)
+    if not CHROMIUM.exists():
+        print(f"bench_dashboard: {CHROMIUM} not found (apt-get install chromium)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as tmp:
+        runs = Path(tmp) / "runs"
+        shutil.copytree(EXAMPLE_RUN, runs / "run-2rank", ignore=shutil.ignore_patterns(".analyzer-cache"))
+        make_rank_folder(args.trace, runs / "folder-8rank", 8)
+        names = ["run-2rank", "folder-8rank"]
+        results = bench(runs, names, args.repeat, Path(tmp))
+        for name in names:
+            results[name]["script"] = script_s(runs, name, args.repeat)
+    load = os.getloadavg()[0]
+    print(f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'script':>10}")
+    summary = {}
+    for name, states in results.items():
+        med = {s: statistics.median(v) for s, v in states.items()}
+        summary[name] = {"median_s": med, "samples_s": states}
+        print(f"{name:<14}{med['cold']:>10.2f}{med['server-cold']:>14.2f}{med['warm']:>10.2f}{med['script']:>10.2f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"trace": str(args.trace), "repeat": args.repeat, "load_average": load, "results": summary}, indent=2)
+    )
+    print(f"written {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
