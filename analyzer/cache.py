@@ -101,10 +101,6 @@ class TraceCache:
         return read_entry(entry, trace, rank)
 
     def write(self, entry: Path | None, rt: RankTrace) -> str | None:
-        return self.write_entry(entry, rt)
-
-    @staticmethod
-    def write_entry(entry: Path | None, rt: RankTrace) -> str | None:
         """Write atomically; return a one-line warning instead of raising
         when the folder turns out unwritable or full."""
         if entry is None:
@@ -146,6 +142,10 @@ def _write(entry: Path, rt: RankTrace) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+        del table
+        # Arrow's allocator keeps freed buffers for reuse; hand them back
+        # (tens of MB per entry otherwise stay resident).
+        pa.default_memory_pool().release_unused()
 
 
 def _remove_stale(entry: Path) -> None:

@@ -918,12 +918,14 @@ def load_traces(
     bar = _progress_bar(progress, len(files), total_bytes)
     try:
         # Parse first, then read cache hits: the worker processes are forked
-        # before this process starts any Arrow threads (analyzer/cache.py).
-        for f, (first, second) in _parse_many(misses, workers):
+        # before this process starts any Arrow threads.
+        entries = dict(misses)
+        for f, (first, second) in _parse_many([f for f, _ in misses], workers):
             if isinstance(first, RankTrace):
                 loaded[f] = first
-                if second:
-                    result.warnings.append(second)
+                note = store.write(entries[f], first) if store else None
+                if note:
+                    result.warnings.append(note)
             else:
                 result.errors.append(TraceError(first, second))
             if bar:
@@ -974,18 +976,19 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _parse_and_store(path: Path, entry: Path | None) -> tuple[RankTrace, str | None] | tuple[str, str]:
-    """Worker body: parse one file and write its cache entry.
+def _parse_one(path: Path) -> tuple[RankTrace, None] | tuple[str, str]:
+    """Worker body: parse one file.
 
     A failure comes back as ``(path, problem)`` text: TraceError's
     two-argument constructor does not survive pickling between processes.
+    The cache entry is written by the calling process, so forked workers
+    never use Arrow (its thread and memory pools are not fork-safe) and
+    hold no Arrow buffers.
     """
     try:
-        rt = parse_trace(path)
+        return parse_trace(path), None
     except TraceError as err:
         return str(err.path), err.problem
-    note = trace_cache.TraceCache.write_entry(entry, rt) if entry is not None else None
-    return rt, note
 
 
 # Below this much compressed input, starting worker processes costs more
@@ -993,18 +996,19 @@ def _parse_and_store(path: Path, entry: Path | None) -> tuple[RankTrace, str | N
 PARALLEL_MIN_BYTES = 8 << 20
 
 
-def _parse_many(misses: list[tuple[Path, Path | None]], workers: int | None) -> Iterator[tuple[Path, Any]]:
-    if not misses:
+def _parse_many(files: list[Path], workers: int | None) -> Iterator[tuple[Path, Any]]:
+    """(file, _parse_one(file)) in the order of ``files``."""
+    if not files:
         return
-    if workers is None and sum(_size(f) for f, _ in misses) < PARALLEL_MIN_BYTES:
+    if workers is None and sum(_size(f) for f in files) < PARALLEL_MIN_BYTES:
         workers = 1
-    n = min(len(misses), workers or os.cpu_count() or 1)
+    n = min(len(files), workers or os.cpu_count() or 1)
     if n <= 1:
-        for f, entry in misses:
-            yield f, _parse_and_store(f, entry)
+        for f in files:
+            yield f, _parse_one(f)
         return
     with ProcessPoolExecutor(max_workers=n, mp_context=_mp_context()) as pool:
-        futures = [(f, pool.submit(_parse_and_store, f, entry)) for f, entry in misses]
+        futures = [(f, pool.submit(_parse_one, f)) for f in files]
         for f, fut in futures:
             yield f, fut.result()
 

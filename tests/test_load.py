@@ -438,7 +438,7 @@ def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, thre
     for r in range(3):
         pd.testing.assert_frame_equal(serial.ranks[r].events, parallel.ranks[r].events)
     assert serial.ranks[2].events["rank"].eq(2).all()
-    # The workers wrote the cache entries.
+    # Parsed in workers, cached by the caller.
     assert len(list((tmp_path / "cache").glob("*.parquet"))) == 3
 
 
