@@ -109,6 +109,8 @@ class TraceCache:
             _write(entry, rt)
         except OSError as exc:
             return f"{rt.path.name}: could not write cache entry {entry} ({exc.strerror or exc})"
+        except (ValueError, TypeError) as exc:  # Arrow could not convert a column
+            return f"{rt.path.name}: could not write cache entry {entry} ({_short(exc)})"
         _remove_stale(entry)
         return None
 
