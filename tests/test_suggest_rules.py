@@ -186,20 +186,30 @@ def test_comm_compression_only_when_bandwidth_bound():
 
 
 def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
-    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64
+    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: kappa 2 sequences
+    assert whatif.cpu_fixed_sequences(64, 64) == 2.0
     f = facts(cfg, phases={"forward": 20.0, "backward": 40.0, "optimizer": 10.0}, step_time_ms=100.0)
     s = rules_compute.rule_micro_batch(f)
-    per_seq = 1e3 * 64 * 1e6 / (whatif.cpu_eta(64) * 1e10)  # 20 ms
-    c0 = 60.0 - per_seq
-    # fixed share stays over 25 % up to 8x: step = 100 - 60 + c0 + 8 * per_seq.
-    step_after = 40.0 + c0 + 8 * per_seq
+    # 60 ms = P (2 + 1): P = 20 ms per sequence, 40 ms fixed; fixed share 80 %.
+    # x2: 120 ms (67 % fixed), x4: 160 (50 %), x8: 240 (33 %, the cap).
+    assert s.evidence["per_sequence_ms"] == pytest.approx(20.0)
+    assert s.evidence["fixed_per_micro_batch_ms"] == pytest.approx(40.0)
     assert s.change.overrides == {"train.micro_batch_size": 8}
-    assert s.predicted.step_time_ms_after == pytest.approx(step_after)
+    assert s.predicted.step_time_ms_after == pytest.approx(240.0)
     assert s.predicted.tokens_per_step_after == 8 * 1024
-    assert s.predicted.gain == pytest.approx(8 * 100 / step_after - 1)
+    assert s.predicted.gain == pytest.approx(8 * 100 / 240 - 1)
+    # The communication tail at the end of backward is not per-token work: 60 - 15 = 45 = P x 3.
+    tail = dataclasses.replace(f, exposed_comm_ms=15.0)
+    assert rules_compute.rule_micro_batch(tail).evidence["per_sequence_ms"] == pytest.approx(15.0)
     big = facts(config(model__preset="tiny", train__micro_batch_size=16), phases={"forward": 100.0, "backward": 200.0},
                 step_time_ms=330.0)
-    assert rules_compute.rule_micro_batch(big) is None  # 16 x 20 = 320 of 330 ms is per-token work
+    assert rules_compute.rule_micro_batch(big) is None  # P = 300 / 18: 16 x 16.7 = 267 of 330 ms is per-token work
+
+
+def test_fixed_sequences_scale_with_width_and_sequence_length():
+    assert whatif.cpu_fixed_sequences(256, 64) == 0.5
+    assert whatif.cpu_fixed_sequences(64, 128) == pytest.approx(1.0)  # the same fixed cost, sequences twice as long
+    assert whatif.cpu_fixed_sequences(90, 64) < 2.0
 
 
 def test_launch_bound_grows_the_batch_while_the_device_idles():

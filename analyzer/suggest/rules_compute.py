@@ -10,8 +10,7 @@ from analyzer.suggest.facts import RunFacts
 
 # Share of the step that is not marginal per-token compute (dispatch and
 # per-layer overheads, optimizer, data, communication) above which a larger
-# micro-batch pays. Calibrated on CPU sweeps: micro-batch 1 of reftrain's
-# tiny preset is ~75 % fixed, the small preset at micro-batch 4 ~35 %.
+# micro-batch pays: at 30 % fixed, doubling the micro-batch still gains ~18 %.
 MICRO_BATCH_MIN_FIXED_SHARE = 0.30
 # The micro-batch grows by the smallest power of two bringing the fixed share
 # under this, at most MICRO_BATCH_MAX_FACTOR times.
@@ -43,58 +42,53 @@ OPTIMIZER_MIN_SHARE = 0.10
 FUSED_OPTIMIZER_TIME_FACTOR = {"cpu": 0.35, "cuda": 0.6}
 
 
-def _seq_len(f: RunFacts) -> int | None:
-    return f.cfg("model.seq_len")
-
-
 @rule
 def rule_micro_batch(f: RunFacts) -> Suggestion | None:
     """CPU run whose step is dominated by fixed costs: a larger micro-batch (``train.micro_batch_size``).
 
-    Model (whatif.micro_batch_step_ms): per micro-batch, forward+backward is
-    ``c0 + P * B`` with ``P = seq_len * flops_per_token / (eta * peak)`` the
-    marginal cost of a sequence (eta calibrated per model width,
-    whatif.cpu_eta); everything else in the step does not grow with ``B``.
-    Fires when the fixed share ``1 - grad_accum * P * B / step`` exceeds
-    MICRO_BATCH_MIN_FIXED_SHARE.
+    Model (whatif.cpu_micro_batch_split, whatif.micro_batch_step_ms): per
+    micro-batch, forward+backward (less the communication tail) is ``P *
+    (kappa + B)``: a fixed part of ``kappa`` sequences' worth (dispatch and
+    module overheads; kappa calibrated per model width) and ``P`` per
+    sequence. Everything else in the step (optimizer, data wait, gradient
+    communication) does not grow with ``B``. Fires when the fixed share
+    ``1 - grad_accum * P * B / step`` exceeds MICRO_BATCH_MIN_FIXED_SHARE.
     """
-    if not f.is_reftrain or f.device != "cpu" or not f.step_time_ms or not f.phases:
+    if not f.is_reftrain or f.device != "cpu" or not f.step_time_ms:
         return None
-    seq_len, mb = _seq_len(f), f.cfg("train.micro_batch_size")
-    ga = int(f.cfg("train.grad_accum", 1) or 1)
-    if not (seq_len and mb and f.flops_per_token and f.peak_flops_per_s):
+    split = whatif.cpu_micro_batch_split(f)
+    if split is None:
         return None
-    eta = whatif.cpu_eta(f.cfg("model.d_model"))
-    per_seq = whatif.per_sequence_ms(seq_len, f.flops_per_token, f.peak_flops_per_s, eta)
-    fwd_bwd = f.phases.get("forward", 0.0) + f.phases.get("backward", 0.0)
+    per_micro, c0, per_seq, kappa = split
+    mb, ga = int(f.cfg("train.micro_batch_size")), int(f.cfg("train.grad_accum", 1) or 1)
     fixed_share = 1.0 - min(1.0, ga * per_seq * mb / f.step_time_ms)
     if fixed_share <= MICRO_BATCH_MIN_FIXED_SHARE:
         return None
     factor, step_after = 1, f.step_time_ms
     while factor < MICRO_BATCH_MAX_FACTOR:
         factor *= 2
-        step_after, c0 = whatif.micro_batch_step_ms(f.step_time_ms, fwd_bwd, ga, mb, per_seq, factor)
+        step_after = whatif.micro_batch_step_ms(f.step_time_ms, ga, mb, per_seq, factor)
         if 1.0 - ga * per_seq * mb * factor / step_after <= MICRO_BATCH_TARGET_FIXED_SHARE:
             break
-    _, c0 = whatif.micro_batch_step_ms(f.step_time_ms, fwd_bwd, ga, mb, per_seq, factor)
     new_mb = mb * factor
     return Suggestion(
         rule="micro_batch",
         title=f"Amortize fixed costs over more tokens: micro-batch {mb} -> {new_mb}",
         trigger=f"fixed (not per-token) share {fixed_share:.0%} of step > MICRO_BATCH_MIN_FIXED_SHARE "
                 f"{MICRO_BATCH_MIN_FIXED_SHARE:.0%}",
-        evidence={"step_time_ms": f.step_time_ms, "forward_backward_ms": fwd_bwd, "micro_batch_size": mb,
-                  "grad_accum": ga, "per_sequence_ms": per_seq, "fixed_per_micro_batch_ms": c0,
-                  "fixed_share": fixed_share, "eta": eta,
-                  "optimizer_ms": f.phases.get("optimizer"), "data_wait_ms": f.phases.get("data_wait")},
+        evidence={"step_time_ms": f.step_time_ms, "forward_backward_per_micro_batch_ms": per_micro,
+                  "micro_batch_size": mb, "grad_accum": ga, "per_sequence_ms": per_seq,
+                  "fixed_per_micro_batch_ms": c0, "fixed_in_sequences": kappa, "fixed_share": fixed_share,
+                  "optimizer_ms": f.phases.get("optimizer"), "data_wait_ms": f.phases.get("data_wait"),
+                  "exposed_comm_ms": f.exposed_comm_ms},
         change=Change({"train.micro_batch_size": new_mb},
                       f"a {factor}x larger per-rank batch (DataLoader batch_size x{factor}); keep the global batch "
                       f"by dividing gradient accumulation by {factor} where there is any"),
         predicted=whatif.prediction(
             f, step_after,
-            f"forward+backward per micro-batch = {c0:.1f} ms fixed + {per_seq:.2f} ms/sequence x B "
-            f"(seq_len x FLOPs/token at eta {eta:.2f} of the {f.peak_flops_per_s / 1e9:.1f} GFLOP/s peak); "
-            f"the rest of the step unchanged",
+            f"forward+backward per micro-batch {per_micro:.1f} ms = {c0:.1f} ms fixed ({kappa:.2f} sequences' worth) "
+            f"+ {per_seq:.2f} ms x {mb} sequences; at {new_mb} sequences the step is {f.step_time_ms:.1f} + "
+            f"{ga} x {per_seq:.2f} x {mb} x {factor - 1} ms, the rest unchanged",
             tokens_per_step_after=f.tokens_per_step * factor if f.tokens_per_step else None),
         confidence="medium",
         notes=("the global batch grows with the micro-batch: retune the learning rate, or lower train.grad_accum "

@@ -194,14 +194,10 @@ def _contributors(f: RunFacts) -> list[tuple[str, float]]:
                 out[phase] = f.phases[phase]
         if f.exposed_comm_ms:
             out["exposed_comm"] = f.exposed_comm_ms - f.phases.get("grad_sync", 0.0)
-        seq_len, mb = f.cfg("model.seq_len"), f.cfg("train.micro_batch_size")
-        ga = int(f.cfg("train.grad_accum", 1) or 1)
-        if f.device == "cpu" and seq_len and mb and f.flops_per_token and f.peak_flops_per_s:
-            per_seq = whatif.per_sequence_ms(seq_len, f.flops_per_token, f.peak_flops_per_s,
-                                             whatif.cpu_eta(f.cfg("model.d_model")))
-            fwd_bwd = f.phases.get("forward", 0.0) + f.phases.get("backward", 0.0)
-            _, c0 = whatif.micro_batch_step_ms(step, fwd_bwd, ga, mb, per_seq, 1.0)
-            out["fixed_overhead"] = max(0.0, ga * c0 - out.get("exposed_comm", 0.0))
+        split = whatif.cpu_micro_batch_split(f) if f.device == "cpu" else None
+        if split is not None:
+            ga = int(f.cfg("train.grad_accum", 1) or 1)
+            out["fixed_overhead"] = ga * split[1]
     elif f.shares_source == "device":
         for part in ("idle", "exposed_comm", "exposed_memcpy"):
             if f.shares.get(part):

@@ -80,11 +80,9 @@ def rule_smaller_micro_batch(f: RunFacts) -> Suggestion | None:
     if mem is None or not f.step_time_ms or not f.is_reftrain or not mb or mb < 2:
         return None
     ga = int(f.cfg("train.grad_accum", 1) or 1)
-    if f.device == "cpu" and f.flops_per_token and f.peak_flops_per_s and f.phases:
-        per_seq = whatif.per_sequence_ms(f.cfg("model.seq_len"), f.flops_per_token, f.peak_flops_per_s,
-                                         whatif.cpu_eta(f.cfg("model.d_model")))
-        fwd_bwd = f.phases.get("forward", 0.0) + f.phases.get("backward", 0.0)
-        _, c0 = whatif.micro_batch_step_ms(f.step_time_ms, fwd_bwd, ga, mb, per_seq, 1.0)
+    split = whatif.cpu_micro_batch_split(f) if f.device == "cpu" else None
+    if split is not None:
+        c0 = split[1]
         step_after = f.step_time_ms + ga * c0  # ga more fixed costs, the same sequences
         method = f"{ga} more micro-batches of fixed cost {c0:.1f} ms each"
     else:

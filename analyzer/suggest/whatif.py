@@ -22,9 +22,8 @@ if TYPE_CHECKING:
 
 # Asymptotic efficiency of the per-token work of a training step on CPU,
 # relative to the run's measured matmul peak (reftrain's 1024^3 fp32 matmul):
-# the marginal forward+backward time per sequence is
-# seq_len * flops_per_token / (eta * peak). eta grows with the width of the
-# matrices. Measured with `bench/bench_suggest.py --calibrate` (forward+backward
+# the MFU a model of this width reaches at large micro-batch, the reference of
+# rule mfu_gap. eta grows with the width of the matrices. Measured with `bench/bench_suggest.py --calibrate` (forward+backward
 # at micro-batch 4 and 16 and the peak matmul, interleaved round by round, one
 # rank's thread; two sessions of 15 and 25 rounds on the development machine):
 # d_model 64: 0.304, 0.334; 128: 0.530, 0.616; 256: 0.747, 0.758. The points are
@@ -32,9 +31,7 @@ if TYPE_CHECKING:
 # clamped outside.
 CPU_ETA_POINTS = ((64, 0.32), (128, 0.57), (256, 0.75))
 
-def cpu_eta(d_model: int | None) -> float:
-    """Per-token efficiency on CPU for a model of this width (see :data:`CPU_ETA_POINTS`)."""
-    points = CPU_ETA_POINTS
+def _log_interp(points: tuple[tuple[int, float], ...], d_model: int | None) -> float:
     if not d_model or d_model <= points[0][0]:
         return points[0][1]
     if d_model >= points[-1][0]:
@@ -44,6 +41,11 @@ def cpu_eta(d_model: int | None) -> float:
             frac = (math.log2(d_model) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
             return e0 + frac * (e1 - e0)
     return points[-1][1]
+
+
+def cpu_eta(d_model: int | None) -> float:
+    """Per-token efficiency on CPU for a model of this width (see :data:`CPU_ETA_POINTS`)."""
+    return _log_interp(CPU_ETA_POINTS, d_model)
 
 
 def prediction(
@@ -140,29 +142,57 @@ def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int
 # ---------------------------------------------------------------------------
 
 
-def per_sequence_ms(seq_len: int, flops_per_token: float, peak_flops_per_s: float, eta: float) -> float:
-    """Marginal forward+backward time of one more sequence per micro-batch: ``T * F / (eta * peak)``."""
-    return 1e3 * seq_len * flops_per_token / (eta * peak_flops_per_s)
+# The fixed part of one micro-batch's forward+backward on CPU (per-op dispatch,
+# autograd and module overheads), in units of the marginal cost of one
+# sequence: fb(B) = P * (kappa + B). A ratio of two CPU times on the same core,
+# so it does not move with machine load (the peak FLOP/s measurement does:
+# 8 to 27 GFLOP/s on the development machine within an hour). Measured at
+# seq_len 64 with `bench/bench_suggest.py --calibrate` (intercept over slope of
+# forward+backward at micro-batch 4 and 16, median over interleaved rounds);
+# interpolated in log2(d_model) and scaled by 64 / seq_len (the fixed part
+# does not grow with the sequence, the marginal one does).
+CPU_FIXED_SEQUENCES_POINTS = ((64, 2.0), (128, 1.0), (256, 0.5))
+CPU_FIXED_SEQUENCES_SEQ_LEN = 64
 
 
-def micro_batch_step_ms(step_ms: float, fwd_bwd_ms: float, grad_accum: int, micro_batch: int,
-                        per_seq_ms: float, factor: float) -> tuple[float, float]:
-    """Step time when the micro-batch grows ``factor`` times; returns ``(step_after, fixed_per_micro)``.
+def cpu_fixed_sequences(d_model: int | None, seq_len: int | None) -> float:
+    """kappa: the fixed forward+backward cost per micro-batch in sequences (see CPU_FIXED_SEQUENCES_POINTS)."""
+    kappa = _log_interp(CPU_FIXED_SEQUENCES_POINTS, d_model)
+    return kappa * CPU_FIXED_SEQUENCES_SEQ_LEN / seq_len if seq_len else kappa
 
-    Per micro-batch, forward+backward = ``c0 + P * B`` (fixed dispatch and
-    per-layer overhead ``c0``, marginal cost ``P`` per sequence); the other
-    parts of the step (data wait with workers ahead, optimizer, gradient
-    sync, communication of a fixed gradient size) do not depend on ``B``.
-    ``c0`` is what the measured time leaves after ``P * B``; when that is
-    negative the run is already compute-bound and ``P`` becomes
-    ``fwd_bwd / B`` with ``c0 = 0``.
+
+def split_micro_batch(per_micro_ms: float, micro_batch: int, kappa: float) -> tuple[float, float]:
+    """``(fixed_ms, per_sequence_ms)`` of one micro-batch's forward+backward: ``per_micro = P (kappa + B)``."""
+    per_seq = per_micro_ms / (kappa + micro_batch)
+    return kappa * per_seq, per_seq
+
+
+def cpu_micro_batch_split(f: "RunFacts") -> tuple[float, float, float, float] | None:
+    """``(fb_per_micro_ms, fixed_ms, per_sequence_ms, kappa)`` of a CPU reftrain run's forward+backward.
+
+    ``fb_per_micro`` is (forward + backward - the exposed communication tail
+    that ends backward) / grad_accum; it is split with
+    :func:`cpu_fixed_sequences`. None when the run lacks the phases or config.
     """
-    per_micro = fwd_bwd_ms / grad_accum
-    c0 = per_micro - per_seq_ms * micro_batch
-    if c0 < 0:
-        per_seq_ms, c0 = per_micro / micro_batch, 0.0
-    new_per_micro = c0 + per_seq_ms * micro_batch * factor
-    return step_ms - fwd_bwd_ms + grad_accum * new_per_micro, c0
+    mb, ga = f.cfg("train.micro_batch_size"), int(f.cfg("train.grad_accum", 1) or 1)
+    if not mb or "forward" not in f.phases or "backward" not in f.phases:
+        return None
+    tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))
+    fb = max(0.0, f.phases["forward"] + f.phases["backward"] - tail)
+    kappa = cpu_fixed_sequences(f.cfg("model.d_model"), f.cfg("model.seq_len"))
+    fixed, per_seq = split_micro_batch(fb / ga, mb, kappa)
+    return fb / ga, fixed, per_seq, kappa
+
+
+def micro_batch_step_ms(step_ms: float, grad_accum: int, micro_batch: int, per_seq_ms: float, factor: float) -> float:
+    """Step time when the micro-batch grows ``factor`` times: ``S + GA * P * B * (factor - 1)``.
+
+    Per micro-batch, forward+backward = ``c0 + P * B``; the fixed ``c0`` and
+    the other parts of the step (data wait with workers ahead, optimizer,
+    gradient sync, communication of a fixed gradient size) do not depend on
+    ``B``.
+    """
+    return step_ms + grad_accum * per_seq_ms * micro_batch * (factor - 1.0)
 
 
 def device_batch_step_ms(step_ms: float, scaled_ms: float, fixed_ms: float, factor: float) -> float:
