@@ -3,8 +3,6 @@ kernel and per rank, the MFU delta and the CI gate's verdict (the same
 paragraph ``analyzer check`` prints)."""
 from __future__ import annotations
 
-import importlib.util
-
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -59,9 +57,6 @@ def render() -> None:
     if cand is None:
         return
     st.title(f"Compare · {plain(cand.name)}")
-    if importlib.util.find_spec("analyzer.compare") is None:
-        st.info("Compare is not available yet: this analyzer has no analyzer.compare module.")
-        return
     others = [r.name for r in runs if r.name != cand.name]
     if not others:
         st.info("Only one run in the folder: nothing to compare with.")

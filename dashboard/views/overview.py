@@ -2,7 +2,6 @@
 time, config and hardware, suggestions, raw trace downloads."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pandas as pd
@@ -162,9 +161,7 @@ def config_and_hardware(ra) -> None:
 
 
 def suggestions_section(run: RunEntry) -> None:
-    """The analyzer's ranked suggestions (docs/suggestions.md), when ``analyzer.suggest`` exists."""
-    if importlib.util.find_spec("analyzer.suggest") is None:
-        return
+    """The analyzer's ranked suggestions (docs/suggestions.md)."""
     st.subheader("Suggestions")
     loaded = suggestions(run)
     if loaded.value is None:

@@ -149,7 +149,11 @@ def render() -> None:
         return
     ov = ov_loaded.value
     states = list(states_of(ov.source))
-    state_name = st.radio("Show", states, index=states.index("exposed_comm"), horizontal=True, key="timeline_state")
+    # Device: exposed communication, what overlap failed to hide. Host (gloo
+    # collectives mostly run inside backward, so exposed_comm is often 0):
+    # "other", the step time outside every phase.
+    default_state = "exposed_comm" if ov.source == "device" else "other"
+    state_name = st.radio("Show", states, index=states.index(default_state), horizontal=True, key="timeline_state")
     show_chart(heatmap(ov, state_name), key="timeline_heatmap")
     st.caption(
         f"{ov.source} timeline; each bin is {(ov.span_ns[1] - ov.span_ns[0]) / n_bins / _NS_PER_MS:.3g} ms. "
