@@ -1,7 +1,6 @@
 """The `analyzer` command: reports with known answers, exit codes, one-line errors, and the CI gate end to end."""
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -10,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
