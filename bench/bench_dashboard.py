@@ -20,7 +20,11 @@ Three cache states per input, each measured ``--repeat`` times:
 
 and ``script``: the page's Python script alone with warm caches, under
 streamlit.testing.AppTest, without a browser: the server's share of a warm
-render.
+render. On a shared machine wall times grow with the load, so the bench
+also reports ``warm-cpu``: CPU seconds that this process's descendants
+(the dashboard server, Playwright's driver, chromium) spent during the warm
+render, read from /proc; on an idle machine with N free cores the wall
+time is at least warm-cpu / N.
 
 "First full render" is the time from navigation to ``/overview?run=NAME``
 until the run page is complete: the headline metrics are shown, every
@@ -81,6 +85,31 @@ def drop_parquet_caches(root: Path) -> None:
         shutil.rmtree(cache)
 
 
+def _descendants_cpu_s(root: int) -> float:
+    """utime + stime (+ children's, once reaped) of every live descendant of `root`."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
+        ppid = int(fields[1])
+        ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        stats[int(entry)] = (ppid, ticks / os.sysconf("SC_CLK_TCK"))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1]
+        todo += children.get(pid, [])
+    return total
+
+
 def render_s(context, url: str) -> float:
     """Seconds from navigation to a complete run page, in a new page (a new
     Streamlit session) of the browser context."""
@@ -97,7 +126,7 @@ def render_s(context, url: str) -> float:
 def bench(runs: Path, names: list[str], repeat: int, log_dir: Path) -> dict[str, dict[str, list[float]]]:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": []} for n in names}
+    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": []} for n in names}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
@@ -114,7 +143,9 @@ def bench(runs: Path, names: list[str], repeat: int, log_dir: Path) -> dict[str,
                             try:
                                 out[name][state].append(render_s(context, url))
                                 if state == "server-cold":
+                                    cpu0 = _descendants_cpu_s(os.getpid())
                                     out[name]["warm"].append(render_s(context, url))
+                                    out[name]["warm-cpu"].append(_descendants_cpu_s(os.getpid()) - cpu0)
                             finally:
                                 context.close()
                     finally:
@@ -165,12 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'script':>10}")
+    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'warm-cpu':>10}{'script':>10}")
     summary = {}
     for name, states in results.items():
         med = {s: statistics.median(v) for s, v in states.items()}
         summary[name] = {"median_s": med, "samples_s": states}
-        print(f"{name:<14}{med['cold']:>10.2f}{med['server-cold']:>14.2f}{med['warm']:>10.2f}{med['script']:>10.2f}")
+        print(
+            f"{name:<14}{med['cold']:>10.2f}{med['server-cold']:>14.2f}{med['warm']:>10.2f}"
+            f"{med['warm-cpu']:>10.2f}{med['script']:>10.2f}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps({"trace": str(args.trace), "repeat": args.repeat, "load_average": load, "results": summary}, indent=2)
