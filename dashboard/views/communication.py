@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from analyzer.api import RunAnalysis
 from dashboard import state
 from dashboard.text import html_text, plain
 from dashboard.ui import run_header, show_chart
@@ -24,7 +25,7 @@ COLLECTIVE_COLUMNS = {
 }
 
 
-def rank_table(ra) -> pd.DataFrame:
+def rank_table(ra: RunAnalysis) -> pd.DataFrame:
     """Per rank: the analyzer's overlap, exposed share and communication parts."""
     rows = []
     for r in ra.ranks:

@@ -8,6 +8,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from analyzer.api import RunAnalysis
+from analyzer.metrics.mfu import MfuResult
 from dashboard import state
 from dashboard.data import suggestions, throughput
 from dashboard.discover import RunEntry, safe_file, trace_files
@@ -17,7 +19,7 @@ from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, 
 PERFETTO_URL = "https://ui.perfetto.dev"
 
 
-def mfu_caption(mfu) -> str:
+def mfu_caption(mfu: MfuResult) -> str:
     """Where the MFU figure came from, or why there is none (analyzer's words)."""
     if mfu.source == "none" or mfu.median is None:
         return f"source: none ({mfu.reason or 'no reason given'})"
@@ -26,7 +28,7 @@ def mfu_caption(mfu) -> str:
     return f"source: {mfu.source}; peak {peak} per device ({mfu.peak_source}{detail})"
 
 
-def headline(run: RunEntry, ra) -> None:
+def headline(run: RunEntry, ra: RunAnalysis) -> None:
     tp = throughput(run)
     steady = [r.steady_step_time_ms for r in ra.ranks if r.steady_step_time_ms is not None]
     if steady:
@@ -38,7 +40,7 @@ def headline(run: RunEntry, ra) -> None:
     top[0].metric("MFU", fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
     top[0].caption(plain(mfu_caption(ra.mfu)))
     top[1].metric("HFU", fmt_pct(ra.mfu.hfu_median), help="hardware FLOPs utilization: MFU plus activation recompute")
-    top[1].caption("equals MFU without activation recompute" if ra.mfu.hfu_median is not None else "")
+    top[1].caption("counts activation recompute as work" if ra.mfu.hfu_median is not None else "")
     top[2].metric("Tokens/s", fmt_rate(tp.median), help="all ranks, median over steady-state steps")
     top[2].caption("all ranks" if tp.median is not None else plain(tp.reason or ""))
     bottom = st.columns(3)
@@ -55,7 +57,7 @@ def headline(run: RunEntry, ra) -> None:
     )
 
 
-def breakdown_chart(ra) -> None:
+def breakdown_chart(ra: RunAnalysis) -> None:
     st.subheader("Step-time breakdown per rank")
     ranks = [r for r in ra.ranks if r.breakdown]
     if not ranks:
@@ -78,7 +80,7 @@ def breakdown_chart(ra) -> None:
     st.dataframe(table.round(2))
 
 
-def per_step_charts(ra) -> None:
+def per_step_charts(ra: RunAnalysis) -> None:
     st.subheader("MFU and step time per step")
     left, right = st.columns(2)
     with left:
@@ -112,7 +114,7 @@ def per_step_charts(ra) -> None:
             st.info("No step times recorded.")
 
 
-def config_and_hardware(ra) -> None:
+def config_and_hardware(ra: RunAnalysis) -> None:
     st.subheader("Config and hardware")
     manifest = ra.manifest
     if manifest:

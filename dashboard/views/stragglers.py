@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from analyzer.stragglers import StragglerResult
 from dashboard import state
 from dashboard.text import plain
 from dashboard.ui import run_header, show_chart
@@ -44,7 +45,7 @@ def rank_step_heatmap(per_step: pd.DataFrame, value: str, title: str, colorbar: 
     return fig
 
 
-def evidence_table(result) -> pd.DataFrame:
+def evidence_table(result: StragglerResult) -> pd.DataFrame:
     rows = []
     for r in result.per_rank:
         row = {c: getattr(r, c, None) for c in EVIDENCE_COLUMNS}
