@@ -194,6 +194,10 @@ def render() -> None:
     if win.n_dropped:
         shown += f"; the {win.n_dropped:,} shortest are not drawn (narrow the range to see them)"
     st.caption(shown)
+    st.caption(
+        "Every event, with its arguments and flows: download the traces on the Overview page and open them "
+        "in the Perfetto UI (https://ui.perfetto.dev)."
+    )
 
 
 if __name__ == "__main__":
