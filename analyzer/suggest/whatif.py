@@ -146,12 +146,14 @@ def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int
 # autograd and module overheads), in units of the marginal cost of one
 # sequence: fb(B) = P * (kappa + B). A ratio of two CPU times on the same core,
 # so it does not move with machine load (the peak FLOP/s measurement does:
-# 8 to 27 GFLOP/s on the development machine within an hour). Measured at
-# seq_len 64 with `bench/bench_suggest.py --calibrate` (intercept over slope of
-# forward+backward at micro-batch 4 and 16, median over interleaved rounds);
-# interpolated in log2(d_model) and scaled by 64 / seq_len (the fixed part
-# does not grow with the sequence, the marginal one does).
-CPU_FIXED_SEQUENCES_POINTS = ((64, 2.0), (128, 1.0), (256, 0.5))
+# 8 to 34 GFLOP/s on the development machine within an hour). Values at
+# seq_len 64, the median of every measurement per width (docs/suggestions.md,
+# "Calibration"): `bench/bench_suggest.py --calibrate` (in one process) and
+# pairs of 2-rank reftrain runs at two micro-batch sizes. d_model 64: 0.49 to
+# 2.33 over 8 measurements, median 1.2; d_model 256: 0.17 to 0.73 over 5,
+# median 0.5. Interpolated in log2(d_model) and scaled by 64 / seq_len (the
+# fixed part does not grow with the sequence, the marginal one does).
+CPU_FIXED_SEQUENCES_POINTS = ((64, 1.2), (256, 0.5))
 CPU_FIXED_SEQUENCES_SEQ_LEN = 64
 
 
