@@ -23,15 +23,17 @@ if TYPE_CHECKING:
 # Asymptotic efficiency of the per-token work of a training step on CPU,
 # relative to the run's measured matmul peak (reftrain's 1024^3 fp32 matmul):
 # the MFU a model of this width reaches at large micro-batch, the reference of
-# rule mfu_gap. eta grows with the width of the matrices. Measured with `bench/bench_suggest.py --calibrate` (forward+backward
-# at micro-batch 4 and 16 and the peak matmul, interleaved round by round, one
-# rank's thread; two sessions of 15 and 25 rounds on the development machine):
-# d_model 64: 0.304, 0.334; 128: 0.530, 0.616; 256: 0.747, 0.758. The points are
-# the session means; between them eta is interpolated in log2(d_model), and
-# clamped outside.
+# rule mfu_gap. eta grows with the width of the matrices. Measured with
+# `bench/bench_suggest.py --calibrate` (forward+backward at micro-batch 4 and
+# 16 and the peak matmul, interleaved round by round, one rank's thread; four
+# sessions on the development machine): d_model 64: 0.30-0.34; 128:
+# 0.52-0.62; 256: 0.75-0.80 (docs/suggestions.md). Interpolated in
+# log2(d_model), clamped outside.
 CPU_ETA_POINTS = ((64, 0.32), (128, 0.57), (256, 0.75))
 
+
 def _log_interp(points: tuple[tuple[int, float], ...], d_model: int | None) -> float:
+    """Piecewise linear in log2(d_model) through ``(d_model, value)`` points, clamped at both ends."""
     if not d_model or d_model <= points[0][0]:
         return points[0][1]
     if d_model >= points[-1][0]:
