@@ -270,7 +270,7 @@ def _reftrain_concurrently(runs: Path, **variants: list[str]) -> dict[str, Path]
     for name, extra in variants.items():
         cmd = [
             str(BIN / "reftrain"), "--nproc", "2", "--runs-dir", str(runs), "--run-name", name,
-            "--device", "cpu", "--preset", "tiny", "--steps", "16", *extra,
+            "--device", "cpu", "--preset", "tiny", "--steps", "40", *extra,
         ]
         procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=runs)
     for name, proc in procs.items():
