@@ -168,6 +168,7 @@ def _remove_stale(entry: Path) -> None:
 
 def read_entry(entry: Path, trace: Path, rank: int | None = None) -> RankTrace:
     """Rebuild a RankTrace from an entry; CacheEntryError when unusable."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -178,7 +179,11 @@ def read_entry(entry: Path, trace: Path, rank: int | None = None) -> RankTrace:
         meta = orjson.loads(raw)
         if meta.get("loader_version") != LOADER_VERSION:
             raise ValueError(f"loader version {meta.get('loader_version')}")
-        events = table.to_pandas()
+        # self_destruct frees each Arrow column once converted: the peak
+        # holds one copy of the table, not two.
+        events = table.to_pandas(self_destruct=True, split_blocks=True)
+        del table
+        pa.default_memory_pool().release_unused()
         if len(events) != meta["rows"] or list(events.columns) != [c for c in COLUMNS if c != "rank"]:
             raise ValueError("columns or row count differ from the schema")
     except Exception as exc:  # noqa: BLE001 - any failure means "parse again"
