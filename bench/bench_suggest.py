@@ -144,15 +144,16 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         actionable = [s for s in suggestions if s.kind == "change" and s.change.overrides]
         ranking = ", ".join(f"{s.rule} {s.gain:+.0%}" for s in suggestions)
         print(f"    suggestions: {ranking or 'none'}", flush=True)
-        if not actionable:  # the analyzer finds nothing worth changing: a silence check, nothing to re-run
+        if rep == 0 and not actionable:  # the analyzer finds nothing worth changing: a silence check
             return {"scenario": sc.name, "why": sc.why, "top": None, "ranking": ranking, "before": _summary([b]),
                     "silent": "no rule predicts a gain with a reftrain override"}
-        top = actionable[0]
-        picks.append(top.rule)
-        predicted.append(top.gain)
         if rep == 0:  # the change is fixed by the first analysis; later repeats measure it again
-            emit_config(b["analysis"], top, after_cfg, run_name=f"{sc.name}-after-0")
-            first = top
+            first = actionable[0]
+            emit_config(b["analysis"], first, after_cfg, run_name=f"{sc.name}-after-0")
+        picks.append(actionable[0].rule if actionable else None)
+        # This base run's prediction for the applied change (0 when its rule no longer fires on it).
+        same = next((s for s in actionable if s.rule == first.rule and s.change.overrides == first.change.overrides), None)
+        predicted.append(same.gain if same is not None else 0.0)
         after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s)))
         before.append(b)
     sb, sa = _summary(before), _summary(after)

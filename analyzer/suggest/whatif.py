@@ -145,17 +145,17 @@ def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int
 
 
 # The fixed part of one micro-batch's forward+backward on CPU (per-op dispatch,
-# autograd and module overheads), in units of the marginal cost of one
+# autograd, DDP hook and module overheads), in units of the marginal cost of one
 # sequence: fb(B) = P * (kappa + B). A ratio of two CPU times on the same core,
-# so it does not move with machine load (the peak FLOP/s measurement does:
-# 8 to 34 GFLOP/s on the development machine within an hour). Values at
-# seq_len 64, the median of every measurement per width (docs/suggestions.md,
-# "Calibration"): `bench/bench_suggest.py --calibrate` (in one process) and
-# pairs of 2-rank reftrain runs at two micro-batch sizes. d_model 64: 0.49 to
-# 2.33 over 8 measurements, median 1.2; d_model 256: 0.17 to 0.73 over 5,
-# median 0.5. Interpolated in log2(d_model) and scaled by 64 / seq_len (the
-# fixed part does not grow with the sequence, the marginal one does).
-CPU_FIXED_SEQUENCES_POINTS = ((64, 1.2), (256, 0.5))
+# so machine load mostly cancels out of it (the peak FLOP/s measurement does
+# not: 8 to 34 GFLOP/s on the development machine within an hour). Values at
+# seq_len 64: the median over pairs of 2-rank reftrain runs of one model at two
+# micro-batch sizes, kappa = fb(B1) / P - B1 with P = (fb(B2) - fb(B1)) /
+# (B2 - B1) (docs/suggestions.md, "Calibration": d_model 64, 9 pairs, 0.49 to
+# 4.9, median 2.2; d_model 256, 3 pairs, 0.36 to 0.73, median 0.55).
+# Interpolated in log2(d_model) and scaled by 64 / seq_len (the fixed part does
+# not grow with the sequence, the marginal one does).
+CPU_FIXED_SEQUENCES_POINTS = ((64, 2.2), (256, 0.55))
 CPU_FIXED_SEQUENCES_SEQ_LEN = 64
 
 
