@@ -14,9 +14,12 @@ Three cache states per input, each measured ``--repeat`` times:
                Streamlit frontend's JavaScript is downloaded and compiled)
   server-cold  fresh server, Parquet cache present (a restarted dashboard),
                fresh browser profile
-  warm         the same server and browser profile, the page opened again:
-               Streamlit's cache holds the analysis and the browser its
-               JavaScript (what a user sees switching runs or reloading)
+  warm         the same server and browser profile, the page opened again
+               in a new tab: Streamlit's cache holds the analysis and the
+               browser its JavaScript (reloading, opening a link)
+  switch       in that tab, to the Stragglers page and back through the
+               sidebar, timing the way back: a page switch inside the app
+               (no new frontend, no new session)
 
 and ``script``: the page's Python script alone with warm caches, under
 streamlit.testing.AppTest, without a browser: the server's share of a warm
@@ -110,6 +113,27 @@ def _descendants_cpu_s(root: int) -> float:
     return total
 
 
+def switch_back_s(context, url: str) -> float:
+    """Open `url` (the overview), go to Stragglers in the sidebar, time the way back."""
+    page = context.new_page()
+    try:
+        page.goto(url, wait_until="commit")
+        page.wait_for_function(_DONE_JS, timeout=TIMEOUT_MS, polling=50)
+        nav = page.locator('[data-testid="stSidebarNav"]')
+        nav.get_by_text("Stragglers").click()
+        page.get_by_role("heading", name="Stragglers").wait_for(timeout=TIMEOUT_MS)
+        page.wait_for_function(
+            "() => !Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))",
+            timeout=TIMEOUT_MS,
+        )
+        t0 = time.perf_counter()
+        nav.get_by_text("Overview").click()
+        page.wait_for_function(_DONE_JS, timeout=TIMEOUT_MS, polling=50)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
 def render_s(context, url: str) -> float:
     """Seconds from navigation to a complete run page, in a new page (a new
     Streamlit session) of the browser context."""
@@ -126,7 +150,7 @@ def render_s(context, url: str) -> float:
 def bench(runs: Path, names: list[str], repeat: int, log_dir: Path) -> dict[str, dict[str, list[float]]]:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": []} for n in names}
+    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": [], "switch": []} for n in names}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
@@ -146,6 +170,7 @@ def bench(runs: Path, names: list[str], repeat: int, log_dir: Path) -> dict[str,
                                     cpu0 = _descendants_cpu_s(os.getpid())
                                     out[name]["warm"].append(render_s(context, url))
                                     out[name]["warm-cpu"].append(_descendants_cpu_s(os.getpid()) - cpu0)
+                                    out[name]["switch"].append(switch_back_s(context, url))
                             finally:
                                 context.close()
                     finally:
@@ -196,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'warm-cpu':>10}{'script':>10}")
+    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'warm-cpu':>10}{'switch':>10}{'script':>10}")
     summary = {}
     for name, states in results.items():
         med = {s: statistics.median(v) for s, v in states.items()}
         summary[name] = {"median_s": med, "samples_s": states}
         print(
             f"{name:<14}{med['cold']:>10.2f}{med['server-cold']:>14.2f}{med['warm']:>10.2f}"
-            f"{med['warm-cpu']:>10.2f}{med['script']:>10.2f}"
+            f"{med['warm-cpu']:>10.2f}{med['switch']:>10.2f}{med['script']:>10.2f}"
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
