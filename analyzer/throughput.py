@@ -3,14 +3,17 @@
 Definition (docs/metrics.md, "Throughput"): per steady-state optimizer step
 ``s`` of a reftrain run,
 
-    ``tokens_per_s_s = tokens_per_step / t_s``
+    ``tokens_per_s_s = mean over ranks r of tokens_per_step / t_{r,s}``
 
 with ``tokens_per_step`` the manifest's global tokens per optimizer step
-(all ranks, all micro-batches) and ``t_s`` the mean over ranks of
-``step_time_ms`` in ``metrics/rank*.jsonl``: the same steps (warmup and
-profiled steps excluded) and the same step time as the manifest MFU
-(:func:`analyzer.metrics.mfu.mfu_from_manifest`), so throughput and MFU are
-proportional step by step. The run value is the median over steps.
+(all ranks, all micro-batches) and ``t_{r,s}`` rank ``r``'s ``step_time_ms``
+in ``metrics/rank*.jsonl``: the same steps (warmup and profiled steps
+excluded) and the same order of operations (rate per rank, then the mean
+over ranks) as the manifest MFU (:func:`analyzer.metrics.mfu.mfu_from_manifest`),
+so throughput and MFU are proportional step by step:
+``mfu_s = tokens_per_s_s * flops.per_token / world_size / peak``. The run
+value is the median over steps. ``step_time_ms`` in the table is the mean
+over ranks, for reference.
 
 A folder of traces records no token counts, so it has no throughput
 (``source`` ``none`` with the reason).
@@ -55,15 +58,25 @@ def throughput(manifest: Mapping[str, Any] | None, metrics: pd.DataFrame | None)
     steady = steady_state(metrics, warmup, list(manifest.get("profiled_steps") or []))
     if steady.empty:
         return Throughput("none", reason="no steady-state steps (all are warmup or profiled)")
-    per_step = steady.groupby("step", sort=True).agg(n_ranks=("rank", "nunique"), step_time_ms=("step_time_ms", "mean"))
-    step_time_ms = per_step["step_time_ms"].to_numpy(np.float64)
+    rank_ms = pd.to_numeric(steady["step_time_ms"], errors="coerce").to_numpy(np.float64)
+    per_rank = pd.DataFrame(
+        {
+            "step": steady["step"].to_numpy(),
+            "rank": steady["rank"].to_numpy(),
+            "step_time_ms": rank_ms,
+            "tokens_per_s": float(tokens_per_step) / (rank_ms / 1e3),
+        }
+    )
+    per_step = per_rank.groupby("step", sort=True).agg(
+        n_ranks=("rank", "nunique"), step_time_ms=("step_time_ms", "mean"), tokens_per_s=("tokens_per_s", "mean")
+    )
     steps = pd.DataFrame(
         {
             "step": per_step.index.to_numpy(np.int64),
             "n_ranks": per_step["n_ranks"].to_numpy(np.int64),
-            "step_time_ms": step_time_ms,
+            "step_time_ms": per_step["step_time_ms"].to_numpy(np.float64),
             "tokens": float(tokens_per_step),
-            "tokens_per_s": float(tokens_per_step) / (step_time_ms / 1e3),
+            "tokens_per_s": per_step["tokens_per_s"].to_numpy(np.float64),
         }
     )
     return Throughput("manifest", median=float(steps["tokens_per_s"].median()), steps=steps)

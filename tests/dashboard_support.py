@@ -121,10 +121,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 def start_dashboard(runs_dir: Path, log_path: Path, timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
     """Start `dashboard RUNS_DIR --port P`, wait for health; returns (process, url)."""
     port = free_port()
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        dashboard_command(runs_dir, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            dashboard_command(runs_dir, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout_s)

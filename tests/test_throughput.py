@@ -26,14 +26,16 @@ def _metrics():
     return pd.DataFrame(rows)
 
 
-def test_tokens_per_s_uses_mean_step_time_over_ranks_on_steady_steps():
+def test_tokens_per_s_is_the_mean_over_ranks_of_each_ranks_rate_on_steady_steps():
     tp = throughput(MANIFEST, _metrics())
     assert tp.source == "manifest"
     assert tp.steps["step"].tolist() == [1, 2, 4]
-    # Mean over ranks: 200, 400, 300 ms -> 2048 tokens / 0.2 s etc.
-    assert tp.steps["step_time_ms"].tolist() == [200.0, 400.0, 300.0]
-    assert tp.steps["tokens_per_s"].tolist() == pytest.approx([10240.0, 5120.0, 2048 / 0.3])
-    assert tp.median == pytest.approx(2048 / 0.3)
+    assert tp.steps["step_time_ms"].tolist() == [200.0, 400.0, 300.0]  # mean over ranks
+    # Step 1: ranks at 100 and 300 ms -> (20480 + 6826.67) / 2 tokens/s;
+    # step 2: 5120; step 4: (2048/0.25 + 2048/0.35) / 2.
+    expected = [(20480 + 2048 / 0.3) / 2, 5120.0, (2048 / 0.25 + 2048 / 0.35) / 2]
+    assert tp.steps["tokens_per_s"].tolist() == pytest.approx(expected)
+    assert tp.median == pytest.approx(sorted(expected)[1])
 
 
 def test_throughput_is_proportional_to_manifest_mfu_step_by_step():
