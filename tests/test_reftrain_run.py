@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from analyzer.stragglers import disturbed_steps
+
 pytestmark = pytest.mark.slow
 
 TINY = ["--preset", "tiny"]
@@ -158,10 +160,19 @@ def test_injected_straggler(ddp_run: Path) -> None:
     assert all(r["injected_ms"] == DELAY_MS and r["forward_ms"] >= DELAY_MS for r in recs[1])
     assert statistics.median(r["forward_ms"] for r in recs[1]) > statistics.median(r["forward_ms"] for r in recs[0])
     # Arrival skew at each step's all-reduce, on rank-0-aligned clocks: rank 1 is last.
+    # Steps that begin right after trace export or a checkpoint save (written
+    # between steps, each rank at its own disk speed) measure the disk, not the
+    # straggler; the analyzer leaves them out the same way.
+    disturbed = disturbed_steps(m["profiled_steps"], m["files"]["checkpoints"])
+    assert {3, 4} <= disturbed
     offsets = m["clock"]["offsets_ns"]
     colls = [read_jsonl(ddp_run / "collectives" / f"rank{r}.jsonl") for r in (0, 1)]
-    skew_ms = [((c1["start_ns"] - offsets[1]) - (c0["start_ns"] - offsets[0])) / 1e6 for c0, c1 in zip(*colls)]
-    assert sum(s > 0 for s in skew_ms) >= len(skew_ms) - 1, skew_ms
+    skew_ms = [
+        ((c1["start_ns"] - offsets[1]) - (c0["start_ns"] - offsets[0])) / 1e6
+        for c0, c1 in zip(*colls)
+        if c0["step"] not in disturbed and c0["step"] >= 0
+    ]
+    assert len(skew_ms) >= 4 and all(s > 0 for s in skew_ms), skew_ms
     assert statistics.median(skew_ms) > DELAY_MS / 3, skew_ms
 
 
