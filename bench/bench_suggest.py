@@ -112,7 +112,14 @@ def write_config(path: Path, settings: dict, runs_dir: Path, steps: int, peak: f
     path.write_text(to_yaml(cfg))
 
 
+REUSE = False  # --reuse: analyze runs already in the work folder instead of running them again
+
+
 def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float) -> Path:
+    done = runs_dir / run_name / "run.json"
+    if REUSE and done.is_file() and json.loads(done.read_text()).get("status") == "completed":
+        print(f"    reused {run_name}", flush=True)
+        return runs_dir / run_name
     cmd = [str(REPO / ".venv" / "bin" / "reftrain"), "--nproc", str(NPROC), "--config", str(config),
            "--run-name", run_name, "--runs-dir", str(runs_dir)]
     t0 = time.perf_counter()
@@ -151,8 +158,9 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
             first = actionable[0]
             emit_config(b["analysis"], first, after_cfg, run_name=f"{sc.name}-after-0")
         picks.append(actionable[0].rule if actionable else None)
-        # This base run's prediction for the applied change (0 when its rule no longer fires on it).
-        same = next((s for s in actionable if s.rule == first.rule and s.change.overrides == first.change.overrides), None)
+        # This base run's prediction from the applied rule (0 when it no longer fires on this run; its
+        # overrides may differ a little, e.g. 3 or 4 workers, as the measured wait moves).
+        same = next((s for s in actionable if s.rule == first.rule), None)
         predicted.append(same.gain if same is not None else 0.0)
         after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s)))
         before.append(b)
@@ -251,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results as JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per reftrain run")
     ap.add_argument("--calibrate", type=int, metavar="ROUNDS", help="measure eta per model width instead (see module doc)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="analyze the completed runs already in --work again instead of re-running them")
     args = ap.parse_args(argv)
+    global REUSE
+    REUSE = args.reuse
     if args.calibrate:
         print(f"bench_suggest --calibrate: {args.calibrate} interleaved rounds per model", flush=True)
         cal = calibrate(args.calibrate)
@@ -264,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [s for s in SCENARIOS if not args.scenarios or s.name in args.scenarios.split(",")]
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-suggest-"))
     work.mkdir(parents=True, exist_ok=True)
-    peak = measure_peak()
+    if args.reuse and (work / "peak.json").is_file():
+        peak = json.loads((work / "peak.json").read_text())["peak_flops_per_s"]
+    else:
+        peak = measure_peak()
+    (work / "peak.json").write_text(json.dumps({"peak_flops_per_s": peak}))
     print(f"bench_suggest: {len(chosen)} scenario(s), {steps} steps per run, {repeats} repeat(s), "
           f"fixed peak {peak / 1e9:.2f} GFLOP/s per rank, work dir {work}", flush=True)
     results = []
