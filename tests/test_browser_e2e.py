@@ -104,13 +104,26 @@ def _wait_idle(pg) -> None:
 
 
 def test_runs_page_lists_good_and_bad_runs(server, page):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     url, runs, root = server
     page.goto(url + "/", wait_until="domcontentloaded")
     page.get_by_role("heading", name="Runs").wait_for(timeout=RENDER_TIMEOUT_MS)
     grid = page.locator('[data-testid="stDataFrame"]').first
     grid.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     _wait_idle(page)
-    # Glide data grid renders to canvas and keeps an accessible table in the DOM.
+    # Glide data grid renders to canvas and keeps an accessible table in the DOM,
+    # filled in a moment after the grid appears: wait for the rows, then assert.
+    for name in (GOOD_RUN, TRUNCATED_RUN, NO_MANIFEST_RUN):
+        try:
+            page.wait_for_function(
+                "name => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')]"
+                ".some(el => el.innerHTML.includes(name))",
+                arg=name,
+                timeout=RENDER_TIMEOUT_MS,
+            )
+        except PlaywrightTimeout:
+            pass  # the assertion below names what is missing
     html = grid.inner_html()
     for name in (GOOD_RUN, TRUNCATED_RUN, NO_MANIFEST_RUN):
         assert name in html, f"{name} missing from the runs table"
