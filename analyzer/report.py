@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import orjson
 import pandas as pd
 
+from analyzer.suggest import report_suggestions, suggestions_text  # docs/suggestions.md
+
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
     from analyzer.check import GateOutcome
@@ -102,6 +104,7 @@ def _path_text(a: "RunAnalysis") -> str:
 def report_json(a: "RunAnalysis") -> dict[str, Any]:
     """The versioned report: :meth:`RunAnalysis.to_json` plus a ``generator`` block."""
     out = a.to_json()
+    out["suggestions"] = report_suggestions(a)
     out["generator"] = {
         "tool": "analyzer",
         "version": _version(),
@@ -237,6 +240,8 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     out += _mfu_lines(a)
     out.append("")
     out += _straggler_lines(a)
+    out.append("")
+    out.append(suggestions_text(a).rstrip())
     out.append("")
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
@@ -407,6 +412,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
             body.append(f"<h2>{title}</h2>{charts[key]}")
     body.append("<h2>MFU</h2>" + "".join(f"<p>{html.escape(line.strip())}</p>" for line in _mfu_lines(a)) + charts.get("mfu", ""))
     body.append("<h2>Stragglers</h2><pre>" + html.escape("\n".join(_straggler_lines(a))) + "</pre>")
+    body.append("<h2>Suggestions</h2><pre>" + html.escape(suggestions_text(a)) + "</pre>")
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops" if _host_ops(a) else "Top kernels"

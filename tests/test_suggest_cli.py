@@ -86,3 +86,22 @@ def test_emit_config_refuses_a_non_yaml_name(micro_batch_1_run, tmp_path, capsys
 
     assert main(["suggest", str(micro_batch_1_run), "--emit-config", str(tmp_path / "x.json")]) == 2
     assert "YAML" in capsys.readouterr().err
+
+
+def test_report_carries_the_suggestions(micro_batch_1_run, tmp_path, capsys):
+    """`analyzer report` shows the same ranked suggestions in its text, JSON (suggestions[]) and HTML."""
+    from analyzer.cli import main
+
+    assert main(["suggest", str(micro_batch_1_run), "--json", str(tmp_path / "s.json")]) == 0
+    capsys.readouterr()
+    expected = json.loads((tmp_path / "s.json").read_text())["suggestions"]
+    report, page = tmp_path / "r.json", tmp_path / "r.html"
+    assert main(["report", str(micro_batch_1_run), "--json", str(report), "--html", str(page)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(report.read_text())
+    assert [s["rule"] for s in doc["suggestions"]] == [s["rule"] for s in expected]
+    top = doc["suggestions"][0]
+    assert top["rule"] == "micro_batch" and {"rule", "evidence", "change", "predicted"} <= set(top)
+    assert top["predicted"] == expected[0]["predicted"]
+    assert "1. [micro_batch]" in text
+    assert "micro_batch" in page.read_text()
