@@ -993,7 +993,7 @@ def load_traces(
     or the user cache folder when that is read-only; a Path: that folder)
     parsed tables are reused while a file's path, size and mtime are
     unchanged. ``workers`` parallel processes parse uncached files
-    (default: min(files, CPU cores), or 1 when the uncached files hold
+    (default: min(files, usable CPUs), or 1 when the uncached files hold
     less than 8 MB compressed). ``progress``: a tqdm bar on stderr;
     None shows it only on a terminal for many (> 4) or large (> 200 MB)
     inputs.
@@ -1100,7 +1100,7 @@ def _parse_many(files: list[Path], workers: int | None) -> Iterator[tuple[Path, 
         return
     if workers is None and sum(_size(f) for f in files) < PARALLEL_MIN_BYTES:
         workers = 1
-    n = min(len(files), workers or os.cpu_count() or 1)
+    n = min(len(files), workers or _usable_cpus())
     if n <= 1:
         for f in files:
             yield f, _parse_one(f)
@@ -1109,6 +1109,14 @@ def _parse_many(files: list[Path], workers: int | None) -> Iterator[tuple[Path, 
         futures = [(f, pool.submit(_parse_one, f)) for f in files]
         for f, fut in futures:
             yield f, fut.result()
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (affinity and cpusets), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:
