@@ -8,7 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pandas as pd
 import pytest
