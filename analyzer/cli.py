@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from analyzer.errors import AnalyzerError
+from analyzer.suggest.cli import positive_int
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -128,14 +129,6 @@ def _positive(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="peak FLOP/s per device for MFU of foreign traces (e.g. 989e12 for H100 bf16 dense)")
     analysis.add_argument("--no-cache", action="store_true",
                           help="parse the traces again and do not write the Parquet cache")
-    analysis.add_argument("--top", type=_count, default=10, metavar="N", help="rows in the kernel tables (default 10)")
+    analysis.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows in the kernel tables (default 10)")
 
     parser = argparse.ArgumentParser(
         prog=PROG,

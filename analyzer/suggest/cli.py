@@ -16,7 +16,8 @@ from analyzer.errors import AnalyzerError
 from analyzer.suggest.engine import SCHEMA, Suggestion, suggest, suggestions_json
 
 
-def _pick(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type for counts and 1-based picks (--top, --pick): an integer >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -36,7 +37,7 @@ def add_suggest_subcommand(sub: "argparse._SubParsersAction", parents: Sequence[
     p.add_argument("--json", type=Path, metavar="FILE", help=f"write the suggestions as JSON (schema {SCHEMA})")
     p.add_argument("--emit-config", type=Path, metavar="FILE",
                    help="write a reftrain config (YAML) with the picked suggestion applied: reftrain --config FILE")
-    p.add_argument("--pick", type=_pick, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)")
+    p.add_argument("--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)")
     p.set_defaults(func=run_suggest)
     return p
 
