@@ -129,8 +129,6 @@ def _positive(text: str) -> float:
     return value
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``analyzer`` command."""
     common = argparse.ArgumentParser(add_help=False)
