@@ -28,8 +28,9 @@ being slow in that many of the steps by chance (fair coin). A rank is a
 *persistent straggler* on a signal when ``slow_share >= min_slow_share``,
 ``sign_p <= max_sign_p``, ``z >= min_z``, ``excess >= min_excess_ms`` and
 ``excess >= min_excess_frac * median step time``, over at least
-``min_steps`` steps; it is flagged when either signal says so. Steps right
-after trace or checkpoint writing are left out (:func:`disturbed_steps`).
+``min_steps`` steps; it is flagged when either signal says so. Profiled
+steps and the steps right after profiler, trace or checkpoint work are left
+out (:func:`disturbed_steps`).
 
 In synchronous data parallelism the step times even out (everyone waits in
 the gradient all-reduce), so the lateness signal is usually the one that
@@ -132,15 +133,21 @@ _CHECKPOINT_RE = re.compile(r"step(\d+)/?$")
 def disturbed_steps(profiled_steps: Sequence[int], checkpoint_paths: Sequence[str] = ()) -> set[int]:
     """Steps that start right after work done between two steps.
 
-    reftrain writes a profiler window's traces after the window's last step
-    and a checkpoint ``checkpoints/stepK`` after step ``K - 1``, outside any
-    step's timing; each rank resumes when its own writing is done, so the
-    next step's first collective measures disk speed, not training speed.
-    Those steps are left out of the straggler analysis: the step after each
-    run of consecutive profiled steps, and step ``K`` for each checkpoint.
+    torch.profiler changes state between steps: it prepares Kineto before a
+    window's warm-up, starts tracing before its active steps and writes the
+    trace after its last step; reftrain writes a checkpoint
+    ``checkpoints/stepK`` after step ``K - 1``. All of it runs outside any
+    step's timing and each rank resumes when its own part is done, so the
+    next step's first collective measures that work, not training speed (a
+    test run saw the slow rank arrive 2 ms *early* on the step after the
+    profiler's start). Left out: every profiled step (the profiler starts
+    before the first and switches from warm-up to active inside the window),
+    the step after each run of consecutive profiled steps, and step ``K`` for
+    each checkpoint.
     """
     out: set[int] = set()
     profiled = sorted(set(int(s) for s in profiled_steps))
+    out.update(profiled)
     for i, s in enumerate(profiled):
         if i + 1 == len(profiled) or profiled[i + 1] != s + 1:
             out.add(s + 1)
