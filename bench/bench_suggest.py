@@ -60,11 +60,14 @@ class Scenario:
     name: str
     why: str
     settings: dict = field(default_factory=dict)
+    # At least this many steps per run: a 15 ms step measured over 24 steps is a third of a second, which one
+    # burst of another job on the 2 cores can halve; longer runs average the load out.
+    min_steps: int = 0
 
 
 SCENARIOS = (
     Scenario("micro-batch-1", "micro-batch 1, no accumulation: fixed per-step costs dominate",
-             {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1}),
+             {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1}, min_steps=200),
     Scenario("slow-data", "num_workers=0 with a slow data source (600 ms per micro-batch)",
              {"model.preset": "tiny", "train.micro_batch_size": 32, "data.num_workers": 0, "data.delay_ms": 600.0}),
     Scenario("tiny-buckets", "DDP buckets of 50 kB (one per parameter) on a 5 MB model",
@@ -134,14 +137,16 @@ def measured(run_dir: Path) -> dict:
     """Steady-state medians of a run: tokens/s (all ranks), MFU, step time."""
     ra = analyze(run_dir)
     tp = throughput(ra.manifest, ra.metrics)
+    # The 1-minute load average just after the run: how busy the 2 cores were while it ran.
     return {"tokens_per_s": tp.median, "mfu": ra.mfu.median, "step_time_ms": float(ra.mfu.steps["step_time_ms"].median()),
-            "analysis": ra}
+            "load_1min": os.getloadavg()[0], "analysis": ra}
 
 
 def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float, timeout_s: float) -> dict:
     print(f"\n== {sc.name}: {sc.why}", flush=True)
     runs_dir = work / "runs"
     base_cfg = work / f"{sc.name}.base.yaml"
+    steps = max(steps, sc.min_steps)
     write_config(base_cfg, sc.settings, runs_dir, steps, peak)
     before, after, predicted, picks = [], [], [], []
     after_cfg = work / f"{sc.name}.after.yaml"
@@ -152,7 +157,13 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         ranking = ", ".join(f"{s.rule} {s.gain:+.0%}" for s in suggestions)
         print(f"    suggestions: {ranking or 'none'}", flush=True)
         if rep == 0 and not actionable:  # the analyzer finds nothing worth changing: a silence check
-            return {"scenario": sc.name, "why": sc.why, "top": None, "ranking": ranking, "before": _summary([b]),
+            from analyzer.suggest.facts import run_facts
+
+            f = run_facts(b["analysis"])  # the numbers the silent rules compared with their thresholds
+            return {"scenario": sc.name, "why": sc.why, "top": None, "ranking": ranking,
+                    "before": _summary([b]) | {"load_1min": b["load_1min"]},
+                    "facts": {"step_time_ms": f.step_time_ms, "phases_ms": f.phases, "exposed_comm_ms": f.exposed_comm_ms,
+                              "collectives_per_step": f.comm.n_per_step if f.comm else None},
                     "silent": "no rule predicts a gain with a reftrain override"}
         if rep == 0:  # the change is fixed by the first analysis; later repeats measure it again
             first = actionable[0]
@@ -178,6 +189,7 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         "improved": sa["mfu"] > sb["mfu"] and gain > 0, "within_target": rel_err <= MAX_REL_ERROR,
         "predicted_step_ms": first.predicted.step_time_ms_after if first.predicted else None,
         "runs_before": [r["tokens_per_s"] for r in before], "runs_after": [r["tokens_per_s"] for r in after],
+        "load_1min": [r["load_1min"] for pair in zip(before, after) for r in pair],
     }
 
 
@@ -249,6 +261,47 @@ def calibrate(rounds: int, b_lo: int = 4, b_hi: int = 16) -> list[dict]:
     return out
 
 
+def forward_backward_per_micro_ms(ra) -> float:
+    """A run's steady forward+backward per micro-batch less the communication tail (rule micro_batch's ``fb``)."""
+    from analyzer.suggest.facts import run_facts
+
+    f = run_facts(ra)
+    tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))
+    fb = f.phases["forward"] + f.phases["backward"] - tail
+    return fb / int(f.cfg("train.grad_accum", 1) or 1)
+
+
+# Micro-batch pairs the kappa calibration runs (the tiny model of the micro-batch scenario, seq_len 64).
+KAPPA_PAIRS = ((1, 8), (2, 8), (4, 16))
+
+
+def calibrate_kappa(work: Path, steps: int, repeats: int, peak: float, timeout_s: float,
+                    settings: dict | None = None) -> list[dict]:
+    """kappa of the micro-batch model from 2-rank reftrain runs at two micro-batch sizes (docs/suggestions.md).
+
+    Per pair ``B1 < B2`` and repeat, the two runs follow each other (load drift hits both);
+    ``P = (fb(B2) - fb(B1)) / (B2 - B1)``, ``kappa = fb(B1) / P - B1``.
+    """
+    settings = settings or {"model.preset": "tiny"}
+    runs_dir = work / "runs"
+    out = []
+    for b1, b2 in KAPPA_PAIRS:
+        for rep in range(repeats):
+            fb = {}
+            for bs in (b1, b2):
+                cfg = work / f"kappa-mb{bs}.yaml"
+                write_config(cfg, settings | {"train.micro_batch_size": bs, "train.grad_accum": 1}, runs_dir, steps, peak)
+                ra = analyze(run_reftrain(cfg, f"kappa-{b1}-{b2}-mb{bs}-{rep}", runs_dir, timeout_s))
+                fb[bs] = forward_backward_per_micro_ms(ra)
+            per_seq = (fb[b2] - fb[b1]) / (b2 - b1)
+            kappa = fb[b1] / per_seq - b1 if per_seq > 0 else float("nan")
+            out.append({"b1": b1, "b2": b2, "repeat": rep, "fb_b1_ms": fb[b1], "fb_b2_ms": fb[b2],
+                        "per_sequence_ms": per_seq, "kappa": kappa, "loadavg": os.getloadavg()[0]})
+            print(f"  {b1:2d} -> {b2:2d} (repeat {rep}): fb {fb[b1]:.2f} -> {fb[b2]:.2f} ms, P {per_seq:.3f} ms, "
+                  f"kappa {kappa:.2f} (load {os.getloadavg()[0]:.1f})", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps, one repeat (development)")
@@ -261,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrate", type=int, metavar="ROUNDS", help="measure eta per model width instead (see module doc)")
     ap.add_argument("--reuse", action="store_true",
                     help="analyze the completed runs already in --work again instead of re-running them")
+    ap.add_argument("--calibrate-kappa", action="store_true",
+                    help="measure the micro-batch model's kappa from reftrain runs at two micro-batch sizes instead")
     args = ap.parse_args(argv)
     global REUSE
     REUSE = args.reuse
@@ -281,6 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         peak = measure_peak()
     (work / "peak.json").write_text(json.dumps({"peak_flops_per_s": peak}))
+    if args.calibrate_kappa:
+        print(f"bench_suggest --calibrate-kappa: pairs {KAPPA_PAIRS}, {steps} steps, {repeats} repeat(s)", flush=True)
+        cal = calibrate_kappa(work, steps, repeats, peak, args.timeout)
+        for b1, b2 in KAPPA_PAIRS:
+            ks = [c["kappa"] for c in cal if (c["b1"], c["b2"]) == (b1, b2)]
+            print(f"  pair {b1} -> {b2}: kappa median {statistics.median(ks):.2f} of {[round(k, 2) for k in ks]}")
+        print(f"  all pairs: kappa median {statistics.median(c['kappa'] for c in cal):.2f}")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"kappa_calibration": cal, "peak_flops_per_s": peak}, indent=2))
+        return 0
     print(f"bench_suggest: {len(chosen)} scenario(s), {steps} steps per run, {repeats} repeat(s), "
           f"fixed peak {peak / 1e9:.2f} GFLOP/s per rank, work dir {work}", flush=True)
     results = []
@@ -301,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         b, a = r["before"], r["after"]
         print(f"{r['scenario']:21s} {r['top']:21s} {b['tokens_per_s']:9.0f} -> {a['tokens_per_s']:9.0f}   "
               f"{100 * b['mfu']:6.2f}% -> {100 * a['mfu']:6.2f}%   {r['measured_gain']:+9.1%}  {r['predicted_gain']:+9.1%}  "
-              f"{r['rel_error']:6.1%}{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}")
+              f"{r['rel_error']:6.1%}{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}"
+              f"  load {min(r['load_1min']):.1f}-{max(r['load_1min']):.1f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"steps": steps, "repeats": repeats, "peak_flops_per_s": peak,

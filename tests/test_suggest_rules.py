@@ -186,30 +186,30 @@ def test_comm_compression_only_when_bandwidth_bound():
 
 
 def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
-    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: kappa 2.2 sequences
-    assert whatif.cpu_fixed_sequences(64, 64) == 2.2
-    f = facts(cfg, phases={"forward": 16.0, "backward": 32.0, "optimizer": 10.0}, step_time_ms=100.0)
+    cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: kappa 2.3 sequences
+    assert whatif.cpu_fixed_sequences(64, 64) == 2.3
+    f = facts(cfg, phases={"forward": 16.5, "backward": 33.0, "optimizer": 10.0}, step_time_ms=100.0)
     s = rules_compute.rule_micro_batch(f)
-    # 48 ms = P (2.2 + 1): P = 15 ms per sequence, 33 ms fixed; fixed share 85 %.
+    # 49.5 ms = P (2.3 + 1): P = 15 ms per sequence, 34.5 ms fixed; fixed share 85 %.
     # x2: 115 ms (74 % fixed), x4: 145 (59 %), x8: 205 (41 %, the cap).
     assert s.evidence["per_sequence_ms"] == pytest.approx(15.0)
-    assert s.evidence["fixed_per_micro_batch_ms"] == pytest.approx(33.0)
+    assert s.evidence["fixed_per_micro_batch_ms"] == pytest.approx(34.5)
     assert s.change.overrides == {"train.micro_batch_size": 8}
     assert s.predicted.step_time_ms_after == pytest.approx(205.0)
     assert s.predicted.tokens_per_step_after == 8 * 1024
     assert s.predicted.gain == pytest.approx(8 * 100 / 205 - 1)
-    # The communication tail at the end of backward is not per-token work: 48 - 16 = 32 = P x 3.2.
-    tail = dataclasses.replace(f, exposed_comm_ms=16.0)
+    # The communication tail at the end of backward is not per-token work: 49.5 - 16.5 = 33 = P x 3.3.
+    tail = dataclasses.replace(f, exposed_comm_ms=16.5)
     assert rules_compute.rule_micro_batch(tail).evidence["per_sequence_ms"] == pytest.approx(10.0)
     big = facts(config(model__preset="tiny", train__micro_batch_size=16), phases={"forward": 100.0, "backward": 200.0},
                 step_time_ms=330.0)
-    assert rules_compute.rule_micro_batch(big) is None  # P = 300 / 18.2: 16 x 16.5 = 264 of 330 ms is per-token work
+    assert rules_compute.rule_micro_batch(big) is None  # P = 300 / 18.3: 16 x 16.4 = 262 of 330 ms is per-token work
 
 
 def test_fixed_sequences_scale_with_width_and_sequence_length():
     assert whatif.cpu_fixed_sequences(256, 64) == 0.55
-    assert whatif.cpu_fixed_sequences(64, 128) == pytest.approx(1.1)  # the same fixed cost, sequences twice as long
-    assert whatif.cpu_fixed_sequences(128, 64) == pytest.approx((2.2 + 0.55) / 2)  # log2 midpoint
+    assert whatif.cpu_fixed_sequences(64, 128) == pytest.approx(1.15)  # the same fixed cost, sequences twice as long
+    assert whatif.cpu_fixed_sequences(128, 64) == pytest.approx((2.3 + 0.55) / 2)  # log2 midpoint
 
 
 def test_launch_bound_grows_the_batch_while_the_device_idles():
