@@ -12,14 +12,56 @@ The public API, the same functions the CLI and the dashboard use::
     print(gate.result.verdict)             # "pass" or "regression"
 
 ``analyzer.compare`` and ``analyzer.check`` are these functions, not the
-modules of the same name (imported here first, so the functions win); reach
-the modules' other names with ``from analyzer.compare import Comparison``.
+modules of the same name; reach the modules' other names with
+``from analyzer.compare import Comparison``.
+
+The names are imported on first use, not here: ``analyzer`` commands start
+parsing traces before pandas (about 1 s to import) is loaded, and
+``analyzer report`` answers from its result cache without it.
 """
 from __future__ import annotations
 
-from analyzer.api import RunAnalysis, analyze
-from analyzer.check import GateOutcome, check
-from analyzer.compare import Comparison, compare
+import importlib
+import sys
+import types
+
 from analyzer.errors import AnalyzerError, TraceError
 
+_LAZY = {
+    "analyze": "analyzer.api",
+    "RunAnalysis": "analyzer.api",
+    "check": "analyzer.check",
+    "GateOutcome": "analyzer.check",
+    "compare": "analyzer.compare",
+    "Comparison": "analyzer.compare",
+}
+
 __all__ = ["analyze", "compare", "check", "RunAnalysis", "Comparison", "GateOutcome", "AnalyzerError", "TraceError"]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'analyzer' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def _function_of(module: str) -> property:
+    """``analyzer.<module>`` reads as the function of that name.
+
+    Importing the submodule ``analyzer.compare`` sets the package attribute
+    ``compare`` to the module; a property on the package's class is a data
+    descriptor, which attribute lookup prefers to the module's ``__dict__``,
+    so the function still wins (and the import system's assignment is
+    ignored: the module stays reachable through ``sys.modules``).
+    """
+    name = module.rsplit(".", 1)[1]
+    return property(lambda self: getattr(importlib.import_module(module), name), lambda self, value: None)
+
+
+class _Package(types.ModuleType):
+    compare = _function_of("analyzer.compare")
+    check = _function_of("analyzer.check")
+
+
+sys.modules[__name__].__class__ = _Package

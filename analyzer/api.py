@@ -29,6 +29,7 @@ import pandas as pd
 
 from analyzer.errors import AnalyzerError
 from analyzer.load import TraceSet, load_traces
+from analyzer.jobs import ParseJobs
 from analyzer.metrics.breakdown import Source, source_of, step_breakdown, summarize_breakdown
 from analyzer.metrics.kernels import top_kernels
 from analyzer.metrics.mfu import (
@@ -174,11 +175,20 @@ def _jsonable(x: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def analyze(path: Path | str | Sequence[Path | str], *, peak_flops: float | None = None, cache: bool = True) -> RunAnalysis:
+def analyze(
+    path: Path | str | Sequence[Path | str],
+    *,
+    peak_flops: float | None = None,
+    cache: bool = True,
+    jobs: ParseJobs | None = None,
+) -> RunAnalysis:
     """Analyze a reftrain run directory, a folder of Kineto traces, or a list of trace files.
 
     ``peak_flops`` (FLOP/s per device) overrides the manifest's or the
     device table's peak. ``cache`` reuses parsed traces (analyzer.load).
+    ``jobs``: trace parsing already under way (:class:`analyzer.parse.ParseJobs`,
+    which the CLI starts before importing pandas); files it holds are
+    taken from it.
     Files that cannot be used become one-line ``errors``; the other ranks are
     still analyzed. Raises AnalyzerError (one line) when nothing usable is
     left: no run directory records and no trace that loads.
@@ -198,13 +208,13 @@ def analyze(path: Path | str | Sequence[Path | str], *, peak_flops: float | None
         run = rundir.read_run_dir(paths[0])
         manifest, metrics, records = run.manifest, run.metrics, run.collectives
         errors += [str(e) for e in run.errors]
-        traces = _load_windows([Path(p) for p in run.trace_paths], cache) if run.trace_paths else TraceSet()
+        traces = _load_windows([Path(p) for p in run.trace_paths], cache, jobs) if run.trace_paths else TraceSet()
     else:
         kind = "traces"
         for p in paths:
             if not p.exists():
                 raise AnalyzerError(f"{p}: no such file or folder")
-        traces = load_traces(paths if len(paths) > 1 else paths[0], cache=cache)
+        traces = load_traces(paths if len(paths) > 1 else paths[0], cache=cache, jobs=jobs)
     errors += [str(e) for e in traces.errors]
     warnings += list(traces.warnings)
     has_metrics = metrics is not None and not metrics.empty
@@ -215,18 +225,18 @@ def analyze(path: Path | str | Sequence[Path | str], *, peak_flops: float | None
     return _analyze_loaded(paths[0] if len(paths) == 1 else paths, kind, manifest, metrics, records, traces, peak_flops, errors, warnings)
 
 
-def _load_windows(files: list[Path], cache: bool) -> TraceSet:
+def _load_windows(files: list[Path], cache: bool, jobs: ParseJobs | None) -> TraceSet:
     """Load reftrain traces, merging a rank's profiler windows (``rank{R}.step{N}``) into one."""
     windows: dict[str, list[Path]] = {}
     for f in files:
         m = _WINDOW_RE.search(f.name)
         windows.setdefault(m.group(2) if m else "", []).append(f)
     if len(windows) <= 1:
-        return load_traces(files, cache=cache)
+        return load_traces(files, cache=cache, jobs=jobs)
     merged = TraceSet()
     per_rank: dict[int, list[RankTrace]] = {}
     for key in sorted(windows, key=lambda k: int(k) if k.isdigit() else -1):
-        ts = load_traces(windows[key], cache=cache)
+        ts = load_traces(windows[key], cache=cache, jobs=jobs)
         merged.errors += ts.errors
         merged.warnings += ts.warnings
         for rank, rt in ts.ranks.items():

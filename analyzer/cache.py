@@ -23,17 +23,19 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import orjson
-import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.tables import COLUMNS, KINDS, RankTrace, empty_processes, empty_steps, empty_threads
+from analyzer.locate import CACHE_DIRNAME, user_cache_dir  # noqa: F401 - part of this module's API
+from analyzer.schema import COLUMNS, KINDS
+
+if TYPE_CHECKING:
+    from analyzer.tables import RankTrace
 
 # Bump when the parser or the table schema changes what an entry holds.
 LOADER_VERSION = 1
-CACHE_DIRNAME = ".analyzer-cache"
 _META_KEY = b"trainperf"
 _OBJECT_COLUMNS = [c for c, t in COLUMNS.items() if t == "object"]
 _CATEGORY_COLUMNS = [c for c, t in COLUMNS.items() if t == "category"]
@@ -41,12 +43,6 @@ _CATEGORY_COLUMNS = [c for c, t in COLUMNS.items() if t == "category"]
 
 class CacheEntryError(AnalyzerError):
     """A cache entry exists but cannot be used; the trace is parsed again."""
-
-
-def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/trainperf``, default ``~/.cache/trainperf``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "trainperf"
 
 
 def _usable_dir(folder: Path) -> bool:
@@ -116,6 +112,7 @@ class TraceCache:
 
 
 def _write(entry: Path, rt: RankTrace) -> None:
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -168,8 +165,14 @@ def _remove_stale(entry: Path) -> None:
 
 def read_entry(entry: Path, trace: Path, rank: int | None = None) -> RankTrace:
     """Rebuild a RankTrace from an entry; CacheEntryError when unusable."""
+    # numpy, pandas and Arrow are imported here, not at the top: locating
+    # entries (entry_for) runs before they are loaded (analyzer/jobs.py says why).
+    import numpy as np
+    import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from analyzer.tables import RankTrace, empty_processes, empty_steps, empty_threads
 
     try:
         table = pq.read_table(entry)

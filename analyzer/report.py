@@ -14,9 +14,9 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-import orjson
 import pandas as pd
 
+from analyzer.jsontext import dumps_json  # noqa: F401 - part of this module's API
 from analyzer.suggest import report_suggestions, suggestions_text  # docs/suggestions.md
 
 if TYPE_CHECKING:
@@ -82,11 +82,6 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, left:
         return "  ".join(out).rstrip()
 
     return "\n".join([line(list(headers)), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def dumps_json(obj: Any) -> str:
-    """Indented JSON text (NaN never appears: the producers map it to null)."""
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
 
 
 def _version() -> str:

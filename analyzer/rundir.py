@@ -22,8 +22,8 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
+from analyzer.locate import MANIFEST, is_run_dir  # noqa: F401 - part of this module's API
 
-MANIFEST = "run.json"
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
 _SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|gpu)(\d+)\.jsonl$")
@@ -106,21 +106,6 @@ class RunDir:
     def world_size(self) -> int | None:
         ws = self.manifest.get("world_size")
         return int(ws) if isinstance(ws, int) else None
-
-
-def is_run_dir(path: Path) -> bool:
-    """True when ``path`` is a folder with a ``run.json`` whose schema is
-    ``reftrain.run/*``, or whose run.json cannot be parsed (so that
-    :func:`read_run_dir` reports the problem instead of the folder being
-    taken for a folder of traces)."""
-    manifest = Path(path) / MANIFEST
-    if not manifest.is_file():
-        return False
-    try:
-        data = orjson.loads(manifest.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return True
-    return isinstance(data, dict) and str(data.get("schema", "")).startswith("reftrain.run/")
 
 
 def read_run_dir(path: Path) -> RunDir:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_analyzer.py [--repeats 3] [--out bench/out/analyzer] [--folders NAME ...]
 
 For every folder, interleaved in one run (HTA, analyzer cold, analyzer warm,
-then the next folder, rotated each repeat so neither tool always runs first
+analyzer tables, then the next folder, rotated each repeat so neither tool always runs first
 after the other's page-cache effects):
 
 * **HTA**: a fresh Python process that builds
@@ -13,7 +13,12 @@ after the other's page-cache effects):
 * **analyzer cold**: ``analyzer report DIR --json FILE`` as a subprocess
   after deleting the analyzer's parse cache (it writes the cache, as a
   user's first run does).
-* **analyzer warm**: the same command again, with the cache present.
+* **analyzer warm**: the same command again, with the caches present: the
+  report cache answers (analyzer/report_cache.py: the previous report is
+  replayed when no input, option or code changed; no pandas import).
+* **analyzer tables**: the same command with the report cache entry
+  deleted but the Parquet cache of the parsed tables kept: a full analysis
+  that skips the JSON parse (what a changed option, e.g. ``--top``, costs).
 
 Figures per run: wall time of the whole subprocess (interpreter start and
 imports included, for both tools), its CPU time (user + system of the
@@ -68,7 +73,7 @@ print(len(overlap), len(breakdown))
 @dataclass
 class Measurement:
     folder: str
-    tool: str  # "hta" | "analyzer-cold" | "analyzer-warm"
+    tool: str  # "hta" | "analyzer-cold" | "analyzer-warm" | "analyzer-tables"
     repeat: int
     wall_s: float
     cpu_s: float
@@ -178,6 +183,15 @@ def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:
     shutil.rmtree(user_cache, ignore_errors=True)
 
 
+def clear_report_cache(folder: Path, user_cache: Path) -> None:
+    """Delete the cached reports of ``folder``, keeping the parsed tables."""
+    from analyzer.locate import CACHE_DIRNAME
+
+    for where in (folder / CACHE_DIRNAME, user_cache / "trainperf"):
+        for entry in where.glob("report.*.json"):
+            entry.unlink()
+
+
 # ----------------------------------------------------------------- main
 def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path) -> Measurement:
     user_cache = out / "xdg-cache"
@@ -187,6 +201,8 @@ def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: flo
     else:
         if tool == "analyzer-cold":
             clear_analyzer_cache(folder, user_cache)
+        elif tool == "analyzer-tables":
+            clear_report_cache(folder, user_cache)
         cmd = [str(BIN / "analyzer"), "report", str(folder), "--json", str(out / f"{folder_name}.report.json")]
     wall, cpu, pss, rss, rc, err = run_measured(cmd, env)
     if rc != 0:
@@ -201,7 +217,7 @@ def summarize(results: list[Measurement]) -> list[dict]:
     rows = []
     for folder in dict.fromkeys(m.folder for m in results):
         by_tool = {}
-        for tool in ("hta", "analyzer-cold", "analyzer-warm"):
+        for tool in ("hta", "analyzer-cold", "analyzer-warm", "analyzer-tables"):
             ms = [m for m in results if m.folder == folder and m.tool == tool]
             if ms:
                 by_tool[tool] = {
@@ -228,15 +244,17 @@ def print_summary(rows: list[dict]) -> None:
     nan = float("nan")
     print()
     print(f"{'folder':18s} {'JSON MB':>7s} | {'HTA s':>6s} {'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} | {'cold s':>6s} "
-          f"{'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'cpu s':>6s} | "
+          f"{'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'cpu s':>6s} | {'tables s':>8s} | "
           f"{'speedup':>7s} {'cpu x':>6s} {'PSS/HTA':>7s} {'RSS/HTA':>7s}")
     for r in rows:
         h, c, w = r.get("hta", {}), r.get("analyzer-cold", {}), r.get("analyzer-warm", {})
+        t = r.get("analyzer-tables", {})
         print(
             f"{r['folder']:18s} {r['json_mb']:7.1f} | {h.get('wall_s', nan):6.2f} {h.get('cpu_s', nan):6.2f} "
             f"{h.get('peak_pss_mb', nan):6.0f} {h.get('peak_rss_mb', nan):6.0f} | {c.get('wall_s', nan):6.2f} "
             f"{c.get('cpu_s', nan):6.2f} {c.get('peak_pss_mb', nan):6.0f} {c.get('peak_rss_mb', nan):6.0f} "
             f"{c.get('mb_per_s', nan):5.1f} | {w.get('wall_s', nan):6.2f} {w.get('cpu_s', nan):6.2f} | "
+            f"{t.get('wall_s', nan):8.2f} | "
             f"{r.get('speedup_cold', nan):6.1f}x {r.get('cpu_speedup_cold', nan):5.1f}x "
             f"{r.get('pss_ratio_cold', nan):7.2f} {r.get('rss_ratio_cold', nan):7.2f}"
         )
@@ -254,11 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         folders = {k: v for k, v in folders.items() if k in args.folders}
     sizes = {name: json_mb(path) for name, path in folders.items()}
     print(f"machine: {os.cpu_count()} CPUs; folders: " + ", ".join(f"{k} ({v:.0f} MB JSON)" for k, v in sizes.items()))
-    tools = ["hta", "analyzer-cold", "analyzer-warm"]
+    tools = ["hta", "analyzer-cold", "analyzer-warm", "analyzer-tables"]
     results: list[Measurement] = []
     for repeat in range(args.repeats):
-        # Alternate which tool goes first; warm always directly follows cold.
-        order = tools if repeat % 2 == 0 else ["analyzer-cold", "analyzer-warm", "hta"]
+        # Alternate which tool goes first; warm and tables always follow cold.
+        order = tools if repeat % 2 == 0 else ["analyzer-cold", "analyzer-warm", "analyzer-tables", "hta"]
         for name, path in folders.items():
             for tool in order:
                 results.append(measure(name, path, tool, repeat, sizes[name], args.out))

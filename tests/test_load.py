@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
 from analyzer import cache as trace_cache  # noqa: E402
-from analyzer import load  # noqa: E402
+from analyzer import jobs, load, parse  # noqa: E402
 from analyzer.errors import AnalyzerError, TraceError  # noqa: E402
 from analyzer.load import find_trace_files, load_trace, load_traces, rank_from_filename  # noqa: E402
 from analyzer.tables import COLUMNS, KINDS, text_id  # noqa: E402
@@ -190,7 +190,7 @@ def test_layout_and_block_size_do_not_change_the_table(tmp_path: Path, monkeypat
     reference = load_trace(t.write(tmp_path / "ref.json", gz=False, layout="compact")).events
     path = t.write(tmp_path / ("t.json.gz" if gz else "t.json"), gz=gz, layout=layout)
     for block in (64, 1000, 1 << 22):
-        monkeypatch.setattr(load, "BLOCK_BYTES", block)
+        monkeypatch.setattr(parse, "BLOCK_BYTES", block)
         pd.testing.assert_frame_equal(load_trace(path).events, reference)
 
 
@@ -303,7 +303,7 @@ def test_invalid_json_names_line_and_column(tmp_path: Path, monkeypatch) -> None
     path.write_text("\n".join(lines))
     col = lines[target].index('"name" "aten::relu"') + len('"name" ') + 1
     for block in (256, 1 << 22):
-        monkeypatch.setattr(load, "BLOCK_BYTES", block)
+        monkeypatch.setattr(parse, "BLOCK_BYTES", block)
         assert _error(path) == f"invalid JSON at line {target + 1}, column {col}: expected ':'"
 
 
@@ -432,8 +432,8 @@ def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, thre
     (tmp_path / "rank3.json").write_bytes(b"{")
     serial = load_traces(tmp_path, cache=False, workers=1)
     # A multi-threaded caller (a Streamlit server) gets forkserver workers.
-    monkeypatch.setattr(load, "_single_threaded", lambda: not threaded)
-    assert load._mp_context().get_start_method() == ("forkserver" if threaded else "fork")
+    monkeypatch.setattr(jobs, "_single_threaded", lambda: not threaded)
+    assert jobs._mp_context().get_start_method() == ("forkserver" if threaded else "fork")
     parallel = load_traces(tmp_path, cache=tmp_path / "cache", workers=3)
     assert sorted(parallel.ranks) == [0, 1, 2]
     assert [str(e) for e in parallel.errors] == ["rank3.json: invalid JSON: the text ends early, after 0.0 MB (line 1, column 2; file cut off?)"]
@@ -450,13 +450,13 @@ def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, thre
 @pytest.fixture
 def counted_parse(monkeypatch):
     calls: list[Path] = []
-    real = load.parse_trace
+    real = load.parse_columns
 
-    def parse(path, rank=None):
+    def parse(path):
         calls.append(Path(path))
-        return real(path, rank)
+        return real(path)
 
-    monkeypatch.setattr(load, "parse_trace", parse)
+    monkeypatch.setattr(load, "parse_columns", parse)
     return calls
 
 

@@ -1,0 +1,110 @@
+"""Where things are: trace files, reftrain run directories, cache folders.
+
+Only the standard library and orjson, so that ``analyzer report`` can find
+a cached report, and the CLI can start parsing traces, before numpy or
+pandas is imported (analyzer/jobs.py says why).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import orjson
+
+from analyzer.errors import AnalyzerError
+
+MANIFEST = "run.json"
+CACHE_DIRNAME = ".analyzer-cache"
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` is a folder with a ``run.json`` whose schema is
+    ``reftrain.run/*``, or whose run.json cannot be parsed (so that the
+    run-directory reader reports the problem instead of the folder being
+    taken for a folder of traces)."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        data = orjson.loads(manifest.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return True
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith("reftrain.run/")
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/trainperf``, default ``~/.cache/trainperf``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trainperf"
+
+
+def find_trace_files(path: Path) -> list[Path]:
+    """Trace files named by ``path``: the file itself, or the ``*.json`` and
+    ``*.json.gz`` files directly inside a folder (one level, like HTA;
+    hidden files skipped), in natural order (``rank2`` before ``rank10``).
+
+    Raises AnalyzerError when the path does not exist or a folder holds no
+    trace file; the message points at subfolders that do.
+    """
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.exists():
+        raise AnalyzerError(f"{path}: no such file or directory")
+    if not path.is_dir():
+        raise AnalyzerError(f"{path}: not a file or directory")
+    if is_run_dir(path):
+        # Its run.json is not a trace, and its traces/ may hold several
+        # profiler windows per rank: the run-directory reader sorts that out.
+        raise AnalyzerError(
+            f"{path}: a reftrain run directory; read it with analyzer.rundir.read_run_dir, or pass {path / 'traces'}"
+        )
+    files = [p for p in path.iterdir() if _is_trace_name(p.name) and p.is_file()]
+    if not files:
+        deeper = sorted(p for p in path.rglob("*") if _is_trace_name(p.name) and p.is_file() and not _hidden(p, path))
+        hint = f" ({len(deeper)} in subfolders, e.g. {deeper[0].parent}; pass that folder)" if deeper else ""
+        raise AnalyzerError(f"{path}: no trace files (*.json, *.json.gz){hint}")
+    return sorted(files, key=_natural_key)
+
+
+def _is_trace_name(name: str) -> bool:
+    return not name.startswith(".") and name.endswith(TRACE_SUFFIXES)
+
+
+def _hidden(p: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in p.relative_to(root).parts)
+
+
+def _natural_key(p: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(p))]
+
+
+def run_trace_files(run_dir: Path) -> list[Path]:
+    """The trace files of a reftrain run directory: the manifest's
+    ``files.traces``, else ``traces/*.json*`` (absolute paths, as the
+    run-directory reader gives them)."""
+    run_dir = Path(run_dir)
+    try:
+        listed = orjson.loads((run_dir / MANIFEST).read_bytes()).get("files", {}).get("traces")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        listed = None
+    if isinstance(listed, list) and listed:
+        files = [run_dir / str(rel) for rel in listed]
+    else:
+        files = sorted((run_dir / "traces").glob("*.json*"), key=_natural_key)
+    return [f.absolute() for f in files if f.is_file()]
+
+
+def trace_files_of(path: Path) -> list[Path]:
+    """Every trace file an analysis of ``path`` reads (a run directory, a
+    folder of traces, or one file); [] when there is none or the path is
+    unusable (the analysis itself reports why)."""
+    path = Path(path)
+    try:
+        if path.is_dir() and is_run_dir(path):
+            return run_trace_files(path)
+        return find_trace_files(path)
+    except (AnalyzerError, OSError):
+        return []
