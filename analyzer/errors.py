@@ -15,3 +15,9 @@ class TraceError(AnalyzerError):
         self.path = Path(path)
         self.problem = problem
         super().__init__(f"{self.path.name}: {problem}")
+
+    def __reduce__(self) -> tuple:
+        # Exception pickling re-calls the class with ``self.args`` (the one
+        # formatted message); rebuild from the two fields instead, so a
+        # TraceError raised in a parse worker arrives whole.
+        return (type(self), (self.path, self.problem))

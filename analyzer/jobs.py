@@ -16,24 +16,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from analyzer.errors import TraceError
-
 if TYPE_CHECKING:
     from analyzer.parse import ParsedTrace
 
 
-def _parse_in_worker(path: Path) -> ParsedTrace | tuple[str, str]:
-    """Worker body: parse one file.
-
-    A failure comes back as ``(path, problem)`` text: TraceError's
-    two-argument constructor does not survive pickling between processes.
-    """
+def _parse_in_worker(path: Path) -> ParsedTrace:
+    """Worker body: parse one file (a TraceError travels back pickled)."""
     from analyzer.parse import parse_columns  # in the worker: numpy is imported here, not in the parent
 
-    try:
-        return parse_columns(path)
-    except TraceError as err:
-        return str(err.path), err.problem
+    return parse_columns(path)
 
 
 class ParseJobs:
@@ -66,10 +57,7 @@ class ParseJobs:
 
     def take(self, path: Path) -> ParsedTrace:
         """The parsed columns of ``path``; raises TraceError as parse_columns does."""
-        result = self._pending.pop(Path(path).absolute()).get()
-        if isinstance(result, tuple):
-            raise TraceError(Path(result[0]), result[1])
-        return result
+        return self._pending.pop(Path(path).absolute()).get()
 
     def close(self) -> None:
         if self._pool is not None:
