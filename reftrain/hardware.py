@@ -24,18 +24,22 @@ def cpu_model() -> str:
 
 
 def describe_hardware(device: torch.device) -> dict:
-    """This process's hardware: device_type, device_name, cpu_model, cpu_cores, cpu_cores_usable, hostname.
+    """This process's hardware: device_type, device_name, device_memory_bytes,
+    cpu_model, cpu_cores, cpu_cores_usable, hostname.
 
     `cpu_cores` is the machine's logical CPU count (os.cpu_count);
     `cpu_cores_usable` those this process may run on (sched_getaffinity,
-    which containers and launchers narrow).
+    which containers and launchers narrow). `device_memory_bytes` is the
+    GPU's total memory (what a run's peak allocation is measured against);
+    None on CPU, where a run's RSS has no device limit.
     """
     device = torch.device(device)
     model = cpu_model()
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
+        memory = int(torch.cuda.get_device_properties(device).total_memory)
     else:
-        device_name = model
+        device_name, memory = model, None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -43,6 +47,7 @@ def describe_hardware(device: torch.device) -> dict:
     return {
         "device_type": device.type,
         "device_name": device_name,
+        "device_memory_bytes": memory,
         "cpu_model": model,
         "cpu_cores": os.cpu_count(),
         "cpu_cores_usable": usable,

@@ -288,6 +288,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         "hardware": {
             "device_type": device.type,
             "device_names": [h["device_name"] for h in all_hw],
+            # The smallest device bounds the run (None on CPU).
+            "device_memory_bytes": min((h["device_memory_bytes"] for h in all_hw if h["device_memory_bytes"]), default=None),
             "cpu_model": hw["cpu_model"],
             "cpu_cores": hw["cpu_cores"],
             "cpu_cores_usable": hw["cpu_cores_usable"],

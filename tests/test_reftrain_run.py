@@ -66,6 +66,7 @@ def test_manifest(ddp_run: Path) -> None:
     assert m["world_size"] == 2 and m["backend"] == "gloo"
     assert m["command"][:3] == ["reftrain", "--nproc", "2"]
     assert m["hardware"]["device_type"] == "cpu" and len(m["hardware"]["device_names"]) == 2
+    assert m["hardware"]["device_memory_bytes"] is None  # no device limit on CPU
     assert m["hardware"]["cpu_cores"] >= 1 and len(m["hardware"]["hostnames"]) == 2
     # tiny preset, counted by hand in test_reftrain_units.py
     assert m["params"] == {"total": 135488, "non_embedding": 131392, "embedding": 4096}

@@ -211,6 +211,7 @@ def test_describe_hardware_cpu():
     if models:
         assert info["cpu_model"] == models[0]
     assert info["device_type"] == "cpu" and info["device_name"] == info["cpu_model"]
+    assert info["device_memory_bytes"] is None
     assert info["cpu_cores"] == os.cpu_count()
     assert 1 <= info["cpu_cores_usable"] <= info["cpu_cores"]
     assert info["hostname"] == socket.gethostname()
