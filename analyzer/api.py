@@ -100,7 +100,9 @@ class RunAnalysis:
     :data:`TOP_KERNELS_PER_RANK` kernels (or host ops) per rank.
     ``collectives``: one row per collective matched across ranks (None when
     there are none). ``metrics``: the run directory's per-step records
-    (reftrain runs only), for the CI gate.
+    (reftrain runs only), for the CI gate. ``telemetry``: its NVML samples
+    (``reftrain.telemetry/1``, one row per sample with ``rank``; None or
+    empty without a GPU), for the suggestions' health rules.
     """
 
     path: Path | list[Path]
@@ -115,6 +117,7 @@ class RunAnalysis:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     metrics: pd.DataFrame | None = None
+    telemetry: pd.DataFrame | None = None
 
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""
@@ -199,6 +202,7 @@ def analyze(
     manifest: dict | None = None
     metrics: pd.DataFrame | None = None
     records: pd.DataFrame | None = None
+    telemetry: pd.DataFrame | None = None
     errors: list[str] = []
     warnings: list[str] = []
     from analyzer import rundir
@@ -206,7 +210,7 @@ def analyze(
     if len(paths) == 1 and rundir.is_run_dir(paths[0]):
         kind: Literal["reftrain", "traces"] = "reftrain"
         run = rundir.read_run_dir(paths[0])
-        manifest, metrics, records = run.manifest, run.metrics, run.collectives
+        manifest, metrics, records, telemetry = run.manifest, run.metrics, run.collectives, run.telemetry
         errors += [str(e) for e in run.errors]
         traces = _load_windows([Path(p) for p in run.trace_paths], cache, jobs) if run.trace_paths else TraceSet()
     else:
@@ -222,7 +226,11 @@ def analyze(
         where = ", ".join(str(p) for p in paths)
         detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
         raise AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
-    return _analyze_loaded(paths[0] if len(paths) == 1 else paths, kind, manifest, metrics, records, traces, peak_flops, errors, warnings)
+    analysis = _analyze_loaded(
+        paths[0] if len(paths) == 1 else paths, kind, manifest, metrics, records, traces, peak_flops, errors, warnings
+    )
+    analysis.telemetry = telemetry
+    return analysis
 
 
 def _load_windows(files: list[Path], cache: bool, jobs: ParseJobs | None) -> TraceSet:

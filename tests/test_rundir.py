@@ -96,6 +96,15 @@ def test_read_complete_run_dir(tmp_path: Path) -> None:
     assert rd.trace_paths == [(run / "traces/rank0.step2.json.gz").absolute(), (run / "traces/rank1.step2.json.gz").absolute()]
 
 
+def test_analysis_carries_the_telemetry(tmp_path: Path) -> None:
+    """analyze() passes the run's NVML samples on (the suggestions' health rules read them)."""
+    from analyzer.api import analyze
+
+    ra = analyze(_run_dir(tmp_path), cache=False)
+    assert ra.telemetry["rank"].tolist() == [1, 1] and ra.telemetry["temp_c"].tolist() == [61, 60]
+    assert ra.telemetry["throttle_reasons"].tolist() == [["sw_power_cap"], []]
+
+
 def test_damaged_rank_files_are_error_lines_and_the_rest_is_read(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     (run / "metrics/rank1.jsonl").unlink()
