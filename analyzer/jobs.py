@@ -57,7 +57,15 @@ class ParseJobs:
 
     def take(self, path: Path) -> ParsedTrace:
         """The parsed columns of ``path``; raises TraceError as parse_columns does."""
-        return self._pending.pop(Path(path).absolute()).get()
+        pending = self._pending.pop(Path(path).absolute())
+        try:
+            return pending.get()
+        finally:
+            if not self._pending:
+                # The last result is in: stop the workers now rather than at
+                # the caller's close(), so their memory is not held through
+                # the analysis (it would add to the run's peak).
+                self.close()
 
     def close(self) -> None:
         if self._pool is not None:

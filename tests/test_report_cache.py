@@ -147,9 +147,12 @@ def test_parse_jobs_give_the_in_process_tables(run: Path, tmp_path: Path) -> Non
         assert all(f in pending for f in files) and broken in pending
         for f in files:
             pd.testing.assert_frame_equal(load.rank_trace(pending.take(f)).events, load.parse_trace(f).events)
+        workers = list(pending._pool._pool)
         with pytest.raises(TraceError) as err:
             pending.take(broken)
         assert err.value.path == broken.absolute() and "ends early" in str(err.value)
+        # The last result taken stops the workers (their memory is not held through the analysis).
+        assert pending._pool is None and not any(w.is_alive() for w in workers)
 
 
 def test_load_traces_takes_started_jobs(run: Path, monkeypatch) -> None:
