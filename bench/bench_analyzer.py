@@ -45,10 +45,7 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,6 +55,7 @@ SAMPLE_PERIOD_S = 0.01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load import json_mb, prepare_cases  # noqa: E402  (the same trace folders as the loader benchmark)
+from proctree import run_tree  # noqa: E402
 
 HTA_SCRIPT = """
 import sys, logging
@@ -87,92 +85,10 @@ class Measurement:
         return self.json_mb / self.wall_s
 
 
-# ----------------------------------------------------------------- process tree
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def _children() -> dict[int, list[int]]:
-    """ppid -> pids, from /proc/*/stat."""
-    out: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-            out.setdefault(ppid, []).append(int(entry.name))
-    return out
-
-
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of one process, in clock ticks (fields 14 and 15 of /proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _pss_rss(pid: int) -> tuple[int, int]:
-    pss = rss = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    pss = int(line.split()[1]) * 1024
-                elif line.startswith(b"Rss:"):
-                    rss = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return pss, rss
-
-
-def sample_tree(root: int, cpu_ticks: dict[int, int]) -> tuple[int, int]:
-    """(summed PSS, summed RSS) bytes of ``root`` and its descendants; updates the
-    last CPU ticks seen per pid in ``cpu_ticks``."""
-    children = _children()
-    pss = rss = 0
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        p, r = _pss_rss(pid)
-        pss, rss = pss + p, rss + r
-        cpu_ticks[pid] = max(cpu_ticks.get(pid, 0), _cpu_ticks(pid))
-        stack.extend(children.get(pid, ()))
-    return pss, rss
-
-
 def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, int, int, str]:
-    """Run ``cmd``; (wall s, CPU s, peak tree PSS bytes, peak tree RSS bytes, returncode, stderr tail).
-
-    CPU seconds: user + system time of every process of the tree, the last
-    value sampled per process (a process's final <= 10 ms is missed). Read
-    from /proc rather than getrusage(RUSAGE_CHILDREN), which misses
-    descendants nobody waits for (e.g. a forkserver's workers).
-    """
-    peak = [0, 0]
-    cpu_ticks: dict[int, int] = {}
-    done = threading.Event()
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
-
-    def sample() -> None:
-        while not done.is_set():
-            pss, rss = sample_tree(proc.pid, cpu_ticks)
-            peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
-            done.wait(SAMPLE_PERIOD_S)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    cpu = sum(cpu_ticks.values()) / _TICKS_PER_S
-    return wall, cpu, peak[0], peak[1], proc.returncode, err.decode(errors="replace")[-2000:]
+    """Run ``cmd``; (wall s, CPU s, peak tree PSS bytes, peak tree RSS bytes, returncode, stderr tail)."""
+    r = run_tree(cmd, env, REPO, SAMPLE_PERIOD_S)
+    return r.wall_s, r.cpu_s, r.peak_pss_bytes, r.peak_rss_bytes, r.returncode, r.stderr.decode(errors="replace")[-2000:]
 
 
 def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:

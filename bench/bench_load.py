@@ -42,18 +42,17 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proctree import run_tree  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "traces" / "hta-samples"
 SAMPLE_PERIOD_S = 0.02
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 _OURS = """
 import json, sys, time
@@ -102,71 +101,13 @@ class Run:
         return self.json_mb / self.load_s
 
 
-# ------------------------------------------------------------ memory of a tree
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-            out.setdefault(ppid, []).append(int(entry.name))
-    return out
-
-
-def _pss_rss(pid: int) -> tuple[int, int]:
-    pss = rss = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    pss = int(line.split()[1]) * 1024
-                elif line.startswith(b"Rss:"):
-                    rss = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return pss, rss
-
-
-def tree_memory(root: int) -> tuple[int, int]:
-    """(summed PSS, summed RSS) in bytes of ``root`` and its descendants."""
-    children = _children()
-    pss = rss = 0
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        p, r = _pss_rss(pid)
-        pss, rss = pss + p, rss + r
-        stack.extend(children.get(pid, ()))
-    return pss, rss
-
-
 def run_child(code: str, argv: list[str]) -> tuple[dict, float, int, int]:
     """Run ``python -c code argv``; (its JSON line, wall s, peak PSS, peak RSS)."""
-    peak = [0, 0]
-    done = threading.Event()
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
-
-    def sample() -> None:
-        while not done.is_set():
-            pss, rss = tree_memory(proc.pid)
-            peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
-            done.wait(SAMPLE_PERIOD_S)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    out, err = proc.communicate()
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"child failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
-    return json.loads(out.decode().strip().splitlines()[-1]), wall, peak[0], peak[1]
+    r = run_tree([sys.executable, "-c", code, *argv], env, REPO, SAMPLE_PERIOD_S)
+    if r.returncode != 0:
+        raise SystemExit(f"child failed ({r.returncode}):\n{r.stderr.decode(errors='replace')[-3000:]}")
+    return json.loads(r.stdout.decode().strip().splitlines()[-1]), r.wall_s, r.peak_pss_bytes, r.peak_rss_bytes
 
 
 # ------------------------------------------------------------ cases
