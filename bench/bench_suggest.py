@@ -8,7 +8,10 @@ For each scenario (a deliberately poor 2-rank gloo CPU config), the bench
    ``emit_config`` (the run's config with the change applied);
 3. runs ``reftrain --nproc 2 --config <emitted>``;
 4. repeats 1 and 3 ``--repeats`` times, interleaved (base, after, base,
-   after, ...) so that load drift on the shared machine hits both;
+   after, ...) so that load drift on the shared machine hits both; the
+   emitted run takes as many steps as make it last about as long as the
+   base run at its predicted step time (at least ``--steps``), so both
+   average the other jobs' load over similar windows;
 5. prints tokens/s and MFU before and after (medians over repeats of each
    run's steady-state median), the measured gain (median over the
    base/after pairs of the pair's throughput ratio), the predicted gain
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -67,7 +71,7 @@ class Scenario:
 
 SCENARIOS = (
     Scenario("micro-batch-1", "micro-batch 1, no accumulation: fixed per-step costs dominate",
-             {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1}, min_steps=200),
+             {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1}, min_steps=600),
     Scenario("slow-data", "num_workers=0 with a slow data source (600 ms per micro-batch)",
              {"model.preset": "tiny", "train.micro_batch_size": 32, "data.num_workers": 0, "data.delay_ms": 600.0}),
     Scenario("tiny-buckets", "DDP buckets of 50 kB (one per parameter) on a 5 MB model",
@@ -118,13 +122,13 @@ def write_config(path: Path, settings: dict, runs_dir: Path, steps: int, peak: f
 REUSE = False  # --reuse: analyze runs already in the work folder instead of running them again
 
 
-def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float) -> Path:
+def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float, steps: int | None = None) -> Path:
     done = runs_dir / run_name / "run.json"
     if REUSE and done.is_file() and json.loads(done.read_text()).get("status") == "completed":
         print(f"    reused {run_name}", flush=True)
         return runs_dir / run_name
     cmd = [str(REPO / ".venv" / "bin" / "reftrain"), "--nproc", str(NPROC), "--config", str(config),
-           "--run-name", run_name, "--runs-dir", str(runs_dir)]
+           "--run-name", run_name, "--runs-dir", str(runs_dir)] + (["--steps", str(steps)] if steps else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
@@ -146,8 +150,8 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
     print(f"\n== {sc.name}: {sc.why}", flush=True)
     runs_dir = work / "runs"
     base_cfg = work / f"{sc.name}.base.yaml"
-    steps = max(steps, sc.min_steps)
-    write_config(base_cfg, sc.settings, runs_dir, steps, peak)
+    base_steps = max(steps, sc.min_steps)
+    write_config(base_cfg, sc.settings, runs_dir, base_steps, peak)
     before, after, predicted, picks = [], [], [], []
     after_cfg = work / f"{sc.name}.after.yaml"
     for rep in range(repeats):
@@ -168,12 +172,16 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         if rep == 0:  # the change is fixed by the first analysis; later repeats measure it again
             first = actionable[0]
             emit_config(b["analysis"], first, after_cfg, run_name=f"{sc.name}-after-0")
+            # The emitted run steps for about as long as the base run did (the load of other jobs changes every
+            # 10-20 s: a 3 s run samples one phase of it), at the suggestion's predicted step time.
+            after_steps = steps if first.predicted is None else max(
+                steps, math.ceil(base_steps * b["step_time_ms"] / first.predicted.step_time_ms_after))
         picks.append(actionable[0].rule if actionable else None)
         # This base run's prediction from the applied rule (0 when it no longer fires on this run; its
         # overrides may differ a little, e.g. 3 or 4 workers, as the measured wait moves).
         same = next((s for s in actionable if s.rule == first.rule), None)
         predicted.append(same.gain if same is not None else 0.0)
-        after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s)))
+        after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s, after_steps)))
         before.append(b)
     sb, sa = _summary(before), _summary(after)
     # Each after-run follows its base-run within a minute or two: the ratio within a pair cancels most of the
@@ -190,6 +198,7 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         "predicted_step_ms": first.predicted.step_time_ms_after if first.predicted else None,
         "runs_before": [r["tokens_per_s"] for r in before], "runs_after": [r["tokens_per_s"] for r in after],
         "load_1min": [r["load_1min"] for pair in zip(before, after) for r in pair],
+        "steps": {"base": base_steps, "after": after_steps},
     }
 
 

@@ -188,7 +188,7 @@ def test_comm_compression_only_when_bandwidth_bound():
 def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
     cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: kappa 2.3 sequences
     assert whatif.cpu_fixed_sequences(64, 64) == 2.3
-    f = facts(cfg, phases={"forward": 16.5, "backward": 33.0, "optimizer": 10.0}, step_time_ms=100.0)
+    f = facts(cfg, phases={"data_wait": 40.5, "forward": 16.5, "backward": 33.0, "optimizer": 10.0}, step_time_ms=100.0)
     s = rules_compute.rule_micro_batch(f)
     # 49.5 ms = P (2.3 + 1): P = 15 ms per sequence, 34.5 ms fixed; fixed share 85 %.
     # x2: 115 ms (74 % fixed), x4: 145 (59 %), x8: 205 (41 %, the cap).
@@ -201,9 +201,25 @@ def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
     # The communication tail at the end of backward is not per-token work: 49.5 - 16.5 = 33 = P x 3.3.
     tail = dataclasses.replace(f, exposed_comm_ms=16.5)
     assert rules_compute.rule_micro_batch(tail).evidence["per_sequence_ms"] == pytest.approx(10.0)
-    big = facts(config(model__preset="tiny", train__micro_batch_size=16), phases={"forward": 100.0, "backward": 200.0},
-                step_time_ms=330.0)
+    big = facts(config(model__preset="tiny", train__micro_batch_size=16),
+                phases={"data_wait": 30.0, "forward": 100.0, "backward": 200.0}, step_time_ms=330.0)
     assert rules_compute.rule_micro_batch(big) is None  # P = 300 / 18.3: 16 x 16.4 = 262 of 330 ms is per-token work
+
+
+def test_micro_batch_share_is_taken_of_the_phase_sum_not_the_median_step():
+    # d_model 128: kappa (2.3 + 0.55) / 2 = 1.425; fb 900 ms = P (1.425 + 16): P = 51.65, 826.4 ms per-token work.
+    cfg = config(model__preset="tiny", model__d_model=128, model__n_layers=4, model__vocab_size=4096,
+                 train__micro_batch_size=16)
+    phases = {"data_wait": 10.0, "forward": 300.0, "backward": 600.0, "optimizer": 40.0, "comm": 2000.0}
+    # Against the 950 ms phase sum the fixed share is 13 %: silent, though a 1250 ms median step (other steps
+    # than the phase medians') would have made it 34 %. comm_ms overlaps backward and is not part of the sum.
+    assert rules_compute.phase_sum_ms(facts(cfg, phases=phases)) == pytest.approx(950.0)
+    assert rules_compute.rule_micro_batch(facts(cfg, phases=phases, step_time_ms=1250.0)) is None
+    slow_data = facts(cfg, phases=phases | {"data_wait": 310.0}, step_time_ms=1250.0)
+    s = rules_compute.rule_micro_batch(slow_data)
+    assert s.evidence["phase_sum_ms"] == pytest.approx(1250.0)
+    assert s.evidence["fixed_share"] == pytest.approx(1 - 16 * 900 / 17.425 / 1250)
+    assert s.predicted.step_time_ms_after == pytest.approx(1250 + 16 * 900 / 17.425 * (s.change.overrides["train.micro_batch_size"] / 16 - 1))
 
 
 def test_fixed_sequences_scale_with_width_and_sequence_length():
@@ -334,6 +350,11 @@ def test_straggler_names_rank_phase_and_removes_an_injection():
     s = rules_health.rule_straggler(injected)
     assert s.change.overrides == {"inject.slow_rank": None, "inject.delay_ms": None}
     assert s.change.set_args() == ["--set", "inject.slow_rank=null", "--set", "inject.delay_ms=null"]
+    # Its measured injected time per step is what goes; the 10 ms of excess beyond it is its own slower compute.
+    phases_inj = {0: phases[0], 1: phases[1] | {"injected": 30.0}}
+    s = rules_health.rule_straggler(dataclasses.replace(injected, rank_phases=phases_inj))
+    assert s.evidence["injected_ms"] == 30.0 and s.predicted.step_time_ms_after == pytest.approx(70.0)
+    assert s.predicted.gain == pytest.approx(100 / 70 - 1)
     assert rules_health.rule_straggler(facts()) is None
 
 

@@ -94,7 +94,10 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
     arrival skew among the collectives it arrived at last), or without
     collectives its step-time excess. Silent when that is under
     MIN_STRAGGLER_SHARE of the step. A straggler reftrain injected on purpose
-    (``inject.slow_rank``) gets the exact change that removes the injection.
+    (``inject.slow_rank``) gets the exact change that removes the injection,
+    and the step loses ``min(excess, injected)`` with ``injected`` the
+    rank's measured ``injected_ms`` per step: an excess beyond the injected
+    delay is the rank's own slower compute, which stays.
     """
     s = f.stragglers
     if s is None or not s.ranks or not f.step_time_ms:
@@ -124,6 +127,14 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
     if injected:
         advice = f"rank {worst.rank} carries an injected {inject['delay_ms']:g} ms delay per step (inject.slow_rank): remove it"
     host = f.hostnames[worst.rank] if f.hostnames and worst.rank < len(f.hostnames) else None
+    injected_ms = (f.rank_phases.get(worst.rank) or {}).get("injected") if injected else None
+    if injected_ms:
+        saved = min(excess, injected_ms)
+        method = (f"rank {worst.rank} without its injected {injected_ms:.1f} ms per step: the step loses "
+                  f"min(excess {excess:.1f}, injected {injected_ms:.1f}) ms")
+    else:
+        saved = excess
+        method = f"rank {worst.rank} at the median: the step loses its {excess:.1f} ms excess"
     return Suggestion(
         rule="straggler",
         title=f"Rank {worst.rank} is a persistent straggler (+{excess:.1f} ms per step)",
@@ -134,10 +145,10 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
                   "last_arrivals": worst.last_arrivals, "n_collectives": worst.n_collectives,
                   "others_waited_ms": worst.caused_wait_ms, "slowest_phase": slow[0] if slow else None,
                   "slowest_phase_excess_ms": slow[1] if slow else None, "nvml": throttle, "host": host,
+                  "injected_ms": injected_ms,
                   "verdict": worst.evidence + where},
         change=Change(overrides, advice),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, excess),
-                                    f"rank {worst.rank} at the median: the step loses its {excess:.1f} ms excess"),
+        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved), method),
         confidence="high" if injected or (worst.lateness_z or 0) > 10 else "medium",
     )
 
