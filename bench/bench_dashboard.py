@@ -61,14 +61,21 @@ from dashboard_support import CHROMIUM, CHROMIUM_ARGS, start_dashboard, stop_das
 
 EXAMPLE_RUN = REPO / "traces" / "example-ddp-w2"
 TIMEOUT_MS = 300_000
-_DONE_JS = """() => {
+# Complete: the script is not running, the headline metrics and the last
+# section are shown and `n` charts (the number the page script draws, counted
+# under AppTest) have drawn: Plotly its SVG, Vega-Lite its canvas or SVG.
+_DONE_JS = """n => {
   const running = document.querySelector('[data-testid="stStatusWidget"]');
   if (running && running.innerText.includes('Running')) return false;
   if (!document.querySelector('[data-testid="stMetric"]')) return false;
   if (!Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))) return false;
-  const charts = Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]'));
-  return charts.length > 0 && charts.every(c => c.querySelector('.main-svg'));
+  const plotly = Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]'))
+    .filter(c => c.querySelector('.main-svg')).length;
+  const vega = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
+    .filter(c => Array.from(c.querySelectorAll('canvas, svg.marks')).some(e => e.getBoundingClientRect().height > 0)).length;
+  return plotly + vega >= n;
 }"""
+_NO_RAW_TRACES_JS = "() => !Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))"
 
 
 def make_rank_folder(trace: Path, dst: Path, world: int) -> None:
@@ -113,77 +120,91 @@ def _descendants_cpu_s(root: int) -> float:
     return total
 
 
-def switch_back_s(context, url: str) -> float:
+def switch_back_s(context, url: str, n_charts: int) -> float:
     """Open `url` (the overview), go to Stragglers in the sidebar, time the way back."""
     page = context.new_page()
     try:
         page.goto(url, wait_until="commit")
-        page.wait_for_function(_DONE_JS, timeout=TIMEOUT_MS, polling=50)
+        page.wait_for_function(_DONE_JS, arg=n_charts, timeout=TIMEOUT_MS, polling=50)
         nav = page.locator('[data-testid="stSidebarNav"]')
         nav.get_by_text("Stragglers").click()
         page.get_by_role("heading", name="Stragglers").wait_for(timeout=TIMEOUT_MS)
-        page.wait_for_function(
-            "() => !Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))",
-            timeout=TIMEOUT_MS,
-        )
+        page.wait_for_function(_NO_RAW_TRACES_JS, timeout=TIMEOUT_MS)
         t0 = time.perf_counter()
         nav.get_by_text("Overview").click()
-        page.wait_for_function(_DONE_JS, timeout=TIMEOUT_MS, polling=50)
+        page.wait_for_function(_DONE_JS, arg=n_charts, timeout=TIMEOUT_MS, polling=50)
         return time.perf_counter() - t0
     finally:
         page.close()
 
 
-def render_s(context, url: str) -> float:
+def render_s(context, url: str, n_charts: int) -> float:
     """Seconds from navigation to a complete run page, in a new page (a new
     Streamlit session) of the browser context."""
     page = context.new_page()
     try:
         t0 = time.perf_counter()
         page.goto(url, wait_until="commit")
-        page.wait_for_function(_DONE_JS, timeout=TIMEOUT_MS, polling=50)
+        page.wait_for_function(_DONE_JS, arg=n_charts, timeout=TIMEOUT_MS, polling=50)
         return time.perf_counter() - t0
     finally:
         page.close()
 
 
-def bench(runs: Path, names: list[str], repeat: int, log_dir: Path) -> dict[str, dict[str, list[float]]]:
+def open_browser(p, profile: Path | None):
+    """A browser context: a persistent profile in `profile` (as a user's
+    browser: HTTP cache and V8 code cache on disk), or, with None, an
+    incognito context of a fresh browser (Playwright's default: no code
+    cache). Returns (context, closer)."""
+    common = dict(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+    viewport = {"width": 1400, "height": 1000}
+    if profile is not None:
+        context = p.chromium.launch_persistent_context(str(profile), viewport=viewport, **common)
+        return context, context.close
+    browser = p.chromium.launch(**common)
+    context = browser.new_context(viewport=viewport)
+
+    def close() -> None:
+        context.close()
+        browser.close()
+
+    return context, close
+
+
+def bench(
+    runs: Path, names: list[str], n_charts: dict[str, int], repeat: int, log_dir: Path, incognito: bool
+) -> dict[str, dict[str, list[float]]]:
     from playwright.sync_api import sync_playwright
 
     out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": [], "switch": []} for n in names}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            for i in range(repeat):
-                for state in ("cold", "server-cold"):
-                    if state == "cold":
-                        drop_parquet_caches(runs)
-                    proc, base = start_dashboard(runs, log_dir / f"server-{i}-{state}.log")
-                    try:
-                        for name in names:
-                            url = f"{base}/overview?run={quote(name)}"
-                            # A fresh browser context per input: an empty HTTP cache.
-                            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        for i in range(repeat):
+            for state in ("cold", "server-cold"):
+                if state == "cold":
+                    drop_parquet_caches(runs)
+                proc, base = start_dashboard(runs, log_dir / f"server-{i}-{state}.log")
+                try:
+                    for name in names:
+                        url = f"{base}/overview?run={quote(name)}"
+                        # A fresh browser and profile per input: empty HTTP and code caches.
+                        # One browser at a time; its start is not timed.
+                        with tempfile.TemporaryDirectory(prefix="bench-profile-", dir=log_dir) as profile:
+                            context, close = open_browser(p, None if incognito else Path(profile))
                             try:
-                                out[name][state].append(render_s(context, url))
+                                out[name][state].append(render_s(context, url, n_charts[name]))
                                 if state == "server-cold":
                                     cpu0 = _descendants_cpu_s(os.getpid())
-                                    out[name]["warm"].append(render_s(context, url))
+                                    out[name]["warm"].append(render_s(context, url, n_charts[name]))
                                     out[name]["warm-cpu"].append(_descendants_cpu_s(os.getpid()) - cpu0)
-                                    out[name]["switch"].append(switch_back_s(context, url))
+                                    out[name]["switch"].append(switch_back_s(context, url, n_charts[name]))
                             finally:
-                                context.close()
-                    finally:
-                        stop_dashboard(proc)
-        finally:
-            browser.close()
+                                close()
+                finally:
+                    stop_dashboard(proc)
     return out
 
 
-def script_s(runs: Path, name: str, repeat: int) -> list[float]:
-    """The overview script's own time with warm caches (AppTest, no browser)."""
-    import os
-
+def _overview_apptest(runs: Path, name: str):
     from streamlit.testing.v1 import AppTest
 
     from dashboard.cli import APP_PATH, RUNS_DIR_ENV
@@ -192,6 +213,18 @@ def script_s(runs: Path, name: str, repeat: int) -> list[float]:
     at = AppTest.from_file(str(APP_PATH), default_timeout=TIMEOUT_MS / 1e3)
     at.query_params["run"] = name
     at.switch_page("views/overview.py")
+    return at
+
+
+def charts_on_page(runs: Path, name: str) -> int:
+    """How many charts the overview script draws for `name` (Plotly and Vega-Lite)."""
+    at = _overview_apptest(runs, name).run()
+    return len(at.get("plotly_chart")) + len(at.get("vega_lite_chart")) + len(at.get("arrow_vega_lite_chart"))
+
+
+def script_s(runs: Path, name: str, repeat: int) -> list[float]:
+    """The overview script's own time with warm caches (AppTest, no browser)."""
+    at = _overview_apptest(runs, name)
     at.run()  # fills the caches
     times = []
     for _ in range(repeat):
@@ -206,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--trace", type=Path, default=EXAMPLE_RUN / "traces" / "rank0.step7.json.gz")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "dashboard.json")
+    parser.add_argument(
+        "--incognito",
+        action="store_true",
+        help="Playwright's incognito contexts (no V8 code cache) instead of a persistent browser profile",
+    )
     args = parser.parse_args(argv)
     if not CHROMIUM.exists():
         print(f"bench_dashboard: {CHROMIUM} not found (apt-get install chromium)", file=sys.stderr)
@@ -215,12 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(EXAMPLE_RUN, runs / "run-2rank", ignore=shutil.ignore_patterns(".analyzer-cache"))
         make_rank_folder(args.trace, runs / "folder-8rank", 8)
         names = ["run-2rank", "folder-8rank"]
-        results = bench(runs, names, args.repeat, Path(tmp))
+        n_charts = {name: charts_on_page(runs, name) for name in names}
+        results = bench(runs, names, n_charts, args.repeat, Path(tmp), args.incognito)
         for name in names:
             results[name]["script"] = script_s(runs, name, args.repeat)
     load = os.getloadavg()[0]
+    profile = "incognito contexts" if args.incognito else "persistent browser profile"
     print(f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
-          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+          f"{profile}; charts per page {n_charts}; load average {load:.1f} on {os.cpu_count()} CPUs")
     print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'warm-cpu':>10}{'switch':>10}{'script':>10}")
     summary = {}
     for name, states in results.items():
@@ -232,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
-        json.dumps({"trace": str(args.trace), "repeat": args.repeat, "load_average": load, "results": summary}, indent=2)
+        json.dumps(
+            {"trace": str(args.trace), "repeat": args.repeat, "profile": profile, "charts": n_charts,
+             "load_average": load, "results": summary},
+            indent=2,
+        )
     )
     print(f"written {args.json}")
     return 0

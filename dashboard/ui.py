@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -116,6 +117,38 @@ def run_header(run: RunEntry) -> Loaded:
             for w in ra.warnings:
                 st.warning(plain(w))
     return loaded
+
+
+def text_table(frame: pd.DataFrame, hide_index: bool = False) -> None:
+    """A small static table (``st.table``: HTML, cheap for the browser).
+
+    ``st.table`` renders its cells, column names and index as Markdown, so
+    every string among them goes through :func:`plain`; numbers stay numbers.
+    For small tables only: no sorting, no scrolling (``st.dataframe`` has
+    both and costs the browser a canvas grid per table).
+    """
+    def esc(value: Any) -> Any:
+        return plain(value) if isinstance(value, str) else value
+
+    shown = frame.rename(columns=esc, index=esc)
+    for column in shown.columns:
+        if shown[column].dtype == object or pd.api.types.is_string_dtype(shown[column]):
+            shown[column] = shown[column].map(esc).astype(object)
+    st.table(shown, hide_index=hide_index)
+
+
+def show_vega(spec: dict[str, Any], data: pd.DataFrame, key: str) -> None:
+    """A small Vega-Lite chart at full width (Streamlit theme).
+
+    The run page draws its few small charts with Vega-Lite rather than
+    Plotly: in headless software-rendered Chromium, Plotly's 4.7 MB bundle
+    costs about 3 CPU-seconds per page load (parse, compile, draw), Vega's
+    about 1 (measured in docs/dashboard.md, "Performance"). Vega renders
+    strings as text, never as HTML.
+    """
+    # The top-level "name" is Vega-Lite's own chart name; it also lets tests
+    # find a chart (Streamlit gives a Vega-Lite element no id of its key).
+    st.vega_lite_chart(data, {"name": key, **spec}, key=key)
 
 
 def show_chart(fig: go.Figure, key: str | None = None) -> None:

@@ -139,11 +139,14 @@ def test_run_page_shows_mfu_and_a_chart(server, page):
     mfu.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     value = mfu.locator('[data-testid="stMetricValue"]').inner_text()
     assert value.endswith("%") and float(value.rstrip("%")) > 0, value
-    chart = page.locator('[data-testid="stPlotlyChart"] .main-svg').first
+    chart = page.locator('[data-testid="stVegaLiteChart"] svg.marks').first
     chart.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     assert chart.bounding_box()["height"] > 100
-    # Plotly drew the stacked breakdown bars (one path per bar).
-    page.locator('[data-testid="stPlotlyChart"] .barlayer .point').first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    # Vega drew the stacked breakdown: one rect mark per (rank, part), 2 ranks
+    # and at least 3 parts on this run (the bars are SVG paths of the first chart).
+    bars = chart.locator("g.mark-rect path")
+    bars.first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    assert bars.count() >= 6 and bars.count() % 2 == 0, bars.count()
     _wait_idle(page)
     page.screenshot(path=str(root / "run_page.png"), full_page=True)
     assert (root / "run_page.png").stat().st_size > 10_000

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pandas as pd
+import pyarrow as pa
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
@@ -142,6 +144,22 @@ def charts(at: AppTest) -> dict[str, dict]:
     return out
 
 
+def vega_charts(at: AppTest) -> dict[str, tuple[dict, pd.DataFrame]]:
+    """Vega-Lite charts on the page by their spec name: (spec, data table)."""
+    out = {}
+    for el in at.get("vega_lite_chart"):
+        spec = json.loads(el.proto.spec)
+        out[spec["name"]] = (spec, pa.ipc.open_stream(el.proto.data.data).read_pandas())
+    return out
+
+
+def static_table(at: AppTest, column: str) -> pd.DataFrame:
+    """The (only) st.table on the page that has `column` (escaped with plain())."""
+    found = [t.value for t in at.table if plain(column) in t.value.columns]
+    assert len(found) == 1, f"{len(found)} static tables with column {column!r}"
+    return found[0]
+
+
 def frame(at: AppTest, column: str):
     """The (only) table on the page that has `column` (tables carry no key in AppTest)."""
     found = [d.value for d in at.dataframe if column in d.value.columns]
@@ -224,20 +242,33 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert shown["Comm/compute overlap"] == "n/a"
     assert any(c.startswith(plain("source: manifest; peak")) for c in captions(at))
 
-    figs = charts(at)
-    bars = figs["breakdown"]["data"]
+    figs = vega_charts(at)
+    spec, bars = figs["breakdown"]
     parts = list(ra.ranks[0].breakdown)
-    assert [b["name"] for b in bars] == parts
-    for bar in bars:
-        assert bar["y"] == pytest.approx([r.breakdown[bar["name"]]["mean_ms"] for r in ra.ranks])
-    assert figs["mfu_steps"]["data"][0]["y"] == pytest.approx(ra.mfu.steps["mfu"].tolist())
-    per_rank = figs["step_times"]["data"]
-    assert [t["name"] for t in per_rank] == ["rank 0", "rank 1"]
+    assert spec["encoding"]["color"]["scale"]["domain"] == parts  # stacked in the analyzer's order
+    assert spec["encoding"]["y"]["stack"] == "zero"
+    for r in ra.ranks:
+        mine = bars[bars["rank"] == f"rank {r.rank}"].sort_values("order")
+        assert mine["part"].tolist() == parts
+        assert mine["ms"].tolist() == pytest.approx([r.breakdown[p]["mean_ms"] for p in parts])
+    _, mfu = figs["mfu_steps"]
+    assert mfu["step"].tolist() == ra.mfu.steps["step"].tolist()
+    assert mfu["mfu"].tolist() == pytest.approx(ra.mfu.steps["mfu"].tolist())
+    _, per_rank = figs["step_times"]
+    assert sorted(set(per_rank["rank"])) == ["rank 0", "rank 1"]
     rank1 = ra.metrics[ra.metrics["rank"] == 1].sort_values("step")
-    assert per_rank[1]["y"] == pytest.approx(rank1["step_time_ms"].tolist())
+    shown1 = per_rank[per_rank["rank"] == "rank 1"]
+    assert shown1["step"].tolist() == rank1["step"].tolist()
+    assert shown1["step_time_ms"].tolist() == pytest.approx(rank1["step_time_ms"].tolist())
 
-    facts = frame(at, "field").set_index("field")["value"]
-    assert facts["run_id"] == GOOD_RUN and facts["world_size"] == "2" and facts["backend"] == "gloo"
+    facts = static_table(at, "field").set_index(plain("field"))["value"]
+    assert facts[plain("run_id")] == plain(GOOD_RUN)
+    assert facts[plain("world_size")] == "2" and facts["backend"] == "gloo"
+    config = static_table(at, "key").set_index("key")["value"]
+    assert config[plain("model.n_layers")] == str(ra.manifest["config"]["model"]["n_layers"])
+    assert config[plain("optim.lr")] == plain(str(ra.manifest["config"]["optim"]["lr"]))
+    shares = static_table(at, "rank 0")
+    assert shares["rank 1"].tolist() == pytest.approx([round(ra.ranks[1].breakdown[p]["pct"], 2) for p in parts])
     downloads = [b.proto.label for b in at.get("download_button")]
     assert downloads[0].startswith(plain("rank0.step7.json.gz") + " (") and len(downloads) == 2
     assert any("ui.perfetto.dev" in c for c in captions(at))
@@ -269,10 +300,11 @@ def test_overview_of_gpu_traces_shows_hta_overlap_and_exposed_comm(open_page, an
     assert shown["Step time"] == "1.0 ms"
     assert shown["MFU"] == "n/a"
     assert any(plain(ra.mfu.reason) in c for c in captions(at))
-    bars = {b["name"]: b["y"] for b in charts(at)["breakdown"]["data"]}
-    assert bars["compute"] == pytest.approx([0.4, 0.45])
-    assert bars["overlapped_comm"] == pytest.approx([0.2, 0.2])
-    assert bars["idle"] == pytest.approx([0.2, 0.2])
+    _, bars = vega_charts(at)["breakdown"]
+    ms = {part: rows.sort_values("rank")["ms"].tolist() for part, rows in bars.groupby("part")}
+    assert ms["compute"] == pytest.approx([0.4, 0.45])
+    assert ms["overlapped_comm"] == pytest.approx([0.2, 0.2])
+    assert ms["idle"] == pytest.approx([0.2, 0.2])
 
 
 def test_overview_of_bad_runs_shows_errors_not_tracebacks(open_page, runs_dir, analyses):
@@ -304,6 +336,9 @@ def test_trace_derived_names_are_escaped(open_page):
     title = at.title[0].value
     assert title == plain(EVIL_RUN)
     assert "](" not in title and "[x]" not in title
+    # Static tables render their cells as Markdown: trace facts are escaped too.
+    traces = static_table(at, "trace")[plain("trace")].tolist()
+    assert traces and all(t.startswith(plain("rank")) and "\\." in t for t in traces)
 
 
 def test_sidebar_selection_updates_the_url(open_page):

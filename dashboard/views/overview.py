@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from analyzer.api import RunAnalysis
@@ -14,7 +13,7 @@ from dashboard import state
 from dashboard.data import suggestions, throughput
 from dashboard.discover import RunEntry, safe_file, trace_files
 from dashboard.text import plain
-from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_chart
+from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_vega, text_table
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 
@@ -64,12 +63,24 @@ def breakdown_chart(ra: RunAnalysis) -> None:
         st.info("No ProfilerStep windows in the traces, so no per-step breakdown.")
         return
     parts = list(ranks[0].breakdown)
-    labels = [f"rank {r.rank}" for r in ranks]
-    fig = go.Figure()
-    for part in parts:
-        fig.add_bar(name=part, x=labels, y=[r.breakdown.get(part, {}).get("mean_ms") for r in ranks])
-    fig.update_layout(barmode="stack", yaxis_title="ms per step (mean over profiled steps)", legend_title="part")
-    show_chart(fig, key="breakdown")
+    # Long form, one row per (rank, part): Vega-Lite stacks the parts of a bar.
+    bars = pd.DataFrame(
+        [
+            {"rank": f"rank {r.rank}", "part": part, "order": i, "ms": r.breakdown.get(part, {}).get("mean_ms")}
+            for r in ranks
+            for i, part in enumerate(parts)
+        ]
+    )
+    spec = {
+        "mark": {"type": "bar", "tooltip": True},
+        "encoding": {
+            "x": {"field": "rank", "type": "nominal", "title": None, "sort": None, "axis": {"labelAngle": 0}},
+            "y": {"field": "ms", "type": "quantitative", "stack": "zero", "title": "ms per step (mean over profiled steps)"},
+            "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts},
+            "order": {"field": "order", "type": "quantitative"},
+        },
+    }
+    show_vega(spec, bars, key="breakdown")
     st.caption(
         f"Parts of the step on the {ranks[0].source} timeline; they add up to the step time. "
         "Percent of step time per part:"
@@ -77,7 +88,7 @@ def breakdown_chart(ra: RunAnalysis) -> None:
     table = pd.DataFrame(
         {f"rank {r.rank}": {p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown} for r in ranks}
     )
-    st.dataframe(table.round(2))
+    text_table(table.round(2))
 
 
 def per_step_charts(ra: RunAnalysis) -> None:
@@ -86,9 +97,15 @@ def per_step_charts(ra: RunAnalysis) -> None:
     with left:
         mfu_steps = ra.mfu.steps
         if ra.mfu.source != "none" and len(mfu_steps):
-            fig = go.Figure(go.Scatter(x=mfu_steps["step"], y=mfu_steps["mfu"], mode="lines+markers", name="MFU"))
-            fig.update_layout(title="MFU per step", xaxis_title="step", yaxis_title="MFU", yaxis_tickformat=".0%")
-            show_chart(fig, key="mfu_steps")
+            spec = {
+                "title": "MFU per step",
+                "mark": {"type": "line", "point": True, "tooltip": True},
+                "encoding": {
+                    "x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}},
+                    "y": {"field": "mfu", "type": "quantitative", "title": "MFU", "axis": {"format": ".0%"}},
+                },
+            }
+            show_vega(spec, mfu_steps[["step", "mfu"]], key="mfu_steps")
             st.caption(plain(ra.mfu.step_time_source or ""))
         else:
             st.info(plain(f"No MFU per step: {ra.mfu.reason or 'unknown'}"))
@@ -98,11 +115,20 @@ def per_step_charts(ra: RunAnalysis) -> None:
         else:
             table, where = ra.steps, "ProfilerStep windows in the traces"
         if len(table):
-            fig = go.Figure()
-            for rank, rows in table.groupby("rank", sort=True):
-                fig.add_scatter(x=rows["step"], y=rows["step_time_ms"], mode="lines+markers", name=f"rank {rank}")
-            fig.update_layout(title="Step time per step", xaxis_title="step", yaxis_title="ms")
-            show_chart(fig, key="step_times")
+            rows = table.sort_values(["rank", "step"])
+            lines = pd.DataFrame(
+                {"rank": [f"rank {r}" for r in rows["rank"]], "step": rows["step"].to_numpy(), "step_time_ms": rows["step_time_ms"].to_numpy()}
+            )
+            spec = {
+                "title": "Step time per step",
+                "mark": {"type": "line", "point": True, "tooltip": True},
+                "encoding": {
+                    "x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}},
+                    "y": {"field": "step_time_ms", "type": "quantitative", "title": "ms"},
+                    "color": {"field": "rank", "type": "nominal", "title": None, "sort": None},
+                },
+            }
+            show_vega(spec, lines, key="step_times")
             notes = [where]
             manifest = ra.manifest or {}
             if manifest.get("warmup_steps"):
@@ -112,6 +138,30 @@ def per_step_charts(ra: RunAnalysis) -> None:
             st.caption(plain("; ".join(notes)))
         else:
             st.info("No step times recorded.")
+
+
+def _cell(value: object) -> str:
+    """A table cell as text: lists and mappings as JSON, None as empty."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return "" if value is None else str(value)
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
+    """The resolved config as dotted keys ("model.n_layers") and text values.
+
+    Shown as a static table rather than Streamlit's JSON viewer: the viewer
+    (and the canvas data grid) cost the browser more to draw than the whole
+    table they hold (docs/dashboard.md, "Performance").
+    """
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_config(value, f"{name}."))
+        else:
+            out[name] = _cell(value)
+    return out
 
 
 def config_and_hardware(ra: RunAnalysis) -> None:
@@ -139,11 +189,12 @@ def config_and_hardware(ra: RunAnalysis) -> None:
         peak = manifest.get("peak_flops") or {}
         facts.update({f"peak_flops.{k}": v for k, v in peak.items()})
         facts_table = pd.DataFrame(
-            {"field": list(facts), "value": [json.dumps(v) if isinstance(v, (list, dict)) else ("" if v is None else str(v)) for v in facts.values()]}
+            {"field": list(facts), "value": [_cell(v) for v in facts.values()]}
         )
-        st.dataframe(facts_table, hide_index=True)
+        text_table(facts_table, hide_index=True)
         with st.expander("Resolved config (run.json `config`)"):
-            st.json(manifest.get("config") or {}, expanded=True)
+            config = flat_config(manifest.get("config") or {})
+            text_table(pd.DataFrame({"key": list(config), "value": list(config.values())}), hide_index=True)
     else:
         st.caption("No manifest: a folder of traces. What the traces say about each rank:")
     ranks = pd.DataFrame(
@@ -159,7 +210,7 @@ def config_and_hardware(ra: RunAnalysis) -> None:
             for r in ra.ranks
         ]
     )
-    st.dataframe(ranks, hide_index=True)
+    text_table(ranks, hide_index=True)
 
 
 def suggestions_section(run: RunEntry) -> None:
@@ -190,7 +241,7 @@ def suggestions_section(run: RunEntry) -> None:
                 st.code(entry["change"]["command"], language="bash")
             evidence = {k: v for k, v in entry["evidence"].items() if v is not None}
             if evidence:
-                st.dataframe(
+                text_table(
                     pd.DataFrame({"evidence": list(evidence), "value": [str(v) for v in evidence.values()]}),
                     hide_index=True,
                 )
