@@ -63,19 +63,21 @@ EXAMPLE_RUN = REPO / "traces" / "example-ddp-w2"
 TIMEOUT_MS = 300_000
 # Complete: the script is not running, the headline metrics and the last
 # section are shown and `n` charts (the number the page script draws, counted
-# under AppTest) have drawn: Plotly its SVG, Vega-Lite its canvas or SVG.
+# under AppTest) have drawn: Plotly its SVG, Vega-Lite its SVG or a sized
+# canvas. The probe runs every 50 ms in the page, so it reads textContent and
+# attributes only (innerText and getBoundingClientRect force a layout).
 _DONE_JS = """n => {
   const running = document.querySelector('[data-testid="stStatusWidget"]');
-  if (running && running.innerText.includes('Running')) return false;
+  if (running && running.textContent.includes('Running')) return false;
   if (!document.querySelector('[data-testid="stMetric"]')) return false;
-  if (!Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))) return false;
+  if (!Array.from(document.querySelectorAll('h3')).some(h => h.textContent.includes('Raw traces'))) return false;
   const plotly = Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]'))
     .filter(c => c.querySelector('.main-svg')).length;
   const vega = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
-    .filter(c => Array.from(c.querySelectorAll('canvas, svg.marks')).some(e => e.getBoundingClientRect().height > 0)).length;
+    .filter(c => c.querySelector('svg.marks[height]:not([height="0"]), canvas[height]:not([height="0"])')).length;
   return plotly + vega >= n;
 }"""
-_NO_RAW_TRACES_JS = "() => !Array.from(document.querySelectorAll('h3')).some(h => h.innerText.includes('Raw traces'))"
+_NO_RAW_TRACES_JS = "() => !Array.from(document.querySelectorAll('h3')).some(h => h.textContent.includes('Raw traces'))"
 
 
 def make_rank_folder(trace: Path, dst: Path, world: int) -> None:

@@ -72,12 +72,17 @@ def breakdown_chart(ra: RunAnalysis) -> None:
         ]
     )
     spec = {
-        "mark": {"type": "bar", "tooltip": True},
+        "mark": "bar",
         "encoding": {
             "x": {"field": "rank", "type": "nominal", "title": None, "sort": None, "axis": {"labelAngle": 0}},
             "y": {"field": "ms", "type": "quantitative", "stack": "zero", "title": "ms per step (mean over profiled steps)"},
             "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts},
             "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "rank", "type": "nominal"},
+                {"field": "part", "type": "nominal"},
+                {"field": "ms", "type": "quantitative", "format": ".2f", "title": "ms per step"},
+            ],
         },
     }
     show_vega(spec, bars, key="breakdown")
@@ -117,7 +122,11 @@ def per_step_charts(ra: RunAnalysis) -> None:
         if len(table):
             rows = table.sort_values(["rank", "step"])
             lines = pd.DataFrame(
-                {"rank": [f"rank {r}" for r in rows["rank"]], "step": rows["step"].to_numpy(), "step_time_ms": rows["step_time_ms"].to_numpy()}
+                {
+                    "rank": [f"rank {r}" for r in rows["rank"]],
+                    "step": rows["step"].to_numpy(),
+                    "step_time_ms": rows["step_time_ms"].to_numpy(),
+                }
             )
             spec = {
                 "title": "Step time per step",
