@@ -25,6 +25,10 @@ share a denominator and move with tokens/s.
     .venv/bin/python bench/bench_suggest.py --quick              # ~10 min on 2 busy cores
     .venv/bin/python bench/bench_suggest.py --repeats 2 --json bench/out/suggest.json
 
+``--calibrate-kappa`` measures rule micro_batch's kappa instead (whatif.CPU_FIXED_SEQUENCES_POINTS):
+2-rank reftrain runs of the tiny model at micro-batch pairs KAPPA_PAIRS, one after the other,
+``kappa = fb(B1) / P - B1`` with ``P = (fb(B2) - fb(B1)) / (B2 - B1)`` (docs/suggestions.md, Calibration).
+
 ``--calibrate`` measures instead the constant behind rule micro_batch's
 per-sequence cost (analyzer.suggest.whatif.CPU_ETA_AT_*): in one process
 with one rank's threads, forward+backward at two micro-batch sizes and
