@@ -102,7 +102,10 @@ class RunAnalysis:
     there are none). ``metrics``: the run directory's per-step records
     (reftrain runs only), for the CI gate. ``telemetry``: its NVML samples
     (``reftrain.telemetry/1``, one row per sample with ``rank``; None or
-    empty without a GPU), for the suggestions' health rules.
+    empty without a GPU), for the suggestions' health rules. ``derived``:
+    values computed from this analysis on first use (the suggestions'
+    facts and ranked suggestions), so the text report, the JSON report and
+    the dashboard do not each recompute them; not part of the report.
     """
 
     path: Path | list[Path]
@@ -118,6 +121,7 @@ class RunAnalysis:
     warnings: list[str] = field(default_factory=list)
     metrics: pd.DataFrame | None = None
     telemetry: pd.DataFrame | None = None
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""

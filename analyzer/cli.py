@@ -262,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # usage errors: argparse prints usage, exits 2
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        if args.command == "suggest":
+            # Its parse workers start before analyzer.suggest's run imports pandas.
+            with _parsing([Path(args.path)], args) as args.parse_jobs:
+                return func(args)
         return func(args)
     except AnalyzerError as exc:
         _say("error", exc)

@@ -204,9 +204,14 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     from analyzer.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory  # noqa: F401 (registration)
     from analyzer.suggest.facts import run_facts
 
+    memo = getattr(ra, "derived", None)
+    if memo is not None and "suggestions" in memo:
+        return list(memo["suggestions"])
     facts = run_facts(ra)
-    found = [s for s in (r(facts) for r in RULES) if s is not None]
-    return rank(found)
+    ranked = rank([s for s in (r(facts) for r in RULES) if s is not None])
+    if memo is not None:
+        memo["suggestions"] = list(ranked)
+    return ranked
 
 
 def suggestions_json(suggestions: list[Suggestion], config_path: str | None = None,

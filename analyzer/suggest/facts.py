@@ -428,7 +428,21 @@ def _trace_step_time(steps: pd.DataFrame) -> tuple[float | None, int]:
 
 
 def run_facts(ra: "RunAnalysis") -> RunFacts:
-    """Condense a RunAnalysis into the numbers the rules read (see module doc)."""
+    """Condense a RunAnalysis into the numbers the rules read (see module doc).
+
+    Computed once per analysis (kept in ``ra.derived``): the report's text,
+    its JSON and the dashboard all ask for them.
+    """
+    memo = getattr(ra, "derived", None)
+    if memo is not None and "facts" in memo:
+        return memo["facts"]
+    facts = _run_facts(ra)
+    if memo is not None:
+        memo["facts"] = facts
+    return facts
+
+
+def _run_facts(ra: "RunAnalysis") -> RunFacts:
     man = ra.manifest or {}
     config = man.get("config") if isinstance(man.get("config"), dict) else None
     hw = man.get("hardware") or {}
