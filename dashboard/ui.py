@@ -127,6 +127,7 @@ def text_table(frame: pd.DataFrame, hide_index: bool = False) -> None:
     For small tables only: no sorting, no scrolling (``st.dataframe`` has
     both and costs the browser a canvas grid per table).
     """
+
     def esc(value: Any) -> Any:
         return plain(value) if isinstance(value, str) else value
 
@@ -141,10 +142,10 @@ def show_vega(spec: dict[str, Any], data: pd.DataFrame, key: str) -> None:
     """A small Vega-Lite chart at full width (Streamlit theme).
 
     The run page draws its few small charts with Vega-Lite rather than
-    Plotly: in headless software-rendered Chromium, Plotly's 4.7 MB bundle
-    costs about 3 CPU-seconds per page load (parse, compile, draw), Vega's
-    about 1 (measured in docs/dashboard.md, "Performance"). Vega renders
-    strings as text, never as HTML.
+    Plotly: in headless software-rendered Chromium, loading Plotly's 4.7 MB
+    bundle costs about 2.5 CPU-seconds per page load, three Vega-Lite charts
+    about 1.2 in all (docs/dashboard.md, "Performance"). Vega draws labels
+    as SVG text, and its tooltip handler escapes HTML.
     """
     # The top-level "name" is Vega-Lite's own chart name; it also lets tests
     # find a chart (Streamlit gives a Vega-Lite element no id of its key).
