@@ -119,25 +119,6 @@ def run_header(run: RunEntry) -> Loaded:
     return loaded
 
 
-def text_table(frame: pd.DataFrame, hide_index: bool = False) -> None:
-    """A small static table (``st.table``: HTML, cheap for the browser).
-
-    ``st.table`` renders its cells, column names and index as Markdown, so
-    every string among them goes through :func:`plain`; numbers stay numbers.
-    For small tables only: no sorting, no scrolling (``st.dataframe`` has
-    both and costs the browser a canvas grid per table).
-    """
-
-    def esc(value: Any) -> Any:
-        return plain(value) if isinstance(value, str) else value
-
-    shown = frame.rename(columns=esc, index=esc)
-    for column in shown.columns:
-        if shown[column].dtype == object or pd.api.types.is_string_dtype(shown[column]):
-            shown[column] = shown[column].map(esc).astype(object)
-    st.table(shown, hide_index=hide_index)
-
-
 def show_vega(spec: dict[str, Any], data: pd.DataFrame, key: str) -> None:
     """A small Vega-Lite chart at full width (Streamlit theme).
 

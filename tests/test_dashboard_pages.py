@@ -153,13 +153,6 @@ def vega_charts(at: AppTest) -> dict[str, tuple[dict, pd.DataFrame]]:
     return out
 
 
-def static_table(at: AppTest, column: str) -> pd.DataFrame:
-    """The (only) st.table on the page that has `column` (escaped with plain())."""
-    found = [t.value for t in at.table if plain(column) in t.value.columns]
-    assert len(found) == 1, f"{len(found)} static tables with column {column!r}"
-    return found[0]
-
-
 def frame(at: AppTest, column: str):
     """The (only) table on the page that has `column` (tables carry no key in AppTest)."""
     found = [d.value for d in at.dataframe if column in d.value.columns]
@@ -261,13 +254,12 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert shown1["step"].tolist() == rank1["step"].tolist()
     assert shown1["step_time_ms"].tolist() == pytest.approx(rank1["step_time_ms"].tolist())
 
-    facts = static_table(at, "field").set_index(plain("field"))["value"]
-    assert facts[plain("run_id")] == plain(GOOD_RUN)
-    assert facts[plain("world_size")] == "2" and facts["backend"] == "gloo"
-    config = static_table(at, "key").set_index("key")["value"]
-    assert config[plain("model.n_layers")] == str(ra.manifest["config"]["model"]["n_layers"])
-    assert config[plain("optim.lr")] == plain(str(ra.manifest["config"]["optim"]["lr"]))
-    shares = static_table(at, "rank 0")
+    facts = frame(at, "field").set_index("field")["value"]
+    assert facts["run_id"] == GOOD_RUN and facts["world_size"] == "2" and facts["backend"] == "gloo"
+    config = frame(at, "key").set_index("key")["value"]
+    assert config["model.n_layers"] == str(ra.manifest["config"]["model"]["n_layers"])
+    assert config["optim.lr"] == str(ra.manifest["config"]["optim"]["lr"])
+    shares = frame(at, "rank 1")
     assert shares["rank 1"].tolist() == pytest.approx([round(ra.ranks[1].breakdown[p]["pct"], 2) for p in parts])
     downloads = [b.proto.label for b in at.get("download_button")]
     assert downloads[0].startswith(plain("rank0.step7.json.gz") + " (") and len(downloads) == 2
@@ -336,9 +328,6 @@ def test_trace_derived_names_are_escaped(open_page):
     title = at.title[0].value
     assert title == plain(EVIL_RUN)
     assert "](" not in title and "[x]" not in title
-    # Static tables render their cells as Markdown: trace facts are escaped too.
-    traces = static_table(at, "trace")[plain("trace")].tolist()
-    assert traces and all(t.startswith(plain("rank")) and "\\." in t for t in traces)
 
 
 def test_sidebar_selection_updates_the_url(open_page):

@@ -13,7 +13,7 @@ from dashboard import state
 from dashboard.data import suggestions, throughput
 from dashboard.discover import RunEntry, safe_file, trace_files
 from dashboard.text import plain
-from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_vega, text_table
+from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_vega
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 
@@ -93,7 +93,7 @@ def breakdown_chart(ra: RunAnalysis) -> None:
     table = pd.DataFrame(
         {f"rank {r.rank}": {p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown} for r in ranks}
     )
-    text_table(table.round(2))
+    st.dataframe(table.round(2))
 
 
 def per_step_charts(ra: RunAnalysis) -> None:
@@ -159,9 +159,8 @@ def _cell(value: object) -> str:
 def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
     """The resolved config as dotted keys ("model.n_layers") and text values.
 
-    Shown as a static table rather than Streamlit's JSON viewer: the viewer
-    (and the canvas data grid) cost the browser more to draw than the whole
-    table they hold (docs/dashboard.md, "Performance").
+    One table of text rather than Streamlit's JSON viewer, which loads its
+    own component in the browser for a collapsed expander.
     """
     out: dict[str, str] = {}
     for key, value in config.items():
@@ -200,10 +199,10 @@ def config_and_hardware(ra: RunAnalysis) -> None:
         facts_table = pd.DataFrame(
             {"field": list(facts), "value": [_cell(v) for v in facts.values()]}
         )
-        text_table(facts_table, hide_index=True)
+        st.dataframe(facts_table, hide_index=True)
         with st.expander("Resolved config (run.json `config`)"):
             config = flat_config(manifest.get("config") or {})
-            text_table(pd.DataFrame({"key": list(config), "value": list(config.values())}), hide_index=True)
+            st.dataframe(pd.DataFrame({"key": list(config), "value": list(config.values())}), hide_index=True)
     else:
         st.caption("No manifest: a folder of traces. What the traces say about each rank:")
     ranks = pd.DataFrame(
@@ -219,7 +218,7 @@ def config_and_hardware(ra: RunAnalysis) -> None:
             for r in ra.ranks
         ]
     )
-    text_table(ranks, hide_index=True)
+    st.dataframe(ranks, hide_index=True)
 
 
 def suggestions_section(run: RunEntry) -> None:
@@ -250,7 +249,7 @@ def suggestions_section(run: RunEntry) -> None:
                 st.code(entry["change"]["command"], language="bash")
             evidence = {k: v for k, v in entry["evidence"].items() if v is not None}
             if evidence:
-                text_table(
+                st.dataframe(
                     pd.DataFrame({"evidence": list(evidence), "value": [str(v) for v in evidence.values()]}),
                     hide_index=True,
                 )
