@@ -30,14 +30,18 @@ render, read from /proc; on an idle machine with N free cores the wall
 time is at least warm-cpu / N.
 
 "First full render" is the time from navigation to ``/overview?run=NAME``
-until the run page is complete: the headline metrics are shown, every
-Plotly chart has drawn its SVG, the last section (raw trace downloads) is
-present and Streamlit no longer reports the script running. The browser is
-Debian's chromium driven by Playwright (headless), like the e2e test; the
-server start is not timed. Goal (issue 4): under 3 s cold and under 1 s
+until the run page is complete: the headline metrics are shown, as many
+charts as the page script draws (counted under AppTest) have drawn (Plotly
+its SVG, Vega-Lite its SVG or canvas), the last section (raw trace
+downloads) is present and Streamlit no longer reports the script running.
+The browser is Debian's chromium driven by Playwright (headless), like the
+e2e test, with a persistent profile in a fresh folder per input and state
+(HTTP and V8 code caches on disk, as in a user's browser); ``--incognito``
+uses Playwright's incognito contexts instead. Neither the server start
+nor the browser start is timed. Goal (issue 4): under 3 s cold and under 1 s
 warm on a 2-core machine.
 
-    .venv/bin/python bench/bench_dashboard.py [--repeat 3] [--trace FILE] [--json bench/out/dashboard.json]
+    .venv/bin/python bench/bench_dashboard.py [--repeat 3] [--incognito] [--trace FILE] [--json bench/out/dashboard.json]
 """
 from __future__ import annotations
 
