@@ -15,6 +15,13 @@ so throughput and MFU are proportional step by step:
 value is the median over steps. ``step_time_ms`` in the table is the mean
 over ranks, for reference.
 
+``overall`` is the rate the run sustained: per rank ``r``,
+``tokens_per_step * n_steps / sum_s t_{r,s}`` over the same steps, then the
+mean over ranks. It differs from the median when steps are uneven: with
+4 DataLoader workers behind a 600 ms-per-batch source, three steps in four
+find a batch ready (90 ms) and the fourth waits (300 ms); the median says
+90 ms per step, the run actually takes 150.
+
 A folder of traces records no token counts, so it has no throughput
 (``source`` ``none`` with the reason).
 """
@@ -41,6 +48,7 @@ class Throughput:
 
     source: Literal["manifest", "none"]
     median: float | None = None
+    overall: float | None = None
     reason: str | None = None
     steps: pd.DataFrame = field(default_factory=_empty_steps)
 
@@ -79,4 +87,6 @@ def throughput(manifest: Mapping[str, Any] | None, metrics: pd.DataFrame | None)
             "tokens_per_s": per_step["tokens_per_s"].to_numpy(np.float64),
         }
     )
-    return Throughput("manifest", median=float(steps["tokens_per_s"].median()), steps=steps)
+    per_rank_time_s = per_rank.groupby("rank")["step_time_ms"].agg(["sum", "count"])
+    overall = float((float(tokens_per_step) * per_rank_time_s["count"] / (per_rank_time_s["sum"] / 1e3)).mean())
+    return Throughput("manifest", median=float(steps["tokens_per_s"].median()), overall=overall, steps=steps)

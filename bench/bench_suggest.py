@@ -142,11 +142,16 @@ def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float, 
 
 
 def measured(run_dir: Path) -> dict:
-    """Steady-state medians of a run: tokens/s (all ranks), MFU, step time."""
+    """What a run sustained over its steady steps: tokens/s (all ranks, tokens over time; the
+    median step reads only the fast steps of a bursty DataLoader), MFU in the same proportion,
+    and the mean step time."""
     ra = analyze(run_dir)
     tp = throughput(ra.manifest, ra.metrics)
+    # MFU moves with tokens/s (same FLOPs per token, same peak): scale the median pair.
+    mfu = ra.mfu.median * tp.overall / tp.median if ra.mfu.median is not None and tp.median else ra.mfu.median
+    step_ms = float(ra.manifest["tokens_per_step"]) / tp.overall * 1e3 if tp.overall else None
     # The 1-minute load average just after the run: how busy the 2 cores were while it ran.
-    return {"tokens_per_s": tp.median, "mfu": ra.mfu.median, "step_time_ms": float(ra.mfu.steps["step_time_ms"].median()),
+    return {"tokens_per_s": tp.overall, "mfu": mfu, "step_time_ms": step_ms,
             "load_1min": os.getloadavg()[0], "analysis": ra}
 
 

@@ -36,6 +36,17 @@ def test_tokens_per_s_is_the_mean_over_ranks_of_each_ranks_rate_on_steady_steps(
     expected = [(20480 + 2048 / 0.3) / 2, 5120.0, (2048 / 0.25 + 2048 / 0.35) / 2]
     assert tp.steps["tokens_per_s"].tolist() == pytest.approx(expected)
     assert tp.median == pytest.approx(sorted(expected)[1])
+    # Sustained: rank 0 ran 3 steps in 100 + 400 + 250 ms, rank 1 in 300 + 400 + 350 ms.
+    assert tp.overall == pytest.approx((3 * 2048 / 0.75 + 3 * 2048 / 1.05) / 2)
+
+
+def test_overall_rate_counts_the_slow_steps_the_median_skips():
+    """A bursty DataLoader: three steps of 90 ms, then one of 330 ms, on both ranks."""
+    rows = [dict(step=s, rank=r, step_time_ms=330.0 if s % 4 == 3 else 90.0, profiled=False)
+            for s in range(1, 13) for r in (0, 1)]
+    tp = throughput({"tokens_per_step": 1500, "warmup_steps": 0, "profiled_steps": []}, pd.DataFrame(rows))
+    assert tp.median == pytest.approx(1500 / 0.09)
+    assert tp.overall == pytest.approx(1500 / 0.15)  # mean step (3 x 90 + 330) / 4 = 150 ms
 
 
 def test_throughput_is_proportional_to_manifest_mfu_step_by_step():
