@@ -185,7 +185,9 @@ def test_comm_compression_only_when_bandwidth_bound():
 # ----------------------------------------------------------------------------- compute
 
 
-def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
+def test_micro_batch_scales_from_fixed_and_per_sequence_cost(monkeypatch):
+    # The model's arithmetic on fixed calibration points (the shipped ones are measured, docs/suggestions.md).
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (256, 0.55)))
     cfg = config(model__preset="tiny", train__micro_batch_size=1)  # seq_len 64, d_model 64: kappa 2.3 sequences
     assert whatif.cpu_fixed_sequences(64, 64) == 2.3
     f = facts(cfg, phases={"data_wait": 40.5, "forward": 16.5, "backward": 33.0, "optimizer": 10.0}, step_time_ms=100.0)
@@ -206,7 +208,9 @@ def test_micro_batch_scales_from_fixed_and_per_sequence_cost():
     assert rules_compute.rule_micro_batch(big) is None  # P = 300 / 18.3: 16 x 16.4 = 262 of 330 ms is per-token work
 
 
-def test_micro_batch_share_is_taken_of_the_phase_sum_not_the_median_step():
+def test_micro_batch_share_is_taken_of_the_phase_sum_not_the_median_step(monkeypatch):
+    # The model's arithmetic on fixed calibration points (the shipped ones are measured, docs/suggestions.md).
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (256, 0.55)))
     # d_model 128: kappa (2.3 + 0.55) / 2 = 1.425; fb 900 ms = P (1.425 + 16): P = 51.65, 826.4 ms per-token work.
     cfg = config(model__preset="tiny", model__d_model=128, model__n_layers=4, model__vocab_size=4096,
                  train__micro_batch_size=16)
@@ -222,7 +226,9 @@ def test_micro_batch_share_is_taken_of_the_phase_sum_not_the_median_step():
     assert s.predicted.step_time_ms_after == pytest.approx(1250 + 16 * 900 / 17.425 * (s.change.overrides["train.micro_batch_size"] / 16 - 1))
 
 
-def test_fixed_sequences_scale_with_width_and_sequence_length():
+def test_fixed_sequences_scale_with_width_and_sequence_length(monkeypatch):
+    # The model's arithmetic on fixed calibration points (the shipped ones are measured, docs/suggestions.md).
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (256, 0.55)))
     assert whatif.cpu_fixed_sequences(256, 64) == 0.55
     assert whatif.cpu_fixed_sequences(64, 128) == pytest.approx(1.15)  # the same fixed cost, sequences twice as long
     assert whatif.cpu_fixed_sequences(128, 64) == pytest.approx((2.3 + 0.55) / 2)  # log2 midpoint
