@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from analyzer.errors import AnalyzerError
-from analyzer.locate import CACHE_DIRNAME, user_cache_dir  # noqa: F401 - part of this module's API
+from analyzer.locate import CACHE_DIRNAME, usable_cache_dir, user_cache_dir  # noqa: F401 - part of this module's API
 from analyzer.schema import COLUMNS, KINDS
 
 if TYPE_CHECKING:
@@ -46,11 +46,7 @@ class CacheEntryError(AnalyzerError):
 
 
 def _usable_dir(folder: Path) -> bool:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(folder, os.W_OK | os.X_OK)
+    return usable_cache_dir(folder)
 
 
 class TraceCache:

@@ -34,6 +34,24 @@ def is_run_dir(path: Path) -> bool:
     return isinstance(data, dict) and str(data.get("schema", "")).startswith("reftrain.run/")
 
 
+def usable_cache_dir(folder: Path) -> bool:
+    """True when ``folder`` exists or can be created, and can be written.
+
+    A folder (or, before it exists, its nearest existing ancestor) without
+    any write permission bit counts as read-only even for root, whom the
+    kernel lets write anywhere: a trace collection marked read-only (the
+    shared HTA samples, say) is not the place for our cache files.
+    """
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.stat().st_mode & 0o222:
+        return False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
 def user_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/trainperf``, default ``~/.cache/trainperf``."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

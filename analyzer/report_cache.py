@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from analyzer.locate import CACHE_DIRNAME, is_run_dir, user_cache_dir
+from analyzer.locate import CACHE_DIRNAME, is_run_dir, usable_cache_dir, user_cache_dir
 
 # Bump when the entry's layout changes.
 REPORT_CACHE_VERSION = 1
@@ -129,14 +129,7 @@ def write(entry: Path, report: CachedReport) -> None:
 
 def _folder_for(path: Path) -> Path | None:
     base = path if path.is_dir() else path.parent
-    for folder in (base / CACHE_DIRNAME, user_cache_dir()):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(folder, os.W_OK | os.X_OK):
-            return folder
-    return None
+    return next((f for f in (base / CACHE_DIRNAME, user_cache_dir()) if usable_cache_dir(f)), None)
 
 
 def _input_fingerprint(path: Path, skip: set[Path]) -> list[tuple[str, int, int]]:

@@ -522,6 +522,22 @@ def test_read_only_trace_folder_uses_the_user_cache(tmp_path: Path, monkeypatch,
     assert len(list((tmp_path / "xdg" / "trainperf").glob("rank0.json.gz.*.parquet"))) == 1
 
 
+def test_folder_without_write_bits_is_read_only_even_for_root(tmp_path: Path, monkeypatch, counted_parse) -> None:
+    """chmod 555 marks a trace collection read-only; root may write there, but the cache goes elsewhere."""
+    traces = tmp_path / "shared"
+    _gpu_trace(rank=0).write(traces / "rank0.json.gz")
+    traces.chmod(0o555)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    try:
+        load_traces(traces, workers=1)
+        load_traces(traces, workers=1)
+    finally:
+        traces.chmod(0o755)
+    assert len(counted_parse) == 1
+    assert not (traces / ".analyzer-cache").exists()
+    assert len(list((tmp_path / "xdg" / "trainperf").glob("rank0.json.gz.*.parquet"))) == 1
+
+
 def test_cache_folder_argument_and_rank_hint_resolution(tmp_path: Path, counted_parse) -> None:
     t = KinetoTrace(distributed=False)
     t.step(1, 0, 10)
