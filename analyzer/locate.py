@@ -108,11 +108,23 @@ def run_trace_files(run_dir: Path) -> list[Path]:
         listed = orjson.loads((run_dir / MANIFEST).read_bytes()).get("files", {}).get("traces")
     except (OSError, orjson.JSONDecodeError, AttributeError):
         listed = None
+    # Missing listed files are the run-directory reader's to report.
+    return [(run_dir / rel).absolute() for rel in listed_or_found(run_dir, listed, "traces/*.json*", [])]
+
+
+def listed_or_found(root: Path, listed: object, pattern: str, errors: list[str]) -> list[str]:
+    """The manifest's list of a family's files (relative paths); when it
+    lists none (a run still running, or one that failed early), what is on
+    disk. Listed files that do not exist are reported."""
     if isinstance(listed, list) and listed:
-        files = [run_dir / str(rel) for rel in listed]
-    else:
-        files = sorted((run_dir / "traces").glob("*.json*"), key=_natural_key)
-    return [f.absolute() for f in files if f.is_file()]
+        out = []
+        for rel in listed:
+            if (root / str(rel)).is_file():
+                out.append(str(rel))
+            else:
+                errors.append(f"{rel}: listed in {MANIFEST} but missing")
+        return out
+    return sorted((str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file()), key=lambda rel: _natural_key(Path(rel)))
 
 
 def trace_files_of(path: Path) -> list[Path]:

@@ -22,7 +22,7 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.locate import MANIFEST, is_run_dir  # noqa: F401 - part of this module's API
+from analyzer.locate import MANIFEST, is_run_dir, listed_or_found  # noqa: F401 - part of this module's API
 
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
 _SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")
@@ -127,7 +127,7 @@ def read_run_dir(path: Path) -> RunDir:
         if problem:
             errors.append(f"{family}: {problem}; {family} not read")
         else:
-            for rel in _listed_or_found(path, files.get(family), pattern, errors):
+            for rel in listed_or_found(path, files.get(family), pattern, errors):
                 frame = _read_jsonl(path, rel, errors)
                 if frame is None:
                     continue
@@ -140,7 +140,7 @@ def read_run_dir(path: Path) -> RunDir:
                 frames.append(frame)
         tables[family] = _conform(frames, columns, "time_ns" if family == "telemetry" else "step")
     traces = []
-    for rel in _listed_or_found(path, files.get("traces"), "traces/*.json*", errors):
+    for rel in listed_or_found(path, files.get("traces"), "traces/*.json*", errors):
         traces.append((path / rel).absolute())
     return RunDir(
         path=path,
@@ -184,25 +184,6 @@ def _schema_problem(schema: object, family: str) -> str | None:
             "upgrade the analyzer"
         )
     return None
-
-
-def _listed_or_found(root: Path, listed: object, pattern: str, errors: list[str]) -> list[str]:
-    """The manifest's list of a family's files (relative paths); when it
-    lists none (a run still running, or one that failed early), what is on
-    disk. Listed files that do not exist are reported."""
-    if isinstance(listed, list) and listed:
-        out = []
-        for rel in listed:
-            if (root / str(rel)).is_file():
-                out.append(str(rel))
-            else:
-                errors.append(f"{rel}: listed in {MANIFEST} but missing")
-        return out
-    return sorted((str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file()), key=_natural)
-
-
-def _natural(s: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
 def _rank_from_name(rel: str) -> int | None:
