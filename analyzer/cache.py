@@ -1,44 +1,59 @@
-"""Parquet cache of parsed traces, so a second analysis skips the JSON.
+"""Cache of parsed traces, so a second analysis skips the JSON.
 
 Where: ``.analyzer-cache/`` in the folder of the trace when that folder is
 writable, else ``$XDG_CACHE_HOME/trainperf`` (default ``~/.cache/trainperf``),
 or a folder the caller names. One file per trace::
 
-    <trace file name>.<path hash>.<key hash>.parquet
+    <trace file name>.<path hash>.<key hash>.npz
 
 The key hashes the trace's absolute path, size, mtime (ns) and
 :data:`LOADER_VERSION`; any change gives a new name, so a stale entry is
-never read, and writing a new entry deletes the older ones of that trace.
-An entry that cannot be read (truncated, not Parquet, wrong content) raises
-:class:`CacheEntryError`; the loader reports it as a warning, parses the
-trace again and rewrites the entry.
+never read, and writing a new entry deletes the older ones of that trace
+(including entries of earlier formats). An entry that cannot be used
+(truncated, not an npz, wrong content) raises :class:`CacheEntryError`; the
+loader reports it as a warning, parses the trace again and rewrites it.
 
-Contents: the events table without its ``rank`` column (the rank can depend
-on the caller's hint, so it is resolved at read time), plus the rest of
-:class:`~analyzer.tables.RankTrace` as JSON in the Parquet key-value
-metadata under ``trainperf``.
+Contents: the parser's output (:class:`~analyzer.parse.ParsedTrace`), not
+the events table built from it: its numeric columns as uncompressed
+``.npy`` members and the rest (category and name strings, sparse columns,
+process and thread names, document metadata) as one JSON member. Why not
+the events table in Parquet, as before: writing that needed pandas and
+Arrow, so it could only happen in the main process, after the parse, on
+the critical path (90 ms with zstd for trace_diff/control, plus an Arrow
+copy of the table at the memory peak). This entry is written by the parse
+worker itself right after parsing, with numpy alone (17 ms, 5 MB for that
+trace), and read back in 12 ms; building the events table from it is the
+same code as after a parse (``load.rank_trace``), so a hit is identical to
+a fresh parse by construction. Numbers are stored with ``allow_pickle``
+off: an entry planted in a shared folder can hold data, never code.
+
+This module imports neither numpy nor pandas at import time: the CLI
+locates entries before forking the parse workers (analyzer/jobs.py).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from analyzer.errors import AnalyzerError
 from analyzer.locate import CACHE_DIRNAME, usable_cache_dir, user_cache_dir  # noqa: F401 - part of this module's API
-from analyzer.schema import COLUMNS, KINDS
 
 if TYPE_CHECKING:
-    from analyzer.tables import RankTrace
+    from analyzer.parse import ParsedTrace
 
-# Bump when the parser or the table schema changes what an entry holds.
-LOADER_VERSION = 1
-_META_KEY = b"trainperf"
-_OBJECT_COLUMNS = [c for c, t in COLUMNS.items() if t == "object"]
-_CATEGORY_COLUMNS = [c for c, t in COLUMNS.items() if t == "category"]
+# Bump when the parser changes what an entry holds (2: parser columns in npz).
+LOADER_VERSION = 2
+ENTRY_SUFFIX = ".npz"
+# Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
+_ENTRY_SUFFIXES = (".npz", ".parquet")
+_META_MEMBER = "trainperf_meta"
+_INT_COLUMNS = ("pid", "tid", "stream", "ts_ns", "dur_ns", "correlation", "external_id")
+_CODE_COLUMNS = ("cat", "name")
 
 
 class CacheEntryError(AnalyzerError):
@@ -86,186 +101,131 @@ class TraceCache:
         path_hash = hashlib.sha1(str(trace).encode()).hexdigest()[:10]
         key = f"{trace}|{st.st_size}|{st.st_mtime_ns}|{LOADER_VERSION}"
         key_hash = hashlib.sha1(key.encode()).hexdigest()[:16]
-        return folder / f"{trace.name}.{path_hash}.{key_hash}.parquet"
+        return folder / f"{trace.name}.{path_hash}.{key_hash}{ENTRY_SUFFIX}"
 
-    def read(self, entry: Path, trace: Path, rank: int | None = None) -> RankTrace:
-        """The cached RankTrace of ``trace``; raises CacheEntryError."""
-        return read_entry(entry, trace, rank)
+    def read(self, entry: Path, trace: Path) -> ParsedTrace:
+        """The cached parse of ``trace``; raises CacheEntryError."""
+        return read_entry(entry, trace)
 
-    def write(self, entry: Path | None, rt: RankTrace) -> str | None:
-        """Write atomically; return a one-line warning instead of raising
-        when the folder turns out unwritable or full."""
-        if entry is None:
-            return None
-        try:
-            _write(entry, rt)
-        except OSError as exc:
-            return f"{rt.path.name}: could not write cache entry {entry} ({exc.strerror or exc})"
-        except (ValueError, TypeError) as exc:  # Arrow could not convert a column
-            return f"{rt.path.name}: could not write cache entry {entry} ({_short(exc)})"
-        _remove_stale(entry)
-        return None
+    def write(self, entry: Path | None, parsed: ParsedTrace) -> str | None:
+        """See :func:`write_entry`."""
+        return write_entry(entry, parsed)
 
 
-def _arrow() -> tuple[Any, Any]:
-    """``pyarrow`` and ``pyarrow.parquet``, Arrow allocating with the system allocator.
+def parse_and_store(path: Path, entry: Path | None) -> ParsedTrace:
+    """Parse ``path`` and write its cache entry (when ``entry`` is given).
 
-    Arrow's default, mimalloc, keeps freed pages for reuse even after
-    ``release_unused()``: reading trace_diff/control's entry left the process
-    51 MB larger with mimalloc and 29 MB with the system allocator (peak 163
-    vs 140 MB), which decides whether a report stays under half of HTA's
-    memory. A user's own ``ARROW_DEFAULT_MEMORY_POOL`` is left alone.
+    The body of a parse worker, and of an in-process parse: the entry is
+    written from the parsed columns before the events table is built from
+    them (which consumes them). A failed write becomes
+    ``ParsedTrace.cache_warning``; a failed parse raises TraceError.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from analyzer.parse import parse_columns
 
-    global _POOL_CHOSEN
-    if not _POOL_CHOSEN:
-        _POOL_CHOSEN = True
-        if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
-            pa.set_memory_pool(pa.system_memory_pool())
-    return pa, pq
+    parsed = parse_columns(path)
+    parsed.cache_warning = write_entry(entry, parsed)
+    return parsed
 
 
-_POOL_CHOSEN = False
+def write_entry(entry: Path | None, parsed: ParsedTrace) -> str | None:
+    """Write atomically (temporary file, then rename); return a one-line
+    warning instead of raising when the folder turns out unwritable or full."""
+    if entry is None:
+        return None
+    try:
+        _write(entry, parsed)
+    except OSError as exc:
+        return f"{parsed.path.name}: could not write cache entry {entry} ({exc.strerror or exc})"
+    except (ValueError, TypeError) as exc:  # a value JSON cannot hold (an integer over 64 bits, say)
+        return f"{parsed.path.name}: could not write cache entry {entry} ({_short(exc)})"
+    _remove_stale(entry)
+    return None
 
 
-def _write(entry: Path, rt: RankTrace) -> None:
+def _write(entry: Path, parsed: ParsedTrace) -> None:
     import numpy as np
 
-    pa, pq = _arrow()
-
-    events = rt.events.drop(columns=["rank"])
-    table = pa.Table.from_pandas(events, preserve_index=False)
     meta = {
         "loader_version": LOADER_VERSION,
-        "trace": str(Path(rt.path).absolute()),
-        "rank": rt.rank,
-        "rank_source": rt.rank_source,
-        "distributed_info": rt.distributed_info,
-        "device_properties": rt.device_properties,
-        "has_device": rt.has_device,
-        "steps": rt.steps[["step", "start_ns", "end_ns"]].to_numpy(np.int64).tolist(),
-        "processes": rt.processes.to_dict("list"),
-        "threads": rt.threads.to_dict("list"),
-        "json_bytes": rt.json_bytes,
-        "notes": rt.notes,
-        "rows": len(events),
+        "trace": str(Path(parsed.path).absolute()),
+        "rows": parsed.rows,
+        "cats": parsed.cats,
+        "names": parsed.names,
+        # JSON objects have text keys: rows, pids and (pid, tid) pairs go as lists.
+        "sparse": {col: list(values.items()) for col, values in parsed.sparse.items()},
+        "processes": list(parsed.processes.items()),
+        "threads": [[pid, tid, name] for (pid, tid), name in parsed.threads.items()],
+        "meta": parsed.meta,
+        "seen_events": parsed.seen_events,
+        "dropped_no_time": parsed.dropped_no_time,
+        "json_bytes": parsed.json_bytes,
     }
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: orjson.dumps(meta)})
+    members = {_META_MEMBER: np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
+    members.update((c, parsed.columns[c]) for c in _CODE_COLUMNS + _INT_COLUMNS)
+    entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
-        # Dictionary-encode only the categoricals: trying it on every int64
-        # column costs ~30 MB of peak memory for nothing (timestamps and ids
-        # are nearly unique).
-        pq.write_table(
-            table, tmp, compression="zstd", use_dictionary=[c for c in _CATEGORY_COLUMNS if c in events.columns],
-            row_group_size=1 << 16,
-        )
+        with open(tmp, "wb") as f:
+            np.savez(f, **members)  # uncompressed: zlib would cost 10x the write time for a 5 MB entry
         os.replace(tmp, entry)
     finally:
         if tmp.exists():
             tmp.unlink()
-        del table
-        # Arrow's allocator keeps freed buffers for reuse; hand them back
-        # (tens of MB per entry otherwise stay resident).
-        pa.default_memory_pool().release_unused()
 
 
 def _remove_stale(entry: Path) -> None:
-    stem = entry.name.rsplit(".", 2)[0]  # "<name>.<path hash>"
-    for old in entry.parent.glob(f"{stem}.*.parquet"):
-        if old != entry and old.name.count(".") == entry.name.count("."):
+    trace_name, path_hash, _key, _suffix = entry.name.rsplit(".", 3)
+    for old in entry.parent.glob(f"{glob.escape(trace_name)}.{path_hash}.*"):
+        if old != entry and old.suffix in _ENTRY_SUFFIXES and old.name.count(".") == entry.name.count("."):
             try:
                 old.unlink()
             except OSError:
                 pass  # another process removed it, or read-only: harmless
 
 
-def read_entry(entry: Path, trace: Path, rank: int | None = None) -> RankTrace:
-    """Rebuild a RankTrace from an entry; CacheEntryError when unusable."""
-    # numpy, pandas and Arrow are imported here, not at the top: locating
-    # entries (entry_for) runs before they are loaded (analyzer/jobs.py says why).
+def read_entry(entry: Path, trace: Path) -> ParsedTrace:
+    """The ParsedTrace stored in ``entry``; CacheEntryError when unusable."""
     import numpy as np
-    import pandas as pd
 
-    pa, pq = _arrow()
-
-    from analyzer.tables import RankTrace, empty_processes, empty_steps, empty_threads
+    from analyzer.parse import ParsedTrace
 
     try:
-        table = pq.read_table(entry)
-        raw = (table.schema.metadata or {}).get(_META_KEY)
-        if raw is None:
-            raise ValueError("no trainperf metadata")
-        meta = orjson.loads(raw)
-        if meta.get("loader_version") != LOADER_VERSION:
-            raise ValueError(f"loader version {meta.get('loader_version')}")
-        # self_destruct frees each Arrow column once converted: the peak
-        # holds one copy of the table, not two.
-        events = table.to_pandas(self_destruct=True, split_blocks=True)
-        del table
-        pa.default_memory_pool().release_unused()
-        if len(events) != meta["rows"] or list(events.columns) != [c for c in COLUMNS if c != "rank"]:
-            raise ValueError("columns or row count differ from the schema")
+        with np.load(entry, allow_pickle=False) as z:
+            meta = orjson.loads(z[_META_MEMBER].tobytes())
+            if not isinstance(meta, dict) or meta.get("loader_version") != LOADER_VERSION:
+                raise ValueError(f"loader version {meta.get('loader_version') if isinstance(meta, dict) else '?'}")
+            columns = {c: z[c] for c in _CODE_COLUMNS + _INT_COLUMNS}
+        rows = int(meta["rows"])
+        cats, names = [str(c) for c in meta["cats"]], [str(n) for n in meta["names"]]
+        for c, values in columns.items():
+            want = np.int32 if c in _CODE_COLUMNS else np.int64
+            if values.dtype != want or values.shape != (rows,):
+                raise ValueError(f"column {c} is {values.dtype} {values.shape}, not {np.dtype(want)} ({rows},)")
+        for c, labels in (("cat", cats), ("name", names)):
+            if rows and (columns[c].min() < 0 or columns[c].max() >= len(labels)):
+                raise ValueError(f"column {c} has codes outside its {len(labels)} labels")
+        sparse = {str(col): {int(row): v for row, v in pairs} for col, pairs in meta["sparse"].items()}
+        if any(not 0 <= row < rows for values in sparse.values() for row in values):
+            raise ValueError("a sparse column names a row outside the table")
+        parsed = ParsedTrace(
+            path=Path(trace),
+            columns=columns,
+            cats=cats,
+            names=names,
+            sparse=sparse,
+            processes={int(pid): dict(fields) for pid, fields in meta["processes"]},
+            threads={(int(pid), int(tid)): str(name) for pid, tid, name in meta["threads"]},
+            meta=dict(meta["meta"]),
+            seen_events=int(meta["seen_events"]),
+            dropped_no_time=int(meta["dropped_no_time"]),
+            json_bytes=int(meta["json_bytes"]),
+        )
     except Exception as exc:  # noqa: BLE001 - any failure means "parse again"
         raise CacheEntryError(f"{Path(trace).name}: cache entry {entry.name} unreadable ({_short(exc)}); parsed again") from None
-    source = meta["rank_source"]
-    if source in ("distributedInfo", "filename"):
-        resolved = int(meta["rank"])
-    elif rank is not None:
-        resolved, source = int(rank), "argument"
-    else:
-        resolved, source = 0, "default"
-    events.insert(0, "rank", np.full(len(events), resolved, dtype=np.int32))
-    for col in _OBJECT_COLUMNS:
-        # Parquet gives pandas' str dtype with NaN; the schema says object/None.
-        values = events[col].to_numpy(dtype=object, na_value=None)
-        events[col] = pd.Series(values, dtype=object)
-    for col in _CATEGORY_COLUMNS:
-        # Parquet returns empty categories as object; the loader writes str.
-        cats = events[col].cat.categories
-        if cats.dtype != "str":
-            events[col] = pd.Categorical.from_codes(events[col].cat.codes, categories=pd.Index(cats, dtype="str"))
-    events["kind"] = events["kind"].cat.set_categories(list(KINDS))
-    steps = empty_steps()
-    if meta["steps"]:
-        arr = np.array(meta["steps"], dtype=np.int64)
-        steps = pd.DataFrame({"step": arr[:, 0], "start_ns": arr[:, 1], "end_ns": arr[:, 2]})
-    processes = empty_processes()
-    if meta["processes"].get("pid"):
-        processes = pd.DataFrame(
-            {
-                "pid": np.array(meta["processes"]["pid"], dtype=np.int64),
-                "name": pd.Series(meta["processes"]["name"], dtype=object),
-                "labels": pd.Series(meta["processes"]["labels"], dtype=object),
-            }
-        )
-    threads = empty_threads()
-    if meta["threads"].get("pid"):
-        threads = pd.DataFrame(
-            {
-                "pid": np.array(meta["threads"]["pid"], dtype=np.int64),
-                "tid": np.array(meta["threads"]["tid"], dtype=np.int64),
-                "name": pd.Series(meta["threads"]["name"], dtype=object),
-            }
-        )
-    return RankTrace(
-        rank=resolved,
-        path=Path(trace),
-        events=events,
-        steps=steps,
-        distributed_info=meta["distributed_info"],
-        device_properties=meta["device_properties"],
-        has_device=bool(meta["has_device"]),
-        rank_source=source,
-        processes=processes,
-        threads=threads,
-        json_bytes=int(meta["json_bytes"]),
-        notes=list(meta["notes"]),
-    )
+    return parsed
 
 
 def _short(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:120]
+

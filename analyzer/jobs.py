@@ -14,17 +14,17 @@ from __future__ import annotations
 import multiprocessing
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
     from analyzer.parse import ParsedTrace
 
 
-def _parse_in_worker(path: Path) -> ParsedTrace:
-    """Worker body: parse one file (a TraceError travels back pickled)."""
-    from analyzer.parse import parse_columns  # in the worker: numpy is imported here, not in the parent
+def _parse_in_worker(path: Path, entry: Path | None) -> ParsedTrace:
+    """Worker body: parse one file and write its cache entry (a TraceError travels back pickled)."""
+    from analyzer.cache import parse_and_store  # in the worker: numpy is imported here, not in the parent
 
-    return parse_columns(path)
+    return parse_and_store(path, entry)
 
 
 class ParseJobs:
@@ -41,8 +41,13 @@ class ParseJobs:
     say), so that an early exit does not wait for them.
     """
 
-    def __init__(self, files: Sequence[Path], workers: int | None = None) -> None:
+    def __init__(
+        self, files: Sequence[Path], workers: int | None = None, entries: Mapping[Path, Path | None] | None = None
+    ) -> None:
+        """``entries``: file -> the cache entry its worker writes after parsing
+        (analyzer.cache.TraceCache.entry_for); files without one are not cached."""
         self._pending: dict[Path, Any] = {}
+        entry_of = {Path(f).absolute(): e for f, e in (entries or {}).items()}
         files = list(dict.fromkeys(Path(f).absolute() for f in files))
         self._pool = None
         if not files:
@@ -50,7 +55,7 @@ class ParseJobs:
         n = max(1, min(len(files), workers or usable_cpus()))
         self._pool = _mp_context().Pool(processes=n)
         for f in files:
-            self._pending[f] = self._pool.apply_async(_parse_in_worker, (f,))
+            self._pending[f] = self._pool.apply_async(_parse_in_worker, (f, entry_of.get(f)))
 
     def __contains__(self, path: Path) -> bool:
         return Path(path).absolute() in self._pending

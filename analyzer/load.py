@@ -5,9 +5,9 @@
 docs/loading.md has the full story); this module turns them into the
 events table (rows sorted by start, names categoricals, kinds classified),
 and :func:`load_traces` handles many files: ranks parsed in parallel worker
-processes, and the parsed tables kept in a Parquet cache
-(:mod:`analyzer.cache`), so a second load reads a few MB of Parquet instead
-of re-parsing JSON.
+processes, and the parsed columns kept in a cache (:mod:`analyzer.cache`,
+written by the parse workers), so a second load reads a few MB of numpy
+arrays instead of re-parsing JSON.
 """
 from __future__ import annotations
 
@@ -301,33 +301,30 @@ def load_traces(
     total_bytes = sum(_size(f) for f, _ in misses)
     bar = _progress_bar(progress, len(files), total_bytes)
     try:
-        # Parse first, then read cache hits: the worker processes are forked
-        # before this process starts any Arrow threads.
+        # Parse first, then read cache hits, so the workers start at once.
         entries = dict(misses)
-        for f, parsed in _parse_many([f for f, _ in misses], workers, jobs):
+        for f, parsed in _parse_many([f for f, _ in misses], workers, jobs, entries):
             if isinstance(parsed, TraceError):
                 result.errors.append(parsed)
             else:
-                loaded[f] = rt = rank_trace(parsed)
-                note = store.write(entries[f], rt) if store else None
-                if note:
-                    result.warnings.append(note)
+                if parsed.cache_warning:
+                    result.warnings.append(parsed.cache_warning)
+                loaded[f] = rank_trace(parsed)
             if bar:
                 bar.update(1)
         for f, entry in hits:
             try:
-                rt = store.read(entry, f)
+                parsed = store.read(entry, f)
             except trace_cache.CacheEntryError as exc:
                 result.warnings.append(str(exc))
                 try:
-                    rt = parse_trace(f)
+                    parsed = trace_cache.parse_and_store(f, entry)
                 except TraceError as err:
                     result.errors.append(err)
                     continue
-                note = store.write(entry, rt)
-                if note:
-                    result.warnings.append(note)
-            loaded[f] = rt
+                if parsed.cache_warning:
+                    result.warnings.append(parsed.cache_warning)
+            loaded[f] = rank_trace(parsed)
             if bar:
                 bar.update(1)
     finally:
@@ -366,16 +363,17 @@ PARALLEL_MIN_BYTES = 8 << 20
 
 
 def _parse_many(
-    files: list[Path], workers: int | None, jobs: ParseJobs | None
+    files: list[Path], workers: int | None, jobs: ParseJobs | None, entries: dict[Path, Path | None]
 ) -> Iterator[tuple[Path, ParsedTrace | TraceError]]:
-    """(file, its parsed columns or its TraceError), in the order of ``files``."""
+    """(file, its parsed columns or its TraceError), in the order of ``files``;
+    each file's cache entry (``entries``) written by whoever parses it."""
     if not files:
         return
     todo = [f for f in files if not (jobs and f in jobs)]
     if workers is None and sum(_size(f) for f in todo) < PARALLEL_MIN_BYTES:
         workers = 1
     n = min(len(todo), workers or usable_cpus())
-    own = ParseJobs(todo, n) if n > 1 else None
+    own = ParseJobs(todo, n, entries) if n > 1 else None
     try:
         for f in files:
             try:
@@ -384,7 +382,7 @@ def _parse_many(
                 elif own is not None:
                     yield f, own.take(f)
                 else:
-                    yield f, parse_columns(f)
+                    yield f, trace_cache.parse_and_store(f, entries.get(f))
             except TraceError as err:
                 yield f, err
     finally:

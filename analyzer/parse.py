@@ -708,6 +708,8 @@ class ParsedTrace:
     seen_events: int = 0
     dropped_no_time: int = 0
     json_bytes: int = 0
+    # Set by analyzer.cache.parse_and_store when its cache entry could not be written.
+    cache_warning: str | None = None
 
     @property
     def rows(self) -> int:

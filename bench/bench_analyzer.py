@@ -17,7 +17,7 @@ after the other's page-cache effects):
   report cache answers (analyzer/report_cache.py: the previous report is
   replayed when no input, option or code changed; no pandas import).
 * **analyzer tables**: the same command with the report cache entry
-  deleted but the Parquet cache of the parsed tables kept: a full analysis
+  deleted but the cache of the parsed traces kept: a full analysis
   that skips the JSON parse (what a changed option, e.g. ``--top``, costs).
 
 Figures per run: wall time of the whole subprocess (interpreter start and

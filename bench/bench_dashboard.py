@@ -9,10 +9,10 @@ Two inputs:
 
 Three cache states per input, each measured ``--repeat`` times:
 
-  cold         fresh `dashboard` server, no analyzer Parquet cache (the
+  cold         fresh `dashboard` server, no analyzer parse cache (the
                traces are parsed from JSON) and a fresh browser profile (the
                Streamlit frontend's JavaScript is downloaded and compiled)
-  server-cold  fresh server, Parquet cache present (a restarted dashboard),
+  server-cold  fresh server, parse cache present (a restarted dashboard),
                fresh browser profile
   warm         the same server and browser profile, the page opened again
                in a new tab: Streamlit's cache holds the analysis and the
@@ -96,7 +96,7 @@ def make_rank_folder(trace: Path, dst: Path, world: int) -> None:
         (dst / f"rank{rank}.json.gz").write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1))
 
 
-def drop_parquet_caches(root: Path) -> None:
+def drop_analyzer_caches(root: Path) -> None:
     for cache in root.rglob(".analyzer-cache"):
         shutil.rmtree(cache)
 
@@ -187,7 +187,7 @@ def bench(
         for i in range(repeat):
             for state in ("cold", "server-cold"):
                 if state == "cold":
-                    drop_parquet_caches(runs)
+                    drop_analyzer_caches(runs)
                 proc, base = start_dashboard(runs, log_dir / f"server-{i}-{state}.log")
                 try:
                     for name in names:

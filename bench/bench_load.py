@@ -163,7 +163,7 @@ def measure(case: str, folder: Path, tool: str, repeat: int, mb: float, caches: 
     cache_dir = caches / case
     if cache_state == "empty":
         shutil.rmtree(cache_dir, ignore_errors=True)
-    elif cache_state == "filled" and not any(cache_dir.glob("*.parquet")):
+    elif cache_state == "filled" and not any(cache_dir.glob("*.npz")):
         run_child(code, [str(folder), str(cache_dir)])  # fill it, untimed
     result, wall, pss, rss = run_child(code, [str(folder), str(cache_dir)])
     run = Run(case, tool, repeat, result["load_s"], wall, pss / 1e6, rss / 1e6, mb, result["ranks"], result["rows"])

@@ -440,8 +440,8 @@ def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, thre
     for r in range(3):
         pd.testing.assert_frame_equal(serial.ranks[r].events, parallel.ranks[r].events)
     assert serial.ranks[2].events["rank"].eq(2).all()
-    # Parsed in workers, cached by the caller.
-    assert len(list((tmp_path / "cache").glob("*.parquet"))) == 3
+    # Parsed and cached by the workers.
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 3
 
 
 # ---------------------------------------------------------------- cache
@@ -450,13 +450,14 @@ def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, thre
 @pytest.fixture
 def counted_parse(monkeypatch):
     calls: list[Path] = []
-    real = load.parse_columns
+    real = parse.parse_columns
 
-    def parse(path):
+    def counting(path):
         calls.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(load, "parse_columns", parse)
+    # analyzer.cache.parse_and_store looks it up in analyzer.parse at each call.
+    monkeypatch.setattr(parse, "parse_columns", counting)
     return calls
 
 
@@ -476,7 +477,7 @@ def test_cache_hit_skips_parsing_and_returns_identical_tables(tmp_path: Path, co
         _gpu_trace(rank=r).write(folder / f"rank{r}.json.gz")
     cold = load_traces(folder, workers=1)
     assert len(counted_parse) == 2
-    entries = sorted((folder / ".analyzer-cache").glob("*.parquet"))
+    entries = sorted((folder / ".analyzer-cache").glob("*.npz"))
     assert [e.name.split(".")[0] for e in entries] == ["rank0", "rank1"]
     warm = load_traces(folder, workers=1)
     assert len(counted_parse) == 2, "second load parsed again"
@@ -487,13 +488,13 @@ def test_cache_hit_skips_parsing_and_returns_identical_tables(tmp_path: Path, co
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000_000))
     load_traces(folder, workers=1)
     assert counted_parse[2:] == [path]
-    assert len(list((folder / ".analyzer-cache").glob("rank1.json.gz.*.parquet"))) == 1
+    assert len(list((folder / ".analyzer-cache").glob("rank1.json.gz.*.npz"))) == 1
 
 
 def test_corrupt_cache_entry_is_reported_and_rebuilt(tmp_path: Path, counted_parse) -> None:
     _gpu_trace(rank=0).write(tmp_path / "rank0.json.gz")
     cold = load_traces(tmp_path, workers=1)
-    (entry,) = (tmp_path / ".analyzer-cache").glob("*.parquet")
+    (entry,) = (tmp_path / ".analyzer-cache").glob("*.npz")
     entry.write_bytes(entry.read_bytes()[:100])
     again = load_traces(tmp_path, workers=1)
     assert len(counted_parse) == 2
@@ -519,7 +520,7 @@ def test_read_only_trace_folder_uses_the_user_cache(tmp_path: Path, monkeypatch,
     load_traces(traces, workers=1)
     assert len(counted_parse) == 1
     assert not (traces / ".analyzer-cache").exists()
-    assert len(list((tmp_path / "xdg" / "trainperf").glob("rank0.json.gz.*.parquet"))) == 1
+    assert len(list((tmp_path / "xdg" / "trainperf").glob("rank0.json.gz.*.npz"))) == 1
 
 
 def test_folder_without_write_bits_is_read_only_even_for_root(tmp_path: Path, monkeypatch, counted_parse) -> None:
@@ -535,7 +536,7 @@ def test_folder_without_write_bits_is_read_only_even_for_root(tmp_path: Path, mo
         traces.chmod(0o755)
     assert len(counted_parse) == 1
     assert not (traces / ".analyzer-cache").exists()
-    assert len(list((tmp_path / "xdg" / "trainperf").glob("rank0.json.gz.*.parquet"))) == 1
+    assert len(list((tmp_path / "xdg" / "trainperf").glob("rank0.json.gz.*.npz"))) == 1
 
 
 def test_cache_folder_argument_and_rank_hint_resolution(tmp_path: Path, counted_parse) -> None:
@@ -545,13 +546,71 @@ def test_cache_folder_argument_and_rank_hint_resolution(tmp_path: Path, counted_
     store = tmp_path / "store"
     first = load_traces(path, cache=store, workers=1)
     second = load_traces(path, cache=store, workers=1)
-    assert len(counted_parse) == 1 and len(list(store.glob("*.parquet"))) == 1
+    assert len(counted_parse) == 1 and len(list(store.glob("*.npz"))) == 1
     _assert_same(first, second)
     assert (second.ranks[0].rank_source, list(second.ranks)) == ("default", [0])
     # The cached entry does not freeze a hinted rank.
     tc = trace_cache.TraceCache(store)
     entry = tc.entry_for(path)
-    assert tc.read(entry, path, rank=6).rank == 6
+    assert load.rank_trace(tc.read(entry, path), rank=6).rank == 6
+
+
+def _rewrite_entry(entry: Path, change) -> None:
+    """Rewrite an npz cache entry with ``change(members)`` applied."""
+    import numpy as np
+
+    with np.load(entry, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    change(members)
+    with open(entry, "wb") as f:
+        np.savez(f, **members)
+
+
+def _set_meta(members: dict, **fields) -> None:
+    import numpy as np
+
+    meta = orjson.loads(members["trainperf_meta"].tobytes())
+    meta.update(fields)
+    members["trainperf_meta"] = np.frombuffer(orjson.dumps(meta), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        # A planted entry holding a pickled object is refused, never unpickled.
+        (lambda m: m.update(pid=__import__("numpy").array([object()] * len(m["pid"]), dtype=object)), "Object arrays cannot be loaded"),
+        (lambda m: m.update(name=m["name"] + 10_000), "column name has codes outside its"),
+        (lambda m: m.update(ts_ns=m["ts_ns"][:-1]), "column ts_ns is int64"),
+        (lambda m: _set_meta(m, sparse={"input_dims": [[10**6, "[[1]]"]]}), "a sparse column names a row outside the table"),
+        (lambda m: _set_meta(m, loader_version=1), "loader version 1"),
+    ],
+)
+def test_tampered_cache_entry_is_refused_and_parsed_again(tmp_path: Path, counted_parse, change, reason) -> None:
+    _gpu_trace(rank=0).write(tmp_path / "rank0.json.gz")
+    cold = load_traces(tmp_path, workers=1)
+    (entry,) = (tmp_path / ".analyzer-cache").glob("*.npz")
+    _rewrite_entry(entry, change)
+    again = load_traces(tmp_path, workers=1)
+    assert len(counted_parse) == 2
+    assert reason in _reason(again.warnings[0])
+    _assert_same(cold, again)
+
+
+def test_rewriting_an_entry_removes_older_formats_of_that_trace_only(tmp_path: Path) -> None:
+    _gpu_trace(rank=0).write(tmp_path / "rank0.json.gz")
+    _gpu_trace(rank=1).write(tmp_path / "rank1.json.gz")
+    store = tmp_path / ".analyzer-cache"
+    store.mkdir()
+    tc = trace_cache.TraceCache()
+    new = tc.entry_for(tmp_path / "rank0.json.gz")
+    path_hash = new.name.split(".")[3]
+    old_format = store / f"rank0.json.gz.{path_hash}.0123456789abcdef.parquet"
+    other_trace = store / f"rank1.json.gz.{tc.entry_for(tmp_path / 'rank1.json.gz').name.split('.')[3]}.0123456789abcdef.parquet"
+    report = store / "report.0123456789.0123456789abcdef.json"
+    for f in (old_format, other_trace, report):
+        f.write_bytes(b"x")
+    load_traces(tmp_path / "rank0.json.gz", workers=1)
+    assert sorted(f.name for f in store.iterdir()) == sorted([new.name, other_trace.name, report.name])
 
 
 # ---------------------------------------------------------------- real traces
