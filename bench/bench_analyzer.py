@@ -20,11 +20,14 @@ after the other's page-cache effects):
   deleted but the cache of the parsed traces kept: a full analysis
   that skips the JSON parse (what a changed option, e.g. ``--top``, costs).
 
-Figures per run: wall time of the whole subprocess (interpreter start and
-imports included, for both tools), its CPU time (user + system of the
-process and all its descendants; steadier than wall time on a busy machine),
-peak memory of the whole process tree
-sampled every 10 ms from /proc, as summed PSS (pages shared between a
+Every measurement is two runs of the command in the same cache state: a
+timed run, unobserved, gives the wall time of the whole subprocess
+(interpreter start and imports included, for both tools) and its CPU time
+(user + system of the process and the descendants it waited for, from
+getrusage; steadier than wall time on a busy machine); a second run gives
+the peak memory of the whole process tree, sampled every 10 ms from /proc
+(the sampler's CPU would slow the timed figure, and more so for a tool
+that keeps both cores busy: bench/proctree.py, ``run_timed``), as summed PSS (pages shared between a
 parent and its forked workers split between them, so the tree is not
 double-counted) and as summed RSS (shared pages counted in every process),
 and MB/s of uncompressed trace JSON over the wall time. The summary gives
@@ -55,7 +58,7 @@ SAMPLE_PERIOD_S = 0.01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load import json_mb, prepare_cases  # noqa: E402  (the same trace folders as the loader benchmark)
-from proctree import run_tree  # noqa: E402
+from proctree import run_timed, run_tree  # noqa: E402
 
 HTA_SCRIPT = """
 import sys, logging
@@ -79,16 +82,25 @@ class Measurement:
     peak_rss_mb: float
     json_mb: float
     returncode: int
+    sampled_wall_s: float  # wall time of the run sampled for memory (slowed by the sampler)
 
     @property
     def mb_per_s(self) -> float:
         return self.json_mb / self.wall_s
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, int, int, str]:
-    """Run ``cmd``; (wall s, CPU s, peak tree PSS bytes, peak tree RSS bytes, returncode, stderr tail)."""
+def run_measured(cmd: list[str], env: dict[str, str], prepare) -> tuple[float, float, int, int, int, str, float]:
+    """Run ``cmd`` twice, ``prepare()`` (the cache state) before each: once
+    timed without sampling, once sampled for memory (proctree.run_timed
+    says why). (wall s, CPU s, peak tree PSS bytes, peak tree RSS bytes,
+    returncode, stderr tail, wall s of the sampled run)."""
+    prepare()
+    t = run_timed(cmd, env, REPO)
+    prepare()
     r = run_tree(cmd, env, REPO, SAMPLE_PERIOD_S)
-    return r.wall_s, r.cpu_s, r.peak_pss_bytes, r.peak_rss_bytes, r.returncode, r.stderr.decode(errors="replace")[-2000:]
+    rc = t.returncode or r.returncode
+    err = (t.stderr if t.returncode else r.stderr).decode(errors="replace")[-2000:]
+    return t.wall_s, t.cpu_s, r.peak_pss_bytes, r.peak_rss_bytes, rc, err, r.wall_s
 
 
 def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:
@@ -112,20 +124,21 @@ def clear_report_cache(folder: Path, user_cache: Path) -> None:
 def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path) -> Measurement:
     user_cache = out / "xdg-cache"
     env = dict(os.environ, PYTHONWARNINGS="ignore", XDG_CACHE_HOME=str(user_cache))
+    prepare = lambda: None  # noqa: E731
     if tool == "hta":
         cmd = [sys.executable, "-c", HTA_SCRIPT, str(folder)]
     else:
         if tool == "analyzer-cold":
-            clear_analyzer_cache(folder, user_cache)
+            prepare = lambda: clear_analyzer_cache(folder, user_cache)  # noqa: E731
         elif tool == "analyzer-tables":
-            clear_report_cache(folder, user_cache)
+            prepare = lambda: clear_report_cache(folder, user_cache)  # noqa: E731
         cmd = [str(BIN / "analyzer"), "report", str(folder), "--json", str(out / f"{folder_name}.report.json")]
-    wall, cpu, pss, rss, rc, err = run_measured(cmd, env)
+    wall, cpu, pss, rss, rc, err, sampled_wall = run_measured(cmd, env, prepare)
     if rc != 0:
         print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:]}", file=sys.stderr)
-    m = Measurement(folder_name, tool, repeat, wall, cpu, pss / 2**20, rss / 2**20, json_mb, rc)
+    m = Measurement(folder_name, tool, repeat, wall, cpu, pss / 2**20, rss / 2**20, json_mb, rc, sampled_wall)
     print(f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  cpu {cpu:7.2f} s  PSS {m.peak_pss_mb:6.0f} MB  RSS {m.peak_rss_mb:6.0f} MB  "
-          f"{m.mb_per_s:6.1f} MB/s", flush=True)
+          f"{m.mb_per_s:6.1f} MB/s  (sampled run {sampled_wall:5.2f} s)", flush=True)
     return m
 
 
@@ -138,6 +151,7 @@ def summarize(results: list[Measurement]) -> list[dict]:
             if ms:
                 by_tool[tool] = {
                     "wall_s": statistics.median(m.wall_s for m in ms),
+                    "sampled_wall_s": statistics.median(m.sampled_wall_s for m in ms),
                     "cpu_s": statistics.median(m.cpu_s for m in ms),
                     "peak_pss_mb": statistics.median(m.peak_pss_mb for m in ms),
                     "peak_rss_mb": statistics.median(m.peak_rss_mb for m in ms),

@@ -13,6 +13,7 @@ getrusage(RUSAGE_CHILDREN), which misses descendants nobody waits for
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import threading
 import time
@@ -87,6 +88,27 @@ def sample_tree(root: int, cpu_ticks: dict[int, int]) -> tuple[int, int]:
         cpu_ticks[pid] = max(cpu_ticks.get(pid, 0), _cpu_ticks(pid))
         stack.extend(children.get(pid, ()))
     return pss, rss
+
+
+def run_timed(cmd: list[str], env: dict[str, str], cwd: Path) -> TreeRun:
+    """Run ``cmd`` to completion without sampling: wall time, and CPU time
+    from getrusage(RUSAGE_CHILDREN) (the child plus the descendants it
+    waited for); memory is not measured (0).
+
+    Why a separate run for time: the sampler reads /proc/PID/smaps_rollup
+    of every process in the tree every 10 ms, which costs CPU. On a 2-core
+    machine that CPU is taken from a tool that keeps both cores busy (a
+    main process and a parse worker) but not from a single-process one,
+    so sampled wall times are biased against the parallel tool.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return TreeRun(wall, cpu, 0, 0, proc.returncode, out, err)
 
 
 def run_tree(cmd: list[str], env: dict[str, str], cwd: Path, period_s: float = 0.01) -> TreeRun:

@@ -14,17 +14,30 @@ import numpy as np
 import pandas as pd
 
 
+def _codes_values(column: pd.Series) -> tuple[np.ndarray, list]:
+    """Per-row codes (-1: missing) and the distinct values as Python objects."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(), column.cat.categories.tolist()
+    codes, values = pd.factorize(column)
+    return codes, list(values)
+
+
+def _per_value(codes: np.ndarray, values: list, fn: Callable[[str], object], dtype, missing: object) -> np.ndarray:
+    """``fn`` per row, evaluated once per distinct value, with ``missing``
+    where the code is -1. A selection of a few rows from a column with
+    thousands of names (the communication kernels, say) only evaluates the
+    names it uses."""
+    table = np.full(len(values) + 1, missing, dtype=dtype)
+    used = np.unique(codes[codes >= 0]) if len(codes) < len(values) else range(len(values))
+    for i in used:
+        table[i] = fn(str(values[i]))
+    return table[np.where(codes >= 0, codes, len(values))]
+
+
 def text_mask(column: pd.Series, keep: Callable[[str], bool]) -> np.ndarray:
     """Boolean per row: ``keep(value)``; missing values are False."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy()
-        values = column.cat.categories
-    else:
-        codes, values = pd.factorize(column)
-    table = np.fromiter((keep(str(v)) for v in values), dtype=bool, count=len(values))
-    if table.size == 0:
-        return np.zeros(len(column), dtype=bool)
-    return np.where(codes >= 0, table[np.clip(codes, 0, None)], False)
+    codes, values = _codes_values(column)
+    return _per_value(codes, values, keep, bool, False)
 
 
 def is_in(column: pd.Series, names) -> np.ndarray:
@@ -35,12 +48,5 @@ def is_in(column: pd.Series, names) -> np.ndarray:
 
 def text_map(column: pd.Series, fn: Callable[[str], object], missing: object = None) -> np.ndarray:
     """``fn(value)`` per row as an object array, computed once per distinct value."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy()
-        values = column.cat.categories
-    else:
-        codes, values = pd.factorize(column)
-    table = np.empty(len(values) + 1, dtype=object)
-    table[:-1] = [fn(str(v)) for v in values]
-    table[-1] = missing
-    return table[np.where(codes >= 0, codes, len(values))]
+    codes, values = _codes_values(column)
+    return _per_value(codes, values, fn, object, missing)
