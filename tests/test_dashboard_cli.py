@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,8 @@ def test_default_binds_localhost_on_a_free_port_and_prints_url(tmp_path, capture
     with pytest.raises(_Exec):
         cli.main([str(tmp_path)])
     argv = captured_exec["argv"]
-    assert argv[1:5] == ["-m", "streamlit", "run", str(cli.APP_PATH)]
+    assert argv[1:5] == ["-m", "dashboard.serve", "run", str(cli.APP_PATH)]
+    assert _opt(argv, "--runner.magicEnabled") == "false"
     assert _opt(argv, "--server.address") == "127.0.0.1"
     assert _opt(argv, "--server.headless") == "true"
     assert _opt(argv, "--browser.gatherUsageStats") == "false"
@@ -83,3 +86,21 @@ def test_out_of_range_port(tmp_path, captured_exec, capsys):
 
 def test_app_path_exists():
     assert Path(cli.APP_PATH).is_file()
+
+
+def test_server_process_imports_the_analyzer_then_runs_streamlit(monkeypatch):
+    """dashboard.serve is `python -m streamlit` with the analyzer imported before the server listens."""
+
+    code = (
+        "import sys\n"
+        "import streamlit.web.cli as st_cli\n"
+        "def fake_main(prog_name):\n"
+        "    print(prog_name, 'pandas' in sys.modules, 'analyzer.api' in sys.modules, 'analyzer.suggest.engine' in sys.modules)\n"
+        "st_cli.main = fake_main\n"
+        "from dashboard import serve\n"
+        "serve.main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["streamlit", "True", "True", "True"]
+
