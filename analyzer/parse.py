@@ -32,6 +32,8 @@ import gc
 import re
 import zlib
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
@@ -457,6 +459,24 @@ def _last_boundary(buf: bytearray, hi: int, lo: int = 0) -> tuple[int, int] | No
 # Events -> columns
 
 
+_TS, _DUR, _CAT, _NAME, _PID, _TID = (attrgetter(f) for f in ("ts", "dur", "cat", "name", "pid", "tid"))
+_CORRELATION, _EXTERNAL_ID = attrgetter("correlation"), attrgetter("external_id")
+_STR = {str}
+
+
+def _exact_text(cats: list, names: list) -> tuple[list[str], list[str]]:
+    """Category and name as text: a missing or false value is "", anything
+    else that is not text becomes its str() (both, when either is not text)."""
+    out_c, out_n = [], []
+    for cat, name in zip(cats, names):
+        cat, name = cat or "", name or ""
+        if type(name) is not str or type(cat) is not str:
+            cat, name = str(cat), str(name)
+        out_c.append(cat)
+        out_n.append(name)
+    return out_c, out_n
+
+
 class _Columns:
     """Accumulates typed columns from lists of decoded events.
 
@@ -493,58 +513,50 @@ class _Columns:
         self._wants_args: dict[str, bool] = {}
 
     def add(self, events: list[_Event]) -> None:
+        # Column at a time (comprehensions and C-level attribute getters)
+        # rather than one Python loop appending to nine lists per event:
+        # 0.45 -> 0.33 s for trace_diff/control. The rare shapes (events
+        # without ts, null or non-text names) take a slower exact path.
         self.seen_events += len(events)
-        cats: list = []
-        names: list = []
-        pids: list = []
-        tids: list = []
-        tss: list = []
-        durs: list = []
-        streams: list = []
-        corrs: list = []
-        exts: list = []
-        special: list = []
-        wants = self._wants_args
-        gpu_cats = GPU_TIMELINE_CATS
-        no_args = _NO_ARGS
-        row0 = self.rows
-        for e in events:
-            ph = e.ph
-            if ph != "X":
-                if ph == "M":
+        xs = [e for e in events if e.ph == "X"]
+        if len(xs) != len(events):
+            for e in events:
+                if e.ph == "M":
                     self._metadata(e)
-                continue
-            ts = e.ts
-            dur = e.dur
-            if ts is None or dur is None:
-                self.dropped_no_time += 1
-                continue
-            cat = e.cat or ""
-            if cat == "Trace":
-                continue  # the profiler's own span (HTA drops it too)
-            name = e.name or ""
-            if type(name) is not str or type(cat) is not str:
-                cat, name = str(cat), str(name)
-            a = e.args or no_args
-            tid = e.tid
-            cats.append(cat)
-            names.append(name)
-            pids.append(e.pid)
-            tids.append(tid)
-            tss.append(ts)
-            durs.append(dur)
-            corrs.append(a.correlation)
-            exts.append(a.external_id)
-            if cat in gpu_cats:
-                s = a.stream
-                streams.append(tid if s is None else s)
-            else:
-                streams.append(-1)
-            w = wants.get(name)
-            if w is None:
-                w = wants[name] = name in MATMUL_OPS or bool(CPU_COMM_RE.search(name))
-            if w or a.collective is not None or a.in_nelems is not None:
-                special.append((row0 + len(cats) - 1, name, a))
+        tss = list(map(_TS, xs))
+        durs = list(map(_DUR, xs))
+        if None in tss or None in durs:
+            timed = [e for e, ts, dur in zip(xs, tss, durs) if ts is not None and dur is not None]
+            self.dropped_no_time += len(xs) - len(timed)
+            xs = timed
+            tss, durs = list(map(_TS, xs)), list(map(_DUR, xs))
+        cats = list(map(_CAT, xs))
+        names = list(map(_NAME, xs))
+        if not (set(map(type, cats)) <= _STR and set(map(type, names)) <= _STR):
+            cats, names = _exact_text(cats, names)
+        if "Trace" in cats:  # the profiler's own span (HTA drops it too)
+            keep = [c != "Trace" for c in cats]
+            xs, cats, names, tss, durs = (list(compress(col, keep)) for col in (xs, cats, names, tss, durs))
+        no_args = _NO_ARGS
+        args = [e.args or no_args for e in xs]
+        gpu_cats = GPU_TIMELINE_CATS
+        streams = [
+            (e.tid if a.stream is None else a.stream) if c in gpu_cats else -1 for e, a, c in zip(xs, args, cats)
+        ]
+        wants = self._wants_args
+        for name in set(names).difference(wants):
+            wants[name] = name in MATMUL_OPS or bool(CPU_COMM_RE.search(name))
+        row0 = self.rows
+        special = [
+            (row0 + i, n, a)
+            for i, (n, a) in enumerate(zip(names, args))
+            if wants[n] or a.collective is not None or a.in_nelems is not None
+        ]
+        pids = list(map(_PID, xs))
+        tids = list(map(_TID, xs))
+        corrs = list(map(_CORRELATION, args))
+        exts = list(map(_EXTERNAL_ID, args))
+        del xs
         if not cats:
             return
         self.rows += len(cats)
@@ -605,8 +617,8 @@ def _codes(values: list, ids: dict[str, int]) -> np.ndarray:
     """Global integer codes of strings: a per-block dictionary of the
     block's distinct values (first-seen order), then one remap to the
     file-wide ``ids``."""
-    local: dict[str, int] = {}
-    codes = np.fromiter((local.setdefault(v, len(local)) for v in values), dtype=np.int32, count=len(values))
+    local = {v: i for i, v in enumerate(dict.fromkeys(values))}  # first-seen order
+    codes = np.fromiter(map(local.__getitem__, values), dtype=np.int32, count=len(values))
     remap = np.empty(len(local), dtype=np.int32)
     for u, i in local.items():
         j = ids.get(u)
