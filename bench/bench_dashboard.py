@@ -20,6 +20,9 @@ Three cache states per input, each measured ``--repeat`` times:
   switch       in that tab, to the Stragglers page and back through the
                sidebar, timing the way back: a page switch inside the app
                (no new frontend, no new session)
+  from-runs    in a new tab on the Runs page, the run's row selected in the
+               runs table: from the click to the complete run page (the
+               table switches pages inside the app)
 
 and ``script``: the page's Python script alone with warm caches, under
 streamlit.testing.AppTest, without a browser: the server's share of a warm
@@ -80,6 +83,10 @@ _DONE_JS = """n => {
   const vega = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
     .filter(c => c.querySelector('svg.marks[height]:not([height="0"]), canvas[height]:not([height="0"])')).length;
   return plotly + vega >= n;
+}"""
+_SCRIPT_IDLE_JS = """() => {
+  const running = document.querySelector('[data-testid="stStatusWidget"]');
+  return !(running && running.textContent.includes('Running'));
 }"""
 _NO_RAW_TRACES_JS = "() => !Array.from(document.querySelectorAll('h3')).some(h => h.textContent.includes('Raw traces'))"
 
@@ -144,6 +151,33 @@ def switch_back_s(context, url: str, n_charts: int) -> float:
         page.close()
 
 
+def from_runs_s(context, base: str, name: str, n_charts: int) -> float:
+    """Open the Runs page, select `name`'s row in the table, time until its
+    run page is complete (the switch happens inside the app)."""
+    page = context.new_page()
+    try:
+        page.goto(base + "/", wait_until="commit")
+        grid = page.locator('[data-testid="stDataFrame"]').first
+        grid.wait_for(state="visible", timeout=TIMEOUT_MS)
+        page.wait_for_function(
+            "name => document.querySelector('[data-testid=\"stDataFrame\"]').innerHTML.includes(name)",
+            arg=name, timeout=TIMEOUT_MS,
+        )
+        page.wait_for_function(_SCRIPT_IDLE_JS, timeout=TIMEOUT_MS, polling=50)
+        rows = grid.locator("table tbody tr").evaluate_all(
+            "rows => rows.map(r => [...r.querySelectorAll('td')].map(td => td.textContent))"
+        )
+        row = next(i for i, cells in enumerate(rows) if name in cells)
+        box = grid.bounding_box()
+        t0 = time.perf_counter()
+        # The grid is a canvas: click the row's selection marker (35 px rows, header included).
+        page.mouse.click(box["x"] + 14, box["y"] + 35 * (row + 1) + 17)
+        page.wait_for_function(_DONE_JS, arg=n_charts, timeout=TIMEOUT_MS, polling=50)
+        return time.perf_counter() - t0
+    finally:
+        page.close()
+
+
 def render_s(context, url: str, n_charts: int) -> float:
     """Seconds from navigation to a complete run page, in a new page (a new
     Streamlit session) of the browser context."""
@@ -182,7 +216,7 @@ def bench(
 ) -> dict[str, dict[str, list[float]]]:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": [], "switch": []} for n in names}
+    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": [], "switch": [], "from-runs": []} for n in names}
     with sync_playwright() as p:
         for i in range(repeat):
             for state in ("cold", "server-cold"):
@@ -203,6 +237,7 @@ def bench(
                                     out[name]["warm"].append(render_s(context, url, n_charts[name]))
                                     out[name]["warm-cpu"].append(_descendants_cpu_s(os.getpid()) - cpu0)
                                     out[name]["switch"].append(switch_back_s(context, url, n_charts[name]))
+                                    out[name]["from-runs"].append(from_runs_s(context, base, name, n_charts[name]))
                             finally:
                                 close()
                 finally:
@@ -267,14 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     profile = "incognito contexts" if args.incognito else "persistent browser profile"
     print(f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
           f"{profile}; charts per page {n_charts}; load average {load:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'warm-cpu':>10}{'switch':>10}{'script':>10}")
+    print(f"{'input':<14}{'cold':>10}{'server-cold':>14}{'warm':>10}{'warm-cpu':>10}{'switch':>10}{'from-runs':>10}{'script':>10}")
     summary = {}
     for name, states in results.items():
         med = {s: statistics.median(v) for s, v in states.items()}
         summary[name] = {"median_s": med, "samples_s": states}
         print(
             f"{name:<14}{med['cold']:>10.2f}{med['server-cold']:>14.2f}{med['warm']:>10.2f}"
-            f"{med['warm-cpu']:>10.2f}{med['switch']:>10.2f}{med['script']:>10.2f}"
+            f"{med['warm-cpu']:>10.2f}{med['switch']:>10.2f}{med['from-runs']:>10.2f}{med['script']:>10.2f}"
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(

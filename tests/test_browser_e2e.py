@@ -160,3 +160,44 @@ def test_refused_run_name_reads_nothing(server, page):
     _wait_idle(page)
     assert page.locator('[data-testid="stMetric"]').count() == 0
     assert page.problems() == []
+
+
+def test_selecting_a_run_in_the_table_opens_its_page_inside_the_app(server, page):
+    """A row picked in the runs table switches to that run's overview in the
+    same session (no new page load), with ?run= set for the sidebar."""
+    url, runs, root = server
+    page.goto(url + "/", wait_until="domcontentloaded")
+    grid = page.locator('[data-testid="stDataFrame"]').first
+    grid.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    page.wait_for_function(
+        "name => document.querySelector('[data-testid=\"stDataFrame\"]').innerHTML.includes(name)",
+        arg=GOOD_RUN,
+        timeout=RENDER_TIMEOUT_MS,
+    )
+    # The grid draws on a canvas; its accessible table gives the row order.
+    names = grid.locator("table tbody tr").evaluate_all(
+        "rows => rows.map(r => [...r.querySelectorAll('td')].map(td => td.textContent))"
+    )
+    row = next(i for i, cells in enumerate(names) if GOOD_RUN in cells)
+    page.evaluate("() => { window.__same_document = true; }")  # gone if the page reloads
+    box = grid.bounding_box()
+    header_px = row_px = 35  # Streamlit's default row height, header included
+    page.mouse.click(box["x"] + 14, box["y"] + header_px + row_px * row + row_px / 2)
+    mfu = page.locator('[data-testid="stMetric"]', has_text="MFU").first
+    mfu.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    assert f"run={quote(GOOD_RUN)}" in page.url and "/overview" in page.url
+    assert page.get_by_role("heading", name="Raw traces").count() == 1
+    # Client-side navigation: the URL changed without a document load.
+    assert page.evaluate("() => window.__same_document === true")
+    # Back on the Runs page the table starts without a selection (it does
+    # not bounce to the run again).
+    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name="Runs").click()
+    page.get_by_role("heading", name="Runs").wait_for(timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    page.wait_for_timeout(1500)
+    _wait_idle(page)
+    assert page.get_by_role("heading", name="Runs").count() == 1
+    assert page.locator('[data-testid="stMetric"]').count() == 0
+    assert page.problems() == []
