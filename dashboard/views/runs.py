@@ -101,8 +101,9 @@ def render() -> None:
     name = st.session_state.pop(_OPEN_KEY, None)
     if name is not None:
         # Switch before building the table again: inside the app the run page
-        # reuses this session and its cached analysis (0.7-0.8 s to a drawn
-        # page, against about 3 s in a new tab; docs/dashboard.md).
+        # reuses this session and its cached analysis (1.3-1.6 s from the
+        # click to a drawn page here, 2.5-3.3 s in a new tab; docs/dashboard.md).
+        # Selected rows are positions in `shown` as built, whatever the sort.
         st.switch_page("views/overview.py", query_params={state.RUN_PARAM: name})
     st.title("Runs")
     root = state.runs_root()
