@@ -107,10 +107,6 @@ class TraceCache:
         """The cached parse of ``trace``; raises CacheEntryError."""
         return read_entry(entry, trace)
 
-    def write(self, entry: Path | None, parsed: ParsedTrace) -> str | None:
-        """See :func:`write_entry`."""
-        return write_entry(entry, parsed)
-
 
 def parse_and_store(path: Path, entry: Path | None) -> ParsedTrace:
     """Parse ``path`` and write its cache entry (when ``entry`` is given).
