@@ -131,7 +131,9 @@ def min_one_sided_p(n_base: int, n_cand: int) -> float:
     It is reached when every candidate value is below every baseline value:
     one ordering out of ``C(n_base + n_cand, n_cand)`` equally likely ones.
     """
-    return 1.0 / math.comb(n_base + n_cand, n_cand)
+    from scipy.special import comb  # a float (inf when huge): 1 / math.comb overflowed float() past ~1030 steps
+
+    return float(1.0 / comb(n_base + n_cand, n_cand))
 
 
 def mann_whitney_less(base: np.ndarray, cand: np.ndarray) -> float:
