@@ -49,7 +49,6 @@ import pandas as pd
 
 from analyzer.metrics.text import text_map, text_mask
 
-_MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a sample median, in sigma / sqrt(n)
 
 ARRIVAL_COLUMNS = ("rank", "key", "step", "kind", "bytes", "group_size", "start_ns", "end_ns")
@@ -442,20 +441,35 @@ class _Signal:
 
 
 def sign_test_p(k: int, n: int) -> float:
-    """One-sided sign test: P(at least k of n fair coin flips come up "slow")."""
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0**n if n > 0 else 1.0
+    """One-sided sign test: P(at least k of n fair coin flips come up "slow").
+
+    The binomial survival function from scipy, which stays finite for any
+    ``n`` (a sum of ``comb(n, i) / 2**n`` overflowed a float at n >= 1024,
+    i.e. on every run of 1,024 steps or more). 1.0 when ``n`` is 0 or ``k``
+    is 0 (no evidence either way).
+    """
+    if n <= 0 or k <= 0:
+        return 1.0
+    from scipy.stats import binomtest  # here: importing scipy.stats costs 0.5 s, paid only when ranks are scored
+
+    return float(binomtest(int(k), int(n), 0.5, alternative="greater").pvalue)
 
 
 def _score(values: pd.DataFrame, cfg: StragglerConfig) -> _Signal | None:
     """Robust per-rank scores of a (step x rank) table in ms; None with fewer than two ranks."""
     if values.shape[1] < 2:
         return None
+    from scipy.stats import median_abs_deviation  # lazily, as in sign_test_p
+
     d = _leave_one_out_excess(values)
     excess = d.median(axis=0, skipna=True)
     n = d.notna().sum(axis=0)
-    mad = (d - excess).abs().median(axis=0, skipna=True)
-    pooled_mad = float(np.nanmedian(mad.to_numpy())) if mad.notna().any() else 0.0
-    sigma = max(_MAD_TO_SIGMA * pooled_mad, 0.1 * cfg.min_excess_ms)
+    # Per-rank MAD scaled to a normal's sigma (scale="normal": times 1.4826).
+    # Ranks without a single value are left out (scipy warns on empty slices).
+    filled = d.loc[:, (n > 0).to_numpy()].to_numpy(np.float64)
+    mad = np.asarray(median_abs_deviation(filled, axis=0, scale="normal", nan_policy="omit"), dtype=np.float64) if filled.shape[1] else np.array([])
+    pooled_sigma = float(np.nanmedian(mad)) if np.isfinite(mad).any() else 0.0
+    sigma = max(pooled_sigma, 0.1 * cfg.min_excess_ms)
     # Standard error of a median of n draws: sqrt(pi/2) * sigma / sqrt(n).
     stderr = _MEDIAN_SE * sigma / np.sqrt(n.clip(lower=1))
     slow = (d >= cfg.min_excess_ms).where(d.notna())

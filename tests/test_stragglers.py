@@ -1,6 +1,8 @@
 """Stragglers from collective arrivals and step times, with exact waits and skews."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -246,3 +248,96 @@ def test_disturbed_steps_follow_profiler_windows_and_checkpoints() -> None:
     assert disturbed_steps([4, 5, 6, 10, 11], ["checkpoints/step3", "checkpoints/step9/"]) == {
         4, 5, 6, 7, 10, 11, 12, 3, 9}
     assert disturbed_steps([], []) == set()
+
+
+# ------------------------------------------------ real-length runs (n >= 1024)
+def test_sign_test_p_is_finite_past_a_thousand_steps() -> None:
+    """The old ``sum(comb) / 2.0**n`` raised OverflowError at n >= 1024."""
+    from scipy.stats import binom
+
+    from analyzer.stragglers import sign_test_p
+
+    assert sign_test_p(5, 10) == pytest.approx(638 / 1024)  # (C(10,5) + ... + C(10,10)) / 2^10
+    assert sign_test_p(1100, 1100) == pytest.approx(0.5**1100, rel=1e-9)  # about 7e-332: a subnormal, not 0
+    assert sign_test_p(560, 1100) == pytest.approx(binom.sf(559, 1100, 0.5))
+    assert sign_test_p(0, 1100) == 1.0 and sign_test_p(0, 0) == 1.0
+
+
+def test_straggler_table_of_1100_steps_names_the_late_rank() -> None:
+    n_steps = 1100
+    arrivals = arrivals_from_records(records(2, n_steps, late={1: 5.0}, jitter_ms=0.2, per_step=1), offsets_ns=[0, 0])
+    result = find_stragglers(step_times(2, n_steps, jitter_ms=0.5), arrivals, step_source="test", arrival_source="test")
+    assert result.ranks == [1]
+    r1 = result.per_rank[1]
+    assert r1.n_steps == n_steps
+    assert r1.lateness_excess_ms == pytest.approx(5.0, abs=0.1)
+    assert r1.lateness_slow_share == 1.0
+    assert 0.0 <= r1.lateness_sign_p < 1e-300  # 0.5**1100
+    assert result.per_rank[0].lateness_sign_p == 1.0  # never late
+
+
+def write_long_metrics_run(root: Path, n_steps: int, slow_rank: int = 1, delay_ms: float = 5.0) -> Path:
+    """A metrics-only 2-rank run directory of ``n_steps`` steps, as reftrain writes it with the profiler off.
+
+    Rank ``slow_rank`` starts every all-reduce ``delay_ms`` late; step
+    times are 100 ms plus a deterministic 0..0.9 ms ripple.
+    """
+    import orjson
+
+    run = root / "long-run"
+    peak, flops_per_token, tokens = 1e12, 1e6, 4096
+    for name in ("metrics", "collectives"):
+        (run / name).mkdir(parents=True)
+    t0 = 1_800_000_000_000_000_000
+    for rank in (0, 1):
+        metrics, colls = [], []
+        for s in range(n_steps):
+            step_ms = 100.0 + (s % 10) * 0.1
+            start = t0 + s * 100 * MS
+            metrics.append({
+                "step": s, "rank": rank, "loss": 5.0, "step_time_ms": step_ms, "data_wait_ms": 1.0,
+                "forward_ms": 30.0, "backward_ms": 50.0, "optimizer_ms": 5.0, "grad_sync_ms": 0.0, "comm_ms": 10.0,
+                "tokens": tokens, "tokens_per_s": tokens / step_ms * 1e3,
+                "mfu": tokens * flops_per_token / (step_ms / 1e3 * peak), "hfu": tokens * flops_per_token / (step_ms / 1e3 * peak),
+                "mem_bytes": 1 << 30, "mem_kind": "cpu_rss", "profiled": False, "lr": 1e-3, "grad_norm": 1.0,
+                "injected_ms": 0.0, "time_ns": start + int(step_ms * MS),
+            })
+            arrive = start + 60 * MS + (int(delay_ms * MS) if rank == slow_rank else 0)
+            colls.append({"step": s, "rank": rank, "seq": s, "kind": "all_reduce", "bytes": 1 << 20, "dtype": "float32",
+                          "pg": "0", "group_size": 2, "start_ns": arrive, "end_ns": start + 60 * MS + int(delay_ms * MS) + 2 * MS,
+                          "clock": "host"})
+        (run / f"metrics/rank{rank}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in metrics))
+        (run / f"collectives/rank{rank}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in colls))
+    (run / "config.yaml").write_text("train:\n  steps: %d\n" % n_steps)
+    manifest = {
+        "schema": "reftrain.run/1", "run_id": run.name, "status": "completed", "world_size": 2, "backend": "gloo",
+        "flops": {"per_token": flops_per_token, "per_token_hardware": flops_per_token},
+        "peak_flops": {"per_s": peak, "source": "override", "detail": "test", "dtype": "fp32"},
+        "tokens_per_step": 2 * tokens, "steps": n_steps, "start_step": 0, "warmup_steps": 3, "profiled_steps": [],
+        "clock": {"method": "same host", "offsets_ns": [0, 0], "uncertainty_ns": 0},
+        "inject": {"slow_rank": None, "delay_ms": None, "slowdown": None},
+        "files": {"config": "config.yaml", "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
+                  "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"], "telemetry": [], "traces": [],
+                  "checkpoints": []},
+        "schemas": {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1", "telemetry": "reftrain.telemetry/1"},
+    }
+    (run / "run.json").write_bytes(orjson.dumps(manifest))
+    return run
+
+
+def test_report_check_suggest_of_a_1060_step_run_exit_cleanly(tmp_path: Path, capsys) -> None:
+    """The issue's case: a 1,060-step metrics-only run made all three commands exit 3 (OverflowError)."""
+    from analyzer import cli
+
+    run = write_long_metrics_run(tmp_path, 1060)
+    out_json = tmp_path / "report.json"
+    assert cli.main(["report", str(run), "--no-cache", "--json", str(out_json)]) == 0, capsys.readouterr().err
+    import json
+
+    doc = json.loads(out_json.read_text())
+    assert doc["stragglers"]["ranks"] == [1]
+    assert doc["stragglers"]["per_rank"][1]["lateness_excess_ms"] == pytest.approx(5.0)
+    assert cli.main(["check", str(run), "--baseline", str(run), "--no-cache"]) == 0, capsys.readouterr().err
+    assert cli.main(["suggest", str(run), "--no-cache"]) in (0, 1), capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "OverflowError" not in err
