@@ -4,9 +4,10 @@ docs/mfu.md states every term; this module is the formula and the table.
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
+
+from analyzer.metrics import hardware
 
 FORMULA = "6*N + 12*L*H*Q*T per token (PaLM, Chowdhery et al. 2022, appendix B)"
 HARDWARE_FORMULA = "model FLOPs + 2*N_blocks + 4*L*H*Q*T (one extra forward of every block under activation checkpointing)"
@@ -67,38 +68,9 @@ def mfu(tokens: int, flops_per_token_: int, step_time_s: float, peak_flops_per_s
 # Peak FLOP/s
 # ---------------------------------------------------------------------------
 
-# Dense (no 2:4 sparsity) peak FLOP/s per device from vendor datasheets, by
-# compute dtype: "bf16" (also fp16), "tf32" (fp32 matmuls on tensor cores),
-# "fp32" (plain FP32 cores). Patterns are tried in order on the lower-cased
-# torch.cuda.get_device_name(); more specific names first.
-_T = 1e12
-GPU_PEAKS: list[tuple[str, str, dict[str, float]]] = [
-    # NVIDIA Blackwell: HGX B200 datasheet (1000 W), dense = half the sparse figures.
-    (r"gb200", "GB200", {"bf16": 2500 * _T, "tf32": 1250 * _T, "fp32": 90 * _T}),
-    (r"b200", "B200", {"bf16": 2250 * _T, "tf32": 1100 * _T, "fp32": 75 * _T}),
-    # NVIDIA Hopper: H100/H200 datasheets.
-    (r"h200.*nvl", "H200 NVL", {"bf16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T}),
-    (r"h200", "H200 SXM", {"bf16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T}),
-    (r"h100.*nvl", "H100 NVL", {"bf16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T}),
-    (r"h100.*pcie", "H100 PCIe", {"bf16": 756 * _T, "tf32": 378 * _T, "fp32": 51.2 * _T}),
-    (r"gh200|h100", "H100 SXM", {"bf16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T}),
-    # NVIDIA Ampere: A100 (SXM and PCIe share the tensor-core peak), A10/A10G, A30, A40.
-    (r"a100|a800", "A100", {"bf16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T}),
-    # A10G is AWS's variant of the A10; NVIDIA publishes no separate datasheet, so the A10's is used.
-    (r"a10g?\b", "A10", {"bf16": 125 * _T, "tf32": 62.5 * _T, "fp32": 31.2 * _T}),
-    (r"a30\b", "A30", {"bf16": 165 * _T, "tf32": 82 * _T, "fp32": 10.3 * _T}),
-    (r"a40\b", "A40", {"bf16": 149.7 * _T, "tf32": 74.8 * _T, "fp32": 37.4 * _T}),
-    # NVIDIA Ada: L40S, L4.
-    (r"l40s", "L40S", {"bf16": 362.05 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T}),
-    (r"\bl4\b", "L4", {"bf16": 121 * _T, "tf32": 60 * _T, "fp32": 30.3 * _T}),
-    # Volta/Turing: no TF32 (fp32 matmuls run on FP32 cores) and no bf16 tensor cores, so
-    # no bf16 entry: a bf16 run there is measured instead of given a meaningless peak.
-    (r"v100", "V100 SXM2", {"tf32": 15.7 * _T, "fp32": 15.7 * _T}),
-    (r"\bt4\b", "T4", {"tf32": 8.1 * _T, "fp32": 8.1 * _T}),
-    # AMD Instinct (ROCm reports "AMD Instinct MI300X"): CDNA3 datasheets, dense matrix peaks.
-    (r"mi325x|mi300x", "MI300X", {"bf16": 1307.4 * _T, "tf32": 653.7 * _T, "fp32": 163.4 * _T}),
-    (r"mi250x", "MI250X", {"bf16": 383 * _T, "tf32": 95.7 * _T, "fp32": 95.7 * _T}),
-]
+# The datasheet table lives in the analyzer (analyzer/metrics/hardware.py):
+# reftrain may import the analyzer, never the other way round.
+GPU_PEAKS = hardware.GPU_PEAKS
 
 
 @dataclass(frozen=True)
@@ -122,15 +94,9 @@ def peak_dtype(dtype: str, device_type: str, tf32: bool) -> str:
 
 
 def table_peak(device_name: str, dtype_key: str) -> PeakFlops | None:
-    """Dense datasheet peak for a GPU name, or None when the name is not in the table."""
-    name = device_name.lower()
-    for pattern, label, peaks in GPU_PEAKS:
-        if re.search(pattern, name):
-            if dtype_key not in peaks:
-                return None
-            label_dtype = {"bf16": "bf16 dense", "tf32": "tf32 dense", "fp32": "fp32"}[dtype_key]
-            return PeakFlops(peaks[dtype_key], "table", f"{label} {label_dtype} (datasheet; device '{device_name}')", dtype_key)
-    return None
+    """Dense datasheet peak for a GPU name (analyzer.metrics.hardware), or None when not in the table."""
+    found = hardware.datasheet_peak(device_name, dtype_key)
+    return PeakFlops(found.per_s, "table", found.detail, dtype_key) if found else None
 
 
 MEASURE_MAX_SIZE = 1024

@@ -156,6 +156,30 @@ def test_peak_lookup_uses_the_trainer_table() -> None:
     assert lookup_peak("NVIDIA A100-SXM4-80GB", "fp64") is None
 
 
+def test_fp8_has_its_own_peak_and_none_where_no_fp8_units() -> None:
+    # Before the move fp8 was rated against the bf16 peak (989.4e12 on an H100): half the true MFU denominator.
+    assert lookup_peak("NVIDIA H100 80GB HBM3", "fp8").per_s == pytest.approx(1978.9e12)
+    assert lookup_peak("AMD Instinct MI300X", "fp8").per_s == pytest.approx(2614.9e12)
+    assert lookup_peak("NVIDIA A100-SXM4-80GB", "fp8") is None
+    assert lookup_peak("Tesla V100-SXM2-16GB", "fp16").per_s == pytest.approx(125e12)
+
+
+def test_analyzer_never_imports_reftrain() -> None:
+    """The peak table lives in the analyzer; reftrain imports it (issue 16: one import direction)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, analyzer.metrics.mfu, analyzer.suggest.rules_compute, analyzer.suggest.facts, analyzer.api;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'reftrain'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+    from reftrain import flops
+
+    assert flops.GPU_PEAKS is __import__("analyzer.metrics.hardware", fromlist=["GPU_PEAKS"]).GPU_PEAKS
+
+
 def manifest(**over) -> dict:
     m = {
         "world_size": 2,

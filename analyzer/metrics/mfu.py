@@ -24,7 +24,7 @@ own ``mfu`` field, summarized the same way, is reported beside it
 ProfilerStep window, the FLOPs of the top-level matmul-like ops that start in
 the window (:mod:`analyzer.metrics.matmul_flops`), over the window length and
 a peak from the ``peak_flops`` argument or the trainer's datasheet table
-(``reftrain.flops.GPU_PEAKS``) by the device name in ``deviceProperties``
+(:mod:`analyzer.metrics.hardware`) by the device name in ``deviceProperties``
 and the dtype carrying most matmul FLOPs. Backward:
 
 * the trace has autograd backward ranges with matmuls in them: counted as
@@ -50,7 +50,7 @@ import pandas as pd
 
 from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, dominant_dtype, matmul_ops
 from analyzer.metrics.text import is_in, text_mask
-from reftrain.flops import table_peak
+from analyzer.metrics.hardware import datasheet_peak
 from analyzer.tables import DEVICE_KINDS
 
 MfuSource = Literal["manifest", "trace-shapes", "none"]
@@ -67,17 +67,16 @@ class Peak:
     detail: str
 
 
-# Trace dtype -> the peak-table column that runs it (reftrain.flops keys:
-# bf16 for all 16-bit tensor-core math, tf32, fp32). fp8 matmuls are rated
-# against the 16-bit peak: the table has no fp8 column, and the 16-bit rate
-# is the one model-FLOPs utilization is usually quoted against.
-_PEAK_KEYS = {"bf16": ("bf16",), "fp16": ("bf16",), "fp8": ("bf16",), "tf32": ("tf32", "fp32"), "fp32": ("fp32",), "fp64": ()}
+# Trace dtype -> the peak-table keys tried in order (analyzer.metrics.hardware).
+# fp16 falls back to bf16 only where the table lacks fp16 (never: every
+# device with one has the other); fp8 has its own tensor-core rate.
+_PEAK_KEYS = {"bf16": ("bf16",), "fp16": ("fp16", "bf16"), "fp8": ("fp8",), "tf32": ("tf32", "fp32"), "fp32": ("fp32",), "fp64": ()}
 
 
 def lookup_peak(device_name: str, dtype: str | None) -> Peak | None:
-    """Dense datasheet peak of a device for a trace dtype, from reftrain's table (reftrain/flops.py)."""
+    """Dense datasheet peak of a device for a trace dtype (analyzer/metrics/hardware.py)."""
     for key in _PEAK_KEYS.get(dtype or "bf16", ("bf16",)):
-        found = table_peak(device_name, key)
+        found = datasheet_peak(device_name, key)
         if found is not None:
             return Peak(found.per_s, found.dtype, "table", found.detail)
     return None

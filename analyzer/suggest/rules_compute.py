@@ -4,6 +4,7 @@ docs/suggestions.md is the reference; thresholds are the module constants.
 """
 from __future__ import annotations
 
+from analyzer.metrics.hardware import datasheet_peak
 from analyzer.suggest import whatif
 from analyzer.suggest.engine import Change, Suggestion, rule
 from analyzer.suggest.facts import RunFacts
@@ -250,14 +251,12 @@ def rule_torch_compile(f: RunFacts) -> Suggestion | None:
 
 
 def _gpu_peaks(f: RunFacts) -> dict[str, float] | None:
-    """Datasheet peaks of the run's GPU by dtype key (bf16, tf32, fp32), from reftrain's table."""
+    """Datasheet peaks of the run's GPU by dtype key (bf16, tf32, fp32), from analyzer.metrics.hardware."""
     if f.device != "cuda" or not f.device_name:
         return None
-    from reftrain.flops import table_peak
-
     out = {}
     for key in ("bf16", "tf32", "fp32"):
-        p = table_peak(f.device_name, key)
+        p = datasheet_peak(f.device_name, key)
         if p is not None:
             out[key] = p.per_s
     return out or None

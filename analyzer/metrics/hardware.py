@@ -1,0 +1,112 @@
+"""Dense datasheet peak FLOP/s per GPU model and compute dtype.
+
+The one peak table of the project: the analyzer rates trace MFU against it
+and reftrain (``reftrain.flops``) imports it from here, so data flows one
+way (reftrain -> analyzer, never back; docs/mfu.md, "Peak table").
+
+Dtype keys: ``bf16`` and ``fp16`` (16-bit tensor-core math), ``fp8``
+(e4m3/e5m2 tensor cores), ``tf32`` (fp32 matmuls on tensor cores), ``fp32``
+(plain FP32 cores; on AMD CDNA the FP32 *matrix* rate). Every figure is
+the dense rate (no 2:4 structured sparsity): where a datasheet quotes only
+the sparse figure, the value is half of it. A missing key means the device
+has no such unit (no bf16 on Volta/Turing, no fp8 before Hopper/Ada/CDNA3):
+a run in that dtype there is measured or given a peak, not rated against a
+meaningless number.
+
+Patterns are tried in order on the lower-cased device name (as
+``torch.cuda.get_device_name`` or Kineto's ``deviceProperties`` write it);
+more specific names first.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_T = 1e12
+DTYPE_KEYS = ("fp8", "bf16", "fp16", "tf32", "fp32")
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """One row of the peak table: name pattern, label, dense peaks by dtype key, datasheet."""
+
+    pattern: str
+    label: str
+    peaks_per_s: dict[str, float]
+    source: str
+
+
+GPU_PEAKS: tuple[GpuModel, ...] = (
+    # NVIDIA Blackwell. HGX B200 / GB200 NVL72 datasheets (2024), per GPU, dense = half the sparse figures.
+    GpuModel(r"gb200", "GB200", {"fp8": 5000 * _T, "bf16": 2500 * _T, "fp16": 2500 * _T, "tf32": 1250 * _T, "fp32": 90 * _T},
+             "NVIDIA GB200 NVL72 datasheet (per GPU)"),
+    GpuModel(r"b200", "B200", {"fp8": 4500 * _T, "bf16": 2250 * _T, "fp16": 2250 * _T, "tf32": 1100 * _T, "fp32": 75 * _T},
+             "NVIDIA HGX B200 datasheet (1000 W, per GPU)"),
+    # NVIDIA Hopper. H100 and H200 datasheets (H200 keeps H100's compute).
+    GpuModel(r"h200.*nvl", "H200 NVL", {"fp8": 1670.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T},
+             "NVIDIA H200 datasheet (NVL)"),
+    GpuModel(r"h200", "H200 SXM", {"fp8": 1978.9 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T},
+             "NVIDIA H200 datasheet (SXM)"),
+    GpuModel(r"h100.*nvl", "H100 NVL", {"fp8": 1670.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T},
+             "NVIDIA H100 datasheet (NVL)"),
+    GpuModel(r"h100.*pcie", "H100 PCIe", {"fp8": 1513 * _T, "bf16": 756 * _T, "fp16": 756 * _T, "tf32": 378 * _T, "fp32": 51.2 * _T},
+             "NVIDIA H100 datasheet (PCIe)"),
+    GpuModel(r"gh200|h100", "H100 SXM", {"fp8": 1978.9 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T},
+             "NVIDIA H100 datasheet (SXM)"),
+    # NVIDIA Ampere: A100 (SXM and PCIe share the tensor-core peak), A10/A10G, A30, A40.
+    GpuModel(r"a100|a800", "A100", {"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
+             "NVIDIA A100 datasheet"),
+    # A10G is AWS's variant of the A10; NVIDIA publishes no separate datasheet, so the A10's is used.
+    GpuModel(r"a10g?\b", "A10", {"bf16": 125 * _T, "fp16": 125 * _T, "tf32": 62.5 * _T, "fp32": 31.2 * _T},
+             "NVIDIA A10 datasheet"),
+    GpuModel(r"a30\b", "A30", {"bf16": 165 * _T, "fp16": 165 * _T, "tf32": 82 * _T, "fp32": 10.3 * _T},
+             "NVIDIA A30 datasheet"),
+    GpuModel(r"a40\b", "A40", {"bf16": 149.7 * _T, "fp16": 149.7 * _T, "tf32": 74.8 * _T, "fp32": 37.4 * _T},
+             "NVIDIA A40 datasheet"),
+    # NVIDIA Ada: L40S, L4 (fp8 tensor cores).
+    GpuModel(r"l40s", "L40S", {"fp8": 733 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T},
+             "NVIDIA L40S datasheet"),
+    GpuModel(r"\bl4\b", "L4", {"fp8": 242.5 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "tf32": 60 * _T, "fp32": 30.3 * _T},
+             "NVIDIA L4 datasheet"),
+    # Volta/Turing: fp16 tensor cores only; no TF32 (fp32 matmuls run on FP32 cores, so the tf32
+    # key carries the fp32 rate) and no bf16.
+    GpuModel(r"v100", "V100 SXM2", {"fp16": 125 * _T, "tf32": 15.7 * _T, "fp32": 15.7 * _T},
+             "NVIDIA V100 datasheet (SXM2)"),
+    GpuModel(r"\bt4\b", "T4", {"fp16": 65 * _T, "tf32": 8.1 * _T, "fp32": 8.1 * _T}, "NVIDIA T4 datasheet"),
+    # AMD Instinct (ROCm reports "AMD Instinct MI300X"): CDNA3 / CDNA2 datasheets, dense matrix peaks.
+    GpuModel(r"mi325x|mi300x", "MI300X", {"fp8": 2614.9 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T, "tf32": 653.7 * _T, "fp32": 163.4 * _T},
+             "AMD Instinct MI300X / MI325X datasheets"),
+    GpuModel(r"mi250x", "MI250X", {"bf16": 383 * _T, "fp16": 383 * _T, "tf32": 95.7 * _T, "fp32": 95.7 * _T},
+             "AMD Instinct MI250X datasheet (FP32 matrix)"),
+)
+
+_LABELS = {"fp8": "fp8 dense", "bf16": "bf16 dense", "fp16": "fp16 dense", "tf32": "tf32 dense", "fp32": "fp32"}
+
+
+@dataclass(frozen=True)
+class TablePeak:
+    """A datasheet peak: FLOP/s per device, its dtype key and a sentence saying where it came from."""
+
+    per_s: float
+    dtype: str
+    detail: str
+
+
+def gpu_model(device_name: str) -> GpuModel | None:
+    """The table row whose pattern matches the device name, or None."""
+    name = device_name.lower()
+    for model in GPU_PEAKS:
+        if re.search(model.pattern, name):
+            return model
+    return None
+
+
+def datasheet_peak(device_name: str, dtype_key: str) -> TablePeak | None:
+    """Dense peak of a device in one dtype key; None when the device or its dtype is not in the table."""
+    model = gpu_model(device_name)
+    if model is None or dtype_key not in model.peaks_per_s:
+        return None
+    return TablePeak(
+        model.peaks_per_s[dtype_key], dtype_key,
+        f"{model.label} {_LABELS[dtype_key]} (datasheet: {model.source}; device '{device_name}')",
+    )
