@@ -8,7 +8,8 @@ Three ways to run, one code path per rank (`reftrain.train.run`):
   rank re-enters here with the internal `--attach RUN_DIR`.
 - `torchrun --nproc-per-node N [rendezvous flags] -m reftrain ...`: every
   rank builds the config itself; rank 0 creates the run directory.
-- `reftrain ...` alone: one rank in this process.
+- `reftrain ...` alone: one rank in this process, unless the config records
+  `parallel.world_size` > 1 (a repeated run): then as `--nproc` that many.
 
 Errors a user can fix are ReftrainError: one line on stderr, exit status 1.
 Under the launcher a rank does not print its error; it writes it to
@@ -23,7 +24,9 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from reftrain import checkpoint, manifest
 from reftrain.config import Config, apply_set, from_dict, load_file, merge_dict, resolve, set_value, to_yaml
@@ -95,8 +98,10 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Conf
     if args.resume:
         resumed_run, resume_ckpt = checkpoint.find_checkpoint(Path(args.resume))
         cfg = from_dict(load_file(resumed_run / "config.yaml"), str(resumed_run / "config.yaml"))
+        _world_from_manifest(cfg, resumed_run / "config.yaml")
     elif args.config:
         cfg = merge_dict(Config(), load_file(args.config), args.config)
+        _world_from_manifest(cfg, Path(args.config))
     else:
         cfg = Config()
         if args.demo:
@@ -111,6 +116,68 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Conf
     return resolve(cfg, world_size), resume_ckpt, resumed_run
 
 
+def _world_from_manifest(cfg: Config, config_path: Path) -> None:
+    """A run's config.yaml from before `parallel.world_size` existed: take the world from its run.json.
+
+    Only when the file sits in a run directory (a run.json next to it whose
+    ``world_size`` is a positive integer); otherwise nothing changes.
+    """
+    if cfg.parallel.world_size is not None:
+        return
+    try:
+        world = json.loads((config_path.parent / "run.json").read_text()).get("world_size")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(world, int) and not isinstance(world, bool) and world >= 1:
+        cfg.parallel.world_size = world
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How many ranks to start and how.
+
+    ``nproc``: local ranks to start through torch.distributed.run, or None to
+    train in this process (one rank, or one rank of a torchrun job).
+    ``world_size``: ranks of the run (None only for ``--print-config``).
+    ``notes``: lines to print before starting (where the world size came from).
+    """
+
+    nproc: int | None
+    world_size: int | None
+    notes: tuple[str, ...] = ()
+
+
+def plan_launch(nproc_flag: int | None, cfg: Config, environ: Mapping[str, str], print_config: bool = False) -> LaunchPlan:
+    """The launch of a command line: ``--nproc``, else torchrun's WORLD_SIZE, else the config's world size.
+
+    A repeated config (``--config RUN_DIR/config.yaml``) records the world it
+    ran with in ``parallel.world_size``; without ``--nproc`` the run starts
+    that many local ranks again, and says so. An explicit ``--nproc`` or a
+    torchrun launch decides instead, with a note when it differs.
+    """
+    recorded = cfg.parallel.world_size
+    in_rank = "RANK" in environ and "WORLD_SIZE" in environ
+    if nproc_flag is not None and in_rank:
+        raise ReftrainError("--nproc starts its own ranks; under torchrun leave it out")
+    if nproc_flag is not None:
+        if nproc_flag < 1:
+            raise ReftrainError(f"--nproc {nproc_flag}: need at least 1")
+        notes = () if recorded in (None, nproc_flag) else (
+            f"--nproc {nproc_flag} replaces the config's parallel.world_size={recorded}",)
+        return LaunchPlan(nproc_flag, nproc_flag, notes)
+    if in_rank:
+        world = int(environ["WORLD_SIZE"])
+        notes = () if recorded in (None, world) else (
+            f"torchrun started {world} ranks; the config's parallel.world_size={recorded} is replaced",)
+        return LaunchPlan(None, world, notes)
+    if print_config:
+        return LaunchPlan(None, None)  # printing a config does not fix the world size
+    if recorded is not None and recorded > 1:
+        return LaunchPlan(recorded, recorded, (
+            f"starting {recorded} local ranks, the config's parallel.world_size (--nproc N to change it)",))
+    return LaunchPlan(None, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `reftrain` script and of `python -m reftrain`."""
     argv = sys.argv[1:] if argv is None else argv
@@ -122,21 +189,20 @@ def main(argv: list[str] | None = None) -> int:
             return _attached_rank(args)
         if args.nproc is not None and in_rank:
             raise ReftrainError("--nproc starts its own ranks; under torchrun leave it out")
-        if args.nproc is not None:
-            world: int | None = args.nproc
-        elif in_rank:
-            world = int(os.environ["WORLD_SIZE"])
-        else:
-            world = None if args.print_config else 1  # printing a config does not fix the world size
-        if args.nproc is not None and args.nproc < 1:
-            raise ReftrainError(f"--nproc {args.nproc}: need at least 1")
-        cfg, resume, resumed_run = build_config(args, world)
+        # The world size can come from the config itself (a repeated run), so
+        # the config is built first and checked against the world after.
+        cfg, resume, resumed_run = build_config(args, None)
+        plan = plan_launch(args.nproc, cfg, os.environ, args.print_config)
+        resolve(cfg, plan.world_size)
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
+        if not in_rank or os.environ.get("RANK") == "0":
+            for note in plan.notes:
+                print(f"reftrain: note: {note}", file=sys.stderr, flush=True)
         command = ["reftrain", *argv]
-        if args.nproc is not None:
-            return _launch(cfg, args.nproc, resume, resumed_run, command)
+        if plan.nproc is not None:
+            return _launch(cfg, plan.nproc, resume, resumed_run, command)
         from reftrain import train  # imports torch
 
         train.run(cfg, None, resume, command, resumed_run)

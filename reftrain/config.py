@@ -82,6 +82,9 @@ class TrainConfig:
 @dataclass
 class ParallelConfig:
     strategy: str = _opt("ddp", "data parallelism: DDP or FSDP2 (fully_shard)", ("ddp", "fsdp"))
+    world_size: int | None = _opt(
+        None, "ranks of the run, recorded at launch (--nproc or torchrun's WORLD_SIZE); `reftrain` without --nproc "
+              "(e.g. --config RUN_DIR/config.yaml) starts this many local ranks; null = 1")
     backend: str = _opt("auto", "process-group backend; auto = nccl on CUDA, gloo on CPU", ("auto", "gloo", "nccl"))
     bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size (MiB); also the bucket size of the explicit sync")
     gradient_as_bucket_view: bool = _opt(False, "DDP: gradients are views into the buckets (saves a copy)")
@@ -291,8 +294,9 @@ def _round_up(x: int, multiple: int) -> int:
 def resolve(cfg: Config, world_size: int | None = None) -> Config:
     """Fill model fields from the preset and validate everything; returns cfg.
 
-    `world_size` (when known before launch) lets rank-dependent settings be
-    checked too. Raises ReftrainError with one line naming the key.
+    `world_size` (when known before launch) is recorded in
+    `parallel.world_size` and lets rank-dependent settings be checked too.
+    Raises ReftrainError with one line naming the key.
     """
     m = cfg.model
     preset = PRESETS[m.preset]
@@ -301,6 +305,8 @@ def resolve(cfg: Config, world_size: int | None = None) -> Config:
             setattr(m, key, value)
     if m.d_ff is None:
         m.d_ff = 4 * m.d_model if m.mlp == "gelu" else _round_up(8 * m.d_model // 3, 64)
+    if world_size is not None:  # the world the run really has; config.yaml keeps it so --config repeats it
+        cfg.parallel.world_size = world_size
     _validate(cfg, world_size)
     return cfg
 
@@ -326,6 +332,8 @@ def _validate(cfg: Config, world_size: int | None) -> None:
     _positive("data.prefetch_factor", d.prefetch_factor)
     _positive("data.delay_ms", d.delay_ms, allow_zero=True)
     _positive("parallel.bucket_cap_mb", p.bucket_cap_mb)
+    if p.world_size is not None:
+        _positive("parallel.world_size", p.world_size)
     _positive("optim.lr", o.lr)
     _positive("optim.min_lr", o.min_lr, allow_zero=True)
     _positive("optim.lr_warmup_steps", o.lr_warmup_steps, allow_zero=True)

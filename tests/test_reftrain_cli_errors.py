@@ -108,3 +108,74 @@ def test_resume_without_checkpoint(tmp_path: Path) -> None:
     run.mkdir(parents=True)
     msg = one_error_line(reftrain("--resume", str(run), cwd=tmp_path))
     assert msg.startswith(f"--resume {run}: no complete checkpoint under")
+
+
+# ------------------------------------------- repeated configs repeat the world size
+EXAMPLE_RUN = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2-slow-rank1"
+
+
+def _planned(monkeypatch, capsys, *argv: str, environ: dict | None = None) -> tuple[str, int | None, str]:
+    """Run reftrain's main() up to the launch: ("launch", nproc) or ("here", world size), and stderr.
+
+    ``_launch`` (torch.distributed.run) and ``train.run`` are replaced by
+    recorders, so nothing trains; everything before them is the real CLI.
+    """
+    from reftrain import cli, train
+
+    seen: list = []
+    monkeypatch.setattr(cli, "_launch", lambda cfg, nproc, *rest: seen.append(("launch", nproc)) or 0)
+    monkeypatch.setattr(train, "run", lambda cfg, *rest: seen.append(("here", cfg.parallel.world_size)))
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in (environ or {}).items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(list(argv)) == 0, capsys.readouterr().err
+    assert len(seen) == 1
+    return seen[0][0], seen[0][1], capsys.readouterr().err
+
+
+def test_repeated_config_of_a_two_rank_run_starts_two_ranks(monkeypatch, capsys, tmp_path: Path) -> None:
+    """The issue's case: ``--config RUN/config.yaml`` of a 2-rank run trained 1 rank, silently.
+
+    The example run's config.yaml predates ``parallel.world_size``: the
+    world comes from its run.json (``world_size: 2``).
+    """
+    if not EXAMPLE_RUN.is_dir():
+        pytest.skip(f"{EXAMPLE_RUN} not in this checkout")
+    how, nproc, err = _planned(monkeypatch, capsys, "--config", str(EXAMPLE_RUN / "config.yaml"), "--runs-dir", str(tmp_path))
+    assert (how, nproc) == ("launch", 2)
+    assert "starting 2 local ranks, the config's parallel.world_size" in err
+
+
+def test_world_size_is_saved_and_repeated(monkeypatch, capsys, tmp_path: Path) -> None:
+    from reftrain.config import Config, apply_set, resolve, to_yaml
+
+    cfg = Config()
+    apply_set(cfg, "model.preset=tiny")
+    resolve(cfg, 3)  # what the launcher does before writing config.yaml
+    assert "world_size: 3" in to_yaml(cfg)
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    config = str(tmp_path / "config.yaml")
+    assert _planned(monkeypatch, capsys, "--config", config)[:2] == ("launch", 3)
+    how, nproc, err = _planned(monkeypatch, capsys, "--config", config, "--nproc", "1")
+    assert (how, nproc) == ("launch", 1) and "--nproc 1 replaces the config's parallel.world_size=3" in err
+    # Under torchrun the job's WORLD_SIZE wins, said once by rank 0.
+    how, world, err = _planned(monkeypatch, capsys, "--config", config, environ={"RANK": "0", "WORLD_SIZE": "4"})
+    assert (how, world) == ("here", 4) and "torchrun started 4 ranks" in err
+    # A config that never recorded a world (hand-written) still trains one rank here, without a note.
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("model: {preset: tiny}\n")
+    assert _planned(monkeypatch, capsys, "--config", str(plain)) == ("here", 1, "")
+
+
+def test_print_config_shows_the_recorded_world_size(tmp_path: Path) -> None:
+    if not EXAMPLE_RUN.is_dir():
+        pytest.skip(f"{EXAMPLE_RUN} not in this checkout")
+    proc = reftrain("--config", str(EXAMPLE_RUN / "config.yaml"), "--print-config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "  world_size: 2\n" in proc.stdout
+
+
+def test_world_size_below_one_is_an_error(tmp_path: Path) -> None:
+    assert one_error_line(reftrain("--set", "parallel.world_size=0", "--print-config", cwd=tmp_path)) == (
+        "config: parallel.world_size=0 must be > 0")
