@@ -216,6 +216,7 @@ def analyze(
         run = rundir.read_run_dir(paths[0])
         manifest, metrics, records, telemetry = run.manifest, run.metrics, run.collectives, run.telemetry
         errors += [str(e) for e in run.errors]
+        warnings += list(run.warnings)
         traces = _load_windows([Path(p) for p in run.trace_paths], cache, jobs) if run.trace_paths else TraceSet()
     else:
         kind = "traces"
