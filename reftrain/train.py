@@ -51,15 +51,32 @@ def lr_at(step: int, cfg: Config) -> float:
 class Injector:
     """Deliberate compute slowness, added inside the forward/backward phases so it counts as compute.
 
-    - slow rank: `inject.slow_rank` sleeps `inject.delay_ms` in the forward of
+    - slow rank: `inject.slow_rank` waits `inject.delay_ms` in the forward of
       its first micro-batch of every step (a straggler).
     - slowdown F: after each forward and each backward, every rank waits
-      (F-1) times that phase's measured time, so compute takes F times as long.
+      until the phase has lasted F times its measured compute time, so
+      compute takes F times as long (the wait is (F-1) x the compute).
 
-    The wait is `time.sleep` on CPU. On CUDA it is `torch.cuda._sleep`, a
-    kernel that spins for a number of GPU clock cycles (calibrated once with
-    CUDA events), so the delay is device time where the real compute is; the
-    slowdown measures each phase with CUDA events and a synchronize.
+    On CPU the wait is a busy loop on the host clock, not `time.sleep`: the
+    injected time must load the machine like the compute it stands for. A
+    sleeping rank hands its core to its neighbours (the other rank, a
+    concurrent run, CI load), which then run faster and hide part of the
+    injection: a sleep-based 1.5x forward/backward once came out as +17.5 %
+    step time under load. The loop calls `time.sleep(0)` each turn so the
+    GIL is released and the rank's other threads (collective callbacks)
+    still run. Waiting to a deadline rather than for a duration keeps the
+    phase at F x compute even when the loop is preempted: only a preemption
+    across the deadline itself overshoots, and that is measured.
+
+    On CUDA the wait is `torch.cuda._sleep`, a kernel that spins for a number
+    of GPU clock cycles (calibrated once with CUDA events), so the delay is
+    device time where the real compute is; compute and wait are timed with
+    CUDA events and a synchronize.
+
+    What was injected is measured, not assumed: `injected_forward_ms` and
+    `injected_backward_ms` (their sum `injected_ms`) are the measured
+    durations of the waits in this step, written to each metrics record so
+    the analyzer can tell injected from measured time.
     """
 
     def __init__(self, cfg: Config, rank: int, device: torch.device) -> None:
@@ -69,8 +86,13 @@ class Injector:
         self.device = device
         self.cuda = device.type == "cuda"
         self.active = bool(self.delay_ms) or self.factor > 1.0
-        self.injected_ms = 0.0  # added during the current step
+        self.injected = {"forward": 0.0, "backward": 0.0}  # measured ms, current step
         self._cycles_per_ms = self._calibrate() if self.active and self.cuda else 0.0
+
+    @property
+    def injected_ms(self) -> float:
+        """Measured injected time of the current step (ms), forward and backward together."""
+        return self.injected["forward"] + self.injected["backward"]
 
     def _calibrate(self) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -82,26 +104,37 @@ class Injector:
         end.synchronize()
         return cycles / max(start.elapsed_time(end), 1e-3)
 
-    def _wait(self, ms: float) -> None:
+    def _wait(self, ms: float, kind: str) -> None:
+        """Wait `ms` as compute would (see the class docstring); add the measured wait to `kind`."""
         if ms <= 0:
             return
         if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
             torch.cuda._sleep(int(ms * self._cycles_per_ms))
-        else:
-            time.sleep(ms / 1e3)
-        self.injected_ms += ms
+            end.record()
+            end.synchronize()
+            self.injected[kind] += start.elapsed_time(end)
+            return
+        t0 = time.perf_counter_ns()
+        deadline = t0 + int(ms * 1e6)
+        now = t0
+        while now < deadline:
+            time.sleep(0)  # releases the GIL; the core stays busy
+            now = time.perf_counter_ns()
+        self.injected[kind] += (now - t0) / 1e6
 
     def start_step(self) -> None:
-        self.injected_ms = 0.0
+        self.injected = {"forward": 0.0, "backward": 0.0}
 
     @contextlib.contextmanager
-    def compute(self, first_forward: bool = False):
-        """Wrap a forward or backward; adds the straggler delay and/or the slowdown."""
+    def compute(self, kind: str = "forward", first_forward: bool = False):
+        """Wrap a forward or backward (`kind`); adds the straggler delay and/or the slowdown."""
         if not self.active:
             yield
             return
         if first_forward:
-            self._wait(self.delay_ms)
+            self._wait(self.delay_ms, kind)
         if self.factor <= 1.0:
             yield
             return
@@ -111,11 +144,11 @@ class Injector:
             yield
             end.record()
             end.synchronize()
-            self._wait((self.factor - 1.0) * start.elapsed_time(end))
+            self._wait((self.factor - 1.0) * start.elapsed_time(end), kind)
         else:
             t0 = time.perf_counter()
             yield
-            self._wait((self.factor - 1.0) * (time.perf_counter() - t0) * 1e3)
+            self._wait((self.factor - 1.0) * (time.perf_counter() - t0) * 1e3, kind)
 
 
 # ---------------------------------------------------------------------------
@@ -352,6 +385,13 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     dist.all_gather_object(everyone, mine)
     if env.rank == 0:
         man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, everyone))
+        if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
+            # What the injection measured per rank (medians over steady steps): the analyzer and
+            # bench_gate read the injected time from here instead of trusting the request.
+            man["inject"]["measured"] = {
+                "injected_ms": [e["summary"]["injected_ms"] for e in everyone],
+                "compute_factor": [e["summary"]["compute_factor"] for e in everyone],
+            }
         manifest.write_json(run_dir / "run.json", man)
         _print_summary(cfg, run_dir, records, everyone, tokens_per_step, wall_s, start_step, profiled_steps)
     return man
@@ -403,10 +443,10 @@ class TrainStep:
                 model.set_requires_gradient_sync(last)
                 sync = contextlib.nullcontext()
             with sync:
-                with pt.phase("forward"), self.injector.compute(first_forward=micro == 0):
+                with pt.phase("forward"), self.injector.compute("forward", first_forward=micro == 0):
                     with self.autocast:
                         loss = model(x, y)
-                with pt.phase("backward"), self.injector.compute():
+                with pt.phase("backward"), self.injector.compute("backward"):
                     (loss / t.grad_accum).backward()
             loss_sum += loss.detach()
         if ddp and not p.overlap_grad_sync:
@@ -445,6 +485,8 @@ class TrainStep:
             "lr": lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "injected_ms": self.injector.injected_ms,
+            "injected_forward_ms": self.injector.injected["forward"],
+            "injected_backward_ms": self.injector.injected["backward"],
             "time_ns": time.time_ns(),
         }
         self.writer.write(record)
@@ -499,8 +541,15 @@ def _rank_summary(records: list[dict], cfg: Config, start_step: int) -> dict:
     def med(key: str) -> float:
         return statistics.median(r[key] for r in pool) if pool else float("nan")
 
-    keys = ("step_time_ms", "forward_ms", "backward_ms", "data_wait_ms", "comm_ms", "mfu", "hfu")
-    return {k: med(k) for k in keys} | {"steady_steps": len(steady)}
+    def compute_factor(r: dict) -> float:
+        # Forward + backward over their un-injected part: F when the slowdown did what it says.
+        compute_ms = r["forward_ms"] + r["backward_ms"]
+        own_ms = compute_ms - r["injected_ms"]
+        return compute_ms / own_ms if own_ms > 0 else float("nan")
+
+    keys = ("step_time_ms", "forward_ms", "backward_ms", "data_wait_ms", "comm_ms", "mfu", "hfu", "injected_ms")
+    factor = statistics.median(compute_factor(r) for r in pool) if pool else float("nan")
+    return {k: med(k) for k in keys} | {"steady_steps": len(steady), "compute_factor": factor}
 
 
 def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: list[dict], tokens_per_step: int,

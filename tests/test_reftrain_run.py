@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 TINY = ["--preset", "tiny"]
 DELAY_MS = 150.0
+SLOWDOWN = 1.5
 TIMEOUT_S = 600  # a busy 2-core machine starts 3 torch processes per run
 
 
@@ -78,7 +79,10 @@ def test_manifest(ddp_run: Path) -> None:
     assert m["steps"] == 6 and m["warmup_steps"] == 1
     assert m["profiled_steps"] == [1, 2, 3]  # profiler warm-up step 1, active steps 2-3
     assert len(m["clock"]["offsets_ns"]) == 2 and m["clock"]["offsets_ns"][0] == 0
+    measured = m["inject"].pop("measured")
     assert m["inject"] == {"slow_rank": 1, "delay_ms": DELAY_MS, "slowdown": None}
+    # The median injected time per step as measured on each rank: only rank 1 waits, at least the delay.
+    assert measured["injected_ms"][0] == 0 and measured["injected_ms"][1] >= DELAY_MS
     assert m["files"] == {
         "config": "config.yaml",
         "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
@@ -158,7 +162,10 @@ def test_injected_straggler(ddp_run: Path) -> None:
     m = json.loads((ddp_run / "run.json").read_text())
     recs = [read_jsonl(ddp_run / "metrics" / f"rank{r}.jsonl") for r in (0, 1)]
     assert all(r["injected_ms"] == 0 for r in recs[0])
-    assert all(r["injected_ms"] == DELAY_MS and r["forward_ms"] >= DELAY_MS for r in recs[1])
+    # The injected time is measured (a busy wait to a deadline, which load can only overshoot), so
+    # it is at least the delay; all of it is in the forward, which it is part of.
+    assert all(r["injected_ms"] >= DELAY_MS and r["injected_forward_ms"] == r["injected_ms"]
+               and r["injected_backward_ms"] == 0 and r["forward_ms"] >= r["injected_ms"] for r in recs[1])
     assert statistics.median(r["forward_ms"] for r in recs[1]) > statistics.median(r["forward_ms"] for r in recs[0])
     # Arrival skew at each step's all-reduce, on rank-0-aligned clocks: rank 1 is last.
     # Steps that begin right after the profiler's start, trace export or a
@@ -218,10 +225,11 @@ def test_config_repeats_the_run(ddp_run: Path, runs: Path) -> None:
 @pytest.fixture(scope="module")
 def fsdp_run(runs: Path) -> Path:
     """FSDP2, 2 micro-batches per step, activation checkpointing, no profiler (fp32: this
-    CPU path is what CI has; bf16 matmuls on CPUs without bf16 instructions are ~100x slower)."""
-    proc = reftrain("--nproc", "2", "--runs-dir", str(runs), "--run-name", "fsdp", *TINY, "--steps", "3",
+    CPU path is what CI has; bf16 matmuls on CPUs without bf16 instructions are ~100x slower);
+    every rank's forward and backward SLOWDOWN times slower (--inject-slowdown)."""
+    proc = reftrain("--nproc", "2", "--runs-dir", str(runs), "--run-name", "fsdp", *TINY, "--steps", "6",
                     "--strategy", "fsdp", "--set", "train.grad_accum=2", "--set", "train.activation_checkpointing=true",
-                    "--set", "profile.enabled=false", cwd=runs)
+                    "--set", "profile.enabled=false", "--inject-slowdown", str(SLOWDOWN), cwd=runs)
     must_succeed(proc)
     return runs / "fsdp"
 
@@ -234,7 +242,7 @@ def test_fsdp_run(fsdp_run: Path) -> None:
     assert m["files"]["traces"] == []
     for rank in (0, 1):
         recs = read_jsonl(fsdp_run / "metrics" / f"rank{rank}.jsonl")
-        assert [r["step"] for r in recs] == [0, 1, 2]
+        assert [r["step"] for r in recs] == list(range(6))
         for r in recs:
             assert r["tokens"] == 2 * 4 * 64
             assert r["hfu"] / r["mfu"] == pytest.approx(1116544 / 886656, rel=1e-12)
@@ -247,8 +255,33 @@ def test_fsdp_run(fsdp_run: Path) -> None:
         kinds[c["kind"]] += 1
     # Each step: forward all-gathers (x2 micro-batches) and backward re-gathers; one reduce-scatter
     # per FSDP unit (2 blocks + root) in the last micro-batch's backward only.
-    assert kinds["reduce_scatter"] == 3 * 3
+    assert kinds["reduce_scatter"] == 3 * 6
     assert kinds["all_gather"] > kinds["reduce_scatter"]
+
+
+def test_injected_slowdown_is_the_measured_compute_ratio(fsdp_run: Path) -> None:
+    """--inject-slowdown 1.5: each rank's forward and backward last 1.5x their own compute, within 10 %.
+
+    Load cannot break this: the ratio compares, within one step of one rank,
+    the phase's measured time with the measured injected wait inside it, and
+    the wait runs to a deadline of (F - 1) x the compute just measured, so
+    both scale with whatever load slowed that compute. Only a preemption
+    across the deadline overshoots; the median over steps and ranks is
+    robust to a few of those.
+    """
+    m = json.loads((fsdp_run / "run.json").read_text())
+    ratios = []
+    for rank in (0, 1):
+        for r in read_jsonl(fsdp_run / "metrics" / f"rank{rank}.jsonl"):
+            for phase in ("forward", "backward"):
+                own_ms = r[f"{phase}_ms"] - r[f"injected_{phase}_ms"]
+                assert r[f"injected_{phase}_ms"] > 0 and own_ms > 0
+                ratios.append(r[f"{phase}_ms"] / own_ms)
+            assert r["injected_ms"] == pytest.approx(r["injected_forward_ms"] + r["injected_backward_ms"])
+    assert statistics.median(ratios) == pytest.approx(SLOWDOWN, rel=0.10), ratios
+    # run.json keeps the measured factor per rank (median over steps of (fwd + bwd) / un-injected part).
+    assert m["inject"]["slowdown"] == SLOWDOWN
+    assert m["inject"]["measured"]["compute_factor"] == [pytest.approx(SLOWDOWN, rel=0.10)] * 2
 
 
 def test_error_inside_ranks_is_one_line(tmp_path: Path) -> None:

@@ -282,5 +282,7 @@ def test_injected_slowdown_and_straggler_delay() -> None:
             pass
         with inj.compute():  # backward and later micro-batches: no straggler delay
             pass
-        assert inj.injected_ms == expected
+        # Measured: a busy wait to a deadline lasts at least the delay (load may only lengthen it).
+        assert inj.injected_ms >= expected if expected else inj.injected_ms == 0
+        assert inj.injected["forward"] == inj.injected_ms  # the straggler's delay belongs to the forward
         assert (time.perf_counter() - start) * 1e3 >= expected
