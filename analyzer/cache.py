@@ -6,9 +6,12 @@ or a folder the caller names. One file per trace::
 
     <trace file name>.<path hash>.<key hash>.npz
 
-The key hashes the trace's absolute path, size, mtime (ns) and
-:data:`LOADER_VERSION`; any change gives a new name, so a stale entry is
-never read, and writing a new entry deletes the older ones of that trace
+The key hashes the trace's absolute path, its :func:`~analyzer.locate.file_key`
+(size, mtime and ctime in ns, device, inode, and a BLAKE2 fingerprint of
+its first and last MiB) and :data:`LOADER_VERSION`; any change gives a new
+name, so a stale entry is never read (an edit in place with the mtime set
+back, as ``touch -d`` or ``cp -p`` do, still moves the ctime and usually the
+fingerprint), and writing a new entry deletes the older ones of that trace
 (including entries of earlier formats). An entry that cannot be used
 (truncated, not an npz, wrong content) raises :class:`CacheEntryError`; the
 loader reports it as a warning, parses the trace again and rewrites it.
@@ -41,7 +44,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from analyzer.errors import AnalyzerError
-from analyzer.locate import CACHE_DIRNAME, usable_cache_dir, user_cache_dir  # noqa: F401 - part of this module's API
+from analyzer.locate import CACHE_DIRNAME, file_key, usable_cache_dir, user_cache_dir  # noqa: F401 - part of this module's API
 
 if TYPE_CHECKING:
     from analyzer.parse import ParsedTrace
@@ -92,15 +95,15 @@ class TraceCache:
         yet); None when the trace cannot be stat'ed or nothing is writable."""
         trace = Path(trace).absolute()
         try:
-            st = trace.stat()
+            identity = file_key(trace)
         except OSError:
             return None
         folder = self._dir_for(trace.parent)
         if folder is None:
             return None
         path_hash = hashlib.sha1(str(trace).encode()).hexdigest()[:10]
-        key = f"{trace}|{st.st_size}|{st.st_mtime_ns}|{LOADER_VERSION}"
-        key_hash = hashlib.sha1(key.encode()).hexdigest()[:16]
+        key = orjson.dumps([str(trace), identity, LOADER_VERSION])
+        key_hash = hashlib.sha1(key).hexdigest()[:16]
         return folder / f"{trace.name}.{path_hash}.{key_hash}{ENTRY_SUFFIX}"
 
     def read(self, entry: Path, trace: Path) -> ParsedTrace:

@@ -22,8 +22,8 @@ import pandas as pd
 
 from analyzer import cache as trace_cache
 from analyzer.errors import TraceError
-from analyzer.jobs import ParseJobs, usable_cpus
-from analyzer.locate import find_trace_files
+from analyzer.jobs import ParseJobs, parse_file, usable_cpus
+from analyzer.locate import find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
 from analyzer.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
     ParsedTrace,
     _resolve_rank,
@@ -286,8 +286,8 @@ def load_traces(
 
     Raises AnalyzerError only when no file can be found at all.
     """
-    files = _expand(paths)
-    result = TraceSet()
+    files, skipped = _expand(paths)
+    result = TraceSet(errors=skipped)
     store = trace_cache.TraceCache(None if cache is True else Path(cache)) if cache else None
     hits: list[tuple[Path, Path]] = []
     misses: list[tuple[Path, Path | None]] = []
@@ -309,7 +309,7 @@ def load_traces(
             else:
                 if parsed.cache_warning:
                     result.warnings.append(parsed.cache_warning)
-                loaded[f] = rank_trace(parsed)
+                _add_rank(loaded, result, f, parsed)
             if bar:
                 bar.update(1)
         for f, entry in hits:
@@ -318,13 +318,13 @@ def load_traces(
             except trace_cache.CacheEntryError as exc:
                 result.warnings.append(str(exc))
                 try:
-                    parsed = trace_cache.parse_and_store(f, entry)
+                    parsed = parse_file(f, entry)
                 except TraceError as err:
                     result.errors.append(err)
                     continue
                 if parsed.cache_warning:
                     result.warnings.append(parsed.cache_warning)
-            loaded[f] = rank_trace(parsed)
+            _add_rank(loaded, result, f, parsed)
             if bar:
                 bar.update(1)
     finally:
@@ -336,18 +336,33 @@ def load_traces(
     return result
 
 
-def _expand(paths: Path | Sequence[Path]) -> list[Path]:
+def _add_rank(loaded: dict[Path, RankTrace], result: TraceSet, f: Path, parsed: ParsedTrace) -> None:
+    """Build the rank's tables; a failure there is this file's error line,
+    not the end of the analysis (issue 17: nothing one file does ends it)."""
+    try:
+        loaded[f] = rank_trace(parsed)
+    except TraceError as err:
+        result.errors.append(err)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours on odd input: still one line for one file
+        result.errors.append(TraceError(f, f"could not be tabled ({type(exc).__name__}: {str(exc)[:200]})"))
+
+
+def _expand(paths: Path | Sequence[Path]) -> tuple[list[Path], list[TraceError]]:
+    """(trace files, one TraceError per path named like a trace that cannot be read as one)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [Path(paths)]
     files: list[Path] = []
+    skipped: list[TraceError] = []
     seen: set[Path] = set()
     for p in paths:
-        for f in find_trace_files(Path(p)):
+        found, unusable = scan_trace_files(Path(p))
+        skipped += [TraceError(path, reason) for path, reason in unusable]
+        for f in found:
             key = f.resolve()
             if key not in seen:
                 seen.add(key)
                 files.append(f)
-    return files
+    return files, skipped
 
 
 def _size(path: Path) -> int:
@@ -382,7 +397,7 @@ def _parse_many(
                 elif own is not None:
                     yield f, own.take(f)
                 else:
-                    yield f, trace_cache.parse_and_store(f, entries.get(f))
+                    yield f, parse_file(f, entries.get(f))
             except TraceError as err:
                 yield f, err
     finally:

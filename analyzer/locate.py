@@ -6,8 +6,11 @@ pandas is imported (analyzer/jobs.py says why).
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import re
+import stat
 from pathlib import Path
 
 import orjson
@@ -62,29 +65,129 @@ def find_trace_files(path: Path) -> list[Path]:
     """Trace files named by ``path``: the file itself, or the ``*.json`` and
     ``*.json.gz`` files directly inside a folder (one level, like HTA;
     hidden files skipped), in natural order (``rank2`` before ``rank10``).
+    Paths named like traces that cannot be read as one (:func:`scan_trace_files`
+    says why) are left out.
 
     Raises AnalyzerError when the path does not exist or a folder holds no
     trace file; the message points at subfolders that do.
     """
+    return scan_trace_files(path)[0]
+
+
+def scan_trace_files(path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(trace files, [(path, why it is skipped)]) for ``path``, as
+    :func:`find_trace_files` finds them: a FIFO, socket, device, directory,
+    symlink loop, broken symlink or unreadable file named like a trace is
+    skipped with its reason (opening a FIFO would block for ever).
+
+    Raises AnalyzerError when the path does not exist or a folder holds
+    neither trace files nor skipped ones.
+    """
     path = Path(path)
-    if path.is_file():
-        return [path]
-    if not path.exists():
-        raise AnalyzerError(f"{path}: no such file or directory")
     if not path.is_dir():
-        raise AnalyzerError(f"{path}: not a file or directory")
+        reason = unusable_reason(path)
+        if reason is None:
+            return [path], []
+        if not os.path.lexists(path):
+            raise AnalyzerError(f"{path}: no such file or directory")
+        return [], [(path, reason)]
     if is_run_dir(path):
         # Its run.json is not a trace, and its traces/ may hold several
         # profiler windows per rank: the run-directory reader sorts that out.
         raise AnalyzerError(
             f"{path}: a reftrain run directory; read it with analyzer.rundir.read_run_dir, or pass {path / 'traces'}"
         )
-    files = [p for p in path.iterdir() if _is_trace_name(p.name) and p.is_file()]
-    if not files:
+    files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for p in path.iterdir():
+        if not _is_trace_name(p.name):
+            continue
+        reason = unusable_reason(p)
+        if reason is None:
+            files.append(p)
+        else:
+            skipped.append((p, reason))
+    if not files and not skipped:
         deeper = sorted(p for p in path.rglob("*") if _is_trace_name(p.name) and p.is_file() and not _hidden(p, path))
         hint = f" ({len(deeper)} in subfolders, e.g. {deeper[0].parent}; pass that folder)" if deeper else ""
         raise AnalyzerError(f"{path}: no trace files (*.json, *.json.gz){hint}")
-    return sorted(files, key=_natural_key)
+    return sorted(files, key=_natural_key), sorted(skipped, key=lambda s: _natural_key(s[0]))
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "a socket, not a regular file"),
+    (stat.S_ISCHR, "a character device, not a regular file"),
+    (stat.S_ISBLK, "a block device, not a regular file"),
+    (stat.S_ISDIR, "a directory, not a trace file"),
+)
+
+
+def unusable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (None when it can): not a
+    regular file (FIFO, socket, device, directory), a symlink loop or a
+    broken symlink, or no read permission. Only stats the path: a FIFO is
+    never opened."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop (too many levels of symbolic links)"
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return f"a broken symlink (to {os.readlink(path)})"
+        return f"cannot stat ({exc.strerror or exc})"
+    for test, what in _KINDS:
+        if test(st.st_mode):
+            return what
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot read file: permission denied"
+    return None
+
+
+# --------------------------------------------------------------------------
+# What a cache entry's key says about a file
+
+
+# Bytes hashed at each end of a file for its content fingerprint.
+FINGERPRINT_EDGE_BYTES = 1 << 20
+
+
+def file_key(path: Path, st: os.stat_result | None = None) -> list:
+    """What identifies this version of a file, for the cache keys: size,
+    mtime and ctime in ns, device and inode, and :func:`content_fingerprint`.
+
+    Size and mtime alone go stale when a file is edited in place and its
+    mtime restored (``touch -d``, ``cp -p``, an archive restore, a checkout).
+    The ctime cannot be set from user space and moves on every write or
+    rename onto the path; the inode changes when a file is replaced; the
+    fingerprint covers the content itself where ctime is coarse or the
+    file system reuses inodes. docs/loading.md has the cost of each.
+    Raises OSError when the file cannot be read.
+    """
+    st = st or os.stat(path)
+    fingerprint = content_fingerprint(path, st.st_size) if stat.S_ISREG(st.st_mode) else ""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino, fingerprint]
+
+
+def content_fingerprint(path: Path, size: int | None = None) -> str:
+    """BLAKE2b (128 bits) of the size, the first and the last
+    :data:`FINGERPRINT_EDGE_BYTES` of a regular file (the whole file when it
+    is no larger than two of them). Reads at most 2 MiB whatever the size:
+    a whole-file hash of a 1 GB trace would cost more than the cache saves
+    (figures in docs/loading.md)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size if size is None else size
+        h.update(size.to_bytes(8, "little"))
+        if size <= 2 * FINGERPRINT_EDGE_BYTES:
+            h.update(f.read())
+        else:
+            h.update(f.read(FINGERPRINT_EDGE_BYTES))
+            f.seek(size - FINGERPRINT_EDGE_BYTES)
+            h.update(f.read(FINGERPRINT_EDGE_BYTES))
+    return h.hexdigest()
 
 
 def _is_trace_name(name: str) -> bool:
@@ -115,16 +218,18 @@ def run_trace_files(run_dir: Path) -> list[Path]:
 def listed_or_found(root: Path, listed: object, pattern: str, errors: list[str]) -> list[str]:
     """The manifest's list of a family's files (relative paths); when it
     lists none (a run still running, or one that failed early), what is on
-    disk. Listed files that do not exist are reported."""
+    disk. Listed files that do not exist are reported. Paths that exist but
+    are not readable files (a FIFO, a symlink loop) are kept, so that their
+    reader reports why it skips them (:func:`unusable_reason`)."""
     if isinstance(listed, list) and listed:
         out = []
         for rel in listed:
-            if (root / str(rel)).is_file():
+            if os.path.lexists(root / str(rel)):
                 out.append(str(rel))
             else:
                 errors.append(f"{rel}: listed in {MANIFEST} but missing")
         return out
-    return sorted((str(p.relative_to(root)) for p in root.glob(pattern) if p.is_file()), key=lambda rel: _natural_key(Path(rel)))
+    return sorted((str(p.relative_to(root)) for p in root.glob(pattern) if not p.is_dir()), key=lambda rel: _natural_key(Path(rel)))
 
 
 def trace_files_of(path: Path) -> list[Path]:

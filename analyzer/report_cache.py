@@ -12,11 +12,13 @@ What the key covers (any change gives a new key, so a stale entry is
 never read):
 
 * the input: for every file an analysis of the path can read, its path
-  relative to the input, size and mtime (ns). A reftrain run directory is
+  relative to the input and its :func:`~analyzer.locate.file_key` (size,
+  mtime and ctime in ns, device, inode, BLAKE2 of the first and last MiB),
+  so an edit in place with the mtime set back is a miss. A reftrain run directory is
   walked recursively (manifest, metrics, collectives, telemetry, traces);
   a folder of traces contributes its top-level files; hidden folders (the
   caches themselves) are left out;
-* the code: size and mtime of every ``.py`` file of the ``analyzer`` and
+* the code: size, mtime, ctime and inode of every ``.py`` file of the ``analyzer`` and
   ``reftrain`` packages (analyzer reads reftrain's FLOP and peak tables),
   the Python version and :data:`REPORT_CACHE_VERSION`;
 * the options that change the output: ``--peak-flops`` and ``--top``.
@@ -39,10 +41,10 @@ from typing import Any, Sequence
 
 import orjson
 
-from analyzer.locate import CACHE_DIRNAME, is_run_dir, usable_cache_dir, user_cache_dir
+from analyzer.locate import CACHE_DIRNAME, file_key, is_run_dir, usable_cache_dir, user_cache_dir
 
 # Bump when the entry's layout changes.
-REPORT_CACHE_VERSION = 1
+REPORT_CACHE_VERSION = 2  # 2: inputs keyed on file_key (ctime, inode, fingerprint)
 _CODE_PACKAGES = ("analyzer", "reftrain")
 
 
@@ -132,12 +134,11 @@ def _folder_for(path: Path) -> Path | None:
     return next((f for f in (base / CACHE_DIRNAME, user_cache_dir()) if usable_cache_dir(f)), None)
 
 
-def _input_fingerprint(path: Path, skip: set[Path]) -> list[tuple[str, int, int]]:
-    """(relative path, size, mtime ns) of every file the analysis may read."""
+def _input_fingerprint(path: Path, skip: set[Path]) -> list[list]:
+    """[relative path, *file_key] of every file the analysis may read."""
     if not path.is_dir():
-        st = path.stat()
-        return [(path.name, st.st_size, st.st_mtime_ns)]
-    out: list[tuple[str, int, int]] = []
+        return [[path.name, *file_key(path)]]
+    out: list[list] = []
     if is_run_dir(path):
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -147,32 +148,39 @@ def _input_fingerprint(path: Path, skip: set[Path]) -> list[tuple[str, int, int]
     else:
         with os.scandir(path) as it:
             for e in sorted(it, key=lambda e: e.name):
-                if e.is_file() and not e.name.startswith(".") and Path(e.path) not in skip:
+                if not e.name.startswith(".") and not e.is_dir() and Path(e.path) not in skip:
                     _add(out, Path(e.path), path)
     return out
 
 
-def _add(out: list[tuple[str, int, int]], file: Path, root: Path) -> None:
+def _add(out: list[list], file: Path, root: Path, content: bool = True) -> None:
     try:
-        st = file.stat()
-    except OSError:  # deleted while we walked: the analysis will not see it either
+        st = os.stat(file)
+        # file_key reads only regular files (a FIFO is never opened).
+        key = file_key(file, st) if content else [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    except OSError as exc:
+        # Deleted while we walked: the analysis will not see it either. A
+        # symlink loop or unreadable file: its reason, which the analysis reports.
+        if os.path.lexists(file):
+            out.append([str(file.relative_to(root)), f"unreadable: {exc.strerror or exc}"])
         return
-    out.append((str(file.relative_to(root)), st.st_size, st.st_mtime_ns))
+    out.append([str(file.relative_to(root)), *key])
 
 
-_code: list[tuple[str, int, int]] | None = None
+_code: list[list] | None = None
 
 
-def _code_fingerprint() -> list[tuple[str, int, int]]:
+def _code_fingerprint() -> list[list]:
     global _code
     if _code is None:
         here = Path(__file__).resolve().parent.parent
-        found = []
+        found: list[list] = []
         for package in _CODE_PACKAGES:
             for root, dirs, files in os.walk(here / package):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 for name in sorted(files):
                     if name.endswith(".py"):
-                        _add(found, Path(root) / name, here)
+                        # Stat only: reading ~100 source files on every report would cost more than it guards.
+                        _add(found, Path(root) / name, here, content=False)
         _code = found
     return _code

@@ -14,6 +14,7 @@ are kept as extra columns.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.locate import MANIFEST, is_run_dir, listed_or_found  # noqa: F401 - part of this module's API
+from analyzer.locate import MANIFEST, is_run_dir, listed_or_found, unusable_reason  # noqa: F401 - part of this module's API
 
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
 _SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")
@@ -75,8 +76,62 @@ TELEMETRY_COLUMNS: dict[str, str] = {
     "temp_c": "float64",
     "throttle_reasons": "object",
 }
+# Ranges of the metrics fields that enter a table (issue 17): a line with a
+# value outside them is dropped and counted, not averaged in. One corrupt
+# line (step 1e308, step_time_ms -5, mfu 1e308) otherwise added a step and
+# made `check` fail on "MFU must be positive", disabling the CI gate.
+# Absent or null fields are not checked (older writers omit some).
+_INT64_MAX = 2**63 - 1
+_DAY_MS = 86_400_000.0  # no step lasts a day; a larger value is corruption
+METRICS_RANGES: dict[str, tuple[str, float, float, bool]] = {
+    # field: (kind, low, high, low inclusive)
+    "step": ("int", 0, _INT64_MAX, True),
+    "rank": ("int", 0, _INT64_MAX, True),
+    "tokens": ("int", 0, _INT64_MAX, True),
+    "mem_bytes": ("int", 0, _INT64_MAX, True),
+    "time_ns": ("int", 0, _INT64_MAX, True),
+    "step_time_ms": ("float", 0.0, _DAY_MS, False),
+    "data_wait_ms": ("float", 0.0, _DAY_MS, True),
+    "forward_ms": ("float", 0.0, _DAY_MS, True),
+    "backward_ms": ("float", 0.0, _DAY_MS, True),
+    "optimizer_ms": ("float", 0.0, _DAY_MS, True),
+    "grad_sync_ms": ("float", 0.0, _DAY_MS, True),
+    "comm_ms": ("float", 0.0, _DAY_MS, True),
+    "tokens_per_s": ("float", 0.0, 1e15, True),
+    # A fraction of the stated peak. Above 1 the peak is underestimated (a
+    # CPU peak is measured, docs/mfu.md), so up to 10x is kept; beyond that
+    # the value is not a measurement.
+    "mfu": ("float", 0.0, 10.0, False),
+    "hfu": ("float", 0.0, 10.0, False),
+}
+
+
+def _out_of_range(rec: dict, ranges: dict[str, tuple[str, float, float, bool]]) -> str | None:
+    """The first field of ``rec`` outside its range, described; None when all fit."""
+    for name, (kind, low, high, low_inclusive) in ranges.items():
+        v = rec.get(name)
+        if v is None:
+            continue
+        if kind == "int":
+            if isinstance(v, bool) or not isinstance(v, int):
+                return f"{name} {_show(v)} is not an integer"
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{name} {_show(v)} is not a number"
+        elif not math.isfinite(v):
+            return f"{name} {_show(v)} is not finite"
+        if v > high or v < low or (v == low and not low_inclusive):
+            bracket = "[" if low_inclusive else "("
+            return f"{name} {_show(v)} is outside {bracket}{low:g}, {high:g}]"
+    return None
+
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 _FAMILIES = {
-    "metrics": ("metrics/rank*.jsonl", METRICS_COLUMNS),
+    "metrics": ("metrics/rank*.jsonl", METRICS_COLUMNS),  # values checked against METRICS_RANGES
     "collectives": ("collectives/rank*.jsonl", COLLECTIVES_COLUMNS),
     "telemetry": ("telemetry/gpu*.jsonl", TELEMETRY_COLUMNS),
 }
@@ -91,7 +146,9 @@ class RunDir:
     (:data:`METRICS_COLUMNS`, ...) always present, even when empty. Integer
     columns that have missing values become float64. ``trace_paths`` are
     absolute paths of the Kineto traces that exist; ``errors`` one line per
-    problem found on the way.
+    problem found on the way (a file or family not read, unreadable
+    lines); ``warnings`` one line per file whose lines had values out of
+    range (:data:`METRICS_RANGES`), with the count and the first example.
     """
 
     path: Path
@@ -101,6 +158,7 @@ class RunDir:
     telemetry: pd.DataFrame
     trace_paths: list[Path]
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int | None:
@@ -117,6 +175,7 @@ def read_run_dir(path: Path) -> RunDir:
     path = Path(path)
     manifest = _read_manifest(path)
     errors: list[str] = []
+    warnings: list[str] = []
     files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
     schemas = manifest.get("schemas") if isinstance(manifest.get("schemas"), dict) else {}
     tables: dict[str, pd.DataFrame] = {}
@@ -128,7 +187,7 @@ def read_run_dir(path: Path) -> RunDir:
             errors.append(f"{family}: {problem}; {family} not read")
         else:
             for rel in listed_or_found(path, files.get(family), pattern, errors):
-                frame = _read_jsonl(path, rel, errors)
+                frame = _read_jsonl(path, rel, errors, warnings, METRICS_RANGES if family == "metrics" else None)
                 if frame is None:
                     continue
                 rank = _rank_from_name(rel)
@@ -150,6 +209,7 @@ def read_run_dir(path: Path) -> RunDir:
         telemetry=tables["telemetry"],
         trace_paths=traces,
         errors=errors,
+        warnings=warnings,
     )
 
 
@@ -191,9 +251,17 @@ def _rank_from_name(rel: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _read_jsonl(root: Path, rel: str, errors: list[str]) -> pd.DataFrame | None:
+def _read_jsonl(
+    root: Path, rel: str, errors: list[str], warnings: list[str], ranges: dict | None = None
+) -> pd.DataFrame | None:
     """Records of one JSON-lines file; bad lines are skipped and reported
-    (a torn last line is what a killed writer leaves behind)."""
+    (a torn last line is what a killed writer leaves behind), and with
+    ``ranges`` records with a value out of range are dropped and counted
+    in one warning."""
+    reason = unusable_reason(root / rel)
+    if reason is not None:  # a FIFO would block the read for ever
+        errors.append(f"{rel}: {reason}; not read")
+        return None
     try:
         raw = (root / rel).read_bytes()
     except OSError as exc:
@@ -201,6 +269,7 @@ def _read_jsonl(root: Path, rel: str, errors: list[str]) -> pd.DataFrame | None:
         return None
     records = []
     bad: list[tuple[int, str]] = []
+    out_of_range: list[tuple[int, str]] = []
     lines = raw.split(b"\n")
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -213,7 +282,17 @@ def _read_jsonl(root: Path, rel: str, errors: list[str]) -> pd.DataFrame | None:
         if not isinstance(rec, dict):
             bad.append((i, f"a {type(rec).__name__}, not an object"))
             continue
+        problem = _out_of_range(rec, ranges) if ranges else None
+        if problem is not None:
+            out_of_range.append((i, problem))
+            continue
         records.append(rec)
+    if out_of_range:
+        first_line, first = out_of_range[0]
+        n = len(out_of_range)
+        warnings.append(
+            f"{rel}: {n} line{'s' if n > 1 else ''} with out-of-range values dropped (first: line {first_line}, {first})"
+        )
     if bad:
         last_line = max(i for i, line in enumerate(lines, 1) if line.strip())
         torn = len(bad) == 1 and bad[0][0] == last_line
@@ -223,7 +302,7 @@ def _read_jsonl(root: Path, rel: str, errors: list[str]) -> pd.DataFrame | None:
         else:
             errors.append(f"{rel}: {len(bad)} unreadable lines skipped (first: line {first[0]}, {first[1]}); {len(records)} records read")
     if not records:
-        if not bad:
+        if not bad and not out_of_range:
             errors.append(f"{rel}: empty")
         return None
     return pd.DataFrame.from_records(records)

@@ -147,7 +147,7 @@ def test_parse_jobs_give_the_in_process_tables(run: Path, tmp_path: Path) -> Non
         assert all(f in pending for f in files) and broken in pending
         for f in files:
             pd.testing.assert_frame_equal(load.rank_trace(pending.take(f)).events, load.parse_trace(f).events)
-        workers = list(pending._pool._pool)
+        workers = list(pending._pool._processes.values())
         with pytest.raises(TraceError) as err:
             pending.take(broken)
         assert err.value.path == broken.absolute() and "ends early" in str(err.value)
@@ -170,9 +170,9 @@ def test_closing_unfinished_jobs_stops_the_workers(tmp_path: Path) -> None:
         t.cpu_op(f"op{i % 50}", i * 10, 5)
     first, second = t.write(tmp_path / "big.json"), t.write(tmp_path / "big2.json")
     pending = jobs.ParseJobs([first, second], workers=1)
-    workers = list(pending._pool._pool)
+    workers = list(pending._pool._processes.values())
     result = pending._pending[second.absolute()]
-    assert not result.ready()  # one worker, two big files: the second has not even started
+    assert not result.done()  # one worker, two big files: the second has not even started
     pending.close()
     assert pending._pool is None and not any(w.is_alive() for w in workers)
-    assert not result.ready()
+    assert result.cancelled() or not result.done() or result.exception() is not None
