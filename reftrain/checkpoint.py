@@ -50,13 +50,23 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
 
 
 def save(run_dir: Path, step: int, model, optimizer) -> Path:
-    """Save model + optimizer + step as checkpoints/step{step}. Collective: call on all ranks."""
+    """Save model + optimizer + step as checkpoints/step{step} and list it in
+    run.json (rank 0). Collective: call on all ranks."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    import torch.distributed as dist
+
+    from reftrain import manifest
 
     path = checkpoint_dir(run_dir, step)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}}, checkpoint_id=str(path))
+    # dcp.save returns on the coordinator (rank 0) after it wrote .metadata:
+    # the checkpoint is complete, so run.json lists it now, not only when
+    # the run ends well (issue 17: a killed run recorded no checkpoints).
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        manifest.record_checkpoints(run_dir)
     return path
 
 

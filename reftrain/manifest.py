@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -118,6 +119,10 @@ def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int |
         }
     elif data.get("status") != "running":
         return
+    # What is on disk now, whatever rank 0 last recorded (a save may have
+    # completed after its last write of run.json).
+    files = data.get("files") if isinstance(data.get("files"), dict) else {}
+    data["files"] = {**files, "checkpoints": complete_checkpoints(run_dir)}
     data.update(status="failed", end_time=utc_now(), error=error)
     write_json(run_dir / "run.json", data)
 
@@ -129,13 +134,37 @@ def files_listing(run_dir: Path, per_rank: list[dict[str, list[str]]]) -> dict[s
     paths relative to the run directory. Checkpoints are listed from disk
     (complete ones only: DCP writes `.metadata` last).
     """
-    run_dir = Path(run_dir)
-    checkpoints = sorted(
-        (str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").glob("step*") if (p / ".metadata").is_file()),
-        key=lambda s: int(s.rsplit("step", 1)[1]),
-    )
     out: dict[str, Any] = {"config": "config.yaml"}
     for family in ("metrics", "collectives", "telemetry", "traces"):
         out[family] = [path for files in per_rank for path in files.get(family, [])]
-    out["checkpoints"] = checkpoints
+    out["checkpoints"] = complete_checkpoints(run_dir)
     return out
+
+
+_STEP_DIR = re.compile(r"^step(\d+)$")
+
+
+def complete_checkpoints(run_dir: Path) -> list[str]:
+    """`checkpoints/step{K}` folders that are complete (DCP writes `.metadata`
+    last), relative to the run directory, by step."""
+    run_dir = Path(run_dir)
+    found = []
+    for p in (run_dir / "checkpoints").glob("step*"):
+        m = _STEP_DIR.match(p.name)
+        if m and (p / ".metadata").is_file():
+            found.append((int(m.group(1)), str(p.relative_to(run_dir))))
+    return [rel for _, rel in sorted(found)]
+
+
+def record_checkpoints(run_dir: Path) -> None:
+    """Rewrite run.json's `files.checkpoints` from disk, right after a save
+    completes, so that a run that dies later (even by SIGKILL, when nobody
+    gets to call :func:`mark_failed`) still lists every complete checkpoint.
+    Rank 0 only; does nothing before rank 0 has written run.json."""
+    run_dir = Path(run_dir)
+    data = read_manifest(run_dir)
+    if not isinstance(data, dict):
+        return
+    files = data.get("files") if isinstance(data.get("files"), dict) else {}
+    data["files"] = {**files, "checkpoints": complete_checkpoints(run_dir)}
+    write_json(run_dir / "run.json", data)
