@@ -29,7 +29,9 @@ Reading one file:
 from __future__ import annotations
 
 import gc
+import os
 import re
+import sys
 import zlib
 from dataclasses import dataclass, field
 from itertools import compress
@@ -42,7 +44,9 @@ import numpy as np
 import orjson
 
 from analyzer.errors import TraceError
-from analyzer.schema import CPU_COMM_RE, GPU_TIMELINE_CATS, MATMUL_OPS, text_id
+from analyzer.limits import FLAGS, ParseLimits
+from analyzer.limits import current as current_limits
+from analyzer.schema import CPU_COMM_RE, GPU_TIMELINE_CATS, MATMUL_OPS, canonical_category, text_id
 
 # Decompressed bytes per parse block. On df_index_resolver + control,
 # 1 and 2 MB parse equally fast (per-block overhead is small: the text is
@@ -87,62 +91,116 @@ def _resolve_rank(distributed_info: dict, path: Path, hint: int | None) -> tuple
 # Reading bytes
 
 
-def _read_blocks(path: Path, size: int | None = None) -> Iterator[bytes]:
+def _over_bound(path: Path, what: str, limit_name: str) -> TraceError:
+    """The one line for a file over a bound: what it exceeded, and the flag that raises it."""
+    return TraceError(path, f"{what}; skipped (raise the bound with {FLAGS[limit_name]})")
+
+
+def _read_blocks(path: Path, size: int | None = None, limits: ParseLimits | None = None) -> Iterator[bytes]:
     """Decompressed content of ``path`` in blocks of at most ``size`` bytes
     (default :data:`BLOCK_BYTES`).
 
-    Gzip is recognized by its magic bytes, not the suffix. Raises TraceError
-    for an unreadable file, a truncated or corrupt gzip stream.
+    Gzip is recognized by its magic bytes, not the suffix; a file of several
+    gzip members (``cat a.gz b.gz``) is their concatenated content, as
+    ``gzip -dc`` gives. Raises TraceError for an unreadable file, a truncated
+    or corrupt gzip stream, and for text over the bounds of ``limits``
+    (default :func:`analyzer.limits.current`): more than
+    ``max_json_bytes``, or for gzip more than
+    ``limits.max_decompressed(compressed size)``, counted as it is
+    decompressed so a bomb stops at the bound.
     """
     size = size or BLOCK_BYTES
+    limits = limits or current_limits()
     try:
         fh = open(path, "rb")
     except OSError as exc:
         raise TraceError(path, f"cannot read file: {exc.strerror or exc}") from None
     with fh:
-        head = fh.read(2)
+        head = _read(fh, path, 2)
         fh.seek(0)
         if head != _GZIP_MAGIC:
+            total = 0
             while True:
-                try:
-                    block = fh.read(size)
-                except OSError as exc:
-                    raise TraceError(path, f"cannot read file: {exc.strerror or exc}") from None
+                block = _read(fh, path, size)
                 if not block:
                     return
+                total += len(block)
+                if total > limits.max_json_bytes:
+                    raise _over_bound(path, f"more than {limits.max_json_bytes / _MB:,.0f} MB of JSON", "max_json_bytes")
                 yield block
-        out_bytes = 0
-        # wbits=31: gzip wrapper, CRC and length checked by zlib.
-        d = zlib.decompressobj(31)
-        pending = b""
-        while True:
-            if not pending:
-                pending = fh.read(1 << 20)
-                if not pending:
-                    if not d.eof:
-                        raise TraceError(path, f"truncated gzip stream after {out_bytes / _MB:.1f} MB")
+        compressed = os.fstat(fh.fileno()).st_size
+        yield from _gunzip(fh, path, size, compressed, limits)
+
+
+def _read(fh: Any, path: Path, n: int) -> bytes:
+    try:
+        return fh.read(n)
+    except OSError as exc:
+        raise TraceError(path, f"cannot read file: {exc.strerror or exc}") from None
+
+
+def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits) -> Iterator[bytes]:
+    """The blocks of a gzip file of one or more members (see _read_blocks)."""
+    bound = limits.max_decompressed(compressed)
+    out_bytes = 0
+    # wbits=31: gzip wrapper, CRC and length checked by zlib.
+    d = zlib.decompressobj(31)
+    in_member = True  # d has not reached the end of its member yet
+    data = b""  # compressed bytes read but not yet given to d
+    at_end = False  # the file is read to its end
+    while True:
+        if not data and not at_end:
+            data = _read(fh, path, 1 << 20)
+            at_end = not data
+        if not in_member:
+            # Between members: zero padding (some tools pad) or the next member.
+            data = data.lstrip(b"\x00")
+            if not data:
+                if at_end:
                     return
-            try:
-                block = d.decompress(pending, size)
-            except zlib.error as exc:
-                raise TraceError(path, f"corrupt gzip data after {out_bytes / _MB:.1f} MB ({exc})") from None
-            pending = d.unconsumed_tail
-            if block:
-                out_bytes += len(block)
-                yield block
-            if d.eof:
-                rest = d.unused_data + pending
-                pending = b""
-                if rest.strip(b"\x00"):
-                    if rest[:2] != _GZIP_MAGIC:
-                        raise TraceError(path, f"trailing garbage after gzip stream at {out_bytes / _MB:.1f} MB")
-                    # A second gzip member (concatenated .gz files): continue.
-                    d = zlib.decompressobj(31)
-                    pending = rest
-                    continue
-                if not fh.read(1):
-                    return
+                continue
+            if len(data) < 2 and not at_end:
+                more = _read(fh, path, 1 << 20)
+                at_end = not more
+                data += more
+                continue
+            if data[:2] != _GZIP_MAGIC:
                 raise TraceError(path, f"trailing garbage after gzip stream at {out_bytes / _MB:.1f} MB")
+            d = zlib.decompressobj(31)
+            in_member = True
+        try:
+            block = d.decompress(data, size)
+        except zlib.error as exc:
+            raise TraceError(path, f"corrupt gzip data after {out_bytes / _MB:.1f} MB ({exc})") from None
+        if d.eof:
+            # Everything after this member. Not unused_data + unconsumed_tail:
+            # on Python 3.11 both hold the bytes after the member, and
+            # joining them decompressed the next member twice (issue 17).
+            data = d.unused_data
+            in_member = False
+        else:
+            data = d.unconsumed_tail
+        if block:
+            out_bytes += len(block)
+            if out_bytes > bound:
+                raise _gzip_over_bound(path, bound, compressed, limits)
+            yield block
+        elif in_member and not data and at_end:
+            # No input left and no output pending: the member never ended.
+            raise TraceError(path, f"truncated gzip stream after {out_bytes / _MB:.1f} MB")
+        if not in_member and at_end and not data:
+            return
+
+
+def _gzip_over_bound(path: Path, bound: int, compressed: int, limits: ParseLimits) -> TraceError:
+    if bound >= limits.max_json_bytes:
+        return _over_bound(path, f"decompresses to more than {bound / _MB:,.0f} MB of JSON", "max_json_bytes")
+    return _over_bound(
+        path,
+        f"decompresses to more than {bound / _MB:,.0f} MB, over {limits.max_gzip_ratio:g}x its "
+        f"{compressed / _MB:.1f} MB (a gzip bomb?)",
+        "max_gzip_ratio",
+    )
 
 
 # --------------------------------------------------------------------------
@@ -161,8 +219,12 @@ _NO_RAW = msgspec.Raw()
 class _Args(msgspec.Struct):
     correlation: Any = -1
     external_id: Any = msgspec.field(default=-1, name="External id")
+    # The TensorBoard-plugin era wrote "external id" on runtime and device
+    # events (and "External id" on ops), some versions "Input dims".
+    external_id_old: Any = msgspec.field(default=-1, name="external id")
     stream: Any = None
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_dims_old: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")
     input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     collective: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
@@ -191,6 +253,12 @@ class _Doc(msgspec.Struct):
     traceEvents: msgspec.Raw = _NO_RAW
     distributedInfo: Any = None
     deviceProperties: Any = None
+    computeProperties: Any = None  # the TensorBoard-plugin era's deviceProperties
+    displayTimeUnit: Any = None
+
+
+# Top-level keys kept from a document (see ParsedTrace.meta).
+_META_KEYS = ("distributedInfo", "deviceProperties", "computeProperties", "displayTimeUnit")
 
 
 _NO_ARGS = _Args()
@@ -254,9 +322,11 @@ class _Splitter:
     (the events' raw ``Input Dims`` point into it) and must not keep them.
     """
 
-    def __init__(self, path: Path, on_events: Callable[[list], None]) -> None:
+    def __init__(self, path: Path, on_events: Callable[[list], None], max_event_bytes: int | None = None) -> None:
         self.path = path
         self.on_events = on_events
+        # The longest JSON text held whole (see analyzer.limits.ParseLimits).
+        self.max_event_bytes = max_event_bytes or current_limits().max_event_bytes
         self.meta: dict = {}
         self.total = 0  # bytes seen
         self._buf = bytearray()
@@ -275,6 +345,16 @@ class _Splitter:
             self._find_events_array()
         if self._state == "body" and len(self._buf) >= self._retry_at:
             self._cut_body()
+        if len(self._buf) - self._lead > self.max_event_bytes:
+            self._over_event_bound()
+
+    def _over_event_bound(self) -> NoReturn:
+        what = {
+            "body": f"an element of traceEvents longer than {self.max_event_bytes / _MB:,.0f} MB",
+            "head": f"more than {self.max_event_bytes / _MB:,.0f} MB of JSON before traceEvents",
+        }.get(self._state, f"a JSON document that cannot be read in parts, over {self.max_event_bytes / _MB:,.0f} MB")
+        line = self._lines_before + self._buf.count(b"\n", self._lead) + 1
+        raise _over_bound(self.path, f"{what} (by line {line})", "max_event_bytes")
 
     def finish(self) -> None:
         if self.total == 0:
@@ -296,8 +376,9 @@ class _Splitter:
             self._array_form = True
             self._enter_body(start + 1)
             return
-        if first != 0x7B:  # not "{": let the whole-document parse judge
+        if first != 0x7B:  # not "{": a scalar, never a trace; judged on the text so far
             self._state = "whole"
+            self._judge_scalar(start)
             return
         m = _TRACE_EVENTS_KEY_RE.search(buf)
         if m is None or m.end() >= len(buf):
@@ -321,6 +402,21 @@ class _Splitter:
             return
         self.meta.update(meta)
         self._enter_body(m.end() + 1)
+
+    def _judge_scalar(self, start: int) -> None:
+        """A document that starts with neither ``{`` nor ``[``: report it from
+        its first block (invalid JSON, or valid JSON that is not a trace)
+        instead of holding a file of, say, zeros whole. A scalar still open
+        at the block's end (a long string) is read on, up to the bound."""
+        try:
+            with memoryview(self._buf) as whole, whole[start:] as text:
+                value = msgspec.json.decode(text)
+        except msgspec.DecodeError as exc:
+            reason, pos = _json_error(exc, len(self._buf) - start)
+            if reason != "the text ends early" and start + pos < len(self._buf):
+                self._raise_json(reason, start + pos)
+            return
+        raise TraceError(self.path, f"not a Kineto trace: the JSON is a {type(value).__name__}, not an object")
 
     def _enter_body(self, offset: int) -> None:
         self._lines_before += self._buf.count(b"\n", 0, offset)
@@ -408,7 +504,7 @@ class _Splitter:
         kind = _JSON_TYPES.get(memoryview(raw)[0], "number")
         if kind != "list":
             raise TraceError(self.path, f"traceEvents is a {kind}, not an array")
-        for key in ("distributedInfo", "deviceProperties"):
+        for key in _META_KEYS:
             if getattr(top, key) is not None:
                 self.meta[key] = getattr(top, key)
         events = _decode_events(raw)
@@ -489,7 +585,7 @@ class _Columns:
         self.cat_ids: dict[str, int] = {}
         self.name_ids: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("cat", "name", "pid", "tid", "stream", "ts_ns", "dur_ns", "correlation", "external_id")
+            k: [] for k in ("cat", "name", "pid", "tid", "stream", "ts", "dur", "correlation", "external_id")
         }
         self.rows = 0
         # Sparse columns: row -> value, for the few rows that carry them.
@@ -510,38 +606,42 @@ class _Columns:
         self.threads: dict[tuple[int, int], str] = {}
         self.seen_events = 0
         self.dropped_no_time = 0
+        # Complete events dropped for a missing or invalid ts/dur, and the first of them.
+        self.invalid = 0
+        self.first_invalid: str | None = None
         self._wants_args: dict[str, bool] = {}
+        self._gpu_cat: dict[str, bool] = {}
 
     def add(self, events: list[_Event]) -> None:
-        # Column at a time (comprehensions and C-level attribute getters)
-        # rather than one Python loop appending to nine lists per event:
-        # 0.45 -> 0.33 s for trace_diff/control. The rare shapes (events
-        # without ts, null or non-text names) take a slower exact path.
+        """Append the rows of one block of decoded events.
+
+        Stages, each a function of its own: :func:`complete_events` (which
+        events become rows), :meth:`_valid_times` (ts/dur checked, bad rows
+        dropped and counted), then the columns. Column at a time
+        (comprehensions and C-level attribute getters) rather than one
+        Python loop appending to nine lists per event: 0.45 -> 0.33 s for
+        trace_diff/control. The rare shapes (bad times, null or non-text
+        names) take slower exact paths.
+        """
         self.seen_events += len(events)
-        xs = [e for e in events if e.ph == "X"]
-        if len(xs) != len(events):
-            for e in events:
-                if e.ph == "M":
-                    self._metadata(e)
-        tss = list(map(_TS, xs))
-        durs = list(map(_DUR, xs))
-        if None in tss or None in durs:
-            timed = [e for e, ts, dur in zip(xs, tss, durs) if ts is not None and dur is not None]
-            self.dropped_no_time += len(xs) - len(timed)
-            xs = timed
-            tss, durs = list(map(_TS, xs)), list(map(_DUR, xs))
+        xs = complete_events(events, self._metadata)
+        xs, ts, dur = self._valid_times(xs)
         cats = list(map(_CAT, xs))
         names = list(map(_NAME, xs))
         if not (set(map(type, cats)) <= _STR and set(map(type, names)) <= _STR):
             cats, names = _exact_text(cats, names)
         if "Trace" in cats:  # the profiler's own span (HTA drops it too)
             keep = [c != "Trace" for c in cats]
-            xs, cats, names, tss, durs = (list(compress(col, keep)) for col in (xs, cats, names, tss, durs))
+            xs, cats, names = (list(compress(col, keep)) for col in (xs, cats, names))
+            mask = np.array(keep, dtype=bool)
+            ts, dur = ts[mask], dur[mask]
+        if not cats:
+            return
         no_args = _NO_ARGS
         args = [e.args or no_args for e in xs]
-        gpu_cats = GPU_TIMELINE_CATS
+        on_gpu = self._on_gpu_timeline(cats)
         streams = [
-            (e.tid if a.stream is None else a.stream) if c in gpu_cats else -1 for e, a, c in zip(xs, args, cats)
+            (e.tid if a.stream is None else a.stream) if on_gpu[c] else -1 for e, a, c in zip(xs, args, cats)
         ]
         wants = self._wants_args
         for name in set(names).difference(wants):
@@ -556,21 +656,78 @@ class _Columns:
         tids = list(map(_TID, xs))
         corrs = list(map(_CORRELATION, args))
         exts = list(map(_EXTERNAL_ID, args))
+        if -1 in exts:  # the older era's "external id"
+            exts = [x if x != -1 else a.external_id_old for x, a in zip(exts, args)]
         del xs
-        if not cats:
-            return
         self.rows += len(cats)
         self.parts["cat"].append(_codes(cats, self.cat_ids))
         self.parts["name"].append(_codes(names, self.name_ids))
         self.parts["pid"].append(_ids(pids))
         self.parts["tid"].append(_ids(tids))
         self.parts["stream"].append(_streams(streams))
-        self.parts["ts_ns"].append(_us_to_ns(tss))
-        self.parts["dur_ns"].append(_us_to_ns(durs))
+        self.parts["ts"].append(ts)
+        self.parts["dur"].append(dur)
         self.parts["correlation"].append(_ids(corrs))
         self.parts["external_id"].append(_ids(exts))
         for row, name, a in special:
             self._special(row, name, a)
+
+    def _on_gpu_timeline(self, cats: list[str]) -> dict[str, bool]:
+        """Category (as written) -> whether its events sit on a GPU stream,
+        judged once per distinct spelling in today's names."""
+        known = self._gpu_cat
+        for c in set(cats).difference(known):
+            known[c] = canonical_category(c) in GPU_TIMELINE_CATS
+        return known
+
+    def _valid_times(self, xs: list[_Event]) -> tuple[list[_Event], np.ndarray, np.ndarray]:
+        """The events whose ts and dur are valid, and those as numbers in the
+        trace's unit (:func:`raw_times`); the others are counted in
+        :attr:`invalid` with the first as an example."""
+        tss = list(map(_TS, xs))
+        durs = list(map(_DUR, xs))
+        ts, ts_ok = raw_times(tss)
+        dur, dur_ok = raw_times(durs)
+        if ts_ok is None and dur_ok is None:
+            return xs, ts, dur
+        ok = ts_ok if dur_ok is None else dur_ok if ts_ok is None else ts_ok & dur_ok
+        bad = np.flatnonzero(~ok)
+        self.dropped_no_time += sum(1 for i in bad if tss[i] is None or durs[i] is None)
+        first = int(bad[0])
+        self._count_invalid(len(bad), _event_example(xs[first].name, tss[first], durs[first]))
+        return list(compress(xs, ok.tolist())), ts[ok], dur[ok]
+
+    def _count_invalid(self, n: int, example: str) -> None:
+        self.invalid += n
+        if self.first_invalid is None:
+            self.first_invalid = example
+
+    def finish(self, unit_ns: int) -> dict[str, np.ndarray]:
+        """The file's columns: parts joined, times converted to integer ns
+        (``unit_ns`` ns per unit of the trace), rows whose start or end
+        would not fit int64 ns dropped and counted."""
+        columns = {}
+        over = np.zeros(self.rows, dtype=bool)
+        for key in ("ts", "dur"):
+            converted = [_to_ns(part, unit_ns) for part in self.parts.pop(key)]
+            columns[key + "_ns"] = _join([ns for ns, _ in converted], np.int64)
+            over |= _join([np.zeros(len(ns), dtype=bool) if o is None else o for ns, o in converted], bool)
+        for key, parts in self.parts.items():
+            columns[key] = _join(parts, np.int32 if key in ("cat", "name") else np.int64)
+        if over.any():
+            first = int(np.flatnonzero(over)[0])
+            self._count_invalid(int(over.sum()), f"{self.name_of(columns['name'][first])!r} beyond int64 ns")
+            keep = ~over
+            columns = {key: col[keep] for key, col in columns.items()}
+            new_row = np.cumsum(keep) - 1
+            self.sparse = {
+                col: {int(new_row[row]): v for row, v in values.items() if keep[row]} for col, values in self.sparse.items()
+            }
+            self.rows = int(keep.sum())
+        return columns
+
+    def name_of(self, code: int) -> str:
+        return list(self.name_ids)[code]
 
     def _metadata(self, e: _Event) -> None:
         a = e.args or _NO_ARGS
@@ -584,7 +741,8 @@ class _Columns:
     def _special(self, row: int, name: str, a: _Args) -> None:
         sp = self.sparse
         # Copy the raw text out now: it points into the parse buffer.
-        dims = orjson.loads(bytes(a.input_dims)) if len(a.input_dims) else None
+        raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_old
+        dims = orjson.loads(bytes(raw_dims)) if len(raw_dims) else None
         types = orjson.loads(bytes(a.input_types)) if len(a.input_types) else None
         if name in MATMUL_OPS or CPU_COMM_RE.search(name):
             if dims is not None:
@@ -675,22 +833,100 @@ def _first_input_nelems(dims: object) -> int | None:
     return n
 
 
-def _us_to_ns(values: list) -> np.ndarray:
-    """Kineto microseconds (int, or float with ns decimals) -> int64 ns.
+def complete_events(events: list[_Event], on_metadata: Callable[[_Event], None]) -> list[_Event]:
+    """The events that can become rows: complete events (``"ph": "X"``).
+    Metadata events (``"M"``: process and thread names) go to
+    ``on_metadata``; instants, flows and counters are not rows."""
+    xs = [e for e in events if e.ph == "X"]
+    if len(xs) != len(events):
+        for e in events:
+            if e.ph == "M":
+                on_metadata(e)
+    return xs
 
-    Integers are scaled exactly. Floats are split into whole and fractional
-    µs so the fraction is rounded to the ns without the float64 product
-    ``ts * 1000`` losing the low digits of large timestamps.
+
+# Largest start or duration kept, in ns: 2**62, so that start + duration
+# fits int64 (292 years; epoch-based Kineto clocks are at about 1.7e18 ns).
+MAX_TIME_NS = 1 << 62
+
+
+def raw_times(values: list) -> tuple[np.ndarray, np.ndarray | None]:
+    """ts or dur values as written -> (numbers, valid mask or None when all
+    are valid).
+
+    Valid: a JSON number (not a string, a bool or null), finite, >= 0 and
+    at most :data:`MAX_TIME_NS` (the bound in the trace's unit is applied
+    after conversion, :func:`_to_ns`, once the unit is known). The numbers
+    are int64 when every value is an integer, else float64; invalid
+    entries hold 0.
     """
-    arr = np.asarray(values)
-    if arr.dtype.kind in "iu":
-        return arr.astype(np.int64) * 1000
-    if arr.dtype.kind != "f":
-        arr = np.array([float(v) for v in values], dtype=np.float64)
-    whole = np.floor(arr)
-    return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000).astype(np.int64)
+    try:
+        arr = np.asarray(values)
+    except ValueError:  # ragged lists
+        return _raw_times_exact(values)
+    kind = arr.dtype.kind if arr.ndim == 1 else "O"
+    if kind == "i":
+        ok = (arr >= 0) & (arr <= MAX_TIME_NS)
+    elif kind == "f":
+        with np.errstate(invalid="ignore"):  # NaN compares False: invalid, no warning
+            ok = (arr >= 0) & (arr <= MAX_TIME_NS)
+    else:  # text, bools, nulls, integers beyond int64: value by value
+        return _raw_times_exact(values)
+    if ok.all():
+        return arr, None
+    return np.where(ok, arr, 0), ok
 
 
+def _raw_times_exact(values: list) -> tuple[np.ndarray, np.ndarray]:
+    nums = [v if (type(v) is int or type(v) is float) and 0 <= v <= MAX_TIME_NS else None for v in values]
+    ok = np.array([v is not None for v in nums], dtype=bool)
+    arr = np.asarray([0 if v is None else v for v in nums])
+    if arr.dtype.kind not in "if":  # empty
+        arr = arr.astype(np.int64)
+    return arr, ok
+
+
+def _to_ns(raw: np.ndarray, unit_ns: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Times in the trace's unit -> (int64 ns, mask of values over
+    MAX_TIME_NS after conversion, or None when there are none).
+
+    Integers are scaled exactly. Floats in µs are split into whole and
+    fractional µs so the fraction is rounded to the ns without the float64
+    product ``ts * 1000`` losing the low digits of large timestamps; floats
+    in ns are rounded to the ns.
+    """
+    over = raw > MAX_TIME_NS // unit_ns
+    if over.any():
+        raw = np.where(over, 0, raw)
+    else:
+        over = None
+    if raw.dtype.kind in "iu":
+        return raw.astype(np.int64) * unit_ns, over
+    if unit_ns == 1:
+        return np.rint(raw).astype(np.int64), over
+    whole = np.floor(raw)
+    return whole.astype(np.int64) * unit_ns + np.rint((raw - whole) * unit_ns).astype(np.int64), over
+
+
+def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+
+def _event_example(name: Any, ts: Any, dur: Any) -> str:
+    """An event's name and times for a message, each cut to a readable length."""
+
+    def short(v: Any) -> str:
+        text = repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    return f"{short(name)} with ts={short(ts)}, dur={short(dur)}"
+
+
+def time_unit_ns(display_time_unit: Any) -> int:
+    """ns per unit of ``ts``/``dur``: 1 when the document says
+    ``"displayTimeUnit": "ns"``, else 1000 (µs, the Chrome trace format's
+    unit, which Kineto writes; its ``"ms"`` is a display hint)."""
+    return 1 if isinstance(display_time_unit, str) and display_time_unit.strip().lower() == "ns" else 1000
 
 
 # --------------------------------------------------------------------------
@@ -702,11 +938,16 @@ class ParsedTrace:
     """The columns of one trace file, before they become an events table.
 
     ``columns`` are in file order (one entry per complete event kept):
-    ``cat``/``name`` as codes into ``cats``/``names`` (first-seen order),
+    ``cat``/``name`` as codes into ``cats``/``names`` (first-seen order;
+    categories in today's spelling, :func:`analyzer.schema.canonical_category`),
     ``pid``, ``tid``, ``stream``, ``ts_ns``, ``dur_ns``, ``correlation``,
     ``external_id``. ``sparse`` maps column -> {row: value} for the few
     rows that carry matmul shapes or collective details. ``meta`` holds the
-    document's top-level ``distributedInfo`` and ``deviceProperties``.
+    document's top-level ``distributedInfo``, ``deviceProperties`` (an
+    older era's ``computeProperties`` under that name) and
+    ``displayTimeUnit``. ``notes``: one sentence per oddity the parse
+    coped with (events dropped for bad times, a ns time unit), reported as
+    the file's warnings.
     """
 
     path: Path
@@ -720,6 +961,7 @@ class ParsedTrace:
     seen_events: int = 0
     dropped_no_time: int = 0
     json_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
     # Set by analyzer.cache.parse_and_store when its cache entry could not be written.
     cache_warning: str | None = None
 
@@ -728,48 +970,81 @@ class ParsedTrace:
         return len(self.columns["ts_ns"])
 
 
-def parse_columns(path: Path) -> ParsedTrace:
+def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
     """Parse one Kineto trace file (``.json`` or ``.json.gz``) into columns.
 
-    Raises TraceError (one line naming the file) for an empty file, a
-    truncated or corrupt gzip stream, invalid JSON (with its line), a
-    document without a ``traceEvents`` array, or one without timed events.
+    ``limits``: the bounds on what the file may cost (default
+    :func:`analyzer.limits.current`). Raises TraceError (one line naming
+    the file) for an empty file, a truncated or corrupt gzip stream,
+    invalid JSON (with its line), JSON nested deeper than the decoder's
+    limit, a file over a bound (naming the flag that raises it), a
+    document without a ``traceEvents`` array, or one without valid timed
+    events. Events with a missing or invalid ts/dur are dropped and counted
+    in one note.
     """
     path = Path(path)
+    limits = limits or current_limits()
     cols = _Columns()
-    splitter = _Splitter(path, cols.add)
+    splitter = _Splitter(path, cols.add, limits.max_event_bytes)
     # The parse allocates millions of small acyclic objects; the cyclic GC
     # would traverse them again and again (measured: 2x slower). Nothing
     # here creates cycles, and refcounting frees each block.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for block in _read_blocks(path):
+        for block in _read_blocks(path, limits=limits):
             splitter.feed(block)
         splitter.finish()
+    except RecursionError:
+        # msgspec (and orjson) stop at the interpreter's recursion limit;
+        # Kineto's events nest a few levels, so this is a hostile or broken file.
+        raise TraceError(
+            path, f"JSON nested too deeply (over about {sys.getrecursionlimit()} levels, the decoder's limit)"
+        ) from None
     except (TypeError, ValueError, OverflowError) as exc:
-        # Valid JSON with values of the wrong type (a text "ts", say).
+        # Valid JSON with values of a shape nothing expects.
         raise TraceError(path, f"unexpected values in traceEvents ({type(exc).__name__}: {str(exc)[:100]})") from None
     finally:
         if was_enabled:
             gc.enable()
+    meta = {k: splitter.meta[k] for k in _META_KEYS if k in splitter.meta}
+    if "deviceProperties" not in meta and "computeProperties" in meta:
+        meta["deviceProperties"] = meta["computeProperties"]
+    meta.pop("computeProperties", None)
+    unit_ns = time_unit_ns(meta.get("displayTimeUnit"))
+    columns = cols.finish(unit_ns)
     if cols.rows == 0:
+        if cols.invalid:
+            raise TraceError(
+                path,
+                f"no valid events: {'the 1 complete event has' if cols.invalid == 1 else f'all {cols.invalid} complete events have'}"
+                f" a missing or invalid ts/dur (first: {cols.first_invalid})",
+            )
         if cols.seen_events == 0:
             raise TraceError(path, "traceEvents is empty")
         raise TraceError(
             path,
             f"no timed events: none of the {cols.seen_events} events is a complete event (\"ph\": \"X\") with ts and dur",
         )
+    notes = []
+    if cols.invalid:
+        notes.append(
+            f"{cols.invalid} complete events dropped for a missing or invalid ts/dur (ts and dur must be "
+            f"finite numbers >= 0 whose end fits int64 ns; first: {cols.first_invalid})"
+        )
+    if unit_ns == 1:
+        notes.append('timestamps read as nanoseconds (the trace says "displayTimeUnit": "ns")')
     return ParsedTrace(
         path=path,
-        columns={key: np.concatenate(parts) for key, parts in cols.parts.items()},
-        cats=list(cols.cat_ids),
+        columns=columns,
+        cats=[canonical_category(c) for c in cols.cat_ids],
         names=list(cols.name_ids),
         sparse=cols.sparse,
         processes=cols.processes,
         threads=cols.threads,
-        meta={k: splitter.meta[k] for k in ("distributedInfo", "deviceProperties") if k in splitter.meta},
+        meta=meta,
         seen_events=cols.seen_events,
         dropped_no_time=cols.dropped_no_time,
         json_bytes=splitter.total,
+        notes=notes,
     )

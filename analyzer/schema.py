@@ -34,6 +34,20 @@ MATMUL_OPS = frozenset(
         "aten::scaled_dot_product_attention",
     }
 )
+# Event categories of older format eras, lower-cased, -> today's category
+# (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
+# PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote
+# ``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``, ``Python``;
+# the plugin's own reader (tb_plugin/torch_tb_profiler/profiler/trace.py,
+# EventTypeMap) maps them the same way. The loader stores every category in
+# today's spelling, so each rule and metric knows one set of names.
+CATEGORY_ALIASES = {
+    "operator": "cpu_op",
+    "runtime": "cuda_runtime",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "python": "python_function",
+}
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
@@ -69,12 +83,13 @@ _INT_DEFAULT = -1
 def classify(cat: str, name: str) -> str:
     """Kind of one event from its Kineto category and name.
 
+    ``cat`` may be of any format era (:data:`CATEGORY_ALIASES`).
     Device events: ``comm`` when the name matches nccl/rccl anywhere,
     ``memcpy``/``memset`` by category, else ``compute``. Host events:
     ``cpu_comm`` for collective ops and annotations (c10d::*, gloo:*,
     record_param_comms), ``cpu_op``, ``annotation``, ``runtime``, ``other``.
     """
-    cat = cat.lower()
+    cat = canonical_category(cat)
     if cat in DEVICE_CATS:
         if cat == "gpu_memcpy":
             return "memcpy"
@@ -90,6 +105,13 @@ def classify(cat: str, name: str) -> str:
     if cat in RUNTIME_CATS:
         return "runtime"
     return "other"
+
+
+def canonical_category(cat: str) -> str:
+    """A Kineto category in today's spelling: lower-cased, and an older
+    era's name (``Memcpy``, ``Operator``, ...) replaced by today's."""
+    cat = cat.lower()
+    return CATEGORY_ALIASES.get(cat, cat)
 
 
 def text_id(value: object) -> int:

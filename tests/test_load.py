@@ -214,9 +214,10 @@ def test_bare_array_form_and_odd_ids(tmp_path: Path) -> None:
     assert ev["tid"].tolist() == [text_id("main"), text_id("stream 9"), 3, 1]
     assert text_id("main") < -1 and text_id("main") == text_id("main")
     assert ev["stream"].tolist() == [-1, 9, 5, -1]
+    # One note for every event dropped for its times, with the first as an example.
     assert rt.notes == [
-        "1 complete events without ts or dur were dropped",
-        "1 events with a negative duration were dropped",
+        "2 complete events dropped for a missing or invalid ts/dur (ts and dur must be finite numbers >= 0 "
+        "whose end fits int64 ns; first: 'no dur' with ts=1, dur=None)"
     ]
     assert (rt.rank, rt.rank_source) == (0, "default")
 
@@ -327,7 +328,7 @@ def test_json_cut_off_without_gzip(tmp_path: Path) -> None:
         (b'"just a string"', "not a Kineto trace: the JSON is a str, not an object"),
         (
             b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": "abc", "dur": 1}]}',
-            "unexpected values in traceEvents (ValueError: could not convert string to float: 'abc')",
+            "no valid events: the 1 complete event has a missing or invalid ts/dur (first: 'a' with ts='abc', dur=1)",
         ),
         (
             b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "x"}}, {"ph": "i", "ts": 1}]}',
