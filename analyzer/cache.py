@@ -49,8 +49,9 @@ from analyzer.locate import CACHE_DIRNAME, file_key, usable_cache_dir, user_cach
 if TYPE_CHECKING:
     from analyzer.parse import ParsedTrace
 
-# Bump when the parser changes what an entry holds (2: parser columns in npz).
-LOADER_VERSION = 2
+# Bump when the parser changes what an entry holds (2: parser columns in npz;
+# 3: categories in today's spelling, validated times, displayTimeUnit, notes).
+LOADER_VERSION = 3
 ENTRY_SUFFIX = ".npz"
 # Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
 _ENTRY_SUFFIXES = (".npz", ".parquet")
@@ -158,6 +159,7 @@ def _write(entry: Path, parsed: ParsedTrace) -> None:
         "seen_events": parsed.seen_events,
         "dropped_no_time": parsed.dropped_no_time,
         "json_bytes": parsed.json_bytes,
+        "notes": parsed.notes,
     }
     members = {_META_MEMBER: np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
     members.update((c, parsed.columns[c]) for c in _CODE_COLUMNS + _INT_COLUMNS)
@@ -218,6 +220,7 @@ def read_entry(entry: Path, trace: Path) -> ParsedTrace:
             seen_events=int(meta["seen_events"]),
             dropped_no_time=int(meta["dropped_no_time"]),
             json_bytes=int(meta["json_bytes"]),
+            notes=[str(n) for n in meta["notes"]],
         )
     except Exception as exc:  # noqa: BLE001 - any failure means "parse again"
         raise CacheEntryError(f"{Path(trace).name}: cache entry {entry.name} unreadable ({_short(exc)}); parsed again") from None
