@@ -121,8 +121,7 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     arrays as it goes, so the peak holds about one extra column."""
     parts = parsed.columns
     notes = []
-    if parsed.dropped_no_time:
-        notes.append(f"{parsed.dropped_no_time} complete events without ts or dur were dropped")
+    notes.extend(parsed.notes)  # the parser's (events dropped for a missing or invalid ts/dur, ...)
     ts = parts.pop("ts_ns")
     dur = parts.pop("dur_ns")
     keep = dur >= 0
