@@ -104,7 +104,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         # importing pandas (analyzer/report_cache.py says what the key covers).
         from analyzer import report_cache
 
-        options = {"command": "report", "peak_flops": args.peak_flops, "top": args.top}
+        options = {"command": "report", "peak_flops": args.peak_flops, "top": args.top, "limits": _limit_options(args)}
         entry = report_cache.entry_path(path, options, [o for o in (args.json, args.html) if o])
         cached = report_cache.read(entry) if entry is not None and not args.html else None
         if cached is not None:
@@ -214,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     analysis.add_argument("--no-cache", action="store_true",
                           help="parse the traces again and do not write the parse cache")
     analysis.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows in the kernel tables (default 10)")
+    # Bounds on reading one trace file (analyzer/limits.py, docs/loading.md "Bounds").
+    analysis.add_argument("--max-gzip-ratio", type=_positive, metavar="R",
+                          help="skip a .gz trace that inflates to more than R times its size (default 64; "
+                          "never below 64 MiB)")
+    analysis.add_argument("--max-json-gb", type=_positive, metavar="G",
+                          help="skip a trace of more than G GiB of JSON text (default 32)")
+    analysis.add_argument("--max-event-mb", type=_positive, metavar="M",
+                          help="skip a trace with one event (or other JSON read whole) over M MiB (default 64)")
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -258,10 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _limit_options(args: argparse.Namespace) -> list:
+    return [getattr(args, name, None) for name in ("max_gzip_ratio", "max_json_gb", "max_event_mb")]
+
+
+def _apply_limits(args: argparse.Namespace) -> None:
+    """The parse bounds given on the command line, in force for this process
+    and its parse workers (before any is started)."""
+    given = _limit_options(args)
+    if any(v is not None for v in given):
+        from analyzer import limits
+
+        limits.apply(limits.from_options(*given))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``analyzer`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors: argparse prints usage, exits 2
+    _apply_limits(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         if args.command == "suggest":
