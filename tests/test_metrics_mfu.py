@@ -284,3 +284,98 @@ def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
     assert rf.backward == "recorded"
     assert len(rf.steps) == 2
     assert rf.steps["flops"].tolist() == [expected, expected]
+
+
+# ---------------------------------------------------------------------------
+# FLOPs counted once, validated, with coverage (issue 10, items 2-3)
+# ---------------------------------------------------------------------------
+
+# The shapes an NCCL training trace recorded: an aten::linear whose input and
+# weight do not fit (606 != 3906), around an aten::addmm that is consistent.
+BAD_LINEAR = [[2048, 160, 606], [2048, 3906]]
+GOOD_ADDMM = [[3906], [2048, 512], [512, 3906], [], []]
+ADDMM_FLOPS = 2 * 2048 * 512 * 3906  # 8.19e9
+
+
+def launch(corr: int, at_us: float, tid: int = 1) -> dict:
+    return {"rank": 0, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": tid,
+            "start_ns": int(at_us * US), "end_ns": int(at_us * US) + 2 * US, "correlation": corr}
+
+
+def kernel(name: str, corr: int, start_us: float, end_us: float) -> dict:
+    return {"rank": 0, "cat": "kernel", "name": name, "pid": 0, "tid": 7,
+            "start_ns": int(start_us * US), "end_ns": int(end_us * US), "correlation": corr}
+
+
+def test_inconsistent_linear_is_not_counted_its_addmm_is_and_it_is_listed() -> None:
+    with pytest.raises(ValueError, match="inner dimensions disagree"):
+        flops_of("aten::linear", BAD_LINEAR)
+    assert flops_of("aten::addmm", GOOD_ADDMM) == ADDMM_FLOPS
+    bf16 = ["c10::BFloat16"] * 2
+    records = [
+        op("aten::linear", 10, 100, BAD_LINEAR, bf16),
+        op("aten::addmm", 20, 90, GOOD_ADDMM, ["c10::BFloat16"] * 3 + ["Scalar"] * 2),
+    ]
+    # Host-only (no kernels): the linear falls back to its child.
+    rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
+    assert rf.attribution == "host-ops"
+    assert rf.steps["flops"].tolist() == [ADDMM_FLOPS]  # old code: 2*2048*160*606*2048 = 8.13e11
+    assert [(i["name"], i["count"]) for i in rf.inconsistent] == [("aten::linear", 1)]
+    # Kernel attribution: the GEMM launched inside the addmm is charged to it, once.
+    records += [launch(5, 30), kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 5, 200, 400),
+                launch(6, 40), kernel("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 6, 400, 410)]
+    rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
+    assert rf.attribution == "kernels"
+    assert rf.steps["flops"].tolist() == [ADDMM_FLOPS]
+    assert rf.coverage == 1.0
+    assert rf.dtype == "bf16"
+
+
+def test_nested_consistent_linear_matmul_mm_count_the_product_once() -> None:
+    fwd = 2 * 4 * 64 * 256 * 512
+    records = [
+        op("aten::linear", 10, 100, [[4, 64, 256], [512, 256], []], ["float"] * 2),
+        op("aten::matmul", 15, 95, [[4, 64, 256], [256, 512]], ["float"] * 2),
+        op("aten::mm", 20, 90, [[256, 256], [256, 512]], ["float"] * 2),
+        launch(1, 30), kernel("ampere_sgemm_128x64_nn", 1, 120, 300),
+    ]
+    events = events_from_records(records)
+    rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
+    assert rf.steps["flops"].tolist() == [fwd]  # charged to mm (2*256*256*512 == fwd), not summed thrice
+    host = rank_flops_from_shapes(0, events_from_records(records[:3]), steps_table((0, 0, 1000)))
+    assert host.steps["flops"].tolist() == [fwd]  # the outermost usable op (linear) only
+
+
+def test_compiled_region_lowers_coverage_and_labels_mfu_a_lower_bound() -> None:
+    mm = [[4096, 4096], [4096, 4096]]
+    records = [
+        op("aten::mm", 10, 100, mm, ["c10::BFloat16"] * 2),
+        launch(1, 20), kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 1, 100, 200),  # 100 us, known
+        # A compiled region: its GEMMs and Triton kernels are launched with no aten op (no shapes).
+        op("CompiledFunction", 300, 900),
+        launch(2, 310), kernel("triton_tem_fused_mm_0", 2, 300, 600),  # 300 us, unknown
+        launch(3, 320), kernel("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", 3, 600, 900),  # 300 us, unknown
+        launch(4, 330), kernel("triton_poi_fused_add_0", 4, 900, 950),  # elementwise: not a FLOP kernel
+    ]
+    rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
+    assert rf.coverage == pytest.approx(100 / 700)
+    result = mfu_from_trace_shapes([rf], {0: "NVIDIA H100 80GB HBM3"})
+    assert result.source == "trace-shapes"
+    assert result.lower_bound is True
+    assert result.flop_coverage == pytest.approx(100 / 700)
+    assert result.notes[0].startswith("lower bound: FLOPs known for only 14.3%")
+    assert result.to_json()["lower_bound"] is True
+
+
+def test_tf32_and_fp8_kernels_pick_their_peaks() -> None:
+    mm = [[1024, 1024], [1024, 1024]]
+    tf32 = events_from_records([op("aten::mm", 10, 100, mm, ["float", "float"]), launch(1, 20),
+                                kernel("sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16", 1, 100, 200)])
+    rf = rank_flops_from_shapes(0, tf32, steps_table((0, 0, 1000)))
+    assert rf.dtype == "tf32"
+    assert mfu_from_trace_shapes([rf], {0: "NVIDIA H100 80GB HBM3"}).peak_flops_per_s == pytest.approx(494.7e12)
+    fp8 = events_from_records([op("aten::mm", 10, 100, mm, ["c10::BFloat16"] * 2), launch(1, 20),
+                               kernel("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", 1, 100, 200)])
+    rf = rank_flops_from_shapes(0, fp8, steps_table((0, 0, 1000)))
+    assert rf.dtype == "fp8"
+    assert mfu_from_trace_shapes([rf], {0: "NVIDIA H100 80GB HBM3"}).peak_flops_per_s == pytest.approx(1978.9e12)

@@ -217,3 +217,35 @@ def test_hta_samples_get_the_rules_their_timelines_call_for(hta_samples):
     found = {s.rule: s for s in suggest(analyze(hta_samples / "trace_diff" / "test"))}
     assert found["exposed_memcpy"].evidence["exposed_memcpy_share"] > 0.1
     assert all(not s.change.overrides for s in found.values())  # foreign traces: advice only
+
+
+def _compiled_trace(root: Path, compiled: bool) -> Path:
+    """One GPU rank, 4 steps of 10 ms: a 4096^3 bf16 mm with shapes (its GEMM 100 us) and, when
+    ``compiled``, a compiled region whose 500 us GEMM is launched by no op with shapes."""
+    t = KinetoTrace(rank=0, world_size=1, distributed=False)
+    for s in range(4):
+        base = s * 10_000
+        t.step(s, base, 10_000)
+        t.cpu_op("aten::mm", base + 10, 50, input_dims=[[4096, 4096], [4096, 4096]], input_types=["c10::BFloat16"] * 2)
+        t.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", base + 100, 100, launch_us=base + 20)
+        if compiled:
+            t.cpu_op("CompiledFunction", base + 100, 50)
+            t.kernel("triton_tem_fused_mm_0", base + 2000, 500, launch_us=base + 110)
+    return t.write(root / "traces" / "rank0.json.gz").parent
+
+
+def test_lower_bound_mfu_is_reported_with_its_coverage_and_never_fed_to_a_rule(tmp_path):
+    mfu = 2 * 4096**3 / 10e-3 / 989.4e12  # 0.14 %: far under any reference
+    ra = analyze(_compiled_trace(tmp_path / "compiled", compiled=True))
+    assert ra.mfu.source == "trace-shapes"
+    assert ra.mfu.flop_coverage == pytest.approx(100 / 600)
+    assert ra.mfu.lower_bound and ra.mfu.median == pytest.approx(mfu)
+    facts = run_facts(ra)
+    assert facts.mfu is None
+    assert any("lower bound" in n for n in facts.notes)
+    assert "mfu_gap" not in {s.rule for s in suggest(ra)}
+    # Full coverage: the same MFU is a measurement, and mfu_gap diagnoses it.
+    full = analyze(_compiled_trace(tmp_path / "eager", compiled=False))
+    assert full.mfu.flop_coverage == 1.0 and not full.mfu.lower_bound
+    assert run_facts(full).mfu == pytest.approx(mfu)
+    assert "mfu_gap" in {s.rule for s in suggest(full)}

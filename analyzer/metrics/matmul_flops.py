@@ -20,13 +20,26 @@ scaled_dot_product_attention(        2 prod(Q[:-2]) L S E + 2 prod(Q[:-2]) L S E
                                      discounted, as in torch's counter)
 ==================================== ==========================================
 
-Only *top-level* matmul-like ops count: ``aten::linear`` calls
-``aten::addmm`` or ``aten::matmul`` underneath, ``aten::matmul`` calls
-``aten::mm``/``aten::bmm``; an op nested (by time containment on the same
-thread) inside another matmul-like op is skipped, so each product is
-counted once. Backward matmuls (the ``aten::mm`` calls under
-``autograd::engine::evaluate_function: AddmmBackward0``) are top-level
-matmul ops of their own and count as recorded.
+Shapes are validated as the op itself would check them (inner dimensions
+equal, batch dims and bias broadcastable, operands of the rank the op
+needs): a trace has been seen recording ``aten::linear`` with x=[2048,160,606]
+and w=[2048,3906], which the old count took as 8.13e11 FLOPs where the
+``aten::addmm`` inside it (``[[3906],[2048,512],[512,3906]]``) does 8.19e9.
+
+Each product is counted once, two ways (:func:`flop_kernels` says which
+applies, see :mod:`analyzer.metrics.mfu`):
+
+* **kernel attribution** (device traces whose kernels link to their
+  launches): each GEMM/attention/convolution kernel is charged to the
+  innermost matmul-like op around its launch that has usable shapes;
+  an op counts once however many kernels it launched, and an op inside a
+  charged op does not count again;
+* **host ops only** (no linked kernels): the outermost ops with usable
+  shapes count (``aten::linear`` covers the ``aten::addmm`` or
+  ``aten::matmul`` inside it); an op with inconsistent shapes falls back to
+  its children. Backward matmuls (the ``aten::mm`` calls under
+  ``autograd::engine::evaluate_function: AddmmBackward0``) are top-level
+  matmul ops of their own and count as recorded.
 
 Shapes repeat every step, so formulas run once per distinct
 ``(name, Input Dims)`` pair, not once per event.
@@ -57,70 +70,141 @@ _DTYPES = {
 }
 
 
+class ShapeError(ValueError):
+    """The recorded dims do not fit the op (wrong rank, inner dimensions disagree, batch not broadcastable)."""
+
+
 def _prod(dims: list[int]) -> int:
     return math.prod(int(d) for d in dims)
 
 
+def _shape(dims: object, ndim: int | None = None, what: str = "operand") -> list[int]:
+    """A recorded shape as a list of non-negative ints, optionally of exactly ``ndim`` dims."""
+    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise ShapeError(f"{what} is not a shape: {dims!r}")
+    if ndim is not None and len(dims) != ndim:
+        raise ShapeError(f"{what} has {len(dims)} dims, needs {ndim}: {dims}")
+    return dims
+
+
+def _inner(k1: int, k2: int, a: list[int], b: list[int]) -> None:
+    if k1 != k2:
+        raise ShapeError(f"inner dimensions disagree: {a} x {b}")
+
+
+def _broadcast(a: list[int], b: list[int]) -> list[int]:
+    """Broadcast shape of two batch shapes (torch/numpy rules: right-aligned, equal or 1)."""
+    width = max(len(a), len(b))
+    a = [1] * (width - len(a)) + list(a)
+    b = [1] * (width - len(b)) + list(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise ShapeError(f"batch dims do not broadcast: {a} vs {b}")
+        out.append(max(x, y))
+    return out
+
+
+def _bias_fits(bias: object, out: list[int]) -> None:
+    """An additive operand (bias, baddbmm's input) must broadcast to the output shape."""
+    if bias is None or bias == []:
+        return  # absent (None) or a scalar / undefined optional
+    shape = _shape(bias, what="bias")
+    if len(shape) > len(out) or _broadcast(shape, out) != list(out):
+        raise ShapeError(f"bias {shape} does not broadcast to the output {out}")
+
+
 def _matmul(a: list[int], b: list[int]) -> int:
     """FLOPs of torch.matmul(a, b) for the shapes it accepts (broadcast batch dims)."""
+    a, b = _shape(a, what="input"), _shape(b, what="other")
     if len(a) == 0 or len(b) == 0:
-        raise ValueError("scalar operand")
+        raise ShapeError("scalar operand")
     if len(a) == 1 and len(b) == 1:
+        _inner(a[0], b[0], a, b)
         return 2 * a[0]
     if len(b) == 1:  # [..., m, k] @ [k]
+        _inner(a[-1], b[0], a, b)
         return 2 * _prod(a[:-1]) * a[-1]
     if len(a) == 1:  # [k] @ [..., k, n]
+        _inner(a[0], b[-2], a, b)
         return 2 * _prod(b[:-2]) * b[-2] * b[-1]
     m, k, n = a[-2], a[-1], b[-1]
-    batch_a, batch_b = a[:-2], b[:-2]
-    width = max(len(batch_a), len(batch_b))
-    batch_a = [1] * (width - len(batch_a)) + list(batch_a)
-    batch_b = [1] * (width - len(batch_b)) + list(batch_b)
-    batch = math.prod(max(x, y) for x, y in zip(batch_a, batch_b))
+    _inner(k, b[-2], a, b)
+    batch = _prod(_broadcast(a[:-2], b[:-2]))
     return 2 * batch * m * k * n
+
+
+def _arg(dims: list, i: int) -> object:
+    return dims[i] if i < len(dims) else None
 
 
 def flops_of(name: str, dims: list[list[int]]) -> int:
     """FLOPs of one matmul-like op from its recorded input dims (see module table).
 
-    Raises ValueError when the dims do not fit the op (missing or malformed
-    shapes); callers count such ops as unknown.
+    Validates the shapes as the op itself would: 2-D/3-D operands where the
+    op needs them, inner dimensions equal, batch dims and bias broadcastable.
+    Raises :class:`ShapeError` (a ValueError) when the dims do not fit the op;
+    callers then count the op's children instead, or the op as unknown.
     """
+    if not isinstance(dims, list):
+        raise ShapeError(f"Input Dims is not a list: {dims!r}")
     if name == "aten::mm":
-        (m, k), (_, n) = dims[0], dims[1]
+        (m, k), (k2, n) = _shape(_arg(dims, 0), 2, "self"), _shape(_arg(dims, 1), 2, "mat2")
+        _inner(k, k2, dims[0], dims[1])
         return 2 * m * k * n
     if name == "aten::addmm":
-        (m, k), (_, n) = dims[1], dims[2]
+        (m, k), (k2, n) = _shape(_arg(dims, 1), 2, "mat1"), _shape(_arg(dims, 2), 2, "mat2")
+        _inner(k, k2, dims[1], dims[2])
+        _bias_fits(dims[0], [m, n])
         return 2 * m * k * n
     if name == "aten::bmm":
-        (b, m, k), (_, _, n) = dims[0], dims[1]
+        (b, m, k), (b2, k2, n) = _shape(_arg(dims, 0), 3, "self"), _shape(_arg(dims, 1), 3, "mat2")
+        _inner(k, k2, dims[0], dims[1])
+        if b != b2:
+            raise ShapeError(f"bmm batch sizes disagree: {dims[0]} x {dims[1]}")
         return 2 * b * m * k * n
     if name == "aten::baddbmm":
-        (b, m, k), (_, _, n) = dims[1], dims[2]
+        (b, m, k), (b2, k2, n) = _shape(_arg(dims, 1), 3, "batch1"), _shape(_arg(dims, 2), 3, "batch2")
+        _inner(k, k2, dims[1], dims[2])
+        if b != b2:
+            raise ShapeError(f"baddbmm batch sizes disagree: {dims[1]} x {dims[2]}")
+        _bias_fits(dims[0], [b, m, n])
         return 2 * b * m * k * n
     if name == "aten::matmul":
-        return _matmul(dims[0], dims[1])
+        return _matmul(_arg(dims, 0), _arg(dims, 1))
     if name == "aten::linear":
-        x, w = dims[0], dims[1]
-        if len(x) == 0 or len(w) != 2:
-            raise ValueError("linear needs input [..., k] and weight [n, k]")
-        return 2 * _prod(x[:-1]) * x[-1] * w[0]
+        x, w = _shape(_arg(dims, 0), what="input"), _shape(_arg(dims, 1), 2, "weight")
+        if len(x) == 0:
+            raise ShapeError("linear input is a scalar")
+        n, k = w
+        _inner(x[-1], k, x, w)
+        _bias_fits(_arg(dims, 2), [*x[:-1], n])
+        return 2 * _prod(x[:-1]) * k * n
     if name == "aten::scaled_dot_product_attention":
-        q, k, v = dims[0], dims[1], dims[2]
+        q, k, v = (_shape(_arg(dims, i), what=w) for i, w in enumerate(("query", "key", "value")))
         if len(q) < 2 or len(k) < 2 or len(v) < 2:
-            raise ValueError("attention needs [..., L, E] operands")
-        batch, seq_q, seq_k = _prod(q[:-2]), q[-2], k[-2]
+            raise ShapeError("attention needs [..., L, E] operands")
+        _inner(q[-1], k[-1], q, k)
+        if k[-2] != v[-2]:
+            raise ShapeError(f"key and value lengths disagree: {k} vs {v}")
+        # Query's batch and heads: with grouped-query attention (enable_gqa) keys
+        # and values have fewer heads than the query, so they are not broadcast.
+        batch = _prod(q[:-2])
+        seq_q, seq_k = q[-2], k[-2]
         return 2 * batch * seq_q * seq_k * q[-1] + 2 * batch * seq_q * seq_k * v[-1]
-    raise ValueError(f"not a matmul-like op: {name}")
+    raise ShapeError(f"not a matmul-like op: {name}")
 
 
-def _flops_or_nan(name: str, dims_json: str | None) -> float:
+def _flops_or_error(name: str, dims_json: str | None) -> tuple[float, str | None]:
+    """(FLOPs, None) for usable dims; (NaN, why) for missing or inconsistent ones."""
     if dims_json is None:
-        return float("nan")
+        return float("nan"), "no recorded shapes"
     try:
-        return float(flops_of(name, json.loads(dims_json)))
-    except (ValueError, TypeError, IndexError, KeyError, json.JSONDecodeError):
-        return float("nan")
+        return float(flops_of(name, json.loads(dims_json))), None
+    except ShapeError as e:
+        return float("nan"), str(e)
+    except (ValueError, TypeError, IndexError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+        return float("nan"), f"unreadable Input Dims ({type(e).__name__})"
 
 
 def _dtype_of(types_json: str | None) -> str | None:
@@ -135,39 +219,6 @@ def _dtype_of(types_json: str | None) -> str | None:
         if isinstance(t, str) and t in _DTYPES:
             return _DTYPES[t]
     return None
-
-
-def _nesting(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(nested, has_child) per row of ``ops`` (matmul ops, any order), by containment per thread.
-
-    Host ops on one thread nest like a call stack, so after sorting by
-    (thread, start, longest first) an op is nested in an earlier matmul op
-    iff the running maximum of earlier ends lies beyond its start, and it has a
-    matmul child iff the next op on its thread starts before it ends.
-    """
-    order = np.lexsort((-ops["end_ns"].to_numpy(), ops["start_ns"].to_numpy(), ops["tid"].to_numpy(), ops["pid"].to_numpy()))
-    pid = ops["pid"].to_numpy()[order]
-    tid = ops["tid"].to_numpy()[order]
-    start = ops["start_ns"].to_numpy(np.int64)[order]
-    end = ops["end_ns"].to_numpy(np.int64)[order]
-    n = len(order)
-    new_thread = np.ones(n, dtype=bool)
-    new_thread[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
-    thread_id = np.cumsum(new_thread)
-    run_max = pd.Series(end).groupby(thread_id).cummax().to_numpy(np.int64)
-    prev_max = np.empty(n, dtype=np.int64)
-    prev_max[:1] = np.iinfo(np.int64).min
-    prev_max[1:] = run_max[:-1]
-    nested_sorted = ~new_thread & (prev_max > start)
-    last_in_thread = np.ones(n, dtype=bool)
-    last_in_thread[:-1] = new_thread[1:]
-    has_child_sorted = np.zeros(n, dtype=bool)
-    has_child_sorted[:-1] = ~last_in_thread[:-1] & (start[1:] < end[:-1])
-    nested = np.empty(n, dtype=bool)
-    has_child = np.empty(n, dtype=bool)
-    nested[order] = nested_sorted
-    has_child[order] = has_child_sorted
-    return nested, has_child
 
 
 def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
@@ -190,12 +241,54 @@ def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     return inside
 
 
+def _ancestors_counted(parent: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Per op: some matmul ancestor has usable shapes (then that ancestor's formula covers this op)."""
+    n = len(parent)
+    out = np.zeros(n, dtype=bool)
+    # Parents precede their children in the order _parent_positions returns them in.
+    for i in _topological(parent):
+        p = parent[i]
+        if p >= 0:
+            out[i] = valid[p] or out[p]
+    return out
+
+
+def _topological(parent: np.ndarray) -> list[int]:
+    """Op positions ordered so that every parent comes before its children."""
+    depth = np.zeros(len(parent), dtype=np.int64)
+    for i in range(len(parent)):
+        d, p = 0, parent[i]
+        while p >= 0:
+            d, p = d + 1, parent[p]
+        depth[i] = d
+    return list(np.argsort(depth, kind="stable"))
+
+
+def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
+    """Position of each op's innermost enclosing matmul op on its thread (-1 at top level)."""
+    from analyzer.metrics.launch import _parents
+
+    parent = np.full(len(ops), -1, dtype=np.int64)
+    pid, tid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
+    start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    for p, t in pd.DataFrame({"p": pid, "t": tid}).drop_duplicates().to_numpy():
+        rows = np.flatnonzero((pid == p) & (tid == t))
+        order = rows[np.lexsort((-end[rows], start[rows]))]
+        local = _parents(start[order], end[order])
+        parent[order] = np.where(local >= 0, order[np.clip(local, 0, None)], -1)
+    return parent
+
+
 def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     """Matmul-like host ops of one rank with their FLOPs and role.
 
-    Columns: ``name, pid, tid, start_ns, end_ns, flops`` (float, NaN when the
-    shapes are missing or malformed), ``top_level`` (not nested in another
-    matmul-like op), ``leaf`` (contains no other matmul-like op),
+    Columns: ``name, pid, tid, start_ns, end_ns, input_dims, flops`` (float,
+    NaN when the shapes are missing or inconsistent), ``shape_error`` (why
+    the FLOPs are unknown, else None), ``parent`` (position of the enclosing
+    matmul-like op on the thread, -1 at top level), ``top_level``, ``leaf``
+    (contains no other matmul-like op), ``counted`` (usable shapes and no
+    enclosing op with usable shapes: the ops whose FLOPs a host-only count
+    adds up; an op with inconsistent shapes falls back to its children),
     ``backward`` (inside an autograd backward range), ``dtype`` (bf16, fp16,
     fp32, fp64, fp8 or None).
     """
@@ -203,17 +296,24 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     ops = events.loc[rows, ["name", "pid", "tid", "start_ns", "end_ns", "input_dims", "input_types"]]
     ops = ops.assign(name=[str(n) for n in ops["name"]]).reset_index(drop=True)
     if ops.empty:
-        return ops.assign(flops=np.float64(0), top_level=True, leaf=True, backward=False, dtype=None).drop(columns=["input_dims", "input_types"])
+        return ops.assign(
+            flops=np.float64(0), shape_error=None, parent=np.int64(-1), top_level=True, leaf=True, counted=True,
+            backward=False, dtype=None,
+        ).drop(columns=["input_types"])
     # Formulas once per distinct (name, dims) pair.
     keys = ops[["name", "input_dims"]].astype(object).fillna("")
     uniq = keys.drop_duplicates()
-    uniq_flops = [_flops_or_nan(n, d or None) for n, d in zip(uniq["name"], uniq["input_dims"])]
-    lookup = dict(zip(zip(uniq["name"], uniq["input_dims"]), uniq_flops))
-    flops = np.array([lookup[k] for k in zip(keys["name"], keys["input_dims"])], dtype=np.float64)
+    lookup = {(n, d): _flops_or_error(n, d or None) for n, d in zip(uniq["name"], uniq["input_dims"])}
+    found = [lookup[k] for k in zip(keys["name"], keys["input_dims"])]
+    flops = np.array([f for f, _ in found], dtype=np.float64)
+    errors = np.array([e for _, e in found], dtype=object)
     types = ops["input_types"].astype(object)
     type_lookup = {t: _dtype_of(t) for t in types.dropna().unique()}
     dtype = types.map(lambda t: type_lookup.get(t) if t is not None else None)
-    nested, has_child = _nesting(ops)
+    parent = _parent_positions(ops)
+    valid = ~np.isnan(flops)
+    has_child = np.zeros(len(ops), dtype=bool)
+    has_child[parent[parent >= 0]] = True
     return pd.DataFrame(
         {
             "name": ops["name"],
@@ -221,13 +321,91 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
             "tid": ops["tid"].to_numpy(),
             "start_ns": ops["start_ns"].to_numpy(np.int64),
             "end_ns": ops["end_ns"].to_numpy(np.int64),
+            "input_dims": ops["input_dims"].astype(object).to_numpy(),
             "flops": flops,
-            "top_level": ~nested,
+            "shape_error": errors,
+            "parent": parent,
+            "top_level": parent < 0,
             "leaf": ~has_child,
+            "counted": valid & ~_ancestors_counted(parent, valid),
             "backward": _inside_backward(events, ops),
             "dtype": dtype.to_numpy(dtype=object),
         }
     )
+
+
+def flop_kernels(events: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """The GEMM, attention and convolution kernels of one rank and the matmul op each is charged to.
+
+    Each kernel (:data:`analyzer.metrics.taxonomy.FLOP_CLASSES`) is linked to
+    the innermost matmul-like op around its launch call (correlation id, then
+    the host op stack; :mod:`analyzer.metrics.launch`). It is charged to the
+    innermost op with usable shapes on the way up from there (``account``):
+    when ``aten::linear``'s recorded shapes are inconsistent but the
+    ``aten::addmm`` that launched the kernel has good ones, the addmm; when
+    the launching op's own shapes are missing, the enclosing op whose
+    formula covers it. -1 when no op with usable shapes encloses the launch
+    (compiled regions, CUDA-graph replays, ``record_shapes`` off).
+
+    Columns: ``name, cls, start_ns, dur_ns, op`` (launching matmul op,
+    position in ``ops``, or -1), ``account`` (-1 when the FLOPs are unknown),
+    ``linked`` (the kernel has a launch call in the trace), ``precision``
+    (``fp8``/``tf32`` when the kernel name says so, else None).
+    """
+    from analyzer.metrics.launch import launches, innermost_containing
+    from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_class, kernel_precision
+
+    cls = kernel_class(events)
+    sel = np.isin(cls.astype(str), list(FLOP_CLASSES))
+    k = events.loc[sel, ["name", "start_ns", "end_ns"]]
+    link = launches(events)
+    pos = link.index.get_indexer(k.index)
+    linked = pos >= 0
+    op = np.full(len(k), -1, dtype=np.int64)
+    if linked.any() and not ops.empty:
+        ln = link.iloc[pos[linked]]
+        op[linked] = innermost_containing(ops, ln["pid"].to_numpy(), ln["tid"].to_numpy(), ln["start_ns"].to_numpy())
+    account = op.copy()
+    if not ops.empty:
+        valid = ~np.isnan(ops["flops"].to_numpy(np.float64))
+        parent = ops["parent"].to_numpy(np.int64)
+        # Walk up from the launching op to the first op with usable shapes.
+        pending = (account >= 0) & ~valid[np.clip(account, 0, None)]
+        while pending.any():
+            account[pending] = parent[account[pending]]
+            pending = (account >= 0) & ~valid[np.clip(account, 0, None)]
+    names = [str(n) for n in k["name"]]
+    return pd.DataFrame(
+        {
+            "name": names,
+            "cls": cls[sel],
+            "start_ns": k["start_ns"].to_numpy(np.int64),
+            "dur_ns": (k["end_ns"] - k["start_ns"]).to_numpy(np.int64),
+            "op": op,
+            "account": account,
+            "linked": linked,
+            "precision": [kernel_precision(n) for n in names],
+        },
+        index=k.index,
+    )
+
+
+def charged_ops(ops: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
+    """Boolean per op: its FLOPs count, each product once (kernel attribution).
+
+    The ops kernels are charged to, minus those inside another charged op
+    (whose formula already covers their product).
+    """
+    charged = np.zeros(len(ops), dtype=bool)
+    acc = kernels["account"].to_numpy(np.int64)
+    charged[acc[acc >= 0]] = True
+    parent = ops["parent"].to_numpy(np.int64)
+    inside = np.zeros(len(ops), dtype=bool)
+    for i in _topological(parent):
+        p = parent[i]
+        if p >= 0:
+            inside[i] = charged[p] or inside[p]
+    return charged & ~inside
 
 
 def dominant_dtype(ops: pd.DataFrame) -> str | None:

@@ -21,9 +21,10 @@ own ``mfu`` field, summarized the same way, is reported beside it
 (``logged_median``) as a check.
 
 ``trace-shapes`` (any Kineto trace with ``record_shapes=True``). Per rank and
-ProfilerStep window, the FLOPs of the top-level matmul-like ops that start in
-the window (:mod:`analyzer.metrics.matmul_flops`), over the window length and
-a peak from the ``peak_flops`` argument or the trainer's datasheet table
+ProfilerStep window, the FLOPs of the matmul-like ops that start in the
+window, validated and each product counted once (:mod:`analyzer.metrics.matmul_flops`:
+kernels charged to the op that launched them, else outermost usable host ops), over the window length and
+a peak from the ``peak_flops`` argument or the datasheet table
 (:mod:`analyzer.metrics.hardware`) by the device name in ``deviceProperties``
 and the dtype carrying most matmul FLOPs. Backward:
 
@@ -34,6 +35,10 @@ and the dtype carrying most matmul FLOPs. Backward:
   (the usual 1:2 forward:backward matmul ratio, PaLM appendix B);
 * it has no backward at all (inference, or forward-only profile): forward
   only, with a note.
+
+FLOP coverage: the share of GEMM/attention/conv kernel time whose FLOPs are
+known; under ``COVERAGE_MIN`` the result is a lower bound (``lower_bound``),
+labelled so, and no suggestion rule reads it.
 
 Recorded ops include any activation recompute, so on this source HFU = MFU
 (the model/hardware split cannot be recovered from a trace). A step's value
@@ -48,7 +53,7 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, dominant_dtype, matmul_ops
+from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, charged_ops, dominant_dtype, flop_kernels, matmul_ops
 from analyzer.metrics.text import is_in, text_mask
 from analyzer.metrics.hardware import datasheet_peak
 from analyzer.tables import DEVICE_KINDS
@@ -106,6 +111,14 @@ class MfuResult:
     logged_median: float | None = None
     backward: str | None = None  # "recorded" | "estimated-2x-forward" | "absent"
     notes: list[str] = field(default_factory=list)
+    # Trace shapes only: share of GEMM/attention/conv kernel time whose FLOPs
+    # are known (None when kernels do not link to their ops), whether that
+    # makes ``median`` a lower bound (coverage < COVERAGE_MIN), the ops whose
+    # shapes did not fit, and how FLOPs were attributed (kernels | host-ops).
+    flop_coverage: float | None = None
+    lower_bound: bool = False
+    inconsistent_ops: list[dict] = field(default_factory=list)
+    attribution: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (NaN becomes None); ``steps`` as a list of records."""
@@ -123,6 +136,10 @@ class MfuResult:
             "logged_median": _num(self.logged_median),
             "backward": self.backward,
             "notes": list(self.notes),
+            "flop_coverage": _num(self.flop_coverage),
+            "lower_bound": self.lower_bound,
+            "inconsistent_ops": list(self.inconsistent_ops),
+            "attribution": self.attribution,
             "steps": [{k: _num(v) for k, v in row.items()} for row in self.steps.to_dict("records")],
         }
 
@@ -257,29 +274,88 @@ def mfu_from_manifest(
     )
 
 
+# FLOP coverage under this share of GEMM/attention/convolution kernel time:
+# MFU from shapes is a lower bound (compiled regions, CUDA graphs, no
+# record_shapes) and no suggestion is built on it. A tenth of the matmul time
+# unaccounted for moves MFU by more than most what-ifs predict.
+COVERAGE_MIN = 0.90
+
+
 @dataclass(frozen=True)
 class RankFlops:
-    """Per-step FLOPs of one rank from trace shapes."""
+    """Per-step FLOPs of one rank from trace shapes.
+
+    ``attribution``: ``kernels`` (each GEMM/attention/conv kernel charged to
+    the op that launched it) or ``host-ops`` (no kernel links to a launch:
+    outermost matmul ops with usable shapes). ``flop_kernel_ns`` is the
+    GEMM/attention/conv kernel time of the rank, ``covered_kernel_ns`` the
+    part of it whose FLOPs are known; ``inconsistent`` lists the ops whose
+    shapes do not fit the op (name, dims, reason, count).
+    """
 
     rank: int
     steps: pd.DataFrame  # step, step_time_ms, flops, recorded_fwd_flops, recorded_bwd_flops
     backward: str  # "recorded" | "estimated-2x-forward" | "absent"
-    n_ops: int
-    n_unknown_shapes: int
+    n_ops: int  # matmul-like ops in the trace
+    n_unknown_shapes: int  # of those, ops whose shapes are missing or inconsistent
     dtype: str | None
+    n_counted: int = 0  # ops whose FLOPs were added up (each product once)
+    attribution: str = "host-ops"
+    flop_kernel_ns: int = 0
+    covered_kernel_ns: int = 0
+    inconsistent: tuple = ()
+
+    @property
+    def coverage(self) -> float | None:
+        """Share of GEMM/attention/conv kernel time whose FLOPs are known; None when not measurable."""
+        if self.attribution != "kernels" or self.flop_kernel_ns <= 0:
+            return None
+        return self.covered_kernel_ns / self.flop_kernel_ns
+
+
+def _kernel_dtype(ops: pd.DataFrame, kernels: pd.DataFrame) -> str | None:
+    """Dtype carrying most covered FLOP-kernel time: the kernel's own name (fp8, tf32) first, else its launching op's inputs.
+
+    The launching op is the innermost (under autocast the ``aten::addmm``
+    recorded in bf16, not the fp32 ``aten::linear`` around it); an fp32 op
+    whose kernel is a TF32 tensor-core kernel ran in TF32.
+    """
+    cov = kernels.loc[kernels["account"].to_numpy() >= 0]
+    if cov.empty:
+        return None
+    op_dtype = ops["dtype"].to_numpy(object)
+    launched = cov["op"].to_numpy(np.int64)
+    account = cov["account"].to_numpy(np.int64)
+    from_op = [op_dtype[o] if o >= 0 and op_dtype[o] else op_dtype[a] for o, a in zip(launched, account)]
+    precision = cov["precision"].to_numpy(object)
+    dtype = [p if p == "fp8" or (p == "tf32" and d in (None, "fp32")) else d for p, d in zip(precision, from_op)]
+    weights = pd.Series(cov["dur_ns"].to_numpy(np.float64)).groupby(pd.Series(dtype, dtype=object)).sum()
+    return str(weights.idxmax()) if len(weights) else None
+
+
+def _inconsistent(ops: pd.DataFrame) -> tuple:
+    """(name, input_dims, reason, count) for ops whose recorded shapes do not fit the op."""
+    bad = ops.loc[ops["shape_error"].notna() & (ops["shape_error"] != "no recorded shapes")]
+    if bad.empty:
+        return ()
+    grouped = bad.groupby(["name", "input_dims", "shape_error"], sort=True).size()
+    return tuple({"name": n, "input_dims": d, "reason": e, "count": int(c)} for (n, d, e), c in grouped.items())
 
 
 def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> RankFlops:
     """Model FLOPs per ProfilerStep window of one rank from matmul shapes (see module doc)."""
     ops = matmul_ops(events)
-    top = ops.loc[ops["top_level"]]
+    kernels = flop_kernels(events, ops)
+    linked = bool(kernels["linked"].any())
+    counted = charged_ops(ops, kernels) if linked else ops["counted"].to_numpy(bool)
+    top = ops.loc[counted]
     has_backward = bool(text_mask(events["name"], lambda n: n.startswith(BACKWARD_PREFIX)).any())
     lo = steps["start_ns"].to_numpy(np.int64)
     hi = steps["end_ns"].to_numpy(np.int64)
     start = top["start_ns"].to_numpy(np.int64)
     k = np.searchsorted(lo, start, side="right") - 1
     in_step = (k >= 0) & (start < hi[np.clip(k, 0, None)]) if len(lo) else np.zeros(len(top), dtype=bool)
-    flops = np.nan_to_num(top["flops"].to_numpy(np.float64))
+    flops = top["flops"].to_numpy(np.float64)
     bwd = top["backward"].to_numpy(bool)
     fwd_per_step = np.bincount(k[in_step & ~bwd], weights=flops[in_step & ~bwd], minlength=len(lo))
     bwd_per_step = np.bincount(k[in_step & bwd], weights=flops[in_step & bwd], minlength=len(lo))
@@ -298,12 +374,23 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
             "recorded_bwd_flops": bwd_per_step,
         }
     )
-    dtype = dominant_dtype(ops)
-    if dtype == "fp32":
-        tf32 = text_mask(events["name"], lambda n: "tf32" in n.lower())
-        if (tf32 & (events["kind"] == "compute").to_numpy()).any():
+    if linked:
+        dtype = _kernel_dtype(ops, kernels)
+    else:
+        dtype = dominant_dtype(ops)
+        precisions = kernels["precision"].to_numpy(object)
+        if dtype == "fp32" and (precisions == "tf32").any():
             dtype = "tf32"
-    return RankFlops(rank, table, mode, int(len(top)), int(top["flops"].isna().sum()), dtype)
+        if len(precisions) and (precisions == "fp8").mean() > 0.5:
+            dtype = "fp8"
+    dur = kernels["dur_ns"].to_numpy(np.int64)
+    covered = int(dur[kernels["account"].to_numpy(np.int64) >= 0].sum())
+    return RankFlops(
+        rank, table, mode, int(len(ops)), int(ops["flops"].isna().sum()), dtype,
+        n_counted=int(counted.sum()),
+        attribution="kernels" if linked else "host-ops",
+        flop_kernel_ns=int(dur.sum()), covered_kernel_ns=covered, inconsistent=_inconsistent(ops),
+    )
 
 
 def device_name_of(events: pd.DataFrame, device_properties: Sequence[Mapping[str, Any]]) -> str | None:
@@ -329,10 +416,17 @@ def mfu_from_trace_shapes(
     if not ranks or all(r.steps.empty for r in ranks):
         return MfuResult("none", reason="no ProfilerStep windows to time the FLOPs against")
     n_ops = sum(r.n_ops for r in ranks)
-    n_known = n_ops - sum(r.n_unknown_shapes for r in ranks)
+    n_known = sum(r.n_counted for r in ranks)
+    coverage = flop_coverage(ranks)
+    lower_bound = coverage is not None and coverage < COVERAGE_MIN
+    inconsistent = [dict(item, rank=r.rank) for r in ranks for item in r.inconsistent]
+    coverage_fields = dict(flop_coverage=coverage, lower_bound=lower_bound, inconsistent_ops=inconsistent,
+                           attribution="+".join(sorted({r.attribution for r in ranks})))
     if n_known == 0:
-        why = "no matmul-like ops in the trace" if n_ops == 0 else "matmul-like ops lack recorded shapes"
-        return MfuResult("none", reason=f"{why} (profile with record_shapes=True, or give a run directory)")
+        why = "no matmul-like ops in the trace" if n_ops == 0 else "matmul-like ops lack usable shapes"
+        if coverage is not None:
+            why += f" (FLOP coverage {coverage:.1%} of GEMM/attention/conv kernel time)"
+        return MfuResult("none", reason=f"{why} (profile with record_shapes=True, or give a run directory)", **coverage_fields)
     dtypes = [r.dtype for r in ranks if r.dtype]
     dtype = max(set(dtypes), key=dtypes.count) if dtypes else None
     notes: list[str] = []
@@ -376,11 +470,20 @@ def mfu_from_trace_shapes(
         notes.append("backward ranges have no matmul shapes: backward FLOPs estimated as 2x forward")
     elif backward == "absent":
         notes.append("no autograd backward in the trace: forward FLOPs only (inference or forward-only profile)")
-    unknown = n_ops - n_known
+    unknown = sum(r.n_unknown_shapes for r in ranks)
     if unknown:
-        notes.append(f"{unknown} of {n_ops} top-level matmul-like ops lack usable shapes and count 0 FLOPs")
+        notes.append(f"{unknown} of {n_ops} matmul-like ops lack usable shapes (their children or enclosing op count instead, where usable)")
+    if inconsistent:
+        notes.append(f"{sum(i['count'] for i in inconsistent)} matmul-like op(s) recorded shapes that do not fit the op "
+                     f"(e.g. {inconsistent[0]['name']} {inconsistent[0]['input_dims']}: {inconsistent[0]['reason']}); listed in inconsistent_ops")
+    if coverage is not None:
+        notes.append(f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv kernel time whose FLOPs are known")
+    if lower_bound:
+        notes.insert(0, f"lower bound: FLOPs known for only {coverage:.1%} of GEMM/attention/conv kernel time "
+                        f"(< {COVERAGE_MIN:.0%}: compiled regions, CUDA graphs or record_shapes off); no suggestion uses it")
     notes.append("trace shapes count every recorded matmul, recompute included: HFU = MFU on this source")
     common = dict(
+        **coverage_fields,
         steps=steps,
         step_time_source="ProfilerStep windows (mean over ranks)",
         dtype=dtype,
@@ -399,6 +502,13 @@ def mfu_from_trace_shapes(
         peak_detail=peak.detail,
         **common,
     )
+
+
+def flop_coverage(ranks: Sequence[RankFlops]) -> float | None:
+    """Covered over all GEMM/attention/conv kernel time of the ranks whose kernels link to ops; None when none do."""
+    measurable = [r for r in ranks if r.coverage is not None]
+    total = sum(r.flop_kernel_ns for r in measurable)
+    return sum(r.covered_kernel_ns for r in measurable) / total if total > 0 else None
 
 
 def rank_step_mfu(step_table: pd.DataFrame, flops_per_step: float, peak_flops_per_s: float) -> np.ndarray:

@@ -489,6 +489,8 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
     elif shares_source == "host" and step_time_ms:
         exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "host breakdown of the trace windows"
 
+    if ra.mfu.lower_bound:
+        notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
     tokens_per_step = man.get("tokens_per_step")
     flops = man.get("flops") or {}
     dtype = (config or {}).get("train", {}).get("dtype") if config else None
@@ -509,7 +511,8 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         step_time_source=source,
         n_steps=n_steps,
         tokens_per_step=float(tokens_per_step) if tokens_per_step else None,
-        mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) else None,
+        # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
+        mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) and not ra.mfu.lower_bound else None,
         peak_flops_per_s=ra.mfu.peak_flops_per_s,
         flops_per_token=float(flops["per_token"]) if flops.get("per_token") else None,
         dtype=dtype,
