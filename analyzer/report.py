@@ -149,8 +149,10 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
     if m.source == "none" or m.median is None:
         return [f"MFU: none ({m.reason})"]
     peak = f"{m.peak_flops_per_s / 1e12:.3g} TFLOP/s" if m.peak_flops_per_s else "?"
+    # A lower bound (FLOP coverage under COVERAGE_MIN) says so in the headline, with its coverage.
+    bound = f">= {_pct(m.median, 2)} (lower bound: FLOP coverage {_pct(m.flop_coverage, 1)})" if m.lower_bound else _pct(m.median, 2)
     lines = [
-        f"MFU: {_pct(m.median, 2)} median over {len(m.steps)} step(s), HFU {_pct(m.hfu_median, 2)}  "
+        f"MFU: {bound} median over {len(m.steps)} step(s), HFU {_pct(m.hfu_median, 2)}  "
         f"[source: {m.source}]",
         f"  peak {peak} per device ({m.peak_source}: {m.peak_detail})" + (f", dtype {m.dtype}" if m.dtype else ""),
     ]
