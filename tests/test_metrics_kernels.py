@@ -52,3 +52,107 @@ def test_host_ops_on_cpu_trace_share_of_step_time() -> None:
     assert out["share_pct"].tolist() == pytest.approx([30.0, 28.0, 20.0, 1.0])
     assert set(out["source"]) == {"host"}
     assert out.loc[out["name"] == "gloo:all_reduce", "kind"].item() == "cpu_comm"
+
+
+# ---------------------------------------------------------------------------
+# Kernel taxonomy (analyzer/metrics/taxonomy.py): names as they appear in the shared traces
+# ---------------------------------------------------------------------------
+
+TAXONOMY_CASES = [
+    # cuBLAS / cuBLASLt / CUTLASS / MAGMA / TRT-LLM
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "gemm"),
+    ("volta_sgemm_128x32_nt", "gemm"),
+    ("ampere_sgemm_128x128_tn", "gemm"),
+    ("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(Params)", "gemm"),
+    ("void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false>(cublasSplitKParams<float>)", "gemm"),
+    ("void magma_sgemmEx_kernel<float, float, float, true, false, 6, 3, 5, 3, 3>(int, int, int)", "gemm"),
+    ("bmm_MxE4m3_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN_transOut", "gemm"),
+    ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>(...)", "gemm"),
+    # rocBLAS / hipBLASLt (Tensile)
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x192x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1", "gemm"),
+    # cuDNN / MIOpen convolutions: implicit GEMMs are convolutions, not GEMMs
+    ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4", "convolution"),
+    ("sm80_xmma_wgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize64x64x64", "convolution"),
+    ("cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1", "convolution"),
+    ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4>(Params)", "convolution"),
+    ("_ZN19cutlass_cudnn_train6KernelINS_4conv6kernel23ImplicitGemmConvolutionINS1_11threadblock", "convolution"),
+    ("void cudnn::cnn::reduce_wgrad_nchw_helper<float, float>(int, int, int, float const*, float*)", "convolution"),
+    ("void fft2d_r2c_32x32<float, false, 1u, false>(float2*, float const*, int)", "convolution"),
+    ("MIOpenConvUni", "convolution"),
+    ("igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt256x128x32_wt32x32x8_ws2x1_wr2x2", "convolution"),
+    # attention
+    ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4>>(Flash_fwd_params)", "attention"),
+    ("attn_fwd", "attention"),
+    ("fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext", "attention"),
+    ("void paged_attention_ll4mi_QKV_mfma16_kernel<__hip_bfloat16, 128, 256>(...)", "attention"),
+    ("fmha_fwd_hd128_bf16_batch_b128x128x32", "attention"),
+    # normalization
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, false>(int, float)", "normalization"),
+    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(cudnnTensorStruct)", "normalization"),
+    ("MIOpenBatchNormFwdTrainSpatial", "normalization"),
+    ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb1ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib", "normalization"),
+    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long)", "normalization"),
+    # reduction
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>(...)", "reduction"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>(float*, float const*, int)", "reduction"),
+    ("triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1", "reduction"),
+    # elementwise / fusable
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>>(int)", "elementwise"),
+    ("triton_poi_fused__unsafe_view_mul_silu_2", "elementwise"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(...)", "elementwise"),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float>(...)", "elementwise"),
+    # communication (NCCL, RCCL keeps NCCL's names)
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "communication"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("void (anonymous namespace)::multimem_all_reduce_kernel<float, 2>(...)", "communication"),
+    # other
+    ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true>(cudnn::ops::nchw2nhwc_params_t<float>)", "other"),
+    ("void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, int>::Policy800>(...)", "other"),
+]
+
+
+@pytest.mark.parametrize(("name", "cls"), TAXONOMY_CASES)
+def test_kernel_taxonomy_on_real_kernel_names(name: str, cls: str) -> None:
+    from analyzer.metrics.taxonomy import classify_name
+
+    assert classify_name(name) == cls
+
+
+def test_memcpy_memset_and_comm_come_from_the_kind_and_top_kernels_carry_the_class() -> None:
+    from analyzer.metrics.taxonomy import kernel_class
+
+    events = events_from_records([
+        {"rank": 0, "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "start_ns": 0, "end_ns": 10},
+        {"rank": 0, "cat": "gpu_memset", "name": "Memset (Device)", "start_ns": 10, "end_ns": 20},
+        {"rank": 0, "cat": "kernel", "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "start_ns": 20, "end_ns": 90},
+        {"rank": 0, "cat": "kernel", "name": "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1", "start_ns": 90, "end_ns": 200},
+        {"rank": 0, "cat": "cpu_op", "name": "aten::conv2d", "start_ns": 0, "end_ns": 5},
+    ])
+    assert list(kernel_class(events)) == ["memcpy", "memset", "communication", "convolution", None]
+    table = top_kernels(events, events.iloc[:0], 0)
+    assert dict(zip(table["name"], table["cls"]))["cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1"] == "convolution"
+
+
+def test_collective_kind_from_host_annotation_before_kernel_name() -> None:
+    """NCCL runs all_to_all as SendRecv kernels: the host range names the collective (issue 10, item 6)."""
+    from analyzer.metrics.taxonomy import collective_kinds
+
+    def host(name, s, e, **kw):
+        return {"rank": 0, "cat": "user_annotation" if ":" in name else "cpu_op", "name": name, "pid": 1, "tid": 1,
+                "start_ns": s, "end_ns": e, **kw}
+
+    events = events_from_records([
+        host("nccl:all_to_all", 0, 100),
+        {"rank": 0, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "start_ns": 10, "end_ns": 12, "correlation": 1},
+        host("record_param_comms", 200, 300, coll_name="allreduce"),
+        {"rank": 0, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "start_ns": 210, "end_ns": 212, "correlation": 2},
+        {"rank": 0, "cat": "kernel", "name": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "pid": 0, "tid": 20,
+         "start_ns": 50, "end_ns": 150, "correlation": 1},
+        {"rank": 0, "cat": "kernel", "name": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "pid": 0, "tid": 20,
+         "start_ns": 250, "end_ns": 350, "correlation": 2},
+        # No launch in the trace: the kernel name is all there is.
+        {"rank": 0, "cat": "kernel", "name": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "pid": 0, "tid": 20,
+         "start_ns": 400, "end_ns": 450, "correlation": 3},
+    ])
+    assert collective_kinds(events).tolist() == ["all_to_all", "all_reduce", "send_recv"]

@@ -260,13 +260,17 @@ def test_cuda_graphs_on_short_kernels():
     assert rules_compute.rule_cuda_graphs(long) is None
 
 
-def test_torch_compile_on_non_gemm_heavy_device_bound_steps():
-    ks = KernelFacts(n_per_step=500, gemm_ms_per_step=3.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0)
+def test_torch_compile_on_fusable_heavy_device_bound_steps():
+    ks = KernelFacts(n_per_step=500, gemm_ms_per_step=3.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0,
+                     fusable_ms_per_step=5.0)
     f = trace_facts(shares={"idle": 0.1, "compute": 0.9}, kernels=ks)
     s = rules_compute.rule_torch_compile(f)
-    assert s.predicted.step_time_ms_after == pytest.approx(7.5)  # 5 ms non-GEMM x 0.5
-    gemmy = dataclasses.replace(f, kernels=dataclasses.replace(ks, gemm_ms_per_step=7.0))
-    assert rules_compute.rule_torch_compile(gemmy) is None
+    assert s.predicted.step_time_ms_after == pytest.approx(7.5)  # 5 ms fusable x 0.5
+    # The same 5 ms non-GEMM time as cuDNN convolutions: not fusable, no suggestion (the old rule fired on it).
+    convs = dataclasses.replace(f, kernels=dataclasses.replace(ks, fusable_ms_per_step=0.0))
+    assert rules_compute.rule_torch_compile(convs) is None
+    compiled = dataclasses.replace(f, kernels=dataclasses.replace(ks, compiled_ms_per_step=5.0))
+    assert rules_compute.rule_torch_compile(compiled) is None
     reft = facts(config(train__compile=True), device="cuda", shares={"idle": 0.1}, shares_source="device", kernels=ks)
     assert rules_compute.rule_torch_compile(reft) is None
 

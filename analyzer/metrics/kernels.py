@@ -19,19 +19,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.taxonomy import kernel_class
 from analyzer.metrics.text import is_in
 from analyzer.tables import DEVICE_KINDS
 
-COLUMNS = ("rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct")
+COLUMNS = ("rank", "source", "kind", "cls", "name", "count", "total_ms", "mean_us", "max_us", "share_pct")
 HOST_OP_KINDS = ("cpu_op", "cpu_comm")
 
 
 def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int | None = 50) -> pd.DataFrame:
     """The ``limit`` names with the most total time on one rank (all when None).
 
-    Columns: ``rank, source ("device"|"host"), kind, name, count, total_ms,
-    mean_us, max_us, share_pct``; sorted by ``total_ms`` descending, ties by
-    name.
+    Columns: ``rank, source ("device"|"host"), kind, cls`` (kernel class of
+    :mod:`analyzer.metrics.taxonomy`; None for host ops), ``name, count,
+    total_ms, mean_us, max_us, share_pct``; sorted by ``total_ms``
+    descending, ties by name.
     """
     columns = ["name", "kind", "start_ns", "end_ns"]
     device = is_in(events["kind"], DEVICE_KINDS)
@@ -45,6 +47,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     # Aggregate on the categorical codes with numpy: one bincount per statistic.
     codes, names = pd.factorize(sel["name"])
     kinds = sel["kind"].to_numpy()
+    classes = kernel_class(sel) if source == "device" else None
     n = len(names)
     count = np.bincount(codes, minlength=n)
     total_ns = np.bincount(codes, weights=dur_ns, minlength=n)
@@ -62,6 +65,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
             "rank": rank,
             "source": source,
             "kind": [str(kinds[i]) for i in first],
+            "cls": [classes[i] for i in first] if classes is not None else None,
             "name": [str(v) for v in names],
             "count": count.astype(np.int64),
             "total_ms": total_ns / 1e6,

@@ -23,7 +23,8 @@ MEMORY_GROWTH_LIMIT = 0.85
 IDLE_MIN_SHARE = 0.20
 # Launch-bound: at least this share of kernel launches run under SHORT_KERNEL_US.
 SHORT_KERNEL_MIN_SHARE = 0.50
-# torch.compile: non-GEMM kernel time above this share of kernel time, on a
+# torch.compile: fusable kernel time (elementwise, reduction, normalization;
+# analyzer.metrics.taxonomy) above this share of kernel time, on a
 # device-bound step (idle under IDLE_MIN_SHARE).
 COMPILE_MIN_NON_GEMM_SHARE = 0.30
 # Fused (Inductor) elementwise/normalization kernels take this fraction of
@@ -214,37 +215,41 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
 
 @rule
 def rule_torch_compile(f: RunFacts) -> Suggestion | None:
-    """Device-bound GPU step with non-GEMM kernels over COMPILE_MIN_NON_GEMM_SHARE: ``torch.compile``.
+    """Device-bound GPU step with fusable kernels over COMPILE_MIN_NON_GEMM_SHARE: ``torch.compile``.
 
-    Inductor fuses elementwise and normalization kernels (fewer passes over
-    memory). What-if: non-GEMM kernel time x COMPILE_NON_GEMM_TIME_FACTOR.
-    Silent on CPU runs (Inductor's C++ backend needs a compiler toolchain
-    and its gain there is not calibrated) and on launch-bound steps (rule
-    cuda_graphs / launch_bound apply).
+    Inductor fuses elementwise, reduction and normalization kernels (fewer
+    passes over memory); GEMMs, attention, convolutions (cuDNN's are
+    already tuned library kernels), communication and copies are not
+    fusable (kernel classes: analyzer.metrics.taxonomy). What-if: fusable
+    kernel time x COMPILE_NON_GEMM_TIME_FACTOR. Silent on CPU runs
+    (Inductor's C++ backend needs a compiler toolchain and its gain there is
+    not calibrated), on launch-bound steps (rule cuda_graphs / launch_bound
+    apply) and when Inductor's Triton kernels already carry as much time as
+    the fusable ones (the model is compiled).
     """
     parts = _device_parts(f)
     ks = f.kernels
     if parts is None or ks is None or (f.is_reftrain and f.cfg("train.compile")):
         return None
     idle, _, _ = parts
-    if idle > IDLE_MIN_SHARE or ks.kernel_ms_per_step <= 0:
+    if idle > IDLE_MIN_SHARE or ks.kernel_ms_per_step <= 0 or ks.compiled_ms_per_step >= ks.fusable_ms_per_step:
         return None
-    non_gemm = ks.kernel_ms_per_step - ks.gemm_ms_per_step
-    share = non_gemm / ks.kernel_ms_per_step
+    fusable = ks.fusable_ms_per_step
+    share = fusable / ks.kernel_ms_per_step
     if share <= COMPILE_MIN_NON_GEMM_SHARE:
         return None
-    saved = non_gemm * (1.0 - COMPILE_NON_GEMM_TIME_FACTOR)
+    saved = fusable * (1.0 - COMPILE_NON_GEMM_TIME_FACTOR)
     return Suggestion(
         rule="torch_compile",
         title="Fuse elementwise kernels with torch.compile",
-        trigger=f"non-GEMM kernels {share:.0%} of kernel time > COMPILE_MIN_NON_GEMM_SHARE "
-                f"{COMPILE_MIN_NON_GEMM_SHARE:.0%}, idle {idle:.0%}",
-        evidence={"non_gemm_kernel_ms": non_gemm, "gemm_kernel_ms": ks.gemm_ms_per_step,
-                  "non_gemm_share": share, "step_time_ms": f.step_time_ms},
+        trigger=f"fusable (elementwise, reduction, normalization) kernels {share:.0%} of kernel time > "
+                f"COMPILE_MIN_NON_GEMM_SHARE {COMPILE_MIN_NON_GEMM_SHARE:.0%}, idle {idle:.0%}",
+        evidence={"fusable_kernel_ms": fusable, "gemm_kernel_ms": ks.gemm_ms_per_step,
+                  "kernel_ms": ks.kernel_ms_per_step, "fusable_share": share, "step_time_ms": f.step_time_ms},
         change=Change({"train.compile": True} if f.is_reftrain else {},
                       "model = torch.compile(model) (or compile each transformer block)"),
         predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"non-GEMM kernel time {non_gemm:.2f} ms x {COMPILE_NON_GEMM_TIME_FACTOR} after fusion"),
+                                    f"fusable kernel time {fusable:.2f} ms x {COMPILE_NON_GEMM_TIME_FACTOR} after fusion"),
         confidence="low",
         notes=("the first steps compile (minutes on large models); steady state only",),
     )
