@@ -93,7 +93,15 @@ def _resolve_rank(distributed_info: dict, path: Path, hint: int | None) -> tuple
 
 def _over_bound(path: Path, what: str, limit_name: str) -> TraceError:
     """The one line for a file over a bound: what it exceeded, and the flag that raises it."""
-    return TraceError(path, f"{what}; skipped (raise the bound with {FLAGS[limit_name]})")
+    return TraceError(path, f"{what} (raise the bound with {FLAGS[limit_name]})")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):,.1f} GiB" if n < (10 << 30) else f"{n / (1 << 30):,.0f} GiB"
 
 
 def _read_blocks(path: Path, size: int | None = None, limits: ParseLimits | None = None) -> Iterator[bytes]:
@@ -126,7 +134,7 @@ def _read_blocks(path: Path, size: int | None = None, limits: ParseLimits | None
                     return
                 total += len(block)
                 if total > limits.max_json_bytes:
-                    raise _over_bound(path, f"more than {limits.max_json_bytes / _MB:,.0f} MB of JSON", "max_json_bytes")
+                    raise _over_bound(path, f"more than {_gib(limits.max_json_bytes)} of JSON", "max_json_bytes")
                 yield block
         compressed = os.fstat(fh.fileno()).st_size
         yield from _gunzip(fh, path, size, compressed, limits)
@@ -194,11 +202,11 @@ def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits
 
 def _gzip_over_bound(path: Path, bound: int, compressed: int, limits: ParseLimits) -> TraceError:
     if bound >= limits.max_json_bytes:
-        return _over_bound(path, f"decompresses to more than {bound / _MB:,.0f} MB of JSON", "max_json_bytes")
+        return _over_bound(path, f"decompresses to more than {_gib(bound)} of JSON", "max_json_bytes")
     return _over_bound(
         path,
-        f"decompresses to more than {bound / _MB:,.0f} MB, over {limits.max_gzip_ratio:g}x its "
-        f"{compressed / _MB:.1f} MB (a gzip bomb?)",
+        f"decompresses to more than {_mib(bound)}, the bound for {compressed / _MB:.1f} MB of gzip "
+        f"({limits.max_gzip_ratio:g}x, at least {_mib(limits.gzip_floor_bytes)}; a gzip bomb?)",
         "max_gzip_ratio",
     )
 
@@ -350,11 +358,11 @@ class _Splitter:
 
     def _over_event_bound(self) -> NoReturn:
         what = {
-            "body": f"an element of traceEvents longer than {self.max_event_bytes / _MB:,.0f} MB",
-            "head": f"more than {self.max_event_bytes / _MB:,.0f} MB of JSON before traceEvents",
-        }.get(self._state, f"a JSON document that cannot be read in parts, over {self.max_event_bytes / _MB:,.0f} MB")
-        line = self._lines_before + self._buf.count(b"\n", self._lead) + 1
-        raise _over_bound(self.path, f"{what} (by line {line})", "max_event_bytes")
+            "body": f"an element of traceEvents longer than {_mib(self.max_event_bytes)}",
+            "head": f"more than {_mib(self.max_event_bytes)} of JSON before traceEvents",
+        }.get(self._state, f"a JSON document that cannot be read in parts, over {_mib(self.max_event_bytes)}")
+        # The buffer starts where the unfinished piece starts.
+        raise _over_bound(self.path, f"{what} (from line {self._lines_before + 1})", "max_event_bytes")
 
     def finish(self) -> None:
         if self.total == 0:
