@@ -47,6 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.taxonomy import collective_kinds
 from analyzer.metrics.text import text_map, text_mask
 
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a sample median, in sigma / sqrt(n)
@@ -276,10 +277,13 @@ def arrivals_from_traces(per_rank: Mapping[int, tuple[pd.DataFrame, pd.DataFrame
             group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
         else:
             group = text_map(sel["name"], str)
-        # Kind from the collective name when the event carries one, else from the op/kernel name.
+        # Kind from the collective name when the event carries one, else from the op/kernel name;
+        # device kernels first ask the host collective around their launch (analyzer.metrics.taxonomy).
         kind = text_map(sel["coll_name"], collective_kind)
         by_name = text_map(sel["name"], collective_kind)
         kind = np.where(pd.isna(kind), by_name, kind)
+        if source.startswith("device"):
+            kind = collective_kinds(events).loc[sel.index].to_numpy(object)
         nelems = sel["msg_in_nelems"].to_numpy(np.int64)
         elem_bytes = text_map(sel["msg_dtype"], lambda d: _DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
         order = pd.Series(group).groupby(group).cumcount().to_numpy()
