@@ -230,7 +230,9 @@ def analyze(
     if not traces.ranks and not has_metrics:
         where = ", ".join(str(p) for p in paths)
         detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
-        raise AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
+        exc = AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
+        exc.skipped = list(errors)  # the CLI prints one line per file before this one (issue 17)
+        raise exc
     analysis = _analyze_loaded(
         paths[0] if len(paths) == 1 else paths, kind, manifest, metrics, records, traces, peak_flops, errors, warnings
     )

@@ -293,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return func(args)
         return func(args)
     except AnalyzerError as exc:
+        for line in getattr(exc, "skipped", ()):  # every unusable file of an analysis with none usable
+            _say("skipped", line)
         _say("error", exc)
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
