@@ -41,13 +41,17 @@ from analyzer.metrics.mfu import (
     steady_state,
 )
 from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct, overlap
+from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
+from analyzer.metrics.step_time import StepTime, step_time
 from analyzer.stragglers import (
     StragglerResult,
     arrivals_from_records,
     arrivals_from_traces,
     collective_table,
     disturbed_steps,
+    collective_spans,
     find_stragglers,
+    wait_intervals,
 )
 from analyzer.tables import RankTrace
 
@@ -60,13 +64,18 @@ _WINDOW_RE = re.compile(r"rank(\d+)\.step(\d+)\.json(?:\.gz)?$")
 class RankSummary:
     """One rank's headline numbers (docs/metrics.md).
 
-    ``step_time_ms`` is the median over the steps the breakdown covers
-    (ProfilerStep windows), or over steady-state metrics steps when the rank
-    has no trace (``step_time_source`` says which). ``breakdown`` maps each
-    part of the step (device: compute, overlapped_comm, exposed_comm,
-    exposed_memcpy, idle; host: data, forward, backward, optimizer,
-    grad_sync, exposed_comm, other) to ``median_ms``, ``mean_ms`` and
-    ``pct`` (of total step time; the parts' pct sum to 100).
+    Step times (ms, docs/metrics.md "Step time"): ``steady_step_time_ms``
+    is the median over the rank's steady-state metrics steps,
+    ``profiled_step_time_ms`` the median over its ProfilerStep windows;
+    ``step_time_ms`` is the rank's headline, chosen as the run's
+    (:class:`analyzer.metrics.step_time.StepTime`): the steady one when the
+    run has metrics records, else the profiled one; ``step_time_source``
+    names it in words. ``breakdown`` covers the profiled windows: it maps
+    each part of the step (device: compute, overlapped_comm,
+    collective_wait, exposed_comm, exposed_memcpy, idle; host: data,
+    forward, backward, optimizer, grad_sync, collective_wait, exposed_comm,
+    other) to ``median_ms``, ``mean_ms`` and ``pct`` (of the profiled step
+    time; the parts' pct sum to 100).
     ``comm_comp_overlap_pct``, ``idle_pct``, ``compute_pct`` and
     ``non_compute_pct`` follow HTA's definitions (None without GPU
     communication or GPU events); ``exposed_comm_pct`` is the
@@ -85,6 +94,7 @@ class RankSummary:
     compute_pct: float | None
     non_compute_pct: float | None
     steady_step_time_ms: float | None = None
+    profiled_step_time_ms: float | None = None
     device_name: str | None = None
     trace: str | None = None
     n_device_events: int = 0
@@ -94,6 +104,9 @@ class RankSummary:
 class RunAnalysis:
     """Everything the analyzer knows about one run; :meth:`to_json` is the report.
 
+    ``step_time``: the run's step time, one definition for every surface
+    (headline ``step_time.ms`` plus the steady-state and profiled-window
+    figures it is chosen from; :mod:`analyzer.metrics.step_time`).
     ``steps``: one row per (rank, ProfilerStep) with ``rank, step, start_ns,
     end_ns, step_time_ms, source``, the breakdown parts in ms, ``comm_ms``
     and ``mfu`` (NaN when MFU is unknown). ``kernels``: the top
@@ -122,6 +135,7 @@ class RunAnalysis:
     metrics: pd.DataFrame | None = None
     telemetry: pd.DataFrame | None = None
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
 
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""
@@ -133,7 +147,6 @@ class RunAnalysis:
     def to_json(self) -> dict[str, Any]:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
         manifest = self.manifest or {}
-        step_medians = [r.step_time_ms for r in self.ranks if r.step_time_ms is not None]
         return _jsonable(
             {
                 "schema": SCHEMA,
@@ -144,7 +157,8 @@ class RunAnalysis:
                     "status": manifest.get("status"),
                     "world_size": manifest.get("world_size") or (len(self.ranks) or None),
                     "n_ranks": len(self.ranks),
-                    "step_time_ms": float(np.median(step_medians)) if step_medians else None,
+                    "step_time_ms": self.step_time.ms,  # the headline; its definition and both figures below
+                    "step_time": self.step_time.to_json(),
                     "mfu": self.mfu.to_json(),
                 },
                 "ranks": [r.__dict__ for r in self.ranks],
@@ -299,10 +313,12 @@ def _analyze_loaded(
     sources: dict[int, Source] = {}
     device_names: dict[int, str | None] = {}
     rank_flops = []
+    # Waiting at collectives, on each rank's trace clock: the breakdown's collective_wait part.
+    waits = wait_intervals(collective_spans({r: rt.events for r, rt in traces.ranks.items()}))
     for rank, rt in sorted(traces.ranks.items()):
         source = source_of(rt.events)
         sources[rank] = source
-        table = step_breakdown(rt.events, rt.steps, source)
+        table = step_breakdown(rt.events, rt.steps, source, waits.get(rank))
         step_tables.append(table.assign(rank=rank))
         overlaps[rank] = overlap(rt.events, rt.steps)
         kernel_tables.append(top_kernels(rt.events, rt.steps, rank, TOP_KERNELS_PER_RANK))
@@ -353,7 +369,8 @@ def _analyze_loaded(
     stragglers.notes += arrival_notes
     collectives = collective_table(arrivals) if not arrivals.empty else None
 
-    ranks = _rank_summaries(traces, steps, overlaps, sources, device_names, steady)
+    run_step_time = step_time(steady, steps)
+    ranks = _rank_summaries(traces, steps, overlaps, sources, device_names, steady, run_step_time.source)
     kernels = pd.concat(kernel_tables, ignore_index=True) if kernel_tables else top_kernels_empty()
     return RunAnalysis(
         path=path,
@@ -368,6 +385,7 @@ def _analyze_loaded(
         errors=errors,
         warnings=warnings,
         metrics=metrics,
+        step_time=run_step_time,
     )
 
 
@@ -406,7 +424,9 @@ def _rank_summaries(
     sources: dict[int, Source],
     device_names: dict[int, str | None],
     steady: pd.DataFrame | None,
+    headline: str | None,
 ) -> list[RankSummary]:
+    """Per-rank summaries; each rank's ``step_time_ms`` follows the run's ``headline`` source."""
     ranks = set(traces.ranks)
     if steady is not None and not steady.empty:
         ranks |= set(int(r) for r in steady["rank"].unique())
@@ -418,12 +438,14 @@ def _rank_summaries(
             mine = steady.loc[steady["rank"] == rank, "step_time_ms"]
             steady_ms = float(mine.median()) if len(mine) else None
         source = sources.get(rank)
-        if len(table):
-            step_ms, step_src = float(table["step_time_ms"].median()), "ProfilerStep windows"
-        elif steady_ms is not None:
-            step_ms, step_src = steady_ms, "metrics JSONL (steady-state steps)"
+        profiled_ms = float(table["step_time_ms"].median()) if len(table) else None
+        # The run's choice, so that a rank's figure and the run's headline cover the same steps;
+        # a rank missing those steps (no metrics file of its own) falls back to the other kind.
+        if headline == "steady_state" and steady_ms is not None or profiled_ms is None:
+            step_ms, kind = steady_ms, "steady_state"
         else:
-            step_ms, step_src = None, None
+            step_ms, kind = profiled_ms, "profiled_windows"
+        step_src = STEP_TIME_LABELS[kind] if step_ms is not None else None
         ov = overlaps.get(rank)
         rt = traces.ranks.get(rank)
         out.append(
@@ -440,6 +462,7 @@ def _rank_summaries(
                 compute_pct=ov.compute_pct if ov else None,
                 non_compute_pct=ov.non_compute_pct if ov else None,
                 steady_step_time_ms=steady_ms,
+                profiled_step_time_ms=profiled_ms,
                 device_name=device_names.get(rank),
                 trace=rt.path.name if rt else None,
                 n_device_events=ov.n_device_events if ov else 0,

@@ -22,10 +22,20 @@ op's) total time on a rank over the whole trace divided by that rank's
 number of ProfilerStep windows, mean over the ranks; from each run's top
 kernels list (50 per rank), where a name absent from one run counts as 0.
 
-MFU: the runs' medians (fractions), ``delta = cand - base`` and
-``drop = (base - cand) / base`` (the CI gate's definition). When reftrain
-measured both peaks on the same hardware, the candidate's MFU is put on the
-baseline's peak (:func:`candidate_peak_scale`).
+MFU: the runs' medians (fractions), each the same figure the run shows
+everywhere else (``RunAnalysis.mfu.median``: report, runs page). When
+reftrain measured both peaks on the same hardware, the candidate's MFU is
+also given on the baseline's peak (``cand_on_base_peak``,
+:func:`candidate_peak_scale`), side by side with its own, and ``delta =
+cand - base`` and ``drop = (base - cand) / base`` (the CI gate's
+definition) use that comparable figure.
+
+Step time: ``step_time_median`` is each run's headline step time
+(``RunAnalysis.step_time``, docs/metrics.md "Step time"), the same number
+as in the run's own report; when one run has steady-state metrics steps
+and the other only profiled windows, both sides use their profiled
+windows, with a note. ``step_time`` is the **mean** over the phase table's
+rows (the phases add up to it), labelled as such wherever it is shown.
 """
 from __future__ import annotations
 
@@ -77,21 +87,30 @@ class MfuDelta:
     """MFU of both runs (fractions 0..1) and where each came from."""
 
     base: float | None
-    cand: float | None
+    cand: float | None  # the candidate's own MFU, as its report and the runs page show it
     base_source: str
     cand_source: str
+    cand_on_base_peak: float | None = None  # the candidate on the baseline's measured peak; None when not rescaled
+
+    @property
+    def cand_comparable(self) -> float | None:
+        """The candidate figure the deltas use: on the baseline's peak when rescaled, else its own."""
+        return self.cand_on_base_peak if self.cand_on_base_peak is not None else self.cand
 
     @property
     def delta(self) -> float | None:
-        return None if self.base is None or self.cand is None else self.cand - self.base
+        cand = self.cand_comparable
+        return None if self.base is None or cand is None else cand - self.base
 
     @property
     def drop(self) -> float | None:
-        """``(base - cand) / base``: 0.1 means the candidate's MFU is 10% lower."""
-        return None if self.base is None or self.cand is None or self.base == 0 else (self.base - self.cand) / self.base
+        """``(base - cand) / base``: 0.1 means the candidate's MFU is 10% lower (comparable figure)."""
+        cand = self.cand_comparable
+        return None if self.base is None or cand is None or self.base == 0 else (self.base - cand) / self.base
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["cand_comparable"] = self.cand_comparable
         out["delta"] = self.delta
         out["drop"] = self.drop
         return out
@@ -104,7 +123,7 @@ class Comparison:
     base_path: str
     cand_path: str
     step_time: Delta  # mean ms per step, same steps and source as ``phases``
-    step_time_median: Delta  # median ms per step
+    step_time_median: Delta  # each run's headline step time (RunAnalysis.step_time), ms
     phase_source: str
     phases: list[Delta]  # sorted by |delta| desc; deltas sum to step_time.delta
     kernel_source: str
@@ -214,6 +233,18 @@ def _phase_deltas(tb: pd.DataFrame | None, tc: pd.DataFrame | None) -> tuple[Del
     return step, step_median, _by_abs_delta(phases)
 
 
+def _headline_step_times(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[Delta, str | None]:
+    """Both runs' headline step times, or both profiled-window ones when the headlines cover different steps."""
+    b, c = base.step_time, cand.step_time
+    if b.source == c.source or b.ms is None or c.ms is None:
+        return Delta("step_time_median", b.ms, c.ms), None
+    note = (
+        f"step time: the baseline's headline covers {b.label}, the candidate's {c.label}; "
+        f"compared over both runs' profiled windows instead"
+    )
+    return Delta("step_time_median", b.profiled_ms, c.profiled_ms), note
+
+
 # ----------------------------------------------------------------- kernels
 def _kernel_ms_per_step(a: "RunAnalysis") -> pd.DataFrame:
     """name, kind, ms_per_step (mean over ranks), from the top-kernels table."""
@@ -297,7 +328,10 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
     """
     notes: list[str] = []
     tb, tc, phase_source = _phase_tables(base, cand)
-    step, step_median, phases = _phase_deltas(tb, tc)
+    step, _, phases = _phase_deltas(tb, tc)
+    step_median, step_note = _headline_step_times(base, cand)
+    if step_note:
+        notes.append(step_note)
     if tb is None or tc is None:
         notes.append("phases: one run has no steps to compare (" + ("baseline" if tb is None else "candidate") + ")")
     base_sources = set(base.steps["source"].unique()) if base.steps is not None and not base.steps.empty else set()
@@ -323,8 +357,8 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
     if set(base_ranks) != set(cand_ranks):
         notes.append(f"different ranks: baseline {sorted(base_ranks)}, candidate {sorted(cand_ranks)}")
     scale, scale_note = candidate_peak_scale(base, cand)
-    cand_mfu = None if cand.mfu.median is None else cand.mfu.median * scale
-    mfu = MfuDelta(base.mfu.median, cand_mfu, base.mfu.source, cand.mfu.source)
+    rescaled = None if cand.mfu.median is None or scale == 1.0 else cand.mfu.median * scale
+    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source, rescaled)
     if scale_note:
         notes.append(scale_note)
     if base.mfu.source != cand.mfu.source:

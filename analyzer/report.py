@@ -181,7 +181,7 @@ def _straggler_lines(a: "RunAnalysis") -> list[str]:
             for r in s.per_rank
         ]
         table = format_table(
-            ["rank", "steps", "step ms", "ratio", "late ms", "late z", "last in", "others waited ms", "flagged"], rows
+            ["rank", "steps", "judged step ms", "ratio", "late ms", "late z", "last in", "others waited ms", "flagged"], rows
         )
         lines += ["  " + line for line in table.splitlines()]
         lines += [f"  rank {r.rank}: {r.evidence}" for r in s.per_rank if r.flagged and r.evidence]
@@ -191,15 +191,45 @@ def _straggler_lines(a: "RunAnalysis") -> list[str]:
     return lines
 
 
+def step_time_text(a: "RunAnalysis") -> str:
+    """The run's headline step time with what it covers, and the other figure beside it (docs/metrics.md)."""
+    st = a.step_time
+    if st.ms is None:
+        return "Step time: none (no steady-state metrics steps and no ProfilerStep windows)"
+    text = f"Step time: {_num(st.ms, '.2f')} ms, {st.label}, median over {_n_steps(st)} of the mean over ranks"
+    if st.source == "steady_state" and st.profiled_ms is not None:
+        text += f"; profiled windows {_num(st.profiled_ms, '.2f')} ms over {st.n_profiled_steps} step(s) (the breakdown's steps)"
+    return text
+
+
+def _n_steps(st) -> str:
+    n = st.n_steady_steps if st.source == "steady_state" else st.n_profiled_steps
+    return f"{n} step(s)"
+
+
+def _has_steady(a: "RunAnalysis") -> bool:
+    return any(r.steady_step_time_ms is not None for r in a.ranks)
+
+
+def _rank_step_headers(a: "RunAnalysis") -> list[str]:
+    """Per-rank step time columns: steady-state and profiled side by side when the run has both kinds."""
+    return ["steady ms", "profiled ms"] if _has_steady(a) else ["profiled ms"]
+
+
+def _rank_step_cells(a: "RunAnalysis", r) -> list[str]:
+    cells = [_num(r.steady_step_time_ms)] if _has_steady(a) else []
+    return cells + [_num(r.profiled_step_time_ms)]
+
+
 def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     """The readable report of one run (what ``analyzer report`` prints)."""
-    out = [f"analyzer report: {_path_text(a)}", _kind_text(a), ""]
+    out = [f"analyzer report: {_path_text(a)}", _kind_text(a), "", step_time_text(a), ""]
     rows = [
         [
             r.rank,
             r.source or "-",
             r.n_steps,
-            _num(r.step_time_ms),
+            *_rank_step_cells(a, r),
             _num(r.compute_pct),
             _num(r.comm_comp_overlap_pct),
             _num(r.exposed_comm_pct),
@@ -211,20 +241,23 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     out.append("Per rank")
     out.append(
         format_table(
-            ["rank", "timeline", "steps", "step ms", "compute %", "overlap % (HTA)", "exposed comm %", "idle % (HTA)", "device"],
+            ["rank", "timeline", "steps", *_rank_step_headers(a), "compute %", "overlap % (HTA)", "exposed comm %",
+             "idle % (HTA)", "device"],
             rows,
-            left=(1, 8),
+            left=(1, 8 + _has_steady(a)),
         )
     )
     out += [
-        "  step ms: median over ProfilerStep windows (or steady-state metrics steps without a trace).",
+        "  steps: profiled windows. steady ms: median over the rank's steady-state metrics steps; "
+        "profiled ms: median over its ProfilerStep windows.",
         "  overlap % (HTA): time communication and compute kernels both run / communication time, all kernels.",
         "  exposed comm %: communication not hidden by compute / step time. idle % (HTA): no GPU activity / kernel span.",
         "",
     ]
     parts = _parts(a)
     if parts:
-        out.append("Step breakdown (mean ms per step, % of step time; the parts sum to the step)")
+        out.append("Step breakdown over the profiled windows (mean ms per step, % of step time; the parts sum to "
+                   "the profiled step time)")
         brows = []
         for r in a.ranks:
             cells = [r.rank]
@@ -300,7 +333,8 @@ def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
         labels = [f"rank {r.rank}" for r in a.ranks]
         for p in parts:
             fig.add_bar(name=p, x=labels, y=[(r.breakdown.get(p) or {}).get("mean_ms") for r in a.ranks])
-        fig.update_layout(barmode="stack", title="Step breakdown per rank (mean ms per step)", yaxis_title="ms")
+        fig.update_layout(barmode="stack", title="Step breakdown per rank (profiled windows, mean ms per step)",
+                          yaxis_title="ms")
         charts["breakdown"] = _figure_html(fig)
     metrics = a.metrics
     if metrics is not None and not metrics.empty and {"rank", "step", "step_time_ms"} <= set(metrics.columns):
@@ -375,15 +409,17 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     """A self-contained HTML report of one run: headline, tables and plotly charts."""
     m = a.mfu
     mfu_text = _pct(m.median, 2) if m.source != "none" else "none"
-    steps = [r.step_time_ms for r in a.ranks if r.step_time_ms is not None]
-    step_text = f"{_num(sorted(steps)[len(steps) // 2])} ms" if steps else "-"
+    st = a.step_time
+    step_text = f"{_num(st.ms, '.2f')} ms" if st.ms is not None else "-"
+    step_note = st.label + (f"; profiled windows {_num(st.profiled_ms, '.2f')} ms"
+                            if st.source == "steady_state" and st.profiled_ms is not None else "")
     flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
     body = [
         f"<h1>analyzer report</h1><p class=\"note\">{html.escape(_path_text(a))}<br>{html.escape(_kind_text(a))}"
         f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {_version()}</p>",
         '<div class="headline">'
         f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
-        f"<div>step time (median rank)<b>{html.escape(step_text)}</b></div>"
+        f"<div>step time<b>{html.escape(step_text)}</b>{html.escape(step_note)}</div>"
         f"<div>stragglers<b>{html.escape(flagged)}</b></div></div>",
     ]
     if a.errors or a.warnings:
@@ -391,15 +427,18 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
         items += [f"<li>{html.escape(w)}</li>" for w in a.warnings]
         body.append(f"<h2>Input problems</h2><ul>{''.join(items)}</ul>")
     rows = [
-        [r.rank, r.source or "-", r.n_steps, _num(r.step_time_ms), _num(r.compute_pct), _num(r.comm_comp_overlap_pct),
+        [r.rank, r.source or "-", r.n_steps, *_rank_step_cells(a, r), _num(r.compute_pct), _num(r.comm_comp_overlap_pct),
          _num(r.exposed_comm_pct), _num(r.idle_pct), r.device_name or "-"]
         for r in a.ranks
     ]
     body.append("<h2>Per rank</h2>" + _html_table(
-        ["rank", "timeline", "steps", "step ms (median)", "compute %", "overlap % (HTA)", "exposed comm %", "idle % (HTA)", "device"],
-        rows, left=(1, 8)))
+        ["rank", "timeline", "steps", *_rank_step_headers(a), "compute %", "overlap % (HTA)", "exposed comm %",
+         "idle % (HTA)", "device"],
+        rows, left=(1, 8 + _has_steady(a))))
     body.append(
-        '<p class="note">overlap % (HTA): time in which communication and compute kernels both run, over communication '
+        f'<p class="note">{html.escape(step_time_text(a))}. steady ms: median over the rank\'s steady-state metrics '
+        "steps; profiled ms: median over its ProfilerStep windows (the steps of the breakdown, overlap and idle). "
+        "overlap % (HTA): time in which communication and compute kernels both run, over communication "
         "time. exposed comm %: communication not hidden by compute, over step time. idle % (HTA): time with no GPU "
         "activity over the span of device events. Definitions: docs/metrics.md.</p>"
     )
@@ -437,16 +476,18 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
     out = [f"analyzer compare\n  base: {c.base_path}\n  cand: {c.cand_path}", ""]
     m = c.mfu
     if m.base is not None and m.cand is not None:
+        rescaled = (f" (on the baseline's peak {_pct(m.cand_on_base_peak, 2)})" if m.cand_on_base_peak is not None else "")
         out.append(
-            f"MFU: {_pct(m.base, 2)} -> {_pct(m.cand, 2)} ({100 * m.delta:+.2f} points, drop {m.drop:+.1%})"
+            f"MFU: {_pct(m.base, 2)} -> {_pct(m.cand, 2)}{rescaled} ({100 * m.delta:+.2f} points, drop {m.drop:+.1%})"
             f"  [{m.base_source} / {m.cand_source}]"
         )
     else:
         out.append(f"MFU: {_pct(m.base, 2) if m.base is not None else 'none'} -> {_pct(m.cand, 2) if m.cand is not None else 'none'}")
-    st = c.step_time
+    st, sm = c.step_time, c.step_time_median
     out.append(
-        f"Step time (mean): {_num(st.base, '.2f')} -> {_num(st.cand, '.2f')} ms ({_num(st.delta, '+.2f')} ms, "
-        f"{_num(st.delta_pct, '+.1f')}%); median {_num(c.step_time_median.base, '.2f')} -> {_num(c.step_time_median.cand, '.2f')} ms"
+        f"Step time: {_num(sm.base, '.2f')} -> {_num(sm.cand, '.2f')} ms ({_num(sm.delta, '+.2f')} ms, "
+        f"{_num(sm.delta_pct, '+.1f')}%; each run's headline step time); mean over the phase rows "
+        f"{_num(st.base, '.2f')} -> {_num(st.cand, '.2f')} ms ({_num(st.delta, '+.2f')} ms, the phases add up to it)"
     )
     out.append("")
     if c.phases:
@@ -470,8 +511,7 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
 def render_check_text(outcome: "GateOutcome", explanation: str) -> str:
     """What ``analyzer check`` prints: the verdict line, then the explanation paragraph."""
     r = outcome.result
-    verdict = "REGRESSION" if r.regression else "PASS"
-    lines = [f"analyzer check: {verdict}", "", explanation, ""]
+    lines = [f"analyzer check: {r.verdict_label}", "", explanation, ""]
     lines.append(f"baseline:  {r.base_source}")
     lines.append(f"candidate: {r.cand_source}")
     lines += [f"note: {n}" for n in r.notes]
@@ -485,8 +525,8 @@ def _md_escape(text: str) -> str:
 def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int = 5) -> str:
     """A Markdown summary for a CI job summary (e.g. ``$GITHUB_STEP_SUMMARY``)."""
     r, c = outcome.result, outcome.comparison
-    icon = ":x:" if r.regression else ":white_check_mark:"
-    verdict = "regression" if r.regression else "within bounds"
+    icon = {"regression": ":x:", "inconclusive": ":warning:"}.get(r.verdict, ":white_check_mark:")
+    verdict = {"regression": "regression", "inconclusive": "inconclusive, too noisy"}.get(r.verdict, "within bounds")
     fmt = (lambda v: f"{100 * v:.2f}%") if r.metric == "mfu" else (lambda v: f"{v:,.3f}")
     lines = [
         f"## {icon} analyzer check: {verdict}",
@@ -495,7 +535,7 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         "",
         f"| | baseline | candidate | change |",
         "|---|---:|---:|---:|",
-        f"| median {r.metric_label} | {fmt(r.base_median)} | {fmt(r.cand_median)} | {-r.drop:+.1%} |",
+        f"| {r.statistic_label} | {fmt(r.base_value)} | {fmt(r.cand_value)} | {-r.drop:+.1%} |",
     ]
     st = c.step_time
     if st.base is not None and st.cand is not None:
@@ -503,8 +543,9 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
     lines += [
         f"| steady-state steps | {r.n_base} | {r.n_cand} | |",
         "",
-        f"Gate: regression when the median drops by more than {r.max_drop:.1%} **and** the one-sided Mann-Whitney U "
-        f"test gives p < {r.alpha} (here p = {r.p_value:.3g}).",
+        f"Gate: regression when the {_md_escape(r.statistic_label)} drops by more than {r.max_drop:.1%}, the one-sided "
+        f"Mann-Whitney U test gives p < {r.alpha} (here p = {r.p_value:.3g}) **and** the drop exceeds the runs' own "
+        f"noise (here {r.noise:.1%}); inconclusive when that noise exceeds {r.max_drop:.1%}.",
     ]
     if c.phases:
         lines += ["", f"**Phases** ({_md_escape(c.phase_source)})", "", "| phase | base ms | cand ms | delta ms | delta % |", "|---|---:|---:|---:|---:|"]

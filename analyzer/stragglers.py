@@ -403,6 +403,83 @@ def _rank_waits(arrivals: pd.DataFrame) -> pd.DataFrame:
     return a
 
 
+# Host ranges of a collective's execution (gloo's or NCCL's worker threads): they
+# run from the moment the work is taken up to its completion, wait included.
+_HOST_WORK_PREFIXES = ("gloo:", "nccl:")
+
+
+def collective_spans(per_rank: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
+    """Each collective's execution on each rank, matched across ranks: ``rank, key, start_ns, end_ns``.
+
+    ``per_rank`` maps rank to its events table. GPU traces: the
+    communication kernels (they start when the rank arrives and end when
+    the collective completes), matched by order per stream as in
+    :func:`arrivals_from_traces`. CPU traces: the ``gloo:*`` / ``nccl:*``
+    ranges of the backend's worker threads, matched by order per name (the
+    ``c10d::*`` op on the training thread only issues the work). Groups
+    whose counts differ across ranks are left out. Times stay on each
+    rank's own clock.
+    """
+    frames = []
+    for rank, events in sorted(per_rank.items()):
+        kind = events["kind"]
+        sel = events.loc[(kind == "comm").to_numpy(), ["name", "stream", "start_ns", "end_ns"]]
+        if not sel.empty:
+            sel = sel.sort_values(["stream", "start_ns"], kind="stable")
+            streams = np.sort(sel["stream"].unique())
+            group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
+        else:
+            work = (kind == "cpu_comm").to_numpy() & text_mask(events["name"], lambda n: n.startswith(_HOST_WORK_PREFIXES))
+            sel = events.loc[work, ["name", "stream", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
+            group = text_map(sel["name"], str)
+        if sel.empty:
+            continue
+        order = pd.Series(group).groupby(group).cumcount().to_numpy()
+        frames.append(pd.DataFrame({
+            "rank": rank,
+            "key": group + ":" + order.astype(str).astype(object),
+            "group": group,
+            "start_ns": sel["start_ns"].to_numpy(np.int64),
+            "end_ns": sel["end_ns"].to_numpy(np.int64),
+        }))
+    if len(frames) < 2:
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "key": pd.Series(dtype=object),
+                             "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64")})
+    spans = pd.concat(frames, ignore_index=True)
+    counts = spans.groupby(["group", "rank"]).size().unstack(fill_value=0)
+    even = counts.index[(counts.nunique(axis=1) == 1) & (counts.min(axis=1) > 0)]
+    spans = spans.loc[spans["group"].isin(even)]
+    return spans[["rank", "key", "start_ns", "end_ns"]].reset_index(drop=True)
+
+
+def wait_intervals(spans: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank, its waiting at collectives: merged, sorted ``(start_ns, end_ns)`` arrays on its own clock.
+
+    A collective runs on rank ``r`` from its arrival ``a_r`` to the common
+    completion ``a_last + T`` (``T`` the transfer once everyone is there),
+    so its duration exceeds the last arriver's by exactly ``a_last - a_r``:
+    ``wait_r = dur_r - min over ranks of dur``, the interval ``[start_r,
+    start_r + wait_r)``. Differences of durations need no common clock, so
+    ranks on different hosts are fine. ``spans`` is
+    :func:`collective_spans`; ranks that never wait are absent.
+    """
+    from analyzer.metrics.intervals import union
+
+    if spans is None or spans.empty:
+        return {}
+    dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
+    frame = spans.assign(dur=dur)
+    g = frame.groupby("key")
+    multi = (g["rank"].transform("nunique") >= 2).to_numpy()
+    wait = dur - g["dur"].transform("min").to_numpy(np.int64)
+    frame = frame.assign(wait=wait).loc[multi & (wait > 0)]
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for rank, rows in frame.groupby("rank"):
+        start = rows["start_ns"].to_numpy(np.int64)
+        out[int(rank)] = union(start, start + rows["wait"].to_numpy(np.int64))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Robust per-rank scores and the verdict
 # ---------------------------------------------------------------------------

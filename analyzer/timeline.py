@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.breakdown import Source, parts_of, source_of, step_breakdown
+from analyzer.stragglers import collective_spans, wait_intervals
 
 # Events drawn in a zoomed window, per timeline source: GPU-stream events on
 # a device timeline; on a host timeline the annotations (phases, ProfilerStep)
@@ -47,13 +48,17 @@ def occupancy(
     span_ns: tuple[int, int],
     n_bins: int,
     source: Source | None = None,
+    waits: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """Share of each time bin spent in each breakdown part, for one rank.
 
     ``span_ns`` is ``(t0, t1)`` relative to ``origin_ns``; it is cut into
     ``n_bins`` bins with edges ``t0 + i * (t1 - t0) // n_bins`` (widths
     differ by at most 1 ns when the span does not divide evenly).
-    ``source`` defaults to ``device`` when the rank has GPU events. Returns
+    ``source`` defaults to ``device`` when the rank has GPU events;
+    ``waits`` are the rank's waiting-at-collective intervals (absolute ns,
+    :func:`analyzer.stragglers.wait_intervals`) for the ``collective_wait``
+    state. Returns
     one row per bin with ``bin``, ``start_ns``, ``end_ns`` (relative), and
     one ``<state>_frac`` column per state of :func:`states_of`, each in
     [0, 1], summing to 1.
@@ -66,7 +71,7 @@ def occupancy(
     windows = pd.DataFrame(
         {"step": np.arange(n_bins, dtype=np.int64), "start_ns": edges[:-1] + origin_ns, "end_ns": edges[1:] + origin_ns}
     )
-    table = step_breakdown(events, windows, source)
+    table = step_breakdown(events, windows, source, waits)
     out = pd.DataFrame({"bin": windows["step"], "start_ns": edges[:-1], "end_ns": edges[1:]})
     width_ms = table["step_time_ms"].to_numpy(np.float64)
     for part in parts_of(source):
@@ -220,8 +225,9 @@ def overview(
     source: Source = "device" if any(source_of(e) == "device" for e in events_by_rank.values()) else "host"
     origins = align_origins(steps_by_rank, events_by_rank)
     span = active_span(events_by_rank, origins, source)
+    waits = wait_intervals(collective_spans(events_by_rank))  # as the analysis does (analyzer.api)
     tables = [
-        occupancy(events, origins[rank], span, n_bins, source).assign(rank=rank)
+        occupancy(events, origins[rank], span, n_bins, source, waits.get(rank)).assign(rank=rank)
         for rank, events in sorted(events_by_rank.items())
     ]
     columns = ["rank", "bin", "start_ns", "end_ns"] + [f"{s}_frac" for s in states_of(source)]

@@ -73,7 +73,10 @@ def test_gpu_traces_exact_numbers_and_json(tmp_path: Path) -> None:
     assert report["run"]["mfu"]["median"] == pytest.approx(a.mfu.median)
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert report["ranks"][0]["comm_comp_overlap_pct"] == pytest.approx(40.0)
-    assert set(report["ranks"][0]["breakdown"]) == {"compute", "overlapped_comm", "exposed_comm", "exposed_memcpy", "idle"}
+    assert set(report["ranks"][0]["breakdown"]) == {"compute", "overlapped_comm", "collective_wait", "exposed_comm",
+                                                    "exposed_memcpy", "idle"}
+    # Both all-reduce kernels run 100 us: neither rank spun waiting for the other.
+    assert r0.breakdown["collective_wait"]["mean_ms"] == 0.0
     assert report["stragglers"]["ranks"] == []
 
 
@@ -99,7 +102,8 @@ def test_gpu_rank_five_ms_late_is_the_straggler(tmp_path: Path) -> None:
 def test_real_gloo_cpu_trace_host_breakdown() -> None:
     a = analyze(DATA / "gloo_cpu", cache=False)
     assert sorted(r.rank for r in a.ranks) == [0, 1]
-    parts = ["data_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms", "exposed_comm_ms", "other_ms"]
+    parts = ["data_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms", "collective_wait_ms", "exposed_comm_ms",
+             "other_ms"]
     assert set(a.steps["source"]) == {"host"}
     assert (a.steps[parts].sum(axis=1) - a.steps["step_time_ms"]).abs().max() < 1e-6
     assert (a.steps[["forward_ms", "backward_ms", "optimizer_ms"]] > 0).all().all()
@@ -200,8 +204,17 @@ def test_run_dir_manifest_mfu_and_collective_straggler(tmp_path: Path) -> None:
     assert a.steps["forward_ms"].to_numpy() == pytest.approx([30.0] * 4)
     assert a.steps["mfu"].to_numpy() == pytest.approx([4096 * 2.0e6 / 2 / (0.1 * 1.0e12)] * 4)
     r1 = a.rank(1)
-    assert r1.step_time_ms == pytest.approx(100.0) and r1.steady_step_time_ms == pytest.approx(100.25)
+    # One step time per run (docs/metrics.md "Step time"): the headline is the steady-state one, the
+    # profiled windows' figure (what the breakdown covers) is beside it, per rank and per run.
+    assert r1.step_time_ms == pytest.approx(100.25) and r1.steady_step_time_ms == pytest.approx(100.25)
+    assert r1.profiled_step_time_ms == pytest.approx(100.0)
+    assert r1.step_time_source == "steady-state steps (metrics records)"
+    assert (a.step_time.ms, a.step_time.source, a.step_time.n_steady_steps) == (pytest.approx(100.25), "steady_state", 8)
+    assert (a.step_time.profiled_ms, a.step_time.n_profiled_steps) == (pytest.approx(100.0), 2)
     report = json.loads(json.dumps(a.to_json()))
+    assert report["run"]["step_time_ms"] == pytest.approx(100.25)
+    assert report["run"]["step_time"]["label"] == "steady-state steps (metrics records)"
+    assert report["run"]["step_time"]["profiled_ms"] == pytest.approx(100.0)
     assert report["run"]["mfu"]["source"] == "manifest" and report["stragglers"]["ranks"] == [1]
     clean = analyze(make_run_dir(tmp_path / "clean", late_ms=0.0, offsets_ns=[0, -40_000_000]), cache=False)
     assert clean.stragglers.ranks == []
@@ -217,10 +230,11 @@ def test_run_dir_without_traces(tmp_path: Path) -> None:
     a = analyze(run, cache=False)
     assert a.errors == [] and a.steps.empty
     assert [(r.rank, r.source, r.step_time_source) for r in a.ranks] == [
-        (0, None, "metrics JSONL (steady-state steps)"),
-        (1, None, "metrics JSONL (steady-state steps)"),
+        (0, None, "steady-state steps (metrics records)"),
+        (1, None, "steady-state steps (metrics records)"),
     ]
-    assert a.rank(0).step_time_ms == pytest.approx(100.25)
+    assert a.rank(0).step_time_ms == pytest.approx(100.25) and a.rank(0).profiled_step_time_ms is None
+    assert (a.step_time.source, a.step_time.profiled_ms, a.step_time.n_profiled_steps) == ("steady_state", None, 0)
     assert a.mfu.source == "manifest" and a.stragglers.ranks == [1]
     assert json.loads(json.dumps(a.to_json()))["ranks"][0]["breakdown"] == {}
 
@@ -248,3 +262,51 @@ def test_real_reftrain_runs_straggler_and_mfu(tmp_path: Path) -> None:
     assert clean.stragglers.ranks == [], clean.stragglers.verdict
     assert abs(clean.mfu.median / clean.mfu.logged_median - 1) < 0.02
     assert clean.errors == [] and {r.source for r in clean.ranks} == {"host"}
+
+
+# ------------------------------------------------ waiting at a collective: its own part
+def test_gpu_rank_waiting_for_a_late_rank_is_collective_wait_not_comm(tmp_path: Path) -> None:
+    """Rank 1 computes 190 us, rank 0 100 us; rank 0's all-reduce kernel starts at 260 and spins until
+    rank 1's starts at 300; both end at 400. Rank 0 waits 40 us per step; without the part those
+    40 us read as its exposed communication (140 us instead of 100)."""
+    folder = tmp_path / "traces"
+    for rank, gemm_us, comm_start in ((0, 100, 260), (1, 190, 300)):
+        t = KinetoTrace(rank=rank, world_size=2, device_name="NVIDIA A100-SXM4-80GB")
+        for s in range(4):
+            base = s * 1000
+            t.step(s, base, 1000)
+            t.kernel("ampere_bf16_s16816gemm", base + 100, gemm_us, stream=7)
+            t.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", base + comm_start, 400 - comm_start, stream=20,
+                     args=t.comm_args("allreduce", 1 << 20, dtype="BFloat16"))
+        t.write(folder / f"rank{rank}.json.gz")
+    a = analyze(folder, cache=False)
+    r0, r1 = a.rank(0).breakdown, a.rank(1).breakdown
+    assert r0["collective_wait"]["mean_ms"] == pytest.approx(0.040)
+    assert r0["exposed_comm"]["mean_ms"] == pytest.approx(0.100)
+    assert r0["compute"]["mean_ms"] == pytest.approx(0.100)
+    assert r1["collective_wait"]["mean_ms"] == 0.0 and r1["compute"]["mean_ms"] == pytest.approx(0.190)
+    parts = [f"{p}_ms" for p in r0]
+    assert (a.steps[parts].sum(axis=1) - a.steps["step_time_ms"]).abs().max() < 1e-9
+
+
+EXAMPLE_SLOW = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2-slow-rank1"
+
+
+def test_real_slow_rank_run_the_fast_rank_waits_at_the_all_reduce() -> None:
+    """traces/example-ddp-w2-slow-rank1: 2 CPU ranks, rank 1 delayed 300 ms in forward every step.
+
+    In step 6 rank 0 issues its all-reduce about 361 ms before rank 1 and its
+    training thread blocks at the end of backward(); that wait used to count
+    as rank 0's backward (1184 ms, more than the slow rank's 895 ms).
+    """
+    if not EXAMPLE_SLOW.is_dir():
+        pytest.skip(f"{EXAMPLE_SLOW} not in this checkout")
+    a = analyze(EXAMPLE_SLOW, cache=False)
+    step6 = a.steps.loc[a.steps["step"] == 6].set_index("rank")
+    assert 300.0 < step6.loc[0, "collective_wait_ms"] < 370.0  # measured 335 ms
+    assert step6.loc[1, "collective_wait_ms"] == 0.0  # the late rank never waits in step 6
+    assert step6.loc[0, "backward_ms"] < step6.loc[1, "backward_ms"]  # fast rank 0's backward is the shorter
+    assert step6.loc[1, "forward_ms"] > step6.loc[0, "forward_ms"] + 250.0  # the injected 300 ms is in forward
+    parts = [f"{p}_ms" for p in a.rank(0).breakdown]
+    assert "collective_wait_ms" in parts
+    assert (a.steps[parts].sum(axis=1) - a.steps["step_time_ms"]).abs().max() < 1e-6

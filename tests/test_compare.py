@@ -75,7 +75,8 @@ def test_step_time_and_phase_deltas(runs) -> None:
     assert c.phases[0].base == pytest.approx(0.15)
     assert c.phases[0].cand == pytest.approx(0.35)
     assert c.phases[0].delta == pytest.approx(0.2)
-    assert {d.name for d in c.phases} == {"compute", "overlapped_comm", "exposed_comm", "exposed_memcpy", "idle"}
+    assert {d.name for d in c.phases} == {"compute", "overlapped_comm", "collective_wait", "exposed_comm", "exposed_memcpy",
+                                          "idle"}
     assert all(d.delta == pytest.approx(0.0, abs=1e-9) for d in c.phases[1:])
     # Means are additive: the parts' deltas sum to the step-time delta.
     assert sum(d.delta for d in c.phases) == pytest.approx(c.step_time.delta)

@@ -65,7 +65,8 @@ def test_two_streams_union_and_comm_overlap_exact() -> None:
     assert out["source"].tolist() == ["device"]
     # compute union [0,100); comm [60,160): 40 us hidden, 60 us exposed, 40 us idle at the end.
     assert as_us(out, DEVICE_PARTS) == [
-        {"compute_ms": 60, "overlapped_comm_ms": 40, "exposed_comm_ms": 60, "exposed_memcpy_ms": 0, "idle_ms": 40}
+        {"compute_ms": 60, "overlapped_comm_ms": 40, "collective_wait_ms": 0, "exposed_comm_ms": 60, "exposed_memcpy_ms": 0,
+         "idle_ms": 40}
     ]
     assert round(out["comm_ms"].iloc[0] * 1000) == 100
     assert out["step_time_ms"].iloc[0] == pytest.approx(0.2)
@@ -92,7 +93,8 @@ def test_memcpy_is_exposed_only_outside_compute_and_comm() -> None:
     )
     out = step_breakdown(events, steps_table((3, 0, 100)))
     assert as_us(out, DEVICE_PARTS) == [
-        {"compute_ms": 50, "overlapped_comm_ms": 0, "exposed_comm_ms": 10, "exposed_memcpy_ms": 25, "idle_ms": 15}
+        {"compute_ms": 50, "overlapped_comm_ms": 0, "collective_wait_ms": 0, "exposed_comm_ms": 10, "exposed_memcpy_ms": 25,
+         "idle_ms": 15}
     ]
 
 
@@ -147,6 +149,7 @@ def test_host_breakdown_phases_comm_and_other() -> None:
             "backward_ms": 400,
             "optimizer_ms": 80,
             "grad_sync_ms": 0,
+            "collective_wait_ms": 0,  # no waits given: one rank
             "exposed_comm_ms": 50,
             "other_ms": 170,
         }
@@ -176,3 +179,70 @@ def test_no_steps_gives_empty_table() -> None:
     events = events_from_records([kernel("gemm", 0, 30)])
     out = step_breakdown(events, steps_table())
     assert out.empty and "idle_ms" in out.columns
+
+
+# ------------------------------------------------ waiting at a collective is its own part
+def test_host_wait_at_the_collective_is_not_backward() -> None:
+    """The fast rank of DDP: it issues its all-reduce at 500 us, the last rank arrives at 800 us.
+
+    Its training thread blocks at the end of backward() until the transfer
+    is done (900 us). Without waits all 400 us after its last op read as
+    backward; with them 300 - 10 us (the issue op itself runs until 510)
+    are collective_wait, and only the rest stays backward.
+    """
+    events = events_from_records(
+        [
+            host("ProfilerStep#5", 0, 1000),
+            host("forward", 0, 300),
+            host("backward", 300, 950),
+            host("aten::mm", 310, 490, cat="cpu_op"),
+            host("c10d::allreduce_", 500, 510, cat="cpu_op"),  # arrival (host issue) on the training thread
+            host("gloo:all_reduce", 510, 900, tid=9),  # gloo's thread: waits, then transfers
+            host("aten::copy_", 900, 950, cat="cpu_op"),  # the thread resumes
+        ]
+    )
+    steps = steps_table((5, 0, 1000))
+    alone = step_breakdown(events, steps)
+    waits = (np.array([500 * US]), np.array([800 * US]))  # [own arrival, last arrival)
+    out = step_breakdown(events, steps, waits=waits)
+    assert as_us(alone, ("backward_ms", "collective_wait_ms")) == [{"backward_ms": 650, "collective_wait_ms": 0}]
+    assert as_us(out, HOST_PARTS) == [
+        {"data_ms": 0, "forward_ms": 300, "backward_ms": 360, "optimizer_ms": 0, "grad_sync_ms": 0,
+         "collective_wait_ms": 290, "exposed_comm_ms": 0, "other_ms": 50}
+    ]
+
+
+def test_device_wait_is_carved_out_of_the_communication_kernel() -> None:
+    """An all-reduce kernel starts at 60 us and spins until the last rank arrives at 130 us; compute runs until 100."""
+    events = events_from_records(
+        [
+            kernel("gemm", 0, 100),
+            kernel("ncclDevKernel_AllReduce_Sum_f32", 60, 160, stream=20),
+        ]
+    )
+    out = step_breakdown(events, steps_table((1, 0, 200)), waits=(np.array([60 * US]), np.array([130 * US])))
+    # 60..100 is hidden behind compute (overlapped, whatever the wait); 100..130 is the wait; 130..160 the transfer.
+    assert as_us(out, DEVICE_PARTS) == [
+        {"compute_ms": 60, "overlapped_comm_ms": 40, "collective_wait_ms": 30, "exposed_comm_ms": 30,
+         "exposed_memcpy_ms": 0, "idle_ms": 40}
+    ]
+    assert round(out["comm_ms"].iloc[0] * 1000) == 100  # the kernel's whole time, wait included
+
+
+def test_waits_from_collective_durations_need_no_common_clock() -> None:
+    from analyzer.stragglers import collective_spans, wait_intervals
+
+    # Two ranks, clocks 1 s apart. Collective 0: rank 0 arrives 30 us before rank 1 (its kernel
+    # runs 130 us, rank 1's 100 us). Collective 1: both arrive together (equal durations).
+    def rank_events(rank: int, shift_us: float, k0: tuple, k1: tuple) -> pd.DataFrame:
+        return events_from_records([
+            {**kernel("ncclDevKernel_AllReduce_Sum_f32", shift_us + k0[0], shift_us + k0[1], stream=20), "rank": rank},
+            {**kernel("ncclDevKernel_AllReduce_Sum_f32", shift_us + k1[0], shift_us + k1[1], stream=20), "rank": rank},
+        ])
+
+    spans = collective_spans({0: rank_events(0, 0, (100, 230), (500, 600)),
+                              1: rank_events(1, 1_000_000, (130, 230), (500, 600))})
+    assert spans["key"].tolist() == ["0:0", "0:1", "0:0", "0:1"]
+    waits = wait_intervals(spans)
+    assert list(waits) == [0]  # nobody waits at collective 1; rank 1 arrived last at collective 0
+    assert waits[0][0].tolist() == [100 * US] and waits[0][1].tolist() == [130 * US]

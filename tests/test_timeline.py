@@ -32,7 +32,7 @@ def _device_events():
 
 def test_occupancy_device_parts_partition_each_bin_exactly():
     occ = occupancy(_device_events(), origin_ns=1000, span_ns=(0, 200), n_bins=2)
-    assert states_of("device") == ("compute", "overlapped_comm", "exposed_comm", "exposed_memcpy", "idle")
+    assert states_of("device") == ("compute", "overlapped_comm", "collective_wait", "exposed_comm", "exposed_memcpy", "idle")
     assert occ["start_ns"].tolist() == [0, 100]
     assert occ["end_ns"].tolist() == [100, 200]
     # Bin 0: compute only [0,40) = 40; overlapped [40,60) = 20; exposed comm [60,100) = 40.

@@ -7,9 +7,16 @@ union of memcpy and memset, all streams merged,
 
 * ``compute_ms``         = |(C \\ M) ∩ W|     compute with no communication running
 * ``overlapped_comm_ms`` = |(C ∩ M) ∩ W|     communication hidden behind compute
-* ``exposed_comm_ms``    = |(M \\ C) ∩ W|     communication nothing hides
+* ``collective_wait_ms`` = |((M ∩ A) \\ C) ∩ W|  waiting at a collective for a later rank
+* ``exposed_comm_ms``    = |(M \\ (C ∪ A)) ∩ W|  communication nothing hides, the wait left out
 * ``exposed_memcpy_ms``  = |(Y \\ (C ∪ M)) ∩ W|
 * ``idle_ms``            = |W| - |(C ∪ M ∪ Y) ∩ W|
+
+``A`` is the rank's *waiting at collectives*: for each collective matched
+across ranks (:func:`analyzer.stragglers.wait_intervals`), the interval from
+this rank's arrival to the last rank's arrival. An NCCL kernel that started
+early spins until the last rank arrives; that spin is the slow rank's cost,
+not this rank's communication, so it is a part of its own.
 
 These partition ``W``, so they sum to ``step_time_ms``; total compute busy
 time is ``compute_ms + overlapped_comm_ms``. Device events are clipped to
@@ -20,9 +27,14 @@ Host timeline (CPU-only traces): the phase annotations the trainer writes
 collective ops (``cpu_comm``: ``c10d::*``, ``gloo:*``, ``record_param_comms``,
 on any thread) are the layers. Each instant of ``W`` goes to the first
 phase of :data:`PHASE_PRECEDENCE` active there, else to ``exposed_comm_ms``
-when a collective is active, else to ``other_ms``. Collectives running
-inside a phase (gloo work on its own threads during backward) are part of
-that phase's time, as the trainer's own phase timers see it; ``comm_ms``
+when a collective is active, else to ``other_ms``; before any phase,
+``collective_wait_ms`` takes the instants of ``A`` (above) in which the
+threads that issue collectives run no op: the training thread blocked on a
+collective that a later rank has not joined yet. Without it the fast rank's
+wait in DDP's all-reduce, at the end of ``backward()``, reads as a long
+backward, and the waiting rank looks slow. Other collectives running inside
+a phase (gloo work on its own threads during backward) are part of that
+phase's time, as the trainer's own phase timers see it; ``comm_ms``
 (the union of collective time in ``W``, both timelines) is reported beside
 the parts and is not one of them.
 """
@@ -33,24 +45,25 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analyzer.metrics.intervals import Timeline, sweep, union
-from analyzer.metrics.text import is_in
+from analyzer.metrics.intervals import Intervals, Timeline, sweep, union
+from analyzer.metrics.text import is_in, text_mask
 from analyzer.tables import DEVICE_KINDS
 
 Source = Literal["device", "host"]
 
-DEVICE_PARTS = ("compute_ms", "overlapped_comm_ms", "exposed_comm_ms", "exposed_memcpy_ms", "idle_ms")
+DEVICE_PARTS = ("compute_ms", "overlapped_comm_ms", "collective_wait_ms", "exposed_comm_ms", "exposed_memcpy_ms", "idle_ms")
 # record_function names the reference trainer wraps its phases in.
 HOST_PHASES = ("data", "forward", "backward", "optimizer", "grad_sync")
 # Which phase an instant belongs to when ranges overlap (nesting): the more
 # specific, shorter ranges first.
 PHASE_PRECEDENCE = ("grad_sync", "optimizer", "backward", "forward", "data")
-HOST_PARTS = tuple(f"{p}_ms" for p in HOST_PHASES) + ("exposed_comm_ms", "other_ms")
+HOST_PARTS = tuple(f"{p}_ms" for p in HOST_PHASES) + ("collective_wait_ms", "exposed_comm_ms", "other_ms")
 # Not a part: reported beside the parts on both timelines.
 EXTRA_COLUMNS = ("comm_ms",)
 
 _NS_PER_MS = 1e6
-_COMPUTE, _COMM, _MEMCPY = 1, 2, 4
+_COMPUTE, _COMM, _MEMCPY, _WAIT = 1, 2, 4, 8
+_NO_INTERVALS: Intervals = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 
 
 def parts_of(source: Source) -> tuple[str, ...]:
@@ -68,14 +81,15 @@ def _layer(events: pd.DataFrame, mask: pd.Series | np.ndarray) -> tuple[np.ndarr
     return union(events["start_ns"].to_numpy(np.int64)[rows], events["end_ns"].to_numpy(np.int64)[rows])
 
 
-def device_timeline(events: pd.DataFrame) -> Timeline:
-    """Compute (bit 1), communication (bit 2), memcpy+memset (bit 4) of one rank."""
+def device_timeline(events: pd.DataFrame, waits: Intervals | None = None) -> Timeline:
+    """Compute (bit 1), communication (bit 2), memcpy+memset (bit 4), waiting at collectives (bit 8) of one rank."""
     kind = events["kind"]
     return sweep(
         [
             _layer(events, kind == "compute"),
             _layer(events, kind == "comm"),
             _layer(events, is_in(kind, ("memcpy", "memset"))),
+            union(*(waits if waits is not None else _NO_INTERVALS)),
         ]
     )
 
@@ -89,11 +103,25 @@ def phase_annotations(events: pd.DataFrame) -> np.ndarray:
     )
 
 
-def host_timeline(events: pd.DataFrame) -> Timeline:
-    """One layer per phase of :data:`HOST_PHASES` (bit ``2**i``), then host collectives."""
+def issuing_threads_busy(events: pd.DataFrame) -> np.ndarray:
+    """Row mask of host ops (``cpu_op``, ``cpu_comm``) on the threads that issue ``c10d::*`` collectives.
+
+    Those are the training threads; while one of them runs no op inside a
+    collective's wait, it is blocked on that collective.
+    """
+    kind = events["kind"]
+    issuing = (kind == "cpu_comm").to_numpy() & text_mask(events["name"], lambda n: n.startswith("c10d::"))
+    threads = np.unique(events["tid"].to_numpy()[issuing])
+    return is_in(kind, ("cpu_op", "cpu_comm")) & np.isin(events["tid"].to_numpy(), threads)
+
+
+def host_timeline(events: pd.DataFrame, waits: Intervals | None = None) -> Timeline:
+    """One layer per phase of :data:`HOST_PHASES` (bit ``2**i``), host collectives, waits, issuing threads' ops."""
     is_phase = phase_annotations(events)
     layers = [_layer(events, is_phase & is_in(events["name"], (phase,))) for phase in HOST_PHASES]
     layers.append(_layer(events, events["kind"] == "cpu_comm"))
+    layers.append(union(*(waits if waits is not None else _NO_INTERVALS)))
+    layers.append(_layer(events, issuing_threads_busy(events)) if waits is not None else _NO_INTERVALS)
     return sweep(layers)
 
 
@@ -101,12 +129,17 @@ def _window_arrays(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
 
 
-def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame, source: Source | None = None) -> pd.DataFrame:
+def step_breakdown(
+    events: pd.DataFrame, steps: pd.DataFrame, source: Source | None = None, waits: Intervals | None = None
+) -> pd.DataFrame:
     """Breakdown of each ProfilerStep window of one rank.
 
     ``events`` is one rank's events table, ``steps`` its ProfilerStep windows
     (``step``, ``start_ns``, ``end_ns``). ``source`` picks the timeline
-    (default: ``device`` when there are GPU events). Returns one row per step
+    (default: ``device`` when there are GPU events). ``waits``: this rank's
+    waiting-at-collective intervals on its trace clock
+    (:func:`analyzer.stragglers.wait_intervals`); without them
+    ``collective_wait_ms`` is 0 (one rank, or no matched collectives). Returns one row per step
     with ``step, start_ns, end_ns, step_time_ms, source``, the parts of
     :func:`parts_of` in ms (summing to ``step_time_ms``) and ``comm_ms``.
     Empty when ``steps`` is.
@@ -115,22 +148,26 @@ def step_breakdown(events: pd.DataFrame, steps: pd.DataFrame, source: Source | N
     lo, hi = _window_arrays(steps)
     width_ns = hi - lo
     if source == "device":
-        tl = device_timeline(events)
-        compute, comm = (tl.mask & _COMPUTE) != 0, (tl.mask & _COMM) != 0
+        tl = device_timeline(events, waits)
+        compute, comm, wait = (tl.mask & _COMPUTE) != 0, (tl.mask & _COMM) != 0, (tl.mask & _WAIT) != 0
+        work = tl.mask & (_COMPUTE | _COMM | _MEMCPY)  # the wait bit alone is no device activity
         parts_ns = {
             "compute_ms": tl.length_in(compute & ~comm, lo, hi),
             "overlapped_comm_ms": tl.length_in(compute & comm, lo, hi),
-            "exposed_comm_ms": tl.length_in(comm & ~compute, lo, hi),
-            "exposed_memcpy_ms": tl.length_in(tl.mask == _MEMCPY, lo, hi),
+            "collective_wait_ms": tl.length_in(comm & ~compute & wait, lo, hi),
+            "exposed_comm_ms": tl.length_in(comm & ~compute & ~wait, lo, hi),
+            "exposed_memcpy_ms": tl.length_in(work == _MEMCPY, lo, hi),
         }
-        parts_ns["idle_ms"] = width_ns - tl.length_in(tl.mask != 0, lo, hi)
+        parts_ns["idle_ms"] = width_ns - tl.length_in(work != 0, lo, hi)
         comm_ns = tl.length_in(comm, lo, hi)
     else:
-        tl = host_timeline(events)
-        comm = (tl.mask & (1 << len(HOST_PHASES))) != 0
+        tl = host_timeline(events, waits)
+        n = len(HOST_PHASES)
+        comm = (tl.mask & (1 << n)) != 0
+        blocked = ((tl.mask & (1 << (n + 1))) != 0) & ((tl.mask & (1 << (n + 2))) == 0)
         bit = {p: 1 << i for i, p in enumerate(HOST_PHASES)}
-        parts_ns = {}
-        claimed = np.zeros(tl.mask.shape, dtype=bool)
+        parts_ns = {"collective_wait_ms": tl.length_in(blocked, lo, hi)}
+        claimed = blocked.copy()
         for phase in PHASE_PRECEDENCE:
             mine = ((tl.mask & bit[phase]) != 0) & ~claimed
             parts_ns[f"{phase}_ms"] = tl.length_in(mine, lo, hi)

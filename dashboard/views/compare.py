@@ -88,19 +88,26 @@ def render() -> None:
         st.info(plain(f"The CI gate cannot judge these runs: {loaded.value.gate_error}"))
 
     cols = st.columns(4)
+    # Each run's own MFU and step time, the figures its overview and the runs table show.
     cols[0].metric("MFU baseline", fmt_pct(c.mfu.base))
     cols[1].metric(
         "MFU candidate",
         fmt_pct(c.mfu.cand),
         delta=None if c.mfu.delta is None else f"{100 * c.mfu.delta:+.2f} pts",
     )
+    if c.mfu.cand_on_base_peak is not None:
+        cols[1].caption(f"{fmt_pct(c.mfu.cand_on_base_peak)} on the baseline's measured peak; the change and drop use it")
     cols[2].metric("MFU drop", fmt_pct(c.mfu.drop), help="(baseline - candidate) / baseline")
+    sm = c.step_time_median
     cols[3].metric(
-        "Mean step time",
-        fmt_ms(c.step_time.cand),
-        delta=None if c.step_time.base is None or c.step_time.cand is None else f"{c.step_time.delta:+.1f} ms",
+        "Step time",
+        fmt_ms(sm.cand),
+        delta=None if sm.base is None or sm.cand is None else f"{sm.delta:+.1f} ms",
         delta_color="inverse",
+        help="each run's headline step time (docs/metrics.md, Step time)",
     )
+    cols[3].caption(f"baseline {fmt_ms(sm.base)}; mean over the phase rows {fmt_ms(c.step_time.base)} → "
+                    f"{fmt_ms(c.step_time.cand)} (the phases add up to it)")
     for note in c.notes:
         st.caption(plain(note))
 

@@ -29,12 +29,11 @@ def mfu_caption(mfu: MfuResult) -> str:
 
 def headline(run: RunEntry, ra: RunAnalysis) -> None:
     tp = throughput(run)
-    steady = [r.steady_step_time_ms for r in ra.ranks if r.steady_step_time_ms is not None]
-    if steady:
-        step_value, step_note = fmt_range(steady, fmt_ms), "median per rank, steady-state steps (metrics)"
-    else:
-        step_value = fmt_range([r.step_time_ms for r in ra.ranks], fmt_ms)
-        step_note = "median per rank, " + (next((r.step_time_source for r in ra.ranks if r.step_time_source), None) or "no steps")
+    st_ = ra.step_time  # the run's one step time, as in its text, JSON and HTML reports
+    step_value = fmt_ms(st_.ms)
+    step_note = st_.label
+    if st_.source == "steady_state" and st_.profiled_ms is not None:
+        step_note += f"; profiled windows {fmt_ms(st_.profiled_ms)}"
     top = st.columns(3)
     top[0].metric("MFU", fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
     top[0].caption(plain(mfu_caption(ra.mfu)))
@@ -43,7 +42,8 @@ def headline(run: RunEntry, ra: RunAnalysis) -> None:
     top[2].metric("Tokens/s", fmt_rate(tp.median), help="all ranks, median over steady-state steps")
     top[2].caption("all ranks" if tp.median is not None else plain(tp.reason or ""))
     bottom = st.columns(3)
-    bottom[0].metric("Step time", step_value)
+    bottom[0].metric("Step time", step_value,
+                     help="median over steps of the mean over ranks (docs/metrics.md, Step time)")
     bottom[0].caption(plain(step_note))
     bottom[1].metric("Exposed communication", fmt_range([r.exposed_comm_pct for r in ra.ranks], fmt_pct_points))
     bottom[1].caption("% of step time, per rank (lowest–highest)")
@@ -86,8 +86,11 @@ def breakdown_chart(ra: RunAnalysis) -> None:
         },
     }
     show_vega(spec, bars, key="breakdown")
+    waits = "; collective_wait is time spent waiting at a collective for a later rank (not compute)" if any(
+        "collective_wait" in r.breakdown for r in ranks) else ""
     st.caption(
-        f"Parts of the step on the {ranks[0].source} timeline; they add up to the step time. "
+        f"Parts of the step on the {ranks[0].source} timeline over the profiled windows; they add up to the "
+        f"profiled step time ({fmt_ms(ra.step_time.profiled_ms)}), not to the steady-state headline{waits}. "
         "Percent of step time per part:"
     )
     table = pd.DataFrame(

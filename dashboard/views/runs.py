@@ -24,6 +24,7 @@ COLUMNS = (
     "error",
     "MFU",
     "MFU source",
+    "step time (ms)",
     "tokens/s",
     "steps",
     "world size",
@@ -76,6 +77,7 @@ def run_row(run: RunEntry) -> dict[str, Any]:
             "tokens/s": tp.median,
             "MFU": ra.mfu.median,
             "MFU source": ra.mfu.source,
+            "step time (ms)": ra.step_time.ms,
             "steps": manifest.get("steps") if manifest else max((r.n_steps for r in ra.ranks), default=None),
             # A trace folder has no recorded status: say whether every file was usable.
             "status": manifest.get("status") if manifest else ("partial" if ra.errors else "ok"),
@@ -134,6 +136,8 @@ def render() -> None:
             "open": st.column_config.LinkColumn("open", display_text="open", help="open the run's overview"),
             "params": st.column_config.NumberColumn("params", format="compact"),
             "tokens/s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
+            "step time (ms)": st.column_config.NumberColumn(
+                "step time (ms)", format="%.1f", help="the run's headline step time (analyzer; docs/metrics.md)"),
             "MFU": st.column_config.NumberColumn("MFU", format="percent", help="median over steps (analyzer)"),
             "world size": st.column_config.NumberColumn("world size", format="%d"),
             "steps": st.column_config.NumberColumn("steps", format="%d"),
