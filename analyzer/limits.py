@@ -94,3 +94,19 @@ def from_options(max_gzip_ratio: float | None = None, max_json_gb: float | None 
         max_json_bytes=base.max_json_bytes if max_json_gb is None else int(max_json_gb * _GIB),
         max_event_bytes=base.max_event_bytes if max_event_mb is None else int(max_event_mb * _MIB),
     )
+
+
+def environment() -> dict[str, str | None]:
+    """This process's ``TRAINPERF_MAX_*`` settings (None: unset), for a
+    worker started from a forkserver, whose environment is the server's,
+    taken when it started (:func:`use_environment` in the worker)."""
+    return {var: os.environ.get(var) for var in _ENV.values()}
+
+
+def use_environment(env: dict[str, str | None]) -> None:
+    """Adopt the settings :func:`environment` returned in the parent."""
+    for var, value in env.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value

@@ -29,6 +29,8 @@ Reading one file:
 from __future__ import annotations
 
 import gc
+import json
+import math
 import os
 import re
 import sys
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional, Union
 
 import msgspec
 import numpy as np
@@ -250,8 +252,11 @@ class _Event(msgspec.Struct):
     name: Any = ""
     pid: Any = -1
     tid: Any = -1
-    ts: Any = None
-    dur: Any = None
+    # Typed so that a bool (or an array, an object) fails the fast decode
+    # and takes the lenient path, which marks it invalid: numpy would read
+    # true as 1 (raw_times checks numbers, not their JSON type).
+    ts: Union[int, float, str, None] = None
+    dur: Union[int, float, str, None] = None
     args: Optional[_Args] = None
 
 
@@ -289,13 +294,25 @@ def _decode_events(text: Any) -> list[_Event]:
 
 
 def _lenient_event(raw: msgspec.Raw) -> _Event | None:
+    """One element that failed the typed decode: None when it is not an
+    object; else the event without its args, and with a ts/dur of the
+    wrong JSON type replaced by its text (so it is counted as invalid)."""
     try:
         return _ONE.decode(raw)
     except msgspec.ValidationError:
-        obj = orjson.loads(bytes(raw))
-        if not isinstance(obj, dict):
-            return None
-        return _ONE.decode(orjson.dumps({**obj, "args": None}))
+        pass
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.ValidationError:  # a number beyond float64 (1e400): the standard library reads it as inf
+        obj = json.loads(bytes(raw))
+    if not isinstance(obj, dict):
+        return None
+    fixed = {**obj, "args": None}
+    for key in ("ts", "dur"):
+        v = fixed.get(key)
+        if not (v is None or type(v) in (int, float, str)) or (type(v) is float and not math.isfinite(v)):
+            fixed[key] = repr(v)[:60]
+    return msgspec.convert(fixed, _Event)
 
 
 def _json_error(exc: msgspec.DecodeError, length: int) -> tuple[str, int]:
