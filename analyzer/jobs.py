@@ -42,6 +42,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from analyzer import limits
 from analyzer.errors import TraceError
 
 if TYPE_CHECKING:
@@ -100,7 +101,10 @@ class ParseJobs:
             self._pending = dict.fromkeys(files)
             return
         n = max(1, min(len(files), workers or usable_cpus()))
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(self.method))
+        # The parse bounds (analyzer/limits.py) travel in the environment; a
+        # forkserver's children have the server's, so hand them over.
+        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(self.method),
+                                         initializer=limits.use_environment, initargs=(limits.environment(),))
         for f in files:
             self._pending[f] = self._pool.submit(parse_file, f, self._entries.get(f))
 
@@ -140,7 +144,8 @@ class ParseJobs:
             return parse_file(path, self._entries.get(path))
         context = multiprocessing.get_context(method)
         receive, send = context.Pipe(duplex=False)
-        proc = context.Process(target=_parse_to_pipe, args=(send, path, self._entries.get(path)), daemon=True)
+        proc = context.Process(target=_parse_to_pipe, args=(send, path, self._entries.get(path), limits.environment()),
+                               daemon=True)
         proc.start()
         send.close()
         try:
@@ -178,7 +183,9 @@ class ParseJobs:
         self.close()
 
 
-def _parse_to_pipe(conn, path: Path, entry: Path | None) -> None:
+def _parse_to_pipe(conn, path: Path, entry: Path | None, limits_env: dict | None = None) -> None:
+    if limits_env is not None:
+        limits.use_environment(limits_env)
     try:
         result = (True, parse_file(path, entry))
     except TraceError as err:
