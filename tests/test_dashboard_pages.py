@@ -229,8 +229,9 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert shown["MFU"] == f"{100 * ra.mfu.median:.1f}%"
     tp = throughput(ra.manifest, ra.metrics).median
     assert shown["Tokens/s"] == f"{tp / 1e3:.3g}k tok/s"
-    steady = sorted(r.steady_step_time_ms for r in ra.ranks)
-    assert shown["Step time"] == f"{steady[0]:.0f}–{steady[-1]:.0f} ms"
+    assert ra.step_time.source == "steady_state"
+    assert shown["Step time"] == f"{ra.step_time.ms:.0f} ms"  # the run's headline, as in its reports
+    assert plain(f"steady-state steps (metrics records); profiled windows {ra.step_time.profiled_ms:.0f} ms") in captions(at)
     # A CPU run: the HTA overlap needs GPU communication kernels.
     assert shown["Comm/compute overlap"] == "n/a"
     assert any(c.startswith(plain("source: manifest; peak")) for c in captions(at))
@@ -478,10 +479,13 @@ def test_compare_page_shows_gate_and_deltas(open_page, analyses):
     gate = at.error if outcome.result.regression else at.success
     assert [g.value for g in gate] == [plain(explain(outcome))]
     shown = metrics(at)
-    # The comparison's MFU (the candidate may be put on the baseline's measured peak).
-    assert shown["MFU baseline"] == f"{100 * comparison.mfu.base:.1f}%"
-    assert shown["MFU candidate"] == f"{100 * comparison.mfu.cand:.1f}%"
+    # Each run's own MFU, the figure of its overview and the runs table; the drop uses the comparable one.
+    assert shown["MFU baseline"] == f"{100 * base.mfu.median:.1f}%"
+    assert shown["MFU candidate"] == f"{100 * cand.mfu.median:.1f}%"
     assert shown["MFU drop"] == f"{100 * comparison.mfu.drop:.1f}%"
+    if comparison.mfu.cand_on_base_peak is not None:
+        assert f"{100 * comparison.mfu.cand_on_base_peak:.1f}% on the baseline's measured peak" in " ".join(captions(at))
+    assert shown["Step time"] == f"{cand.step_time.ms:.0f} ms"
     phases = frame_named(at, [d.name for d in comparison.phases])
     assert phases["name"].tolist() == [d.name for d in comparison.phases]
     assert phases["delta (ms)"].tolist() == pytest.approx([d.delta for d in comparison.phases])
@@ -491,3 +495,57 @@ def test_compare_with_an_unreadable_baseline(open_page):
     at = open_page("compare", run=GOOD_RUN, base=NO_MANIFEST_RUN)
     assert at.error[0].value.startswith(plain("baseline: "))
     assert metrics(at) == {}
+
+
+# --------------------------------------------------------------------------- one number per figure
+
+
+def test_one_step_time_and_one_mfu_on_every_surface(open_page, analyses, runs_dir, tmp_path):
+    """The issue's case: one run showed 60.5 ms and ~83 ms, and MFU 43.7 % vs 23.5 %, by surface.
+
+    The text report, the JSON report, the HTML page, the runs table, the
+    overview and the compare page all show the run's headline step time and
+    MFU (the dashboard rounds for display).
+    """
+    from analyzer.compare import compare
+    from analyzer.report import render_html, render_text, report_json
+
+    ra = analyses[SLOW_RUN]
+    step_ms, mfu = ra.step_time.ms, ra.mfu.median
+    # Profiled windows are a different figure (slower under the profiler), shown beside the headline, labelled.
+    assert ra.step_time.profiled_ms is not None and abs(ra.step_time.profiled_ms - step_ms) > 1.0
+    doc = report_json(ra)
+    assert doc["run"]["step_time_ms"] == step_ms and doc["run"]["mfu"]["median"] == mfu
+    assert doc["run"]["step_time"]["label"] == "steady-state steps (metrics records)"
+    text = render_text(ra)
+    assert f"Step time: {step_ms:.2f} ms, steady-state steps (metrics records)" in text
+    assert f"profiled windows {ra.step_time.profiled_ms:.2f} ms" in text
+    assert f"MFU: {100 * mfu:.2f}% median" in text
+    page = render_html(ra)
+    assert f"<div>step time<b>{step_ms:.2f} ms</b>steady-state steps (metrics records)" in page
+    assert f"<div>MFU<b>{100 * mfu:.2f}%</b>" in page
+    # Each rank's headline follows the run's choice; both kinds sit side by side.
+    for r in ra.ranks:
+        assert r.step_time_ms == r.steady_step_time_ms and r.profiled_step_time_ms is not None
+        assert doc["ranks"][r.rank]["step_time_ms"] == r.steady_step_time_ms
+
+    runs = open_page("runs").dataframe[0].value.set_index("run")
+    assert runs.loc[SLOW_RUN, "step time (ms)"] == step_ms and runs.loc[SLOW_RUN, "MFU"] == mfu
+    shown = metrics(open_page("overview", run=SLOW_RUN))
+    assert shown["Step time"] == f"{step_ms:.0f} ms" and shown["MFU"] == f"{100 * mfu:.1f}%"
+    c = compare(analyses[GOOD_RUN], ra)
+    assert c.step_time_median.cand == step_ms and c.mfu.cand == mfu
+    shown = metrics(open_page("compare", run=SLOW_RUN, base=GOOD_RUN))
+    assert shown["Step time"] == f"{step_ms:.0f} ms" and shown["MFU candidate"] == f"{100 * mfu:.1f}%"
+
+
+def test_breakdown_chart_shows_waiting_at_the_collective_as_its_own_part(open_page, analyses):
+    """The slow-rank run: fast rank 0 waits for rank 1 at the all-reduce; the chart has a collective_wait bar."""
+    ra = analyses[SLOW_RUN]
+    at = open_page("overview", run=SLOW_RUN)
+    spec, bars = vega_charts(at)["breakdown"]
+    assert "collective_wait" in spec["encoding"]["color"]["scale"]["domain"]
+    wait = bars[bars["part"] == "collective_wait"].set_index("rank")["ms"]
+    assert wait["rank 0"] == pytest.approx(ra.rank(0).breakdown["collective_wait"]["mean_ms"])
+    assert wait["rank 0"] > 100.0  # about 335 ms in step 6, 0 in step 7: mean 168 ms
+    assert any("collective_wait is time spent waiting at a collective" in c for c in captions(at))
