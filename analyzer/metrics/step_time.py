@@ -1,15 +1,18 @@
 """The run's step time: one definition, used by every surface (docs/metrics.md, "Step time").
 
 Two step times exist for a reftrain run, and they differ: the profiler slows
-the steps it records (a CPU demo run: 60.5 ms steady, about 83 ms profiled).
+the steps it records (issue 13's run: 60.5 ms steady, about 83 ms profiled),
+and each surface used to pick one of them.
 
 * **steady-state** (``steady_ms``): over the steady-state steps of the
   metrics records (``metrics/rank*.jsonl``; warm-up and profiled steps left
   out, :func:`analyzer.metrics.mfu.steady_state`), per step the mean over
   ranks of ``step_time_ms``, then the median over steps. These are the
-  steps, and the aggregation, of the run's MFU (median over steps of the
-  mean over ranks), so the headline step time and MFU describe the same
-  steps.
+  steps of the run's MFU and its shape of aggregation (median over steps
+  of a mean over ranks; MFU averages each rank's own MFU, i.e. ``1 / t``,
+  so it is not exactly FLOPs / (this step time x peak): Jensen's gap,
+  docs/metrics.md "MFU and HFU"). The suggestions' ``step_time_ms``
+  (analyzer.suggest.facts) is this same figure.
 * **profiled windows** (``profiled_ms``): the same median over steps of the
   mean over ranks, over the ProfilerStep windows of the traces. The step
   breakdown, overlap and idle figures cover these steps, so their parts add
