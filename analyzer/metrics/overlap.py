@@ -113,3 +113,64 @@ def exposed_comm_pct(step_table: pd.DataFrame) -> float | None:
         return None
     total = float(step_table["step_time_ms"].sum())
     return 100.0 * float(step_table["exposed_comm_ms"].sum()) / total if total > 0 else None
+
+
+SPAN_PARTS = ("computation", "exposed_comm", "exposed_memcpy", "idle")
+
+
+def span_breakdown(events: pd.DataFrame, memset_as: str = "memcpy", launched_only: bool = False) -> dict[str, float]:
+    """Breakdown of one rank over its whole device span, in percent of the span (TraceLens's window).
+
+    TraceLens's ``gpu_timeline.csv`` (``GPUEventAnalyser.compute_metrics``):
+    over ``[first device event start, last device event end]``, with ``C``
+    the union of compute kernels, ``M`` of communication kernels and ``Y`` of
+    copies: ``computation = |C|``, ``exposed_comm = |M \\ C|``,
+    ``exposed_memcpy = |Y \\ (C u M)|``, ``idle = span - |C u M u Y|``; they
+    sum to 100. ``memset_as`` says where memsets go: ``"memcpy"`` (this
+    project's breakdown, with the copies) or ``"compute"`` (TraceLens puts
+    ``gpu_memset`` events with the computation kernels). ``launched_only``
+    keeps only device events whose launch call is in the trace (TraceLens
+    keeps only kernels linked into its call tree; a trace cut at the start
+    has kernels whose launch fell before the cut). Empty dict without device
+    events.
+    """
+    if launched_only:
+        from analyzer.metrics.launch import launches
+
+        device_rows = is_in(events["kind"], DEVICE_KINDS)
+        events = events.loc[~device_rows | events.index.isin(launches(events).index)]
+    kind = events["kind"].astype(object).to_numpy()
+    start = events["start_ns"].to_numpy(np.int64)
+    end = events["end_ns"].to_numpy(np.int64)
+    compute = (kind == "compute") | ((kind == "memset") if memset_as == "compute" else False)
+    copies = (kind == "memcpy") | ((kind == "memset") if memset_as != "compute" else False)
+    comm = kind == "comm"
+    device = compute | copies | comm
+    if not device.any():
+        return {}
+    tl = sweep([union(start[compute], end[compute]), union(start[comm], end[comm]), union(start[copies], end[copies])])
+    c, m, y = (tl.mask & 1) != 0, (tl.mask & 2) != 0, (tl.mask & 4) != 0
+    span = int(end[device].max() - start[device].min())
+    busy = tl.total(c | m | y)
+    parts = {"computation": tl.total(c), "exposed_comm": tl.total(m & ~c), "exposed_memcpy": tl.total(y & ~c & ~m),
+             "idle": span - busy}
+    return {k: 100.0 * v / span for k, v in parts.items()}
+
+
+def kernel_utilization(events: pd.DataFrame, win_start_ns: np.ndarray, win_end_ns: np.ndarray) -> dict[int, np.ndarray]:
+    """Per device (pid): share (0..1) of each window ``[start, end)`` in which some kernel runs.
+
+    The TensorBoard profiler plugin's "GPU Utilization" (its
+    ``gpu_metrics_parser``): kernels only (compute and communication; copies
+    and memsets are not kernels there), merged across streams, per device.
+    """
+    kind = events["kind"].astype(object).to_numpy()
+    sel = events.loc[(kind == "compute") | (kind == "comm"), ["pid", "start_ns", "end_ns"]]
+    starts = np.asarray(win_start_ns, dtype=np.int64)
+    ends = np.asarray(win_end_ns, dtype=np.int64)
+    out = {}
+    for pid, g in sel.groupby("pid"):
+        tl = sweep([union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))])
+        busy = tl.length_in(tl.mask != 0, starts, ends)
+        out[int(pid)] = busy / np.maximum(ends - starts, 1)
+    return out
