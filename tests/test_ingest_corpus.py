@@ -345,3 +345,19 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "t" / "rank1.json.gz").chmod(0)
     ts = load_traces(tmp_path / "t", cache=False)
     assert [str(e) for e in ts.errors] == ["rank1.json.gz: cannot read file: permission denied"]
+
+
+def test_unreadable_file_line_as_root_simulated(tmp_path: Path, monkeypatch) -> None:
+    """The root-proof stand-in for the test above: the access check answers
+    "no" for one file, as the kernel does for other users (its line and the
+    other ranks' load are what is checked; the real case needs a non-root run)."""
+    from analyzer import locate
+    from analyzer.load import load_traces
+
+    folder = write_run(tmp_path / "t", ranks=2)
+    target = folder / "rank1.json.gz"
+    real_access = os.access
+    monkeypatch.setattr(locate.os, "access", lambda p, mode: False if Path(p) == target else real_access(p, mode))
+    ts = load_traces(folder, cache=False)
+    assert [str(e) for e in ts.errors] == ["rank1.json.gz: cannot read file: permission denied"]
+    assert sorted(ts.ranks) == [0]
