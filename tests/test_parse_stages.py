@@ -1,0 +1,86 @@
+"""Each stage of reading events, alone (issue 16, item 4): the splitter
+(JSON text -> decoded event lists), the column builder (events ->
+typed columns), and the file-level result they make together."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from analyzer.errors import TraceError
+from analyzer.parse import _Columns, _decode_events, _Splitter, parse_columns
+from synth import KinetoTrace
+
+
+def _doc() -> bytes:
+    t = KinetoTrace(rank=3, world_size=4)
+    t.step(1, 0, 500)
+    for i in range(40):
+        t.kernel(f"k{i % 3}", 10 * i, 4.5)
+    return t.dumps()
+
+
+def _split(text: bytes, block: int, max_event_bytes: int | None = None) -> tuple[list, dict]:
+    got: list = []
+    s = _Splitter(Path("t.json"), lambda events: got.extend((e.name, e.ts, e.dur) for e in events), max_event_bytes)
+    for i in range(0, len(text), block):
+        s.feed(text[i : i + block])
+    s.finish()
+    return got, s.meta
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 4096, 1 << 20])
+def test_splitter_gives_the_whole_document_parse_in_any_blocks(block: int) -> None:
+    text = _doc()
+    whole = [(e.name, e.ts, e.dur) for e in _decode_events(orjson.dumps(orjson.loads(text)["traceEvents"]))]
+    got, meta = _split(text, block)
+    assert got == whole
+    assert meta["distributedInfo"]["rank"] == 3 and meta["displayTimeUnit"] == "ms"
+
+
+def test_splitter_bound_on_one_piece() -> None:
+    text = b'{"traceEvents": [{"ph": "X", "name": "' + b"x" * 5000 + b'", "ts": 1, "dur": 1}]}'
+    with pytest.raises(TraceError, match=r"an element of traceEvents longer than 0 MiB \(from line 1\)"):
+        _split(text, 512, max_event_bytes=2048)
+    got, _ = _split(text, 512, max_event_bytes=8192)
+    assert got == [("x" * 5000, 1, 1)]
+
+
+def test_columns_stage_builds_typed_columns() -> None:
+    events = _decode_events(
+        orjson.dumps(
+            [
+                {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": "stream 7", "ts": 10, "dur": 2,
+                 "args": {"correlation": 5, "external id": 9}},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 4.5, "dur": 1,
+                 "args": {"External id": 9, "Input Dims": [[2, 3], [3, 4]]}},
+                {"ph": "X", "cat": "cpu_op", "name": "bad", "pid": 1, "tid": 1, "ts": "x", "dur": 1},
+            ]
+        )
+    )
+    cols = _Columns()
+    cols.add(events)
+    columns = cols.finish(1000)
+    assert cols.rows == 2 and cols.invalid == 1 and cols.first_invalid == "'bad' with ts='x', dur=1"
+    assert columns["ts_ns"].tolist() == [10_000, 4_500] and columns["dur_ns"].tolist() == [2_000, 1_000]
+    assert columns["stream"].tolist() == [7, -1]  # the old era's "Kernel" sits on a stream
+    assert columns["external_id"].tolist() == [9, 9] and columns["correlation"].tolist() == [5, -1]
+    assert cols.sparse["input_dims"] == {1: "[[2,3],[3,4]]"}
+    assert all(c.dtype == (np.int32 if k in ("cat", "name") else np.int64) for k, c in columns.items())
+
+
+def test_rows_over_int64_at_the_end_renumber_sparse_rows(tmp_path: Path) -> None:
+    """A start that only fails once the unit is known (the last step) is
+    dropped there, and the shapes of the rows after it stay on their rows."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "too late", "pid": 1, "tid": 1, "ts": 5e15, "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 3, "dur": 1,
+         "args": {"Input Dims": [[2, 3], [3, 4]]}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_bytes(orjson.dumps({"traceEvents": events}))
+    parsed = parse_columns(path)
+    assert parsed.rows == 1 and parsed.sparse["input_dims"] == {0: "[[2,3],[3,4]]"}
+    assert parsed.notes[0].startswith("1 complete events dropped") and parsed.notes[0].endswith("first: 'too late' beyond int64 ns)")
