@@ -176,3 +176,47 @@ def test_closing_unfinished_jobs_stops_the_workers(tmp_path: Path) -> None:
     pending.close()
     assert pending._pool is None and not any(w.is_alive() for w in workers)
     assert result.cancelled() or not result.done() or result.exception() is not None
+
+
+def test_nothing_a_worker_does_ends_the_analysis(run: Path, monkeypatch) -> None:
+    """Issue 17: a RecursionError in a worker made every verb exit 3. Now an
+    exception is that file's error, and a worker that dies (the OOM killer's
+    SIGKILL) costs only the file that killed it: the others, whose pool broke
+    with it, are parsed again one by one."""
+    import signal
+
+    from analyzer import cache
+
+    files = sorted(run.glob("*.json.gz"))  # rank0, rank1, rank5
+    real = cache.parse_and_store
+    doom = {files[0].name: RecursionError("maximum recursion depth exceeded"), files[1].name: MemoryError()}
+
+    def hostile(path, entry):
+        if path.name in doom:
+            raise doom[path.name]
+        if path.name == "killer.json.gz":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(path, entry)
+
+    monkeypatch.setattr(cache, "parse_and_store", hostile)
+    # Forked workers inherit the patch (forkserver ones would import the real function).
+    monkeypatch.setattr(jobs, "start_method", lambda: "fork")
+    killer = run / "killer.json.gz"
+    killer.write_bytes(files[2].read_bytes())
+    with jobs.ParseJobs([*files, killer], workers=2) as pending:
+        outcomes = {}
+        for f in [*files, killer]:
+            try:
+                outcomes[f.name] = len(pending.take(f).columns["ts_ns"])
+            except TraceError as err:
+                outcomes[f.name] = str(err)
+    assert outcomes[files[0].name] == f"{files[0].name}: could not be parsed (RecursionError: maximum recursion depth exceeded)"
+    assert outcomes[files[1].name] == f"{files[1].name}: could not be parsed (MemoryError: no message)"
+    assert outcomes["killer.json.gz"] == "killer.json.gz: the parse worker died (killed by SIGKILL (out of memory?))"
+    assert outcomes[files[2].name] == len(load.parse_trace(files[2]).events)  # parsed, alone or not
+
+    # In-process (one worker), the same lines, and the other ranks are analyzed.
+    killer.unlink()
+    ts = load.load_traces(run, cache=False, workers=1)
+    assert sorted(ts.ranks) == [5]
+    assert [str(e).split(" (")[0] for e in ts.errors] == [f"{f.name}: could not be parsed" for f in files[:2]]
