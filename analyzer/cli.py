@@ -12,6 +12,9 @@ Exit codes (docs/cli.md):
   suggests ``--debug``, which shows the traceback instead. Kept apart from
   2 so a CI job can tell "fix your input" from "report a bug", and from 1
   so a crash is never read as a regression.
+* 4: ``check`` only: inconclusive, the runs are too noisy to tell (their
+  own noise exceeds the threshold, or a drop beyond it is not beyond the
+  noise). ``--inconclusive pass|fail`` maps it to 0 or 1 instead.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_UNUSABLE = 2
 EXIT_INTERNAL = 3
+EXIT_INCONCLUSIVE = 4
 PROG = "analyzer"
 
 
@@ -149,22 +153,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    cand_path, base_path = _existing(args.cand), _existing(args.baseline)
-    with _parsing([cand_path, base_path], args) as jobs:
+    cand_path = _existing(args.cand)
+    base_paths = [_existing(b) for b in args.baseline]
+    with _parsing([cand_path, *base_paths], args) as jobs:
         from analyzer import report
         from analyzer.check import CheckConfig, check
 
-        CheckConfig(max_drop=args.max_mfu_drop, alpha=args.alpha)  # reject bad values before analyzing
+        # Reject bad values before analyzing.
+        CheckConfig(max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile)
         cand = _analyze(cand_path, args, jobs)
-        base = _analyze(base_path, args, jobs)
-    outcome = check(base, cand, max_drop=args.max_mfu_drop, alpha=args.alpha)
+        bases = [_analyze(b, args, jobs) for b in base_paths]
+    outcome = check(bases, cand, max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile,
+                    cpu_time=not args.no_cpu_time)
     explanation = outcome.explanation
     if args.summary:
         _write_text(args.summary, report.render_check_markdown(outcome, explanation))
     if args.json:
         _write_text(args.json, dumps_json(outcome.to_json()))
     _print(report.render_check_text(outcome, explanation))
-    return EXIT_REGRESSION if outcome.result.regression else EXIT_OK
+    if outcome.result.regression:
+        return EXIT_REGRESSION
+    if outcome.result.inconclusive:
+        return {"exit": EXIT_INCONCLUSIVE, "pass": EXIT_OK, "fail": EXIT_REGRESSION}[args.inconclusive]
+    return EXIT_OK
 
 
 @contextlib.contextmanager
@@ -226,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Analyze PyTorch training runs: reftrain run directories or folders of Kineto traces.",
-        epilog="Exit codes: 0 ok, 1 regression (check), 2 unusable input or usage error, 3 internal error. "
+        epilog="Exit codes: 0 ok, 1 regression (check), 2 unusable input or usage error, 3 internal error, "
+        "4 inconclusive (check). "
         "See docs/cli.md.",
     )
     parser.add_argument("--debug", action="store_true", default=False,
@@ -248,16 +260,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("check", parents=[common, analysis], help="CI gate: exit 1 when the candidate regressed",
-                       description="Compare steady-state steps of a candidate with a baseline; exit 0 within bounds, "
-                       "1 on a regression, 2 on unusable input. See docs/ci.md.")
+                       description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "
+                       "within bounds, 1 on a regression, 2 on unusable input, 4 when too noisy to tell. See docs/ci.md.")
     p.add_argument("cand", metavar="CAND", help="candidate run (run directory or trace folder)")
-    p.add_argument("--baseline", required=True, metavar="BASE", help="baseline run")
+    p.add_argument("--baseline", required=True, action="append", metavar="BASE",
+                   help="baseline run; repeat for several (e.g. the base branch trained twice): pooled, and their "
+                   "spread counts as noise")
     p.add_argument("--max-mfu-drop", type=_fraction, default=0.05, metavar="D",
-                   help="largest allowed relative drop of the median, (base - cand) / base (default 0.05)")
+                   help="largest allowed relative drop, (base - cand) / base (default 0.05)")
     p.add_argument("--alpha", type=_fraction, default=0.05,
                    help="significance level of the one-sided Mann-Whitney U test (default 0.05)")
+    p.add_argument("--quantile", type=_fraction, default=0.25, metavar="Q",
+                   help="quantile of step time compared (default 0.25: the fast steps, least disturbed by "
+                   "neighbours; 0.5 = median)")
+    p.add_argument("--no-cpu-time", action="store_true",
+                   help="CPU runs: do not require CPU time per step to confirm a wall-clock regression")
+    p.add_argument("--inconclusive", choices=("exit", "pass", "fail"), default="exit",
+                   help="when the runs are too noisy to tell: exit 4 (default), or treat as pass (0) or fail (1)")
     p.add_argument("--summary", type=Path, metavar="FILE", help="write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the verdict as JSON (schema analyzer.check/1)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the verdict as JSON (schema analyzer.check/2)")
     p.set_defaults(func=cmd_check)
 
     from analyzer.suggest.cli import add_suggest_subcommand  # analyzer suggest (docs/suggestions.md)

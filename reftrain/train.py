@@ -426,6 +426,7 @@ class TrainStep:
             group["lr"] = lr
         self.injector.start_step()
         pt.start_step()
+        cpu_start_s = time.process_time()
         loss_sum = torch.zeros((), device=device)
         for micro in range(t.grad_accum):
             last = micro == t.grad_accum - 1
@@ -459,6 +460,10 @@ class TrainStep:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         times = pt.end_step()
+        # CPU time of this rank's process (all threads) over the step. Beside the
+        # wall-clock step time it tells more work from a busier machine: time
+        # spent descheduled by neighbours is wall time, not CPU time (docs/ci.md).
+        cpu_ms = (time.process_time() - cpu_start_s) * 1e3
         mem_bytes, mem_kind = process_memory_bytes(device, reset_peak=True)
         step_s = times["step_time_ms"] / 1e3
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
@@ -469,6 +474,7 @@ class TrainStep:
             "rank": env.rank,
             "loss": loss_sum.item() / t.grad_accum,
             "step_time_ms": times["step_time_ms"],
+            "cpu_ms": cpu_ms,
             "data_wait_ms": times["data_ms"],
             "forward_ms": times["forward_ms"],
             "backward_ms": times["backward_ms"],

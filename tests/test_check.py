@@ -1,4 +1,8 @@
-"""The CI gate's statistics on synthetic samples with known outcomes."""
+"""The CI gate's statistics on synthetic samples with known outcomes.
+
+No wall clock anywhere: samples are exact arrays or come from seeded
+generators, so every verdict here is the same on any machine under any load.
+"""
 from __future__ import annotations
 
 import math
@@ -11,10 +15,13 @@ from analyzer.check import (
     CheckConfig,
     StepSamples,
     check_samples,
+    fast_quantile,
     mann_whitney_less,
     min_one_sided_p,
     samples_from_metrics,
     samples_from_steps,
+    self_noise,
+    short_kernel_name,
 )
 from analyzer.errors import AnalyzerError
 
@@ -33,6 +40,8 @@ def test_identical_distribution_passes_with_zero_drop():
     assert result.drop == 0.0
     # Same values in another order: U is exactly n1*n2/2, so p is about one half.
     assert 0.4 < result.p_value < 0.6
+    # 1 % noise per step: the halves of 15 steps move far less than the 5 % threshold.
+    assert 0 < result.noise < 0.02 and result.min_detectable_drop == 0.05
 
 
 def test_two_draws_of_the_same_distribution_pass():
@@ -47,45 +56,112 @@ def test_two_draws_of_the_same_distribution_pass():
 def test_ten_percent_slower_with_low_noise_fails():
     rng = np.random.default_rng(2)
     base = 0.40 * (1 + 0.005 * rng.standard_normal(20))
-    cand = 0.36 * (1 + 0.005 * rng.standard_normal(20))
+    cand = 0.9 * rng.permutation(base)
     result = check_samples(_samples(base), _samples(cand))
     assert result.verdict == "regression"
     assert result.regression
-    assert result.drop == pytest.approx(0.10, abs=0.01)
+    # Every value scaled by 0.9: the quantile too, so the drop is 10 % to rounding.
+    assert result.drop == pytest.approx(0.10, abs=1e-12)
     # Every candidate value is below every baseline value; the normal
     # approximation (n > 8) then gives p of order 1e-8.
     assert result.p_value < 1e-6
-    assert result.exceeds_threshold and result.significant
+    assert result.exceeds_threshold and result.significant and result.noise < 0.01
 
 
-def test_ten_percent_slower_but_noisy_and_few_samples_is_not_significant():
-    # Medians 0.40 and 0.36 (a 10% drop), but the values interleave.
+def test_ten_percent_slower_but_interleaved_is_inconclusive_not_pass():
+    # The old gate's defect (issue 9): a drop beyond the threshold that the
+    # test could not confirm was a PASS. It is now "inconclusive".
     base = [0.20, 0.30, 0.40, 0.50, 0.60]
-    cand = [0.16, 0.28, 0.36, 0.52, 0.64]
+    cand = [0.9 * v for v in (0.40, 0.20, 0.60, 0.30, 0.50)]
     result = check_samples(_samples(base), _samples(cand))
-    assert result.drop == pytest.approx(0.10)
+    assert result.drop == pytest.approx(0.10)  # fast quartile 0.50 -> 0.45
     assert result.exceeds_threshold
-    assert not result.significant
-    assert result.p_value > 0.3
-    assert result.verdict == "pass"
+    assert not result.significant and result.p_value > 0.2
+    assert result.verdict == "inconclusive" and result.inconclusive
     assert "not significant" in result.notes[0]
 
 
+def test_runs_noisier_than_the_threshold_are_inconclusive_even_without_a_drop():
+    # The baseline's second half is 10 % slower than its first: this run
+    # cannot vouch for a 5 % threshold, whatever the candidate shows.
+    base = [1.0] * 10 + [0.9] * 10
+    result = check_samples(_samples(base), _samples(base))
+    assert result.drop == 0.0
+    assert result.noise == pytest.approx(0.10)
+    assert result.noise_source == "baseline: first half vs second half"
+    assert result.min_detectable_drop == pytest.approx(0.10)
+    assert result.verdict == "inconclusive"
+    assert "a regression of that size could have been missed" in result.notes[0]
+    # With a 15 % threshold the same runs are good enough: pass.
+    assert check_samples(_samples(base), _samples(base), CheckConfig(max_drop=0.15)).verdict == "pass"
+
+
+def test_a_second_baseline_turns_a_run_to_run_difference_into_noise():
+    # Against baseline A alone, a 15 % drop with full separation: regression.
+    a = np.linspace(0.99, 1.01, 10)
+    b = 0.80 * a  # the same code, trained at another time: 20 % slower
+    cand = 0.85 * a
+    alone = check_samples(_samples(a), _samples(cand))
+    assert alone.verdict == "regression" and alone.drop == pytest.approx(0.15)
+    # With B too, the baselines differ by 20 % among themselves: a 15 % drop
+    # is within what the baseline moves against itself.
+    both = check_samples([_samples(a), _samples(b)], _samples(cand))
+    assert both.n_baselines == 2 and both.n_base == 20
+    assert both.noise == pytest.approx(0.20) and both.noise_source == "baseline 1 vs baseline 2"
+    assert both.verdict == "inconclusive"
+    # A candidate slower than both baselines by far more than their spread is a regression.
+    assert check_samples([_samples(a), _samples(b)], _samples(0.5 * a)).verdict == "regression"
+
+
+def test_the_fast_quartile_ignores_steps_slowed_by_neighbours():
+    # 6 of 20 candidate steps hit by interference (half speed), the rest the
+    # baseline's speed: interference only adds time, so the fast steps say
+    # the code did not change. The median of step time would see it too
+    # (still fast at 30 %), but at 60 % slowed steps only the fast quartile does.
+    base = np.linspace(0.99, 1.01, 20)
+    cand = base.copy()
+    cand[::5] *= 0.5
+    cand[1::5] *= 0.5
+    cand[2::5] *= 0.5  # 12 of 20 steps at half speed
+    fast = check_samples(_samples(base), _samples(cand))
+    assert fast.drop == pytest.approx(1 - fast_quantile(cand, 0.25) / fast_quantile(base, 0.25))
+    assert abs(fast.drop) < 0.01 and fast.verdict != "regression"
+    median = check_samples(_samples(base), _samples(cand), CheckConfig(quantile=0.5))
+    assert median.drop > 0.4
+
+
+def test_fast_quantile_is_the_step_time_quantile_of_the_values():
+    values = np.array([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert fast_quantile(values, 0.25) == 4.0  # 75th percentile of the values (higher is better)
+    assert fast_quantile(values, 0.5) == 3.0
+    assert fast_quantile(2 * values, 0.25) == 8.0
+
+
+def test_self_noise_split_halves_and_baseline_pairs():
+    run = np.array([1.0] * 4 + [0.8] * 4)
+    assert self_noise([("baseline", run)], 0.25) == (pytest.approx(0.2), "baseline: first half vs second half")
+    # Runs too short to split (under 8 steps) give nothing to measure.
+    assert self_noise([("candidate", run[:7])], 0.25) == (0.0, "no run long enough to split")
+    # Two baselines: their difference counts (but a candidate's difference from them never does).
+    flat = np.ones(8)
+    noise, where = self_noise([("baseline 1", flat), ("baseline 2", 0.9 * flat), ("candidate", 0.5 * flat)], 0.25)
+    assert noise == pytest.approx(0.1) and where == "baseline 1 vs baseline 2"
+
+
 def test_drop_exactly_at_threshold_passes_and_just_beyond_fails():
-    offsets = np.linspace(-2, 2, 11)  # medians are exactly the centre values
-    base = 100 + offsets
-    at_edge = check_samples(_samples(base), _samples(95 + offsets))
-    assert at_edge.drop == 0.05
+    base = 100 + np.linspace(-2, 2, 11)
+    at_edge = check_samples(_samples(base), _samples(0.95 * base))
+    assert at_edge.drop == pytest.approx(0.05, abs=1e-12)
     assert at_edge.significant  # fully separated samples
     assert at_edge.verdict == "pass"  # "beyond the threshold" is strict
-    beyond = check_samples(_samples(base), _samples(94.9 + offsets))
+    beyond = check_samples(_samples(base), _samples(0.949 * base))
     assert beyond.drop == pytest.approx(0.051)
+    assert beyond.noise < 0.051  # the halves of a 2 % linear ramp differ by about 2 %
     assert beyond.verdict == "regression"
 
 
 def test_float_rounding_at_the_threshold_counts_as_at_it():
-    offsets = np.linspace(-0.01, 0.01, 11)
-    result = check_samples(_samples(1.0 + offsets), _samples(0.95 + offsets))
+    result = check_samples(_samples(np.full(11, 1.0)), _samples(np.full(11, 0.95)))
     assert result.drop > 0.05  # 0.05000000000000004 in binary floating point
     assert not result.exceeds_threshold
     assert result.verdict == "pass"
@@ -108,14 +184,15 @@ def test_custom_threshold_and_alpha():
     # Exact test (n = 8 each, no ties), total separation: p = 1/C(16, 8).
     assert strict.p_value == pytest.approx(1 / math.comb(16, 8))
     # One candidate value above the lowest baseline value: U = 1, p = 2/C(16, 8),
-    # which a stricter alpha no longer accepts.
+    # which a stricter alpha no longer accepts: a drop beyond the threshold
+    # that is not significant is inconclusive.
     cand_overlap = cand.copy()
-    cand_overlap[-1] = 0.991
+    cand_overlap[0] = 0.991
     loose = check_samples(_samples(base), _samples(cand_overlap), CheckConfig(max_drop=0.02))
     assert loose.p_value == pytest.approx(2 / math.comb(16, 8))
     assert loose.verdict == "regression"
     tight = check_samples(_samples(base), _samples(cand_overlap), CheckConfig(max_drop=0.02, alpha=1.5e-4))
-    assert tight.verdict == "pass" and tight.exceeds_threshold and not tight.significant
+    assert tight.verdict == "inconclusive" and tight.exceeds_threshold and not tight.significant
 
 
 def test_too_few_steps_to_ever_be_significant_is_unusable():
@@ -137,6 +214,8 @@ def test_metric_mismatch_and_bad_values_are_unusable():
         check_samples(_samples([1.0, np.nan, 1.0, 1.0, 1.0]), _samples([1.0] * 5))
     with pytest.raises(AnalyzerError, match="positive"):
         check_samples(_samples([0.0] * 5), _samples([1.0] * 5))
+    with pytest.raises(AnalyzerError, match="baseline 2: no steady-state steps"):
+        check_samples([_samples([1.0] * 5), _samples([])], _samples([1.0] * 5))
 
 
 def test_constant_values_give_p_one():
@@ -148,6 +227,23 @@ def test_config_rejects_out_of_range_values():
         CheckConfig(max_drop=1.5)
     with pytest.raises(AnalyzerError, match="alpha"):
         CheckConfig(alpha=0.0)
+    with pytest.raises(AnalyzerError, match="quantile"):
+        CheckConfig(quantile=1.0)
+
+
+def test_short_kernel_names_keep_the_function_head():
+    assert short_kernel_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
+    # A CUTLASS 3 kernel as Kineto reports it: about 2,000 characters.
+    tmpl = ", ".join(f"cute::C<{i}>" for i in range(150))
+    long = (f"void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, {tmpl}>>"
+            f"(cutlass::gemm::kernel::GemmUniversal<{tmpl}>::Params)")
+    assert len(long) > 2000
+    short = short_kernel_name(long)
+    assert len(short) == 80 and short.endswith("…")
+    assert short.startswith("cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int")
+    # Arguments go first: a short template head with a long argument list keeps all of the head.
+    name = "void at::native::elementwise_kernel<128, 2>(" + "int, " * 40 + "float)"
+    assert short_kernel_name(name) == "at::native::elementwise_kernel<128, 2>(…)"
 
 
 def _metrics_table() -> pd.DataFrame:
@@ -208,6 +304,7 @@ def _run(
     cpu_model: str = "AMD EPYC",
     world_size: int = 2,
     flops_per_step: float | None = None,
+    cpu_ms: list[float] | None = None,
 ):
     """A RunAnalysis with only what the gate reads: manifest, MFU steps, metrics."""
     from pathlib import Path
@@ -226,7 +323,8 @@ def _run(
         else MfuResult("none", reason="run.json lacks peak_flops.per_s")
     )
     metrics = pd.DataFrame(
-        [{"rank": r, "step": s, "step_time_ms": 100.0, "tokens_per_s": t, "profiled": False}
+        [{"rank": r, "step": s, "step_time_ms": 100.0, "tokens_per_s": t, "profiled": False,
+          **({"cpu_ms": cpu_ms[s] * (1.0 if r == 0 else 0.5)} if cpu_ms is not None else {})}
          for s, t in enumerate(tokens_per_s) for r in range(2)]
     )
     manifest = {
@@ -291,14 +389,17 @@ def test_without_mfu_the_gate_uses_tokens_per_second():
     outcome = check(base, cand)
     assert outcome.result.metric == "tokens_per_s"
     assert outcome.result.base_median == pytest.approx(1000.0)
-    assert outcome.result.drop == pytest.approx(0.2)
+    # Fast quartile (75th percentile of tokens/s): 1003.75 and 803.75.
+    assert outcome.result.base_value == pytest.approx(1003.75) and outcome.result.cand_value == pytest.approx(803.75)
+    assert outcome.result.drop == pytest.approx(200 / 1003.75)
     assert outcome.result.verdict == "regression"
     assert outcome.notes == [
         "MFU unavailable (baseline: run.json lacks peak_flops.per_s): gating on throughput (tokens/s per rank) instead"
     ]
-    assert "median throughput (tokens/s per rank) 1,000 tokens/s -> 800 tokens/s (drop +20.0%" in outcome.explanation
+    assert ("throughput (tokens/s per rank) at the 25th percentile of step time 1,004 tokens/s -> 804 tokens/s "
+            "(drop +19.9%") in outcome.explanation
     doc = outcome.to_json()
-    assert doc["schema"] == "analyzer.check/1" and doc["verdict"] == "regression" and doc["compare"]["schema"] == "analyzer.compare/1"
+    assert doc["schema"] == "analyzer.check/2" and doc["verdict"] == "regression" and doc["compare"]["schema"] == "analyzer.compare/1"
 
 
 def test_trace_folders_with_different_flops_per_step_are_noted():
@@ -308,3 +409,36 @@ def test_trace_folders_with_different_flops_per_step_are_noted():
     assert check_compatible(a, _run(kind="traces", mfu_source="trace-shapes", flops_per_step=2.01e9)) == []
     (note,) = check_compatible(a, _run(kind="traces", mfu_source="trace-shapes", flops_per_step=3e9))
     assert note.startswith("FLOPs per step differ (2e+09 vs 3e+09)")
+
+
+def test_cpu_time_must_confirm_a_wall_clock_regression_on_cpu_runs():
+    from analyzer.check import check, cpu_samples
+
+    base_mfu = list(np.linspace(0.199, 0.201, 12))
+    slow_mfu = [0.8 * m for m in base_mfu]  # steps 25 % longer on the wall clock
+    cpu = list(np.linspace(9.9, 10.1, 12))  # ms per step on rank 0 (rank 1: half, so rank 0 is the busiest)
+    base = _run(mfu=base_mfu, cpu_ms=cpu)
+    samples = cpu_samples(base, "baseline")
+    assert samples.metric == "cpu_steps_per_s" and samples.values == pytest.approx([1000 / c for c in cpu])
+    # Same CPU work per step: the machine was busier, not the code slower. Inconclusive, said why.
+    busier = check(base, _run(mfu=slow_mfu, cpu_ms=cpu))
+    assert busier.cpu is not None and busier.cpu.drop == pytest.approx(0.0)
+    assert busier.result.verdict == "inconclusive"
+    assert "CPU time per step did not confirm it" in busier.result.notes[-1]
+    assert busier.to_json()["cpu_time"]["drop"] == pytest.approx(0.0)
+    # 25 % more CPU time per step as well: a regression.
+    more_work = check(base, _run(mfu=slow_mfu, cpu_ms=[1.25 * c for c in cpu]))
+    assert more_work.result.verdict == "regression" and more_work.cpu.drop == pytest.approx(0.2)
+    # Turned off, or runs without cpu_ms (older reftrain, GPU runs): wall clock alone.
+    assert check(base, _run(mfu=slow_mfu, cpu_ms=cpu), cpu_time=False).result.verdict == "regression"
+    older = check(_run(mfu=base_mfu), _run(mfu=slow_mfu))
+    assert older.cpu is None and older.result.verdict == "regression"
+
+
+def test_several_baselines_through_check():
+    from analyzer.check import check
+
+    a = list(np.linspace(0.199, 0.201, 10))
+    outcome = check([_run(mfu=a), _run(mfu=[0.8 * m for m in a])], _run(mfu=[0.85 * m for m in a]))
+    assert outcome.result.n_baselines == 2 and outcome.result.verdict == "inconclusive"
+    assert "2 baselines" in outcome.explanation and "Inconclusive, too noisy" in outcome.explanation
