@@ -32,6 +32,7 @@ from analyzer.load import TraceSet, load_traces
 from analyzer.jobs import ParseJobs
 from analyzer.metrics.breakdown import Source, source_of, step_breakdown, summarize_breakdown
 from analyzer.metrics.kernels import top_kernels
+from analyzer.metrics.windows import check_windows
 from analyzer.metrics.mfu import (
     MfuResult,
     device_name_of,
@@ -318,13 +319,18 @@ def _analyze_loaded(
     for rank, rt in sorted(traces.ranks.items()):
         source = source_of(rt.events)
         sources[rank] = source
-        table = step_breakdown(rt.events, rt.steps, source, waits.get(rank))
+        # Step windows clipped or dropped to fit the trace (analyzer.metrics.windows); flagged ones feed no rule.
+        checked = check_windows(rt.events, rt.steps, rank)
+        warnings += checked.warnings
+        windows = checked.steps[["step", "start_ns", "end_ns"]]
+        table = step_breakdown(rt.events, windows, source, waits.get(rank))
+        table = table.merge(checked.steps[["step", "flagged"]].rename(columns={"flagged": "window_flagged"}), on="step", how="left")
         step_tables.append(table.assign(rank=rank))
-        overlaps[rank] = overlap(rt.events, rt.steps)
-        kernel_tables.append(top_kernels(rt.events, rt.steps, rank, TOP_KERNELS_PER_RANK))
+        overlaps[rank] = overlap(rt.events, windows)
+        kernel_tables.append(top_kernels(rt.events, windows, rank, TOP_KERNELS_PER_RANK))
         device_names[rank] = device_name_of(rt.events, rt.device_properties) if source == "device" else None
-        if not rt.steps.empty:
-            rank_flops.append(rank_flops_from_shapes(rank, rt.events, rt.steps))
+        if not windows.empty:
+            rank_flops.append(rank_flops_from_shapes(rank, rt.events, windows))
     steps = _concat_steps(step_tables)
 
     # MFU: the manifest when the run has one, else trace shapes.
@@ -353,7 +359,8 @@ def _analyze_loaded(
         step_times = quiet[["rank", "step", "step_time_ms"]]
         step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
     else:
-        step_times, step_source = steps[["rank", "step", "step_time_ms"]], "ProfilerStep windows"
+        usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
+        step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
     arrival_notes: list[str] = []
     if records is not None and not records.empty and "rank" in records.columns:
         offsets = ((manifest or {}).get("clock") or {}).get("offsets_ns")
