@@ -156,3 +156,44 @@ def test_collective_kind_from_host_annotation_before_kernel_name() -> None:
          "start_ns": 400, "end_ns": 450, "correlation": 3},
     ])
     assert collective_kinds(events).tolist() == ["all_to_all", "all_reduce", "send_recv"]
+
+
+def test_kernel_totals_use_the_analysis_window_of_overlap_and_idle() -> None:
+    """Two steps: a kernel launched after the last step ends (profiler flushing) is not in the totals (issue 10, item 7)."""
+    def ev(cat, name, s, e, corr=-1, tid=1):
+        return {"rank": 0, "cat": cat, "name": name, "pid": 0 if cat == "kernel" else 1, "tid": tid,
+                "start_ns": s, "end_ns": e, "correlation": corr}
+
+    events = events_from_records([
+        ev("user_annotation", "ProfilerStep#1", 0, 100), ev("user_annotation", "ProfilerStep#2", 100, 200),
+        ev("cuda_runtime", "cudaLaunchKernel", 10, 12, 1), ev("kernel", "ncclDevKernel_AllReduce", 20, 60, 1, tid=20),
+        ev("cuda_runtime", "cudaLaunchKernel", 110, 112, 2), ev("kernel", "ncclDevKernel_AllReduce", 120, 160, 2, tid=20),
+        ev("cuda_runtime", "cudaLaunchKernel", 300, 302, 3), ev("kernel", "ncclDevKernel_AllReduce", 310, 330, 3, tid=20),
+    ])
+    steps = pd.DataFrame({"step": [1, 2], "start_ns": [0, 100], "end_ns": [100, 200]})
+    table = top_kernels(events, steps, 0)
+    assert table["count"].tolist() == [2]  # old code: 3 (every device event)
+    assert table["total_ms"].tolist() == [80 / 1e6]
+
+
+def test_step_windows_past_the_events_or_overlapping_are_clipped_or_dropped_with_a_warning() -> None:
+    from analyzer.metrics.windows import check_windows
+
+    s = 1_000_000_000  # ns
+    events = events_from_records([
+        {"rank": 0, "cat": "cpu_op", "name": "aten::mm", "start_ns": 0, "end_ns": 300_000_000},
+        {"rank": 0, "cat": "kernel", "name": "sgemm", "start_ns": 10, "end_ns": 330_000_000},
+        {"rank": 0, "cat": "user_annotation", "name": "ProfilerStep#3", "start_ns": 0, "end_ns": 13 * s + 330_000_000},
+    ])
+    steps = pd.DataFrame({"step": [1, 2, 3, 4], "start_ns": [0, 100_000_000, 200_000_000, 20 * s],
+                          "end_ns": [120_000_000, 200_000_000, 13 * s + 330_000_000, 21 * s]})
+    checked = check_windows(events, steps, rank=0)
+    assert checked.steps["step"].tolist() == [1, 2, 3]  # step 4 lies wholly after the events: dropped
+    assert checked.steps["start_ns"].tolist() == [0, 120_000_000, 200_000_000]  # step 2 starts where step 1 ends
+    assert checked.steps["end_ns"].tolist() == [120_000_000, 200_000_000, 330_000_000]  # step 3: 13.13 s -> 130 ms
+    assert checked.steps["flagged"].tolist() == [False, True, True]
+    assert len(checked.warnings) == 3
+    assert "ProfilerStep#3 clipped" in checked.warnings[1] and "13.000 s after the last event" in checked.warnings[1]
+    assert "ProfilerStep#4 dropped" in checked.warnings[2]
+    clean = check_windows(events, steps.iloc[:1], rank=0)
+    assert clean.warnings == [] and clean.n_flagged == 0

@@ -249,3 +249,22 @@ def test_lower_bound_mfu_is_reported_with_its_coverage_and_never_fed_to_a_rule(t
     assert full.mfu.flop_coverage == 1.0 and not full.mfu.lower_bound
     assert run_facts(full).mfu == pytest.approx(mfu)
     assert "mfu_gap" in {s.rule for s in suggest(full)}
+
+
+def test_a_step_window_past_the_trace_is_clipped_flagged_and_never_fed_to_a_rule(tmp_path):
+    """Issue 10, item 5: a ProfilerStep ending 13 s after the last event was taken as a 13.3 s step."""
+    t = KinetoTrace(rank=0, world_size=1, distributed=False)
+    for s, dur in ((1, 10_000), (2, 13_336_000)):  # us: the second marker runs 13.3 s past its 10 ms of work
+        base = (s - 1) * 10_000
+        t.step(s, base, dur)
+        for k in range(200):  # short kernels with gaps: launch-bound, as in the report that fired cuda_graphs
+            t.kernel("void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>", base + 10 + 40 * k, 4,
+                     launch_us=base + 5 + 40 * k)
+    ra = analyze(t.write(tmp_path / "traces" / "rank0.json.gz").parent)
+    assert any("ProfilerStep#2 clipped" in w and "13.3" in w for w in ra.warnings)
+    assert ra.steps["window_flagged"].tolist() == [False, True]
+    assert ra.steps["step_time_ms"].max() < 20  # clipped to the events, not 13,336 ms
+    facts = run_facts(ra)
+    assert facts.step_time_ms == pytest.approx(10.0)  # the unflagged window only
+    for s in suggest(ra):
+        assert s.evidence.get("step_time_ms", 0) <= 10.0 + 1e-9, s.rule

@@ -219,6 +219,13 @@ def rank_phase_medians(steady: pd.DataFrame) -> dict[int, dict[str, float]]:
     return {int(r): {c.removesuffix("_ms"): float(v) for c, v in row.items() if pd.notna(v)} for r, row in med.iterrows()}
 
 
+def usable_windows(steps: pd.DataFrame) -> pd.DataFrame:
+    """The step windows a rule may read: not flagged by :func:`analyzer.metrics.windows.check_windows`."""
+    if steps is None or steps.empty or "window_flagged" not in steps.columns:
+        return steps
+    return steps.loc[~steps["window_flagged"].fillna(False).astype(bool)]
+
+
 def breakdown_shares(steps: pd.DataFrame) -> tuple[dict[str, float], str | None]:
     """Each breakdown part's share of step time over all ranks and windows (sums to 1)."""
     if steps is None or steps.empty or "source" not in steps.columns:
@@ -462,12 +469,15 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
     steady = _steady(ra)
     phases = phase_medians(steady) if steady is not None else {}
     notes: list[str] = []
+    trace_steps = usable_windows(ra.steps)
+    if len(trace_steps) < len(ra.steps):
+        notes.append(f"{len(ra.steps) - len(trace_steps)} step window(s) clipped to the trace are not used by any rule")
     if ra.kind == "reftrain" and "step_time" in phases:
         step_time_ms, source = phases.pop("step_time"), "metrics JSONL, steady-state steps"
         n_steps = int(steady["step"].nunique()) if steady is not None else 0
     else:
         phases.pop("step_time", None)
-        step_time_ms, n_steps = _trace_step_time(ra.steps)
+        step_time_ms, n_steps = _trace_step_time(trace_steps)
         source = "ProfilerStep windows"
     profiled_ms = None
     if ra.metrics is not None and not ra.metrics.empty and "profiled" in ra.metrics.columns:
@@ -475,7 +485,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         if not prof.empty:
             profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
 
-    shares, shares_source = breakdown_shares(ra.steps)
+    shares, shares_source = breakdown_shares(trace_steps)
     steady_steps = set(steady["step"].unique()) if steady is not None else None
     comm, tail = comm_facts(ra, steady_steps)
     coll = ra.collectives
