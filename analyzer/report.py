@@ -250,7 +250,9 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     out += [
         "  steps: profiled windows. steady ms: median over the rank's steady-state metrics steps; "
         "profiled ms: median over its ProfilerStep windows.",
-        "  overlap % (HTA): time communication and compute kernels both run / communication time, all kernels.",
+        "  overlap % (HTA): time communication and compute kernels both run / communication time.",
+        "  analysis window of overlap, idle and kernel totals: device events launched by the end of the last "
+        "ProfilerStep (HTA's); of the breakdown: each ProfilerStep window, clipped to the trace's events.",
         "  exposed comm %: communication not hidden by compute / step time. idle % (HTA): no GPU activity / kernel span.",
         "",
     ]
@@ -276,7 +278,7 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops (inclusive time)" if _host_ops(a) else "Top kernels"
-        out.append(f"{title}, all ranks (ms/rank = total over the trace / ranks)")
+        out.append(f"{title}, all ranks (ms/rank = total over the analysis window / ranks)")
         krows = [
             [short_kernel_name(k.name), k.kind, k.count, _num(k.total_ms, ".2f"), _num(k.ms_per_rank, ".2f"), _num(k.share_pct)]
             for k in kernels.itertuples(index=False)
