@@ -10,9 +10,12 @@ converts exactly, see docs/loading.md). Timestamps are the trace's own
 clock, not shifted. Rows are sorted by ``start_ns`` (stable: ties keep file
 order).
 
-Which events become rows: every complete event (``"ph": "X"``) with ``ts``
-and a non-negative ``dur``, except Kineto's ``cat: "Trace"`` span (the
-profiler's own window, which HTA drops too). Flow, instant, counter and
+Which events become rows: every complete event (``"ph": "X"``) whose
+``ts`` and ``dur`` are valid (JSON numbers, finite, >= 0, start and end
+within int64 ns; the others are dropped and counted in one note, see
+docs/loading.md), except Kineto's ``cat: "Trace"`` span (the profiler's own
+window, which HTA drops too). ``displayTimeUnit: "ns"`` traces are read in
+ns, all others in µs. Flow, instant, counter and
 metadata events are not rows; process and thread names from metadata
 events are kept in :attr:`RankTrace.processes` and :attr:`RankTrace.threads`.
 
@@ -22,9 +25,12 @@ Events table columns (dtype):
 column          dtype      meaning
 =============== ========== ===================================================
 rank            int32      rank the trace belongs to
-cat             category   Kineto ``cat`` lower-cased (kernel, gpu_memcpy,
-                           gpu_memset, cpu_op, user_annotation,
-                           gpu_user_annotation, cuda_runtime, ...)
+cat             category   Kineto ``cat`` in today's spelling (kernel,
+                           gpu_memcpy, gpu_memset, cpu_op, user_annotation,
+                           gpu_user_annotation, cuda_runtime, ...): lower-
+                           cased, older eras' names mapped
+                           (:func:`canonical_category`; ``Memcpy`` ->
+                           gpu_memcpy, ``Operator`` -> cpu_op)
 name            category   event name as written
 kind            category   one of KINDS, see :func:`classify`; the categories
                            are always exactly KINDS, in that order
@@ -84,6 +90,8 @@ from analyzer.schema import (  # noqa: F401 - re-exported: the table schema live
     GPU_TIMELINE_CATS,
     COLUMNS,
     _INT_DEFAULT,
+    CATEGORY_ALIASES,
+    canonical_category,
     classify,
     text_id,
 )
@@ -154,7 +162,7 @@ class RankTrace:
     thread name ``"thread 8220 (pt_gloo_runloop)"`` for gloo's worker.
     ``json_bytes`` is the size of the trace's JSON text (uncompressed).
     ``notes`` lists per-file oddities the loader coped with (events dropped
-    for a missing or negative duration), each a short sentence.
+    for a missing or invalid ts/dur, a ns time unit), each a short sentence.
     """
 
     rank: int
