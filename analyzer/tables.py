@@ -117,7 +117,7 @@ def events_from_records(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         row.setdefault("tid", 0)
         row.setdefault("pid", 0)
         if "stream" not in row:
-            row["stream"] = row["tid"] if str(row["cat"]).lower() in GPU_TIMELINE_CATS else -1
+            row["stream"] = row["tid"] if canonical_category(str(row["cat"])) in GPU_TIMELINE_CATS else -1
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     for col, dtype in COLUMNS.items():
