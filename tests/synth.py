@@ -59,6 +59,13 @@ class KinetoTrace:
     device metadata); ``device`` is the GPU index (the pid of device
     events; default ``rank % 8``); ``pid`` / ``tid`` the host process and
     main thread; ``time_format`` ``"float"`` or ``"int"``.
+
+    Format eras (the same events, written as another PyTorch wrote them):
+    ``era="tb_plugin"`` writes the TensorBoard-plugin era's categories
+    (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``) and
+    ``computeProperties`` instead of ``deviceProperties``;
+    ``time_unit="ns"`` writes every time as integer nanoseconds with
+    ``"displayTimeUnit": "ns"``. Times are still given in microseconds.
     """
 
     def __init__(
@@ -74,6 +81,8 @@ class KinetoTrace:
         pid: int = 4242,
         tid: int | None = None,
         time_format: Literal["float", "int"] = "float",
+        era: Literal["today", "tb_plugin"] = "today",
+        time_unit: Literal["us", "ns"] = "us",
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -85,6 +94,8 @@ class KinetoTrace:
         # gloo and NCCL run collectives on their own host threads.
         self.comm_tid = self.tid + 7
         self.time_format = time_format
+        self.era = era
+        self.time_unit = time_unit
         self.backend = backend or ("nccl" if gpu else "gloo")
         self.distributed = distributed
         self.events: list[dict] = []
@@ -270,6 +281,42 @@ class KinetoTrace:
             "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(size))),
         }
 
+    # -- composite patterns (with exact FLOPs) -----------------------------
+
+    def linear(
+        self, start_us: Number, m: int, k: int, n: int, kernel_us: Number, *, consistent: bool = True,
+        kernel: str = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", dtype: str = "c10::BFloat16",
+    ) -> int:
+        """``aten::linear`` (50 us) around ``aten::addmm`` (30 us) that launches one GEMM kernel ``kernel_us`` long
+        at ``start_us + 60``. With ``consistent=False`` the linear records shapes that do not fit (its weight's
+        inner dimension is ``k + 1``, as a real NCCL trace recorded), the addmm's stay right. Returns the
+        product's FLOPs, ``2 m k n``: what must be counted, once, either way."""
+        w_k = k if consistent else k + 1
+        self.cpu_op("aten::linear", start_us, 50, input_dims=[[m, k], [n, w_k], [n]], input_types=[dtype] * 3)
+        self.cpu_op("aten::addmm", start_us + 10, 30, input_dims=[[n], [m, k], [k, n], [], []],
+                    input_types=[dtype] * 3 + ["Scalar", "Scalar"])
+        self.kernel(kernel, start_us + 60, kernel_us, launch_us=start_us + 15)
+        return 2 * m * k * n
+
+    def compiled_region(self, start_us: Number, kernels: list[tuple[str, Number]]) -> None:
+        """A torch.compile'd region: a ``CompiledFunction`` range (no shapes) launching ``kernels``
+        (name, duration) back to back from ``start_us + 60``; none has FLOPs the analyzer can know."""
+        self.cpu_op("CompiledFunction", start_us, 10 + 5 * len(kernels))
+        t = start_us + 60
+        for i, (name, dur) in enumerate(kernels):
+            self.kernel(name, t, dur, launch_us=start_us + 2 + 5 * i)
+            t += dur
+
+    def graph_launch(self, start_us: Number, kernels: list[tuple[str, Number]], stream: int = 7) -> None:
+        """A CUDA-graph replay: one ``cudaGraphLaunch`` whose correlation id every replayed kernel carries
+        (as CUPTI reports graph kernels); the kernels run back to back from ``start_us + 20``."""
+        corr = self.next_correlation()
+        self.runtime("cudaGraphLaunch", start_us, 8, corr)
+        t = start_us + 20
+        for name, dur in kernels:
+            self.kernel(name, t, dur, stream=stream, correlation=corr)
+            t += dur
+
     # -- output -------------------------------------------------------------
 
     def _metadata(self) -> list[dict]:
@@ -321,6 +368,10 @@ class KinetoTrace:
         doc.update(self.extra_top)
         doc["traceEvents"] = self._metadata() + self.events + self._span()
         doc["traceName"] = f"rank{self.rank}.json"
+        if self.era == "tb_plugin":
+            doc = _tb_plugin_era(doc)
+        if self.time_unit == "ns":
+            doc = _in_ns(doc)
         return doc
 
     def dumps(self, layout: Layout = "kineto") -> bytes:
@@ -344,3 +395,39 @@ class KinetoTrace:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(data, compresslevel=1) if gz else data)
         return path
+
+
+# The TensorBoard-plugin era's category names for today's (PyTorch 1.8 to 1.9, Kineto tb_plugin test data).
+_TB_PLUGIN_CATS = {"cpu_op": "Operator", "user_annotation": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel",
+                   "gpu_memcpy": "Memcpy", "gpu_memset": "Memset"}
+
+
+def _tb_plugin_era(doc: dict) -> dict:
+    """The same trace as the TensorBoard-plugin era wrote it: old categories, computeProperties, no schema extras."""
+    out = {"schemaVersion": 1, "computeProperties": doc.get("deviceProperties", [])}
+    events = []
+    for e in doc["traceEvents"]:
+        e = dict(e)
+        if e.get("cat") in _TB_PLUGIN_CATS:
+            e["cat"] = _TB_PLUGIN_CATS[e["cat"]]
+        if e.get("cat") == "gpu_user_annotation":
+            continue  # the era wrote no GPU copies of annotations
+        events.append(e)
+    out["traceEvents"] = events
+    out["traceName"] = doc["traceName"]
+    return out
+
+
+def _in_ns(doc: dict) -> dict:
+    """Every ts/dur in integer nanoseconds, with ``displayTimeUnit: ns`` (exact for times given to the ns)."""
+    out = {k: v for k, v in doc.items() if k != "traceEvents"}
+    out["displayTimeUnit"] = "ns"
+    events = []
+    for e in doc["traceEvents"]:
+        e = dict(e)
+        for key in ("ts", "dur"):
+            if isinstance(e.get(key), (int, float)) and not isinstance(e.get(key), bool):
+                e[key] = int(round(e[key] * 1000))
+        events.append(e)
+    out["traceEvents"] = events
+    return out
