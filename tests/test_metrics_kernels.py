@@ -197,3 +197,17 @@ def test_step_windows_past_the_events_or_overlapping_are_clipped_or_dropped_with
     assert "ProfilerStep#4 dropped" in checked.warnings[2]
     clean = check_windows(events, steps.iloc[:1], rank=0)
     assert clean.warnings == [] and clean.n_flagged == 0
+
+
+def test_top_kernels_name_the_collective_kind_the_host_called() -> None:
+    events = events_from_records([
+        {"rank": 0, "cat": "user_annotation", "name": "nccl:all_to_all", "pid": 1, "tid": 1, "start_ns": 0, "end_ns": 100},
+        {"rank": 0, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "start_ns": 10, "end_ns": 12, "correlation": 1},
+        {"rank": 0, "cat": "kernel", "name": "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "pid": 0, "tid": 20,
+         "start_ns": 50, "end_ns": 150, "correlation": 1},
+        {"rank": 0, "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7, "start_ns": 50, "end_ns": 90},
+    ])
+    table = top_kernels(events, events.iloc[:0], 0)
+    kinds = dict(zip(table["name"], table["coll_kind"]))
+    assert kinds["ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"] == "all_to_all"  # the name says send_recv
+    assert kinds["volta_sgemm_128x64_nn"] is None

@@ -251,6 +251,21 @@ def test_launch_bound_grows_the_batch_while_the_device_idles():
     assert rules_compute.rule_launch_bound(tight) is None  # 0.5 x 2 > 0.85
 
 
+def test_launch_bound_scales_all_to_all_with_the_batch():
+    """Issue 10 item 6: an embedding job's all-to-all grows with the batch; the what-if must not hold it constant."""
+    ks = KernelFacts(n_per_step=100, gemm_ms_per_step=1.0, kernel_ms_per_step=4.0, short_share=0.1, mean_us=40.0,
+                     comm_ms_per_step=2.0, batch_comm_ms_per_step=2.0)  # every collective an all-to-all
+    f = trace_facts(shares={"idle": 0.5, "compute": 0.2, "exposed_comm": 0.3}, kernels=ks)
+    s = rules_compute.rule_launch_bound(f)
+    # 2 ms compute + 3 ms all-to-all, both x2 = 10 ms: the 10 ms step stays 10 ms for 2x the tokens. Holding the
+    # all-to-all fixed (the old what-if) let 2x fit with room (2*2+3 = 7 ms) and offered 4x at 4*2+3 = 11 ms.
+    assert s.evidence["exposed_comm_ms"] == pytest.approx(0.0)
+    assert s.evidence["device_busy_scaled_ms"] == pytest.approx(5.0)
+    assert s.predicted.step_time_ms_after == pytest.approx(10.0)
+    allreduce = dataclasses.replace(f, kernels=dataclasses.replace(ks, batch_comm_ms_per_step=0.0))
+    assert rules_compute.rule_launch_bound(allreduce).evidence["exposed_comm_ms"] == pytest.approx(3.0)
+
+
 def test_cuda_graphs_on_short_kernels():
     ks = KernelFacts(n_per_step=2000, gemm_ms_per_step=2.0, kernel_ms_per_step=4.0, short_share=0.8, mean_us=2.0)
     f = trace_facts(shares={"idle": 0.5, "compute": 0.5}, kernels=ks)

@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.overlap import hta_window
-from analyzer.metrics.taxonomy import kernel_class
+from analyzer.metrics.taxonomy import collective_kinds, kernel_class
 from analyzer.metrics.text import is_in
 from analyzer.tables import DEVICE_KINDS
 
-COLUMNS = ("rank", "source", "kind", "cls", "name", "count", "total_ms", "mean_us", "max_us", "share_pct")
+COLUMNS = ("rank", "source", "kind", "cls", "coll_kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct")
 HOST_OP_KINDS = ("cpu_op", "cpu_comm")
 
 
@@ -36,7 +36,10 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     """The ``limit`` names with the most total time on one rank (all when None).
 
     Columns: ``rank, source ("device"|"host"), kind, cls`` (kernel class of
-    :mod:`analyzer.metrics.taxonomy`; None for host ops), ``name, count,
+    :mod:`analyzer.metrics.taxonomy`; None for host ops), ``coll_kind``
+    (communication kernels: the collective kind carrying most of the name's
+    time, host annotations first, :func:`~analyzer.metrics.taxonomy.collective_kinds`;
+    else None), ``name, count,
     total_ms, mean_us, max_us, share_pct``; sorted by ``total_ms``
     descending, ties by name.
     """
@@ -53,6 +56,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     codes, names = pd.factorize(sel["name"])
     kinds = sel["kind"].to_numpy()
     classes = kernel_class(sel) if source == "device" else None
+    coll = _dominant_collective_kind(events, sel, codes, dur_ns) if source == "device" else None
     n = len(names)
     count = np.bincount(codes, minlength=n)
     total_ns = np.bincount(codes, weights=dur_ns, minlength=n)
@@ -71,6 +75,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
             "source": source,
             "kind": [str(kinds[i]) for i in first],
             "cls": [classes[i] for i in first] if classes is not None else None,
+            "coll_kind": [coll.get(int(codes[i])) for i in first] if coll is not None else None,
             "name": [str(v) for v in names],
             "count": count.astype(np.int64),
             "total_ms": total_ns / 1e6,
@@ -81,3 +86,15 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     )
     out = out.sort_values(["total_ms", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
     return out if limit is None else out.head(limit).reset_index(drop=True)
+
+
+def _dominant_collective_kind(events: pd.DataFrame, sel: pd.DataFrame, codes: np.ndarray, dur_ns: np.ndarray) -> dict[int, str]:
+    """Per name code of the communication kernels in ``sel``: the collective kind with most of its time."""
+    comm = (sel["kind"] == "comm").to_numpy()
+    if not comm.any():
+        return {}
+    kinds = collective_kinds(events).reindex(sel.index[comm])
+    frame = pd.DataFrame({"code": codes[comm], "kind": kinds.to_numpy(object), "dur": dur_ns[comm]})
+    totals = frame.groupby(["code", "kind"])["dur"].sum().reset_index()
+    best = totals.sort_values(["code", "dur"], ascending=[True, False]).drop_duplicates("code")
+    return dict(zip(best["code"].astype(int), best["kind"].astype(str)))

@@ -122,13 +122,22 @@ def rule_micro_batch(f: RunFacts) -> Suggestion | None:
 
 
 def _device_parts(f: RunFacts) -> tuple[float, float, float] | None:
-    """(idle share, batch-proportional device ms, fixed device ms) of a device breakdown."""
+    """(idle share, batch-proportional device ms, fixed device ms) of a device breakdown.
+
+    Exposed communication is fixed (gradient all-reduce, parameter
+    all-gather: sizes set by the model) except its all-to-all share, whose
+    bytes grow with the batch (embedding and expert exchanges), which scales:
+    on an embedding job holding all-to-all constant while doubling the batch
+    predicted a speed-up the job cannot have.
+    """
     if f.shares_source != "device" or not f.step_time_ms:
         return None
     s = f.shares
     scaled = (s.get("compute", 0.0) + s.get("overlapped_comm", 0.0) + s.get("exposed_memcpy", 0.0)) * f.step_time_ms
-    fixed = s.get("exposed_comm", 0.0) * f.step_time_ms
-    return s.get("idle", 0.0), scaled, fixed
+    exposed = s.get("exposed_comm", 0.0) * f.step_time_ms
+    ks = f.kernels
+    batch_share = ks.batch_comm_ms_per_step / ks.comm_ms_per_step if ks and ks.comm_ms_per_step > 0 else 0.0
+    return s.get("idle", 0.0), scaled + exposed * batch_share, exposed * (1.0 - batch_share)
 
 
 @rule
@@ -137,8 +146,8 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
 
     What-if (whatif.device_batch_step_ms): the host launches the same
     kernels, each doing ``k`` times the work, so the step stays at the
-    measured time until the device work ``k * (compute + memcpy) +
-    exposed comm`` catches up. ``k`` is the largest power of two (at most
+    measured time until the device work ``k * (compute + memcpy +
+    exposed all-to-all) + other exposed comm`` catches up. ``k`` is the largest power of two (at most
     MICRO_BATCH_MAX_FACTOR) that fits, at least 2, and no more than memory
     allows (MEMORY_GROWTH_LIMIT) when memory is known.
     """
