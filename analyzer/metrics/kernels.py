@@ -75,7 +75,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
             "source": source,
             "kind": [str(kinds[i]) for i in first],
             "cls": [classes[i] for i in first] if classes is not None else None,
-            "coll_kind": [coll.get(int(codes[i])) for i in first] if coll is not None else None,
+            "coll_kind": pd.Series([coll.get(int(codes[i])) for i in first], dtype=object) if coll is not None else None,
             "name": [str(v) for v in names],
             "count": count.astype(np.int64),
             "total_ms": total_ns / 1e6,
