@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import union
-from analyzer.metrics.text import is_in, text_mask
+from analyzer.metrics.text import is_in, text_map, text_mask
 from analyzer.tables import MATMUL_OPS
 
 # Backward regions: every autograd node runs inside one of these ranges.
@@ -355,9 +355,11 @@ def flop_kernels(events: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     from analyzer.metrics.launch import launches, innermost_containing
     from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_class, kernel_precision
 
-    cls = kernel_class(events)
-    sel = np.isin(cls.astype(str), list(FLOP_CLASSES))
-    k = events.loc[sel, ["name", "start_ns", "end_ns"]]
+    # Classify the device rows only: names are tested once per distinct value among them.
+    device = events.loc[is_in(events["kind"], ("compute", "comm")), ["name", "kind", "start_ns", "end_ns"]]
+    cls = kernel_class(device)
+    sel = is_in(pd.Series(cls, dtype=object), FLOP_CLASSES)
+    k = device.loc[sel]
     link = launches(events)
     pos = link.index.get_indexer(k.index)
     linked = pos >= 0
@@ -374,17 +376,16 @@ def flop_kernels(events: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
         while pending.any():
             account[pending] = parent[account[pending]]
             pending = (account >= 0) & ~valid[np.clip(account, 0, None)]
-    names = [str(n) for n in k["name"]]
     return pd.DataFrame(
         {
-            "name": names,
+            "name": text_map(k["name"], str),
             "cls": cls[sel],
             "start_ns": k["start_ns"].to_numpy(np.int64),
             "dur_ns": (k["end_ns"] - k["start_ns"]).to_numpy(np.int64),
             "op": op,
             "account": account,
             "linked": linked,
-            "precision": [kernel_precision(n) for n in names],
+            "precision": text_map(k["name"], kernel_precision),
         },
         index=k.index,
     )
