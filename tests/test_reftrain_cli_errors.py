@@ -111,7 +111,7 @@ def test_resume_without_checkpoint(tmp_path: Path) -> None:
 
 
 # ------------------------------------------- repeated configs repeat the world size
-EXAMPLE_RUN = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2-slow-rank1"
+EXAMPLE_RUN = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2"
 
 
 def _planned(monkeypatch, capsys, *argv: str, environ: dict | None = None) -> tuple[str, int | None, str]:
