@@ -51,32 +51,38 @@ def lr_at(step: int, cfg: Config) -> float:
 class Injector:
     """Deliberate compute slowness, added inside the forward/backward phases so it counts as compute.
 
-    - slow rank: `inject.slow_rank` waits `inject.delay_ms` in the forward of
-      its first micro-batch of every step (a straggler).
-    - slowdown F: after each forward and each backward, every rank waits
-      until the phase has lasted F times its measured compute time, so
-      compute takes F times as long (the wait is (F-1) x the compute).
+    - slow rank: `inject.slow_rank` waits `inject.delay_ms` (wall clock) in
+      the forward of its first micro-batch of every step (a straggler).
+    - slowdown F: after each forward and each backward, every rank does
+      (F-1) times the compute that phase just did, so compute takes F times
+      as long.
 
-    On CPU the wait is a busy loop on the host clock, not `time.sleep`: the
-    injected time must load the machine like the compute it stands for. A
-    sleeping rank hands its core to its neighbours (the other rank, a
-    concurrent run, CI load), which then run faster and hide part of the
-    injection: a sleep-based 1.5x forward/backward once came out as +17.5 %
-    step time under load. The loop calls `time.sleep(0)` each turn so the
-    GIL is released and the rank's other threads (collective callbacks)
-    still run. Waiting to a deadline rather than for a duration keeps the
-    phase at F x compute even when the loop is preempted: only a preemption
-    across the deadline itself overshoots, and that is measured.
+    On CPU both are busy loops, not `time.sleep`: the injected time must
+    load the machine like the compute it stands for. A sleeping rank hands
+    its core to its neighbours (the other rank, a concurrent run, CI load),
+    which then run faster and hide part of the injection: a sleep-based
+    1.5x forward/backward once came out as +17.5 % step time under load.
+    The slowdown is measured and added in *CPU time of the rank's main
+    thread* (`time.thread_time`, where CPU autograd and the one intra-op
+    thread run): wall time of a phase also holds waits for the other ranks
+    (DDP waits for its gradient all-reduce inside backward, FSDP for its
+    all-gathers), and multiplying those would feed one rank's injection
+    into the other's, step after step; and CPU time is what load cannot
+    inflate, so under load the injected work stretches in wall time exactly
+    as the real compute does. The loops call `time.sleep(0)` each turn so
+    the GIL is released and the rank's other threads (collective
+    callbacks) still run.
 
     On CUDA the wait is `torch.cuda._sleep`, a kernel that spins for a number
     of GPU clock cycles (calibrated once with CUDA events), so the delay is
     device time where the real compute is; compute and wait are timed with
     CUDA events and a synchronize.
 
-    What was injected is measured, not assumed: `injected_forward_ms` and
-    `injected_backward_ms` (their sum `injected_ms`) are the measured
-    durations of the waits in this step, written to each metrics record so
-    the analyzer can tell injected from measured time.
+    What was injected is measured, not assumed: per step, `injected` holds
+    the wall-clock ms the waits added to the forward and backward phases,
+    and (slowdown on CPU) `compute_cpu_ms` / `injected_cpu_ms` the CPU time
+    of the phases' own work and of the injected work. All go into each
+    metrics record, so the analyzer can tell injected from measured time.
     """
 
     def __init__(self, cfg: Config, rank: int, device: torch.device) -> None:
@@ -86,12 +92,12 @@ class Injector:
         self.device = device
         self.cuda = device.type == "cuda"
         self.active = bool(self.delay_ms) or self.factor > 1.0
-        self.injected = {"forward": 0.0, "backward": 0.0}  # measured ms, current step
+        self.start_step()
         self._cycles_per_ms = self._calibrate() if self.active and self.cuda else 0.0
 
     @property
     def injected_ms(self) -> float:
-        """Measured injected time of the current step (ms), forward and backward together."""
+        """Wall-clock ms the injection added to the current step, forward and backward together."""
         return self.injected["forward"] + self.injected["backward"]
 
     def _calibrate(self) -> float:
@@ -104,28 +110,34 @@ class Injector:
         end.synchronize()
         return cycles / max(start.elapsed_time(end), 1e-3)
 
-    def _wait(self, ms: float, kind: str) -> None:
-        """Wait `ms` as compute would (see the class docstring); add the measured wait to `kind`."""
+    def _cuda_wait(self, ms: float, kind: str) -> None:
         if ms <= 0:
             return
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(int(ms * self._cycles_per_ms))
-            end.record()
-            end.synchronize()
-            self.injected[kind] += start.elapsed_time(end)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(int(ms * self._cycles_per_ms))
+        end.record()
+        end.synchronize()
+        self.injected[kind] += start.elapsed_time(end)
+
+    def _spin(self, ms: float, kind: str, clock) -> None:
+        """Busy-wait until `clock` (seconds) has advanced `ms`; add the wall time it took to `kind`."""
+        if ms <= 0:
             return
-        t0 = time.perf_counter_ns()
-        deadline = t0 + int(ms * 1e6)
-        now = t0
-        while now < deadline:
+        wall0, c0 = time.perf_counter(), clock()
+        target = c0 + ms / 1e3
+        now = c0
+        while now < target:
             time.sleep(0)  # releases the GIL; the core stays busy
-            now = time.perf_counter_ns()
-        self.injected[kind] += (now - t0) / 1e6
+            now = clock()
+        self.injected[kind] += (time.perf_counter() - wall0) * 1e3
+        if clock is time.thread_time:
+            self.injected_cpu_ms += (now - c0) * 1e3
 
     def start_step(self) -> None:
         self.injected = {"forward": 0.0, "backward": 0.0}
+        self.compute_cpu_ms = 0.0  # CPU time of the wrapped phases' own work (slowdown on CPU only)
+        self.injected_cpu_ms = 0.0  # CPU time of the injected work
 
     @contextlib.contextmanager
     def compute(self, kind: str = "forward", first_forward: bool = False):
@@ -133,8 +145,11 @@ class Injector:
         if not self.active:
             yield
             return
-        if first_forward:
-            self._wait(self.delay_ms, kind)
+        if first_forward and self.delay_ms:
+            if self.cuda:
+                self._cuda_wait(self.delay_ms, kind)
+            else:
+                self._spin(self.delay_ms, kind, time.perf_counter)
         if self.factor <= 1.0:
             yield
             return
@@ -144,11 +159,13 @@ class Injector:
             yield
             end.record()
             end.synchronize()
-            self._wait((self.factor - 1.0) * start.elapsed_time(end), kind)
+            self._cuda_wait((self.factor - 1.0) * start.elapsed_time(end), kind)
         else:
-            t0 = time.perf_counter()
+            c0 = time.thread_time()
             yield
-            self._wait((self.factor - 1.0) * (time.perf_counter() - t0) * 1e3, kind)
+            own_ms = (time.thread_time() - c0) * 1e3
+            self.compute_cpu_ms += own_ms
+            self._spin((self.factor - 1.0) * own_ms, kind, time.thread_time)
 
 
 # ---------------------------------------------------------------------------
@@ -493,6 +510,9 @@ class TrainStep:
             "injected_ms": self.injector.injected_ms,
             "injected_forward_ms": self.injector.injected["forward"],
             "injected_backward_ms": self.injector.injected["backward"],
+            # Slowdown on CPU: CPU time of forward + backward's own work and of the injected work.
+            "compute_cpu_ms": self.injector.compute_cpu_ms if self.injector.compute_cpu_ms else None,
+            "injected_cpu_ms": self.injector.injected_cpu_ms if self.injector.compute_cpu_ms else None,
             "time_ns": time.time_ns(),
         }
         self.writer.write(record)
@@ -548,7 +568,10 @@ def _rank_summary(records: list[dict], cfg: Config, start_step: int) -> dict:
         return statistics.median(r[key] for r in pool) if pool else float("nan")
 
     def compute_factor(r: dict) -> float:
-        # Forward + backward over their un-injected part: F when the slowdown did what it says.
+        # (own + injected) / own work of forward + backward: F when the slowdown did what it says.
+        # CPU time where measured (slowdown on CPU), else wall time (CUDA events).
+        if r.get("compute_cpu_ms"):
+            return (r["compute_cpu_ms"] + r["injected_cpu_ms"]) / r["compute_cpu_ms"]
         compute_ms = r["forward_ms"] + r["backward_ms"]
         own_ms = compute_ms - r["injected_ms"]
         return compute_ms / own_ms if own_ms > 0 else float("nan")

@@ -260,26 +260,26 @@ def test_fsdp_run(fsdp_run: Path) -> None:
 
 
 def test_injected_slowdown_is_the_measured_compute_ratio(fsdp_run: Path) -> None:
-    """--inject-slowdown 1.5: each rank's forward and backward last 1.5x their own compute, within 10 %.
+    """--inject-slowdown 1.5: each rank's forward and backward do 1.5x their own work, within 10 %.
 
     Load cannot break this: the ratio compares, within one step of one rank,
-    the phase's measured time with the measured injected wait inside it, and
-    the wait runs to a deadline of (F - 1) x the compute just measured, so
-    both scale with whatever load slowed that compute. Only a preemption
-    across the deadline overshoots; the median over steps and ranks is
-    robust to a few of those.
+    the CPU time of the phases' own work with the CPU time of the injected
+    work after it, both measured on the rank's main thread; time spent
+    descheduled by neighbours counts in neither. Each injected loop stops
+    at most one clock read past its target.
     """
     m = json.loads((fsdp_run / "run.json").read_text())
     ratios = []
     for rank in (0, 1):
         for r in read_jsonl(fsdp_run / "metrics" / f"rank{rank}.jsonl"):
+            assert r["compute_cpu_ms"] > 0 and r["injected_cpu_ms"] > 0
+            ratios.append((r["compute_cpu_ms"] + r["injected_cpu_ms"]) / r["compute_cpu_ms"])
+            # The injected work lengthened both phases on the wall clock, and is part of them.
             for phase in ("forward", "backward"):
-                own_ms = r[f"{phase}_ms"] - r[f"injected_{phase}_ms"]
-                assert r[f"injected_{phase}_ms"] > 0 and own_ms > 0
-                ratios.append(r[f"{phase}_ms"] / own_ms)
+                assert 0 < r[f"injected_{phase}_ms"] < r[f"{phase}_ms"]
             assert r["injected_ms"] == pytest.approx(r["injected_forward_ms"] + r["injected_backward_ms"])
     assert statistics.median(ratios) == pytest.approx(SLOWDOWN, rel=0.10), ratios
-    # run.json keeps the measured factor per rank (median over steps of (fwd + bwd) / un-injected part).
+    # run.json keeps the measured factor per rank (median over steady steps).
     assert m["inject"]["slowdown"] == SLOWDOWN
     assert m["inject"]["measured"]["compute_factor"] == [pytest.approx(SLOWDOWN, rel=0.10)] * 2
 

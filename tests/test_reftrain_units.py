@@ -267,13 +267,23 @@ def test_lr_schedule() -> None:
 def test_injected_slowdown_and_straggler_delay() -> None:
     import time
 
+    def burn(ms: float) -> None:  # stands for compute: CPU work on this thread
+        until = time.thread_time() + ms / 1e3
+        while time.thread_time() < until:
+            pass
+
     slow = Injector(tiny(inject__slowdown=3), rank=0, device=torch.device("cpu"))
     start = time.perf_counter()
-    with slow.compute():
-        time.sleep(0.02)
+    with slow.compute("backward"):
+        burn(20)
     total_ms = (time.perf_counter() - start) * 1e3
-    # waits (3 - 1) x the measured 20+ ms block: the whole block takes >= 3 x 20 ms
-    assert slow.injected_ms >= 40 and total_ms >= 60 and total_ms >= slow.injected_ms + 20
+    # Twice the block's own CPU time is injected, measured in CPU time too, which load cannot
+    # inflate (time descheduled is not CPU time): exact to one loop turn, so 5 % is generous.
+    assert slow.compute_cpu_ms >= 20
+    assert slow.injected_cpu_ms == pytest.approx(2 * slow.compute_cpu_ms, rel=0.05)
+    # On the wall clock the injected work took at least its CPU time, and all of it is backward.
+    assert slow.injected["backward"] >= slow.injected_cpu_ms and slow.injected["forward"] == 0
+    assert total_ms >= slow.injected_ms + 20 >= 60
     for rank, expected in ((1, 30.0), (0, 0.0)):
         inj = Injector(tiny(inject__slow_rank=1, inject__delay_ms=30), rank=rank, device=torch.device("cpu"))
         inj.start_step()
