@@ -415,6 +415,8 @@ def test_communication_page(open_page, analyses):
     assert table["comm/compute overlap % (HTA)"].tolist() == pytest.approx([r.comm_comp_overlap_pct for r in ra.ranks])
     assert table["exposed comm % of step"].tolist() == pytest.approx([20.0, 15.0])
     assert table["exposed comm ms/step"].tolist() == pytest.approx([0.2, 0.15])
+    assert table["waiting at collectives ms/step"].tolist() == pytest.approx(
+        [r.breakdown["collective_wait"]["mean_ms"] for r in ra.ranks])
     coll = frame(at, "arrival skew (ms)")
     assert len(coll) == len(ra.collectives) == 2
     assert coll["arrival skew (ms)"].tolist() == pytest.approx(ra.collectives["skew_ms"].tolist())

@@ -37,6 +37,7 @@ def rank_table(ra: RunAnalysis) -> pd.DataFrame:
                 "exposed comm % of step": r.exposed_comm_pct,
                 "overlapped comm ms/step": parts.get("overlapped_comm", {}).get("mean_ms"),
                 "exposed comm ms/step": parts.get("exposed_comm", {}).get("mean_ms"),
+                "waiting at collectives ms/step": parts.get("collective_wait", {}).get("mean_ms"),
                 "timeline": r.source,
             }
         )
@@ -68,7 +69,9 @@ def render() -> None:
         st.dataframe(table, hide_index=True)
         st.caption(
             "Overlap (HTA): time with communication and compute kernels both running, over communication time. "
-            "Exposed: communication with no compute running, as a share of step time. Both in docs/metrics.md. "
+            "Exposed: communication with no compute running, as a share of step time. Waiting at collectives: "
+            "time this rank waited for a later rank to arrive (not its own communication or compute). All in "
+            "docs/metrics.md. "
             "CPU-only traces have no communication kernels, so the HTA overlap is n/a there."
         )
 
