@@ -478,9 +478,11 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
     out = [f"analyzer compare\n  base: {c.base_path}\n  cand: {c.cand_path}", ""]
     m = c.mfu
     if m.base is not None and m.cand is not None:
-        rescaled = (f" (on the baseline's peak {_pct(m.cand_on_base_peak, 2)})" if m.cand_on_base_peak is not None else "")
+        # Each run's own MFU first (the figure of its report and the runs page), then the comparable one.
+        rescaled = (f"; candidate on the baseline's measured peak {_pct(m.cand_on_base_peak, 2)}, which the change uses"
+                    if m.cand_on_base_peak is not None else "")
         out.append(
-            f"MFU: {_pct(m.base, 2)} -> {_pct(m.cand, 2)}{rescaled} ({100 * m.delta:+.2f} points, drop {m.drop:+.1%})"
+            f"MFU: {_pct(m.base, 2)} -> {_pct(m.cand, 2)} ({100 * m.delta:+.2f} points, drop {m.drop:+.1%}{rescaled})"
             f"  [{m.base_source} / {m.cand_source}]"
         )
     else:

@@ -168,3 +168,50 @@ def test_run_directories_compare_steady_state_metrics_phases() -> None:
     assert set(by_name) == {"data_wait", "forward", "backward", "optimizer", "grad_sync", "other"}
     assert sum(d.delta for d in c.phases) == pytest.approx(3.0)
     assert c.mfu.drop is None
+
+
+def test_candidate_mfu_is_its_own_figure_with_the_rescaled_one_beside_it() -> None:
+    """The issue's case: the runs page said 43.7 % and Compare 23.5 % for the same run.
+
+    Both peaks measured on the same CPU (noise between measurements): the
+    candidate's own MFU stays what its report shows; the rescaled one sits
+    beside it, and the change uses that comparable figure.
+    """
+    from dataclasses import replace
+
+    from analyzer.report import render_compare_text
+
+    base = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
+    cand = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
+    for a, mfu, peak in ((base, 0.40, 1.0e10), (cand, 0.32, 1.25e10)):  # same speed, a 25 % higher measured peak
+        a.mfu = MfuResult("manifest", median=mfu, peak_flops_per_s=peak, peak_source="measured")
+        a.manifest = {**a.manifest, "hardware": {"device_type": "cpu", "cpu_model": "AMD EPYC"}}
+    c = compare(base, cand)
+    assert c.mfu.cand == 0.32  # = cand.mfu.median, the runs page's number
+    assert c.mfu.cand_on_base_peak == pytest.approx(0.40)
+    assert c.mfu.delta == pytest.approx(0.0) and c.mfu.drop == pytest.approx(0.0)
+    doc = c.to_json()["mfu"]
+    assert (doc["cand"], doc["cand_on_base_peak"], doc["cand_comparable"]) == (0.32, pytest.approx(0.40), pytest.approx(0.40))
+    text = render_compare_text(c)
+    assert "MFU: 40.00% -> 32.00% (+0.00 points, drop +0.0%; candidate on the baseline's measured peak 40.00%" in text
+    # Other hardware: no rescale, one figure.
+    other = replace(cand, manifest={**cand.manifest, "hardware": {"device_type": "cpu", "cpu_model": "Intel Xeon"}})
+    c2 = compare(base, other)
+    assert c2.mfu.cand_on_base_peak is None and c2.mfu.drop == pytest.approx(0.2)
+
+
+def test_step_time_is_each_runs_headline() -> None:
+    base = _reftrain_analysis([100, 10, 12, 100, 11], [5] * 5, warmup=1, profiled=[3])
+    cand = _reftrain_analysis([100, 13, 13, 100, 16], [5] * 5, warmup=1, profiled=[3])
+    from analyzer.metrics.step_time import StepTime
+
+    base.step_time = StepTime(11.0, "steady_state", 11.0, 3, 50.0, 1)
+    cand.step_time = StepTime(13.0, "steady_state", 13.0, 3, 60.0, 1)
+    c = compare(base, cand)
+    assert (c.step_time_median.base, c.step_time_median.cand) == (11.0, 13.0)
+    assert c.step_time.base == pytest.approx(11.0) and c.step_time.cand == pytest.approx(14.0)  # means of the phase rows
+    # One run's headline is steady-state, the other's profiled windows: both use their profiled windows.
+    cand.step_time = StepTime(60.0, "profiled_windows", None, 0, 60.0, 1)
+    c = compare(base, cand)
+    assert (c.step_time_median.base, c.step_time_median.cand) == (50.0, 60.0)
+    assert any("compared over both runs' profiled windows" in n for n in c.notes)
