@@ -314,8 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return func(args)
         return func(args)
     except AnalyzerError as exc:
-        for line in getattr(exc, "skipped", ()):  # every unusable file of an analysis with none usable
-            _say("skipped", line)
+        skipped = list(getattr(exc, "skipped", ()))
+        if len(skipped) > 1:  # every unusable file, when the error line names only the first
+            for line in skipped:
+                _say("skipped", line)
         _say("error", exc)
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
