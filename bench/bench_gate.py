@@ -66,12 +66,13 @@ _SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile ti
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="3 trials of none and slow25, idle only (validation)")
-    p.add_argument("--trials", type=int, default=20, help="candidate runs per cell (default 20)")
+    p.add_argument("--quick", action="store_true",
+                   help="validation: 3 trials of none and slow25, idle only (unless --trials/--cases/--loads say otherwise)")
+    p.add_argument("--trials", type=int, help="candidate runs per cell (default 20)")
     p.add_argument("--budget-min", type=float, default=30.0,
                    help="stop starting trials after this many minutes in all, split evenly over the loads (default 30)")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--loads", default="0,1,2", help="background busy processes per condition (default 0,1,2)")
+    p.add_argument("--cases", help=f"comma-separated subset of {','.join(CASES)} (default all)")
+    p.add_argument("--loads", help="background busy processes per condition (default 0,1,2)")
     p.add_argument("--block", type=int, default=2, help="candidate runs between two baseline runs (default 2)")
     p.add_argument("--baselines-per-check", type=int, choices=(1, 2), default=2,
                    help="2: gate each candidate against the baselines before and after its block; 1: the one before")
@@ -80,8 +81,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary folder)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write every trial and the table as JSON")
     args = p.parse_args(argv)
-    if args.quick:
-        args.trials, args.cases, args.loads = 3, "none,slow25", "0"
+    # --quick only fills what was not given.
+    quick = {"trials": 3, "cases": "none,slow25", "loads": "0"}
+    full = {"trials": 20, "cases": ",".join(CASES), "loads": "0,1,2"}
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     args.cases = [c for c in args.cases.split(",") if c]
     args.loads = [int(x) for x in args.loads.split(",") if x]
     bad = [c for c in args.cases if c not in CASES]
