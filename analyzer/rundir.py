@@ -113,7 +113,9 @@ def _out_of_range(rec: dict, ranges: dict[str, tuple[str, float, float, bool]]) 
         if v is None:
             continue
         if kind == "int":
-            if isinstance(v, bool) or not isinstance(v, int):
+            # An integral float (4e8, as json.dumps writes a float count) is an
+            # integer; 1e308 is one too, and fails the int64 range below.
+            if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
                 return f"{name} {_show(v)} is not an integer"
         elif isinstance(v, bool) or not isinstance(v, (int, float)):
             return f"{name} {_show(v)} is not a number"

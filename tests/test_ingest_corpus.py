@@ -287,7 +287,7 @@ def test_one_corrupt_metrics_line_does_not_disable_the_gate(tmp_path: Path) -> N
     rd = read_run_dir(corrupt)
     assert len(rd.metrics) == 54 and rd.metrics["step"].tolist() == list(range(54))
     assert rd.warnings == ["metrics/rank0.jsonl: 1 line with out-of-range values dropped "
-                           "(first: line 11, step 1e+308 is not an integer)"]
+                           "(first: line 11, step 1e+308 is outside [0, 9.22337e+18])"]
     code, err, _ = analyzer("check", "--baseline", str(clean), str(corrupt), "--no-cache")
     assert code == 0, err[-3000:]
     assert "1 line with out-of-range values dropped" in err
@@ -317,6 +317,14 @@ def test_metrics_ranges(tmp_path: Path, bad: dict, first: str) -> None:
     rd = read_run_dir(_metrics_run(tmp_path / "run", [bad, bad]))
     assert len(rd.metrics) == 54
     assert rd.warnings == [f"metrics/rank0.jsonl: 2 lines with out-of-range values dropped (first: line 11, {first})"]
+
+
+def test_integral_floats_are_integers(tmp_path: Path) -> None:
+    """json.dumps writes a float count as 400000000.0: an integer, kept."""
+    from analyzer.rundir import read_run_dir
+
+    rd = read_run_dir(_metrics_run(tmp_path / "run", [{"step": 54.0, "mem_bytes": 4e8, "tokens": 512.0}]))
+    assert rd.warnings == [] and len(rd.metrics) == 55 and rd.metrics["mem_bytes"].dtype == "int64"
 
 
 def test_a_fifo_in_a_run_directory_is_named(tmp_path: Path) -> None:
