@@ -478,8 +478,14 @@ def test_compare_page_shows_gate_and_deltas(open_page, analyses):
     outcome = check(base, cand)
     comparison = compare(base, cand)
     at = open_page("compare", run=SLOW_RUN, base=GOOD_RUN)
-    gate = at.error if outcome.result.regression else at.success
-    assert [g.value for g in gate] == [plain(explain(outcome))]
+    # One box per verdict colour: an inconclusive gate is a warning, never a green pass.
+    boxes = {"regression": at.error, "inconclusive": at.warning, "pass": at.success}
+    for verdict, shown_boxes in boxes.items():
+        texts = [g.value for g in shown_boxes]
+        if verdict == outcome.result.verdict:
+            assert texts == [plain(explain(outcome))]
+        else:
+            assert plain(explain(outcome)) not in texts
     shown = metrics(at)
     # Each run's own MFU, the figure of its overview and the runs table; the drop uses the comparable one.
     assert shown["MFU baseline"] == f"{100 * base.mfu.median:.1f}%"

@@ -83,7 +83,14 @@ def render() -> None:
         from analyzer.check import explain
 
         text = plain(explain(gate))
-        (st.error if gate.result.regression else st.success)(text)
+        # Three verdicts, three colours: an inconclusive gate (runs noisier
+        # than the threshold) must not look like a pass.
+        if gate.result.regression:
+            st.error(text)
+        elif gate.result.inconclusive:
+            st.warning(text)
+        else:
+            st.success(text)
     else:
         st.info(plain(f"The CI gate cannot judge these runs: {loaded.value.gate_error}"))
 
