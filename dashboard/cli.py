@@ -93,6 +93,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def missing_libraries() -> list[str]:
+    """The `dashboard` extra's libraries that cannot be imported here (the analyzer installs without them)."""
+    import importlib.util
+
+    return [name for name in ("streamlit", "plotly") if importlib.util.find_spec(name) is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Validate the arguments, print the URL and exec Streamlit.
 
@@ -100,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     return: the process becomes the Streamlit server.
     """
     args = parse_args(argv)
+    missing = missing_libraries()
+    if missing:
+        print(f"dashboard: {', '.join(missing)} not installed: pip install 'trainperf[dashboard]'", file=sys.stderr)
+        return 2
     runs_dir = Path(args.runs_dir).expanduser()
     if not runs_dir.is_dir():
         print(

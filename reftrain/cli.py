@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         if not in_rank or os.environ.get("RANK") == "0":
             for note in plan.notes:
                 print(f"reftrain: note: {note}", file=sys.stderr, flush=True)
+        _require_torch()
         command = ["reftrain", *argv]
         if plan.nproc is not None:
             return _launch(cfg, plan.nproc, resume, resumed_run, command)
@@ -217,6 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         _write_error_file(f"rank {os.environ.get('RANK', 0)}: {type(exc).__name__}: {exc} (traceback above)")
         return 1
+
+
+def _require_torch() -> None:
+    """torch is the `train` extra (the analyzer installs without it): one line, not a traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ReftrainError("torch is not installed: pip install 'trainperf[train]' "
+                            "(on a CPU machine first: pip install torch==2.13.0)")
 
 
 def _attached_rank(args: argparse.Namespace) -> int:

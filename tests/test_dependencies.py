@@ -37,6 +37,18 @@ _BLOCKER = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, _Absent())
+
+    # Where a package is absent, importlib.util.find_spec answers None
+    # rather than raising: the commands ask it before importing.
+    import importlib.util
+    _real_find_spec = importlib.util.find_spec
+
+    def _find_spec(name, package=None):
+        if name.split(".")[0] in BLOCKED:
+            return None
+        return _real_find_spec(name, package)
+
+    importlib.util.find_spec = _find_spec
     """
 )
 
@@ -100,3 +112,19 @@ def test_analyzer_verbs_run_without_extras(tmp_path: Path) -> None:
     assert "LEAKED []" in line, line
     assert "RANKS 2" in line
     assert json.loads(out.read_text())["ranks"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("from reftrain.cli import main\nraise SystemExit(main(['--nproc', '1', '--steps', '1']))",
+         "reftrain: error: torch is not installed: pip install 'trainperf[train]' "
+         "(on a CPU machine first: pip install torch==2.13.0)"),
+        (f"from dashboard.cli import main\nraise SystemExit(main([{str(ROOT / 'traces')!r}]))",
+         "dashboard: streamlit, plotly not installed: pip install 'trainperf[dashboard]'"),
+    ],
+)
+def test_commands_without_their_extra_say_which_to_install(tmp_path: Path, body: str, expected: str) -> None:
+    proc = _run_without_extras(body, tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [expected], proc.stderr[-2000:]
