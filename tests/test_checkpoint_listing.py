@@ -22,6 +22,38 @@ from reftrain import manifest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants, from /proc (Linux).
+
+    torchrun's agent starts each rank in a session of its own, so killing
+    the launcher's process group leaves the ranks training: the tree has to
+    be collected before the kill."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_bytes()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    for pid in _process_tree(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def _running_manifest(run: Path) -> None:
     run.mkdir(parents=True)
     (run / "config.yaml").write_text("run: {name: null}\n")
@@ -77,7 +109,7 @@ def test_sigkilled_run_lists_its_checkpoints(tmp_path: Path) -> None:
     there (on the old code the list is empty)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "reftrain", "--nproc", "1", "--runs-dir", str(tmp_path), "--run-name", "killed",
-         "--preset", "tiny", "--steps", "100000", "--checkpoint-every", "2", "--set", "profile.enabled=false",
+         "--preset", "tiny", "--steps", "5000", "--checkpoint-every", "2", "--set", "profile.enabled=false",
          "--set", "telemetry.enabled=false"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
@@ -89,8 +121,7 @@ def test_sigkilled_run_lists_its_checkpoints(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no 4 checkpoints within 600 s"
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill_tree(proc)
     on_disk = manifest.complete_checkpoints(run)
     listed = json.loads((run / "run.json").read_text())["files"]["checkpoints"]
     assert len(on_disk) >= 4
