@@ -259,7 +259,20 @@ def test_real_reftrain_runs_straggler_and_mfu(tmp_path: Path) -> None:
     assert slow.mfu.source == "manifest"
     assert abs(slow.mfu.median / slow.mfu.logged_median - 1) < 0.02
     clean = analyze(train("clean"), cache=False)
-    assert clean.stragglers.ranks == [], clean.stragglers.verdict
+    # A clean run on a loaded machine can have a real straggler: a rank that
+    # shares its core with other work arrives late every step (seen: rank 0
+    # +1.5 ms/step beside two busy processes), and the detector is right to
+    # name it. What load cannot produce is lateness of the injected size: the
+    # 100 ms delay is a wall-clock busy wait, so the slow rank's excess stays
+    # near 100 ms whatever the load, while load-made excess on this tiny
+    # model is a few ms (tens at a load average of 18). Hence: the clean
+    # run's largest excess is under half of the injected rank's.
+    def excess(r) -> float:
+        return max((v for v in (r.step_excess_ms, r.lateness_excess_ms) if v is not None), default=0.0)
+
+    injected = excess(next(r for r in slow.stragglers.per_rank if r.rank == 1))
+    assert injected > 50, slow.stragglers.verdict
+    assert max(excess(r) for r in clean.stragglers.per_rank) < injected / 2, clean.stragglers.verdict
     assert abs(clean.mfu.median / clean.mfu.logged_median - 1) < 0.02
     assert clean.errors == [] and {r.source for r in clean.ranks} == {"host"}
 
