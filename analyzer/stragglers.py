@@ -47,7 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analyzer.metrics.taxonomy import collective_kinds
+from analyzer.metrics.taxonomy import collective_kind_of as collective_kind, collective_kinds
 from analyzer.metrics.text import text_map, text_mask
 
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a sample median, in sigma / sqrt(n)
@@ -197,33 +197,12 @@ def _empty_arrivals() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="object" if c in ("key", "kind") else "int64") for c in ARRIVAL_COLUMNS})
 
 
-# c10d op / NCCL kernel names -> collective kind.
-_KIND_PATTERNS = (
-    (re.compile(r"all_?reduce", re.I), "all_reduce"),
-    (re.compile(r"reduce_?scatter", re.I), "reduce_scatter"),
-    (re.compile(r"all_?gather", re.I), "all_gather"),
-    (re.compile(r"all_?to_?all", re.I), "all_to_all"),
-    (re.compile(r"broadcast", re.I), "broadcast"),
-    (re.compile(r"barrier", re.I), "barrier"),
-    (re.compile(r"send_?recv", re.I), "send_recv"),
-    (re.compile(r"\breduce|_reduce|reduce_", re.I), "reduce"),
-    (re.compile(r"send", re.I), "send"),
-    (re.compile(r"recv", re.I), "recv"),
-)
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8,
     "c10::Half": 2, "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
     "long int": 8, "Long": 8, "int64": 8, "int": 4, "Int": 4, "int32": 4, "signed char": 1, "Byte": 1,
     "unsigned char": 1, "Char": 1, "int8": 1, "uint8": 1, "bool": 1, "Bool": 1,
 }
-
-
-def collective_kind(name: str) -> str:
-    """all_reduce, all_gather, ... from a c10d op, collective or NCCL kernel name."""
-    for pattern, kind in _KIND_PATTERNS:
-        if pattern.search(name):
-            return kind
-    return "unknown"
 
 
 def _step_of(times_ns: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
