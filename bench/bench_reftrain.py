@@ -75,7 +75,8 @@ def worker(args: argparse.Namespace) -> None:
     from reftrain.instrument import CollectiveTimer, JsonlWriter, untimed_collectives
     from reftrain.model import Transformer, block_parameter_count, parameter_counts
     from reftrain.profiling import StepProfiler
-    from reftrain.train import Injector, TrainStep, _optimizer, lr_at
+    from reftrain.inject import Injector
+    from reftrain.train import TrainStep, _optimizer, lr_at
 
     warmup_pairs = 3
     total_b_steps = warmup_pairs + args.pairs + 3 * args.windows

@@ -17,7 +17,8 @@ from reftrain.data import SYNTHETIC_NOISE, SyntheticTokens, build_loader, check_
 from reftrain.errors import ReftrainError
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from reftrain.profiling import StepProfiler
-from reftrain.train import Injector, lr_at
+from reftrain.inject import Injector
+from reftrain.train import lr_at
 
 REPO = Path(__file__).resolve().parent.parent
 
