@@ -52,6 +52,7 @@ MFU counts and whose time FLOP coverage is measured against.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -97,8 +98,13 @@ TF32_KERNEL_RE = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm|s168
 FP8_KERNEL_RE = re.compile(r"e4m3|e5m2|fp8|f8f8|_f8_|float8", re.I)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def classify_name(name: str) -> str:
-    """Class of a compute or communication kernel by name alone (never memcpy/memset)."""
+    """Class of a compute or communication kernel by name alone (never memcpy/memset).
+
+    Cached: each name runs up to seven regex searches, a trace has a few hundred
+    distinct kernel names, and several metrics classify the same trace.
+    """
     for cls, pattern in _PATTERNS:
         if pattern.search(name):
             return cls
@@ -112,10 +118,10 @@ def kernel_class(events: pd.DataFrame) -> np.ndarray:
     loader's nccl/rccl match) or the name; the rest from the name.
     """
     kind = events["kind"].astype(object).to_numpy()
-    by_name = text_map(events["name"], classify_name, "other")
     out = np.full(len(events), None, dtype=object)
     device = np.isin(kind, ("compute", "comm", "memcpy", "memset"))
-    out[device] = by_name[device]
+    # Only device rows' names are classified: host op names are as many again and never used.
+    out[device] = text_map(events["name"][device], classify_name, "other")
     out[kind == "comm"] = "communication"
     out[kind == "memcpy"] = "memcpy"
     out[kind == "memset"] = "memset"

@@ -28,7 +28,9 @@ def _per_value(codes: np.ndarray, values: list, fn: Callable[[str], object], dty
     thousands of names (the communication kernels, say) only evaluates the
     names it uses."""
     table = np.full(len(values) + 1, missing, dtype=dtype)
-    used = np.unique(codes[codes >= 0]) if len(codes) < len(values) else range(len(values))
+    # The distinct codes in use, by counting (linear; np.unique sorts): a column's
+    # categories include every name of the trace, a selection uses few of them.
+    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values)))
     for i in used:
         table[i] = fn(str(values[i]))
     return table[np.where(codes >= 0, codes, len(values))]
