@@ -36,7 +36,12 @@ the median over repeats.
 Folders (``bench_load.prepare_cases``): the two largest shared HTA samples
 and an 8-rank folder made by copying the largest one under rank ids 0..7
 (``distributedInfo.rank`` and ``world_size`` rewritten), built once under
-``--out``. The shared folders are read-only, so the analyzer's cache goes to
+``--out``. ``--before REF`` adds a fifth tool, **analyzer-before**: the
+cold report by the code of git revision REF (exported with ``git archive``
+(its ``analyzer`` and ``reftrain``, which the old analyzer imported) into ``--out``, byte-compiled like ``make install`` does, and run with the
+same interpreter and libraries with that source first on ``sys.path``), in
+the same cache state as analyzer cold, interleaved with it, so a change's
+cost is read as a ratio from one run rather than from two sessions. The shared folders are read-only, so the analyzer's cache goes to
 ``$XDG_CACHE_HOME/trainperf``; the benchmark points ``XDG_CACHE_HOME`` into
 ``--out`` and empties it (and any ``.analyzer-cache`` beside the traces)
 before each cold run. Linux only (/proc).
@@ -48,6 +53,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,7 +80,7 @@ print(len(overlap), len(breakdown))
 @dataclass
 class Measurement:
     folder: str
-    tool: str  # "hta" | "analyzer-cold" | "analyzer-warm" | "analyzer-tables"
+    tool: str  # "hta" | "analyzer-cold" | "analyzer-warm" | "analyzer-tables" | "analyzer-before"
     repeat: int
     wall_s: float
     cpu_s: float
@@ -120,19 +126,39 @@ def clear_report_cache(folder: Path, user_cache: Path) -> None:
             entry.unlink()
 
 
+def export_revision(ref: str, out: Path) -> Path:
+    """The source tree of git revision ``ref`` under ``out`` (exported once), byte-compiled."""
+    rev = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+    src = out / f"before-{rev}"
+    if not (src / "reftrain").is_dir():
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", rev, "analyzer", "reftrain"], cwd=REPO, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        # An editable install gets its bytecode from `make install`'s compileall; give the old tree the same.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], check=True)
+    return src
+
+
+BEFORE_SCRIPT = "import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'analyzer'; from analyzer.cli import console_main; sys.exit(console_main())"
+
+
 # ----------------------------------------------------------------- main
-def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path) -> Measurement:
+def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path,
+            before_src: Path | None = None) -> Measurement:
     user_cache = out / "xdg-cache"
     env = dict(os.environ, PYTHONWARNINGS="ignore", XDG_CACHE_HOME=str(user_cache))
     prepare = lambda: None  # noqa: E731
     if tool == "hta":
         cmd = [sys.executable, "-c", HTA_SCRIPT, str(folder)]
     else:
-        if tool == "analyzer-cold":
+        if tool in ("analyzer-cold", "analyzer-before"):
             prepare = lambda: clear_analyzer_cache(folder, user_cache)  # noqa: E731
         elif tool == "analyzer-tables":
             prepare = lambda: clear_report_cache(folder, user_cache)  # noqa: E731
         cmd = [str(BIN / "analyzer"), "report", str(folder), "--json", str(out / f"{folder_name}.report.json")]
+        if tool == "analyzer-before":
+            cmd = [sys.executable, "-c", BEFORE_SCRIPT, str(before_src), *cmd[1:3], "--json", str(out / f"{folder_name}.before.json")]
     wall, cpu, pss, rss, rc, err, sampled_wall = run_measured(cmd, env, prepare)
     if rc != 0:
         print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -146,7 +172,7 @@ def summarize(results: list[Measurement]) -> list[dict]:
     rows = []
     for folder in dict.fromkeys(m.folder for m in results):
         by_tool = {}
-        for tool in ("hta", "analyzer-cold", "analyzer-warm", "analyzer-tables"):
+        for tool in ("hta", "analyzer-cold", "analyzer-warm", "analyzer-tables", "analyzer-before"):
             ms = [m for m in results if m.folder == folder and m.tool == tool]
             if ms:
                 by_tool[tool] = {
@@ -166,6 +192,15 @@ def summarize(results: list[Measurement]) -> list[dict]:
             row["cpu_speedup_cold"] = hta["cpu_s"] / cold["cpu_s"]
             row["pss_ratio_cold"] = cold["peak_pss_mb"] / hta["peak_pss_mb"]
             row["rss_ratio_cold"] = cold["peak_rss_mb"] / hta["peak_rss_mb"]
+        before = by_tool.get("analyzer-before")
+        if before and cold:
+            row["cold_over_before"] = cold["wall_s"] / before["wall_s"]
+            row["cold_over_before_cpu"] = cold["cpu_s"] / before["cpu_s"]
+            row["cold_over_before_per_repeat"] = [
+                c.wall_s / b.wall_s
+                for c in results if c.folder == folder and c.tool == "analyzer-cold"
+                for b in results if b.folder == folder and b.tool == "analyzer-before" and b.repeat == c.repeat
+            ]
         rows.append(row)
     return rows
 
@@ -188,6 +223,13 @@ def print_summary(rows: list[dict]) -> None:
             f"{r.get('speedup_cold', nan):6.1f}x {r.get('cpu_speedup_cold', nan):5.1f}x "
             f"{r.get('pss_ratio_cold', nan):7.2f} {r.get('rss_ratio_cold', nan):7.2f}"
         )
+    if any("cold_over_before" in r for r in rows):
+        print(f"\n{'folder':18s} | {'before s':>8s} {'cpu s':>6s} {'PSS MB':>6s} | {'cold s':>6s} | {'cold/before':>11s} {'cpu':>5s} | per repeat")
+        for r in rows:
+            b, c = r.get("analyzer-before", {}), r.get("analyzer-cold", {})
+            per = ", ".join(f"{x:.2f}" for x in r.get("cold_over_before_per_repeat", []))
+            print(f"{r['folder']:18s} | {b.get('wall_s', nan):8.2f} {b.get('cpu_s', nan):6.2f} {b.get('peak_pss_mb', nan):6.0f} | "
+                  f"{c.get('wall_s', nan):6.2f} | {r.get('cold_over_before', nan):11.2f} {r.get('cold_over_before_cpu', nan):5.2f} | {per}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and folder (median reported)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "analyzer", help="working folder (git-ignored)")
     parser.add_argument("--folders", nargs="*", help="subset of folder names to run")
+    parser.add_argument("--before", metavar="REF", help="also time the cold report of git revision REF, interleaved (a change's cost as a ratio)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     folders = prepare_cases(args.out)
@@ -202,14 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         folders = {k: v for k, v in folders.items() if k in args.folders}
     sizes = {name: json_mb(path) for name, path in folders.items()}
     print(f"machine: {os.cpu_count()} CPUs; folders: " + ", ".join(f"{k} ({v:.0f} MB JSON)" for k, v in sizes.items()))
+    before_src = export_revision(args.before, args.out) if args.before else None
     tools = ["hta", "analyzer-cold", "analyzer-warm", "analyzer-tables"]
+    before = ["analyzer-before"] if before_src else []
     results: list[Measurement] = []
     for repeat in range(args.repeats):
         # Alternate which tool goes first; warm and tables always follow cold.
-        order = tools if repeat % 2 == 0 else ["analyzer-cold", "analyzer-warm", "analyzer-tables", "hta"]
+        order = tools + before if repeat % 2 == 0 else before + ["analyzer-cold", "analyzer-warm", "analyzer-tables", "hta"]
         for name, path in folders.items():
             for tool in order:
-                results.append(measure(name, path, tool, repeat, sizes[name], args.out))
+                results.append(measure(name, path, tool, repeat, sizes[name], args.out, before_src))
     rows = summarize(results)
     print_summary(rows)
     (args.out / "bench_analyzer.json").write_text(
