@@ -7,11 +7,21 @@ metrics record (docs/rundir.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
 
 from reftrain.config import Config
+
+_BURN_SIZE = 32  # 32x32 float matmul: ~2 us on one core, so the spin overshoots its target by no more
+
+
+@functools.lru_cache(maxsize=1)
+def _burn_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.full((_BURN_SIZE, _BURN_SIZE), 0.5)
+    return a, a
+
 
 class Injector:
     """Deliberate compute slowness, added inside the forward/backward phases so it counts as compute.
@@ -34,9 +44,15 @@ class Injector:
     all-gathers), and multiplying those would feed one rank's injection
     into the other's, step after step; and CPU time is what load cannot
     inflate, so under load the injected work stretches in wall time exactly
-    as the real compute does. The loops call `time.sleep(0)` each turn so
-    the GIL is released and the rank's other threads (collective
-    callbacks) still run.
+    as the real compute does. Each turn of the loop is a small matmul
+    (`_BURN`, single-threaded, a few microseconds), which releases the GIL
+    so the rank's other threads (collective callbacks) still run. It used
+    to be `time.sleep(0)`: on Linux that is a zero-length nanosleep which
+    still sleeps for the thread's timer slack (~50-60 us) while using
+    almost no CPU, so a spin of 10 ms CPU time took ~29 ms of wall time
+    (measured), and `--inject-slowdown 2` made forward and backward 3x+ as
+    long on an idle machine (issue 9: the bench's 5/10/25 % cases gave
+    +4.7/+23/+77 %).
 
     On CUDA the wait is `torch.cuda._sleep`, a kernel that spins for a number
     of GPU clock cycles (calibrated once with CUDA events), so the delay is
@@ -92,8 +108,9 @@ class Injector:
         wall0, c0 = time.perf_counter(), clock()
         target = c0 + ms / 1e3
         now = c0
+        burn = _burn_operands()
         while now < target:
-            time.sleep(0)  # releases the GIL; the core stays busy
+            torch.mm(*burn)  # CPU work with the GIL released; see the class docstring (not time.sleep(0))
             now = clock()
         self.injected[kind] += (time.perf_counter() - wall0) * 1e3
         if clock is time.thread_time:

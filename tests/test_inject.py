@@ -1,0 +1,64 @@
+"""reftrain.inject: `--inject-slowdown F` makes the wrapped compute take F times as long on the wall clock."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from reftrain.config import Config, apply_set, resolve
+from reftrain.inject import Injector
+
+
+def _cfg(**sets: object) -> Config:
+    cfg = Config()
+    apply_set(cfg, "model.preset=tiny")
+    for key, value in sets.items():
+        apply_set(cfg, f"{key.replace('__', '.')}={value}")
+    return resolve(cfg)
+
+
+def _work(ms: float) -> None:
+    """Stands for a phase's compute: small matmuls on this thread until `ms` of its CPU time passed."""
+    a = torch.full((64, 64), 0.25)
+    until = time.thread_time() + ms / 1e3
+    while time.thread_time() < until:
+        torch.mm(a, a)
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_slowdown_takes_factor_times_as_long_on_the_wall_clock(factor: float) -> None:
+    # The measured ratio: the wall time of a wrapped phase over the wall time of its own work
+    # (timed inside the block), summed over 40 phases of 5 ms CPU work, must be F within 10 %.
+    # Why load cannot flake it: the own work and the injected work are both CPU work on this
+    # thread, interleaved every few ms, so being descheduled by neighbours stretches both alike
+    # and the ratio stays F; sums over 40 phases average out which of the two a time slice hit.
+    # The defect this guards against is no 10 % effect: spinning with `time.sleep(0)` each turn
+    # slept ~60 us of timer slack per turn for ~1 us of CPU, so the injected part took ~3x its
+    # CPU time and the ratio came out 1 + 3 (F - 1) (4.0 for F = 2, measured).
+    torch.set_num_threads(1)
+    inj = Injector(_cfg(inject__slowdown=factor), rank=0, device=torch.device("cpu"))
+    own_ms = phase_ms = 0.0
+    for i in range(40):
+        inj.start_step()
+        kind = "forward" if i % 2 else "backward"
+        t0 = time.perf_counter()
+        with inj.compute(kind):
+            t1 = time.perf_counter()
+            _work(5.0)
+            own_ms += (time.perf_counter() - t1) * 1e3
+        this_ms = (time.perf_counter() - t0) * 1e3
+        phase_ms += this_ms
+        # The injector's own record of injected wall time lies inside the phase, in the right phase.
+        assert 0 < inj.injected[kind] < this_ms and inj.injected_ms == inj.injected[kind]
+        # In CPU time the injection is exact to one turn of its loop (a few us).
+        assert inj.injected_cpu_ms == pytest.approx((factor - 1) * inj.compute_cpu_ms, rel=0.02)
+    assert phase_ms / own_ms == pytest.approx(factor, rel=0.10)
+
+
+def test_inactive_injector_adds_nothing() -> None:
+    inj = Injector(_cfg(), rank=0, device=torch.device("cpu"))
+    assert not inj.active
+    with inj.compute("forward", first_forward=True):
+        _work(1.0)
+    assert inj.injected_ms == 0.0 and inj.compute_cpu_ms == 0.0 and inj.injected_cpu_ms == 0.0
