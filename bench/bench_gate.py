@@ -12,9 +12,14 @@ that drift of the machine hits every case alike:
 
 - `none`: the same configuration (no change: every regression is a false alarm);
 - `slow5`, `slow10`, `slow25`: `--inject-slowdown F` with F chosen so that
-  the step gets 5, 10 or 25 % longer: F = 1 + s / c, with c the first
-  baseline's median share of forward + backward in the step time (the
-  other phases do not change);
+  the step gets 5, 10 or 25 % longer: F = 1 + s / c, with c the median
+  share of forward + backward's own CPU work (`compute_cpu_ms`) in the step
+  time, measured by a calibration run (`--inject-slowdown 1.0001`, not
+  used as a baseline) at the start of each load condition. The injection
+  multiplies that CPU work by F (reftrain/inject.py); the phases' wall time
+  also holds waits for the other rank (the gradient all-reduce ends inside
+  backward), which it does not multiply, so sizing from the phases' wall
+  share (as this bench once did) undershoots;
 - `straggler`: rank 1 waits 25 % of the first baseline's median step time
   in every forward (`--inject-slow-rank 1 --inject-delay-ms D`), so the
   job's step gets about 25 % longer.
@@ -158,8 +163,14 @@ def median_step_ms(run: Path) -> float:
 
 
 def compute_share(run: Path) -> float:
-    """Median over steady (rank, step) records of (forward + backward) / step time."""
-    return statistics.median((r["forward_ms"] + r["backward_ms"]) / r["step_time_ms"] for r in steady_records(run))
+    """Median over steady (rank, step) records of forward + backward's own CPU work over step time.
+
+    `compute_cpu_ms` is recorded only when a slowdown is injected, hence the calibration run.
+    """
+    recs = steady_records(run)
+    if not all(r.get("compute_cpu_ms") for r in recs):
+        raise SystemExit(f"bench_gate: {run} has no compute_cpu_ms (train it with --inject-slowdown)")
+    return statistics.median(r["compute_cpu_ms"] / r["step_time_ms"] for r in recs)
 
 
 def gate(cand: Path, baselines: list[Path], check_args: list[str]) -> dict:
@@ -229,9 +240,12 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
     runs_dir = root / f"load{load}"
     runs_dir.mkdir(parents=True, exist_ok=True)
     print(f"\n== load {load}: {load} busy process(es)", flush=True)
+    calib = train(runs_dir, "calibrate", args.steps, ["--inject-slowdown", "1.0001"])
+    share = compute_share(calib)
     bases = [train(runs_dir, "base0", args.steps, [])]
-    share, step_ms = compute_share(bases[0]), median_step_ms(bases[0])
-    print(f"   first baseline: median step {step_ms:.1f} ms, forward+backward {100 * share:.0f}% of it", flush=True)
+    step_ms = median_step_ms(bases[0])
+    print(f"   first baseline: median step {step_ms:.1f} ms; forward+backward's own CPU work "
+          f"{100 * share:.0f}% of a step (calibration run)", flush=True)
     mine = []
     for case in args.cases:
         if case in SLOWER:
