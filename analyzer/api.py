@@ -256,11 +256,14 @@ def analyze(
 
 
 def _load_windows(files: list[Path], cache: bool, jobs: ParseJobs | None) -> TraceSet:
-    """Load reftrain traces, merging a rank's profiler windows (``rank{R}.step{N}``) into one."""
+    """Load reftrain traces, merging a rank's profiler windows (``step{N}/rank{R}``,
+    or ``rank{R}.step{N}`` in older runs) into one."""
+    from analyzer.locate import trace_window
+
     windows: dict[str, list[Path]] = {}
     for f in files:
-        m = _WINDOW_RE.search(f.name)
-        windows.setdefault(m.group(2) if m else "", []).append(f)
+        w = trace_window(f)
+        windows.setdefault("" if w is None else str(w), []).append(f)
     if len(windows) <= 1:
         return load_traces(files, cache=cache, jobs=jobs)
     merged = TraceSet()
