@@ -104,10 +104,12 @@ def trace_windows(run: RunEntry) -> dict[str, list[Path]]:
     in time; a timeline shows one window at a time. Keys are ``"step N"``
     (the window's last step) or ``"all traces"`` for a trace folder.
     """
+    from analyzer.locate import trace_window
+
     windows: dict[str, list[Path]] = {}
     for f in trace_files(run):
-        m = _WINDOW_RE.match(f.name) if run.kind == "reftrain" else None
-        windows.setdefault(f"step {m.group(1)}" if m else "all traces", []).append(f)
+        w = trace_window(f) if run.kind == "reftrain" else None  # both layouts (docs/rundir.md)
+        windows.setdefault(f"step {w}" if w is not None else "all traces", []).append(f)
     return dict(sorted(windows.items(), key=lambda kv: _window_order(kv[0])))
 
 
