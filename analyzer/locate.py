@@ -202,20 +202,42 @@ def _natural_key(p: Path) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(p))]
 
 
+# A run's trace files, both layouts: traces/step{N}/rank{R}.pt.trace.json.gz
+# (one folder per profiler window) and, before it, traces/rank{R}.step{N}.json.gz.
+RUN_TRACE_PATTERNS = ("traces/*.json*", "traces/*/*.json*")
+_OLD_WINDOW_RE = re.compile(r"^rank\d+\.step(\d+)\.json(?:\.gz)?$")
+_WINDOW_DIR_RE = re.compile(r"^step(\d+)$")
+
+
+def trace_window(path: Path) -> int | None:
+    """The last step of the profiler window a reftrain trace file holds:
+    N of ``step{N}/rank{R}.pt.trace.json.gz`` (its folder) or of
+    ``rank{R}.step{N}.json.gz`` (the older flat layout); None for any other
+    name (a trace not written by reftrain)."""
+    path = Path(path)
+    m = _OLD_WINDOW_RE.match(path.name)
+    if m:
+        return int(m.group(1))
+    m = _WINDOW_DIR_RE.match(path.parent.name)
+    if m and path.name.startswith("rank") and path.name.endswith(TRACE_SUFFIXES):
+        return int(m.group(1))
+    return None
+
+
 def run_trace_files(run_dir: Path) -> list[Path]:
     """The trace files of a reftrain run directory: the manifest's
-    ``files.traces``, else ``traces/*.json*`` (absolute paths, as the
-    run-directory reader gives them)."""
+    ``files.traces``, else what :data:`RUN_TRACE_PATTERNS` find (absolute
+    paths, as the run-directory reader gives them)."""
     run_dir = Path(run_dir)
     try:
         listed = orjson.loads((run_dir / MANIFEST).read_bytes()).get("files", {}).get("traces")
     except (OSError, orjson.JSONDecodeError, AttributeError):
         listed = None
     # Missing listed files are the run-directory reader's to report.
-    return [(run_dir / rel).absolute() for rel in listed_or_found(run_dir, listed, "traces/*.json*", [])]
+    return [(run_dir / rel).absolute() for rel in listed_or_found(run_dir, listed, RUN_TRACE_PATTERNS, [])]
 
 
-def listed_or_found(root: Path, listed: object, pattern: str, errors: list[str]) -> list[str]:
+def listed_or_found(root: Path, listed: object, pattern: str | tuple[str, ...], errors: list[str]) -> list[str]:
     """The manifest's list of a family's files (relative paths); when it
     lists none (a run still running, or one that failed early), what is on
     disk. Listed files that do not exist are reported. Paths that exist but
@@ -229,7 +251,10 @@ def listed_or_found(root: Path, listed: object, pattern: str, errors: list[str])
             else:
                 errors.append(f"{rel}: listed in {MANIFEST} but missing")
         return out
-    return sorted((str(p.relative_to(root)) for p in root.glob(pattern) if not p.is_dir()), key=lambda rel: _natural_key(Path(rel)))
+    patterns = (pattern,) if isinstance(pattern, str) else pattern
+    found = {str(p.relative_to(root)) for pat in patterns for p in root.glob(pat)
+             if not p.is_dir() and not _hidden(p, root)}
+    return sorted(found, key=lambda rel: _natural_key(Path(rel)))
 
 
 def trace_files_of(path: Path) -> list[Path]:

@@ -23,7 +23,7 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.locate import MANIFEST, is_run_dir, listed_or_found, unusable_reason  # noqa: F401 - part of this module's API
+from analyzer.locate import MANIFEST, RUN_TRACE_PATTERNS, is_run_dir, listed_or_found, unusable_reason  # noqa: F401 - part of this module's API
 
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
 _SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")
@@ -201,7 +201,7 @@ def read_run_dir(path: Path) -> RunDir:
                 frames.append(frame)
         tables[family] = _conform(frames, columns, "time_ns" if family == "telemetry" else "step")
     traces = []
-    for rel in listed_or_found(path, files.get("traces"), "traces/*.json*", errors):
+    for rel in listed_or_found(path, files.get("traces"), RUN_TRACE_PATTERNS, errors):
         traces.append((path / rel).absolute())
     return RunDir(
         path=path,

@@ -1,6 +1,11 @@
 """torch.profiler on a schedule, writing one gzipped Kineto trace per window per rank.
 
-Traces are `traces/rank{R}.step{N}.json.gz`, N the last step of the window.
+Traces are `traces/step{N}/rank{R}.pt.trace.json.gz`: one folder per
+profiler window, N its last step, so that HTA's TraceAnalysis and the
+TensorBoard plugin (which take a folder and want one trace per rank, of the
+same window) read one consistent window. Runs from before this layout hold
+`traces/rank{R}.step{N}.json.gz`; the analyzer reads both
+(analyzer.locate.trace_window).
 ProfilerStep#N markers carry the run's global step index (also after a
 resume), so trace steps join metrics records by `step`. torch adds
 `distributedInfo` (backend, rank, world size, process groups) to the trace
@@ -69,7 +74,7 @@ class StepProfiler:
         self.rank = rank
         self.traces_dir = Path(traces_dir)
         self.start_step = start_step
-        self.traces: list[str] = []  # file names written, relative to traces_dir
+        self.traces: list[str] = []  # files written, relative to traces_dir
         self._finished_step = start_step - 1
         self._prof: torch.profiler.profile | None = None
         if not cfg.enabled:
@@ -101,8 +106,9 @@ class StepProfiler:
         return self.action(step) in _COLLECTING
 
     def _write_trace(self, prof: torch.profiler.profile) -> None:
-        self.traces_dir.mkdir(parents=True, exist_ok=True)
-        name = f"rank{self.rank}.step{self._finished_step}.json.gz"
+        window = self.traces_dir / f"step{self._finished_step}"
+        window.mkdir(parents=True, exist_ok=True)
+        name = f"{window.name}/rank{self.rank}.pt.trace.json.gz"  # the TB plugin's suffix
         prof.export_chrome_trace(str(self.traces_dir / name))  # torch gzips a .gz path
         self.traces.append(name)
 

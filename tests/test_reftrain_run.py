@@ -88,7 +88,7 @@ def test_manifest(ddp_run: Path) -> None:
         "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
         "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"],
         "telemetry": [],
-        "traces": ["traces/rank0.step3.json.gz", "traces/rank1.step3.json.gz"],
+        "traces": ["traces/step3/rank0.pt.trace.json.gz", "traces/step3/rank1.pt.trace.json.gz"],
         "checkpoints": ["checkpoints/step3", "checkpoints/step6"],
     }
     for rel in [*m["files"]["metrics"], *m["files"]["collectives"], *m["files"]["traces"]]:
@@ -102,7 +102,7 @@ def test_manifest(ddp_run: Path) -> None:
 
 def test_traces_have_steps_phases_and_distributed_info(ddp_run: Path) -> None:
     for rank in (0, 1):
-        trace = json.loads(gzip.open(ddp_run / "traces" / f"rank{rank}.step3.json.gz").read())
+        trace = json.loads(gzip.open(ddp_run / "traces" / "step3" / f"rank{rank}.pt.trace.json.gz").read())
         info = trace["distributedInfo"]
         assert info["rank"] == rank and info["world_size"] == 2 and info["backend"] == "gloo"
         names = defaultdict(int)
