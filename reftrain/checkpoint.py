@@ -12,7 +12,9 @@ can find and check a checkpoint path without importing it.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 from reftrain.errors import ReftrainError
@@ -29,7 +31,8 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
 
     PATH is a run directory (its latest complete checkpoint is taken) or one
     `checkpoints/step{K}` directory. A checkpoint is complete when DCP's
-    `.metadata` file exists (DCP writes it last).
+    `.metadata` file exists (DCP writes it last); saves are also atomic
+    (see :func:`save`), so a `step{K}` folder is complete by construction.
     """
     path = Path(path)
     if not path.exists():
@@ -49,9 +52,31 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
     return path, max(steps)[1]
 
 
-def save(run_dir: Path, step: int, model, optimizer) -> Path:
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's latest complete checkpoint, or None (a restarted job resumes from it)."""
+    try:
+        return find_checkpoint(Path(run_dir))[1]
+    except ReftrainError:
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(run_dir: Path, step: int, model, optimizer, before_publish=None) -> Path:
     """Save model + optimizer + step as checkpoints/step{step} and list it in
-    run.json (rank 0). Collective: call on all ranks."""
+    run.json (rank 0). Collective: call on all ranks.
+
+    Atomic: DCP writes into `checkpoints/.step{K}.tmp` (its FileSystemWriter
+    fsyncs each file, sync_files=True); rank 0 then fsyncs the folder, renames
+    it to `step{K}` and fsyncs `checkpoints/`, so a save killed at any point
+    (SIGKILL included) leaves no `step{K}` and the previous checkpoint is the
+    latest. `before_publish(step)` runs between the two (fault injection)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -60,13 +85,28 @@ def save(run_dir: Path, step: int, model, optimizer) -> Path:
     from reftrain import manifest
 
     path = checkpoint_dir(run_dir, step)
+    tmp = path.with_name(f".{path.name}.tmp")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0 and tmp.exists():  # left by a save that was killed
+        shutil.rmtree(tmp)
+    if dist.is_initialized():
+        dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}}, checkpoint_id=str(path))
-    # dcp.save returns on the coordinator (rank 0) after it wrote .metadata:
-    # the checkpoint is complete, so run.json lists it now, not only when
-    # the run ends well (issue 17: a killed run recorded no checkpoints).
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    dcp.save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}}, checkpoint_id=str(tmp))
+    # dcp.save returns on every rank after the coordinator wrote .metadata.
+    if before_publish is not None:
+        before_publish(step)
+    if dist.is_initialized():
+        dist.barrier()  # every rank's fault point passed: nobody dies after the rename
+    if rank0:
+        _fsync_dir(tmp)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        # The checkpoint is complete, so run.json lists it now, not only when
+        # the run ends well (issue 17: a killed run recorded no checkpoints).
         manifest.record_checkpoints(run_dir)
+    if dist.is_initialized():
+        dist.barrier()  # nobody reads step{K} before it exists
     return path
 
 

@@ -49,6 +49,8 @@ _FLAG_KEYS = {
     "inject_delay_ms": "inject.delay_ms",
     "inject_slowdown": "inject.slowdown",
     "peak_flops": "run.peak_flops",
+    "crash_rank": "fault.crash_rank",
+    "crash_step": "fault.crash_step",
 }
 _DEMO = {"train.device": "cpu", "profile.enabled": True}
 
@@ -84,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inject-slow-rank", type=int, metavar="R", help="make rank R a straggler (inject.slow_rank)")
     p.add_argument("--inject-delay-ms", type=float, metavar="D", help="the straggler's delay per step (inject.delay_ms)")
     p.add_argument("--inject-slowdown", type=float, metavar="F", help="all compute F times slower (inject.slowdown)")
+    p.add_argument("--max-restarts", type=int, metavar="N", default=0,
+                   help="with --nproc: when a rank dies, restart the whole job up to N times (torchelastic); "
+                        "each restart resumes from the run's latest complete checkpoint")
+    p.add_argument("--crash-rank", type=int, metavar="R", help="fault injection: rank R dies at --crash-step (fault.crash_rank)")
+    p.add_argument("--crash-step", type=int, metavar="S", help="the step at whose start --crash-rank dies (fault.crash_step)")
+    p.add_argument("--crash-in-save", action="store_true",
+                   help="die inside the checkpoint save after step S instead (fault.crash_in_save)")
     p.add_argument("--peak-flops", type=float, metavar="FLOP_PER_S", help="per-device peak for MFU (run.peak_flops)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
@@ -111,6 +120,8 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Conf
         value = getattr(args, attr)
         if value is not None:
             set_value(cfg, key, value, f"--{attr.replace('_', '-')}")
+    if args.crash_in_save:
+        set_value(cfg, "fault.crash_in_save", True, "--crash-in-save")
     for assignment in args.set:
         apply_set(cfg, assignment)
     return resolve(cfg, world_size), resume_ckpt, resumed_run
@@ -189,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             return _attached_rank(args)
         if args.nproc is not None and in_rank:
             raise ReftrainError("--nproc starts its own ranks; under torchrun leave it out")
+        if args.max_restarts < 0:
+            raise ReftrainError(f"--max-restarts {args.max_restarts}: need 0 or more")
+        if args.max_restarts and in_rank:
+            raise ReftrainError("--max-restarts is the launcher's: under torchrun pass torchrun --max-restarts N")
         # The world size can come from the config itself (a repeated run), so
         # the config is built first and checked against the world after.
         cfg, resume, resumed_run = build_config(args, None)
@@ -203,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         _require_torch()
         command = ["reftrain", *argv]
         if plan.nproc is not None:
-            return _launch(cfg, plan.nproc, resume, resumed_run, command)
+            return _launch(cfg, plan.nproc, resume, resumed_run, command, args.max_restarts)
         from reftrain import train  # imports torch
 
         train.run(cfg, None, resume, command, resumed_run)
@@ -268,7 +283,8 @@ def _fail(message: str, launched: bool, in_rank: bool) -> int:
     return 1
 
 
-def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str]) -> int:
+def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str],
+            max_restarts: int = 0) -> int:
     """Create the run directory and start `nproc` local ranks through torch.distributed.run."""
     run_dir = manifest.create_run_dir(cfg, nproc)
     import torch.distributed.run as torchrun  # the implementation of the torchrun command
@@ -286,12 +302,15 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
     # torchrun would set 1 thread per rank and warn; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
-    launch_args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", "--module", "reftrain", *child])
+    launch_args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                                       "--module", "reftrain", *child])
     try:
         torchrun.run(launch_args)
     except ChildFailedError as exc:
         message = _first_failure(exc)
         manifest.mark_failed(run_dir, message, command, nproc)
+        manifest.close_attempt(run_dir, "failed", message, [exc.failures[r].exitcode if r in exc.failures else 0
+                                                          for r in range(nproc)])
         raise ReftrainError(message) from None
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent stopped the ranks
         manifest.mark_failed(run_dir, "interrupted", command, nproc)

@@ -126,6 +126,17 @@ class InjectConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Failures on purpose, to test recovery (reftrain/faults.py). Each fires in the
+    first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job can finish."""
+
+    crash_rank: int | None = _opt(None, "rank that dies (os._exit(17)) at the start of fault.crash_step")
+    crash_step: int | None = _opt(None, "global step at whose start fault.crash_rank dies")
+    crash_in_save: bool = _opt(False, "die inside the checkpoint save of step crash_step instead "
+                                      "(after DCP wrote the data, before the rename that publishes it)")
+
+
+@dataclass
 class TelemetryConfig:
     enabled: bool = _opt(True, "NVML sampling on GPU machines (a note otherwise)")
     interval_ms: int = _opt(100, "NVML sampling interval")
@@ -147,6 +158,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     inject: InjectConfig = field(default_factory=InjectConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -318,6 +330,14 @@ def _positive(name: str, value: float | int, allow_zero: bool = False) -> None:
 
 def _validate(cfg: Config, world_size: int | None) -> None:
     m, d, t, p, o, pr, inj = cfg.model, cfg.data, cfg.train, cfg.parallel, cfg.optim, cfg.profile, cfg.inject
+    fl = cfg.fault
+    if (fl.crash_rank is None) != (fl.crash_step is None):
+        raise ReftrainError("config: fault.crash_rank and fault.crash_step go together (--crash-rank R --crash-step S)")
+    if fl.crash_rank is not None:
+        _positive("fault.crash_rank", fl.crash_rank, allow_zero=True)
+        _positive("fault.crash_step", fl.crash_step, allow_zero=True)
+        if world_size is not None and fl.crash_rank >= world_size:
+            raise ReftrainError(f"config: fault.crash_rank={fl.crash_rank} but the world has {world_size} ranks")
     for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "d_ff"):
         _positive(f"model.{name}", getattr(m, name))
     if m.d_model % m.n_heads:

@@ -168,3 +168,47 @@ def record_checkpoints(run_dir: Path) -> None:
     files = data.get("files") if isinstance(data.get("files"), dict) else {}
     data["files"] = {**files, "checkpoints": complete_checkpoints(run_dir)}
     write_json(run_dir / "run.json", data)
+
+
+def attempts_so_far(run_dir: Path, attempt: int, start_time: str, start_step: int) -> list[dict[str, Any]]:
+    """run.json's `attempts` at the start of attempt `attempt` (0 = the first): the
+    earlier ones from run.json, the last of them closed as failed (torchelastic
+    restarted the job because a rank died; its exit codes are the launcher's to
+    know, and it records them when the job ends), then this one, running."""
+    earlier: list[dict[str, Any]] = []
+    if attempt > 0:
+        data = read_manifest(Path(run_dir))
+        earlier = list(data.get("attempts") or []) if isinstance(data, dict) else []
+        if earlier and earlier[-1].get("status") == "running":
+            earlier[-1] = {**earlier[-1], "status": "failed", "end_time": start_time,
+                           "cause": "a rank died; torchelastic restarted the job"}
+    return [*earlier, {"attempt": attempt, "start_time": start_time, "end_time": None, "status": "running",
+                       "resumed_from_step": start_step, "cause": None, "exit_codes": None}]
+
+
+def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[str, list[str]]:
+    """The metrics, collectives and traces files the attempts before `attempt` left on disk."""
+    run_dir = Path(run_dir)
+    out: dict[str, list[str]] = {"metrics": [], "collectives": [], "traces": [], "telemetry": []}
+    for k in range(attempt):
+        sub = "" if k == 0 else f"attempt{k}/"
+        for family in ("metrics", "collectives"):
+            for r in range(world_size):
+                rel = f"{family}/{sub}rank{r}.jsonl"
+                if (run_dir / rel).is_file():
+                    out[family].append(rel)
+        pattern = "traces/*/*.json*" if k == 0 else f"traces/attempt{k}/*/*.json*"
+        out["traces"] += sorted(str(p.relative_to(run_dir)) for p in run_dir.glob(pattern)
+                                if not p.relative_to(run_dir).parts[1].startswith((".", "attempt")))
+    return out
+
+
+def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: list[int]) -> None:
+    """The launcher's record of how the last attempt ended (the ranks could not write it)."""
+    data = read_manifest(Path(run_dir))
+    if not isinstance(data, dict) or not data.get("attempts"):
+        return
+    last = data["attempts"][-1]
+    if last.get("status") == "running":
+        last.update(status=status, end_time=utc_now(), cause=cause, exit_codes=exit_codes)
+        write_json(Path(run_dir) / "run.json", data)

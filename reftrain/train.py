@@ -24,6 +24,7 @@ from reftrain import checkpoint, data, flops, manifest, parallel
 from reftrain.clock import align_clocks
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
+from reftrain.faults import Faults, restart_count
 from reftrain.hardware import describe_hardware, git_state
 from reftrain.inject import Injector
 from reftrain.instrument import CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives
@@ -142,6 +143,12 @@ def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[st
     try:
         resolve(cfg, env.world_size)
         run_dir = _agree_on_run_dir(cfg, run_dir, env)
+        if restart_count() > 0:
+            # torchelastic restarted the job (--max-restarts) after a rank died: carry on
+            # from this run's latest complete checkpoint, or from the start without one.
+            latest = checkpoint.latest_checkpoint(run_dir)
+            if latest is not None:
+                resume, resumed_from_run = latest, run_dir
         try:
             _train(cfg, env, run_dir, resume, command, resumed_from_run)
         except BaseException as exc:
@@ -195,11 +202,16 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     all_hw: list = [None] * env.world_size
     dist.all_gather_object(all_hw, hw)
 
-    profiler = StepProfiler(cfg.profile, env.rank, run_dir / "traces", device, start_step)
+    attempt = restart_count()
+    # Each attempt writes its own files (JsonlWriter never appends): the first the
+    # documented names, a restart's under attempt{k}/ (docs/rundir.md, "Restarts").
+    sub = "" if attempt == 0 else f"attempt{attempt}/"
+    profiler = StepProfiler(cfg.profile, env.rank, run_dir / "traces" / sub, device, start_step)
     steps_run = list(range(start_step, t.steps))
     profiled_steps = [s for s in steps_run if profiler.collecting(s)]
     telemetry = _start_telemetry(cfg, env, run_dir)
     injector = Injector(cfg, env.rank, device)
+    faults = Faults(cfg.fault, env.rank)
 
     man = {
         "schema": manifest.SCHEMA,
@@ -238,7 +250,15 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         "telemetry_note": telemetry.note,
         "files": manifest.files_listing(run_dir, []),
         "schemas": manifest.SCHEMAS,
+        "max_restarts": _max_restarts(),
+        "attempts": [],
     }
+    if env.rank == 0:
+        man["attempts"] = manifest.attempts_so_far(run_dir, attempt, start_time, start_step)
+        if attempt > 0:  # the first attempt's start, and the files earlier attempts wrote
+            previous = manifest.read_manifest(run_dir) or {}
+            man["start_time"] = previous.get("start_time") or start_time
+            man["files"] = previous.get("files") or man["files"]
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
         print(f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
@@ -247,8 +267,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         if telemetry.note and cfg.telemetry.enabled:
             print(f"telemetry: {telemetry.note}", flush=True)
 
-    metrics_rel = f"metrics/rank{env.rank}.jsonl"
-    colls_rel = f"collectives/rank{env.rank}.jsonl"
+    metrics_rel = f"metrics/{sub}rank{env.rank}.jsonl"
+    colls_rel = f"collectives/{sub}rank{env.rank}.jsonl"
     metrics_writer = JsonlWriter(run_dir / metrics_rel)
     colls_writer = JsonlWriter(run_dir / colls_rel)
     timer = CollectiveTimer(colls_writer, env.rank, device)
@@ -261,7 +281,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         with profiler:
             step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector,
                                 profiler, peak, fpt)
-            _loop(cfg, env, run_dir, step_fn, start_step, records)
+            _loop(cfg, env, run_dir, step_fn, start_step, records, faults)
         timer.flush(wait=True)
     finally:
         timer.uninstall()
@@ -274,11 +294,13 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     wall_s = time.perf_counter() - wall_start
 
     mine = {"metrics": [metrics_rel], "collectives": [colls_rel], "telemetry": telemetry.files,
-            "traces": [f"traces/{name}" for name in profiler.traces], "summary": _rank_summary(records, cfg, start_step)}
+            "traces": [f"traces/{sub}{name}" for name in profiler.traces], "summary": _rank_summary(records, cfg, start_step)}
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, mine)
     if env.rank == 0:
-        man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, everyone))
+        earlier = manifest.earlier_attempt_files(run_dir, attempt, env.world_size)
+        man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, [earlier, *everyone]))
+        man["attempts"][-1].update(end_time=man["end_time"], status="completed", exit_codes=[0] * env.world_size)
         if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
             # What the injection measured per rank (medians over steady steps): the analyzer and
             # bench_gate read the injected time from here instead of trusting the request.
@@ -399,9 +421,11 @@ class TrainStep:
 
 
 def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep, start_step: int,
-          records: list[dict]) -> None:
+          records: list[dict], faults: Faults | None = None) -> None:
     t = cfg.train
     for step in range(start_step, t.steps):
+        if faults is not None:
+            faults.step_start(step)
         record = step_fn.run(step)
         records.append(record)
         if env.rank == 0:
@@ -409,9 +433,18 @@ def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep,
         if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
             t0 = time.perf_counter()
             with untimed_collectives():  # checkpoint I/O is not training communication
-                path = checkpoint.save(run_dir, step + 1, step_fn.model, step_fn.optimizer)
+                path = checkpoint.save(run_dir, step + 1, step_fn.model, step_fn.optimizer,
+                                       before_publish=None if faults is None else faults.in_save)
             _say(env, f"  checkpoint {path.relative_to(run_dir.parent)} saved in {time.perf_counter() - t0:.1f} s")
         step_fn.profiler.step_done(step)
+
+
+def _max_restarts() -> int | None:
+    """The job's --max-restarts (torchelastic's TORCHELASTIC_MAX_RESTARTS; None outside torchelastic)."""
+    import os
+
+    value = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    return int(value) if value and value.isdigit() else None
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""Failures on purpose (config section `fault`), to test that a job recovers.
+
+A crash is `os._exit`: no Python clean-up, no flush, no error file, like a
+rank killed by the OOM killer or a segfault. Faults fire in the first
+attempt of a job only (torchelastic's TORCHELASTIC_RESTART_COUNT is 0), so
+that `--max-restarts` can bring the job to its end.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from reftrain.config import FaultConfig
+
+CRASH_EXIT_CODE = 17  # an exit status no other failure of ours uses: tests and run.json can tell it apart
+
+
+def restart_count() -> int:
+    """Which attempt of the job this process belongs to (0 = the first; torchelastic sets it)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+class Faults:
+    """The faults configured for this rank, in this attempt."""
+
+    def __init__(self, cfg: FaultConfig, rank: int) -> None:
+        armed = cfg.crash_rank == rank and restart_count() == 0
+        self.crash_step = cfg.crash_step if armed and not cfg.crash_in_save else None
+        self.crash_save_step = cfg.crash_step if armed and cfg.crash_in_save else None
+        self.rank = rank
+
+    def _die(self, where: str) -> None:
+        print(f"reftrain: fault injection: rank {self.rank} dies {where}", file=sys.stderr, flush=True)
+        os._exit(CRASH_EXIT_CODE)
+
+    def step_start(self, step: int) -> None:
+        if self.crash_step == step:
+            self._die(f"at the start of step {step}")
+
+    def in_save(self, step: int) -> None:
+        """Called inside a checkpoint save after the data is written, before it is published."""
+        if self.crash_save_step is not None and step == self.crash_save_step + 1:
+            self._die(f"inside the checkpoint save after step {step - 1}")
