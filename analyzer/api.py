@@ -41,7 +41,7 @@ from analyzer.metrics.mfu import (
     rank_flops_from_shapes,
     steady_state,
 )
-from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct, overlap
+from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct, overlap, span_parts_ns
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
 from analyzer.stragglers import (
@@ -77,6 +77,13 @@ class RankSummary:
     forward, backward, optimizer, grad_sync, collective_wait, exposed_comm,
     other) to ``median_ms``, ``mean_ms`` and ``pct`` (of the profiled step
     time; the parts' pct sum to 100).
+    ``gpu_timeline`` is the whole trace's GPU timeline (TraceLens's
+    ``gpu_timeline.csv`` window: from the first device event's start to the
+    last one's end, ``gpu_span_ms`` long; docs/metrics.md, "Whole-trace GPU
+    timeline"): ``computation``, ``exposed_comm``, ``exposed_memcpy`` and
+    ``idle`` in percent of that span, summing to 100 (empty without device
+    events). It is defined with or without ProfilerStep windows; the
+    breakdown is defined only inside them.
     ``comm_comp_overlap_pct``, ``idle_pct``, ``compute_pct`` and
     ``non_compute_pct`` follow HTA's definitions (None without GPU
     communication or GPU events); ``exposed_comm_pct`` is the
@@ -99,6 +106,8 @@ class RankSummary:
     device_name: str | None = None
     trace: str | None = None
     n_device_events: int = 0
+    gpu_timeline: dict[str, float] = field(default_factory=dict)
+    gpu_span_ms: float | None = None
 
 
 @dataclass
@@ -314,6 +323,7 @@ def _analyze_loaded(
     step_tables: list[pd.DataFrame] = []
     kernel_tables: list[pd.DataFrame] = []
     overlaps: dict[int, OverlapResult] = {}
+    spans: dict[int, tuple[dict[str, int], int]] = {}
     sources: dict[int, Source] = {}
     device_names: dict[int, str | None] = {}
     rank_flops = []
@@ -330,6 +340,7 @@ def _analyze_loaded(
         table = table.merge(checked.steps[["step", "flagged"]].rename(columns={"flagged": "window_flagged"}), on="step", how="left")
         step_tables.append(table.assign(rank=rank))
         overlaps[rank] = overlap(rt.events, windows)
+        spans[rank] = span_parts_ns(rt.events)
         kernel_tables.append(top_kernels(rt.events, windows, rank, TOP_KERNELS_PER_RANK))
         device_names[rank] = device_name_of(rt.events, rt.device_properties) if source == "device" else None
         if not windows.empty:
@@ -380,7 +391,7 @@ def _analyze_loaded(
     collectives = collective_table(arrivals) if not arrivals.empty else None
 
     run_step_time = step_time(steady, steps)
-    ranks = _rank_summaries(traces, steps, overlaps, sources, device_names, steady, run_step_time.source)
+    ranks = _rank_summaries(traces, steps, overlaps, sources, device_names, steady, run_step_time.source, spans)
     kernels = pd.concat(kernel_tables, ignore_index=True) if kernel_tables else top_kernels_empty()
     return RunAnalysis(
         path=path,
@@ -435,6 +446,7 @@ def _rank_summaries(
     device_names: dict[int, str | None],
     steady: pd.DataFrame | None,
     headline: str | None,
+    spans: dict[int, tuple[dict[str, int], int]] | None = None,
 ) -> list[RankSummary]:
     """Per-rank summaries; each rank's ``step_time_ms`` follows the run's ``headline`` source."""
     ranks = set(traces.ranks)
@@ -458,6 +470,7 @@ def _rank_summaries(
         step_src = STEP_TIME_LABELS[kind] if step_ms is not None else None
         ov = overlaps.get(rank)
         rt = traces.ranks.get(rank)
+        span_parts, span_ns = (spans or {}).get(rank, ({}, 0))
         out.append(
             RankSummary(
                 rank=rank,
@@ -476,6 +489,8 @@ def _rank_summaries(
                 device_name=device_names.get(rank),
                 trace=rt.path.name if rt else None,
                 n_device_events=ov.n_device_events if ov else 0,
+                gpu_timeline={k: 100.0 * v / span_ns for k, v in span_parts.items()} if span_ns > 0 else {},
+                gpu_span_ms=span_ns / 1e6 if span_ns > 0 else None,
             )
         )
     return out

@@ -221,9 +221,49 @@ def _rank_step_cells(a: "RunAnalysis", r) -> list[str]:
     return cells + [_num(r.profiled_step_time_ms)]
 
 
+TIMELINE_PARTS = ("computation", "exposed_comm", "exposed_memcpy", "idle")
+TIMELINE_TITLE = ("Whole-trace GPU timeline (TraceLens's gpu_timeline definition: % of each rank's GPU span, "
+                  "first to last device event; the parts sum to 100)")
+TIMELINE_NOTE = ("  computation: some compute kernel runs; exposed comm: communication with no compute; exposed memcpy: "
+                 "copies/memsets with neither; idle: no device activity, gaps between steps included.")
+NO_STEPS_LINE = ("No ProfilerStep windows in the trace(s): no per-step breakdown; the whole-trace GPU timeline above is "
+                 "the only breakdown.")
+BREAKDOWN_TITLE = ("Step breakdown over the profiled windows (mean ms per step, % of step time; the parts sum to "
+                   "the profiled step time; idle counts host time inside a step)")
+
+
+def _has_timeline(a: "RunAnalysis") -> bool:
+    return any(r.gpu_timeline for r in a.ranks)
+
+
+def _timeline_rows(a: "RunAnalysis") -> list[list[str]]:
+    return [[r.rank, _num(r.gpu_span_ms, ".2f"), *(_num(r.gpu_timeline.get(p), ".2f") for p in TIMELINE_PARTS)]
+            for r in a.ranks if r.gpu_timeline]
+
+
+_TIMELINE_HEADERS = ["rank", "GPU span ms", "computation %", "exposed comm %", "exposed memcpy %", "idle %"]
+
+
+def warning_lines(a: "RunAnalysis") -> list[str]:
+    """Every input and window warning, and the FLOP-coverage warning, one line each (also on stderr and in JSON)."""
+    lines = [f"skipped: {e}" for e in a.errors] + [str(w) for w in a.warnings]
+    m = a.mfu
+    if m.lower_bound and m.flop_coverage is not None:
+        lines.append(f"MFU from shapes is a lower bound: FLOP coverage {_pct(m.flop_coverage, 1)} of GEMM/attention/conv "
+                     "kernel time; no suggestion uses it")
+    elif m.source == "none" and m.flop_coverage is not None:
+        lines.append(f"MFU withheld: FLOP coverage {_pct(m.flop_coverage, 1)} of GEMM/attention/conv kernel time")
+    return [" ".join(line.split()) for line in lines]  # one line each, whatever the message held
+
+
 def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     """The readable report of one run (what ``analyzer report`` prints)."""
     out = [f"analyzer report: {_path_text(a)}", _kind_text(a), "", step_time_text(a), ""]
+    warns = warning_lines(a)
+    if warns:
+        out.append(f"Warnings ({len(warns)})")
+        out += [f"  {w}" for w in warns]
+        out.append("")
     rows = [
         [
             r.rank,
@@ -256,10 +296,16 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
         "  exposed comm %: communication not hidden by compute / step time. idle % (HTA): no GPU activity / kernel span.",
         "",
     ]
+    if _has_timeline(a):
+        out.append(TIMELINE_TITLE)
+        out.append(format_table(_TIMELINE_HEADERS, _timeline_rows(a)))
+        out.append(TIMELINE_NOTE)
+        out.append("")
     parts = _parts(a)
+    if not parts and _has_timeline(a):
+        out += [NO_STEPS_LINE, ""]
     if parts:
-        out.append("Step breakdown over the profiled windows (mean ms per step, % of step time; the parts sum to "
-                   "the profiled step time)")
+        out.append(BREAKDOWN_TITLE)
         brows = []
         for r in a.ranks:
             cells = [r.rank]
@@ -424,10 +470,11 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
         f"<div>step time<b>{html.escape(step_text)}</b>{html.escape(step_note)}</div>"
         f"<div>stragglers<b>{html.escape(flagged)}</b></div></div>",
     ]
-    if a.errors or a.warnings:
-        items = [f'<li class="warn">skipped: {html.escape(e)}</li>' for e in a.errors]
-        items += [f"<li>{html.escape(w)}</li>" for w in a.warnings]
-        body.append(f"<h2>Input problems</h2><ul>{''.join(items)}</ul>")
+    warns = warning_lines(a)
+    if warns:
+        items = [f'<li class="warn">{html.escape(w)}</li>' if w.startswith("skipped: ") else f"<li>{html.escape(w)}</li>"
+                 for w in warns]
+        body.append(f"<h2>Input problems and warnings</h2><ul>{''.join(items)}</ul>")
     rows = [
         [r.rank, r.source or "-", r.n_steps, *_rank_step_cells(a, r), _num(r.compute_pct), _num(r.comm_comp_overlap_pct),
          _num(r.exposed_comm_pct), _num(r.idle_pct), r.device_name or "-"]
@@ -445,9 +492,15 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
         "activity over the span of device events. Definitions: docs/metrics.md.</p>"
     )
     charts = _charts(a, top)
+    if _has_timeline(a):
+        body.append("<h2>Whole-trace GPU timeline</h2>" + f'<p class="note">{html.escape(TIMELINE_TITLE)}. '
+                    f"{html.escape(TIMELINE_NOTE.strip())}</p>" + _html_table(_TIMELINE_HEADERS, _timeline_rows(a)))
+        if not _parts(a):
+            body.append(f'<p class="note">{html.escape(NO_STEPS_LINE)}</p>')
     for key, title in (("breakdown", "Step breakdown"), ("overlap", "Overlap and idle"), ("step_time", "Step time")):
         if key in charts:
-            body.append(f"<h2>{title}</h2>{charts[key]}")
+            extra = f'<p class="note">{html.escape(BREAKDOWN_TITLE)}</p>' if key == "breakdown" else ""
+            body.append(f"<h2>{title}</h2>{extra}{charts[key]}")
     body.append("<h2>MFU</h2>" + "".join(f"<p>{html.escape(line.strip())}</p>" for line in _mfu_lines(a)) + charts.get("mfu", ""))
     body.append("<h2>Stragglers</h2><pre>" + html.escape("\n".join(_straggler_lines(a))) + "</pre>")
     body.append("<h2>Suggestions</h2><pre>" + html.escape(suggestions_text(a)) + "</pre>")

@@ -145,6 +145,7 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
         rows.append(Row(label, f"{part} %", ours.get(part), r, "pp", None if differs else BREAKDOWN_BOUND_PP, note))
         if differs:
             rows.append(Row(label, f"{part} % (TraceLens rules)", as_tl.get(part), r, "pp", BREAKDOWN_BOUND_PP))
+    rows += report_rows(trace, label, ours, ref)
     ks = _kernel_summary(rep)
     if ks is not None:
         table = top_kernels(ev, rt.steps.iloc[:0], rt.rank, None)
@@ -186,6 +187,35 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
                         None if graph else 0, "CUDA-graph replay: no ops with shapes around the launches" if graph else ""))
         rows.append(Row(label, "FLOP coverage % (ours only)", 100.0 * covered / total if total else None, None, "pp", None,
                         "share of GEMM/attention/conv kernel time with known FLOPs"))
+    return rows
+
+
+def report_rows(trace: Path, label: str, span: dict[str, float], ref: dict[str, float]) -> list[Row]:
+    """What ``analyzer report`` shows for the trace, against TraceLens's gpu_timeline.csv.
+
+    The report's whole-trace GPU timeline must be the span breakdown above
+    (same definition, same numbers: worst part, bound 1e-9 points); its
+    per-step breakdown (ProfilerStep windows) is a different window, shown
+    as a documented difference with its size: compute busy time
+    (``compute + overlapped_comm``) and idle, in percent of step time.
+    """
+    from analyzer.api import analyze
+
+    a = analyze(trace)
+    r = a.ranks[0]
+    worst = max(SPAN_PARTS, key=lambda p: abs(r.gpu_timeline.get(p, math.nan) - span.get(p, math.nan)))
+    rows = [Row(label, "report whole-trace timeline, worst part %", r.gpu_timeline.get(worst), span.get(worst), "pp", 1e-9,
+                f"{worst}: equals the rows above")]
+    b = r.breakdown
+    if not b:
+        rows.append(Row(label, "report per-step breakdown", None, None, "pp", None,
+                        "no ProfilerStep windows: the whole-trace timeline is the report's only breakdown"))
+        return rows
+    windows = f"{r.n_steps} ProfilerStep window(s), {sum(a.steps['step_time_ms']):.2f} ms vs GPU span {r.gpu_span_ms:.2f} ms"
+    rows.append(Row(label, "report per-step compute % (step windows)", b["compute"]["pct"] + b["overlapped_comm"]["pct"],
+                    ref.get("computation_time"), "pp", None, "definitional: " + windows))
+    rows.append(Row(label, "report per-step idle % (step windows)", b["idle"]["pct"], ref.get("idle_time"), "pp", None,
+                    "definitional: host time inside the windows is idle, GPU time outside them is not counted"))
     return rows
 
 

@@ -119,7 +119,13 @@ SPAN_PARTS = ("computation", "exposed_comm", "exposed_memcpy", "idle")
 
 
 def span_breakdown(events: pd.DataFrame, memset_as: str = "memcpy", launched_only: bool = False) -> dict[str, float]:
-    """Breakdown of one rank over its whole device span, in percent of the span (TraceLens's window).
+    """:func:`span_parts_ns` in percent of the span (the parts sum to 100); empty dict without device events."""
+    parts, span = span_parts_ns(events, memset_as, launched_only)
+    return {k: 100.0 * v / span for k, v in parts.items()} if span > 0 else {}
+
+
+def span_parts_ns(events: pd.DataFrame, memset_as: str = "memcpy", launched_only: bool = False) -> tuple[dict[str, int], int]:
+    """Breakdown of one rank over its whole device span, in ns, and the span (TraceLens's window).
 
     TraceLens's ``gpu_timeline.csv`` (``GPUEventAnalyser.compute_metrics``):
     over ``[first device event start, last device event end]``, with ``C``
@@ -131,8 +137,8 @@ def span_breakdown(events: pd.DataFrame, memset_as: str = "memcpy", launched_onl
     ``gpu_memset`` events with the computation kernels). ``launched_only``
     keeps only device events whose launch call is in the trace (TraceLens
     keeps only kernels linked into its call tree; a trace cut at the start
-    has kernels whose launch fell before the cut). Empty dict without device
-    events.
+    has kernels whose launch fell before the cut). ``({}, 0)`` without
+    device events.
     """
     if launched_only:
         from analyzer.metrics.launch import launches
@@ -147,14 +153,14 @@ def span_breakdown(events: pd.DataFrame, memset_as: str = "memcpy", launched_onl
     comm = kind == "comm"
     device = compute | copies | comm
     if not device.any():
-        return {}
+        return {}, 0
     tl = sweep([union(start[compute], end[compute]), union(start[comm], end[comm]), union(start[copies], end[copies])])
     c, m, y = (tl.mask & 1) != 0, (tl.mask & 2) != 0, (tl.mask & 4) != 0
     span = int(end[device].max() - start[device].min())
     busy = tl.total(c | m | y)
     parts = {"computation": tl.total(c), "exposed_comm": tl.total(m & ~c), "exposed_memcpy": tl.total(y & ~c & ~m),
              "idle": span - busy}
-    return {k: 100.0 * v / span for k, v in parts.items()}
+    return parts, span
 
 
 def kernel_utilization(events: pd.DataFrame, win_start_ns: np.ndarray, win_end_ns: np.ndarray) -> dict[int, np.ndarray]:
