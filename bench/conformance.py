@@ -145,7 +145,7 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
         rows.append(Row(label, f"{part} %", ours.get(part), r, "pp", None if differs else BREAKDOWN_BOUND_PP, note))
         if differs:
             rows.append(Row(label, f"{part} % (TraceLens rules)", as_tl.get(part), r, "pp", BREAKDOWN_BOUND_PP))
-    rows += report_rows(trace, label, ours, ref)
+    rows += report_rows(trace, rep, label, ours, ref)
     ks = _kernel_summary(rep)
     if ks is not None:
         table = top_kernels(ev, rt.steps.iloc[:0], rt.rank, None)
@@ -190,7 +190,27 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
     return rows
 
 
-def report_rows(trace: Path, label: str, span: dict[str, float], ref: dict[str, float]) -> list[Row]:
+def tracelens_step_flops(rep: Path, causal_full: bool) -> float | None:
+    """FLOPs TraceLens charges the trace's GEMM and SDPA ops (GFLOPS_first x name_count), bias terms taken out.
+
+    ``causal_full``: count a causal SDPA op's FLOPs in full (torch's FLOP
+    counter and ours) rather than halved (TraceLens). None without GEMM.csv.
+    """
+    if not (rep / "GEMM.csv").exists():
+        return None
+    total = 0.0
+    for r in csv.DictReader(open(rep / "GEMM.csv")):
+        if r["name"].startswith("aiter::"):
+            continue
+        total += float(flops_of(r["name"], ast.literal_eval(r["Input Dims_first"]))) * int(r["name_count"])
+    sdpa = rep / "SDPA_fwd.csv"
+    for r in csv.DictReader(open(sdpa)) if sdpa.exists() else []:
+        scale = 2.0 if causal_full and r["param: causal"] == "True" else 1.0
+        total += scale * float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"])
+    return total
+
+
+def report_rows(trace: Path, rep: Path, label: str, span: dict[str, float], ref: dict[str, float]) -> list[Row]:
     """What ``analyzer report`` shows for the trace, against TraceLens's gpu_timeline.csv.
 
     The report's whole-trace GPU timeline must be the span breakdown above
@@ -206,6 +226,14 @@ def report_rows(trace: Path, label: str, span: dict[str, float], ref: dict[str, 
     worst = max(SPAN_PARTS, key=lambda p: abs(r.gpu_timeline.get(p, math.nan) - span.get(p, math.nan)))
     rows = [Row(label, "report whole-trace timeline, worst part %", r.gpu_timeline.get(worst), span.get(worst), "pp", 1e-9,
                 f"{worst}: equals the rows above")]
+    if a.mfu.source == "trace-shapes" and (rep / "SDPA_fwd.csv").exists():
+        # Causal attention: TraceLens halves the S x S FLOPs, torch's FLOP counter and we count them in full.
+        mine, halved, full = float(a.mfu.flops_per_step), tracelens_step_flops(rep, False), tracelens_step_flops(rep, True)
+        causal = abs(full - halved) > 0
+        rows.append(Row(label, "report GEMM+attention GFLOPs/step", mine / 1e9, halved / 1e9, "%rel", None if causal else 1e-6,
+                        "definitional: causal SDPA counted in full (TraceLens halves it)" if causal else "no causal attention"))
+        if causal:
+            rows.append(Row(label, "report GEMM+attention GFLOPs/step (causal in full)", mine / 1e9, full / 1e9, "%rel", 1e-6))
     b = r.breakdown
     if not b:
         rows.append(Row(label, "report per-step breakdown", None, None, "pp", None,

@@ -172,3 +172,23 @@ def test_report_per_step_breakdown_differs_from_the_whole_trace_by_its_window(ro
     for trace in ("inference/sglang_decode/sglang_Qwen3-8B_decode", "perf_model/normalization/normalization_layer_test",
                   "torch_compile_triton/trace"):
         assert "no ProfilerStep windows" in by[(trace, "report per-step breakdown")].note
+
+
+def test_report_flops_per_step_are_tracelens_gemm_and_sdpa_with_causal_attention_in_full(rows) -> None:
+    """The Qwen traces' +4.27 % over TraceLens is causal attention, nothing else.
+
+    The report's FLOPs per step (6006.03 GFLOPs) are GEMM.csv's rows (bias
+    terms out) plus SDPA_fwd.csv's 24 causal flash-attention ops counted in
+    full, 4*B*H*S*S*D = 20.48 GFLOPs each, as torch.utils.flop_counter
+    counts them; TraceLens halves causal attention (10.24 each): 5760.28.
+    """
+    by = {(r.trace, r.metric): r for r in rows}
+    for gpu in ("h100", "mi300"):
+        trace = f"{gpu}/Qwen_Qwen1.5-0.5B-Chat__1016005"
+        full = by[(trace, "report GEMM+attention GFLOPs/step (causal in full)")]
+        assert full.ours == pytest.approx(6006.0268, abs=1e-4) and abs(full.diff) <= 1e-6
+        halved = by[(trace, "report GEMM+attention GFLOPs/step")]
+        assert halved.diff == pytest.approx(4.2662, abs=1e-4)
+        assert halved.ours - halved.reference == pytest.approx(24 * 4 * 16 * 16 * 559 * 559 * 64 / 2 / 1e9, rel=1e-9)
+    for gpu in ("h100", "mi300"):  # BERT: no causal attention, equal as is
+        assert abs(by[(f"{gpu}/gaunernst_bert-small-uncased__1016001", "report GEMM+attention GFLOPs/step")].diff) <= 1e-6
