@@ -218,3 +218,16 @@ def _suggestions(path: str, key: tuple) -> Loaded:
 def suggestions(run: RunEntry) -> Loaded:
     """``analyzer.suggest.report_suggestions``: the ranked suggestion entries of a run."""
     return _suggestions(str(run.path), fingerprint(run))
+
+
+@st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
+def _curves(path: str, key: tuple) -> Any:
+    from analyzer.curves import training_curves
+
+    ra = _analysis(path, key).value
+    return training_curves(ra.manifest if ra else None, ra.metrics if ra else None)
+
+
+def curves(run: RunEntry):
+    """``analyzer.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks)."""
+    return _curves(str(run.path), fingerprint(run))

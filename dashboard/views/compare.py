@@ -8,9 +8,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import state
-from dashboard.data import compared
+from dashboard.data import analysis, compared, curves
 from dashboard.text import html_text, plain
-from dashboard.ui import fmt_ms, fmt_pct, show_chart
+from dashboard.ui import fmt_ms, fmt_pct, show_chart, show_vega
 
 BASE_KEY = "compare_base"
 
@@ -45,6 +45,48 @@ def delta_chart(deltas, title: str, unit: str) -> go.Figure:
     fig.update_layout(title=title, xaxis_title=f"candidate - baseline ({unit})", yaxis_autorange="reversed",
                       height=160 + 24 * len(deltas))
     return fig
+
+
+OVERLAY_RUNS_KEY = "compare_overlay_runs"
+OVERLAY_METRIC_KEY = "compare_overlay_metric"
+OVERLAY_SMOOTH_KEY = "compare_overlay_smooth"
+
+
+def curves_overlay(runs, base, cand) -> None:
+    """Training curves of the two runs (and any others chosen) overlaid, one metric at a time."""
+    from analyzer.curves import METRICS, overlay, smooth
+
+    st.subheader("Training curves")
+    extra = st.multiselect("Also overlay", [r.name for r in runs if r.name not in (base.name, cand.name)],
+                           key=OVERLAY_RUNS_KEY)
+    chosen = [base, cand] + [r for r in runs if r.name in extra]
+    by_run = {r.name: curves(r) for r in chosen}
+    available = [m for m in METRICS if any(m in c.metrics for c in by_run.values())]
+    if not available:
+        st.info("None of these runs has per-step metrics records (folders of traces have none).")
+        return
+    left, right = st.columns([3, 1])
+    metric = left.selectbox("Metric", available, key=OVERLAY_METRIC_KEY, format_func=lambda m: METRICS[m][0])
+    window = right.number_input("Smoothing window (steps)", min_value=1, max_value=1000, value=1, step=1,
+                                key=OVERLAY_SMOOTH_KEY)
+    title, unit, how = METRICS[metric]
+    table = smooth(overlay(by_run, metric), int(window), by=("run",))
+    y = {"field": "value", "type": "quantitative", "title": f"{title} ({unit})" if unit else title,
+         "scale": {"zero": False}}
+    if metric == "mfu":
+        y["axis"] = {"format": ".1%"}
+    spec = {
+        "title": f"{title} per step",
+        "mark": {"type": "line", "point": True, "tooltip": True},
+        "encoding": {"x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}}, "y": y,
+                     "color": {"field": "run", "type": "nominal", "title": None, "sort": list(by_run)}},
+    }
+    show_vega(spec, table[["run", "step", "value"]], key="compare_curves")
+    lacking = [name for name, c in by_run.items() if metric not in c.metrics]
+    note = f"{how} over ranks per step" + (f"; smoothed over {int(window)} steps" if window > 1 else "")
+    if lacking:
+        note += "; no values in " + ", ".join(lacking)
+    st.caption(plain(note))
 
 
 def _on_base() -> None:
@@ -117,6 +159,11 @@ def render() -> None:
                     f"{fmt_ms(c.step_time.cand)} (the phases add up to it)")
     for note in c.notes:
         st.caption(plain(note))
+    for which, ra in (("baseline", analysis(base).value), ("candidate", analysis(cand).value)):
+        if ra is not None and ra.mfu.lower_bound:
+            cov = f" (FLOP coverage {fmt_pct(ra.mfu.flop_coverage)})" if ra.mfu.flop_coverage is not None else ""
+            st.caption(f"The {which}'s MFU is a lower bound{cov}: shapes cover only part of the kernel time.")
+    curves_overlay(runs, base, cand)
 
     st.subheader("Per phase")
     st.caption(plain(c.phase_source))

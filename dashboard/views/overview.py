@@ -1,5 +1,6 @@
-"""Run overview: headline figures, per-rank breakdown, per-step MFU and step
-time, config and hardware, suggestions, raw trace downloads."""
+"""Run overview: headline figures, training curves, per-rank breakdown,
+per-step MFU and step time, config and hardware, suggestions, raw trace
+downloads."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from analyzer.metrics.mfu import MfuResult
 from dashboard import state
-from dashboard.data import suggestions, throughput
+from dashboard.data import curves, suggestions, throughput
 from dashboard.discover import RunEntry, safe_file, trace_files
 from dashboard.text import plain
 from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_vega
@@ -24,7 +25,16 @@ def mfu_caption(mfu: MfuResult) -> str:
         return f"source: none ({mfu.reason or 'no reason given'})"
     peak = fmt_flops(mfu.peak_flops_per_s) if mfu.peak_flops_per_s else "unknown peak"
     detail = f", {mfu.peak_detail}" if mfu.peak_detail else ""
-    return f"source: {mfu.source}; peak {peak} per device ({mfu.peak_source}{detail})"
+    text = f"source: {mfu.source}; peak {peak} per device ({mfu.peak_source}{detail})"
+    return f"{mfu_bound_label(mfu)}; {text}" if mfu_bound_label(mfu) else text
+
+
+def mfu_bound_label(mfu: MfuResult) -> str:
+    """'lower bound (FLOP coverage 62.0%)' when the analyzer marks the MFU so, else ''."""
+    if not mfu.lower_bound:
+        return ""
+    cov = f" (FLOP coverage {fmt_pct(mfu.flop_coverage)})" if mfu.flop_coverage is not None else ""
+    return f"lower bound{cov}"
 
 
 def headline(run: RunEntry, ra: RunAnalysis) -> None:
@@ -35,7 +45,8 @@ def headline(run: RunEntry, ra: RunAnalysis) -> None:
     if st_.source == "steady_state" and st_.profiled_ms is not None:
         step_note += f"; profiled windows {fmt_ms(st_.profiled_ms)}"
     top = st.columns(3)
-    top[0].metric("MFU", fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
+    bound = "≥ " if ra.mfu.lower_bound and ra.mfu.median is not None else ""
+    top[0].metric("MFU", bound + fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
     top[0].caption(plain(mfu_caption(ra.mfu)))
     top[1].metric("HFU", fmt_pct(ra.mfu.hfu_median), help="hardware FLOPs utilization: MFU plus activation recompute")
     top[1].caption("counts activation recompute as work" if ra.mfu.hfu_median is not None else "")
@@ -97,6 +108,74 @@ def breakdown_chart(ra: RunAnalysis) -> None:
         {f"rank {r.rank}": {p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown} for r in ranks}
     )
     st.dataframe(table.round(2))
+
+
+CURVE_METRIC_KEY = "curve_metric"
+CURVE_SMOOTH_KEY = "curve_smooth"
+
+
+def curve_spec(metric: str, title: str, unit: str) -> dict:
+    """Vega-Lite: the metric per step as a line, profiled steps as orange rules,
+    warmup steps as grey points (their statistics are left out of the headline)."""
+    y = {"field": "value", "type": "quantitative", "title": f"{title} ({unit})" if unit else title,
+         "scale": {"zero": False}}
+    if metric == "mfu":
+        y["axis"] = {"format": ".1%"}
+    return {
+        "title": f"{title} per step",
+        "layer": [
+            {"transform": [{"filter": "datum.profiled"}],
+             "mark": {"type": "rule", "color": "orange", "opacity": 0.6, "strokeWidth": 2},
+             "encoding": {"x": {"field": "step", "type": "quantitative"}}},
+            {"mark": {"type": "line", "color": "#1f77b4"},
+             "encoding": {"x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}}, "y": y}},
+            {"mark": {"type": "point", "filled": True, "tooltip": True},
+             "encoding": {
+                 "x": {"field": "step", "type": "quantitative"},
+                 "y": {"field": "value", "type": "quantitative"},
+                 "color": {"field": "phase", "type": "nominal", "title": None,
+                           "scale": {"domain": ["warmup", "steady", "profiled"],
+                                     "range": ["#999999", "#1f77b4", "orange"]}},
+             }},
+        ],
+    }
+
+
+def curve_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows a curve chart draws: step, value and the step's phase for the legend."""
+    phase = ["profiled" if p else "warmup" if w else "steady" for w, p in zip(table["warmup"], table["profiled"])]
+    return pd.DataFrame({"step": table["step"].to_numpy(), "value": table["value"].to_numpy(),
+                         "profiled": table["profiled"].to_numpy(), "phase": phase})
+
+
+def training_curves_section(run: RunEntry) -> None:
+    """One chart of the run's per-step training curves (analyzer.curves), a metric
+    selector and an optional trailing-mean smoothing window."""
+    from analyzer.curves import METRICS, smooth
+
+    st.subheader("Training curves")
+    c = curves(run)
+    if not c.metrics:
+        st.info(plain(f"No training curves: {next(iter(c.missing.values()), 'no metrics records')}"))
+        return
+    left, right = st.columns([3, 1])
+    metric = left.selectbox("Metric", c.metrics, key=CURVE_METRIC_KEY, format_func=lambda m: METRICS[m][0])
+    window = right.number_input("Smoothing window (steps)", min_value=1, max_value=1000, value=1, step=1,
+                                key=CURVE_SMOOTH_KEY, help="trailing mean over this many steps; 1 = raw values")
+    title, unit, how = METRICS[metric]
+    series = smooth(c.series(metric), int(window))
+    show_vega(curve_spec(metric, title, unit), curve_frame(series), key="training_curve")
+    notes = [f"{how} over ranks per step (docs/dashboard.md, Training curves)"]
+    if window > 1:
+        notes.append(f"smoothed: trailing mean over {int(window)} steps")
+    if c.profiled_steps:
+        notes.append("orange: profiled steps " + ", ".join(str(s) for s in c.profiled_steps) + " (run under the profiler)")
+    if c.warmup_steps:
+        notes.append(f"grey: warmup steps below {c.warmup_steps}")
+    absent = [f"{METRICS[m][0]}: {why}" for m, why in c.missing.items()]
+    if absent:
+        notes.append("not recorded: " + "; ".join(absent))
+    st.caption(plain("; ".join(notes)))
 
 
 def per_step_charts(ra: RunAnalysis) -> None:
@@ -293,6 +372,7 @@ def render() -> None:
         return
     ra = loaded.value
     headline(run, ra)
+    training_curves_section(run)
     breakdown_chart(ra)
     per_step_charts(ra)
     suggestions_section(run)

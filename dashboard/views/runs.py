@@ -76,7 +76,10 @@ def run_row(run: RunEntry) -> dict[str, Any]:
             "params": params,
             "tokens/s": tp.median,
             "MFU": ra.mfu.median,
-            "MFU source": ra.mfu.source,
+            # The lower-bound label travels with the source (docs/mfu.md, FLOP coverage).
+            "MFU source": ra.mfu.source + (f", lower bound (FLOP coverage {100 * ra.mfu.flop_coverage:.1f}%)"
+                                           if ra.mfu.lower_bound and ra.mfu.flop_coverage is not None
+                                           else ", lower bound" if ra.mfu.lower_bound else ""),
             "step time (ms)": ra.step_time.ms,
             "steps": manifest.get("steps") if manifest else max((r.n_steps for r in ra.ranks), default=None),
             # A trace folder has no recorded status: say whether every file was usable.
