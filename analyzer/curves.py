@@ -157,3 +157,45 @@ def overlay(curves: Mapping[str, Curves], metric: str) -> pd.DataFrame:
     if not parts:
         return _empty().assign(run=pd.Series(dtype="object"))
     return pd.concat(parts, ignore_index=True)
+
+
+def report_html(manifest: Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> str:
+    """The HTML report's "Training curves" section: one plotly chart with a metric
+    selector (a dropdown), profiled steps shaded orange and warmup grey; "" when
+    the run has no metrics records (a folder of traces)."""
+    import html
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    c = training_curves(manifest, metrics)
+    names = c.metrics
+    if not names:
+        return ""
+    fig = go.Figure()
+    for i, name in enumerate(names):
+        s = c.series(name)
+        fig.add_scatter(name=METRICS[name][0], x=s["step"], y=s["value"], mode="lines+markers", visible=i == 0)
+    buttons = []
+    for i, name in enumerate(names):
+        label, unit, _ = METRICS[name]
+        buttons.append({"label": label, "method": "update",
+                        "args": [{"visible": [j == i for j in range(len(names))]},
+                                 {"yaxis": {"title": {"text": f"{label} ({unit})" if unit else label}}}]})
+    if c.warmup_steps:
+        fig.add_vrect(x0=-0.5, x1=c.warmup_steps - 0.5, fillcolor="grey", opacity=0.15, line_width=0)
+    for step in c.profiled_steps:
+        fig.add_vrect(x0=step - 0.5, x1=step + 0.5, fillcolor="orange", opacity=0.2, line_width=0)
+    first_label, first_unit, _ = METRICS[names[0]]
+    fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), xaxis_title="step",
+                      yaxis_title=f"{first_label} ({first_unit})" if first_unit else first_label,
+                      title="Per optimizer step, all ranks (shaded: grey warmup, orange profiled)",
+                      updatemenus=[{"buttons": buttons, "direction": "down", "x": 1.0, "xanchor": "right", "y": 1.15}])
+    fig.update_xaxes(tickformat="d")
+    chart = pio.to_html(fig, full_html=False, include_plotlyjs=False, default_height="420px",
+                        config={"displaylogo": False, "responsive": True}, div_id="training-curves")
+    note = ("Mean over ranks per step (memory: max over ranks); tokens/s counts all ranks' tokens. "
+            "Definitions: docs/dashboard.md, Training curves.")
+    if c.missing:
+        note += " Not recorded: " + "; ".join(f"{METRICS[m][0]}: {why}" for m, why in c.missing.items()) + "."
+    return f"<h2>Training curves</h2><p class=\"note\">{html.escape(note)}</p>{chart}"

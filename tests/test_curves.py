@@ -79,3 +79,27 @@ def test_overlay_of_two_runs_keeps_each_runs_values():
     assert o.groupby("run")["value"].sum().to_dict() == {"a": 9.75, "b": 19.5}
     by_run = smooth(o, 3, by=("run",))
     assert math.isclose(by_run[by_run["run"] == "b"]["value"].iloc[-1], 6.5)
+
+
+def test_html_report_has_the_training_curves_of_a_run(tmp_path):
+    from pathlib import Path
+
+    from analyzer.api import analyze
+    from analyzer.report import render_html
+
+    example = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2"
+    import shutil
+    shutil.copytree(example, tmp_path / "run", ignore=shutil.ignore_patterns(".analyzer-cache"))
+    a = analyze(tmp_path / "run")
+    page = render_html(a)
+    assert "<h2>Training curves</h2>" in page and 'id="training-curves"' in page
+    c = training_curves(a.manifest, a.metrics)
+    for m in c.metrics:  # one trace per metric, selectable from the dropdown
+        label = METRICS[m][0].replace("/", "\\u002f")  # plotly's JSON escapes "/"
+        assert f'"name":"{label}"' in page
+
+
+def test_html_report_section_is_empty_for_a_trace_folder():
+    from analyzer.curves import report_html
+
+    assert report_html(None, None) == ""
