@@ -492,6 +492,8 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
         "activity over the span of device events. Definitions: docs/metrics.md.</p>"
     )
     charts = _charts(a, top)
+    from analyzer.curves import report_html as curves_html  # issue 15: per-step training curves
+    body.append(curves_html(a.manifest, a.metrics))
     if _has_timeline(a):
         body.append("<h2>Whole-trace GPU timeline</h2>" + f'<p class="note">{html.escape(TIMELINE_TITLE)}. '
                     f"{html.escape(TIMELINE_NOTE.strip())}</p>" + _html_table(_TIMELINE_HEADERS, _timeline_rows(a)))
