@@ -212,3 +212,15 @@ def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: lis
     if last.get("status") == "running":
         last.update(status=status, end_time=utc_now(), cause=cause, exit_codes=exit_codes)
         write_json(Path(run_dir) / "run.json", data)
+
+
+def record_checkpoint_save(run_dir: Path, step: int, stall_s: float, attempt: int) -> None:
+    """Append one save to run.json's `checkpoint_saves` (step, the training loop's stall in
+    seconds, attempt). Rank 0 only; does nothing before rank 0 has written run.json."""
+    run_dir = Path(run_dir)
+    data = read_manifest(run_dir)
+    if not isinstance(data, dict):
+        return
+    data["checkpoint_saves"] = [*(data.get("checkpoint_saves") or []),
+                                {"step": step, "stall_s": stall_s, "attempt": attempt}]
+    write_json(run_dir / "run.json", data)

@@ -259,6 +259,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
             previous = manifest.read_manifest(run_dir) or {}
             man["start_time"] = previous.get("start_time") or start_time
             man["files"] = previous.get("files") or man["files"]
+            man["checkpoint_saves"] = previous.get("checkpoint_saves") or []
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
         print(f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
@@ -299,7 +300,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     dist.all_gather_object(everyone, mine)
     if env.rank == 0:
         earlier = manifest.earlier_attempt_files(run_dir, attempt, env.world_size)
-        man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, [earlier, *everyone]))
+        man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, [earlier, *everyone]),
+                   checkpoint_saves=(manifest.read_manifest(run_dir) or {}).get("checkpoint_saves", []))
         man["attempts"][-1].update(end_time=man["end_time"], status="completed", exit_codes=[0] * env.world_size)
         if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
             # What the injection measured per rank (medians over steady steps): the analyzer and
@@ -413,6 +415,7 @@ class TrainStep:
             "compute_cpu_ms": self.injector.compute_cpu_ms if self.injector.compute_cpu_ms else None,
             "injected_cpu_ms": self.injector.injected_cpu_ms if self.injector.compute_cpu_ms else None,
             "time_ns": time.time_ns(),
+            "attempt": restart_count(),  # which torchelastic attempt ran it (a restart runs steps again)
         }
         self.writer.write(record)
         self.writer.flush()
@@ -435,7 +438,10 @@ def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep,
             with untimed_collectives():  # checkpoint I/O is not training communication
                 path = checkpoint.save(run_dir, step + 1, step_fn.model, step_fn.optimizer,
                                        before_publish=None if faults is None else faults.in_save)
-            _say(env, f"  checkpoint {path.relative_to(run_dir.parent)} saved in {time.perf_counter() - t0:.1f} s")
+            stall_s = time.perf_counter() - t0
+            if env.rank == 0:  # the loop's stall per save, for goodput (run.json checkpoint_saves)
+                manifest.record_checkpoint_save(run_dir, step + 1, stall_s, restart_count())
+            _say(env, f"  checkpoint {path.relative_to(run_dir.parent)} saved in {stall_s:.1f} s")
         step_fn.profiler.step_done(step)
 
 
