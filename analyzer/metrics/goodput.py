@@ -1,0 +1,107 @@
+"""Goodput of a reftrain run: productive step time / wall time, and where the rest went
+(definition: docs/rundir.md, "Restarts and goodput").
+
+All times are seconds on rank 0's wall clock (``time_ns`` of its metrics
+records, run.json's ISO timestamps). Per (attempt, step) the job moves at its
+slowest rank, so a step's time is the max over ranks of ``step_time_ms``
+and its data wait the max over ranks of ``data_wait_ms``; a step's start is
+rank 0's ``time_ns`` minus that step time.
+
+* wall = last attempt's ``end_time`` (else the last record's time) minus the
+  first attempt's ``start_time``.
+* kept steps: each step's execution in the latest attempt that ran it.
+  productive = sum over kept steps of (step time - data wait).
+* data_wait = sum over kept steps of the data wait.
+* recomputed = sum of the step times of the executions a later attempt
+  ran again (steps after the last complete checkpoint of a failed attempt).
+* startup = per attempt, its first step's start minus its ``start_time``
+  (process group, model build, peak measurement, checkpoint load).
+* restarts = per attempt after the first, its ``start_time`` minus the
+  previous attempt's last record (failure detection and relaunch; the part
+  of a failed attempt after its last step record is here too).
+* checkpoint = sum of run.json's ``checkpoint_saves[].stall_s`` (rank 0's
+  wall time inside each save, the training loop stalled).
+* other = wall minus all the above: time between steps not in a save
+  (printing, profiler export), the tail after the last step, clock error.
+
+Withheld (None) without run.json start/end times or without step records.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+PARTS = ("data_wait", "recomputed", "startup", "restarts", "checkpoint", "other")
+
+
+@dataclass(frozen=True)
+class Goodput:
+    wall_s: float
+    productive_s: float
+    lost_s: dict[str, float]  # PARTS -> seconds
+    attempts: int
+    recomputed_steps: int
+
+    @property
+    def goodput(self) -> float:
+        return self.productive_s / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"goodput": self.goodput}
+
+
+def _ts(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
+    """Goodput of a run from its run.json and its metrics table (columns rank, step,
+    step_time_ms, data_wait_ms, time_ns, and attempt, 0 when absent)."""
+    if metrics is None or metrics.empty:
+        return None
+    m = metrics.copy()
+    m["attempt"] = m["attempt"].fillna(0).astype("int64") if "attempt" in m else 0
+    per = m.groupby(["attempt", "step"], sort=True).agg(step_ms=("step_time_ms", "max"), data_ms=("data_wait_ms", "max"))
+    r0 = m[m["rank"] == m["rank"].min()].set_index(["attempt", "step"])["time_ns"]
+    per = per.join(r0.rename("end_ns"), how="inner")
+    per["end_s"] = per["end_ns"] / 1e9
+    per["start_s"] = per["end_s"] - per["step_ms"] / 1e3
+    per = per.reset_index()
+    latest = per.groupby("step")["attempt"].transform("max")
+    kept, redone = per[per["attempt"] == latest], per[per["attempt"] != latest]
+
+    attempts = manifest.get("attempts") or [{"attempt": 0, "start_time": manifest.get("start_time"),
+                                              "end_time": manifest.get("end_time")}]
+    starts = {int(a.get("attempt", i)): _ts(a.get("start_time")) for i, a in enumerate(attempts)}
+    begin = _ts(attempts[0].get("start_time")) or _ts(manifest.get("start_time"))
+    end = _ts(attempts[-1].get("end_time")) or _ts(manifest.get("end_time")) or float(per["end_s"].max())
+    if begin is None:
+        return None
+    startup = restarts = 0.0
+    for k, first in per.groupby("attempt")["start_s"].min().items():
+        if starts.get(int(k)) is not None:
+            startup += first - starts[int(k)]
+    last_end = per.groupby("attempt")["end_s"].max()
+    for k in sorted(starts):
+        if k > 0 and starts[k] is not None and (k - 1) in last_end.index:
+            restarts += starts[k] - float(last_end[k - 1])
+    stall = sum(float(s.get("stall_s") or 0.0) for s in manifest.get("checkpoint_saves") or [])
+    wall = end - begin
+    lost = {
+        "data_wait": float(kept["data_ms"].sum()) / 1e3,
+        "recomputed": float(redone["step_ms"].sum()) / 1e3,
+        "startup": startup,
+        "restarts": restarts,
+        "checkpoint": stall,
+    }
+    productive = float((kept["step_ms"] - kept["data_ms"]).sum()) / 1e3
+    lost["other"] = wall - productive - sum(lost.values())
+    return Goodput(wall, productive, lost, len(attempts), len(redone))
