@@ -110,3 +110,54 @@ def datasheet_peak(device_name: str, dtype_key: str) -> TablePeak | None:
         model.peaks_per_s[dtype_key], dtype_key,
         f"{model.label} {_LABELS[dtype_key]} (datasheet: {model.source}; device '{device_name}')",
     )
+
+
+# ---------------------------------------------------------------------------
+# Interconnect peaks, for rating collectives' bus bandwidth
+# ---------------------------------------------------------------------------
+# nccl-tests' busbw is meant to be compared with the hardware's per-GPU,
+# one-direction bandwidth (nccl-tests doc/PERFORMANCE.md, "bus bandwidth"),
+# so every figure here is unidirectional GB/s (1e9 bytes/s) per GPU: half
+# the "total" or "bidirectional" figure datasheets print.
+
+@dataclass(frozen=True)
+class LinkPeak:
+    """Per-GPU one-direction bandwidth of one link kind (GB/s) and where the figure came from."""
+
+    link: str
+    gbps: float
+    source: str
+
+
+# Scale-up fabric per GPU model: pattern (same matching as GPU_PEAKS), label, link peak.
+GPU_LINKS: tuple[tuple[str, LinkPeak], ...] = (
+    (r"gb200|b200", LinkPeak("NVLink 5", 900.0, "NVIDIA HGX B200 / GB200 datasheets: NVLink 1.8 TB/s total per GPU")),
+    (r"h200.*nvl|h100.*nvl", LinkPeak("NVLink bridge", 300.0, "NVIDIA H100/H200 NVL datasheets: NVLink bridge 600 GB/s total")),
+    (r"h100.*pcie", LinkPeak("NVLink bridge", 300.0, "NVIDIA H100 PCIe datasheet: NVLink bridge 600 GB/s total")),
+    (r"gh200|h200|h100", LinkPeak("NVLink 4", 450.0, "NVIDIA H100/H200 SXM datasheets: NVLink 900 GB/s total per GPU")),
+    (r"a100|a800", LinkPeak("NVLink 3", 300.0, "NVIDIA A100 datasheet: NVLink 600 GB/s total per GPU (SXM)")),
+    (r"v100", LinkPeak("NVLink 2", 150.0, "NVIDIA V100 datasheet: NVLink 300 GB/s total per GPU (SXM2)")),
+    (r"mi325x|mi300x", LinkPeak("xGMI (Infinity Fabric)", 448.0,
+                                "AMD Instinct MI300X datasheet: 7 x 128 GB/s bidirectional Infinity Fabric links, 896 GB/s total")),
+    (r"mi250x", LinkPeak("xGMI (Infinity Fabric)", 400.0, "AMD Instinct MI250X datasheet: 800 GB/s peak Infinity Fabric total")),
+)
+
+# Links without a per-model figure: PCIe x16 per direction (PCI-SIG base specs: 16 GT/s and 32 GT/s
+# per lane, 128b/130b), and one InfiniBand NIC per GPU (IBTA rates: HDR 200 Gb/s, NDR 400 Gb/s).
+PCIE4_X16 = LinkPeak("PCIe 4.0 x16", 31.5, "PCI-SIG PCIe 4.0: 16 GT/s x 16 lanes, 128b/130b, per direction")
+PCIE5_X16 = LinkPeak("PCIe 5.0 x16", 63.0, "PCI-SIG PCIe 5.0: 32 GT/s x 16 lanes, 128b/130b, per direction")
+IB_HDR = LinkPeak("InfiniBand HDR (1 NIC/GPU)", 25.0, "IBTA HDR 200 Gb/s per port")
+IB_NDR = LinkPeak("InfiniBand NDR (1 NIC/GPU)", 50.0, "IBTA NDR 400 Gb/s per port")
+
+
+def link_peak(device_name: str) -> LinkPeak | None:
+    """The scale-up link (NVLink / xGMI) of a GPU model, or None when the model has none in the table.
+
+    A trace does not say whether its group spans nodes; callers that know
+    the group crosses the network rate against :data:`IB_NDR` or :data:`IB_HDR`.
+    """
+    name = device_name.lower()
+    for pattern, peak in GPU_LINKS:
+        if re.search(pattern, name):
+            return peak
+    return None
