@@ -213,6 +213,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _package_version() -> str:
+    """The installed trainperf distribution's version (pyproject.toml), or "unknown" from a bare checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("trainperf")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``analyzer`` command."""
     common = argparse.ArgumentParser(add_help=False)
@@ -243,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", default=False,
                         help="show the traceback of an unexpected error")
+    parser.add_argument("--version", action="version", version=f"{PROG} (trainperf) {_package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("report", parents=[common, analysis], help="tables of one run; JSON and HTML reports",
