@@ -154,9 +154,19 @@ class RunAnalysis:
                 return r
         raise KeyError(rank)
 
+    def goodput(self):
+        """The run's goodput (:mod:`analyzer.metrics.goodput`; docs/rundir.md "Restarts and
+        goodput"), or None (a trace folder, or no records or start time to compute it)."""
+        from analyzer.metrics.goodput import goodput
+
+        if self.kind != "reftrain" or not self.manifest or self.metrics is None:
+            return None
+        return goodput(self.manifest, self.metrics)
+
     def to_json(self) -> dict[str, Any]:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
         manifest = self.manifest or {}
+        gp = self.goodput()
         return _jsonable(
             {
                 "schema": SCHEMA,
@@ -170,6 +180,7 @@ class RunAnalysis:
                     "step_time_ms": self.step_time.ms,  # the headline; its definition and both figures below
                     "step_time": self.step_time.to_json(),
                     "mfu": self.mfu.to_json(),
+                    "goodput": None if gp is None else gp.to_json(),
                 },
                 "ranks": [r.__dict__ for r in self.ranks],
                 "steps": self.steps.to_dict("records"),
