@@ -137,6 +137,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the run's analysis tables (analyzer/export) as CSV or Parquet files into a folder."""
+    from analyzer.export import FORMATS, export_tables, write_tables
+
+    fmt, dest = args.to
+    if fmt not in FORMATS:  # before the analysis: a typo should not cost a parse
+        raise AnalyzerError(f"export: unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    path = _existing(args.path)
+    with _parsing([path], args) as jobs:
+        analysis = _analyze(path, args, jobs)
+    written = write_tables(export_tables(analysis, top=max(args.top, 50)), fmt, Path(dest))
+    _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
+    return EXIT_OK
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     base_path, cand_path = _existing(args.base), _existing(args.cand)
     with _parsing([base_path, cand_path], args) as jobs:
@@ -269,6 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cand", metavar="CAND", help="candidate run")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the comparison as JSON (schema analyzer.compare/1)")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export", parents=[common, analysis], help="the run's tables as CSV or Parquet files",
+                       description="Write a run's analysis (summary, per rank, training curves, MFU per step, "
+                       "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).")
+    p.add_argument("path", help="reftrain run directory or folder of traces")
+    p.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"), required=True,
+                   help="csv DIR or parquet DIR")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("check", parents=[common, analysis], help="CI gate: exit 1 when the candidate regressed",
                        description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "

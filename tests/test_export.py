@@ -1,0 +1,69 @@
+"""analyzer export --to csv|parquet: tables read back equal the analysis's own values."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from analyzer.api import analyze
+from analyzer.curves import training_curves
+from analyzer.export import export_tables
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "traces" / "example-ddp-w2"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("export") / "run"
+    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    return dst
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_export_round_trips_through_the_formats_reader(run, tmp_path, fmt):
+    out = tmp_path / fmt
+    done = _cli("export", str(run), "--to", fmt, str(out))
+    assert done.returncode == 0, done.stderr
+    a = analyze(run)
+    read = (lambda p: pd.read_csv(p)) if fmt == "csv" else (lambda p: pq.read_table(p).to_pandas())
+    summary = read(out / f"summary.{fmt}").iloc[0]
+    assert summary["mfu"] == pytest.approx(a.mfu.median, rel=1e-12)
+    assert summary["mfu_source"] == a.mfu.source
+    assert summary["step_time_ms"] == pytest.approx(a.step_time.ms, rel=1e-12)
+    curves = read(out / f"curves.{fmt}")
+    want = training_curves(a.manifest, a.metrics).wide()
+    for col in ("loss", "lr", "tokens_per_s", "mfu", "step_time_ms", "mem_bytes"):
+        assert curves[col].tolist() == pytest.approx(want[col].tolist(), rel=1e-12)
+    assert curves["profiled"].tolist() == want["profiled"].tolist()
+    ranks = read(out / f"ranks.{fmt}")
+    assert ranks["rank"].tolist() == [r.rank for r in a.ranks]
+    assert ranks["exposed_comm_pct"].tolist() == pytest.approx([r.exposed_comm_pct for r in a.ranks])
+    kernels = read(out / f"kernels.{fmt}")
+    assert len(kernels) and kernels["ms_per_rank"].is_monotonic_decreasing
+    assert "wrote 6" in done.stderr
+
+
+def test_trace_folder_has_no_curves_table(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from dashboard_support import write_gpu_traces
+
+    write_gpu_traces(tmp_path / "gpu")
+    tables = export_tables(analyze(tmp_path / "gpu"))
+    assert "curves" not in tables and {"summary", "ranks", "kernels"} <= set(tables)
+
+
+def test_unknown_format_is_one_line(run, tmp_path):
+    done = _cli("export", str(run), "--to", "excel", str(tmp_path / "x"))
+    assert done.returncode == 2
+    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet)"
+    assert not (tmp_path / "x").exists()
