@@ -80,3 +80,17 @@ def test_withheld_without_records_or_start_time() -> None:
     manifest, m = run()
     assert goodput(manifest, m.iloc[0:0]) is None
     assert goodput({}, m) is None
+
+
+def test_withheld_for_a_restarted_run_whose_records_lack_the_attempt() -> None:
+    manifest, m = run()
+    assert goodput(manifest, m.drop(columns="attempt")) is None
+
+
+def test_an_attempt_missing_from_the_record_counts_as_restart_time() -> None:
+    """Attempt 1 died in its rendezvous before writing anything; attempt 2 resumed."""
+    manifest, m = run()
+    m.loc[m["attempt"] == 1, "attempt"] = 2
+    manifest["attempts"][1]["attempt"] = 2
+    g = goodput(manifest, m)
+    assert g.lost_s["restarts"] == pytest.approx(3.0, abs=1e-3) and g.recomputed_steps == 1

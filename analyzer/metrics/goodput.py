@@ -17,14 +17,15 @@ rank 0's ``time_ns`` minus that step time.
 * startup = per attempt, its first step's start minus its ``start_time``
   (process group, model build, peak measurement, checkpoint load).
 * restarts = per attempt after the first, its ``start_time`` minus the
-  previous attempt's last record (failure detection and relaunch; the part
+  last record of the attempts before it (failure detection and relaunch; the part
   of a failed attempt after its last step record is here too).
 * checkpoint = sum of run.json's ``checkpoint_saves[].stall_s`` (rank 0's
   wall time inside each save, the training loop stalled).
 * other = wall minus all the above: time between steps not in a save
   (printing, profiler export), the tail after the last step, clock error.
 
-Withheld (None) without run.json start/end times or without step records.
+Withheld (None) without a start time, without step records, or for a
+restarted run whose records carry no ``attempt``.
 """
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
     step_time_ms, data_wait_ms, time_ns, and attempt, 0 when absent)."""
     if metrics is None or metrics.empty:
         return None
+    attempts = manifest.get("attempts") or [{"attempt": 0, "start_time": manifest.get("start_time"),
+                                              "end_time": manifest.get("end_time")}]
+    if len(attempts) > 1 and "attempt" not in metrics:
+        return None  # restarted, but the records do not say which attempt ran them: withheld
     m = metrics.copy()
     m["attempt"] = m["attempt"].fillna(0).astype("int64") if "attempt" in m else 0
     per = m.groupby(["attempt", "step"], sort=True).agg(step_ms=("step_time_ms", "max"), data_ms=("data_wait_ms", "max"))
@@ -78,8 +83,6 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
     latest = per.groupby("step")["attempt"].transform("max")
     kept, redone = per[per["attempt"] == latest], per[per["attempt"] != latest]
 
-    attempts = manifest.get("attempts") or [{"attempt": 0, "start_time": manifest.get("start_time"),
-                                              "end_time": manifest.get("end_time")}]
     starts = {int(a.get("attempt", i)): _ts(a.get("start_time")) for i, a in enumerate(attempts)}
     begin = _ts(attempts[0].get("start_time")) or _ts(manifest.get("start_time"))
     end = _ts(attempts[-1].get("end_time")) or _ts(manifest.get("end_time")) or float(per["end_s"].max())
@@ -91,8 +94,11 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
             startup += first - starts[int(k)]
     last_end = per.groupby("attempt")["end_s"].max()
     for k in sorted(starts):
-        if k > 0 and starts[k] is not None and (k - 1) in last_end.index:
-            restarts += starts[k] - float(last_end[k - 1])
+        # From the last record of any earlier attempt: an attempt that died before
+        # writing anything (a failed rendezvous) is absent from both tables.
+        before = last_end[last_end.index < k]
+        if k > 0 and starts[k] is not None and len(before):
+            restarts += starts[k] - float(before.max())
     stall = sum(float(s.get("stall_s") or 0.0) for s in manifest.get("checkpoint_saves") or [])
     wall = end - begin
     lost = {
