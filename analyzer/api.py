@@ -163,6 +163,11 @@ class RunAnalysis:
             return None
         return goodput(self.manifest, self.metrics)
 
+    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/notebook.py
+        from analyzer.notebook import run_html
+
+        return run_html(self)
+
     def to_json(self) -> dict[str, Any]:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
         manifest = self.manifest or {}
