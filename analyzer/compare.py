@@ -132,6 +132,11 @@ class Comparison:
     mfu: MfuDelta
     notes: list[str] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/notebook.py
+        from analyzer.notebook import compare_html
+
+        return compare_html(self)
+
     def growing_phases(self, n: int = 3) -> list[Delta]:
         """The ``n`` phases that grew the most (positive delta), largest first."""
         return sorted((d for d in self.phases if d.delta > 0), key=lambda d: -d.delta)[:n]
