@@ -50,8 +50,9 @@ if TYPE_CHECKING:
     from analyzer.parse import ParsedTrace
 
 # Bump when the parser changes what an entry holds (2: parser columns in npz;
-# 3: categories in today's spelling, validated times, displayTimeUnit, notes).
-LOADER_VERSION = 3
+# 3: categories in today's spelling, validated times, displayTimeUnit, notes;
+# 4: concrete_inputs of convolution ops).
+LOADER_VERSION = 4
 ENTRY_SUFFIX = ".npz"
 # Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
 _ENTRY_SUFFIXES = (".npz", ".parquet")
