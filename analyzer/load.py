@@ -157,7 +157,7 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     # Sparse columns: row numbers of the file order -> positions in the table.
     position = np.full(len(keep), -1, dtype=np.int64)
     position[order] = np.arange(n)
-    for col in ("input_dims", "input_types"):
+    for col in ("input_dims", "input_types", "concrete_inputs"):
         values = np.full(n, None, dtype=object)
         for row, v in parsed.sparse[col].items():
             if position[row] >= 0:

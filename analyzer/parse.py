@@ -48,7 +48,7 @@ import orjson
 from analyzer.errors import TraceError
 from analyzer.limits import FLAGS, ParseLimits
 from analyzer.limits import current as current_limits
-from analyzer.schema import CPU_COMM_RE, GPU_TIMELINE_CATS, MATMUL_OPS, canonical_category, text_id
+from analyzer.schema import CONV_OPS, CPU_COMM_RE, FLOP_OPS, GPU_TIMELINE_CATS, canonical_category, text_id
 
 # Decompressed bytes per parse block. On df_index_resolver + control,
 # 1 and 2 MB parse equally fast (per-block overhead is small: the text is
@@ -236,6 +236,7 @@ class _Args(msgspec.Struct):
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_dims_old: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")
     input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     collective: Any = msgspec.field(default=None, name="Collective name")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -619,6 +620,7 @@ class _Columns:
             for k in (
                 "input_dims",
                 "input_types",
+                "concrete_inputs",
                 "coll_name",
                 "msg_in_nelems",
                 "msg_out_nelems",
@@ -670,7 +672,7 @@ class _Columns:
         ]
         wants = self._wants_args
         for name in set(names).difference(wants):
-            wants[name] = name in MATMUL_OPS or bool(CPU_COMM_RE.search(name))
+            wants[name] = name in FLOP_OPS or bool(CPU_COMM_RE.search(name))
         row0 = self.rows
         special = [
             (row0 + i, n, a)
@@ -769,11 +771,13 @@ class _Columns:
         raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_old
         dims = orjson.loads(bytes(raw_dims)) if len(raw_dims) else None
         types = orjson.loads(bytes(a.input_types)) if len(a.input_types) else None
-        if name in MATMUL_OPS or CPU_COMM_RE.search(name):
+        if name in FLOP_OPS or CPU_COMM_RE.search(name):
             if dims is not None:
                 sp["input_dims"][row] = orjson.dumps(dims).decode()
             if types is not None:
                 sp["input_types"][row] = orjson.dumps(types).decode()
+            if name in CONV_OPS and len(a.concrete_inputs):
+                sp["concrete_inputs"][row] = orjson.dumps(orjson.loads(bytes(a.concrete_inputs))).decode()
         coll = a.collective
         if coll is None and name.startswith(_COLL_ANNOTATION_PREFIXES):
             coll = name.split(":", 1)[1]

@@ -34,6 +34,25 @@ MATMUL_OPS = frozenset(
         "aten::scaled_dot_product_attention",
     }
 )
+# Convolution ops whose FLOPs need their scalar arguments (stride, padding,
+# dilation, groups, transposed) from ``Concrete Inputs``
+# (analyzer.metrics.conv_flops.CONV_SCHEMAS holds each one's argument positions).
+CONV_OPS = frozenset(
+    {
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::conv1d",
+        "aten::conv2d",
+        "aten::conv3d",
+        "aten::cudnn_convolution",
+        "aten::cudnn_convolution_transpose",
+        "aten::conv_transpose1d",
+        "aten::conv_transpose2d",
+        "aten::conv_transpose3d",
+    }
+)
+# Host ops whose shapes the loader keeps: the FLOP counter's ops.
+FLOP_OPS = MATMUL_OPS | CONV_OPS
 # Event categories of older format eras, lower-cased, -> today's category
 # (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
 # PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote
@@ -70,6 +89,7 @@ COLUMNS: dict[str, str] = {
     "external_id": "int64",
     "input_dims": "object",
     "input_types": "object",
+    "concrete_inputs": "object",
     "coll_name": "category",
     "msg_in_nelems": "int64",
     "msg_out_nelems": "int64",

@@ -52,6 +52,10 @@ input_dims      object     ``args["Input Dims"]`` as a JSON string, only for
                            rows (gloo collectives carry their tensor shapes
                            there); else None
 input_types     object     ``args["Input type"]`` as a JSON string, same rows
+                           (and convolution ops, CONV_OPS)
+concrete_inputs object     ``args["Concrete Inputs"]`` as a JSON string, only
+                           for convolution cpu_ops (CONV_OPS: their stride,
+                           padding, dilation, groups); else None
 coll_name       category   collective name: ``args["Collective name"]``
                            (record_param_comms, comm kernels of newer
                            PyTorch), else the suffix of a ``gloo:*`` /
@@ -84,6 +88,8 @@ from analyzer.schema import (  # noqa: F401 - re-exported: the table schema live
     COMM_KERNEL_RE,
     CPU_COMM_RE,
     MATMUL_OPS,
+    CONV_OPS,
+    FLOP_OPS,
     DEVICE_CATS,
     ANNOTATION_CATS,
     RUNTIME_CATS,

@@ -171,6 +171,14 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
         if worst_row:
             rows.append(Row(label, f"GEMM GFLOPs/op, worst of {len(gemm_rows) - len(unmodelled)} rows", worst_row[0], worst_row[1],
                             "%rel", 1e-6, worst_row[2] + (f"; not modelled: {'; '.join(unmodelled)}" if unmodelled else "")))
+    conv = rep / "CONV_fwd.csv"
+    if conv.exists():
+        from analyzer.metrics.conv_flops import conv_flops
+
+        for r in csv.DictReader(open(conv)):
+            mine = conv_flops(r["name"], ast.literal_eval(r["Input Dims_first"]), ast.literal_eval(r["Concrete Inputs_first"]))
+            rows.append(Row(label, "CONV GFLOPs/op", mine / 1e9, float(r["GFLOPS_first"]), "%rel", 1e-6, r["name"]))
+    if gemm.exists():
         ops = matmul_ops(ev)
         kernels = flop_kernels(ev, ops)
         charged = charged_ops(ops, kernels)

@@ -53,3 +53,62 @@ def test_padding_dilation_groups_and_transposed() -> None:
 def test_shapes_that_do_not_fit_raise(name, dims, concrete) -> None:
     with pytest.raises(ShapeError):
         conv_flops(name, dims, concrete)
+
+
+def _conv_stack(t, s0: float, dims, concrete, *, kernel_us: float = 40.0) -> None:
+    """conv2d > convolution > _convolution > cudnn_convolution, as eager PyTorch records them, launching one cuDNN kernel."""
+    x, w = dims
+    t.cpu_op("aten::conv2d", s0, 100, input_dims=[x, w, [], [], [], [], []], args={"Concrete Inputs": concrete[:3] + concrete[3:6] + [concrete[8]]})
+    t.cpu_op("aten::convolution", s0 + 5, 90, input_dims=[x, w, [], [], [], [], [], [], []], args={"Concrete Inputs": concrete})
+    t.cpu_op("aten::_convolution", s0 + 10, 80, input_dims=[x, w, [], [], [], [], [], [], [], [], [], [], []],
+             args={"Concrete Inputs": concrete + ["False", "False", "True", "True"]})
+    t.cpu_op("aten::cudnn_convolution", s0 + 15, 70, input_dims=[x, w, [], [], [], [], [], [], []],
+             args={"Concrete Inputs": ["", "", concrete[4], concrete[3], concrete[5], concrete[8], "False", "False", "True"]})
+    t.kernel("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", s0 + 30, kernel_us, launch_us=s0 + 20)
+
+
+def test_parsed_conv_stack_counts_its_flops_once_and_covers_its_kernel(tmp_path) -> None:
+    """From a written trace: the loader keeps Concrete Inputs for conv ops only; the four nested ops count once."""
+    from synth import KinetoTrace
+
+    from analyzer.load import load_trace
+    from analyzer.metrics.matmul_flops import flop_kernels, matmul_ops
+    from analyzer.metrics.mfu import charged_ops
+
+    t = KinetoTrace(rank=0, world_size=1, distributed=False)
+    t.step(1, 0, 1000)
+    concrete = ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]
+    _conv_stack(t, 10, ([8, 16, 32, 32], [32, 16, 3, 3]), concrete)
+    t.cpu_op("aten::relu", 200, 10, input_dims=[[8, 32, 16, 16]], args={"Concrete Inputs": [""]})
+    ev = load_trace(t.write(tmp_path / "rank0.json.gz")).events
+    kept = ev.loc[ev["concrete_inputs"].notna(), "name"].astype(str).tolist()
+    assert sorted(kept) == sorted(["aten::conv2d", "aten::convolution", "aten::_convolution", "aten::cudnn_convolution"])
+    ops = matmul_ops(ev)
+    expected = 2 * 8 * (16 * 16) * 32 * (16 * 3 * 3)  # out 16x16: (32 + 2 - 2 - 1) // 2 + 1
+    assert ops["flops"].tolist() == [float(expected)] * 4
+    assert float(ops.loc[ops["counted"], "flops"].sum()) == expected  # counted once, at the outermost op
+    k = flop_kernels(ev, ops)
+    assert len(k) == 1 and int(k["account"].iloc[0]) >= 0  # the cuDNN kernel's FLOPs are known: coverage 100 %
+    assert int(charged_ops(ops, k).sum()) == 1
+
+
+def test_conv_with_inconsistent_shapes_is_listed_not_counted(tmp_path) -> None:
+    from synth import KinetoTrace
+
+    from analyzer.load import load_trace
+    from analyzer.metrics.matmul_flops import matmul_ops
+
+    t = KinetoTrace(rank=0, world_size=1, distributed=False)
+    t.step(1, 0, 1000)
+    # 16 input channels against a weight of 8 per group, groups 1: the shapes do not fit the op.
+    _conv_stack(t, 10, ([8, 16, 32, 32], [32, 8, 3, 3]), ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"])
+    ops = matmul_ops(load_trace(t.write(tmp_path / "rank0.json.gz")).events)
+    assert ops["flops"].isna().all() and not ops["counted"].any()
+    assert all("input channels 16" in e for e in ops["shape_error"])
+
+
+def test_conv_schemas_cover_exactly_the_loader_conv_ops() -> None:
+    from analyzer.metrics.conv_flops import CONV_SCHEMAS
+    from analyzer.schema import CONV_OPS
+
+    assert set(CONV_SCHEMAS) == set(CONV_OPS)

@@ -54,7 +54,7 @@ import pandas as pd
 
 from analyzer.metrics.intervals import union
 from analyzer.metrics.text import is_in, text_map, text_mask
-from analyzer.tables import MATMUL_OPS
+from analyzer.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
 
 # Backward regions: every autograd node runs inside one of these ranges.
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
@@ -195,11 +195,21 @@ def flops_of(name: str, dims: list[list[int]]) -> int:
     raise ShapeError(f"not a matmul-like op: {name}")
 
 
-def _flops_or_error(name: str, dims_json: str | None) -> tuple[float, str | None]:
-    """(FLOPs, None) for usable dims; (NaN, why) for missing or inconsistent ones."""
+def _flops_or_error(name: str, dims_json: str | None, concrete_json: str | None = None) -> tuple[float, str | None]:
+    """(FLOPs, None) for usable dims; (NaN, why) for missing or inconsistent ones.
+
+    Convolution ops (CONV_OPS) also need their ``Concrete Inputs``
+    (:func:`analyzer.metrics.conv_flops.conv_flops`).
+    """
     if dims_json is None:
         return float("nan"), "no recorded shapes"
     try:
+        if name in CONV_OPS:
+            from analyzer.metrics.conv_flops import conv_flops
+
+            if concrete_json is None:
+                return float("nan"), "no recorded Concrete Inputs (stride, padding, dilation, groups)"
+            return float(conv_flops(name, json.loads(dims_json), json.loads(concrete_json))), None
         return float(flops_of(name, json.loads(dims_json))), None
     except ShapeError as e:
         return float("nan"), str(e)
@@ -292,19 +302,23 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     ``backward`` (inside an autograd backward range), ``dtype`` (bf16, fp16,
     fp32, fp64, fp8 or None).
     """
-    rows = is_in(events["name"], MATMUL_OPS) & (events["kind"] == "cpu_op").to_numpy()
-    ops = events.loc[rows, ["name", "pid", "tid", "start_ns", "end_ns", "input_dims", "input_types"]]
+    rows = is_in(events["name"], FLOP_OPS) & (events["kind"] == "cpu_op").to_numpy()
+    cols = ["name", "pid", "tid", "start_ns", "end_ns", "input_dims", "input_types"]
+    ops = events.loc[rows, cols + ["concrete_inputs"] if "concrete_inputs" in events.columns else cols]
+    if "concrete_inputs" not in ops.columns:
+        ops = ops.assign(concrete_inputs=None)
     ops = ops.assign(name=[str(n) for n in ops["name"]]).reset_index(drop=True)
     if ops.empty:
         return ops.assign(
             flops=np.float64(0), shape_error=None, parent=np.int64(-1), top_level=True, leaf=True, counted=True,
             backward=False, dtype=None,
-        ).drop(columns=["input_types"])
-    # Formulas once per distinct (name, dims) pair.
-    keys = ops[["name", "input_dims"]].astype(object).fillna("")
+        ).drop(columns=["input_types", "concrete_inputs"])
+    # Formulas once per distinct (name, dims, scalar arguments) triple.
+    keys = ops[["name", "input_dims", "concrete_inputs"]].astype(object).fillna("")
     uniq = keys.drop_duplicates()
-    lookup = {(n, d): _flops_or_error(n, d or None) for n, d in zip(uniq["name"], uniq["input_dims"])}
-    found = [lookup[k] for k in zip(keys["name"], keys["input_dims"])]
+    lookup = {(n, d, c): _flops_or_error(n, d or None, c or None)
+              for n, d, c in zip(uniq["name"], uniq["input_dims"], uniq["concrete_inputs"])}
+    found = [lookup[k] for k in zip(keys["name"], keys["input_dims"], keys["concrete_inputs"])]
     flops = np.array([f for f, _ in found], dtype=np.float64)
     errors = np.array([e for _, e in found], dtype=object)
     types = ops["input_types"].astype(object)
