@@ -21,7 +21,7 @@ RULE_PART = {
     "launch_bound": "idle", "cuda_graphs": "idle", "data_wait": "data", "pin_memory": "exposed_memcpy",
     "exposed_memcpy": "exposed_memcpy", "fused_adamw": "optimizer", "torch_compile": "compute",
     "bf16_autocast": "compute", "tf32": "compute", "micro_batch": "other", "smaller_micro_batch": "other",
-    "activation_checkpointing": "compute", "straggler": "exposed_comm",
+    "activation_checkpointing": "compute", "straggler": "exposed_comm", "comm_one_rank": "exposed_comm",
 }
 # Parts no rule removes as such (compute is acted on, overlapped comm is already hidden).
 NOT_ACTIONABLE = {"overlapped_comm", "collective_wait"}

@@ -411,3 +411,16 @@ def test_ranking_puts_changes_first_by_gain():
     ranked = rank(found)
     assert [s.rule for s in ranked] == ["micro_batch", "fused_adamw", "mfu_gap"]
     assert ranked[0].gain > ranked[1].gain
+
+
+def test_comm_one_rank_fires_over_twenty_percent_on_one_traced_rank():
+    from analyzer.suggest import rules_comm
+
+    f = trace_facts(exposed_comm_ms=3.0, ranks_traced=1, world_size=1)  # 30 % of a 10 ms step
+    s = rules_comm.rule_comm_one_rank(f)
+    assert s is not None and s.kind == "diagnosis" and s.confidence == "low"
+    assert s.evidence["exposed_comm_share"] == pytest.approx(0.3)
+    assert s.predicted.step_time_ms_after == pytest.approx(7.0)  # never more than removing the 3 ms it addresses
+    assert rules_comm.rule_comm_one_rank(dataclasses.replace(f, exposed_comm_ms=2.0)) is None  # 20 %: not over
+    assert rules_comm.rule_comm_one_rank(dataclasses.replace(f, ranks_traced=2)) is None  # arrivals tell it
+    assert rules_comm.rule_comm_one_rank(dataclasses.replace(f, kind="reftrain")) is None

@@ -155,6 +155,7 @@ class RunFacts:
     hostnames: list[str] | None = None  # per rank
     profile_steps: tuple[int, int] = (0, 0)  # (profiled steps, all steps) of the run
     ranks_per_host: int | None = None
+    ranks_traced: int = 0  # ranks with a trace or records in this analysis (one rank cannot tell waiting from transfer)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -529,6 +530,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         config=config,
         config_path=config_path,
         world_size=world,
+        ranks_traced=len(ra.ranks),
         step_time_ms=step_time_ms,
         step_time_source=source,
         n_steps=n_steps,

@@ -265,3 +265,39 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
         notes=("gradients are averaged in bf16: a small numerical change",),
     )
 
+
+
+# Exposed communication above this share of the step on a single traced rank is diagnosed (issue 18's bar).
+ONE_RANK_COMM_MIN_SHARE = 0.20
+
+
+@rule
+def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
+    """Diagnosis: exposed comm over 20 % of the step, seen on one rank only: waiting or transfer cannot be told apart.
+
+    A communication kernel on one rank runs from its launch until the
+    slowest peer has joined and the data has moved, so its time holds both
+    the wait for a slower peer and the transfer. Only the other ranks'
+    arrivals separate them (the straggler rule does, from all ranks'
+    traces). What-if (an upper bound): all exposed communication removed.
+    """
+    if f.kind != "traces" or f.ranks_traced != 1 or not f.step_time_ms or f.exposed_comm_ms is None:
+        return None
+    share = f.exposed_comm_ms / f.step_time_ms
+    if share <= ONE_RANK_COMM_MIN_SHARE:
+        return None
+    evidence = _comm_evidence(f, f.exposed_comm_ms, share) | {"ranks_traced": f.ranks_traced}
+    return Suggestion(
+        rule="comm_one_rank",
+        title=f"Exposed communication is {share:.0%} of the step; one rank's trace cannot tell waiting for a peer from a slow transfer",
+        trigger=f"exposed comm {share:.1%} > {ONE_RANK_COMM_MIN_SHARE:.0%} with {f.ranks_traced} rank traced",
+        evidence=evidence,
+        change=Change({}, "profile every rank in the same steps (torch.profiler.profile on each rank with the same "
+                          "schedule, one trace file per rank in one folder) and run `analyzer suggest FOLDER`: the "
+                          "ranks' collective arrivals then show whether one rank arrives late (a straggler) or all "
+                          "wait on the transfer (bucket size, overlap, compression)"),
+        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, f.exposed_comm_ms),
+                                    "upper bound: all exposed communication removed"),
+        confidence="low",
+        kind="diagnosis",
+    )
