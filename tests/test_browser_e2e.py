@@ -153,6 +153,29 @@ def test_run_page_shows_mfu_and_a_chart(server, page):
     assert page.problems() == []
 
 
+def test_run_page_draws_the_training_curve_with_profiled_steps(server, page):
+    """The Overview's training-curve chart in Chromium: one point per step of
+    the run and one rule per profiled step (analyzer.curves' values)."""
+    from analyzer.curves import training_curves
+    from analyzer.rundir import read_run_dir
+
+    url, runs, root = server
+    rd = read_run_dir(runs / GOOD_RUN)
+    c = training_curves(rd.manifest, rd.metrics)
+    page.goto(f"{url}/overview?run={quote(GOOD_RUN)}", wait_until="domcontentloaded")
+    page.get_by_role("heading", name="Training curves").wait_for(timeout=RENDER_TIMEOUT_MS)
+    # The only chart with rule marks of data (profiled steps; axes' ticks are
+    # role-axis-* rules) is the training curve.
+    chart = page.locator('[data-testid="stVegaLiteChart"] svg.marks', has=page.locator("g.mark-rule.role-mark")).first
+    chart.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    assert chart.locator("g.mark-symbol.role-mark path").count() == len(c.series("loss"))
+    assert chart.locator("g.mark-rule.role-mark line").count() == len(c.profiled_steps) > 0
+    assert chart.bounding_box()["height"] > 100
+    page.screenshot(path=str(root / "training_curve.png"), full_page=True)
+    assert page.problems() == []
+
+
 def test_refused_run_name_reads_nothing(server, page):
     url, runs, root = server
     page.goto(f"{url}/overview?run={quote('../../etc')}", wait_until="domcontentloaded")

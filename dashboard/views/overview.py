@@ -372,8 +372,8 @@ def render() -> None:
         return
     ra = loaded.value
     headline(run, ra)
-    training_curves_section(run)
     breakdown_chart(ra)
+    training_curves_section(run)
     per_step_charts(ra)
     suggestions_section(run)
     config_and_hardware(ra)
