@@ -152,6 +152,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    """MFU, step time and tokens/s per run in order, the gate's verdict between neighbours (analyzer/history.py)."""
+    from analyzer.history import history, history_text
+
+    h = history(_existing(args.runs_dir), args.by)
+    if args.json:
+        _write_text(args.json, dumps_json(h.to_json()))
+    _print(history_text(h))
+    return EXIT_OK
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     base_path, cand_path = _existing(args.base), _existing(args.cand)
     with _parsing([base_path, cand_path], args) as jobs:
@@ -292,6 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"), required=True,
                    help="csv DIR or parquet DIR")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("history", parents=[common], help="headline figures of every run in a folder, in order",
+                       description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
+                       "CI gate's verdict between consecutive runs and change points (analyzer/history.py).")
+    p.add_argument("runs_dir", metavar="RUNS_DIR", help="folder of reftrain run directories")
+    p.add_argument("--by", choices=("time", "commit"), default="time",
+                   help="order by start time, or keep the latest run of each commit (default time)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the history (schema analyzer.history/1)")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("check", parents=[common, analysis], help="CI gate: exit 1 when the candidate regressed",
                        description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "

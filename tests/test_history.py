@@ -1,0 +1,69 @@
+"""analyzer history: order, gate verdicts between consecutive runs, change points.
+
+Real example runs: the slowed-rank run is 50 % slower per step than the good
+one (978 vs 1492 ms), far beyond the gate's threshold, so the verdicts are
+not load-sensitive: the recorded runs are analyzed, nothing is timed here.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analyzer.history import history
+
+REPO = Path(__file__).resolve().parent.parent
+GOOD, SLOW = "example-ddp-w2", "example-ddp-w2-slow-rank1"
+
+
+def _copy(src: str, dst: Path, start: str, sha: str) -> None:
+    shutil.copytree(REPO / "traces" / src, dst, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    m = json.loads((dst / "run.json").read_text())
+    m["start_time"], m["git"] = start, {"sha": sha, "dirty": False}
+    (dst / "run.json").write_text(json.dumps(m))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("history")
+    # Named so that name order differs from time order.
+    _copy(GOOD, root / "c-first", "2026-01-01T00:00:00+00:00", "aaa")
+    _copy(SLOW, root / "a-second", "2026-01-02T00:00:00+00:00", "bbb")
+    _copy(GOOD, root / "b-third", "2026-01-03T00:00:00+00:00", "ccc")
+    _copy(GOOD, root / "d-fourth", "2026-01-04T00:00:00+00:00", "ccc")
+    (root / "not-a-run").mkdir()
+    return root
+
+
+def test_time_order_verdicts_and_change_points(runs):
+    h = history(runs, "time")
+    assert [p.run for p in h.points] == ["c-first", "a-second", "b-third", "d-fourth"]
+    first, second, third, fourth = h.points
+    assert first.verdict is None and not first.change_point
+    assert second.verdict == "regression" and second.change_point and second.direction == "slower"
+    assert third.change_point and third.direction == "faster" and third.verdict != "regression"
+    assert fourth.verdict == "pass" and not fourth.change_point  # the same run's data again
+    assert second.step_time_ms > 1.3 * first.step_time_ms
+    assert any(s.startswith("not-a-run: ") for s in h.skipped)
+
+
+def test_by_commit_keeps_the_latest_run_of_each_commit(runs):
+    h = history(runs, "commit")
+    assert [(p.run, p.commit) for p in h.points] == [("c-first", "aaa"), ("a-second", "bbb"), ("d-fourth", "ccc")]
+
+
+def test_cli_prints_the_table_and_writes_json(runs, tmp_path):
+    out = tmp_path / "h.json"
+    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(runs), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "CHANGE (slower)" in done.stdout and "CHANGE (faster)" in done.stdout
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "analyzer.history/1" and len(doc["points"]) == 4
+    bad = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
