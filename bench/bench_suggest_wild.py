@@ -23,8 +23,16 @@ RULE_PART = {
     "bf16_autocast": "compute", "tf32": "compute", "micro_batch": "other", "smaller_micro_batch": "other",
     "activation_checkpointing": "compute", "straggler": "exposed_comm", "comm_one_rank": "exposed_comm",
 }
+# Rules whose what-if also acts on a second part: launch_bound's larger batch fills idle time and spreads the
+# fixed (non-batch-scaled) exposed comm over k times the work (rules_compute.rule_launch_bound).
+ALSO_PARTS = {"launch_bound": ("exposed_comm",)}
 # Parts no rule removes as such (compute is acted on, overlapped comm is already hidden).
 NOT_ACTIONABLE = {"overlapped_comm", "collective_wait"}
+
+
+def parts_of(rule: str) -> tuple[str, ...]:
+    """Every breakdown part a rule's what-if acts on (empty for diagnoses without one)."""
+    return ((RULE_PART[rule],) if rule in RULE_PART else ()) + ALSO_PARTS.get(rule, ())
 
 
 def _files(root: Path) -> list[Path]:
@@ -47,7 +55,7 @@ def row(path: Path) -> dict:
     largest = max(actionable, key=actionable.get) if actionable else None
     top = [(s.rule, s.kind, s.gain, RULE_PART.get(s.rule, "-")) for s in sugg[:3]]
     first_change = next((s for s in sugg if s.kind == "change"), None)
-    ok = None if first_change is None or largest is None else RULE_PART.get(first_change.rule) == largest
+    ok = None if first_change is None or largest is None else largest in parts_of(first_change.rule)
     return {"trace": path, "source": facts.shares_source, "shares": shares, "largest": largest, "top": top, "first_ok": ok}
 
 
