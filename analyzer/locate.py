@@ -108,6 +108,10 @@ def scan_trace_files(path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
         else:
             skipped.append((p, reason))
     if not files and not skipped:
+        windows = [d for d in path.iterdir() if _WINDOW_DIR_RE.match(d.name) and d.is_dir()]
+        if len(windows) == 1:
+            # A run's traces/ folder with one profiler window (docs/rundir.md): that window.
+            return scan_trace_files(windows[0])
         deeper = sorted(p for p in path.rglob("*") if _is_trace_name(p.name) and p.is_file() and not _hidden(p, path))
         hint = f" ({len(deeper)} in subfolders, e.g. {deeper[0].parent}; pass that folder)" if deeper else ""
         raise AnalyzerError(f"{path}: no trace files (*.json, *.json.gz){hint}")

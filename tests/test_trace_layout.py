@@ -97,3 +97,16 @@ def test_example_runs_in_the_repository_stay_readable(name: str) -> None:
         pytest.skip(f"{run} is not in this checkout")
     a = analyze(run, cache=False)
     assert sorted(r.rank for r in a.ranks) == [0, 1] and sorted(set(a.steps["step"])) == [6, 7]
+
+
+def test_a_traces_folder_with_one_window_is_that_window(tmp_path: Path) -> None:
+    from analyzer.errors import AnalyzerError
+    from analyzer.locate import find_trace_files
+
+    run = _run(tmp_path, NEW, listed=True)
+    with pytest.raises(AnalyzerError, match="in subfolders.*pass that folder"):
+        find_trace_files(run / "traces")  # two windows: the user picks one
+    for f in (run / "traces/step5").iterdir():
+        f.unlink()
+    (run / "traces/step5").rmdir()
+    assert [p.name for p in find_trace_files(run / "traces")] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
