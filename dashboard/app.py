@@ -19,7 +19,8 @@ state.sidebar_run_selector(runs)
 
 navigation = st.navigation(
     {
-        "Runs": [st.Page("views/runs.py", title="Runs", default=True)],
+        "Runs": [st.Page("views/runs.py", title="Runs", default=True),
+                 st.Page("views/history.py", title="History", url_path="history")],
         "Selected run": [
             st.Page("views/overview.py", title="Overview", url_path="overview"),
             st.Page("views/timeline.py", title="Timeline", url_path="timeline"),

@@ -231,3 +231,18 @@ def _curves(path: str, key: tuple) -> Any:
 def curves(run: RunEntry):
     """``analyzer.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks)."""
     return _curves(str(run.path), fingerprint(run))
+
+
+@st.cache_resource(max_entries=4, show_spinner="Gating consecutive runs...")
+def _history(root: str, by: str, key: tuple) -> Loaded:
+    from analyzer.history import history
+
+    try:
+        return Loaded(history(Path(root), by))  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"history({root})", exc)
+
+
+def history(root: Path, runs: list[RunEntry], by: str) -> Loaded:
+    """``analyzer.history.history`` of the runs folder (cached on every run's files)."""
+    return _history(str(root), by, tuple(fingerprint(r) for r in runs))
