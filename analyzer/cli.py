@@ -139,15 +139,26 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the run's analysis tables (analyzer/export) as CSV or Parquet files into a folder."""
-    from analyzer.export import FORMATS, export_tables, write_tables
+    from analyzer.export import TARGETS, export_tables, write_tables
 
     fmt, dest = args.to
-    if fmt not in FORMATS:  # before the analysis: a typo should not cost a parse
-        raise AnalyzerError(f"export: unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+    if fmt not in TARGETS:  # before the analysis: a typo should not cost a parse
+        raise AnalyzerError(f"export: unknown format {fmt!r} (one of {', '.join(TARGETS)})")
+    if fmt == "tensorboard":
+        import importlib.util
+
+        from analyzer.export.tensorboard import EXTRA_LINE, write_tensorboard
+
+        if importlib.util.find_spec("tensorboard") is None:  # before the analysis, as a typo
+            raise AnalyzerError(EXTRA_LINE)
     path = _existing(args.path)
     with _parsing([path], args) as jobs:
         analysis = _analyze(path, args, jobs)
-    written = write_tables(export_tables(analysis, top=max(args.top, 50)), fmt, Path(dest))
+    tables = export_tables(analysis, top=max(args.top, 50))
+    if fmt == "tensorboard":
+        _say("note", f"wrote TensorBoard events to {write_tensorboard(tables, Path(dest))}")
+        return EXIT_OK
+    written = write_tables(tables, fmt, Path(dest))
     _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
     return EXIT_OK
 
@@ -301,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).")
     p.add_argument("path", help="reftrain run directory or folder of traces")
     p.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"), required=True,
-                   help="csv DIR or parquet DIR")
+                   help="csv DIR, parquet DIR or tensorboard DIR (extra trackers)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("history", parents=[common], help="headline figures of every run in a folder, in order",

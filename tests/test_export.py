@@ -65,5 +65,38 @@ def test_trace_folder_has_no_curves_table(tmp_path):
 def test_unknown_format_is_one_line(run, tmp_path):
     done = _cli("export", str(run), "--to", "excel", str(tmp_path / "x"))
     assert done.returncode == 2
-    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet)"
+    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard)"
     assert not (tmp_path / "x").exists()
+
+
+def test_tensorboard_export_reads_back_through_tbparse(run, tmp_path):
+    tbparse = pytest.importorskip("tbparse", reason="extra trackers (tensorboard, tbparse) not installed")
+    out = tmp_path / "tb"
+    done = _cli("export", str(run), "--to", "tensorboard", str(out))
+    assert done.returncode == 0, done.stderr
+    a = analyze(run)
+    df = tbparse.SummaryReader(str(out)).scalars
+    by_tag = {tag: g.sort_values("step") for tag, g in df.groupby("tag")}
+    # Event scalars are float32: compare at float32 precision.
+    assert by_tag["analysis/mfu"]["value"].iloc[0] == pytest.approx(a.mfu.median, rel=1e-6)
+    assert by_tag["analysis/step_time_ms"]["value"].iloc[0] == pytest.approx(a.step_time.ms, rel=1e-6)
+    want = training_curves(a.manifest, a.metrics)
+    for metric in ("loss", "lr", "tokens_per_s", "step_time_ms"):
+        got = by_tag[f"train/{metric}"]
+        s = want.series(metric)
+        assert got["step"].tolist() == s["step"].tolist()
+        assert got["value"].tolist() == pytest.approx(s["value"].tolist(), rel=1e-6)
+    for r in a.ranks:
+        assert by_tag[f"rank{r.rank}/exposed_comm_pct"]["value"].iloc[0] == pytest.approx(r.exposed_comm_pct, rel=1e-6)
+
+
+def test_tensorboard_missing_names_the_extra(run, tmp_path, monkeypatch):
+    import importlib.util
+
+    from analyzer import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(Exception) as exc:
+        cli.cmd_export(cli.build_parser().parse_args(["export", str(run), "--to", "tensorboard", str(tmp_path / "t")]))
+    assert str(exc.value) == "export to tensorboard needs the tensorboard package: pip install 'trainperf[trackers]'"
