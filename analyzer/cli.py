@@ -151,12 +151,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         if importlib.util.find_spec("tensorboard") is None:  # before the analysis, as a typo
             raise AnalyzerError(EXTRA_LINE)
+    if fmt == "mlflow":
+        import importlib.util
+
+        from analyzer.export.mlflow import EXTRA_LINE as MLFLOW_LINE, write_mlflow
+
+        if importlib.util.find_spec("mlflow") is None:
+            raise AnalyzerError(MLFLOW_LINE)
     path = _existing(args.path)
     with _parsing([path], args) as jobs:
         analysis = _analyze(path, args, jobs)
     tables = export_tables(analysis, top=max(args.top, 50))
     if fmt == "tensorboard":
         _say("note", f"wrote TensorBoard events to {write_tensorboard(tables, Path(dest))}")
+        return EXIT_OK
+    if fmt == "mlflow":
+        run_id = write_mlflow(tables, dest, path.name, str(path))
+        _say("note", f"logged MLflow run {run_id} (experiment analyzer) to {dest}")
         return EXIT_OK
     written = write_tables(tables, fmt, Path(dest))
     _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
@@ -312,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).")
     p.add_argument("path", help="reftrain run directory or folder of traces")
     p.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"), required=True,
-                   help="csv DIR, parquet DIR or tensorboard DIR (extra trackers)")
+                   help="csv DIR, parquet DIR, tensorboard DIR or mlflow URI (extra trackers)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("history", parents=[common], help="headline figures of every run in a folder, in order",

@@ -65,7 +65,7 @@ def test_trace_folder_has_no_curves_table(tmp_path):
 def test_unknown_format_is_one_line(run, tmp_path):
     done = _cli("export", str(run), "--to", "excel", str(tmp_path / "x"))
     assert done.returncode == 2
-    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard)"
+    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, mlflow)"
     assert not (tmp_path / "x").exists()
 
 
@@ -100,3 +100,24 @@ def test_tensorboard_missing_names_the_extra(run, tmp_path, monkeypatch):
     with pytest.raises(Exception) as exc:
         cli.cmd_export(cli.build_parser().parse_args(["export", str(run), "--to", "tensorboard", str(tmp_path / "t")]))
     assert str(exc.value) == "export to tensorboard needs the tensorboard package: pip install 'trainperf[trackers]'"
+
+
+def test_mlflow_export_reads_back_through_mlflowclient(run, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="extra trackers (mlflow) not installed")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads a file store only when opted in
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()  # a file store: no server, no network
+    done = _cli("export", str(run), "--to", "mlflow", uri)
+    assert done.returncode == 0, done.stderr
+    a = analyze(run)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("analyzer")
+    (logged,) = client.search_runs([exp.experiment_id])
+    assert logged.info.run_name == run.name and logged.data.tags["analyzer.path"] == str(run)
+    assert logged.data.metrics["analysis/mfu"] == pytest.approx(a.mfu.median, rel=1e-12)
+    assert logged.data.params["mfu_source"] == a.mfu.source
+    history = sorted(client.get_metric_history(logged.info.run_id, "train/loss"), key=lambda m: m.step)
+    want = training_curves(a.manifest, a.metrics).series("loss")
+    assert [m.step for m in history] == want["step"].tolist()
+    assert [m.value for m in history] == pytest.approx(want["value"].tolist(), rel=1e-12)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
 
 FORMATS = ("csv", "parquet")
-TARGETS = (*FORMATS, "tensorboard")  # tensorboard: analyzer/export/tensorboard.py
+TARGETS = (*FORMATS, "tensorboard", "mlflow")  # analyzer/export/tensorboard.py, mlflow.py
 
 
 def export_tables(a: "RunAnalysis", top: int = 50) -> dict[str, pd.DataFrame]:
