@@ -176,11 +176,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """MFU, step time and tokens/s per run in order, the gate's verdict between neighbours (analyzer/history.py)."""
-    from analyzer.history import history, history_text
+    from analyzer.history import history, history_html, history_text
 
     h = history(_existing(args.runs_dir), args.by)
     if args.json:
         _write_text(args.json, dumps_json(h.to_json()))
+    if args.html:
+        _write_text(args.html, history_html(h))
     _print(history_text(h))
     return EXIT_OK
 
@@ -333,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=("time", "commit"), default="time",
                    help="order by start time, or keep the latest run of each commit (default time)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the history (schema analyzer.history/1)")
+    p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page (chart and table)")
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("check", parents=[common, analysis], help="CI gate: exit 1 when the candidate regressed",

@@ -131,3 +131,36 @@ def history_text(h: History) -> str:
     out += [f"  {p.run}: gate cannot judge: {p.verdict_error}" for p in h.points if p.verdict_error]
     out += [f"  skipped {s}" for s in h.skipped]
     return "\n".join(out)
+
+
+def history_html(h: History) -> str:
+    """A self-contained HTML page: MFU, step time and tokens/s per run (change points marked) and the table."""
+    import html
+
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from analyzer.report import _figure_html, _html_table, html_page
+
+    names = [p.run for p in h.points]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=("MFU (%)", "step time (ms)", "tokens/s"))
+    series = [[None if p.mfu is None else 100 * p.mfu for p in h.points], [p.step_time_ms for p in h.points],
+              [p.tokens_per_s for p in h.points]]
+    for row, ys in enumerate(series, 1):
+        fig.add_scatter(x=names, y=ys, mode="lines+markers", showlegend=False, row=row, col=1)
+        for colour, direction in (("#d62728", "slower"), ("#2ca02c", "faster")):
+            pts = [(n, y) for n, y, p in zip(names, ys, h.points) if p.change_point and p.direction == direction]
+            if pts:
+                fig.add_scatter(x=[n for n, _ in pts], y=[y for _, y in pts], mode="markers", name=f"change ({direction})",
+                                marker=dict(symbol="triangle-up", size=14, color=colour), showlegend=row == 1, row=row, col=1)
+    fig.update_layout(height=720, title=f"Run history by {h.by} (change points: the CI gate finds a significant change)")
+    rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""),
+             "-" if p.mfu is None else f"{100 * p.mfu:.2f}", "-" if p.step_time_ms is None else f"{p.step_time_ms:.1f}",
+             "-" if p.tokens_per_s is None else f"{p.tokens_per_s:.1f}",
+             p.verdict or ("cannot judge" if p.verdict_error else "-"), p.direction if p.change_point else ""]
+            for p in h.points]
+    body = ["<h1>Run history</h1>", _figure_html(fig),
+            _html_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "verdict", "change point"], rows,
+                        left=(0, 1, 2, 6, 7))]
+    body += [f"<p class=\"note\">skipped {html.escape(s)}</p>" for s in h.skipped]
+    return html_page("analyzer history", "\n".join(body))

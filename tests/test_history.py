@@ -58,12 +58,15 @@ def test_by_commit_keeps_the_latest_run_of_each_commit(runs):
 
 def test_cli_prints_the_table_and_writes_json(runs, tmp_path):
     out = tmp_path / "h.json"
-    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(runs), "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    page = tmp_path / "h.html"
+    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(runs), "--json", str(out),
+                           "--html", str(page)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "CHANGE (slower)" in done.stdout and "CHANGE (faster)" in done.stdout
     doc = json.loads(out.read_text())
     assert doc["schema"] == "analyzer.history/1" and len(doc["points"]) == 4
+    text = page.read_text()
+    assert "change (slower)" in text and "change (faster)" in text and "<td class=\"l\">b-third</td>" in text
     bad = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
