@@ -60,3 +60,20 @@ def test_names_from_traces_are_escaped(runs):
     c = compare(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
     evil = replace(c, base_path="<script>alert(1)</script>")
     assert "<script>" not in evil._repr_html_()
+
+
+def test_the_docs_notebook_example_runs(tmp_path, monkeypatch, capsys):
+    """docs/api.md "In a notebook": its code block, executed on copies of the example runs."""
+    import re
+
+    text = (REPO / "docs" / "api.md").read_text()
+    section = text.split("## In a notebook", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    for name in ("example-ddp-w2", "example-ddp-w2-slow-rank1"):
+        shutil.copytree(REPO / "traces" / name, tmp_path / "traces" / name, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/api.md", "exec"), scope)  # noqa: S102 - the documented example itself
+    out = capsys.readouterr().out
+    assert "exposes the most communication" in out and "MFU " in out
+    assert "MFU:" in scope["run"]._repr_html_() and scope["delta"]._repr_html_().startswith("<div")
