@@ -189,7 +189,8 @@ def gate(cand: Path, baselines: list[Path], check_args: list[str]) -> dict:
             raise KeyboardInterrupt
         doc = json.loads(out.read_text()) if out.exists() else {}
     return {"exit": code, "verdict": VERDICTS.get(code, f"exit {code}"), "drop": doc.get("drop"),
-            "noise": doc.get("noise"), "p_value": doc.get("p_value"),
+            "noise": doc.get("noise"), "noise_source": doc.get("noise_source"), "p_value": doc.get("p_value"),
+            "cpu_drop": (doc.get("cpu_time") or {}).get("drop"), "cpu_noise": (doc.get("cpu_time") or {}).get("noise"),
             "error": stderr.getvalue().strip().splitlines()[-1] if code == 2 and stderr.getvalue().strip() else None}
 
 
