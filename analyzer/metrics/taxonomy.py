@@ -121,7 +121,7 @@ def kernel_class(events: pd.DataFrame) -> np.ndarray:
     out = np.full(len(events), None, dtype=object)
     device = np.isin(kind, ("compute", "comm", "memcpy", "memset"))
     # Only device rows' names are classified: host op names are as many again and never used.
-    out[device] = text_map(events["name"][device], classify_name, "other")
+    out[device] = text_map(events["name"][device], classify_name, "other", sparse=True)
     out[kind == "comm"] = "communication"
     out[kind == "memcpy"] = "memcpy"
     out[kind == "memset"] = "memset"
