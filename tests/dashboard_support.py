@@ -22,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "traces"
 GOOD_RUN = "example-ddp-w2"
@@ -143,3 +145,15 @@ def stop_dashboard(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=20)
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    """Streamlit's caches emptied around each test (an autouse fixture for the dashboard test modules that import it)."""
+    import streamlit as st
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_data.clear()
+    st.cache_resource.clear()

@@ -15,7 +15,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dashboard_support import GOOD_RUN, GPU_RUN, SLOW_RUN, build_runs_dir  # noqa: E402
+from dashboard_support import GOOD_RUN, GPU_RUN, SLOW_RUN, build_runs_dir, fresh_caches  # noqa: E402, F401 (fresh_caches: autouse fixture)
 
 from analyzer.curves import overlay, smooth, training_curves  # noqa: E402
 from analyzer.rundir import read_run_dir  # noqa: E402
@@ -30,13 +30,6 @@ def runs_dir(tmp_path_factory) -> Path:
     return build_runs_dir(tmp_path_factory.mktemp("curves") / "runs")
 
 
-@pytest.fixture(autouse=True)
-def fresh_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
 
 
 def _open(runs_dir: Path, monkeypatch, page: str, **params: str) -> AppTest:

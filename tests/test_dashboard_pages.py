@@ -22,13 +22,14 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dashboard_support import (  # noqa: E402
+from dashboard_support import (  # noqa: E402 (fresh_caches: the autouse fixture, used by being imported)
     GOOD_RUN,
     GPU_RUN,
     NO_MANIFEST_RUN,
     SLOW_RUN,
     TRUNCATED_RUN,
     build_runs_dir,
+    fresh_caches,  # noqa: F401
 )
 
 from analyzer.api import analyze  # noqa: E402
@@ -91,13 +92,6 @@ def analyses(runs_dir) -> dict:
     return {name: analyze(runs_dir / name) for name in (GOOD_RUN, SLOW_RUN, GPU_RUN, TRUNCATED_RUN)}
 
 
-@pytest.fixture(autouse=True)
-def fresh_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
 
 
 @pytest.fixture

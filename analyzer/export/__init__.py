@@ -20,7 +20,7 @@ An empty table (a trace folder has no curves) is not written.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import pandas as pd
 
@@ -31,6 +31,18 @@ if TYPE_CHECKING:
 
 FORMATS = ("csv", "parquet")
 TARGETS = (*FORMATS, "tensorboard", "mlflow")  # analyzer/export/tensorboard.py, mlflow.py
+
+
+def curve_points(tables: dict[str, pd.DataFrame]) -> Iterator[tuple[str, int, object]]:
+    """``(tag, step, value)`` of every training-curve point, tagged ``train/<metric>`` (the trackers' writers)."""
+    curves = tables.get("curves")
+    if curves is None:
+        return
+    for col in curves.columns:
+        if col in ("step", "warmup", "profiled"):
+            continue
+        for step, value in zip(curves["step"], curves[col]):
+            yield f"train/{col}", int(step), value
 
 
 def export_tables(a: "RunAnalysis", top: int = 50) -> dict[str, pd.DataFrame]:

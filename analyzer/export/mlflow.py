@@ -22,6 +22,7 @@ import time
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
+from analyzer.export import curve_points
 
 EXTRA_LINE = "export to mlflow needs the mlflow package: pip install 'trainperf[trackers]'"
 EXPERIMENT = "analyzer"
@@ -53,15 +54,10 @@ def write_mlflow(tables: dict[str, pd.DataFrame], uri: str, run_name: str, path_
         raise AnalyzerError(f"{uri}: cannot open the MLflow tracking store ({type(exc).__name__}: {exc})") from None
     now = int(time.time() * 1000)
     metrics: list = []
-    curves = tables.get("curves")
-    if curves is not None:
-        for col in curves.columns:
-            if col in ("step", "warmup", "profiled"):
-                continue
-            for step, value in zip(curves["step"], curves[col]):
-                v = _num(value)
-                if v is not None:
-                    metrics.append(Metric(f"train/{col}", v, now, int(step)))
+    for tag, step, value in curve_points(tables):
+        v = _num(value)
+        if v is not None:
+            metrics.append(Metric(tag, v, now, step))
     summary = tables["summary"].iloc[0]
     for col in ("mfu", "hfu", "step_time_ms", "flop_coverage"):
         v = _num(summary.get(col))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
+from analyzer.export import curve_points
 
 EXTRA_LINE = "export to tensorboard needs the tensorboard package: pip install 'trainperf[trackers]'"
 
@@ -40,13 +41,8 @@ def write_tensorboard(tables: dict[str, pd.DataFrame], out_dir: Path) -> Path:
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))])
         writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
 
-    curves = tables.get("curves")
-    if curves is not None:
-        for col in curves.columns:
-            if col in ("step", "warmup", "profiled"):
-                continue
-            for step, value in zip(curves["step"], curves[col]):
-                scalar(f"train/{col}", float(value), int(step))
+    for tag, step, value in curve_points(tables):
+        scalar(tag, float(value), step)
     summary = tables["summary"].iloc[0]
     for col in ("mfu", "hfu", "step_time_ms", "flop_coverage"):
         v = summary.get(col)
