@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
