@@ -51,8 +51,12 @@ def test_slowdown_takes_factor_times_as_long_on_the_wall_clock(factor: float) ->
         phase_ms += this_ms
         # The injector's own record of injected wall time lies inside the phase, in the right phase.
         assert 0 < inj.injected[kind] < this_ms and inj.injected_ms == inj.injected[kind]
-        # In CPU time the injection is exact to one turn of its loop (a few us).
-        assert inj.injected_cpu_ms == pytest.approx((factor - 1) * inj.compute_cpu_ms, rel=0.02)
+        # In CPU time the injection stops at the first turn of its loop past the target. A turn
+        # is a few us idle, but beside two busy processes one turn once took 0.17 ms of CPU
+        # (5.19 vs 5.02 ms, 3.4 %: cache refills after being descheduled count as this thread's
+        # CPU), so the bound is 10 % per phase; the sizing defect this guards against (F - 1
+        # of the wrong clock) is a factor, not a few per cent.
+        assert inj.injected_cpu_ms == pytest.approx((factor - 1) * inj.compute_cpu_ms, rel=0.10)
     assert phase_ms / own_ms == pytest.approx(factor, rel=0.10)
 
 
