@@ -19,7 +19,6 @@ Every metric is defined in docs/metrics.md.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -58,7 +57,6 @@ from analyzer.tables import RankTrace
 
 SCHEMA = "analyzer.report/1"
 TOP_KERNELS_PER_RANK = 50
-_WINDOW_RE = re.compile(r"rank(\d+)\.step(\d+)\.json(?:\.gz)?$")
 
 
 @dataclass

@@ -15,7 +15,6 @@ Pages must not mutate them. A failure is cached too (as :class:`Loaded` with
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -28,8 +27,6 @@ from dashboard.discover import RunEntry, fingerprint, trace_files
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# reftrain names a profiler window's traces rank{R}.step{N}.json.gz (docs/rundir.md).
-_WINDOW_RE = re.compile(r"^rank\d+\.step(\d+)\.json(?:\.gz)?$")
 # Bounds on what the server keeps: runs analyzed, trace sets, timeline tables.
 _MAX_ANALYSES = 32
 _MAX_TRACESETS = 4
