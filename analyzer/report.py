@@ -159,7 +159,7 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
     if m.step_time_source:
         lines.append(f"  step time: {m.step_time_source}")
     lines += [f"  note: {n}" for n in m.notes]
-    gp = a.goodput() if hasattr(a, "goodput") else None  # reftrain runs (docs/rundir.md "Restarts and goodput")
+    gp = a.goodput()  # None for trace folders; reftrain runs (docs/rundir.md "Restarts and goodput")
     if gp is not None:
         lost = ", ".join(f"{k} {v:.2f}" for k, v in gp.lost_s.items())
         lines.append(f"Goodput: {_pct(gp.goodput, 1)} (productive step time {gp.productive_s:.2f} s of wall "
