@@ -11,29 +11,28 @@ The public API, the same functions the CLI and the dashboard use::
     gate = check(base, cand, max_drop=0.05)
     print(gate.result.verdict)             # "pass" or "regression"
 
-``analyzer.compare`` and ``analyzer.check`` are these functions, not the
-modules of the same name; reach the modules' other names with
-``from analyzer.compare import Comparison``.
+The layers (docs/architecture.md): ``analyzer.ingest`` finds and reads
+traces into tables, ``analyzer.metrics`` computes over them,
+``analyzer.api`` joins the two, ``analyzer.verbs`` holds one module per
+command, ``analyzer.cli`` is the argument layer.
 
-The names are imported on first use, not here: ``analyzer`` commands start
-parsing traces before pandas (about 1 s to import) is loaded, and
-``analyzer report`` answers from its result cache without it.
+The names are imported on first use (PEP 562), not here: ``analyzer``
+commands start parsing traces before pandas (about 1 s to import) is loaded,
+and ``analyzer report`` answers from its result cache without it.
 """
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 from analyzer.errors import AnalyzerError, TraceError
 
 _LAZY = {
     "analyze": "analyzer.api",
     "RunAnalysis": "analyzer.api",
-    "check": "analyzer.check",
-    "GateOutcome": "analyzer.check",
-    "compare": "analyzer.compare",
-    "Comparison": "analyzer.compare",
+    "check": "analyzer.verbs.check",
+    "GateOutcome": "analyzer.verbs.check",
+    "compare": "analyzer.verbs.compare",
+    "Comparison": "analyzer.verbs.compare",
 }
 
 __all__ = ["analyze", "compare", "check", "RunAnalysis", "Comparison", "GateOutcome", "AnalyzerError", "TraceError"]
@@ -44,24 +43,3 @@ def __getattr__(name: str) -> object:
     if module is None:
         raise AttributeError(f"module 'analyzer' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
-
-
-def _function_of(module: str) -> property:
-    """``analyzer.<module>`` reads as the function of that name.
-
-    Importing the submodule ``analyzer.compare`` sets the package attribute
-    ``compare`` to the module; a property on the package's class is a data
-    descriptor, which attribute lookup prefers to the module's ``__dict__``,
-    so the function still wins (and the import system's assignment is
-    ignored: the module stays reachable through ``sys.modules``).
-    """
-    name = module.rsplit(".", 1)[1]
-    return property(lambda self: getattr(importlib.import_module(module), name), lambda self, value: None)
-
-
-class _Package(types.ModuleType):
-    compare = _function_of("analyzer.compare")
-    check = _function_of("analyzer.check")
-
-
-sys.modules[__name__].__class__ = _Package

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.load import TraceSet, load_traces
-from analyzer.jobs import ParseJobs
+from analyzer.ingest.load import TraceSet, load_traces
+from analyzer.ingest.jobs import ParseJobs
 from analyzer.metrics.breakdown import Source, source_of, step_breakdown, summarize_breakdown
 from analyzer.metrics.kernels import top_kernels
 from analyzer.metrics.windows import check_windows
@@ -43,7 +43,7 @@ from analyzer.metrics.mfu import (
 from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct, overlap, span_parts_ns
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
-from analyzer.stragglers import (
+from analyzer.metrics.stragglers import (
     StragglerResult,
     arrivals_from_records,
     arrivals_from_traces,
@@ -53,7 +53,7 @@ from analyzer.stragglers import (
     find_stragglers,
     wait_intervals,
 )
-from analyzer.tables import RankTrace
+from analyzer.ingest.tables import RankTrace
 
 SCHEMA = "analyzer.report/1"
 TOP_KERNELS_PER_RANK = 50
@@ -161,8 +161,8 @@ class RunAnalysis:
             return None
         return goodput(self.manifest, self.metrics)
 
-    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/notebook.py
-        from analyzer.notebook import run_html
+    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
+        from analyzer.verbs.notebook import run_html
 
         return run_html(self)
 
@@ -231,7 +231,7 @@ def analyze(
 
     ``peak_flops`` (FLOP/s per device) overrides the manifest's or the
     device table's peak. ``cache`` reuses parsed traces (analyzer.load).
-    ``jobs``: trace parsing already under way (:class:`analyzer.parse.ParseJobs`,
+    ``jobs``: trace parsing already under way (:class:`analyzer.ingest.parse.ParseJobs`,
     which the CLI starts before importing pandas); files it holds are
     taken from it.
     Files that cannot be used become one-line ``errors``; the other ranks are
@@ -247,7 +247,7 @@ def analyze(
     telemetry: pd.DataFrame | None = None
     errors: list[str] = []
     warnings: list[str] = []
-    from analyzer import rundir
+    from analyzer.ingest import rundir
 
     if len(paths) == 1 and rundir.is_run_dir(paths[0]):
         kind: Literal["reftrain", "traces"] = "reftrain"
@@ -281,7 +281,7 @@ def analyze(
 def _load_windows(files: list[Path], cache: bool, jobs: ParseJobs | None) -> TraceSet:
     """Load reftrain traces, merging a rank's profiler windows (``step{N}/rank{R}``,
     or ``rank{R}.step{N}`` in older runs) into one."""
-    from analyzer.locate import trace_window
+    from analyzer.ingest.locate import trace_window
 
     windows: dict[str, list[Path]] = {}
     for f in files:

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.jsontext import dumps_json
-from analyzer.suggest.cli import positive_int
+from analyzer.verbs.suggest.cli import positive_int
 
 if TYPE_CHECKING:
-    from analyzer.jobs import ParseJobs
+    from analyzer.ingest.jobs import ParseJobs
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -70,8 +70,8 @@ def start_parsing(paths: Sequence[Path], cache: bool) -> ParseJobs | None:
     from the returned jobs (``analyze(..., jobs=)``); a file the analysis
     turns out not to read is parsed for nothing, never wrongly.
     """
-    from analyzer.cache import TraceCache
-    from analyzer.locate import trace_files_of
+    from analyzer.ingest.cache import TraceCache
+    from analyzer.ingest.locate import trace_files_of
 
     store = TraceCache() if cache else None
     todo: dict[Path, Path | None] = {}
@@ -82,7 +82,7 @@ def start_parsing(paths: Sequence[Path], cache: bool) -> ParseJobs | None:
                 todo[f] = entry
     if not todo:
         return None
-    from analyzer.jobs import ParseJobs  # multiprocessing.pool: ~0.05 s, only when there is work
+    from analyzer.ingest.jobs import ParseJobs  # multiprocessing.pool: ~0.05 s, only when there is work
 
     return ParseJobs(list(todo), entries=todo)
 
@@ -105,8 +105,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     entry = None
     if not args.no_cache:
         # An unchanged run is answered from its previous report, without
-        # importing pandas (analyzer/report_cache.py says what the key covers).
-        from analyzer import report_cache
+        # importing pandas (analyzer/verbs/report_cache.py says what the key covers).
+        from analyzer.verbs import report_cache
 
         options = {"command": "report", "peak_flops": args.peak_flops, "top": args.top, "limits": _limit_options(args)}
         entry = report_cache.entry_path(path, options, [o for o in (args.json, args.html) if o])
@@ -119,7 +119,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             _print(cached.text)
             return EXIT_OK
     with _parsing([path], args) as jobs:
-        from analyzer import report
+        from analyzer.verbs import report
 
         messages: list[tuple[str, str]] = []
         analysis = _analyze(path, args, jobs, messages)
@@ -131,7 +131,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         _write_text(args.html, report.render_html(analysis))
     _print(text)
     if entry is not None:
-        from analyzer import report_cache
+        from analyzer.verbs import report_cache
 
         report_cache.write(entry, report_cache.CachedReport(text=text, messages=messages, document=document))
     return EXIT_OK
@@ -139,7 +139,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the run's analysis tables (analyzer/export) as CSV or Parquet files into a folder."""
-    from analyzer.export import TARGETS, export_tables, write_tables
+    from analyzer.verbs.export import TARGETS, export_tables, write_tables
 
     fmt, dest = args.to
     if fmt not in TARGETS:  # before the analysis: a typo should not cost a parse
@@ -147,14 +147,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     if fmt == "tensorboard":
         import importlib.util
 
-        from analyzer.export.tensorboard import EXTRA_LINE, write_tensorboard
+        from analyzer.verbs.export.tensorboard import EXTRA_LINE, write_tensorboard
 
         if importlib.util.find_spec("tensorboard") is None:  # before the analysis, as a typo
             raise AnalyzerError(EXTRA_LINE)
     if fmt == "mlflow":
         import importlib.util
 
-        from analyzer.export.mlflow import EXTRA_LINE as MLFLOW_LINE, write_mlflow
+        from analyzer.verbs.export.mlflow import EXTRA_LINE as MLFLOW_LINE, write_mlflow
 
         if importlib.util.find_spec("mlflow") is None:
             raise AnalyzerError(MLFLOW_LINE)
@@ -175,8 +175,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    """MFU, step time and tokens/s per run in order, the gate's verdict between neighbours (analyzer/history.py)."""
-    from analyzer.history import history, history_html, history_text
+    """MFU, step time and tokens/s per run in order, the gate's verdict between neighbours (analyzer/verbs/history.py)."""
+    from analyzer.verbs.history import history, history_html, history_text
 
     h = history(_existing(args.runs_dir), args.by)
     if args.json:
@@ -190,8 +190,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     base_path, cand_path = _existing(args.base), _existing(args.cand)
     with _parsing([base_path, cand_path], args) as jobs:
-        from analyzer import report
-        from analyzer.compare import compare
+        from analyzer.verbs import report
+        from analyzer.verbs.compare import compare
 
         base = _analyze(base_path, args, jobs)
         cand = _analyze(cand_path, args, jobs)
@@ -206,8 +206,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     cand_path = _existing(args.cand)
     base_paths = [_existing(b) for b in args.baseline]
     with _parsing([cand_path, *base_paths], args) as jobs:
-        from analyzer import report
-        from analyzer.check import CheckConfig, check
+        from analyzer.verbs import report
+        from analyzer.verbs.check import CheckConfig, check
 
         # Reject bad values before analyzing.
         CheckConfig(max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile)
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     analysis.add_argument("--no-cache", action="store_true",
                           help="parse the traces again and do not write the parse cache")
     analysis.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows in the kernel tables (default 10)")
-    # Bounds on reading one trace file (analyzer/limits.py, docs/loading.md "Bounds").
+    # Bounds on reading one trace file (analyzer/ingest/limits.py, docs/loading.md "Bounds").
     analysis.add_argument("--max-gzip-ratio", type=_positive, metavar="R",
                           help="skip a .gz trace that inflates to more than R times its size (default 64; "
                           "never below 64 MiB)")
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("history", parents=[common], help="headline figures of every run in a folder, in order",
                        description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
-                       "CI gate's verdict between consecutive runs and change points (analyzer/history.py).")
+                       "CI gate's verdict between consecutive runs and change points (analyzer/verbs/history.py).")
     p.add_argument("runs_dir", metavar="RUNS_DIR", help="folder of reftrain run directories")
     p.add_argument("--by", choices=("time", "commit"), default="time",
                    help="order by start time, or keep the latest run of each commit (default time)")
@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, metavar="FILE", help="write the verdict as JSON (schema analyzer.check/2)")
     p.set_defaults(func=cmd_check)
 
-    from analyzer.suggest.cli import add_suggest_subcommand  # analyzer suggest (docs/suggestions.md)
+    from analyzer.verbs.suggest.cli import add_suggest_subcommand  # analyzer suggest (docs/suggestions.md)
 
     add_suggest_subcommand(sub, parents=[common, analysis])
     return parser
@@ -375,7 +375,7 @@ def _apply_limits(args: argparse.Namespace) -> None:
     and its parse workers (before any is started)."""
     given = _limit_options(args)
     if any(v is not None for v in given):
-        from analyzer import limits
+        from analyzer.ingest import limits
 
         limits.apply(limits.from_options(*given))
 

@@ -14,7 +14,7 @@ after the other's page-cache effects):
   after deleting the analyzer's parse cache (it writes the cache, as a
   user's first run does).
 * **analyzer warm**: the same command again, with the caches present: the
-  report cache answers (analyzer/report_cache.py: the previous report is
+  report cache answers (analyzer/verbs/report_cache.py: the previous report is
   replayed when no input, option or code changed; no pandas import).
 * **analyzer tables**: the same command with the report cache entry
   deleted but the cache of the parsed traces kept: a full analysis
@@ -111,7 +111,7 @@ def run_measured(cmd: list[str], env: dict[str, str], prepare) -> tuple[float, f
 
 def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:
     """Delete the analyzer's parse cache of ``folder``: beside the traces and in the user cache."""
-    from analyzer.cache import CACHE_DIRNAME
+    from analyzer.ingest.cache import CACHE_DIRNAME
 
     shutil.rmtree(folder / CACHE_DIRNAME, ignore_errors=True)
     shutil.rmtree(user_cache, ignore_errors=True)
@@ -119,7 +119,7 @@ def clear_analyzer_cache(folder: Path, user_cache: Path) -> None:
 
 def clear_report_cache(folder: Path, user_cache: Path) -> None:
     """Delete the cached reports of ``folder``, keeping the parsed tables."""
-    from analyzer.locate import CACHE_DIRNAME
+    from analyzer.ingest.locate import CACHE_DIRNAME
 
     for where in (folder / CACHE_DIRNAME, user_cache / "trainperf"):
         for entry in where.glob("report.*.json"):

@@ -1,4 +1,4 @@
-"""Benchmark trace loading: ``analyzer.load.load_traces`` (cold and warm
+"""Benchmark trace loading: ``analyzer.ingest.load.load_traces`` (cold and warm
 cache) against HTA's ``TraceAnalysis`` load, on the same folders.
 
     .venv/bin/python bench/bench_load.py [--repeats 3] [--out bench/out/load] [--cases NAME ...]
@@ -57,7 +57,7 @@ SAMPLE_PERIOD_S = 0.02
 _OURS = """
 import json, sys, time
 from pathlib import Path
-from analyzer.load import load_traces
+from analyzer.ingest.load import load_traces
 t = time.perf_counter()
 ts = load_traces(Path(sys.argv[1]), cache=Path(sys.argv[2]), progress=False)
 load_s = time.perf_counter() - t

@@ -4,7 +4,7 @@ For each scenario (a deliberately poor 2-rank gloo CPU config), the bench
 
 1. writes the scenario's config and runs ``reftrain --nproc 2 --config``;
 2. analyzes the run and takes the top suggestion that has a reftrain
-   override (``analyzer.suggest``), writes its config with
+   override (``analyzer.verbs.suggest``), writes its config with
    ``emit_config`` (the run's config with the change applied);
 3. runs ``reftrain --nproc 2 --config <emitted>``;
 4. repeats 1 and 3 ``--repeats`` times, interleaved (base, after, base,
@@ -54,8 +54,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from analyzer.api import analyze  # noqa: E402
-from analyzer.suggest import emit_config, suggest  # noqa: E402
-from analyzer.throughput import throughput  # noqa: E402
+from analyzer.verbs.suggest import emit_config, suggest  # noqa: E402
+from analyzer.metrics.throughput import throughput  # noqa: E402
 from reftrain.config import Config, resolve, set_value, to_yaml  # noqa: E402
 
 NPROC = 2
@@ -170,7 +170,7 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         ranking = ", ".join(f"{s.rule} {s.gain:+.0%}" for s in suggestions)
         print(f"    suggestions: {ranking or 'none'}", flush=True)
         if rep == 0 and not actionable:  # the analyzer finds nothing worth changing: a silence check
-            from analyzer.suggest.facts import run_facts
+            from analyzer.verbs.suggest.facts import run_facts
 
             f = run_facts(b["analysis"])  # the numbers the silent rules compared with their thresholds
             return {"scenario": sc.name, "why": sc.why, "top": None, "ranking": ranking,
@@ -281,7 +281,7 @@ def calibrate(rounds: int, b_lo: int = 4, b_hi: int = 16) -> list[dict]:
 
 def forward_backward_per_micro_ms(ra) -> float:
     """A run's steady forward+backward per micro-batch less the communication tail (rule micro_batch's ``fb``)."""
-    from analyzer.suggest.facts import run_facts
+    from analyzer.verbs.suggest.facts import run_facts
 
     f = run_facts(ra)
     tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))

@@ -41,8 +41,8 @@ def _files(root: Path) -> list[Path]:
 
 def row(path: Path) -> dict:
     from analyzer import analyze
-    from analyzer.suggest import suggest
-    from analyzer.suggest.facts import run_facts
+    from analyzer.verbs.suggest import suggest
+    from analyzer.verbs.suggest.facts import run_facts
 
     try:
         run = analyze(path)

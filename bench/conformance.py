@@ -49,7 +49,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analyzer.load import load_trace  # noqa: E402
+from analyzer.ingest.load import load_trace  # noqa: E402
 from analyzer.metrics.intervals import union  # noqa: E402
 from analyzer.metrics.kernels import top_kernels  # noqa: E402
 from analyzer.metrics.matmul_flops import ShapeError, flop_kernels, flops_of, matmul_ops  # noqa: E402

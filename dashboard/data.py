@@ -67,7 +67,7 @@ def analysis(run: RunEntry) -> Loaded:
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
 def _run_dir(path: str, key: tuple) -> Loaded:
-    from analyzer.rundir import read_run_dir
+    from analyzer.ingest.rundir import read_run_dir
 
     try:
         return Loaded(read_run_dir(Path(path)))
@@ -76,13 +76,13 @@ def _run_dir(path: str, key: tuple) -> Loaded:
 
 
 def run_dir(run: RunEntry) -> Loaded:
-    """``analyzer.rundir.read_run_dir`` of a reftrain run (manifest, metrics, telemetry)."""
+    """``analyzer.ingest.rundir.read_run_dir`` of a reftrain run (manifest, metrics, telemetry)."""
     return _run_dir(str(run.path), fingerprint(run))
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
 def _throughput(path: str, key: tuple) -> Any:
-    from analyzer.throughput import throughput
+    from analyzer.metrics.throughput import throughput
 
     loaded = _analysis(path, key)
     ra = loaded.value
@@ -90,7 +90,7 @@ def _throughput(path: str, key: tuple) -> Any:
 
 
 def throughput(run: RunEntry):
-    """``analyzer.throughput.throughput`` of a run (tokens/s, all ranks)."""
+    """``analyzer.metrics.throughput.throughput`` of a run (tokens/s, all ranks)."""
     return _throughput(str(run.path), fingerprint(run))
 
 
@@ -101,7 +101,7 @@ def trace_windows(run: RunEntry) -> dict[str, list[Path]]:
     in time; a timeline shows one window at a time. Keys are ``"step N"``
     (the window's last step) or ``"all traces"`` for a trace folder.
     """
-    from analyzer.locate import trace_window
+    from analyzer.ingest.locate import trace_window
 
     windows: dict[str, list[Path]] = {}
     for f in trace_files(run):
@@ -116,7 +116,7 @@ def _window_order(key: str) -> tuple[int, int]:
 
 @st.cache_resource(max_entries=_MAX_TRACESETS, show_spinner="Loading traces...")
 def _traces(files: tuple[str, ...], key: tuple) -> Loaded:
-    from analyzer.load import load_traces
+    from analyzer.ingest.load import load_traces
 
     try:
         return Loaded(load_traces([Path(f) for f in files], cache=True, progress=False))
@@ -125,13 +125,13 @@ def _traces(files: tuple[str, ...], key: tuple) -> Loaded:
 
 
 def traces(run: RunEntry, files: list[Path]) -> Loaded:
-    """``analyzer.load.load_traces`` of some of a run's trace files (one window)."""
+    """``analyzer.ingest.load.load_traces`` of some of a run's trace files (one window)."""
     return _traces(tuple(str(f) for f in files), fingerprint(run))
 
 
 @st.cache_data(max_entries=_MAX_TABLES, show_spinner="Binning the timeline...")
 def _overview(files: tuple[str, ...], key: tuple, n_bins: int) -> Loaded:
-    from analyzer.timeline import overview
+    from analyzer.metrics.timeline import overview
 
     loaded = _traces(files, key)
     if loaded.value is None:
@@ -143,13 +143,13 @@ def _overview(files: tuple[str, ...], key: tuple, n_bins: int) -> Loaded:
 
 
 def timeline_overview(run: RunEntry, files: list[Path], n_bins: int) -> Loaded:
-    """``analyzer.timeline.overview`` of one profiler window of a run."""
+    """``analyzer.metrics.timeline.overview`` of one profiler window of a run."""
     return _overview(tuple(str(f) for f in files), fingerprint(run), n_bins)
 
 
 @st.cache_data(max_entries=_MAX_TABLES, show_spinner="Selecting events...")
 def _window(files: tuple[str, ...], key: tuple, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: str) -> Loaded:
-    from analyzer.timeline import select_window
+    from analyzer.metrics.timeline import select_window
 
     loaded = _traces(files, key)
     if loaded.value is None:
@@ -159,15 +159,15 @@ def _window(files: tuple[str, ...], key: tuple, origins: tuple[tuple[int, int], 
 
 
 def timeline_window(run: RunEntry, files: list[Path], ov, span_ns: tuple[int, int], max_events: int) -> Loaded:
-    """``analyzer.timeline.select_window`` over one profiler window, aligned as `ov`."""
+    """``analyzer.metrics.timeline.select_window`` over one profiler window, aligned as `ov`."""
     origins = tuple(sorted(ov.origins.items()))
     return _window(tuple(str(f) for f in files), fingerprint(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
 
 
 @dataclass(frozen=True)
 class Compared:
-    """``analyzer.compare.compare`` of two runs, plus the CI gate's outcome
-    (``analyzer.check.check``) when the runs are fit for it, else why not."""
+    """``analyzer.verbs.compare.compare`` of two runs, plus the CI gate's outcome
+    (``analyzer.verbs.check.check``) when the runs are fit for it, else why not."""
 
     comparison: Any
     gate: Any | None
@@ -181,8 +181,8 @@ def _compared(base_path: str, base_key: tuple, cand_path: str, cand_key: tuple) 
         which = "baseline" if base.value is None else "candidate"
         return Loaded(None, f"{which}: {base.error or cand.error}")
     try:
-        from analyzer.check import check
-        from analyzer.compare import compare
+        from analyzer.verbs.check import check
+        from analyzer.verbs.compare import compare
 
         comparison = compare(base.value, cand.value)
         try:
@@ -201,7 +201,7 @@ def compared(base: RunEntry, cand: RunEntry) -> Loaded:
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Finding suggestions...")
 def _suggestions(path: str, key: tuple) -> Loaded:
-    from analyzer.suggest import report_suggestions
+    from analyzer.verbs.suggest import report_suggestions
 
     loaded = _analysis(path, key)
     if loaded.value is None:
@@ -213,26 +213,26 @@ def _suggestions(path: str, key: tuple) -> Loaded:
 
 
 def suggestions(run: RunEntry) -> Loaded:
-    """``analyzer.suggest.report_suggestions``: the ranked suggestion entries of a run."""
+    """``analyzer.verbs.suggest.report_suggestions``: the ranked suggestion entries of a run."""
     return _suggestions(str(run.path), fingerprint(run))
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
 def _curves(path: str, key: tuple) -> Any:
-    from analyzer.curves import training_curves
+    from analyzer.metrics.curves import training_curves
 
     ra = _analysis(path, key).value
     return training_curves(ra.manifest if ra else None, ra.metrics if ra else None)
 
 
 def curves(run: RunEntry):
-    """``analyzer.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks)."""
+    """``analyzer.metrics.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks)."""
     return _curves(str(run.path), fingerprint(run))
 
 
 @st.cache_resource(max_entries=4, show_spinner="Gating consecutive runs...")
 def _history(root: str, by: str, key: tuple) -> Loaded:
-    from analyzer.history import history
+    from analyzer.verbs.history import history
 
     try:
         return Loaded(history(Path(root), by))  # type: ignore[arg-type]
@@ -241,5 +241,5 @@ def _history(root: str, by: str, key: tuple) -> Loaded:
 
 
 def history(root: Path, runs: list[RunEntry], by: str) -> Loaded:
-    """``analyzer.history.history`` of the runs folder (cached on every run's files)."""
+    """``analyzer.verbs.history.history`` of the runs folder (cached on every run's files)."""
     return _history(str(root), by, tuple(fingerprint(r) for r in runs))

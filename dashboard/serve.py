@@ -22,8 +22,8 @@ def preload() -> None:
     import pandas  # noqa: F401
 
     import analyzer.api  # noqa: F401
-    import analyzer.suggest.engine  # noqa: F401
-    import analyzer.throughput  # noqa: F401
+    import analyzer.verbs.suggest.engine  # noqa: F401
+    import analyzer.metrics.throughput  # noqa: F401
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
-from analyzer import jobs, load  # noqa: E402
+from analyzer.ingest import jobs, load  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 # A hang is the failure mode: generous for a loaded 2-core machine, far
@@ -53,8 +53,9 @@ def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 _REPORT = """
     import json, sys
-    from analyzer import analyze, jobs
-    from analyzer.load import load_traces
+    from analyzer import analyze
+    from analyzer.ingest import jobs
+    from analyzer.ingest.load import load_traces
     traces = load_traces({folder!r}, cache=False)
     print(json.dumps({{
         "method": getattr(jobs, "start_method", lambda: "old code")(),
@@ -99,7 +100,7 @@ def test_unguarded_call_through_a_function_is_detected(tmp_path: Path) -> None:
     """``main()`` called at the top level without a guard is just as unsafe."""
     script = """
         import numpy  # starts OpenBLAS threads: fork is ruled out
-        from analyzer import jobs
+        from analyzer.ingest import jobs
         def main():
             print(jobs.start_method())
         main()
@@ -113,14 +114,14 @@ def test_unguarded_call_through_a_function_is_detected(tmp_path: Path) -> None:
 
 def test_single_threaded_script_forks(tmp_path: Path) -> None:
     """Fork never imports __main__ again, so even an unguarded script may use it."""
-    proc = _run("from analyzer import jobs\nprint(jobs.start_method())\n", tmp_path)
+    proc = _run("from analyzer.ingest import jobs\nprint(jobs.start_method())\n", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "fork"
 
 
 def test_repl_and_dash_c_use_worker_processes() -> None:
     """No main file (the REPL, ``python -c``, a notebook): nothing is imported again."""
-    proc = subprocess.run([sys.executable, "-c", "import numpy; from analyzer import jobs; print(jobs.start_method())"],
+    proc = subprocess.run([sys.executable, "-c", "import numpy; from analyzer.ingest import jobs; print(jobs.start_method())"],
                           cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "forkserver"

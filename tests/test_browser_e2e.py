@@ -156,8 +156,8 @@ def test_run_page_shows_mfu_and_a_chart(server, page):
 def test_run_page_draws_the_training_curve_with_profiled_steps(server, page):
     """The Overview's training-curve chart in Chromium: one point per step of
     the run and one rule per profiled step (analyzer.curves' values)."""
-    from analyzer.curves import training_curves
-    from analyzer.rundir import read_run_dir
+    from analyzer.metrics.curves import training_curves
+    from analyzer.ingest.rundir import read_run_dir
 
     url, runs, root = server
     rd = read_run_dir(runs / GOOD_RUN)

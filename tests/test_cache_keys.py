@@ -16,8 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
-from analyzer import cli, locate  # noqa: E402
-from analyzer.load import load_traces  # noqa: E402
+from analyzer import cli  # noqa: E402
+
+from analyzer.ingest import locate  # noqa: E402
+from analyzer.ingest.load import load_traces  # noqa: E402
 
 
 def _trace(sgemm_us: int) -> bytes:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.check import (
+from analyzer.verbs.check import (
     CheckConfig,
     StepSamples,
     check_samples,
@@ -311,7 +311,7 @@ def _run(
 
     from analyzer.api import RunAnalysis
     from analyzer.metrics.mfu import MfuResult
-    from analyzer.stragglers import StragglerConfig, StragglerResult
+    from analyzer.metrics.stragglers import StragglerConfig, StragglerResult
 
     mfu = mfu if mfu is not None else [0.2] * 6
     tokens_per_s = tokens_per_s if tokens_per_s is not None else [1000.0] * len(mfu)
@@ -346,7 +346,7 @@ def _run(
 
 
 def test_runs_of_different_models_or_kinds_are_incompatible():
-    from analyzer.check import check, check_compatible
+    from analyzer.verbs.check import check, check_compatible
 
     base = _run()
     with pytest.raises(AnalyzerError, match=r"different model \(baseline preset tiny, 1000 parameters; candidate preset small, 2000"):
@@ -361,7 +361,7 @@ def test_runs_of_different_models_or_kinds_are_incompatible():
 
 
 def test_measured_peaks_put_the_candidate_on_the_baselines_peak():
-    from analyzer.check import check
+    from analyzer.verbs.check import check
 
     base_mfu = [0.20, 0.21, 0.19, 0.20, 0.205, 0.195]
     # Same speed, but the candidate measured a 25% higher peak: its MFU reads 20% lower.
@@ -382,7 +382,7 @@ def test_measured_peaks_put_the_candidate_on_the_baselines_peak():
 
 
 def test_without_mfu_the_gate_uses_tokens_per_second():
-    from analyzer.check import check
+    from analyzer.verbs.check import check
 
     base = _run(mfu_source="none", mfu=[0.2] * 6, tokens_per_s=[1000, 1010, 990, 1005, 995, 1000])
     cand = _run(mfu_source="none", mfu=[0.2] * 6, tokens_per_s=[800, 810, 790, 805, 795, 800])
@@ -403,7 +403,7 @@ def test_without_mfu_the_gate_uses_tokens_per_second():
 
 
 def test_trace_folders_with_different_flops_per_step_are_noted():
-    from analyzer.check import check_compatible
+    from analyzer.verbs.check import check_compatible
 
     a = _run(kind="traces", mfu_source="trace-shapes", flops_per_step=2e9)
     assert check_compatible(a, _run(kind="traces", mfu_source="trace-shapes", flops_per_step=2.01e9)) == []
@@ -412,7 +412,7 @@ def test_trace_folders_with_different_flops_per_step_are_noted():
 
 
 def test_cpu_time_must_confirm_a_wall_clock_regression_on_cpu_runs():
-    from analyzer.check import check, cpu_samples
+    from analyzer.verbs.check import check, cpu_samples
 
     base_mfu = list(np.linspace(0.199, 0.201, 12))
     slow_mfu = [0.8 * m for m in base_mfu]  # steps 25 % longer on the wall clock
@@ -441,7 +441,7 @@ def test_cpu_time_must_confirm_a_wall_clock_regression_on_cpu_runs():
 
 
 def test_several_baselines_through_check():
-    from analyzer.check import check
+    from analyzer.verbs.check import check
 
     a = list(np.linspace(0.199, 0.201, 10))
     outcome = check([_run(mfu=a), _run(mfu=[0.8 * m for m in a])], _run(mfu=[0.85 * m for m in a]))

@@ -14,7 +14,7 @@ from synth import KinetoTrace  # noqa: E402
 from analyzer import analyze, compare  # noqa: E402
 from analyzer.api import RunAnalysis  # noqa: E402
 from analyzer.metrics.mfu import MfuResult  # noqa: E402
-from analyzer.stragglers import StragglerConfig, StragglerResult  # noqa: E402
+from analyzer.metrics.stragglers import StragglerConfig, StragglerResult  # noqa: E402
 
 PEAK = 1e13  # FLOP/s given as --peak-flops: MFU = 2e9 FLOPs / (step time * 1e13)
 MM_FLOPS = 2 * 1000**3  # one aten::mm of [1000, 1000] x [1000, 1000] per step
@@ -179,7 +179,7 @@ def test_candidate_mfu_is_its_own_figure_with_the_rescaled_one_beside_it() -> No
     """
     from dataclasses import replace
 
-    from analyzer.report import render_compare_text
+    from analyzer.verbs.report import render_compare_text
 
     base = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
     cand = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.load import load_trace
+from analyzer.ingest.load import load_trace
 from analyzer.metrics.matmul_flops import flop_kernels, matmul_ops
 from analyzer.metrics.mfu import charged_ops
 from analyzer.metrics.overlap import span_breakdown

@@ -1,4 +1,4 @@
-"""analyzer.curves: per-step training curves, exact answers on synthesized metrics records."""
+"""analyzer.metrics.curves: per-step training curves, exact answers on synthesized metrics records."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from analyzer.curves import METRICS, overlay, smooth, training_curves
+from analyzer.metrics.curves import METRICS, overlay, smooth, training_curves
 
 MANIFEST = {"tokens_per_step": 1000, "warmup_steps": 1, "profiled_steps": [2]}
 
@@ -85,7 +85,7 @@ def test_html_report_has_the_training_curves_of_a_run(tmp_path):
     from pathlib import Path
 
     from analyzer.api import analyze
-    from analyzer.report import render_html
+    from analyzer.verbs.report import render_html
 
     example = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2"
     import shutil
@@ -100,6 +100,6 @@ def test_html_report_has_the_training_curves_of_a_run(tmp_path):
 
 
 def test_html_report_section_is_empty_for_a_trace_folder():
-    from analyzer.curves import report_html
+    from analyzer.metrics.curves import report_html
 
     assert report_html(None, None) == ""

@@ -95,7 +95,7 @@ def test_server_process_imports_the_analyzer_then_runs_streamlit(monkeypatch):
         "import sys\n"
         "import streamlit.web.cli as st_cli\n"
         "def fake_main(prog_name):\n"
-        "    print(prog_name, 'pandas' in sys.modules, 'analyzer.api' in sys.modules, 'analyzer.suggest.engine' in sys.modules)\n"
+        "    print(prog_name, 'pandas' in sys.modules, 'analyzer.api' in sys.modules, 'analyzer.verbs.suggest.engine' in sys.modules)\n"
         "st_cli.main = fake_main\n"
         "from dashboard import serve\n"
         "serve.main()\n"

@@ -16,8 +16,8 @@ from streamlit.testing.v1 import AppTest
 sys.path.insert(0, str(Path(__file__).parent))
 from dashboard_support import GOOD_RUN, GPU_RUN, SLOW_RUN, build_runs_dir, fresh_caches  # noqa: E402, F401 (fresh_caches: autouse fixture)
 
-from analyzer.curves import overlay, smooth, training_curves  # noqa: E402
-from analyzer.rundir import read_run_dir  # noqa: E402
+from analyzer.metrics.curves import overlay, smooth, training_curves  # noqa: E402
+from analyzer.ingest.rundir import read_run_dir  # noqa: E402
 from dashboard.cli import APP_PATH, RUNS_DIR_ENV  # noqa: E402
 from dashboard.text import plain  # noqa: E402
 

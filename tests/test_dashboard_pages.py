@@ -34,8 +34,8 @@ from dashboard_support import (  # noqa: E402 (fresh_caches: the autouse fixture
 
 from analyzer.api import analyze  # noqa: E402
 from analyzer.errors import AnalyzerError  # noqa: E402
-from analyzer.throughput import throughput  # noqa: E402
-from analyzer.timeline import overview, select_window  # noqa: E402
+from analyzer.metrics.throughput import throughput  # noqa: E402
+from analyzer.metrics.timeline import overview, select_window  # noqa: E402
 from dashboard.cli import APP_PATH, RUNS_DIR_ENV  # noqa: E402
 from dashboard.text import plain  # noqa: E402
 
@@ -262,7 +262,7 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
 
 
 def test_overview_shows_the_analyzers_suggestions(open_page, analyses):
-    from analyzer.suggest import report_suggestions
+    from analyzer.verbs.suggest import report_suggestions
 
     entries = report_suggestions(analyses[SLOW_RUN])
     assert entries and entries[0]["rule"] == "straggler"
@@ -337,7 +337,7 @@ def test_sidebar_selection_updates_the_url(open_page):
 
 
 def _load(runs_dir, name):
-    from analyzer.load import load_traces
+    from analyzer.ingest.load import load_traces
 
     files = sorted((runs_dir / name).glob("*.json.gz")) or sorted((runs_dir / name / "traces").glob("*.json.gz"))
     return load_traces(files)
@@ -465,8 +465,8 @@ def test_telemetry_page_without_samples(open_page, name):
 
 
 def test_compare_page_shows_gate_and_deltas(open_page, analyses):
-    from analyzer.check import check, explain
-    from analyzer.compare import compare
+    from analyzer.verbs.check import check, explain
+    from analyzer.verbs.compare import compare
 
     base, cand = analyses[GOOD_RUN], analyses[SLOW_RUN]
     outcome = check(base, cand)
@@ -509,8 +509,8 @@ def test_one_step_time_and_one_mfu_on_every_surface(open_page, analyses, runs_di
     overview and the compare page all show the run's headline step time and
     MFU (the dashboard rounds for display).
     """
-    from analyzer.compare import compare
-    from analyzer.report import render_html, render_text, report_json
+    from analyzer.verbs.compare import compare
+    from analyzer.verbs.report import render_html, render_text, report_json
 
     ra = analyses[SLOW_RUN]
     step_ms, mfu = ra.step_time.ms, ra.mfu.median

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analyzer.api import analyze
-from analyzer.curves import training_curves
-from analyzer.export import export_tables
+from analyzer.metrics.curves import training_curves
+from analyzer.verbs.export import export_tables
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "traces" / "example-ddp-w2"

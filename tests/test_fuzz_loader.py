@@ -24,7 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
-from analyzer.load import load_traces  # noqa: E402
+from analyzer.ingest.load import load_traces  # noqa: E402
 
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.history import history
+from analyzer.verbs.history import history
 
 REPO = Path(__file__).resolve().parent.parent
 GOOD, SLOW = "example-ddp-w2", "example-ddp-w2-slow-rank1"

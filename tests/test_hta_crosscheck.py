@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.load import load_trace
+from analyzer.ingest.load import load_trace
 from analyzer.metrics.overlap import overlap
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # HTA's own pandas deprecation and NaN warnings

@@ -282,7 +282,7 @@ def test_one_corrupt_metrics_line_does_not_disable_the_gate(tmp_path: Path) -> N
     report count 55 steps, not 54, and `check` exit 2 ("MFU must be positive")."""
     clean = _metrics_run(tmp_path / "clean", [])
     corrupt = _metrics_run(tmp_path / "corrupt", [{"step": 1e308, "step_time_ms": -5, "mfu": 1e308}])
-    from analyzer.rundir import read_run_dir
+    from analyzer.ingest.rundir import read_run_dir
 
     rd = read_run_dir(corrupt)
     assert len(rd.metrics) == 54 and rd.metrics["step"].tolist() == list(range(54))
@@ -312,7 +312,7 @@ def test_one_corrupt_metrics_line_does_not_disable_the_gate(tmp_path: Path) -> N
     ],
 )
 def test_metrics_ranges(tmp_path: Path, bad: dict, first: str) -> None:
-    from analyzer.rundir import read_run_dir
+    from analyzer.ingest.rundir import read_run_dir
 
     rd = read_run_dir(_metrics_run(tmp_path / "run", [bad, bad]))
     assert len(rd.metrics) == 54
@@ -321,7 +321,7 @@ def test_metrics_ranges(tmp_path: Path, bad: dict, first: str) -> None:
 
 def test_integral_floats_are_integers(tmp_path: Path) -> None:
     """json.dumps writes a float count as 400000000.0: an integer, kept."""
-    from analyzer.rundir import read_run_dir
+    from analyzer.ingest.rundir import read_run_dir
 
     rd = read_run_dir(_metrics_run(tmp_path / "run", [{"step": 54.0, "mem_bytes": 4e8, "tokens": 512.0}]))
     assert rd.warnings == [] and len(rd.metrics) == 55 and rd.metrics["mem_bytes"].dtype == "int64"
@@ -335,7 +335,7 @@ def test_a_fifo_in_a_run_directory_is_named(tmp_path: Path) -> None:
     os.mkfifo(run / "metrics" / "rank1.jsonl")
     (run / "traces").mkdir()
     os.symlink("rank0.json", run / "traces" / "rank0.json")
-    from analyzer.rundir import read_run_dir
+    from analyzer.ingest.rundir import read_run_dir
 
     rd = read_run_dir(run)  # reading the FIFO would block for ever
     assert rd.errors == ["metrics/rank1.jsonl: a FIFO (named pipe), not a regular file; not read"]
@@ -347,7 +347,7 @@ def test_a_fifo_in_a_run_directory_is_named(tmp_path: Path) -> None:
 def test_unreadable_file_is_named(tmp_path: Path) -> None:
     if os.geteuid() == 0:
         pytest.skip("runs as root, who reads a chmod 000 file: an unreadable file cannot be made here")
-    from analyzer.load import load_traces
+    from analyzer.ingest.load import load_traces
 
     write_run(tmp_path / "t", ranks=2)
     (tmp_path / "t" / "rank1.json.gz").chmod(0)
@@ -359,8 +359,8 @@ def test_unreadable_file_line_as_root_simulated(tmp_path: Path, monkeypatch) -> 
     """The root-proof stand-in for the test above: the access check answers
     "no" for one file, as the kernel does for other users (its line and the
     other ranks' load are what is checked; the real case needs a non-root run)."""
-    from analyzer import locate
-    from analyzer.load import load_traces
+    from analyzer.ingest import locate
+    from analyzer.ingest.load import load_traces
 
     folder = write_run(tmp_path / "t", ranks=2)
     target = folder / "rank1.json.gz"

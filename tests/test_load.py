@@ -15,11 +15,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
-from analyzer import cache as trace_cache  # noqa: E402
-from analyzer import jobs, load, parse  # noqa: E402
+from analyzer.ingest import cache as trace_cache  # noqa: E402
+from analyzer.ingest import jobs, load, parse  # noqa: E402
 from analyzer.errors import AnalyzerError, TraceError  # noqa: E402
-from analyzer.load import find_trace_files, load_trace, load_traces, rank_from_filename  # noqa: E402
-from analyzer.tables import COLUMNS, KINDS, text_id  # noqa: E402
+from analyzer.ingest.load import find_trace_files, load_trace, load_traces, rank_from_filename  # noqa: E402
+from analyzer.ingest.tables import COLUMNS, KINDS, text_id  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 

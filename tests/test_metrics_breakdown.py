@@ -7,7 +7,7 @@ import pytest
 
 from analyzer.metrics.breakdown import DEVICE_PARTS, HOST_PARTS, step_breakdown, summarize_breakdown
 from analyzer.metrics.intervals import sweep, total_ns, union
-from analyzer.tables import events_from_records
+from analyzer.ingest.tables import events_from_records
 
 US = 1000
 
@@ -230,7 +230,7 @@ def test_device_wait_is_carved_out_of_the_communication_kernel() -> None:
 
 
 def test_waits_from_collective_durations_need_no_common_clock() -> None:
-    from analyzer.stragglers import collective_spans, wait_intervals
+    from analyzer.metrics.stragglers import collective_spans, wait_intervals
 
     # Two ranks, clocks 1 s apart. Collective 0: rank 0 arrives 30 us before rank 1 (its kernel
     # runs 130 us, rank 1's 100 us). Collective 1: both arrive together (equal durations).

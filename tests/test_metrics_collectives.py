@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.load import load_trace
+from analyzer.ingest.load import load_trace
 from analyzer.metrics.collectives import alpha_beta, collective_table, diagnose
 from analyzer.metrics.hardware import link_peak
 from tests.synth import KinetoTrace

@@ -71,7 +71,7 @@ def test_parsed_conv_stack_counts_its_flops_once_and_covers_its_kernel(tmp_path)
     """From a written trace: the loader keeps Concrete Inputs for conv ops only; the four nested ops count once."""
     from synth import KinetoTrace
 
-    from analyzer.load import load_trace
+    from analyzer.ingest.load import load_trace
     from analyzer.metrics.matmul_flops import flop_kernels, matmul_ops
     from analyzer.metrics.mfu import charged_ops
 
@@ -95,7 +95,7 @@ def test_parsed_conv_stack_counts_its_flops_once_and_covers_its_kernel(tmp_path)
 def test_conv_with_inconsistent_shapes_is_listed_not_counted(tmp_path) -> None:
     from synth import KinetoTrace
 
-    from analyzer.load import load_trace
+    from analyzer.ingest.load import load_trace
     from analyzer.metrics.matmul_flops import matmul_ops
 
     t = KinetoTrace(rank=0, world_size=1, distributed=False)
@@ -109,6 +109,6 @@ def test_conv_with_inconsistent_shapes_is_listed_not_counted(tmp_path) -> None:
 
 def test_conv_schemas_cover_exactly_the_loader_conv_ops() -> None:
     from analyzer.metrics.conv_flops import CONV_SCHEMAS
-    from analyzer.schema import CONV_OPS
+    from analyzer.ingest.schema import CONV_OPS
 
     assert set(CONV_SCHEMAS) == set(CONV_OPS)

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from analyzer.metrics.kernels import top_kernels
-from analyzer.tables import events_from_records
+from analyzer.ingest.tables import events_from_records
 
 US = 1000
 

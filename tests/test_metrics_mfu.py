@@ -16,7 +16,7 @@ from analyzer.metrics.mfu import (
     mfu_from_trace_shapes,
     rank_flops_from_shapes,
 )
-from analyzer.tables import events_from_records
+from analyzer.ingest.tables import events_from_records
 
 US = 1000
 
@@ -242,7 +242,7 @@ def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
     from torch.utils.flop_counter import FlopCounterMode
 
-    from analyzer.load import load_trace
+    from analyzer.ingest.load import load_trace
 
     torch.manual_seed(0)
 

@@ -6,7 +6,7 @@ import pytest
 
 from analyzer.metrics.breakdown import step_breakdown
 from analyzer.metrics.overlap import exposed_comm_pct, hta_window, overlap
-from analyzer.tables import events_from_records
+from analyzer.ingest.tables import events_from_records
 
 US = 1000
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import analyze
-from analyzer.report import NO_STEPS_LINE, render_html, render_text, report_json
+from analyzer.verbs.report import NO_STEPS_LINE, render_html, render_text, report_json
 from synth import KinetoTrace
 
 

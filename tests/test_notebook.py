@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import analyze
-from analyzer.compare import compare
+from analyzer.verbs.compare import compare
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,9 @@ import orjson
 import pandas as pd
 import pytest
 
-from analyzer.load import load_trace
+from analyzer.ingest.load import load_trace
 from analyzer.metrics.matmul_flops import flops_of
-from analyzer.schema import CATEGORY_ALIASES, canonical_category, classify
+from analyzer.ingest.schema import CATEGORY_ALIASES, canonical_category, classify
 from synth import KinetoTrace
 
 KINETO_SAMPLES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "kineto-samples"

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer import limits as limits_mod
+from analyzer.ingest import limits as limits_mod
 from analyzer.errors import TraceError
-from analyzer.limits import ParseLimits
-from analyzer.load import load_trace, load_traces
-from analyzer.parse import _read_blocks, parse_columns
+from analyzer.ingest.limits import ParseLimits
+from analyzer.ingest.load import load_trace, load_traces
+from analyzer.ingest.parse import _read_blocks, parse_columns
 from synth import KinetoTrace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,7 +151,7 @@ def _peak_rss_of_parse(path: Path, extra_env: dict | None = None) -> tuple[str, 
     """(error line, peak RSS in bytes, RSS before parsing) of parse_columns(path) in a fresh process."""
     code = (
         "import resource, sys\n"
-        "from analyzer.parse import parse_columns\n"
+        "from analyzer.ingest.parse import parse_columns\n"
         "from analyzer.errors import TraceError\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n"

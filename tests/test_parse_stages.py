@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from analyzer.errors import TraceError
-from analyzer.parse import _Columns, _decode_events, _Splitter, parse_columns
+from analyzer.ingest.parse import _Columns, _decode_events, _Splitter, parse_columns
 from synth import KinetoTrace
 
 

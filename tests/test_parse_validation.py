@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from analyzer.errors import TraceError
-from analyzer.load import load_trace, load_traces
-from analyzer.parse import MAX_TIME_NS, _to_ns, complete_events, raw_times, time_unit_ns
+from analyzer.ingest.load import load_trace, load_traces
+from analyzer.ingest.parse import MAX_TIME_NS, _to_ns, complete_events, raw_times, time_unit_ns
 from synth import KinetoTrace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_to_ns_stage_units_and_int64_bound() -> None:
 
 
 def test_complete_events_stage() -> None:
-    from analyzer.parse import _EVENTS
+    from analyzer.ingest.parse import _EVENTS
 
     events = _EVENTS.decode(orjson.dumps([_event(), {"ph": "M", "name": "process_name"}, {"ph": "i", "ts": 3}]))
     meta = []
@@ -203,7 +203,7 @@ def test_decode_stage_marks_wrong_json_types_invalid() -> None:
     """Bools, arrays, objects and numbers beyond float64 as ts/dur fail the
     typed decode; the lenient path keeps them as text, so the times stage
     counts them as invalid (numpy alone would read true as 1)."""
-    from analyzer.parse import _decode_events
+    from analyzer.ingest.parse import _decode_events
 
     events = _decode_events(
         b'[{"ph": "X", "name": "a", "ts": 1e400, "dur": true, "args": {"External id": 3}},'

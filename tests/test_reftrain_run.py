@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analyzer.stragglers import disturbed_steps
+from analyzer.metrics.stragglers import disturbed_steps
 
 pytestmark = pytest.mark.slow
 

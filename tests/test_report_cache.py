@@ -21,7 +21,9 @@ from synth import KinetoTrace  # noqa: E402
 from test_compare import PEAK, write_run  # noqa: E402
 
 import analyzer.api  # noqa: E402
-from analyzer import cli, jobs, load, report_cache  # noqa: E402
+from analyzer import cli  # noqa: E402
+from analyzer.ingest import jobs, load  # noqa: E402
+from analyzer.verbs import report_cache  # noqa: E402
 from analyzer.errors import TraceError  # noqa: E402
 
 
@@ -126,7 +128,7 @@ def test_cli_start_imports_neither_numpy_nor_pandas(run: Path) -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from analyzer import cli, report_cache\n"
+        "from analyzer import cli\nfrom analyzer.verbs import report_cache\n"
         f"jobs = cli.start_parsing([Path({str(run)!r})], cache=False)\n"
         "assert jobs is not None and len(jobs._pending) == 3\n"
         f"report_cache.entry_path(Path({str(run)!r}), {{}})\n"
@@ -185,7 +187,7 @@ def test_nothing_a_worker_does_ends_the_analysis(run: Path, monkeypatch) -> None
     with it, are parsed again one by one."""
     import signal
 
-    from analyzer import cache
+    from analyzer.ingest import cache
 
     files = sorted(run.glob("*.json.gz"))  # rank0, rank1, rank5
     real = cache.parse_and_store

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
 from analyzer.errors import AnalyzerError  # noqa: E402
-from analyzer.rundir import (  # noqa: E402
+from analyzer.ingest.rundir import (  # noqa: E402
     COLLECTIVES_COLUMNS,
     METRICS_COLUMNS,
     TELEMETRY_COLUMNS,

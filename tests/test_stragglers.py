@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.stragglers import (
+from analyzer.metrics.stragglers import (
     arrivals_from_records,
     arrivals_from_traces,
     collective_kind,
     collective_table,
     find_stragglers,
 )
-from analyzer.tables import events_from_records
+from analyzer.ingest.tables import events_from_records
 
 MS = 1_000_000
 STEP_MS = 100.0
@@ -226,7 +226,7 @@ def test_straggler_result_is_json_ready() -> None:
 
 
 def test_leave_one_out_median_matches_brute_force() -> None:
-    from analyzer.stragglers import _leave_one_out_excess
+    from analyzer.metrics.stragglers import _leave_one_out_excess
 
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -243,7 +243,7 @@ def test_leave_one_out_median_matches_brute_force() -> None:
 
 
 def test_disturbed_steps_follow_profiler_windows_and_checkpoints() -> None:
-    from analyzer.stragglers import disturbed_steps
+    from analyzer.metrics.stragglers import disturbed_steps
 
     assert disturbed_steps([4, 5, 6, 10, 11], ["checkpoints/step3", "checkpoints/step9/"]) == {
         4, 5, 6, 7, 10, 11, 12, 3, 9}
@@ -255,7 +255,7 @@ def test_sign_test_p_is_finite_past_a_thousand_steps() -> None:
     """The old ``sum(comb) / 2.0**n`` raised OverflowError at n >= 1024."""
     from scipy.stats import binom
 
-    from analyzer.stragglers import sign_test_p
+    from analyzer.metrics.stragglers import sign_test_p
 
     assert sign_test_p(5, 10) == pytest.approx(638 / 1024)  # (C(10,5) + ... + C(10,10)) / 2^10
     assert sign_test_p(1100, 1100) == pytest.approx(0.5**1100, rel=1e-9)  # about 7e-332: a subnormal, not 0

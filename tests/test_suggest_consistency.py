@@ -26,8 +26,8 @@ def _bench():
 def test_no_prediction_above_removing_its_part(trace):
     from analyzer import analyze
     from analyzer.errors import AnalyzerError
-    from analyzer.suggest import suggest
-    from analyzer.suggest.facts import run_facts
+    from analyzer.verbs.suggest import suggest
+    from analyzer.verbs.suggest.facts import run_facts
 
     bench = _bench()
     try:

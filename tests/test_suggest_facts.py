@@ -1,5 +1,5 @@
 """Facts the rules read, from synthetic run directories and synthetic GPU traces with exact answers,
-and suggest() end to end on them (analyzer/suggest/facts.py, docs/suggestions.md)."""
+and suggest() end to end on them (analyzer/verbs/suggest/facts.py, docs/suggestions.md)."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from analyzer.api import analyze
-from analyzer.suggest import suggest
-from analyzer.suggest.facts import collective_tail_ms, fit_alpha_beta, gpu_memory_bytes, run_facts, service_times_ms
+from analyzer.verbs.suggest import suggest
+from analyzer.verbs.suggest.facts import collective_tail_ms, fit_alpha_beta, gpu_memory_bytes, run_facts, service_times_ms
 from reftrain.config import Config, resolve, set_value
 from tests.synth import KinetoTrace
 

@@ -1,5 +1,5 @@
 """Each suggestion rule fires on facts built to trigger it, with the predicted step worked out by hand,
-and stays silent on facts that are not (analyzer/suggest/rules_*.py, docs/suggestions.md)."""
+and stays silent on facts that are not (analyzer/verbs/suggest/rules_*.py, docs/suggestions.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,10 +7,10 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from analyzer.stragglers import ARRIVAL_COLUMNS, StragglerConfig, StragglerResult, find_stragglers
-from analyzer.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory, whatif
-from analyzer.suggest.engine import RULES, rank
-from analyzer.suggest.facts import CommFacts, KernelFacts, MemoryFacts, RunFacts
+from analyzer.metrics.stragglers import ARRIVAL_COLUMNS, StragglerConfig, StragglerResult, find_stragglers
+from analyzer.verbs.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory, whatif
+from analyzer.verbs.suggest.engine import RULES, rank
+from analyzer.verbs.suggest.facts import CommFacts, KernelFacts, MemoryFacts, RunFacts
 from reftrain.config import Config, resolve, set_value
 
 MiB = 2**20
@@ -64,7 +64,7 @@ def test_cpu_eta_interpolates_the_calibration_points():
 
 
 def test_at_least_fifteen_documented_rules():
-    import analyzer.suggest.engine as engine
+    import analyzer.verbs.suggest.engine as engine
 
     engine.suggest  # the rule modules register on import
     names = {r.__name__ for r in RULES}
@@ -414,7 +414,7 @@ def test_ranking_puts_changes_first_by_gain():
 
 
 def test_comm_one_rank_fires_over_twenty_percent_on_one_traced_rank():
-    from analyzer.suggest import rules_comm
+    from analyzer.verbs.suggest import rules_comm
 
     f = trace_facts(exposed_comm_ms=3.0, ranks_traced=1, world_size=1)  # 30 % of a 10 ms step
     s = rules_comm.rule_comm_one_rank(f)

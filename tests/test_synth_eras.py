@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from analyzer.api import analyze
-from analyzer.suggest import suggest
-from analyzer.suggest.facts import run_facts
+from analyzer.verbs.suggest import suggest
+from analyzer.verbs.suggest.facts import run_facts
 from tests.synth import KinetoTrace
 
 M, K, N = 256, 512, 1024

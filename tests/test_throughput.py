@@ -1,11 +1,11 @@
-"""analyzer.throughput: tokens per second over steady-state steps, exact answers."""
+"""analyzer.metrics.throughput: tokens per second over steady-state steps, exact answers."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
 from analyzer.metrics.mfu import mfu_from_manifest
-from analyzer.throughput import throughput
+from analyzer.metrics.throughput import throughput
 
 MANIFEST = {
     "tokens_per_step": 2048,

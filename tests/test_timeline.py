@@ -1,12 +1,12 @@
-"""analyzer.timeline: binned occupancy and event windows, exact answers."""
+"""analyzer.metrics.timeline: binned occupancy and event windows, exact answers."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analyzer.tables import events_from_records
+from analyzer.ingest.tables import events_from_records
 from analyzer.metrics.breakdown import step_breakdown
-from analyzer.timeline import active_span, align_origins, occupancy, overview, select_window, states_of
+from analyzer.metrics.timeline import active_span, align_origins, occupancy, overview, select_window, states_of
 
 
 def _ev(rank, cat, name, start_ns, end_ns, tid=7):

@@ -16,8 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from synth import KinetoTrace  # noqa: E402
 
-from analyzer.locate import run_trace_files, trace_window  # noqa: E402
-from analyzer.rundir import read_run_dir  # noqa: E402
+from analyzer.ingest.locate import run_trace_files, trace_window  # noqa: E402
+from analyzer.ingest.rundir import read_run_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 NEW = "traces/step{n}/rank{r}.pt.trace.json.gz"
@@ -101,7 +101,7 @@ def test_example_runs_in_the_repository_stay_readable(name: str) -> None:
 
 def test_a_traces_folder_with_one_window_is_that_window(tmp_path: Path) -> None:
     from analyzer.errors import AnalyzerError
-    from analyzer.locate import find_trace_files
+    from analyzer.ingest.locate import find_trace_files
 
     run = _run(tmp_path, NEW, listed=True)
     with pytest.raises(AnalyzerError, match="in subfolders.*pass that folder"):

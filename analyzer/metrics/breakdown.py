@@ -13,7 +13,7 @@ union of memcpy and memset, all streams merged,
 * ``idle_ms``            = |W| - |(C ∪ M ∪ Y) ∩ W|
 
 ``A`` is the rank's *waiting at collectives*: for each collective matched
-across ranks (:func:`analyzer.stragglers.wait_intervals`), the interval from
+across ranks (:func:`analyzer.metrics.stragglers.wait_intervals`), the interval from
 this rank's arrival to the last rank's arrival. An NCCL kernel that started
 early spins until the last rank arrives; that spin is the slow rank's cost,
 not this rank's communication, so it is a part of its own.
@@ -47,7 +47,7 @@ import pandas as pd
 
 from analyzer.metrics.intervals import Intervals, Timeline, sweep, union
 from analyzer.metrics.text import is_in, text_mask
-from analyzer.tables import DEVICE_KINDS
+from analyzer.ingest.tables import DEVICE_KINDS
 
 Source = Literal["device", "host"]
 
@@ -138,7 +138,7 @@ def step_breakdown(
     (``step``, ``start_ns``, ``end_ns``). ``source`` picks the timeline
     (default: ``device`` when there are GPU events). ``waits``: this rank's
     waiting-at-collective intervals on its trace clock
-    (:func:`analyzer.stragglers.wait_intervals`); without them
+    (:func:`analyzer.metrics.stragglers.wait_intervals`); without them
     ``collective_wait_ms`` is 0 (one rank, or no matched collectives). Returns one row per step
     with ``step, start_ns, end_ns, step_time_ms, source``, the parts of
     :func:`parts_of` in ms (summing to ``step_time_ms``) and ``comm_ms``.

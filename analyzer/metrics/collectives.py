@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.text import text_map
-from analyzer.stragglers import _DTYPE_BYTES, _busbw_factor
+from analyzer.metrics.stragglers import _DTYPE_BYTES, _busbw_factor
 
 COLUMNS = ("kind", "start_ns", "duration_ns", "size_bytes", "group_size", "dtype", "algbw_gbps", "busbw_gbps")
 

@@ -17,7 +17,7 @@ each op's schema (:data:`CONV_SCHEMAS`). Shapes that do not fit the op
 lists of the wrong length) raise :class:`ShapeError`, so that the caller
 falls back as for an inconsistent GEMM.
 
-The loader keeps ``Concrete Inputs`` for :data:`analyzer.schema.CONV_OPS`
+The loader keeps ``Concrete Inputs`` for :data:`analyzer.ingest.schema.CONV_OPS`
 only; :func:`analyzer.metrics.matmul_flops.matmul_ops` calls this for them.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pandas as pd
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import collective_kinds, kernel_class
 from analyzer.metrics.text import is_in
-from analyzer.tables import DEVICE_KINDS
+from analyzer.ingest.tables import DEVICE_KINDS
 
 COLUMNS = ("rank", "source", "kind", "cls", "coll_kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct")
 HOST_OP_KINDS = ("cpu_op", "cpu_comm")

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.text import is_in
-from analyzer.tables import DEVICE_KINDS
+from analyzer.ingest.tables import DEVICE_KINDS
 
 
 def _parents(start: np.ndarray, end: np.ndarray) -> np.ndarray:

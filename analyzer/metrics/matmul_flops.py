@@ -54,7 +54,7 @@ import pandas as pd
 
 from analyzer.metrics.intervals import union
 from analyzer.metrics.text import is_in, text_map, text_mask
-from analyzer.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
+from analyzer.ingest.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
 
 # Backward regions: every autograd node runs inside one of these ranges.
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"

@@ -56,7 +56,7 @@ import pandas as pd
 from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, charged_ops, dominant_dtype, flop_kernels, matmul_ops
 from analyzer.metrics.text import is_in, text_mask
 from analyzer.metrics.hardware import datasheet_peak
-from analyzer.tables import DEVICE_KINDS
+from analyzer.ingest.tables import DEVICE_KINDS
 
 MfuSource = Literal["manifest", "trace-shapes", "none"]
 STEP_COLUMNS = ("step", "n_ranks", "step_time_ms", "flops", "hardware_flops", "achieved_tflops_per_s", "mfu", "hfu")

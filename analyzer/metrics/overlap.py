@@ -38,7 +38,7 @@ import pandas as pd
 
 from analyzer.metrics.intervals import sweep, union
 from analyzer.metrics.text import is_in
-from analyzer.tables import DEVICE_KINDS
+from analyzer.ingest.tables import DEVICE_KINDS
 
 
 @dataclass(frozen=True)

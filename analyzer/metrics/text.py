@@ -1,6 +1,6 @@
 """Row masks over text columns, evaluated once per distinct value.
 
-Event names and categories are categoricals (analyzer/tables.py): a trace
+Event names and categories are categoricals (analyzer/ingest/tables.py): a trace
 of 100k events has a few thousand distinct names. Converting the column to
 Python strings row by row (``.astype(str)``) costs about a second per
 100k rows under pandas 3; testing each distinct value once and indexing by

@@ -54,7 +54,7 @@ OVERLAY_SMOOTH_KEY = "compare_overlay_smooth"
 
 def curves_overlay(runs, base, cand) -> None:
     """Training curves of the two runs (and any others chosen) overlaid, one metric at a time."""
-    from analyzer.curves import METRICS, overlay, smooth
+    from analyzer.metrics.curves import METRICS, overlay, smooth
 
     st.subheader("Training curves")
     extra = st.multiselect("Also overlay", [r.name for r in runs if r.name not in (base.name, cand.name)],
@@ -122,7 +122,7 @@ def render() -> None:
 
     st.subheader("CI gate")
     if gate is not None:
-        from analyzer.check import explain
+        from analyzer.verbs.check import explain
 
         text = plain(explain(gate))
         # Three verdicts, three colours: an inconclusive gate (runs noisier

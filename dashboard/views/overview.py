@@ -151,7 +151,7 @@ def curve_frame(table: pd.DataFrame) -> pd.DataFrame:
 def training_curves_section(run: RunEntry) -> None:
     """One chart of the run's per-step training curves (analyzer.curves), a metric
     selector and an optional trailing-mean smoothing window."""
-    from analyzer.curves import METRICS, smooth
+    from analyzer.metrics.curves import METRICS, smooth
 
     st.subheader("Training curves")
     c = curves(run)

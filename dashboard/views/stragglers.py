@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analyzer.stragglers import StragglerResult
+from analyzer.metrics.stragglers import StragglerResult
 from dashboard import state
 from dashboard.text import plain
 from dashboard.ui import run_header, show_chart

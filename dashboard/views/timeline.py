@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analyzer.timeline import states_of
+from analyzer.metrics.timeline import states_of
 from dashboard import state
 from dashboard.data import timeline_overview, timeline_window, trace_windows, traces
 from dashboard.text import html_text, plain

@@ -1,0 +1,489 @@
+"""Load PyTorch profiler (Kineto) traces into the columnar tables of
+:mod:`analyzer.ingest.tables`, one :class:`RankTrace` per rank.
+
+:mod:`analyzer.ingest.parse` reads a file into typed columns (streaming, msgspec;
+docs/loading.md has the full story); this module turns them into the
+events table (rows sorted by start, names categoricals, kinds classified),
+and :func:`load_traces` handles many files: ranks parsed in parallel worker
+processes, and the parsed columns kept in a cache (:mod:`analyzer.ingest.cache`,
+written by the parse workers), so a second load reads a few MB of numpy
+arrays instead of re-parsing JSON.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyzer.ingest import cache as trace_cache
+from analyzer.errors import TraceError
+from analyzer.ingest.jobs import ParseJobs, parse_file, usable_cpus
+from analyzer.ingest.locate import find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
+from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
+    ParsedTrace,
+    _resolve_rank,
+    parse_columns,
+    rank_from_filename,
+)
+from analyzer.ingest.tables import (
+    COLUMNS,
+    DEVICE_KINDS,
+    KINDS,
+    RankTrace,
+    classify,
+    empty_events,
+    empty_processes,
+    empty_threads,
+    steps_from_events,
+)
+
+# --------------------------------------------------------------------------
+# Result of loading many files
+
+
+@dataclass
+class TraceSet:
+    """Traces of several ranks, plus what went wrong on the way.
+
+    ``ranks`` maps rank -> trace for every file that loaded; ``errors`` has
+    one :class:`TraceError` per file that could not be used (its message is
+    one line naming the file); ``warnings`` are one-line notes about the set
+    (duplicated ranks, differing step counts, ranks missing against
+    ``world_size``, traces without ProfilerStep markers, ...).
+    """
+
+    ranks: dict[int, RankTrace] = field(default_factory=dict)
+    errors: list[TraceError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def events(self) -> pd.DataFrame:
+        """All ranks' events in one table (categories unified), ordered by rank."""
+        frames = [self.ranks[r].events for r in sorted(self.ranks)]
+        if not frames:
+            return empty_events()
+        cat_cols = [c for c, t in COLUMNS.items() if t == "category" and c != "kind"]
+        unified = {}
+        for col in cat_cols:
+            unified[col] = pd.api.types.union_categoricals([f[col] for f in frames]).categories
+        out = []
+        for f in frames:
+            f = f.copy(deep=False)
+            for col, cats in unified.items():
+                f[col] = f[col].cat.set_categories(cats)
+            out.append(f)
+        return pd.concat(out, ignore_index=True)
+
+
+# --------------------------------------------------------------------------
+# One file
+
+
+def parse_trace(path: Path, rank: int | None = None) -> RankTrace:
+    """Parse one Kineto trace file without touching the cache.
+
+    See :func:`load_trace`; this is the uncached work it does.
+    """
+    return rank_trace(parse_columns(path), rank)
+
+
+def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
+    """The RankTrace of a parsed file (rank resolved as :func:`load_trace` says)."""
+    dist = parsed.meta.get("distributedInfo")
+    dist = dist if isinstance(dist, dict) else {}
+    props = parsed.meta.get("deviceProperties")
+    props = props if isinstance(props, list) else []
+    resolved, source = _resolve_rank(dist, parsed.path, rank)
+    events, notes = _build_events(parsed, resolved)
+    return RankTrace(
+        rank=resolved,
+        path=parsed.path,
+        events=events,
+        steps=steps_from_events(events),
+        distributed_info=dist,
+        device_properties=props,
+        has_device=bool(events["kind"].isin(DEVICE_KINDS).any()),
+        rank_source=source,
+        processes=_processes_frame(parsed.processes),
+        threads=_threads_frame(parsed.threads),
+        json_bytes=parsed.json_bytes,
+        notes=notes,
+    )
+
+
+def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[str]]:
+    """The events table from the parsed columns: rows sorted by start,
+    negative durations dropped. Column by column, dropping the parsed
+    arrays as it goes, so the peak holds about one extra column."""
+    parts = parsed.columns
+    notes = []
+    notes.extend(parsed.notes)  # the parser's (events dropped for a missing or invalid ts/dur, ...)
+    ts = parts.pop("ts_ns")
+    dur = parts.pop("dur_ns")
+    keep = dur >= 0
+    if not keep.all():
+        notes.append(f"{int((~keep).sum())} events with a negative duration were dropped")
+    # Stable sort by start: ties keep file order.
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(ts[order], kind="stable")]
+    n = len(order)
+    start = ts[order]
+    end = start + dur[order]
+    del ts, dur
+
+    def column(key: str) -> np.ndarray:
+        return parts.pop(key)[order]
+
+    lower_code, cat_list = _lower_categories(parsed.cats)
+    name_list = parsed.names
+    cat_code = lower_code[column("cat")]
+    name_code = column("name")
+    frame = {
+        "rank": np.full(n, rank, dtype=np.int32),
+        "cat": _compact_categorical(cat_code, cat_list),
+        "name": _compact_categorical(name_code, name_list),
+        "kind": pd.Categorical.from_codes(_kind_codes(cat_list, cat_code, name_list, name_code), categories=list(KINDS)),
+    }
+    del cat_code, name_code
+    for key in ("pid", "tid", "stream"):
+        frame[key] = column(key)
+    frame["start_ns"], frame["end_ns"] = start, end
+    for key in ("correlation", "external_id"):
+        frame[key] = column(key)
+    # Sparse columns: row numbers of the file order -> positions in the table.
+    position = np.full(len(keep), -1, dtype=np.int64)
+    position[order] = np.arange(n)
+    for col in ("input_dims", "input_types", "concrete_inputs"):
+        values = np.full(n, None, dtype=object)
+        for row, v in parsed.sparse[col].items():
+            if position[row] >= 0:
+                values[position[row]] = v
+        # An explicit object Series: pandas 3 would infer its str dtype.
+        frame[col] = pd.Series(values, dtype=object, copy=False)
+    for col in ("msg_in_nelems", "msg_out_nelems", "group_size"):
+        values = np.full(n, -1, dtype=np.int64)
+        for row, v in parsed.sparse[col].items():
+            if position[row] >= 0:
+                values[position[row]] = v
+        frame[col] = values
+    for col in ("coll_name", "msg_dtype", "pg_name"):
+        cats = sorted(set(parsed.sparse[col].values()))
+        index = {c: i for i, c in enumerate(cats)}
+        codes = np.full(n, -1, dtype=np.int32)
+        for row, v in parsed.sparse[col].items():
+            if position[row] >= 0:
+                codes[position[row]] = index[v]
+        frame[col] = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype="str"))
+    events = pd.DataFrame({c: frame[c] for c in COLUMNS}, copy=False)
+    return events, notes
+
+
+def _lower_categories(cats: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Lower-case categories; two spellings of one category merge."""
+    lowered: dict[str, int] = {}
+    remap = np.empty(len(cats), dtype=np.int32)
+    for i, raw in enumerate(cats):
+        remap[i] = lowered.setdefault(raw.lower(), len(lowered))
+    return remap, list(lowered)
+
+
+def _compact_categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    # Keep only names that survived the filters, in first-seen order.
+    used = np.zeros(len(categories), dtype=bool)
+    used[codes] = True
+    if used.all():
+        return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype="str"))
+    new_id = np.cumsum(used) - 1
+    kept = [c for c, u in zip(categories, used) if u]
+    return pd.Categorical.from_codes(new_id[codes], categories=pd.Index(kept, dtype="str"))
+
+
+def _kind_codes(cat_cats: list[str], cat_code: np.ndarray, names: list[str], name_code: np.ndarray) -> np.ndarray:
+    """classify() once per distinct (cat, name) pair, not per row."""
+    if len(cat_code) == 0:
+        return np.empty(0, dtype=np.int8)
+    pair = cat_code.astype(np.int64) * max(len(names), 1) + name_code
+    uniq, inv = np.unique(pair, return_inverse=True)
+    kind_index = {k: i for i, k in enumerate(KINDS)}
+    per_pair = np.array(
+        [kind_index[classify(cat_cats[u // max(len(names), 1)], names[u % max(len(names), 1)])] for u in uniq],
+        dtype=np.int8,
+    )
+    return per_pair[inv]
+
+
+def _processes_frame(processes: dict[int, dict[str, str]]) -> pd.DataFrame:
+    if not processes:
+        return empty_processes()
+    pids = sorted(processes)
+    return pd.DataFrame(
+        {
+            "pid": np.array(pids, dtype=np.int64),
+            "name": pd.Series([processes[p].get("name") for p in pids], dtype=object),
+            "labels": pd.Series([processes[p].get("labels") for p in pids], dtype=object),
+        }
+    )
+
+
+def _threads_frame(threads: dict[tuple[int, int], str]) -> pd.DataFrame:
+    if not threads:
+        return empty_threads()
+    keys = sorted(threads)
+    return pd.DataFrame(
+        {
+            "pid": np.array([k[0] for k in keys], dtype=np.int64),
+            "tid": np.array([k[1] for k in keys], dtype=np.int64),
+            "name": pd.Series([threads[k] for k in keys], dtype=object),
+        }
+    )
+
+
+def load_trace(path: Path, rank: int | None = None) -> RankTrace:
+    """Parse one Kineto trace (``.json`` or ``.json.gz``, any PyTorch version).
+
+    The rank is ``distributedInfo.rank`` when the trace has it, else a rank
+    in the file name (``rank-3``, ``rank3``, ``rank_3``), else ``rank``,
+    else 0; ``RankTrace.rank_source`` says which. Times are integer ns.
+
+    Raises TraceError (one line naming the file) for an empty file, a
+    truncated or corrupt gzip stream, invalid JSON (with its line), a
+    document without a ``traceEvents`` array, or one without timed events.
+    Uncached; :func:`load_traces` adds the cache and parallelism.
+    """
+    return parse_trace(path, rank)
+
+
+# --------------------------------------------------------------------------
+# Many files
+
+
+def load_traces(
+    paths: Path | Sequence[Path],
+    *,
+    cache: bool | Path = True,
+    workers: int | None = None,
+    progress: bool | None = None,
+    jobs: ParseJobs | None = None,
+) -> TraceSet:
+    """Load a folder, a file, or a list of files/folders of Kineto traces.
+
+    Every file either loads or becomes one entry of ``errors``; the others
+    still load. With ``cache`` (True: ``.analyzer-cache/`` beside the traces,
+    or the user cache folder when that is read-only; a Path: that folder)
+    parsed tables are reused while a file's path, size and mtime are
+    unchanged. ``workers`` parallel processes parse uncached files
+    (default: min(files, usable CPUs), or 1 when the uncached files hold
+    less than 8 MB compressed). ``jobs``: parsing already started (by
+    :func:`analyzer.ingest.parse.ParseJobs`, e.g. before pandas was imported);
+    files it holds are taken from it instead of being parsed again.
+    ``progress``: a tqdm bar on stderr; None shows it only on a terminal
+    for many (> 4) or large (> 200 MB) inputs.
+
+    Raises AnalyzerError only when no file can be found at all.
+    """
+    files, skipped = _expand(paths)
+    result = TraceSet(errors=skipped)
+    store = trace_cache.TraceCache(None if cache is True else Path(cache)) if cache else None
+    hits: list[tuple[Path, Path]] = []
+    misses: list[tuple[Path, Path | None]] = []
+    for f in files:
+        entry = store.entry_for(f) if store else None
+        if entry is not None and entry.exists() and not (jobs and f in jobs):
+            hits.append((f, entry))
+        else:
+            misses.append((f, entry))
+    loaded: dict[Path, RankTrace] = {}
+    total_bytes = sum(_size(f) for f, _ in misses)
+    bar = _progress_bar(progress, len(files), total_bytes)
+    try:
+        # Parse first, then read cache hits, so the workers start at once.
+        entries = dict(misses)
+        for f, parsed in _parse_many([f for f, _ in misses], workers, jobs, entries):
+            if isinstance(parsed, TraceError):
+                result.errors.append(parsed)
+            else:
+                if parsed.cache_warning:
+                    result.warnings.append(parsed.cache_warning)
+                _add_rank(loaded, result, f, parsed)
+            if bar:
+                bar.update(1)
+        for f, entry in hits:
+            try:
+                parsed = store.read(entry, f)
+            except trace_cache.CacheEntryError as exc:
+                result.warnings.append(str(exc))
+                try:
+                    parsed = parse_file(f, entry)
+                except TraceError as err:
+                    result.errors.append(err)
+                    continue
+                if parsed.cache_warning:
+                    result.warnings.append(parsed.cache_warning)
+            _add_rank(loaded, result, f, parsed)
+            if bar:
+                bar.update(1)
+    finally:
+        if bar:
+            bar.close()
+    if store and store.note:
+        result.warnings.append(store.note)
+    _assemble(files, loaded, result)
+    return result
+
+
+def _add_rank(loaded: dict[Path, RankTrace], result: TraceSet, f: Path, parsed: ParsedTrace) -> None:
+    """Build the rank's tables; a failure there is this file's error line,
+    not the end of the analysis (issue 17: nothing one file does ends it)."""
+    try:
+        loaded[f] = rank_trace(parsed)
+    except TraceError as err:
+        result.errors.append(err)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours on odd input: still one line for one file
+        result.errors.append(TraceError(f, f"could not be tabled ({type(exc).__name__}: {str(exc)[:200]})"))
+
+
+def _expand(paths: Path | Sequence[Path]) -> tuple[list[Path], list[TraceError]]:
+    """(trace files, one TraceError per path named like a trace that cannot be read as one)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [Path(paths)]
+    files: list[Path] = []
+    skipped: list[TraceError] = []
+    seen: set[Path] = set()
+    for p in paths:
+        found, unusable = scan_trace_files(Path(p))
+        skipped += [TraceError(path, reason) for path, reason in unusable]
+        for f in found:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                files.append(f)
+    return files, skipped
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+# Below this much compressed input, starting worker processes costs more
+# than it saves (a process start plus imports is ~0.2-1 s).
+PARALLEL_MIN_BYTES = 8 << 20
+
+
+def _parse_many(
+    files: list[Path], workers: int | None, jobs: ParseJobs | None, entries: dict[Path, Path | None]
+) -> Iterator[tuple[Path, ParsedTrace | TraceError]]:
+    """(file, its parsed columns or its TraceError), in the order of ``files``;
+    each file's cache entry (``entries``) written by whoever parses it."""
+    if not files:
+        return
+    todo = [f for f in files if not (jobs and f in jobs)]
+    if workers is None and sum(_size(f) for f in todo) < PARALLEL_MIN_BYTES:
+        workers = 1
+    n = min(len(todo), workers or usable_cpus())
+    own = ParseJobs(todo, n, entries) if n > 1 else None
+    try:
+        for f in files:
+            try:
+                if jobs and f in jobs:
+                    yield f, jobs.take(f)
+                elif own is not None:
+                    yield f, own.take(f)
+                else:
+                    yield f, parse_file(f, entries.get(f))
+            except TraceError as err:
+                yield f, err
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _progress_bar(progress: bool | None, n_files: int, total_bytes: int):
+    if progress is None:
+        progress = sys.stderr.isatty() and (n_files > 4 or total_bytes > 200 * 1_000_000)
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=n_files, unit="trace", desc="loading traces", file=sys.stderr, leave=False)
+
+
+def _assemble(files: list[Path], loaded: dict[Path, RankTrace], result: TraceSet) -> None:
+    """Ranks by rank, and the set-level warnings."""
+    multi = len(files) > 1
+    by_rank: dict[int, list[RankTrace]] = {}
+    for f in files:  # natural order
+        rt = loaded.get(f)
+        if rt is None:
+            continue
+        for note in rt.notes:
+            result.warnings.append(f"{rt.path.name}: {note}")
+        if multi and rt.rank_source == "default":
+            result.warnings.append(f"{rt.path.name}: no rank in distributedInfo or the file name; assumed rank 0")
+        by_rank.setdefault(rt.rank, []).append(rt)
+    for rank in sorted(by_rank):
+        group = by_rank[rank]
+        kept = group[-1]
+        if len(group) > 1:
+            others = ", ".join(g.path.name for g in group[:-1])
+            result.warnings.append(
+                f"duplicated rank {rank}: kept {kept.path.name}, ignored {others} (the file sorting last is kept)"
+            )
+        result.ranks[rank] = kept
+    for rank, rt in sorted(result.ranks.items()):
+        if rt.steps.empty:
+            result.warnings.append(
+                f"{rt.path.name}: no ProfilerStep markers; per-step metrics unavailable for rank {rank}"
+            )
+    _check_step_counts(result)
+    _check_world(result)
+
+
+def _check_step_counts(result: TraceSet) -> None:
+    counts = {r: len(rt.steps) for r, rt in result.ranks.items() if not rt.steps.empty}
+    if len(set(counts.values())) <= 1:
+        return
+    values = list(counts.values())
+    usual = max(set(values), key=lambda c: (values.count(c), c))
+    for rank, count in sorted(counts.items()):
+        if count != usual:
+            steps = result.ranks[rank].steps["step"]
+            result.warnings.append(
+                f"{result.ranks[rank].path.name}: {count} ProfilerSteps "
+                f"(#{steps.min()}..#{steps.max()}) while most ranks have {usual}; "
+                f"rank {rank}'s per-step comparison covers different steps"
+            )
+
+
+def _check_world(result: TraceSet) -> None:
+    sizes = {rt.world_size for rt in result.ranks.values() if rt.world_size}
+    if not sizes:
+        return
+    world = max(sizes)
+    missing = sorted(set(range(world)) - set(result.ranks))
+    if missing:
+        have = "rank has" if len(missing) == 1 else "ranks have"
+        result.warnings.append(f"world_size is {world} but {len(missing)} {have} no trace: {_ranges(missing)}")
+    extra = sorted(r for r in result.ranks if r >= world or r < 0)
+    if extra:
+        result.warnings.append(f"ranks {_ranges(extra)} are outside world_size {world}")
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    out = []
+    start = prev = values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)

@@ -1,0 +1,153 @@
+"""The events table's columns and the event kinds, without pandas.
+
+Pure Python, so that the parser's worker processes and the CLI's start-up
+path (which parses traces while pandas is still being imported, see
+analyzer/ingest/parse.py) can use them; :mod:`analyzer.ingest.tables` re-exports every
+name and documents the columns.
+"""
+from __future__ import annotations
+
+import re
+import zlib
+
+# Device-side kinds (events that run on a GPU stream) and host-side kinds.
+DEVICE_KINDS = ("compute", "comm", "memcpy", "memset")
+HOST_KINDS = ("cpu_op", "cpu_comm", "annotation", "runtime", "other")
+KINDS = DEVICE_KINDS + HOST_KINDS
+
+# HTA matches "nccl" by prefix in places and misses ``ncclDevKernel_*``;
+# we match nccl/rccl anywhere, case-insensitively (issue: analyzer loading).
+COMM_KERNEL_RE = re.compile(r"nccl|rccl", re.IGNORECASE)
+# Host-side collective ops: c10d dispatcher ops, gloo/nccl annotations and
+# record_param_comms, the marker PyTorch emits around every collective.
+CPU_COMM_RE = re.compile(
+    r"^(c10d::|record_param_comms$|gloo:|nccl:|c10d_functional::)", re.IGNORECASE
+)
+MATMUL_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::matmul",
+        "aten::linear",
+        "aten::scaled_dot_product_attention",
+    }
+)
+# Convolution ops whose FLOPs need their scalar arguments (stride, padding,
+# dilation, groups, transposed) from ``Concrete Inputs``
+# (analyzer.metrics.conv_flops.CONV_SCHEMAS holds each one's argument positions).
+CONV_OPS = frozenset(
+    {
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::conv1d",
+        "aten::conv2d",
+        "aten::conv3d",
+        "aten::cudnn_convolution",
+        "aten::cudnn_convolution_transpose",
+        "aten::conv_transpose1d",
+        "aten::conv_transpose2d",
+        "aten::conv_transpose3d",
+    }
+)
+# Host ops whose shapes the loader keeps: the FLOP counter's ops.
+FLOP_OPS = MATMUL_OPS | CONV_OPS
+# Event categories of older format eras, lower-cased, -> today's category
+# (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
+# PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote
+# ``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``, ``Python``;
+# the plugin's own reader (tb_plugin/torch_tb_profiler/profiler/trace.py,
+# EventTypeMap) maps them the same way. The loader stores every category in
+# today's spelling, so each rule and metric knows one set of names.
+CATEGORY_ALIASES = {
+    "operator": "cpu_op",
+    "runtime": "cuda_runtime",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "python": "python_function",
+}
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+ANNOTATION_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
+# Categories Kineto writes on a GPU's timeline (pid = device, tid = stream).
+# cuda_sync ("Stream Sync", "Event Sync") sits on a stream but is waiting,
+# not device work: it gets a stream and kind "other".
+GPU_TIMELINE_CATS = DEVICE_CATS | {"gpu_user_annotation", "cuda_sync"}
+
+COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "cat": "category",
+    "name": "category",
+    "kind": "category",
+    "pid": "int64",
+    "tid": "int64",
+    "stream": "int64",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "correlation": "int64",
+    "external_id": "int64",
+    "input_dims": "object",
+    "input_types": "object",
+    "concrete_inputs": "object",
+    "coll_name": "category",
+    "msg_in_nelems": "int64",
+    "msg_out_nelems": "int64",
+    "msg_dtype": "category",
+    "group_size": "int64",
+    "pg_name": "category",
+}
+_INT_DEFAULT = -1
+
+
+def classify(cat: str, name: str) -> str:
+    """Kind of one event from its Kineto category and name.
+
+    ``cat`` may be of any format era (:data:`CATEGORY_ALIASES`).
+    Device events: ``comm`` when the name matches nccl/rccl anywhere,
+    ``memcpy``/``memset`` by category, else ``compute``. Host events:
+    ``cpu_comm`` for collective ops and annotations (c10d::*, gloo:*,
+    record_param_comms), ``cpu_op``, ``annotation``, ``runtime``, ``other``.
+    """
+    cat = canonical_category(cat)
+    if cat in DEVICE_CATS:
+        if cat == "gpu_memcpy":
+            return "memcpy"
+        if cat == "gpu_memset":
+            return "memset"
+        return "comm" if COMM_KERNEL_RE.search(name) else "compute"
+    if CPU_COMM_RE.search(name):
+        return "cpu_comm"
+    if cat == "cpu_op":
+        return "cpu_op"
+    if cat in ANNOTATION_CATS:
+        return "annotation"
+    if cat in RUNTIME_CATS:
+        return "runtime"
+    return "other"
+
+
+def canonical_category(cat: str) -> str:
+    """A Kineto category in today's spelling: lower-cased, and an older
+    era's name (``Memcpy``, ``Operator``, ...) replaced by today's."""
+    cat = cat.lower()
+    return CATEGORY_ALIASES.get(cat, cat)
+
+
+def text_id(value: object) -> int:
+    """A pid/tid/stream as an integer: numbers as they are, numeric strings
+    parsed (``"7"``, ``"0x1f"``), any other text a stable negative id
+    ``-2 - crc32(text)`` (never -1, which means "absent")."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value == value else -1
+    if value is None:
+        return -1
+    text = str(value).strip()
+    try:
+        return int(text, 0)
+    except ValueError:
+        return -2 - zlib.crc32(text.encode())

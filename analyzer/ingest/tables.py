@@ -1,0 +1,224 @@
+"""The columnar tables every analysis reads.
+
+A trace is parsed once (``analyzer.ingest.load``) into one *events* table per rank,
+plus a small :class:`RankTrace` record of per-rank metadata. Every metric in
+``analyzer.metrics`` is a pure function over these tables.
+
+Units: all times are integer **nanoseconds** (Kineto writes microseconds,
+as integers in old traces and with three decimals in newer ones; the loader
+converts exactly, see docs/loading.md). Timestamps are the trace's own
+clock, not shifted. Rows are sorted by ``start_ns`` (stable: ties keep file
+order).
+
+Which events become rows: every complete event (``"ph": "X"``) whose
+``ts`` and ``dur`` are valid (JSON numbers, finite, >= 0, start and end
+within int64 ns; the others are dropped and counted in one note, see
+docs/loading.md), except Kineto's ``cat: "Trace"`` span (the profiler's own
+window, which HTA drops too). ``displayTimeUnit: "ns"`` traces are read in
+ns, all others in µs. Flow, instant, counter and
+metadata events are not rows; process and thread names from metadata
+events are kept in :attr:`RankTrace.processes` and :attr:`RankTrace.threads`.
+
+Events table columns (dtype):
+
+=============== ========== ===================================================
+column          dtype      meaning
+=============== ========== ===================================================
+rank            int32      rank the trace belongs to
+cat             category   Kineto ``cat`` in today's spelling (kernel,
+                           gpu_memcpy, gpu_memset, cpu_op, user_annotation,
+                           gpu_user_annotation, cuda_runtime, ...): lower-
+                           cased, older eras' names mapped
+                           (:func:`canonical_category`; ``Memcpy`` ->
+                           gpu_memcpy, ``Operator`` -> cpu_op)
+name            category   event name as written
+kind            category   one of KINDS, see :func:`classify`; the categories
+                           are always exactly KINDS, in that order
+pid             int64      Kineto pid (device index for GPU events);
+                           non-numeric pids map to stable negative ids
+tid             int64      Kineto tid (stream for GPU events); non-numeric
+                           tids are mapped to stable negative ids
+                           (:func:`text_id`)
+stream          int64      GPU stream for events on a GPU timeline
+                           (GPU_TIMELINE_CATS: kernels, memcpy, memset,
+                           gpu_user_annotation, cuda_sync): ``args.stream``
+                           when numeric, else the tid; -1 for host events
+start_ns        int64      start
+end_ns          int64      end (start + dur); instant events are dropped
+correlation     int64      ``args.correlation``, -1 when absent
+external_id     int64      ``args.External id``, -1 when absent
+input_dims      object     ``args["Input Dims"]`` as a JSON string, only for
+                           matmul-like cpu_ops (see MATMUL_OPS) and cpu_comm
+                           rows (gloo collectives carry their tensor shapes
+                           there); else None
+input_types     object     ``args["Input type"]`` as a JSON string, same rows
+                           (and convolution ops, CONV_OPS)
+concrete_inputs object     ``args["Concrete Inputs"]`` as a JSON string, only
+                           for convolution cpu_ops (CONV_OPS: their stride,
+                           padding, dilation, groups); else None
+coll_name       category   collective name: ``args["Collective name"]``
+                           (record_param_comms, comm kernels of newer
+                           PyTorch), else the suffix of a ``gloo:*`` /
+                           ``nccl:*`` annotation (``all_reduce``); else NaN
+msg_in_nelems   int64      ``args["In msg nelems"]``; for ``gloo:*``
+                           annotations without it, the element count of
+                           their first input (``Input Dims[0]``); -1 when
+                           unknown
+msg_out_nelems  int64      ``args["Out msg nelems"]``, -1 when absent
+msg_dtype       category   ``args["dtype"]`` for comm events (for ``gloo:*``
+                           annotations ``Input type[0]``), else NaN
+group_size      int64      ``args["Group size"]``, -1 when absent
+pg_name         category   ``args["Process Group Name"]``, else NaN
+=============== ========== ===================================================
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from analyzer.ingest.schema import (  # noqa: F401 - re-exported: the table schema lives with its docs here
+    DEVICE_KINDS,
+    HOST_KINDS,
+    KINDS,
+    COMM_KERNEL_RE,
+    CPU_COMM_RE,
+    MATMUL_OPS,
+    CONV_OPS,
+    FLOP_OPS,
+    DEVICE_CATS,
+    ANNOTATION_CATS,
+    RUNTIME_CATS,
+    GPU_TIMELINE_CATS,
+    COLUMNS,
+    _INT_DEFAULT,
+    CATEGORY_ALIASES,
+    canonical_category,
+    classify,
+    text_id,
+)
+
+
+def empty_events() -> pd.DataFrame:
+    """An events table with no rows and the documented dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLUMNS.items()})
+
+
+def events_from_records(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Build an events table from plain dicts (tests, small inputs).
+
+    Each record needs ``rank, cat, name, start_ns, end_ns``; missing integer
+    columns default to -1, missing text columns to NaN/None, ``kind`` is
+    derived with :func:`classify` unless given, ``stream`` defaults to ``tid``
+    for events on a GPU timeline (GPU_TIMELINE_CATS) and -1 otherwise.
+    """
+    rows = []
+    for r in records:
+        row = dict(r)
+        row.setdefault("kind", classify(row["cat"], row["name"]))
+        row.setdefault("tid", 0)
+        row.setdefault("pid", 0)
+        if "stream" not in row:
+            row["stream"] = row["tid"] if canonical_category(str(row["cat"])) in GPU_TIMELINE_CATS else -1
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    for col, dtype in COLUMNS.items():
+        if dtype == "int64" or dtype == "int32":
+            frame[col] = frame[col].fillna(_INT_DEFAULT).astype(dtype)
+        elif col == "kind":
+            frame[col] = pd.Categorical(frame[col], categories=list(KINDS))
+        elif dtype == "category":
+            frame[col] = frame[col].astype("category")
+        else:
+            frame[col] = frame[col].astype(object).where(frame[col].notna(), None)
+    return frame
+
+
+def empty_steps() -> pd.DataFrame:
+    """A steps table with no rows."""
+    return pd.DataFrame({c: pd.Series(dtype="int64") for c in ("step", "start_ns", "end_ns")})
+
+
+def empty_processes() -> pd.DataFrame:
+    """A processes table with no rows (see :class:`RankTrace`)."""
+    return pd.DataFrame({"pid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object), "labels": pd.Series(dtype=object)})
+
+
+def empty_threads() -> pd.DataFrame:
+    """A threads table with no rows (see :class:`RankTrace`)."""
+    return pd.DataFrame({"pid": pd.Series(dtype="int64"), "tid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object)})
+
+
+@dataclass
+class RankTrace:
+    """One rank's parsed trace: events plus metadata.
+
+    ``steps`` has one row per ProfilerStep#N annotation with columns
+    ``step`` (int64, N), ``start_ns``, ``end_ns`` (int64); empty when the
+    trace has no ProfilerStep markers.
+
+    ``rank_source`` says where ``rank`` came from: ``distributedInfo``,
+    ``filename``, ``argument`` (the caller's hint) or ``default`` (0).
+    ``processes`` (pid, name, labels) and ``threads`` (pid, tid, name) come
+    from Kineto's metadata events: e.g. labels ``"GPU 0"`` for a device pid,
+    thread name ``"thread 8220 (pt_gloo_runloop)"`` for gloo's worker.
+    ``json_bytes`` is the size of the trace's JSON text (uncompressed).
+    ``notes`` lists per-file oddities the loader coped with (events dropped
+    for a missing or invalid ts/dur, a ns time unit), each a short sentence.
+    """
+
+    rank: int
+    path: Path
+    events: pd.DataFrame
+    steps: pd.DataFrame
+    distributed_info: dict = field(default_factory=dict)
+    device_properties: list = field(default_factory=list)
+    # True when the trace has device (GPU) events at all.
+    has_device: bool = False
+    rank_source: str = "argument"
+    processes: pd.DataFrame = field(default_factory=empty_processes)
+    threads: pd.DataFrame = field(default_factory=empty_threads)
+    json_bytes: int = 0
+    notes: list = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int | None:
+        ws = self.distributed_info.get("world_size")
+        return int(ws) if ws is not None else None
+
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def steps_from_events(events: pd.DataFrame) -> pd.DataFrame:
+    """ProfilerStep#N windows from an events table (host annotations).
+
+    The GPU-side copies of the markers (``gpu_user_annotation``, newer
+    PyTorch) are ignored; a step number seen twice keeps its first window.
+    """
+    names = events["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        # Match on the (few) categories, not on every row.
+        cats = names.cat.categories.astype(str)
+        step_names = cats[cats.str.match(_STEP_RE.pattern)]
+        mask = names.isin(step_names).to_numpy()
+    else:
+        mask = names.astype(str).str.match(_STEP_RE.pattern).to_numpy()
+    if not mask.any():
+        return empty_steps()
+    sel = events.loc[mask]
+    host = ~sel["kind"].isin(DEVICE_KINDS) & (sel["cat"].astype(str) != "gpu_user_annotation")
+    sel = sel.loc[host]
+    step = sel["name"].astype(str).str.slice(len("ProfilerStep#")).astype(np.int64)
+    out = pd.DataFrame(
+        {
+            "step": step.to_numpy(np.int64),
+            "start_ns": sel["start_ns"].to_numpy(np.int64),
+            "end_ns": sel["end_ns"].to_numpy(np.int64),
+        }
+    )
+    return out.drop_duplicates("step").sort_values("step").reset_index(drop=True)

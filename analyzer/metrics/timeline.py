@@ -1,0 +1,252 @@
+"""Rank-by-time occupancy and event windows, for timeline views.
+
+Pure functions over the events tables of :mod:`analyzer.ingest.tables`:
+
+* :func:`occupancy` cuts one rank's time axis into equal bins and says, per
+  bin, which share of it went to each part of the step breakdown. It *is*
+  the breakdown of :func:`analyzer.metrics.breakdown.step_breakdown`, applied
+  to time bins instead of ProfilerStep windows, so the two views can never
+  disagree: on a GPU trace the parts are compute, overlapped communication,
+  exposed communication, exposed memcpy and idle; on a CPU-only trace the
+  trainer's phases (data, forward, backward, optimizer, grad_sync), exposed
+  communication and other. The fractions of a bin sum to 1.
+* :func:`select_window` picks the events overlapping a time range, capped at
+  a number a browser can draw, keeping the longest ones.
+* :func:`overview` aligns several ranks and bins them over one common span.
+
+Times are relative to a per-rank *origin* (see :func:`align_origins`), in
+integer nanoseconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.breakdown import Source, parts_of, source_of, step_breakdown
+from analyzer.metrics.stragglers import collective_spans, wait_intervals
+
+# Events drawn in a zoomed window, per timeline source: GPU-stream events on
+# a device timeline; on a host timeline the annotations (phases, ProfilerStep)
+# plus host ops and collectives.
+_WINDOW_KINDS: dict[str, tuple[str, ...]] = {
+    "device": ("compute", "comm", "memcpy", "memset"),
+    "host": ("annotation", "cpu_op", "cpu_comm"),
+}
+
+
+def states_of(source: Source) -> tuple[str, ...]:
+    """Occupancy state names (breakdown parts without ``_ms``) for a source."""
+    return tuple(p.removesuffix("_ms") for p in parts_of(source))
+
+
+def occupancy(
+    events: pd.DataFrame,
+    origin_ns: int,
+    span_ns: tuple[int, int],
+    n_bins: int,
+    source: Source | None = None,
+    waits: tuple[np.ndarray, np.ndarray] | None = None,
+) -> pd.DataFrame:
+    """Share of each time bin spent in each breakdown part, for one rank.
+
+    ``span_ns`` is ``(t0, t1)`` relative to ``origin_ns``; it is cut into
+    ``n_bins`` bins with edges ``t0 + i * (t1 - t0) // n_bins`` (widths
+    differ by at most 1 ns when the span does not divide evenly).
+    ``source`` defaults to ``device`` when the rank has GPU events;
+    ``waits`` are the rank's waiting-at-collective intervals (absolute ns,
+    :func:`analyzer.metrics.stragglers.wait_intervals`) for the ``collective_wait``
+    state. Returns
+    one row per bin with ``bin``, ``start_ns``, ``end_ns`` (relative), and
+    one ``<state>_frac`` column per state of :func:`states_of`, each in
+    [0, 1], summing to 1.
+    """
+    t0, t1 = int(span_ns[0]), int(span_ns[1])
+    if n_bins < 1 or t1 <= t0:
+        raise ValueError(f"need n_bins >= 1 and t1 > t0, got n_bins={n_bins}, span=({t0}, {t1})")
+    source = source or source_of(events)
+    edges = t0 + (np.arange(n_bins + 1, dtype=np.int64) * (t1 - t0)) // n_bins
+    windows = pd.DataFrame(
+        {"step": np.arange(n_bins, dtype=np.int64), "start_ns": edges[:-1] + origin_ns, "end_ns": edges[1:] + origin_ns}
+    )
+    table = step_breakdown(events, windows, source, waits)
+    out = pd.DataFrame({"bin": windows["step"], "start_ns": edges[:-1], "end_ns": edges[1:]})
+    width_ms = table["step_time_ms"].to_numpy(np.float64)
+    for part in parts_of(source):
+        out[part.removesuffix("_ms") + "_frac"] = table[part].to_numpy(np.float64) / width_ms
+    return out
+
+
+def align_origins(steps_by_rank: Mapping[int, pd.DataFrame], events_by_rank: Mapping[int, pd.DataFrame]) -> dict[int, int]:
+    """Per-rank time origin (ns, the rank's own clock) that lines ranks up.
+
+    Each rank's trace has its own clock. The origin is the start of the first
+    ProfilerStep that every rank recorded (a step boundary is close to a
+    synchronization point in data-parallel training); when the ranks share
+    no step, each rank's first event. Ranks with no events get origin 0.
+    """
+    common: set[int] | None = None
+    for rank, steps in steps_by_rank.items():
+        ids = set(int(s) for s in steps["step"]) if len(steps) else set()
+        common = ids if common is None else common & ids
+    first_common = min(common) if common else None
+    origins: dict[int, int] = {}
+    for rank, events in events_by_rank.items():
+        steps = steps_by_rank.get(rank)
+        if first_common is not None and steps is not None:
+            origins[rank] = int(steps.loc[steps["step"] == first_common, "start_ns"].iloc[0])
+        elif len(events):
+            origins[rank] = int(events["start_ns"].min())
+        else:
+            origins[rank] = 0
+    return origins
+
+
+def active_span(events_by_rank: Mapping[int, pd.DataFrame], origins: Mapping[int, int], source: Source) -> tuple[int, int]:
+    """``(t0, t1)`` relative ns covering every rank's events of ``source``.
+
+    Falls back to ``(0, 1)`` when there are no such events, so that callers
+    always get a non-empty span.
+    """
+    kinds = _WINDOW_KINDS[source]
+    lo, hi = None, None
+    for rank, events in events_by_rank.items():
+        sel = events[events["kind"].isin(kinds)]
+        if not len(sel):
+            continue
+        s = int(sel["start_ns"].min()) - origins[rank]
+        e = int(sel["end_ns"].max()) - origins[rank]
+        lo = s if lo is None else min(lo, s)
+        hi = e if hi is None else max(hi, e)
+    if lo is None or hi is None or hi <= lo:
+        return (0, 1)
+    return (lo, hi)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Events overlapping a time range, at most ``max_events`` of them.
+
+    ``events`` has ``rank``, ``lane`` (GPU stream or host thread), ``kind``,
+    ``name`` (str), ``start_ns``, ``end_ns`` (relative to the rank's origin,
+    not clipped), sorted by rank, lane, start. ``n_total`` is how many events
+    overlapped the range; ``n_total - len(events)`` were dropped, the
+    shortest first.
+    """
+
+    events: pd.DataFrame
+    n_total: int
+
+    @property
+    def n_dropped(self) -> int:
+        return self.n_total - len(self.events)
+
+
+def select_window(
+    events_by_rank: Mapping[int, pd.DataFrame],
+    origins: Mapping[int, int],
+    span_ns: tuple[int, int],
+    max_events: int,
+    source: Source,
+) -> Window:
+    """Events of ``source`` overlapping ``[t0, t1)`` (relative ns) on all ranks.
+
+    When more than ``max_events`` overlap, the longest ``max_events`` are kept
+    (ties broken by earlier start): short events are the ones a zoomed-out
+    view cannot show anyway.
+    """
+    t0, t1 = int(span_ns[0]), int(span_ns[1])
+    kinds = _WINDOW_KINDS[source]
+    parts = []
+    for rank, events in events_by_rank.items():
+        origin = origins[rank]
+        start = events["start_ns"].to_numpy(np.int64) - origin
+        end = events["end_ns"].to_numpy(np.int64) - origin
+        mask = events["kind"].isin(kinds).to_numpy() & (start < t1) & (end > t0)
+        if not mask.any():
+            continue
+        sel = events.loc[mask]
+        lane = sel["stream"] if source == "device" else sel["tid"]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": np.full(int(mask.sum()), rank, dtype=np.int64),
+                    "lane": lane.to_numpy(np.int64),
+                    "kind": sel["kind"].astype(str).to_numpy(),
+                    "name": sel["name"].astype(str).to_numpy(),
+                    "start_ns": start[mask],
+                    "end_ns": end[mask],
+                }
+            )
+        )
+    if not parts:
+        empty = pd.DataFrame({"rank": [], "lane": [], "kind": [], "name": [], "start_ns": [], "end_ns": []})
+        return Window(events=empty.astype({"rank": "int64", "lane": "int64", "start_ns": "int64", "end_ns": "int64"}), n_total=0)
+    table = pd.concat(parts, ignore_index=True)
+    n_total = len(table)
+    if n_total > max_events:
+        dur = table["end_ns"] - table["start_ns"]
+        keep = table.assign(_dur=dur).sort_values(["_dur", "start_ns"], ascending=[False, True], kind="stable")
+        table = keep.head(max_events).drop(columns="_dur")
+    table = table.sort_values(["rank", "lane", "start_ns"], kind="stable").reset_index(drop=True)
+    return Window(events=table, n_total=n_total)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The rank-by-time occupancy of a set of ranks (see :func:`overview`).
+
+    ``occupancy`` has one row per (rank, bin): ``rank``, ``bin``,
+    ``start_ns``, ``end_ns`` (relative to the rank's origin) and the
+    ``<state>_frac`` columns of :func:`states_of` for ``source``.
+    ``steps`` has the ProfilerStep windows relative to each rank's origin
+    (``rank, step, start_ns, end_ns``).
+    """
+
+    source: Source
+    span_ns: tuple[int, int]
+    origins: dict[int, int]
+    occupancy: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def overview(
+    events_by_rank: Mapping[int, pd.DataFrame], steps_by_rank: Mapping[int, pd.DataFrame], n_bins: int
+) -> Overview:
+    """Occupancy of every rank over one common, aligned time span.
+
+    The source is ``device`` when any rank has GPU events (then all ranks
+    are read on their device timeline), else ``host``. Ranks are aligned
+    with :func:`align_origins`; the span is :func:`active_span`, cut into
+    ``n_bins`` bins.
+    """
+    source: Source = "device" if any(source_of(e) == "device" for e in events_by_rank.values()) else "host"
+    origins = align_origins(steps_by_rank, events_by_rank)
+    span = active_span(events_by_rank, origins, source)
+    waits = wait_intervals(collective_spans(events_by_rank))  # as the analysis does (analyzer.api)
+    tables = [
+        occupancy(events, origins[rank], span, n_bins, source, waits.get(rank)).assign(rank=rank)
+        for rank, events in sorted(events_by_rank.items())
+    ]
+    columns = ["rank", "bin", "start_ns", "end_ns"] + [f"{s}_frac" for s in states_of(source)]
+    occ = pd.concat(tables, ignore_index=True)[columns] if tables else pd.DataFrame(columns=columns)
+    step_rows = [
+        pd.DataFrame(
+            {
+                "rank": rank,
+                "step": steps["step"].to_numpy(np.int64),
+                "start_ns": steps["start_ns"].to_numpy(np.int64) - origins[rank],
+                "end_ns": steps["end_ns"].to_numpy(np.int64) - origins[rank],
+            }
+        )
+        for rank, steps in sorted(steps_by_rank.items())
+        if rank in origins and len(steps)
+    ]
+    step_table = (
+        pd.concat(step_rows, ignore_index=True)
+        if step_rows
+        else pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64")
+    )
+    return Overview(source=source, span_ns=span, origins=origins, occupancy=occ, steps=step_table)

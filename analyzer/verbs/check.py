@@ -1,0 +1,766 @@
+"""The CI gate: did the candidate run get slower than the baseline(s)?
+
+Pure functions over steady-state step samples; the CLI (``analyzer check``)
+does the reading and printing.
+
+Definitions (also in docs/ci.md, with the reasons for each choice):
+
+* **Sample**: one value per steady-state optimizer step, higher is better:
+  MFU when the runs have it, else throughput (tokens/s for run directories,
+  steps/s for trace folders). A step's value is the mean over ranks of the
+  per-rank value. Ranks are not pooled as separate samples: in a synchronous
+  data-parallel step every rank waits for the others at the gradient
+  collective, so the ranks of one step are one observation.
+* **Statistic**: the ``quantile``-th quantile of *step time*, i.e. the
+  ``1 - quantile`` quantile of the higher-is-better value (default
+  ``quantile = 0.25``: the fast quarter of the steps). Interference from
+  other work on the machine only ever adds time to a step, so the fast
+  steps are the ones closest to what the code itself costs; the median
+  moves with how busy the neighbours were. Several baselines are pooled.
+* **Drop**: ``(Q(base) - Q(cand)) / Q(base)``, relative: 0.05 means the
+  candidate is 5 % lower. Negative means faster.
+* **p**: one-sided Mann-Whitney U (H1: candidate values stochastically
+  smaller than the baseline's); it says the shift is not a few odd steps.
+* **Noise**: how far the runs move against *themselves*: the largest
+  ``|drop|`` between the first and second half of any one run (baselines
+  and candidate; halves in step order, so drift within a run counts) and
+  between any two baselines (run-to-run). A drop no larger than the noise
+  is not evidence, whatever its p-value: p treats steps as independent,
+  and consecutive steps on a busy machine are not.
+* **Verdict**: ``regression`` iff drop > max_drop, p < alpha and drop >
+  noise; else ``inconclusive`` (too noisy) iff noise > max_drop (the runs
+  cannot vouch that a max_drop regression would have been seen) or drop >
+  max_drop (a drop beyond the threshold that the noise cannot tell from
+  chance); else ``pass``. The smallest drop the gate could flag on these
+  runs, ``max(max_drop, noise)``, is reported as ``min_detectable_drop``.
+
+Deterministic (the same runs always give the same verdict): no resampling,
+no seed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from typing import TYPE_CHECKING, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+
+from analyzer.verbs.compare import candidate_peak_scale
+from analyzer.errors import AnalyzerError
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
+    from analyzer.verbs.compare import Comparison, Delta
+
+Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s"]
+Verdict = Literal["pass", "regression", "inconclusive"]
+METRIC_LABELS: dict[str, str] = {
+    "mfu": "MFU",
+    "tokens_per_s": "throughput (tokens/s per rank)",
+    "steps_per_s": "throughput (steps/s)",
+    "cpu_steps_per_s": "steps per CPU-second (busiest rank)",
+}
+# A drop this close to the threshold counts as *at* the threshold: relative
+# drops are computed in floating point ((1.0 - 0.95) / 1.0 is 0.0500000000000000444).
+_DROP_ROUNDING = 1e-9
+# Each half of a run needs this many steps for its quantile to mean anything.
+_MIN_HALF = 4
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Knobs of the gate (CLI: ``--max-mfu-drop``, ``--alpha``, ``--quantile``)."""
+
+    max_drop: float = 0.05  # relative drop of the statistic allowed (0.05 = 5%)
+    alpha: float = 0.05  # significance level of the one-sided Mann-Whitney U test
+    quantile: float = 0.25  # quantile of step time compared (0.5 = median; lower = faster steps)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_drop < 1.0:
+            raise AnalyzerError(f"--max-mfu-drop must be in [0, 1), got {self.max_drop}")
+        if not 0.0 < self.alpha < 1.0:
+            raise AnalyzerError(f"--alpha must be in (0, 1), got {self.alpha}")
+        if not 0.0 < self.quantile < 1.0:
+            raise AnalyzerError(f"--quantile must be in (0, 1), got {self.quantile}")
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Steady-state per-step values of one run (higher is better).
+
+    ``values[i]`` belongs to optimizer step ``steps[i]`` (steps ascending);
+    ``source`` says in words where they came from and what was excluded.
+    """
+
+    metric: Metric
+    values: np.ndarray
+    steps: np.ndarray
+    source: str
+    n_ranks: int
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values))
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of the gate; JSON-serializable through :meth:`to_json`."""
+
+    verdict: Verdict
+    metric: Metric
+    base_median: float  # pooled baselines
+    cand_median: float
+    base_value: float  # the statistic: the (1 - quantile) quantile of the values
+    cand_value: float
+    quantile: float  # of step time
+    drop: float  # relative, (base - cand) / base of the statistic
+    max_drop: float
+    p_value: float  # one-sided Mann-Whitney U, H1: cand < base
+    alpha: float
+    noise: float  # largest |drop| of the runs against themselves (split halves, baselines pairwise)
+    noise_source: str  # which comparison gave it
+    min_detectable_drop: float  # max(max_drop, noise)
+    n_base: int  # steps, all baselines
+    n_cand: int
+    n_baselines: int
+    exceeds_threshold: bool
+    significant: bool
+    base_source: str
+    cand_source: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict == "regression"
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.verdict == "inconclusive"
+
+    @property
+    def verdict_label(self) -> str:
+        """The word ``analyzer check`` prints: PASS, REGRESSION or INCONCLUSIVE (too noisy)."""
+        return {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}[self.verdict]
+
+    @property
+    def metric_label(self) -> str:
+        return METRIC_LABELS[self.metric]
+
+    @property
+    def statistic_label(self) -> str:
+        """E.g. ``MFU at the 25th percentile of step time``."""
+        if self.quantile == 0.5:
+            return f"median {self.metric_label}"
+        return f"{self.metric_label} at the {_ordinal(self.quantile)} percentile of step time"
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["schema"] = "analyzer.check/2"
+        out["metric_label"] = self.metric_label
+        return out
+
+
+def _ordinal(q: float) -> str:
+    n = round(100 * q, 1)
+    text = f"{n:g}"
+    suffix = "th" if 10 <= n % 100 < 20 or not float(n).is_integer() else {1: "st", 2: "nd", 3: "rd"}.get(int(n) % 10, "th")
+    return text + suffix
+
+
+def min_one_sided_p(n_base: int, n_cand: int) -> float:
+    """Smallest p-value the exact one-sided Mann-Whitney U test can reach.
+
+    It is reached when every candidate value is below every baseline value:
+    one ordering out of ``C(n_base + n_cand, n_cand)`` equally likely ones.
+    ``scipy.special.comb`` in floating point: ``1 / math.comb`` overflows
+    ``float()`` from about 1030 + 1030 steps.
+    """
+    from scipy.special import comb
+
+    return float(1.0 / comb(n_base + n_cand, n_cand, exact=False))
+
+
+def mann_whitney_less(base: np.ndarray, cand: np.ndarray) -> float:
+    """One-sided p-value of H1 "cand is stochastically smaller than base".
+
+    scipy picks the exact distribution for small samples without ties and
+    the tie-corrected normal approximation otherwise. When every value is
+    identical the statistic has zero variance and scipy returns NaN: there
+    is no evidence of a difference, so the p-value is 1.
+    """
+    from scipy import stats  # here, not at module level: `analyzer report` never needs scipy
+
+    result = stats.mannwhitneyu(cand, base, alternative="less", method="auto")
+    p = float(result.pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def relative_drop(base_value: float, cand_value: float) -> float:
+    """``(base - cand) / base``; 0.1 means the candidate is 10% lower."""
+    return (base_value - cand_value) / base_value
+
+
+def fast_quantile(values: np.ndarray, quantile: float) -> float:
+    """The ``quantile`` of step time for higher-is-better ``values``: their ``1 - quantile`` quantile.
+
+    Linear interpolation between order statistics (numpy's default), so a
+    constant shift or scale of every value moves it exactly as much.
+    """
+    return float(np.quantile(values, 1.0 - quantile))
+
+
+def self_noise(runs: Sequence[tuple[str, np.ndarray]], quantile: float) -> tuple[float, str]:
+    """How far the runs' statistic moves against themselves; see the module docstring.
+
+    ``runs`` are ``(label, values in step order)``. Returns the largest
+    ``|relative drop|`` among: first half vs second half of each run with at
+    least ``2 * _MIN_HALF`` steps, and every pair of runs labelled
+    ``baseline...``; and a text naming where it came from. 0.0 with
+    ``"no run long enough to split"`` when nothing could be measured.
+    """
+    found: list[tuple[float, str]] = []
+    for label, values in runs:
+        if len(values) >= 2 * _MIN_HALF:
+            half = len(values) // 2
+            first, second = fast_quantile(values[:half], quantile), fast_quantile(values[half:], quantile)
+            found.append((abs(relative_drop(first, second)), f"{label}: first half vs second half"))
+    bases = [(label, fast_quantile(v, quantile)) for label, v in runs if label.startswith("baseline")]
+    for (la, qa), (lb, qb) in combinations(bases, 2):
+        found.append((abs(relative_drop(qa, qb)), f"{la} vs {lb}"))
+    if not found:
+        return 0.0, "no run long enough to split"
+    return max(found, key=lambda t: t[0])
+
+
+def _validate(name: str, s: StepSamples) -> None:
+    if len(s.values) == 0:
+        raise AnalyzerError(f"{name}: no steady-state steps ({s.source})")
+    if not np.all(np.isfinite(s.values)):
+        raise AnalyzerError(f"{name}: non-finite {METRIC_LABELS[s.metric]} values ({s.source})")
+    if np.any(s.values <= 0):
+        raise AnalyzerError(f"{name}: {METRIC_LABELS[s.metric]} must be positive ({s.source})")
+
+
+def check_samples(
+    base: StepSamples | Sequence[StepSamples], cand: StepSamples, config: CheckConfig = CheckConfig()
+) -> CheckResult:
+    """Gate a candidate against one or more baselines; see the module docstring.
+
+    Raises AnalyzerError (exit 2 in the CLI) when the samples cannot decide:
+    different metrics, non-finite or non-positive values, or so few steps
+    that even a total separation could not be significant at ``alpha``
+    (a gate that cannot fail is no gate).
+    """
+    bases = [base] if isinstance(base, StepSamples) else list(base)
+    if not bases:
+        raise AnalyzerError("no baseline given")
+    for b in bases:
+        if b.metric != cand.metric:
+            raise AnalyzerError(
+                f"incompatible runs: baseline measures {METRIC_LABELS[b.metric]}, "
+                f"candidate {METRIC_LABELS[cand.metric]}"
+            )
+    labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
+    for label, b in zip(labels, bases):
+        _validate(label, b)
+    _validate("candidate", cand)
+    pooled = np.concatenate([b.values for b in bases])
+    n_base, n_cand = len(pooled), len(cand.values)
+    p_floor = min_one_sided_p(n_base, n_cand)
+    if p_floor >= config.alpha:
+        raise AnalyzerError(
+            f"too few steady-state steps ({n_base} baseline, {n_cand} candidate): the test "
+            f"cannot reach p < {config.alpha} (best possible p = {p_floor:.3g}); run more steps"
+        )
+    q = config.quantile
+    base_value, cand_value = fast_quantile(pooled, q), fast_quantile(cand.values, q)
+    drop = relative_drop(base_value, cand_value)
+    p_value = mann_whitney_less(pooled, cand.values)
+    noise, noise_source = self_noise([*zip(labels, (b.values for b in bases)), ("candidate", cand.values)], q)
+    exceeds = drop - config.max_drop > _DROP_ROUNDING
+    significant = p_value < config.alpha
+    beyond_noise = drop > noise
+    notes = []
+    if exceeds and significant and beyond_noise:
+        verdict: Verdict = "regression"
+    elif exceeds or noise - config.max_drop > _DROP_ROUNDING:
+        verdict = "inconclusive"
+        if exceeds and not significant:
+            notes.append(
+                f"the drop {drop:.1%} is beyond {config.max_drop:.1%}, but the step-to-step noise "
+                f"makes it not significant (p = {p_value:.3g} >= {config.alpha})"
+            )
+        elif exceeds:
+            notes.append(
+                f"the drop {drop:.1%} is beyond {config.max_drop:.1%}, but the runs move as much "
+                f"against themselves ({noise:.1%}, {noise_source})"
+            )
+        else:
+            notes.append(
+                f"the runs move {noise:.1%} against themselves ({noise_source}), more than the "
+                f"{config.max_drop:.1%} allowed: a regression of that size could have been missed"
+            )
+    else:
+        verdict = "pass"
+    return CheckResult(
+        verdict=verdict,
+        metric=cand.metric,
+        base_median=float(np.median(pooled)),
+        cand_median=cand.median,
+        base_value=base_value,
+        cand_value=cand_value,
+        quantile=q,
+        drop=drop,
+        max_drop=config.max_drop,
+        p_value=p_value,
+        alpha=config.alpha,
+        noise=noise,
+        noise_source=noise_source,
+        min_detectable_drop=max(config.max_drop, noise),
+        n_base=n_base,
+        n_cand=n_cand,
+        n_baselines=len(bases),
+        exceeds_threshold=exceeds,
+        significant=significant,
+        base_source="; ".join(b.source for b in bases),
+        cand_source=cand.source,
+        notes=notes,
+    )
+
+
+def samples_from_metrics(
+    metrics: pd.DataFrame,
+    *,
+    warmup_steps: int,
+    profiled_steps: list[int] | tuple[int, ...],
+    metric: Metric,
+    label: str,
+) -> StepSamples:
+    """Steady-state samples from a run directory's metrics table.
+
+    ``metrics`` has one row per (rank, step) with the ``reftrain.metrics/1``
+    fields. Steps ``< warmup_steps``, steps listed in ``profiled_steps`` and
+    rows flagged ``profiled`` are excluded (the profiler slows them). A
+    step's value is the mean over ranks of ``metric`` (``mfu`` or
+    ``tokens_per_s``); steps missing the metric on a rank are dropped.
+    """
+    if metrics is None or len(metrics) == 0:
+        raise AnalyzerError(f"{label}: no metrics records")
+    for col in ("rank", "step", metric):
+        if col not in metrics.columns:
+            raise AnalyzerError(f"{label}: metrics records lack the `{col}` field")
+    frame = metrics[["rank", "step", metric] + (["profiled"] if "profiled" in metrics.columns else [])]
+    keep = (frame["step"] >= warmup_steps) & ~frame["step"].isin(list(profiled_steps))
+    if "profiled" in frame.columns:
+        keep &= ~frame["profiled"].fillna(False).astype(bool)
+    steady = frame.loc[keep]
+    values = pd.to_numeric(steady[metric], errors="coerce")
+    steady = steady.assign(value=values).dropna(subset=["value"])
+    n_ranks = int(frame["rank"].nunique())
+    source = (
+        f"metrics JSONL, {n_ranks} rank(s), steps >= {warmup_steps} "
+        f"excluding {len(set(profiled_steps))} profiled step(s)"
+    )
+    if steady.empty:
+        raise AnalyzerError(f"{label}: no steady-state steps with `{metric}` ({source})")
+    per_step = steady.groupby("step", sort=True)["value"].mean()
+    return StepSamples(
+        metric=metric,
+        values=per_step.to_numpy(dtype=np.float64),
+        steps=per_step.index.to_numpy(dtype=np.int64),
+        source=f"{source}: {len(per_step)} step(s)",
+        n_ranks=n_ranks,
+    )
+
+
+def samples_from_steps(steps: pd.DataFrame, *, value_column: str, metric: Metric, label: str) -> StepSamples:
+    """Samples from a per-(rank, step) table of trace steps (ProfilerStep windows).
+
+    ``value_column`` is ``step_time_ms`` (converted to steps/s, so higher is
+    better) or a per-step MFU column; a step's value is the mean over ranks.
+    """
+    if steps is None or len(steps) == 0:
+        raise AnalyzerError(f"{label}: no ProfilerStep windows in the traces")
+    values = pd.to_numeric(steps[value_column], errors="coerce")
+    if value_column == "step_time_ms":
+        values = 1000.0 / values
+    frame = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "value": values.to_numpy()})
+    frame = frame.replace([np.inf, -np.inf], np.nan).dropna(subset=["value"])
+    if frame.empty:
+        raise AnalyzerError(f"{label}: no usable ProfilerStep durations")
+    per_step = frame.groupby("step", sort=True)["value"].mean()
+    n_ranks = int(frame["rank"].nunique())
+    return StepSamples(
+        metric=metric,
+        values=per_step.to_numpy(dtype=np.float64),
+        steps=per_step.index.to_numpy(dtype=np.int64),
+        source=f"ProfilerStep windows, {n_ranks} rank(s): {len(per_step)} step(s)",
+        n_ranks=n_ranks,
+    )
+
+
+# ----------------------------------------------------------------- runs
+@dataclass
+class GateOutcome:
+    """The gate's verdict on two analyzed runs plus what changed between them."""
+
+    result: CheckResult
+    comparison: "Comparison"
+    notes: list[str] = field(default_factory=list)
+    cpu: CheckResult | None = None  # the same gate on CPU time per step (CPU runs with ``cpu_ms``), else None
+
+    @property
+    def explanation(self) -> str:
+        """The paragraph ``analyzer check`` prints (:func:`explain`)."""
+        return explain(self)
+
+    def to_json(self) -> dict:
+        out = self.result.to_json()
+        out["notes"] = list(self.result.notes) + list(self.notes)
+        out["explanation"] = self.explanation
+        out["cpu_time"] = None if self.cpu is None else {
+            k: v for k, v in self.cpu.to_json().items() if k not in ("schema", "base_source", "cand_source")
+        }
+        out["compare"] = self.comparison.to_json()
+        return out
+
+
+def _model_identity(manifest: dict | None) -> dict:
+    manifest = manifest or {}
+    config = manifest.get("config") or {}
+    return {
+        "model": config.get("model"),
+        "params": (manifest.get("params") or {}).get("total"),
+        "flops_per_token": (manifest.get("flops") or {}).get("per_token"),
+    }
+
+
+def _describe_model(manifest: dict | None) -> str:
+    ident = _model_identity(manifest)
+    model = ident["model"] or {}
+    preset = model.get("preset", "?") if isinstance(model, dict) else "?"
+    return f"preset {preset}, {ident['params']} parameters"
+
+
+def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
+    """Raise AnalyzerError when the runs cannot be compared; return notes otherwise.
+
+    Incompatible: one is a reftrain run directory and the other a trace
+    folder (their step samples measure different things), or two run
+    directories of different models (model config, parameter count or
+    FLOPs per token differ). Differing world sizes or hardware are allowed
+    (MFU is per device) and noted, as are trace folders whose FLOPs per
+    step (from matmul shapes) differ by more than 1%.
+    """
+    if base.kind != cand.kind:
+        what = {"reftrain": "a reftrain run directory", "traces": "a trace folder"}
+        raise AnalyzerError(
+            f"incompatible runs: the baseline is {what[base.kind]}, the candidate {what[cand.kind]}"
+        )
+    notes: list[str] = []
+    if base.kind == "reftrain":
+        if _model_identity(base.manifest) != _model_identity(cand.manifest):
+            raise AnalyzerError(
+                f"incompatible runs: different model (baseline {_describe_model(base.manifest)}; "
+                f"candidate {_describe_model(cand.manifest)})"
+            )
+        bw, cw = (base.manifest or {}).get("world_size"), (cand.manifest or {}).get("world_size")
+        if bw != cw:
+            notes.append(f"world sizes differ (baseline {bw}, candidate {cw}); MFU is per device")
+        bh = ((base.manifest or {}).get("hardware") or {}).get("device_names")
+        ch = ((cand.manifest or {}).get("hardware") or {}).get("device_names")
+        if bh != ch:
+            notes.append(f"hardware differs (baseline {bh}, candidate {ch})")
+    else:
+        # Trace folders carry no model identity; the FLOPs per step from the
+        # matmul shapes are the closest thing to one.
+        bf, cf = base.mfu.flops_per_step, cand.mfu.flops_per_step
+        if bf and cf and abs(cf - bf) > 0.01 * bf:
+            notes.append(
+                f"FLOPs per step differ ({bf:.3g} vs {cf:.3g}): different workloads? MFU stays comparable, "
+                "throughput would not"
+            )
+    return notes
+
+
+def _mfu_samples(a: "RunAnalysis", label: str, scale: float = 1.0) -> StepSamples:
+    steps = a.mfu.steps.sort_values("step")  # step order: the noise estimate splits runs into halves
+    values = pd.to_numeric(steps["mfu"], errors="coerce").to_numpy(np.float64) * scale
+    ok = np.isfinite(values)
+    n_ranks = int(steps["n_ranks"].max()) if "n_ranks" in steps.columns and len(steps) else len(a.ranks)
+    where = a.mfu.step_time_source or a.mfu.source
+    if not ok.any():
+        raise AnalyzerError(f"{label}: no steady-state steps with an MFU ({where})")
+    return StepSamples("mfu", values[ok], steps["step"].to_numpy(np.int64)[ok], f"MFU per step, {where}", n_ranks)
+
+
+def run_samples(
+    base: "RunAnalysis", cand: "RunAnalysis", *more_bases: "RunAnalysis"
+) -> tuple[list[StepSamples], StepSamples, list[str]]:
+    """Steady-state samples of the baseline(s) and the candidate on a common metric, and notes on the choice.
+
+    MFU when all runs have it from the same source (run directories: the
+    manifest's FLOPs over the metrics records' step times; trace folders:
+    shape FLOPs over ProfilerStep windows); otherwise throughput: tokens/s
+    per rank from the metrics records, or steps/s from ProfilerStep windows.
+
+    When the runs' peaks were *measured* by reftrain on the same hardware
+    (CPU runs), every other run's MFU is recomputed with the first
+    baseline's peak: a measured peak differs a little from run to run, and
+    that difference is one constant factor on every step, which the test
+    would take for a real change.
+    """
+    notes: list[str] = []
+    others = [*more_bases, cand]
+    sources = {base.mfu.source, *(o.mfu.source for o in others)}
+    if base.mfu.source != "none" and len(sources) == 1:
+        out = []
+        for i, other in enumerate(others):
+            scale, scale_note = candidate_peak_scale(base, other)
+            if scale_note:
+                notes.append(scale_note if other is cand else scale_note.replace("candidate", f"baseline {i + 2}"))
+            label = "candidate" if other is cand else f"baseline {i + 2}"
+            out.append(_mfu_samples(other, label, scale))
+        return [_mfu_samples(base, "baseline"), *out[:-1]], out[-1], notes
+    everyone = [("baseline", base), *((f"baseline {i + 2}", b) for i, b in enumerate(more_bases)), ("candidate", cand)]
+    lacking = next(((label, a) for label, a in everyone if a.mfu.source == "none"), None)
+    why = (
+        f"MFU unavailable ({lacking[0]}: {lacking[1].mfu.reason})"
+        if lacking
+        else f"MFU sources differ ({', '.join(a.mfu.source for _, a in everyone)})"
+    )
+    if base.kind == "reftrain":
+        notes.append(f"{why}: gating on throughput (tokens/s per rank) instead")
+
+        def tokens(a: "RunAnalysis", label: str) -> StepSamples:
+            manifest = a.manifest or {}
+            return samples_from_metrics(
+                a.metrics,
+                warmup_steps=int(manifest.get("warmup_steps") or 0),
+                profiled_steps=list(manifest.get("profiled_steps") or []),
+                metric="tokens_per_s",
+                label=label,
+            )
+
+        samples = [tokens(a, label) for label, a in everyone]
+    else:
+        notes.append(f"{why}: gating on throughput (steps/s from ProfilerStep durations) instead")
+        samples = [
+            samples_from_steps(a.steps, value_column="step_time_ms", metric="steps_per_s", label=label)
+            for label, a in everyone
+        ]
+    return samples[:-1], samples[-1], notes
+
+
+def cpu_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
+    """Steps per CPU-second of a CPU run directory, or None when it has no CPU times.
+
+    From the metrics records' ``cpu_ms`` (the rank process's CPU time over
+    the step, all threads), steady-state steps as in
+    :func:`samples_from_metrics`; a step's value is ``1000 / cpu_ms`` of its
+    busiest rank (a straggler's extra work shows there, not in the mean).
+    None for trace folders, GPU runs (their work is not host CPU time) and
+    runs written before reftrain recorded ``cpu_ms``.
+    """
+    manifest = a.manifest or {}
+    if a.kind != "reftrain" or (manifest.get("hardware") or {}).get("device_type") != "cpu":
+        return None
+    m = a.metrics
+    if m is None or "cpu_ms" not in m.columns or len(m) == 0:
+        return None
+    warmup, profiled = int(manifest.get("warmup_steps") or 0), list(manifest.get("profiled_steps") or [])
+    keep = (m["step"] >= warmup) & ~m["step"].isin(profiled)
+    if "profiled" in m.columns:
+        keep &= ~m["profiled"].fillna(False).astype(bool)
+    cpu_ms = pd.to_numeric(m.loc[keep, "cpu_ms"], errors="coerce")
+    per_step = cpu_ms.groupby(m.loc[keep, "step"], sort=True).max()
+    if per_step.empty or not np.all(np.isfinite(per_step.to_numpy())) or (per_step <= 0).any():
+        return None
+    return StepSamples(
+        metric="cpu_steps_per_s",
+        values=1000.0 / per_step.to_numpy(dtype=np.float64),
+        steps=per_step.index.to_numpy(dtype=np.int64),
+        source=f"{label}: metrics cpu_ms, busiest rank, {len(per_step)} step(s)",
+        n_ranks=int(m["rank"].nunique()),
+    )
+
+
+def cpu_time_veto(result: CheckResult, cpu: CheckResult) -> CheckResult:
+    """A wall-clock regression that CPU time does not confirm becomes inconclusive.
+
+    Confirmed when the CPU-time statistic drops, with p < alpha, by more
+    than half the threshold and by more than half the wall-clock drop.
+    Extra work shows in CPU time at least as much as on the wall clock (a
+    step's CPU time is smaller than its wall time, which also holds waits),
+    so a real slowdown passes easily; a crowded machine inflates CPU time
+    too (caches, memory bandwidth), but far less than wall time: one
+    no-change pair on this machine at load average ~10 measured a 61 %
+    wall-clock drop with 19.5 % in CPU time. Otherwise the steps took
+    longer without doing that much more work: a busier machine during one
+    of the runs, or a slowdown that waits outside this process's CPU (a
+    sleep, I/O, another process). The gate cannot tell which, so it says
+    so instead of failing.
+    """
+    need = max(result.max_drop, result.drop) / 2
+    if not result.regression or (cpu.drop - need > _DROP_ROUNDING and cpu.significant):
+        return result
+    note = (
+        f"the step time grew but the CPU time per step did not confirm it ({cpu.statistic_label}: drop "
+        f"{cpu.drop:+.1%}, p = {cpu.p_value:.2g}): the machine was busier during one of the runs, or the "
+        "slowdown waits outside the CPU; rerun, or gate without CPU time (--no-cpu-time)"
+    )
+    from dataclasses import replace
+
+    return replace(result, verdict="inconclusive", notes=[*result.notes, note])
+
+
+def injected_notes(label: str, manifest: dict | None) -> list[str]:
+    """What reftrain injected into a run on purpose (run.json ``inject``), as notes for the explanation."""
+    inject = (manifest or {}).get("inject") or {}
+    measured = inject.get("measured") or {}
+    out = []
+    if inject.get("slowdown"):
+        factors = measured.get("compute_factor") or []
+        got = f" (measured {', '.join(f'{f:.2f}' for f in factors)} per rank)" if factors else ""
+        out.append(f"{label}: forward and backward slowed {inject['slowdown']:g}x on purpose (--inject-slowdown){got}")
+    if inject.get("slow_rank") is not None and inject.get("delay_ms"):
+        ms = measured.get("injected_ms") or []
+        got = f" (measured median {max(ms):.1f} ms per step)" if ms else ""
+        out.append(f"{label}: rank {inject['slow_rank']} delayed {inject['delay_ms']:g} ms per step on purpose "
+                   f"(--inject-slow-rank){got}")
+    return out
+
+
+def check(
+    baseline: "RunAnalysis | Sequence[RunAnalysis]",
+    candidate: "RunAnalysis",
+    *,
+    max_drop: float = 0.05,
+    alpha: float = 0.05,
+    quantile: float = 0.25,
+    cpu_time: bool = True,
+) -> GateOutcome:
+    """The CI gate on analyzed runs (``analyzer check``): one baseline or several.
+
+    Checks that every baseline can be compared with the candidate, takes
+    the steady-state samples (:func:`run_samples`), applies
+    :func:`check_samples`, and compares the first baseline with the
+    candidate for the explanation. Raises AnalyzerError when the runs are
+    incompatible or have too few steady-state steps.
+
+    CPU run directories with per-step CPU times (``cpu_ms``) are gated on
+    those too, and a wall-clock regression that CPU time does not confirm
+    is inconclusive (:func:`cpu_time_veto`); ``cpu_time=False`` turns that off.
+    """
+    from analyzer.verbs.compare import compare
+
+    config = CheckConfig(max_drop=max_drop, alpha=alpha, quantile=quantile)
+    bases = [baseline] if not isinstance(baseline, (list, tuple)) else list(baseline)
+    if not bases:
+        raise AnalyzerError("no baseline given")
+    notes: list[str] = []
+    for b in bases:
+        notes += [n for n in check_compatible(b, candidate) if n not in notes]
+    base_samples, cand_samples, sample_notes = run_samples(bases[0], candidate, *bases[1:])
+    result = check_samples(base_samples, cand_samples, config)
+    cpu_result = None
+    if cpu_time:
+        cpu_base = [cpu_samples(b, "baseline" if len(bases) == 1 else f"baseline {i + 1}") for i, b in enumerate(bases)]
+        cpu_cand = cpu_samples(candidate, "candidate")
+        if cpu_cand is not None and all(c is not None for c in cpu_base):
+            cpu_result = check_samples(cpu_base, cpu_cand, config)
+            result = cpu_time_veto(result, cpu_result)
+    if candidate.kind == "reftrain":
+        notes += injected_notes("candidate", candidate.manifest)
+        for i, b in enumerate(bases):
+            notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.manifest)
+    return GateOutcome(result=result, comparison=compare(bases[0], candidate), notes=notes + sample_notes, cpu=cpu_result)
+
+
+def _value_text(metric: str, value: float) -> str:
+    if metric == "mfu":
+        return f"{100 * value:.2f}%"
+    if metric == "tokens_per_s":
+        return f"{value:,.0f} tokens/s"
+    return f"{value:.3f} steps/s"
+
+
+# Kernel names from C++ templates run to thousands of characters (CUTLASS,
+# CUB); the paragraph keeps their head, where the distinguishing part is.
+KERNEL_NAME_MAX_CHARS = 80
+
+
+def short_kernel_name(name: str, max_chars: int = KERNEL_NAME_MAX_CHARS) -> str:
+    """A kernel name fit for one line of prose: at most ``max_chars`` characters.
+
+    Short names are returned as they are. Longer ones lose, in order: a
+    leading ``void `` (the return type of every demangled kernel), the
+    argument list (``(...)``, the same types as the template arguments),
+    then everything past ``max_chars - 1`` characters, replaced by ``…``.
+    The function's qualified name and the start of its template arguments,
+    which tell e.g. one CUTLASS GEMM from another, are what remains.
+    """
+    if len(name) <= max_chars:
+        return name
+    text = name[5:] if name.startswith("void ") else name
+    depth = 0
+    for i, ch in enumerate(text):  # the argument list starts at the first "(" outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and i > 0:
+            text = text[:i] + "(…)"
+            break
+    if len(text) <= max_chars:
+        return text
+    return text[: max_chars - 1].rstrip() + "…"
+
+
+def _signed_ms(d: "Delta", kernel: bool = False) -> str:
+    pct = f", {d.delta_pct:+.0f}%" if d.delta_pct is not None else ", new"
+    name = short_kernel_name(d.name) if kernel else d.name
+    return f"{name} {d.delta:+.1f} ms{pct}"
+
+
+def explain(outcome: GateOutcome) -> str:
+    """One paragraph: the verdict, the numbers behind it, and what got slower."""
+    r, c = outcome.result, outcome.comparison
+    runs = f"{r.n_base} vs {r.n_cand} steady-state steps" + (f", {r.n_baselines} baselines" if r.n_baselines > 1 else "")
+    head = (
+        f"{r.statistic_label} {_value_text(r.metric, r.base_value)} -> {_value_text(r.metric, r.cand_value)} "
+        f"(drop {r.drop:+.1%}, allowed {r.max_drop:.1%}; one-sided Mann-Whitney p = {r.p_value:.2g}, "
+        f"alpha {r.alpha}; runs' own noise {r.noise:.1%}; {runs})"
+    )
+    if r.regression:
+        text = f"Regression: {head}."
+    elif r.inconclusive:
+        text = f"Inconclusive, too noisy: {head}."
+        if r.exceeds_threshold:
+            text += " The drop exceeds the threshold but cannot be told from the runs' noise."
+        text += (f" The smallest drop these runs could show is {r.min_detectable_drop:.1%} ({r.noise_source});"
+                 " train more steps, or pass more baselines.")
+    elif r.drop > 0 and r.significant:
+        text = f"Within bounds: {head}; a significant but allowed slowdown."
+    else:
+        text = f"Within bounds: {head}."
+    if outcome.cpu is not None:
+        k = outcome.cpu
+        text += f" CPU time: {k.statistic_label} drop {k.drop:+.1%} (p = {k.p_value:.2g}, noise {k.noise:.1%})."
+    st = c.step_time
+    if st.base is not None and st.cand is not None:
+        text += f" Mean step time {st.base:.1f} -> {st.cand:.1f} ms ({st.delta:+.1f} ms"
+        text += f", {st.delta_pct:+.1f}%)." if st.delta_pct is not None else ")."
+    if r.regression or r.drop > 0:
+        grew = c.growing_phases(3)
+        if grew:
+            text += " Largest growth by phase: " + "; ".join(_signed_ms(d) for d in grew) + "."
+        kernels = c.growing_kernels(3)
+        if kernels:
+            text += " By kernel (per profiled step): " + "; ".join(_signed_ms(d, kernel=True) for d in kernels) + "."
+    for note in outcome.notes:
+        text += f" Note: {note}."
+    return text

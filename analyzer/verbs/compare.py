@@ -1,0 +1,383 @@
+"""What changed between two runs: phase, kernel, rank and MFU deltas.
+
+A pure function over two :class:`~analyzer.api.RunAnalysis` results
+(docs/cli.md, "compare"). Every delta is ``cand - base``; tables are sorted
+by ``|delta|``, largest first, so the top rows are the largest contributors.
+
+Phases (time per step, ms; **means**, so that the parts' deltas add up to
+the step-time delta, which medians do not):
+
+* reftrain run directories with metrics records: the steady-state steps of
+  ``metrics/rank*.jsonl`` (``step >= warmup_steps``, not profiled), mean
+  over ranks and steps of ``data_wait_ms``, ``forward_ms``,
+  ``backward_ms``, ``optimizer_ms``, ``grad_sync_ms`` and ``other`` (step
+  time minus those five: logging, the loss all-reduce, Python between
+  phases). These steps are not slowed by the profiler and there are more
+  of them than traced steps.
+* trace folders: the breakdown parts of every (rank, ProfilerStep) row
+  (docs/metrics.md, "Step breakdown"), mean over ranks and steps.
+
+Kernels (ms per profiled step): a kernel's (or, on CPU-only traces, a host
+op's) total time on a rank over the whole trace divided by that rank's
+number of ProfilerStep windows, mean over the ranks; from each run's top
+kernels list (50 per rank), where a name absent from one run counts as 0.
+
+MFU: the runs' medians (fractions), each the same figure the run shows
+everywhere else (``RunAnalysis.mfu.median``: report, runs page). When
+reftrain measured both peaks on the same hardware, the candidate's MFU is
+also given on the baseline's peak (``cand_on_base_peak``,
+:func:`candidate_peak_scale`), side by side with its own, and ``delta =
+cand - base`` and ``drop = (base - cand) / base`` (the CI gate's
+definition) use that comparable figure.
+
+Step time: ``step_time_median`` is each run's headline step time
+(``RunAnalysis.step_time``, docs/metrics.md "Step time"), the same number
+as in the run's own report; when one run has steady-state metrics steps
+and the other only profiled windows, both sides use their profiled
+windows, with a note. ``step_time`` is the **mean** over the phase table's
+rows (the phases add up to it), labelled as such wherever it is shown.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.mfu import steady_state
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
+
+SCHEMA = "analyzer.compare/1"
+METRICS_PHASES = ("data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms")
+# Columns of the steps table that are not breakdown parts.
+_STEP_META = ("rank", "step", "start_ns", "end_ns", "step_time_ms", "source", "comm_ms", "mfu")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One quantity in both runs; None where a run lacks it (then counted as 0 in ``delta``)."""
+
+    name: str
+    base: float | None
+    cand: float | None
+    kind: str | None = None  # kernels: compute, comm, memcpy, ... ; phases: None
+
+    @property
+    def delta(self) -> float:
+        return (self.cand or 0.0) - (self.base or 0.0)
+
+    @property
+    def delta_pct(self) -> float | None:
+        """Relative change in percent of the baseline; None when the baseline is 0 or absent."""
+        return 100.0 * self.delta / self.base if self.base else None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["delta"] = self.delta
+        out["delta_pct"] = self.delta_pct
+        return out
+
+
+@dataclass(frozen=True)
+class MfuDelta:
+    """MFU of both runs (fractions 0..1) and where each came from."""
+
+    base: float | None
+    cand: float | None  # the candidate's own MFU, as its report and the runs page show it
+    base_source: str
+    cand_source: str
+    cand_on_base_peak: float | None = None  # the candidate on the baseline's measured peak; None when not rescaled
+
+    @property
+    def cand_comparable(self) -> float | None:
+        """The candidate figure the deltas use: on the baseline's peak when rescaled, else its own."""
+        return self.cand_on_base_peak if self.cand_on_base_peak is not None else self.cand
+
+    @property
+    def delta(self) -> float | None:
+        cand = self.cand_comparable
+        return None if self.base is None or cand is None else cand - self.base
+
+    @property
+    def drop(self) -> float | None:
+        """``(base - cand) / base``: 0.1 means the candidate's MFU is 10% lower (comparable figure)."""
+        cand = self.cand_comparable
+        return None if self.base is None or cand is None or self.base == 0 else (self.base - cand) / self.base
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["cand_comparable"] = self.cand_comparable
+        out["delta"] = self.delta
+        out["drop"] = self.drop
+        return out
+
+
+@dataclass
+class Comparison:
+    """Result of :func:`compare`; :meth:`to_json` gives schema ``analyzer.compare/1``."""
+
+    base_path: str
+    cand_path: str
+    step_time: Delta  # mean ms per step, same steps and source as ``phases``
+    step_time_median: Delta  # each run's headline step time (RunAnalysis.step_time), ms
+    phase_source: str
+    phases: list[Delta]  # sorted by |delta| desc; deltas sum to step_time.delta
+    kernel_source: str
+    kernels: list[Delta]  # ms per profiled step, sorted by |delta| desc
+    ranks: list[Delta]  # per-rank median step time (ms), by rank: steady-state metrics steps when both runs have them
+    mfu: MfuDelta
+    notes: list[str] = field(default_factory=list)
+
+    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
+        from analyzer.verbs.notebook import compare_html
+
+        return compare_html(self)
+
+    def growing_phases(self, n: int = 3) -> list[Delta]:
+        """The ``n`` phases that grew the most (positive delta), largest first."""
+        return sorted((d for d in self.phases if d.delta > 0), key=lambda d: -d.delta)[:n]
+
+    def growing_kernels(self, n: int = 3) -> list[Delta]:
+        """The ``n`` kernels that grew the most (positive delta), largest first."""
+        return sorted((d for d in self.kernels if d.delta > 0), key=lambda d: -d.delta)[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        return _finite(
+            {
+                "schema": SCHEMA,
+                "base": self.base_path,
+                "cand": self.cand_path,
+                "step_time_ms": self.step_time.to_json(),
+                "step_time_median_ms": self.step_time_median.to_json(),
+                "phase_source": self.phase_source,
+                "phases": [d.to_json() for d in self.phases],
+                "kernel_source": self.kernel_source,
+                "kernels": [d.to_json() for d in self.kernels],
+                "ranks": [d.to_json() for d in self.ranks],
+                "mfu": self.mfu.to_json(),
+                "notes": list(self.notes),
+            }
+        )
+
+
+def _finite(x: Any) -> Any:
+    """NaN/inf to None and numpy scalars to Python, recursively."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(float(x)) else None
+    return x
+
+
+def _by_abs_delta(deltas: list[Delta]) -> list[Delta]:
+    return sorted(deltas, key=lambda d: (-abs(d.delta), d.name))
+
+
+def _path_text(a: "RunAnalysis") -> str:
+    return ", ".join(str(p) for p in a.path) if isinstance(a.path, list) else str(a.path)
+
+
+# ----------------------------------------------------------------- phases
+def _metrics_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
+    """Steady-state metrics rows with the five phases plus ``other_ms``; None when unusable."""
+    metrics = a.metrics
+    if metrics is None or metrics.empty or not {"rank", "step", "step_time_ms"} <= set(metrics.columns):
+        return None
+    manifest = a.manifest or {}
+    steady = steady_state(metrics, int(manifest.get("warmup_steps") or 0), list(manifest.get("profiled_steps") or []))
+    if steady.empty:
+        return None
+    cols = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
+    for phase in METRICS_PHASES:
+        cols[phase] = pd.to_numeric(steady[phase], errors="coerce") if phase in steady.columns else 0.0
+    table = pd.DataFrame(cols, index=steady.index).fillna(0.0)
+    table["other_ms"] = table["step_time_ms"] - table[list(METRICS_PHASES)].sum(axis=1)
+    return table
+
+
+def _trace_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
+    steps = a.steps
+    if steps is None or steps.empty:
+        return None
+    parts = [c for c in steps.columns if c not in _STEP_META and c.endswith("_ms")]
+    return steps[["step_time_ms"] + parts].astype(float)
+
+
+def _phase_tables(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[pd.DataFrame | None, pd.DataFrame | None, str]:
+    mb, mc = _metrics_phase_table(base), _metrics_phase_table(cand)
+    if mb is not None and mc is not None:
+        return mb, mc, "metrics JSONL, steady-state steps (warmup and profiled steps excluded), mean over ranks and steps"
+    tb, tc = _trace_phase_table(base), _trace_phase_table(cand)
+    sources = {str(s) for a in (base, cand) if a.steps is not None and not a.steps.empty for s in a.steps["source"].unique()}
+    timeline = " and ".join(sorted(sources)) or "no"
+    return tb, tc, f"trace breakdown ({timeline} timeline), ProfilerStep windows, mean over ranks and steps"
+
+
+def _phase_deltas(tb: pd.DataFrame | None, tc: pd.DataFrame | None) -> tuple[Delta, Delta, list[Delta]]:
+    def mean(t: pd.DataFrame | None, col: str) -> float | None:
+        return float(t[col].mean()) if t is not None and col in t.columns and len(t) else None
+
+    def median(t: pd.DataFrame | None, col: str) -> float | None:
+        return float(t[col].median()) if t is not None and col in t.columns and len(t) else None
+
+    names: list[str] = []
+    for t in (tb, tc):
+        if t is not None:
+            names += [c for c in t.columns if c != "step_time_ms" and c not in names]
+    phases = [Delta(n.removesuffix("_ms"), mean(tb, n), mean(tc, n)) for n in names]
+    step = Delta("step_time", mean(tb, "step_time_ms"), mean(tc, "step_time_ms"))
+    step_median = Delta("step_time_median", median(tb, "step_time_ms"), median(tc, "step_time_ms"))
+    return step, step_median, _by_abs_delta(phases)
+
+
+def _headline_step_times(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[Delta, str | None]:
+    """Both runs' headline step times, or both profiled-window ones when the headlines cover different steps."""
+    b, c = base.step_time, cand.step_time
+    if b.source == c.source or b.ms is None or c.ms is None:
+        return Delta("step_time_median", b.ms, c.ms), None
+    note = (
+        f"step time: the baseline's headline covers {b.label}, the candidate's {c.label}; "
+        f"compared over both runs' profiled windows instead"
+    )
+    return Delta("step_time_median", b.profiled_ms, c.profiled_ms), note
+
+
+# ----------------------------------------------------------------- kernels
+def _kernel_ms_per_step(a: "RunAnalysis") -> pd.DataFrame:
+    """name, kind, ms_per_step (mean over ranks), from the top-kernels table."""
+    k = a.kernels
+    if k is None or k.empty:
+        return pd.DataFrame({"name": [], "kind": [], "ms_per_step": []})
+    n_steps = a.steps.groupby("rank").size() if a.steps is not None and not a.steps.empty else pd.Series(dtype=float)
+    ranks = sorted(int(r) for r in k["rank"].unique())
+    frame = k[["rank", "name", "kind", "total_ms"]].copy()
+    frame["name"] = frame["name"].astype(str)
+    # A trace without ProfilerStep windows counts as one window.
+    frame["per_step"] = frame["total_ms"].astype(float) / frame["rank"].map(n_steps).fillna(1).clip(lower=1).astype(float)
+    grouped = frame.groupby("name", sort=False).agg(kind=("kind", "first"), total=("per_step", "sum"))
+    grouped["ms_per_step"] = grouped["total"] / len(ranks)  # ranks lacking a kernel contribute 0
+    return grouped.reset_index()[["name", "kind", "ms_per_step"]]
+
+
+def _has_kernels(a: "RunAnalysis") -> bool:
+    return a.kernels is not None and not a.kernels.empty
+
+
+def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) -> tuple[list[Delta], str]:
+    kb, kc = _kernel_ms_per_step(base), _kernel_ms_per_step(cand)
+    joined = kb.merge(kc, on="name", how="outer", suffixes=("_base", "_cand"))
+    deltas = [
+        Delta(
+            name=row.name,
+            base=float(row.ms_per_step_base) if pd.notna(row.ms_per_step_base) else 0.0,
+            cand=float(row.ms_per_step_cand) if pd.notna(row.ms_per_step_cand) else 0.0,
+            kind=str(row.kind_base if pd.notna(row.kind_base) else row.kind_cand),
+        )
+        for row in joined.itertuples(index=False)
+    ]
+    sources = {str(s) for a in (base, cand) if a.kernels is not None and not a.kernels.empty for s in a.kernels["source"].unique()}
+    what = "host ops (inclusive time)" if sources == {"host"} else "device kernels" if sources == {"device"} else "kernels and host ops"
+    source = f"{what}, ms per profiled step, mean over ranks"
+    deltas = _by_abs_delta(deltas)
+    return (deltas if top is None else deltas[:top]), source
+
+
+# ----------------------------------------------------------------- MFU
+def _measured_peak(a: "RunAnalysis") -> float | None:
+    """The run's peak when reftrain measured it on the machine (not a datasheet or an override)."""
+    if a.mfu.source == "manifest" and a.mfu.peak_source == "measured":
+        return a.mfu.peak_flops_per_s
+    return None
+
+
+def _hardware(a: "RunAnalysis") -> tuple:
+    hw = (a.manifest or {}).get("hardware") or {}
+    return (hw.get("device_type"), hw.get("cpu_model"), tuple(hw.get("device_names") or ()))
+
+
+def candidate_peak_scale(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[float, str | None]:
+    """Factor that puts the candidate's MFU on the baseline's peak, and a note saying so.
+
+    When reftrain *measured* both runs' peaks (CPU runs, GPUs missing from
+    its table) on the same hardware, the two measurements differ by noise
+    (tens of percent on a busy CPU), and that difference would be one
+    constant factor on every step of the candidate. The candidate's MFU is
+    then recomputed with the baseline's peak: ``mfu * cand_peak / base_peak``.
+    Otherwise 1.0 and no note.
+    """
+    bp, cp = _measured_peak(base), _measured_peak(cand)
+    if not bp or not cp or bp == cp or _hardware(base) != _hardware(cand):
+        return 1.0, None
+    note = (
+        f"candidate MFU recomputed with the baseline's measured peak ({bp / 1e9:.1f} GFLOP/s; the candidate "
+        f"measured {cp / 1e9:.1f}), so that peak-measurement noise is not read as a change"
+    )
+    return cp / bp, note
+
+
+# ----------------------------------------------------------------- compare
+def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -> Comparison:
+    """Deltas from ``base`` to ``cand`` (see the module docstring for definitions).
+
+    ``top`` limits the kernel list (None: all kernels of both top lists).
+    Never raises on missing data: a side without a table gives empty deltas
+    and a note.
+    """
+    notes: list[str] = []
+    tb, tc, phase_source = _phase_tables(base, cand)
+    step, _, phases = _phase_deltas(tb, tc)
+    step_median, step_note = _headline_step_times(base, cand)
+    if step_note:
+        notes.append(step_note)
+    if tb is None or tc is None:
+        notes.append("phases: one run has no steps to compare (" + ("baseline" if tb is None else "candidate") + ")")
+    base_sources = set(base.steps["source"].unique()) if base.steps is not None and not base.steps.empty else set()
+    cand_sources = set(cand.steps["source"].unique()) if cand.steps is not None and not cand.steps.empty else set()
+    if "trace breakdown" in phase_source and base_sources and cand_sources and base_sources != cand_sources:
+        notes.append(
+            f"the runs' breakdowns come from different timelines ({', '.join(sorted(base_sources))} vs "
+            f"{', '.join(sorted(cand_sources))}); their parts do not correspond"
+        )
+    if _has_kernels(base) and _has_kernels(cand):
+        kernels, kernel_source = _kernel_deltas(base, cand, top)
+    else:
+        missing = " and ".join(n for n, a in (("baseline", base), ("candidate", cand)) if not _has_kernels(a))
+        kernels, kernel_source = [], "none"
+        notes.append(f"no kernel deltas: the {missing} has no trace")
+    # Run directories: steady-state metrics steps on both sides (a run
+    # profiled in one and not the other would otherwise compare profiled
+    # windows with unprofiled steps); else the ProfilerStep medians.
+    steady = all(r.steady_step_time_ms is not None for a in (base, cand) for r in a.ranks)
+    base_ranks = {r.rank: r.steady_step_time_ms if steady else r.step_time_ms for r in base.ranks}
+    cand_ranks = {r.rank: r.steady_step_time_ms if steady else r.step_time_ms for r in cand.ranks}
+    ranks = [Delta(f"rank {r}", base_ranks.get(r), cand_ranks.get(r)) for r in sorted(set(base_ranks) | set(cand_ranks))]
+    if set(base_ranks) != set(cand_ranks):
+        notes.append(f"different ranks: baseline {sorted(base_ranks)}, candidate {sorted(cand_ranks)}")
+    scale, scale_note = candidate_peak_scale(base, cand)
+    rescaled = None if cand.mfu.median is None or scale == 1.0 else cand.mfu.median * scale
+    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source, rescaled)
+    if scale_note:
+        notes.append(scale_note)
+    if base.mfu.source != cand.mfu.source:
+        notes.append(f"MFU sources differ (baseline {base.mfu.source}, candidate {cand.mfu.source})")
+    return Comparison(
+        base_path=_path_text(base),
+        cand_path=_path_text(cand),
+        step_time=step,
+        step_time_median=step_median,
+        phase_source=phase_source,
+        phases=phases,
+        kernel_source=kernel_source,
+        kernels=kernels,
+        ranks=ranks,
+        mfu=mfu,
+        notes=notes,
+    )

@@ -1,0 +1,166 @@
+"""Run history: the headline figures of every run in a folder, in order, with
+the CI gate's verdict between consecutive runs and change points marked.
+
+Order (``by``): ``time`` sorts reftrain runs by the manifest's
+``start_time``; ``commit`` does the same, then keeps the latest run of each
+git commit (``git.sha``; runs without one are kept), so consecutive points
+are consecutive commits as they were run. Per run: MFU (median,
+``RunAnalysis.mfu``), step time (``RunAnalysis.step_time``), tokens/s
+(``analyzer.metrics.throughput``, median). Between a run and the one before it:
+``verdict`` is ``analyzer.verbs.check.check(previous, run)`` (pass, regression,
+inconclusive), or ``verdict_error`` when the gate cannot judge the pair
+(different models, ...). A run is a *change point* when the gate finds a
+significant change in either direction: a regression against the previous
+run, or the previous run a regression against it (``check(run, previous)``,
+an improvement). Folders of traces have no start time or token counts and
+are left out (``skipped``, with the reason), as are runs that cannot be read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from analyzer.errors import AnalyzerError
+
+Order = Literal["time", "commit"]
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    run: str
+    start_time: str
+    commit: str | None
+    dirty: bool | None
+    mfu: float | None
+    step_time_ms: float | None
+    tokens_per_s: float | None
+    verdict: str | None = None  # vs the previous point; None for the first
+    verdict_error: str | None = None
+    explanation: str | None = None
+    change_point: bool = False
+    direction: Literal["slower", "faster"] | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    by: Order
+    points: list[HistoryPoint]
+    skipped: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"schema": "analyzer.history/1", "by": self.by, "points": [asdict(p) for p in self.points],
+                "skipped": list(self.skipped)}
+
+
+def history(runs_dir: Path, by: Order = "time") -> History:
+    """The history of the reftrain runs directly under ``runs_dir`` (see module doc)."""
+    from analyzer.api import analyze
+    from analyzer.verbs.check import check, explain
+    from analyzer.ingest.locate import is_run_dir
+    from analyzer.metrics.throughput import throughput
+
+    if by not in ("time", "commit"):
+        raise AnalyzerError(f"history: --by must be time or commit, not {by!r}")
+    if not runs_dir.is_dir():
+        raise AnalyzerError(f"{runs_dir}: not a folder of runs")
+    analyzed, skipped = [], []
+    for path in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not is_run_dir(path):
+            skipped.append(f"{path.name}: not a reftrain run directory (no run.json)")
+            continue
+        try:
+            a = analyze(path)
+        except AnalyzerError as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
+        start = (a.manifest or {}).get("start_time")
+        if not start:
+            skipped.append(f"{path.name}: run.json has no start_time")
+            continue
+        analyzed.append((str(start), path.name, a))
+    analyzed.sort(key=lambda t: (t[0], t[1]))
+    if by == "commit":
+        latest: dict[str, int] = {}
+        for i, (_, _, a) in enumerate(analyzed):
+            sha = ((a.manifest or {}).get("git") or {}).get("sha")
+            if sha:
+                latest[sha] = i
+        analyzed = [t for i, t in enumerate(analyzed)
+                    if not ((t[2].manifest or {}).get("git") or {}).get("sha")
+                    or latest[t[2].manifest["git"]["sha"]] == i]
+    points: list[HistoryPoint] = []
+    prev = None
+    for start, name, a in analyzed:
+        git = (a.manifest or {}).get("git") or {}
+        fields: dict[str, Any] = {}
+        if prev is not None:
+            try:
+                forward = check(prev, a)
+                fields.update(verdict=forward.result.verdict, explanation=explain(forward))
+                if forward.result.regression:
+                    fields.update(change_point=True, direction="slower")
+                elif check(a, prev).result.regression:
+                    fields.update(change_point=True, direction="faster")
+            except AnalyzerError as exc:
+                fields.update(verdict_error=str(exc))
+        points.append(HistoryPoint(
+            run=name, start_time=start, commit=git.get("sha"), dirty=git.get("dirty"),
+            mfu=a.mfu.median if a.mfu.source != "none" else None, step_time_ms=a.step_time.ms,
+            tokens_per_s=throughput(a.manifest, a.metrics).median, **fields))
+        prev = a
+    return History(by, points, skipped)
+
+
+def history_text(h: History) -> str:
+    """The table ``analyzer history`` prints."""
+    from analyzer.verbs.report import format_table
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""), num(p.mfu and 100 * p.mfu, ".2f"),
+             num(p.step_time_ms, ".1f"), num(p.tokens_per_s, ".1f"),
+             p.verdict or ("-" if p.verdict_error is None else "cannot judge"),
+             f"CHANGE ({p.direction})" if p.change_point else ""] for p in h.points]
+    out = [f"Run history ({len(h.points)} run(s), by {h.by}); verdict: the CI gate from the previous run",
+           format_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "verdict", "change point"], rows,
+                        left=(0, 1, 2, 6, 7))]
+    out += [f"  {p.run}: gate cannot judge: {p.verdict_error}" for p in h.points if p.verdict_error]
+    out += [f"  skipped {s}" for s in h.skipped]
+    return "\n".join(out)
+
+
+def history_html(h: History) -> str:
+    """A self-contained HTML page: MFU, step time and tokens/s per run (change points marked) and the table."""
+    import html
+
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from analyzer.verbs.report import _figure_html, _html_table, html_page
+
+    names = [p.run for p in h.points]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=("MFU (%)", "step time (ms)", "tokens/s"))
+    series = [[None if p.mfu is None else 100 * p.mfu for p in h.points], [p.step_time_ms for p in h.points],
+              [p.tokens_per_s for p in h.points]]
+    for row, ys in enumerate(series, 1):
+        fig.add_scatter(x=names, y=ys, mode="lines+markers", showlegend=False, row=row, col=1)
+        for colour, direction in (("#d62728", "slower"), ("#2ca02c", "faster")):
+            pts = [(n, y) for n, y, p in zip(names, ys, h.points) if p.change_point and p.direction == direction]
+            if pts:
+                fig.add_scatter(x=[n for n, _ in pts], y=[y for _, y in pts], mode="markers", name=f"change ({direction})",
+                                marker=dict(symbol="triangle-up", size=14, color=colour), showlegend=row == 1, row=row, col=1)
+    fig.update_layout(height=720, title=f"Run history by {h.by} (change points: the CI gate finds a significant change)")
+    rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""),
+             "-" if p.mfu is None else f"{100 * p.mfu:.2f}", "-" if p.step_time_ms is None else f"{p.step_time_ms:.1f}",
+             "-" if p.tokens_per_s is None else f"{p.tokens_per_s:.1f}",
+             p.verdict or ("cannot judge" if p.verdict_error else "-"), p.direction if p.change_point else ""]
+            for p in h.points]
+    body = ["<h1>Run history</h1>", _figure_html(fig),
+            _html_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "verdict", "change point"], rows,
+                        left=(0, 1, 2, 6, 7))]
+    body += [f"<p class=\"note\">skipped {html.escape(s)}</p>" for s in h.skipped]
+    return html_page("analyzer history", "\n".join(body))

@@ -1,0 +1,228 @@
+"""Suggestions: the records a rule returns, the rule registry, and the ranking.
+
+A *rule* is a small function ``rule(facts: RunFacts) -> Suggestion | None``
+(one per module section in ``analyzer/verbs/suggest/rules_*.py``). It fires when
+its trigger passes a named, documented threshold, and then returns a
+:class:`Suggestion` with
+
+* ``evidence``: the measured numbers that fired it (names carry units);
+* ``change``: the exact reftrain override(s) (``--set train.micro_batch_size=16``)
+  and the same advice in plain PyTorch terms for foreign traces;
+* ``predicted``: a what-if estimate on the measured timeline (step time,
+  tokens/s and MFU before and after, see ``analyzer/verbs/suggest/whatif.py``);
+* ``confidence``: ``high``, ``medium`` or ``low`` (docs/suggestions.md says
+  what each rule's confidence rests on).
+
+:func:`suggest` runs every rule of :data:`RULES` and ranks the results:
+suggestions with a change to make before diagnoses (which only explain),
+then by predicted throughput gain, largest first. docs/suggestions.md is the
+reference of every rule.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
+    from analyzer.verbs.suggest.facts import RunFacts
+
+SCHEMA = "analyzer.suggestions/1"
+Confidence = Literal["high", "medium", "low"]
+_CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
+
+
+def _num(x: Any) -> Any:
+    """JSON-safe number: NaN and inf become None; numpy scalars become Python ones."""
+    if x is None or isinstance(x, bool):
+        return x
+    if isinstance(x, int):
+        return x
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return x
+    if not math.isfinite(f):
+        return None
+    return int(f) if isinstance(x, int) else f
+
+
+def format_value(value: Any) -> str:
+    """A config value as ``--set`` (YAML) text: true/false, null, numbers without a trailing .0."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What to change. ``overrides`` maps reftrain config keys (``section.key``) to new values.
+
+    ``overrides`` is empty when reftrain has no knob for it (or for foreign
+    traces the rule could not name one); ``advice`` always says it in plain
+    PyTorch terms.
+    """
+
+    overrides: dict[str, Any]
+    advice: str
+
+    def set_args(self) -> list[str]:
+        """``["--set", "k=v", ...]`` for the reftrain command line."""
+        out: list[str] = []
+        for key, value in self.overrides.items():
+            out += ["--set", f"{key}={format_value(value)}"]
+        return out
+
+    def command(self, config_path: str | None, nproc: int | None = None) -> str | None:
+        """A copy-paste ``reftrain`` command applying the change to a run's saved config; None without overrides."""
+        if not self.overrides or config_path is None:
+            return None
+        launch = ["--nproc", str(nproc)] if nproc and nproc > 1 else []
+        return shlex.join(["reftrain", *launch, "--config", config_path, *self.set_args()])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overrides": dict(self.overrides), "set_args": self.set_args(), "advice": self.advice}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A what-if estimate: the step before and after the change, on the measured timeline.
+
+    ``tokens_per_step`` is global (all ranks); it changes when the micro-batch
+    or accumulation does. ``gain`` is the relative throughput gain,
+    ``(tokens_after / step_after) / (tokens_before / step_before) - 1``; MFU
+    (and tokens/s, when known) scale by ``1 + gain`` because the model FLOPs
+    per token do not change. ``method`` states the what-if in one sentence.
+    ``scope`` is ``steady-state step`` for all rules except those that act
+    on the whole run's wall time (the profiler window).
+    """
+
+    step_time_ms_before: float
+    step_time_ms_after: float
+    tokens_per_step_before: float | None
+    tokens_per_step_after: float | None
+    mfu_before: float | None
+    mfu_after: float | None
+    tokens_per_s_before: float | None
+    tokens_per_s_after: float | None
+    method: str
+    scope: str = "steady-state step"
+    work_ratio: float = 1.0  # work per step after / before (batch growth) when tokens are unknown (traces)
+
+    @property
+    def gain(self) -> float:
+        """Relative throughput gain (0.25 = 25 % more tokens, or work, per second)."""
+        if self.step_time_ms_after <= 0 or self.step_time_ms_before <= 0:
+            return 0.0
+        if self.tokens_per_step_before and self.tokens_per_step_after:
+            work = self.tokens_per_step_after / self.tokens_per_step_before
+        else:
+            work = self.work_ratio
+        return work * self.step_time_ms_before / self.step_time_ms_after - 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_time_ms": {"before": _num(self.step_time_ms_before), "after": _num(self.step_time_ms_after)},
+            "tokens_per_step": {"before": _num(self.tokens_per_step_before), "after": _num(self.tokens_per_step_after)},
+            "tokens_per_s": {"before": _num(self.tokens_per_s_before), "after": _num(self.tokens_per_s_after)},
+            "mfu": {"before": _num(self.mfu_before), "after": _num(self.mfu_after)},
+            "gain": _num(self.gain),
+            "work_ratio": _num(self.work_ratio),
+            "method": self.method,
+            "scope": self.scope,
+        }
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One rule's finding. ``kind`` ``change`` proposes a change; ``diagnosis`` explains (no single change)."""
+
+    rule: str
+    title: str
+    trigger: str  # the threshold test that fired, with the measured value
+    evidence: dict[str, Any]
+    change: Change
+    predicted: Prediction | None
+    confidence: Confidence
+    kind: Literal["change", "diagnosis"] = "change"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def gain(self) -> float:
+        """Predicted relative throughput gain in the steady state (0 without a prediction)."""
+        if self.predicted is None or self.predicted.scope != "steady-state step":
+            return 0.0
+        return self.predicted.gain
+
+    def to_json(self, config_path: str | None = None, nproc: int | None = None) -> dict[str, Any]:
+        """The report's ``suggestions[]`` entry: ``rule``, ``evidence``, ``change``, ``predicted``, ...
+
+        ``change.command`` is the copy-paste reftrain command (``config_path``
+        is the run's config.yaml, ``nproc`` its world size); None for advice.
+        """
+        change = self.change.to_json()
+        change["command"] = self.change.command(config_path, nproc)
+        return {
+            "rule": self.rule,
+            "title": self.title,
+            "kind": self.kind,
+            "trigger": self.trigger,
+            "evidence": {k: _num(v) for k, v in self.evidence.items()},
+            "change": change,
+            "predicted": None if self.predicted is None else self.predicted.to_json(),
+            "confidence": self.confidence,
+            "notes": list(self.notes),
+        }
+
+
+Rule = Callable[["RunFacts"], "Suggestion | None"]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    """Register a rule function (its name, without ``rule_``, is the rule id)."""
+    RULES.append(fn)
+    return fn
+
+
+def rank(suggestions: list[Suggestion]) -> list[Suggestion]:
+    """Changes before diagnoses; then predicted steady-state gain (largest first), confidence, rule id."""
+    return sorted(
+        suggestions,
+        key=lambda s: (s.kind != "change", -round(s.gain, 6), _CONFIDENCE_ORDER[s.confidence], s.rule),
+    )
+
+
+def suggest(ra: "RunAnalysis") -> list[Suggestion]:
+    """Every rule that fires on this run, ranked (see :func:`rank`). Pure: reads only ``ra``."""
+    from analyzer.verbs.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory  # noqa: F401 (registration)
+    from analyzer.verbs.suggest.facts import run_facts
+
+    memo = getattr(ra, "derived", None)
+    if memo is not None and "suggestions" in memo:
+        return list(memo["suggestions"])
+    facts = run_facts(ra)
+    ranked = rank([s for s in (r(facts) for r in RULES) if s is not None])
+    if memo is not None:
+        memo["suggestions"] = list(ranked)
+    return ranked
+
+
+def suggestions_json(suggestions: list[Suggestion], config_path: str | None = None,
+                     nproc: int | None = None) -> list[dict[str, Any]]:
+    """``suggestions[]`` of the report JSON, in rank order."""
+    return [s.to_json(config_path, nproc) for s in suggestions]
+
+
+def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
+    """The report's ``suggestions[]`` for a run: ranked, with copy-paste commands (one call for api/report/dashboard)."""
+    from analyzer.verbs.suggest.facts import run_facts
+
+    facts = run_facts(ra)
+    return suggestions_json(suggest(ra), facts.config_path, facts.world_size)

@@ -1,0 +1,243 @@
+"""What-if estimates on the measured timeline: the step after a change (pure functions).
+
+Each function takes measured numbers (ms) and returns the predicted step
+time; :func:`prediction` turns a before/after pair into a
+:class:`~analyzer.suggest.engine.Prediction` with tokens/s and MFU. The
+models, their assumptions and the constants' calibration are in
+docs/suggestions.md ("What-if models").
+
+The constants below were calibrated on the 2-core development machine
+(bench/bench_suggest.py, docs/suggestions.md "Calibration"); nothing here
+was calibrated on a GPU (none was available).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from analyzer.verbs.suggest.engine import Prediction
+
+if TYPE_CHECKING:
+    from analyzer.verbs.suggest.facts import RunFacts
+
+# Asymptotic efficiency of the per-token work of a training step on CPU,
+# relative to the run's measured matmul peak (reftrain's 1024^3 fp32 matmul):
+# the MFU a model of this width reaches at large micro-batch, the reference of
+# rule mfu_gap. eta grows with the width of the matrices. Measured with
+# `bench/bench_suggest.py --calibrate` (forward+backward at micro-batch 4 and
+# 16 and the peak matmul, interleaved round by round, one rank's thread; four
+# sessions on the development machine): d_model 64: 0.30-0.34; 128:
+# 0.52-0.62; 256: 0.75-0.80 (docs/suggestions.md). Interpolated in
+# log2(d_model), clamped outside.
+CPU_ETA_POINTS = ((64, 0.32), (128, 0.57), (256, 0.75))
+
+
+def _log_interp(points: tuple[tuple[int, float], ...], d_model: int | None) -> float:
+    """Piecewise linear in log2(d_model) through ``(d_model, value)`` points, clamped at both ends."""
+    if not d_model or d_model <= points[0][0]:
+        return points[0][1]
+    if d_model >= points[-1][0]:
+        return points[-1][1]
+    for (d0, e0), (d1, e1) in zip(points, points[1:]):
+        if d_model <= d1:
+            frac = (math.log2(d_model) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+            return e0 + frac * (e1 - e0)
+    return points[-1][1]
+
+
+def cpu_eta(d_model: int | None) -> float:
+    """Per-token efficiency on CPU for a model of this width (see :data:`CPU_ETA_POINTS`)."""
+    return _log_interp(CPU_ETA_POINTS, d_model)
+
+
+def prediction(
+    f: "RunFacts",
+    step_after_ms: float,
+    method: str,
+    *,
+    tokens_per_step_after: float | None = None,
+    work_ratio: float = 1.0,
+    peak_ratio: float = 1.0,
+    scope: str = "steady-state step",
+    step_before_ms: float | None = None,
+) -> Prediction:
+    """A Prediction from the run's measured step and the what-if step.
+
+    Throughput scales by ``work / (step_after / step)``, with ``work`` the
+    tokens per step after over before (or ``work_ratio`` when the run has
+    no token count). MFU scales the same way, times ``peak_ratio`` (old
+    peak / new peak) when the change moves the run to another peak (a
+    precision change). Model FLOPs per token are unchanged by every change
+    the rules propose. ``step_before_ms`` replaces the steady step for
+    predictions of another scope (the run's mean step).
+    """
+    before = float(step_before_ms if step_before_ms is not None else f.step_time_ms)
+    tokens_before = f.tokens_per_step
+    tokens_after = tokens_per_step_after if tokens_per_step_after is not None else tokens_before
+    work = (tokens_after / tokens_before) if (tokens_before and tokens_after) else work_ratio
+    ratio = work * before / step_after_ms
+    tps_before = (tokens_before / (before / 1e3)) if tokens_before else None
+    return Prediction(
+        step_time_ms_before=before,
+        step_time_ms_after=float(step_after_ms),
+        tokens_per_step_before=tokens_before,
+        tokens_per_step_after=tokens_after,
+        mfu_before=f.mfu,
+        mfu_after=None if f.mfu is None else f.mfu * ratio * peak_ratio,
+        tokens_per_s_before=tps_before,
+        tokens_per_s_after=None if tps_before is None else tps_before * ratio,
+        method=method,
+        scope=scope,
+        work_ratio=work,
+    )
+
+
+def remove(step_ms: float, saved_ms: float) -> float:
+    """Step time with ``saved_ms`` of it gone (clipped so that a step never vanishes)."""
+    return max(step_ms - max(saved_ms, 0.0), 0.05 * step_ms)
+
+
+# ---------------------------------------------------------------------------
+# Data loading
+# ---------------------------------------------------------------------------
+
+# Time to take a ready batch from a DataLoader worker's queue (unpickling from
+# shared memory, waking the main thread). Median of data_wait_ms per
+# micro-batch in runs whose workers were ahead (num_workers >= 1, no delay)
+# on the development machine under load; an idle machine shows ~1-3 ms.
+DATA_WORKER_FLOOR_MS = 8.0
+# A producer is sized to deliver a batch in this fraction of the consumer's time per micro-batch.
+DATA_PRODUCER_HEADROOM = 0.7
+
+
+def data_load_ms_per_batch(wait_per_micro_ms: float, consume_per_micro_ms: float, num_workers: int) -> float:
+    """The source's time to produce one micro-batch, inferred from the wait.
+
+    ``num_workers == 0``: loading is synchronous, the wait *is* the load
+    time. ``num_workers = W > 0`` and the consumer waits: the workers
+    deliver one batch per ``wait + consume`` ms, so each takes ``W * (wait +
+    consume)`` ms per batch (a lower bound when the wait is only the
+    queue floor).
+    """
+    if num_workers <= 0:
+        return wait_per_micro_ms
+    return num_workers * (wait_per_micro_ms + consume_per_micro_ms)
+
+
+def data_wait_after(load_ms: float, consume_per_micro_ms: float, num_workers: int,
+                    floor_ms: float = DATA_WORKER_FLOOR_MS) -> float:
+    """Wait per micro-batch with ``num_workers`` workers: ``max(floor, load / W - consume)``."""
+    if num_workers <= 0:
+        return load_ms
+    return max(floor_ms, load_ms / num_workers - consume_per_micro_ms)
+
+
+def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int:
+    """Fewest workers that keep up with headroom: ``ceil(load / (headroom * consume))``, within 1..cap."""
+    if consume_per_micro_ms <= 0:
+        return cap
+    return max(1, min(cap, math.ceil(load_ms / (DATA_PRODUCER_HEADROOM * consume_per_micro_ms))))
+
+
+# ---------------------------------------------------------------------------
+# Micro-batch scaling
+# ---------------------------------------------------------------------------
+
+
+# The fixed part of one micro-batch's forward+backward on CPU (per-op dispatch,
+# autograd, DDP hook and module overheads), in units of the marginal cost of one
+# sequence: fb(B) = P * (kappa + B). A ratio of two CPU times on the same core,
+# so machine load mostly cancels out of it (the peak FLOP/s measurement does
+# not: 8 to 34 GFLOP/s on the development machine within an hour). Values at
+# seq_len 64: the median over pairs of 2-rank reftrain runs of one model at two
+# micro-batch sizes, kappa = fb(B1) / P - B1 with P = (fb(B2) - fb(B1)) /
+# (B2 - B1) (`bench/bench_suggest.py --calibrate-kappa`; docs/suggestions.md,
+# "Calibration": d_model 64, 6 pairs on an idle machine, 1.45 to 3.88, median
+# 3.3 (14 pairs under load 3 to 16 gave 0.49 to 4.9, median 2.3: the fixed
+# share shrinks when other jobs slow the per-token work); d_model 256, 3 pairs
+# under load, 0.36 to 0.73, median 0.55).
+# Interpolated in log2(d_model) and scaled by 64 / seq_len (the fixed part does
+# not grow with the sequence, the marginal one does).
+CPU_FIXED_SEQUENCES_POINTS = ((64, 3.3), (256, 0.55))
+CPU_FIXED_SEQUENCES_SEQ_LEN = 64
+
+
+def cpu_fixed_sequences(d_model: int | None, seq_len: int | None) -> float:
+    """kappa: the fixed forward+backward cost per micro-batch in sequences (see CPU_FIXED_SEQUENCES_POINTS)."""
+    kappa = _log_interp(CPU_FIXED_SEQUENCES_POINTS, d_model)
+    return kappa * CPU_FIXED_SEQUENCES_SEQ_LEN / seq_len if seq_len else kappa
+
+
+def split_micro_batch(per_micro_ms: float, micro_batch: int, kappa: float) -> tuple[float, float]:
+    """``(fixed_ms, per_sequence_ms)`` of one micro-batch's forward+backward: ``per_micro = P (kappa + B)``."""
+    per_seq = per_micro_ms / (kappa + micro_batch)
+    return kappa * per_seq, per_seq
+
+
+def cpu_micro_batch_split(f: "RunFacts") -> tuple[float, float, float, float] | None:
+    """``(fb_per_micro_ms, fixed_ms, per_sequence_ms, kappa)`` of a CPU reftrain run's forward+backward.
+
+    ``fb_per_micro`` is (forward + backward - the exposed communication tail
+    that ends backward) / grad_accum; it is split with
+    :func:`cpu_fixed_sequences`. None when the run lacks the phases or config.
+    """
+    mb, ga = f.cfg("train.micro_batch_size"), int(f.cfg("train.grad_accum", 1) or 1)
+    if not mb or "forward" not in f.phases or "backward" not in f.phases:
+        return None
+    tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))
+    fb = max(0.0, f.phases["forward"] + f.phases["backward"] - tail)
+    kappa = cpu_fixed_sequences(f.cfg("model.d_model"), f.cfg("model.seq_len"))
+    fixed, per_seq = split_micro_batch(fb / ga, mb, kappa)
+    return fb / ga, fixed, per_seq, kappa
+
+
+def micro_batch_step_ms(step_ms: float, grad_accum: int, micro_batch: int, per_seq_ms: float, factor: float) -> float:
+    """Step time when the micro-batch grows ``factor`` times: ``S + GA * P * B * (factor - 1)``.
+
+    Per micro-batch, forward+backward = ``c0 + P * B``; the fixed ``c0`` and
+    the other parts of the step (data wait with workers ahead, optimizer,
+    gradient sync, communication of a fixed gradient size) do not depend on
+    ``B``.
+    """
+    return step_ms + grad_accum * per_seq_ms * micro_batch * (factor - 1.0)
+
+
+def device_batch_step_ms(step_ms: float, scaled_ms: float, fixed_ms: float, factor: float) -> float:
+    """GPU step when the batch grows ``factor`` times: ``max(step, factor * scaled + fixed)``.
+
+    A launch-bound step keeps the host's time (the same kernels are
+    launched; each does more work) until the device's work, ``scaled``
+    (compute and memcpy, proportional to the batch) plus ``fixed`` (exposed
+    communication of the same gradients), catches up with it.
+    """
+    return max(step_ms, factor * scaled_ms + fixed_ms)
+
+
+# ---------------------------------------------------------------------------
+# Communication
+# ---------------------------------------------------------------------------
+
+# DDP's first bucket (the gradients ready first) is capped at 1 MiB whatever bucket_cap_mb says
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+
+
+def ddp_bucket_count(grad_bytes: float, bucket_cap_mb: float) -> int:
+    """Buckets DDP makes for ``grad_bytes`` of gradients: the 1 MiB first bucket, then ``bucket_cap_mb`` ones."""
+    if grad_bytes <= DDP_FIRST_BUCKET_BYTES:
+        return 1
+    return 1 + math.ceil((grad_bytes - DDP_FIRST_BUCKET_BYTES) / (bucket_cap_mb * 2**20))
+
+
+def ddp_last_bucket_bytes(grad_bytes: float, bucket_cap_mb: float) -> float:
+    """Size of the bucket DDP all-reduces last (the gradients ready last, issued after backward's last op)."""
+    n = ddp_bucket_count(grad_bytes, bucket_cap_mb)
+    if n == 1:
+        return grad_bytes
+    cap = bucket_cap_mb * 2**20
+    return grad_bytes - DDP_FIRST_BUCKET_BYTES - (n - 2) * cap
+
+
+def accumulate_step_ms(step_ms: float, per_micro_ms: float, factor: int) -> float:
+    """Step with ``factor`` times the micro-batches per optimizer step: the per-micro part repeats, the rest does not."""
+    return step_ms + (factor - 1) * per_micro_ms
