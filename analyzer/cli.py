@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("", "interrupted")
         return 130
-    except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into one line
+    except Exception as exc:  # the one place that turns a bug into one line
         if args.debug:
             raise
         where = ""

@@ -50,7 +50,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from analyzer.ingest.load import load_trace  # noqa: E402
-from analyzer.metrics.intervals import union  # noqa: E402
 from analyzer.metrics.kernels import top_kernels  # noqa: E402
 from analyzer.metrics.matmul_flops import ShapeError, flop_kernels, flops_of, matmul_ops  # noqa: E402
 from analyzer.metrics.mfu import charged_ops  # noqa: E402

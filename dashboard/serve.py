@@ -21,8 +21,8 @@ def preload() -> None:
     import numpy  # noqa: F401
     import pandas  # noqa: F401
 
-    import analyzer.api  # noqa: F401
-    import analyzer.verbs.suggest.engine  # noqa: F401
+    import analyzer.api
+    import analyzer.verbs.suggest.engine
     import analyzer.metrics.throughput  # noqa: F401
 
 

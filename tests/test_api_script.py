@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
+from synth import KinetoTrace
 
-from analyzer.ingest import jobs, load  # noqa: E402
+from analyzer.ingest import jobs, load
 
 REPO = Path(__file__).resolve().parent.parent
 # A hang is the failure mode: generous for a loaded 2-core machine, far

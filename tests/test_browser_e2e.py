@@ -15,7 +15,7 @@ from urllib.parse import quote
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dashboard_support import (  # noqa: E402
+from dashboard_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
     GOOD_RUN,

@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
+from synth import KinetoTrace
 
-from analyzer import cli  # noqa: E402
+from analyzer import cli
 
-from analyzer.ingest import locate  # noqa: E402
-from analyzer.ingest.load import load_traces  # noqa: E402
+from analyzer.ingest import locate
+from analyzer.ingest.load import load_traces
 
 
 def _trace(sgemm_us: int) -> bytes:

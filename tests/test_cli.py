@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_compare import MM_FLOPS, PEAK, write_run  # noqa: E402
+from test_compare import MM_FLOPS, PEAK, write_run
 
-from analyzer import cli  # noqa: E402
+from analyzer import cli
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
+from synth import KinetoTrace
 
-from analyzer import analyze, compare  # noqa: E402
-from analyzer.api import RunAnalysis  # noqa: E402
-from analyzer.metrics.mfu import MfuResult  # noqa: E402
-from analyzer.metrics.stragglers import StragglerConfig, StragglerResult  # noqa: E402
+from analyzer import analyze, compare
+from analyzer.api import RunAnalysis
+from analyzer.metrics.mfu import MfuResult
+from analyzer.metrics.stragglers import StragglerConfig, StragglerResult
 
 PEAK = 1e13  # FLOP/s given as --peak-flops: MFU = 2e9 FLOPs / (step time * 1e13)
 MM_FLOPS = 2 * 1000**3  # one aten::mm of [1000, 1000] x [1000, 1000] per step

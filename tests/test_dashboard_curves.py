@@ -14,12 +14,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dashboard_support import GOOD_RUN, GPU_RUN, SLOW_RUN, build_runs_dir, fresh_caches  # noqa: E402, F401 (fresh_caches: autouse fixture)
+from dashboard_support import GOOD_RUN, GPU_RUN, SLOW_RUN, build_runs_dir, fresh_caches  # noqa: F401 (fresh_caches: autouse fixture)
 
-from analyzer.metrics.curves import overlay, smooth, training_curves  # noqa: E402
-from analyzer.ingest.rundir import read_run_dir  # noqa: E402
-from dashboard.cli import APP_PATH, RUNS_DIR_ENV  # noqa: E402
-from dashboard.text import plain  # noqa: E402
+from analyzer.metrics.curves import overlay, smooth, training_curves
+from analyzer.ingest.rundir import read_run_dir
+from dashboard.cli import APP_PATH, RUNS_DIR_ENV
+from dashboard.text import plain
 
 TIMEOUT_S = 300  # cold analysis on a loaded 2-core machine
 

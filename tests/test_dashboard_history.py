@@ -12,10 +12,10 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_history import GOOD, SLOW, _copy  # noqa: E402
+from test_history import GOOD, SLOW, _copy
 
-from analyzer.verbs.history import history  # noqa: E402
-from dashboard.cli import APP_PATH, RUNS_DIR_ENV  # noqa: E402
+from analyzer.verbs.history import history
+from dashboard.cli import APP_PATH, RUNS_DIR_ENV
 
 
 @pytest.fixture(scope="module")

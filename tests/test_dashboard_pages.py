@@ -18,11 +18,10 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dashboard_support import (  # noqa: E402 (fresh_caches: the autouse fixture, used by being imported)
+from dashboard_support import (
     GOOD_RUN,
     GPU_RUN,
     NO_MANIFEST_RUN,
@@ -32,12 +31,12 @@ from dashboard_support import (  # noqa: E402 (fresh_caches: the autouse fixture
     fresh_caches,  # noqa: F401
 )
 
-from analyzer.api import analyze  # noqa: E402
-from analyzer.errors import AnalyzerError  # noqa: E402
-from analyzer.metrics.throughput import throughput  # noqa: E402
-from analyzer.metrics.timeline import overview, select_window  # noqa: E402
-from dashboard.cli import APP_PATH, RUNS_DIR_ENV  # noqa: E402
-from dashboard.text import plain  # noqa: E402
+from analyzer.api import analyze
+from analyzer.errors import AnalyzerError
+from analyzer.metrics.throughput import throughput
+from analyzer.metrics.timeline import overview, select_window
+from dashboard.cli import APP_PATH, RUNS_DIR_ENV
+from dashboard.text import plain
 
 # Cold analysis on a loaded 2-core machine: be generous.
 TIMEOUT_S = 300

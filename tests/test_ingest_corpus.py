@@ -36,7 +36,7 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_compare import write_run  # noqa: E402
+from test_compare import write_run
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300  # a hang is the failure; a loaded 2-core machine needs a few s per command

@@ -11,7 +11,6 @@ import json
 import tempfile
 import time
 import warnings
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np

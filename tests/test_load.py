@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
+from synth import KinetoTrace
 
-from analyzer.ingest import cache as trace_cache  # noqa: E402
-from analyzer.ingest import jobs, load, parse  # noqa: E402
-from analyzer.errors import AnalyzerError, TraceError  # noqa: E402
-from analyzer.ingest.load import find_trace_files, load_trace, load_traces, rank_from_filename  # noqa: E402
-from analyzer.ingest.tables import COLUMNS, KINDS, text_id  # noqa: E402
+from analyzer.ingest import cache as trace_cache
+from analyzer.ingest import jobs, load, parse
+from analyzer.errors import AnalyzerError, TraceError
+from analyzer.ingest.load import find_trace_files, load_trace, load_traces, rank_from_filename
+from analyzer.ingest.tables import COLUMNS, KINDS, text_id
 
 DATA = Path(__file__).parent / "data"
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyzer.metrics.text import is_in, text_map, text_mask  # noqa: E402
+from analyzer.metrics.text import is_in, text_map, text_mask
 
 
 def _names() -> pd.Series:

@@ -73,7 +73,7 @@ def test_the_docs_notebook_example_runs(tmp_path, monkeypatch, capsys):
         shutil.copytree(REPO / "traces" / name, tmp_path / "traces" / name, ignore=shutil.ignore_patterns(".analyzer-cache"))
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(code, "docs/api.md", "exec"), scope)  # noqa: S102 - the documented example itself
+    exec(compile(code, "docs/api.md", "exec"), scope)  # the documented example itself
     out = capsys.readouterr().out
     assert "exposes the most communication" in out and "MFU " in out
     assert "MFU:" in scope["run"]._repr_html_() and scope["delta"]._repr_html_().startswith("<div")

@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
-from test_compare import PEAK, write_run  # noqa: E402
+from synth import KinetoTrace
+from test_compare import PEAK, write_run
 
-import analyzer.api  # noqa: E402
-from analyzer import cli  # noqa: E402
-from analyzer.ingest import jobs, load  # noqa: E402
-from analyzer.verbs import report_cache  # noqa: E402
-from analyzer.errors import TraceError  # noqa: E402
+import analyzer.api
+from analyzer import cli
+from analyzer.ingest import jobs, load
+from analyzer.verbs import report_cache
+from analyzer.errors import TraceError
 
 
 @pytest.fixture

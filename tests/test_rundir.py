@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
+from synth import KinetoTrace
 
-from analyzer.errors import AnalyzerError  # noqa: E402
-from analyzer.ingest.rundir import (  # noqa: E402
+from analyzer.errors import AnalyzerError
+from analyzer.ingest.rundir import (
     COLLECTIVES_COLUMNS,
     METRICS_COLUMNS,
     TELEMETRY_COLUMNS,

@@ -14,10 +14,10 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import KinetoTrace  # noqa: E402
+from synth import KinetoTrace
 
-from analyzer.ingest.locate import run_trace_files, trace_window  # noqa: E402
-from analyzer.ingest.rundir import read_run_dir  # noqa: E402
+from analyzer.ingest.locate import run_trace_files, trace_window
+from analyzer.ingest.rundir import read_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 NEW = "traces/step{n}/rank{r}.pt.trace.json.gz"

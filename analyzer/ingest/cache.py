@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from analyzer.errors import AnalyzerError
-from analyzer.ingest.locate import CACHE_DIRNAME, file_key, usable_cache_dir, user_cache_dir  # noqa: F401 - part of this module's API
+from analyzer.ingest.locate import CACHE_DIRNAME, file_key, usable_cache_dir, user_cache_dir
 
 if TYPE_CHECKING:
     from analyzer.ingest.parse import ParsedTrace

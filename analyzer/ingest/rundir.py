@@ -23,7 +23,7 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.ingest.locate import MANIFEST, RUN_TRACE_PATTERNS, is_run_dir, listed_or_found, unusable_reason  # noqa: F401 - part of this module's API
+from analyzer.ingest.locate import MANIFEST, RUN_TRACE_PATTERNS, is_run_dir, listed_or_found, unusable_reason
 
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
 _SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")

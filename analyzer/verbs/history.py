@@ -137,7 +137,6 @@ def history_html(h: History) -> str:
     """A self-contained HTML page: MFU, step time and tokens/s per run (change points marked) and the table."""
     import html
 
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from analyzer.verbs.report import _figure_html, _html_table, html_page

@@ -597,7 +597,7 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         "",
         _md_escape(explanation),
         "",
-        f"| | baseline | candidate | change |",
+        "| | baseline | candidate | change |",
         "|---|---:|---:|---:|",
         f"| {r.statistic_label} | {fmt(r.base_value)} | {fmt(r.cand_value)} | {-r.drop:+.1%} |",
     ]
