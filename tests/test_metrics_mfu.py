@@ -170,7 +170,7 @@ def test_analyzer_never_imports_reftrain() -> None:
     import sys
 
     code = (
-        "import sys, analyzer.metrics.mfu, analyzer.suggest.rules_compute, analyzer.suggest.facts, analyzer.api;"
+        "import sys, analyzer.metrics.mfu, analyzer.verbs.suggest.rules_compute, analyzer.verbs.suggest.facts, analyzer.api;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'reftrain'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
