@@ -40,6 +40,7 @@ the parts and is not one of them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -143,53 +144,121 @@ def step_breakdown(
     with ``step, start_ns, end_ns, step_time_ms, source``, the parts of
     :func:`parts_of` in ms (summing to ``step_time_ms``) and ``comm_ms``.
     Empty when ``steps`` is.
+
+    Computed in two stages so that the per-rank work can run where the
+    rank's events are (a map worker) and the waits, which need every rank,
+    be applied afterwards: :func:`breakdown_pieces` then :func:`with_waits`.
     """
+    return with_waits(breakdown_pieces(events, steps, source), waits)
+
+
+@dataclass
+class BreakdownPieces:
+    """One rank's step breakdown before the waits at collectives are known.
+
+    ``parts_ns``: each part of :func:`parts_of` per step (int64 ns) as if the
+    rank never waited (``collective_wait`` all zero); ``comm_ns``: the union
+    of collective time per step. ``movable``: per part, the instants a wait
+    would move from that part to ``collective_wait`` (sorted, disjoint
+    intervals): on the device timeline the exposed communication ``M \\ C``;
+    on the host timeline the instants of each phase (and of exposed
+    communication) inside a collective (``M``) in which the issuing threads
+    run no op. :func:`with_waits` subtracts ``|movable ∩ A ∩ W|`` from the
+    part and adds it to ``collective_wait``. The host pieces use that the
+    waits lie inside the rank's collectives (``A ⊂ M``), which
+    :func:`analyzer.metrics.stragglers.wait_intervals` guarantees (a wait
+    is the head of a collective's own span). Compact: a few intervals per
+    collective, whatever the number of events.
+    """
+
+    source: Source
+    step: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    parts_ns: dict[str, np.ndarray]
+    comm_ns: np.ndarray
+    movable: dict[str, Intervals]
+
+
+def _segments(tl: Timeline, select: np.ndarray) -> Intervals:
+    return union(tl.seg_start_ns[select], tl.seg_end_ns[select])
+
+
+def breakdown_pieces(events: pd.DataFrame, steps: pd.DataFrame, source: Source | None = None) -> BreakdownPieces:
+    """The per-rank stage of :func:`step_breakdown` (see :class:`BreakdownPieces`)."""
     source = source or source_of(events)
     lo, hi = _window_arrays(steps)
     width_ns = hi - lo
     if source == "device":
-        tl = device_timeline(events, waits)
-        compute, comm, wait = (tl.mask & _COMPUTE) != 0, (tl.mask & _COMM) != 0, (tl.mask & _WAIT) != 0
-        work = tl.mask & (_COMPUTE | _COMM | _MEMCPY)  # the wait bit alone is no device activity
+        tl = device_timeline(events, None)
+        compute, comm = (tl.mask & _COMPUTE) != 0, (tl.mask & _COMM) != 0
+        work = tl.mask & (_COMPUTE | _COMM | _MEMCPY)
         parts_ns = {
             "compute_ms": tl.length_in(compute & ~comm, lo, hi),
             "overlapped_comm_ms": tl.length_in(compute & comm, lo, hi),
-            "collective_wait_ms": tl.length_in(comm & ~compute & wait, lo, hi),
-            "exposed_comm_ms": tl.length_in(comm & ~compute & ~wait, lo, hi),
+            "collective_wait_ms": np.zeros(len(lo), dtype=np.int64),
+            "exposed_comm_ms": tl.length_in(comm & ~compute, lo, hi),
             "exposed_memcpy_ms": tl.length_in(work == _MEMCPY, lo, hi),
         }
         parts_ns["idle_ms"] = width_ns - tl.length_in(work != 0, lo, hi)
         comm_ns = tl.length_in(comm, lo, hi)
+        movable = {"exposed_comm_ms": _segments(tl, comm & ~compute)}
     else:
-        tl = host_timeline(events, waits)
+        tl = host_timeline(events, _NO_INTERVALS)  # with the issuing threads' layer (bit n + 2)
         n = len(HOST_PHASES)
         comm = (tl.mask & (1 << n)) != 0
-        blocked = ((tl.mask & (1 << (n + 1))) != 0) & ((tl.mask & (1 << (n + 2))) == 0)
+        idle_thread = (tl.mask & (1 << (n + 2))) == 0
         bit = {p: 1 << i for i, p in enumerate(HOST_PHASES)}
-        parts_ns = {"collective_wait_ms": tl.length_in(blocked, lo, hi)}
-        claimed = blocked.copy()
+        parts_ns = {"collective_wait_ms": np.zeros(len(lo), dtype=np.int64)}
+        movable = {}
+        claimed = np.zeros(len(tl.mask), dtype=bool)
         for phase in PHASE_PRECEDENCE:
             mine = ((tl.mask & bit[phase]) != 0) & ~claimed
             parts_ns[f"{phase}_ms"] = tl.length_in(mine, lo, hi)
+            movable[f"{phase}_ms"] = _segments(tl, mine & comm & idle_thread)
             claimed |= mine
         exposed = comm & ~claimed
         parts_ns["exposed_comm_ms"] = tl.length_in(exposed, lo, hi)
+        movable["exposed_comm_ms"] = _segments(tl, exposed & idle_thread)
         claimed |= exposed
         parts_ns["other_ms"] = width_ns - tl.length_in(claimed, lo, hi)
         parts_ns = {p: parts_ns[p] for p in HOST_PARTS}
         comm_ns = tl.length_in(comm, lo, hi)
+    return BreakdownPieces(
+        source=source,
+        step=steps["step"].to_numpy(np.int64),
+        start_ns=lo,
+        end_ns=hi,
+        parts_ns=parts_ns,
+        comm_ns=comm_ns,
+        movable={k: v for k, v in movable.items() if len(v[0])},
+    )
+
+
+def with_waits(pieces: BreakdownPieces, waits: Intervals | None) -> pd.DataFrame:
+    """The step breakdown table of :func:`step_breakdown` from its per-rank
+    pieces and the rank's waits at collectives (None: it never waited)."""
+    lo, hi = pieces.start_ns, pieces.end_ns
+    parts_ns = {k: v.copy() for k, v in pieces.parts_ns.items()}
+    if waits is not None and len(waits[0]):
+        waited = union(*waits)
+        for part, intervals in pieces.movable.items():
+            tl = sweep([intervals, waited])
+            moved = tl.length_in(tl.mask == 3, lo, hi)
+            parts_ns[part] -= moved
+            parts_ns["collective_wait_ms"] += moved
     out = pd.DataFrame(
         {
-            "step": steps["step"].to_numpy(np.int64),
+            "step": pieces.step,
             "start_ns": lo,
             "end_ns": hi,
-            "step_time_ms": width_ns / _NS_PER_MS,
-            "source": source,
+            "step_time_ms": (hi - lo) / _NS_PER_MS,
+            "source": pieces.source,
         }
     )
     for name, ns in parts_ns.items():
         out[name] = ns / _NS_PER_MS
-    out["comm_ms"] = comm_ns / _NS_PER_MS
+    out["comm_ms"] = pieces.comm_ns / _NS_PER_MS
     return out
 
 

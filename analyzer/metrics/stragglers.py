@@ -243,44 +243,60 @@ def arrivals_from_traces(per_rank: Mapping[int, tuple[pd.DataFrame, pd.DataFrame
     out with a note. Returns ``(arrivals, source, notes)``; arrivals empty
     when fewer than two ranks have collectives. Assumes the ranks' trace
     clocks agree (same host, or synchronized hosts).
+
+    Two stages: :func:`rank_arrivals` on each rank (where its events are),
+    :func:`match_arrivals` across ranks.
     """
+    return match_arrivals({rank: rank_arrivals(rank, events, steps) for rank, (events, steps) in per_rank.items()})
+
+
+def rank_arrivals(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame | None, str]:
+    """One rank's arrival records (:data:`ARRIVAL_COLUMNS`, in its order of
+    collectives; None when it has none) and their source in words."""
+    sel, source = rank_collective_events(events)
+    if sel.empty:
+        return None, source
+    if source.startswith("device"):
+        streams = np.sort(sel["stream"].unique())
+        group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
+    else:
+        group = text_map(sel["name"], str)
+    # Kind from the collective name when the event carries one, else from the op/kernel name;
+    # device kernels first ask the host collective around their launch (analyzer.metrics.taxonomy).
+    kind = text_map(sel["coll_name"], collective_kind)
+    by_name = text_map(sel["name"], collective_kind)
+    kind = np.where(pd.isna(kind), by_name, kind)
+    if source.startswith("device"):
+        kind = collective_kinds(events).loc[sel.index].to_numpy(object)
+    nelems = sel["msg_in_nelems"].to_numpy(np.int64)
+    elem_bytes = text_map(sel["msg_dtype"], lambda d: _DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
+    order = pd.Series(group).groupby(group).cumcount().to_numpy()
+    start = sel["start_ns"].to_numpy(np.int64)
+    frame = pd.DataFrame(
+        {
+            "rank": rank,
+            "key": group + ":" + order.astype(str).astype(object),
+            "step": _step_of(start, steps),
+            "kind": kind,
+            "bytes": np.where(nelems >= 0, nelems * elem_bytes, np.nan),
+            "group_size": sel["group_size"].to_numpy(np.int64),
+            "start_ns": start,
+            "end_ns": sel["end_ns"].to_numpy(np.int64),
+        }
+    )
+    return frame, source
+
+
+def match_arrivals(per_rank: Mapping[int, tuple[pd.DataFrame | None, str]]) -> tuple[pd.DataFrame, str | None, list[str]]:
+    """The cross-rank stage of :func:`arrivals_from_traces` over each rank's
+    :func:`rank_arrivals`; ``source`` is the highest rank's."""
     notes: list[str] = []
     frames = []
     source = None
-    for rank, (events, steps) in sorted(per_rank.items()):
-        sel, source = rank_collective_events(events)
-        if sel.empty:
-            continue
-        if source.startswith("device"):
-            streams = np.sort(sel["stream"].unique())
-            group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
-        else:
-            group = text_map(sel["name"], str)
-        # Kind from the collective name when the event carries one, else from the op/kernel name;
-        # device kernels first ask the host collective around their launch (analyzer.metrics.taxonomy).
-        kind = text_map(sel["coll_name"], collective_kind)
-        by_name = text_map(sel["name"], collective_kind)
-        kind = np.where(pd.isna(kind), by_name, kind)
-        if source.startswith("device"):
-            kind = collective_kinds(events).loc[sel.index].to_numpy(object)
-        nelems = sel["msg_in_nelems"].to_numpy(np.int64)
-        elem_bytes = text_map(sel["msg_dtype"], lambda d: _DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
-        order = pd.Series(group).groupby(group).cumcount().to_numpy()
-        start = sel["start_ns"].to_numpy(np.int64)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "rank": rank,
-                    "key": group + ":" + order.astype(str).astype(object),
-                    "step": _step_of(start, steps),
-                    "kind": kind,
-                    "bytes": np.where(nelems >= 0, nelems * elem_bytes, np.nan),
-                    "group_size": sel["group_size"].to_numpy(np.int64),
-                    "start_ns": start,
-                    "end_ns": sel["end_ns"].to_numpy(np.int64),
-                }
-            )
-        )
+    for rank, (frame, rank_source) in sorted(per_rank.items()):
+        source = rank_source
+        if frame is not None:
+            frames.append(frame)
     if len(frames) < 2:
         return _empty_arrivals(), None, notes
     arrivals = pd.concat(frames, ignore_index=True)
@@ -397,30 +413,39 @@ def collective_spans(per_rank: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
     ranges of the backend's worker threads, matched by order per name (the
     ``c10d::*`` op on the training thread only issues the work). Groups
     whose counts differ across ranks are left out. Times stay on each
-    rank's own clock.
+    rank's own clock. Two stages: :func:`rank_collective_spans` per rank,
+    :func:`match_collective_spans` across ranks.
     """
-    frames = []
-    for rank, events in sorted(per_rank.items()):
-        kind = events["kind"]
-        sel = events.loc[(kind == "comm").to_numpy(), ["name", "stream", "start_ns", "end_ns"]]
-        if not sel.empty:
-            sel = sel.sort_values(["stream", "start_ns"], kind="stable")
-            streams = np.sort(sel["stream"].unique())
-            group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
-        else:
-            work = (kind == "cpu_comm").to_numpy() & text_mask(events["name"], lambda n: n.startswith(_HOST_WORK_PREFIXES))
-            sel = events.loc[work, ["name", "stream", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
-            group = text_map(sel["name"], str)
-        if sel.empty:
-            continue
-        order = pd.Series(group).groupby(group).cumcount().to_numpy()
-        frames.append(pd.DataFrame({
-            "rank": rank,
-            "key": group + ":" + order.astype(str).astype(object),
-            "group": group,
-            "start_ns": sel["start_ns"].to_numpy(np.int64),
-            "end_ns": sel["end_ns"].to_numpy(np.int64),
-        }))
+    return match_collective_spans({rank: rank_collective_spans(rank, events) for rank, events in per_rank.items()})
+
+
+def rank_collective_spans(rank: int, events: pd.DataFrame) -> pd.DataFrame | None:
+    """One rank's collective executions (``rank, key, group, start_ns, end_ns``), None without any."""
+    kind = events["kind"]
+    sel = events.loc[(kind == "comm").to_numpy(), ["name", "stream", "start_ns", "end_ns"]]
+    if not sel.empty:
+        sel = sel.sort_values(["stream", "start_ns"], kind="stable")
+        streams = np.sort(sel["stream"].unique())
+        group = np.searchsorted(streams, sel["stream"].to_numpy()).astype(str).astype(object)
+    else:
+        work = (kind == "cpu_comm").to_numpy() & text_mask(events["name"], lambda n: n.startswith(_HOST_WORK_PREFIXES))
+        sel = events.loc[work, ["name", "stream", "start_ns", "end_ns"]].sort_values("start_ns", kind="stable")
+        group = text_map(sel["name"], str)
+    if sel.empty:
+        return None
+    order = pd.Series(group).groupby(group).cumcount().to_numpy()
+    return pd.DataFrame({
+        "rank": rank,
+        "key": group + ":" + order.astype(str).astype(object),
+        "group": group,
+        "start_ns": sel["start_ns"].to_numpy(np.int64),
+        "end_ns": sel["end_ns"].to_numpy(np.int64),
+    })
+
+
+def match_collective_spans(per_rank: Mapping[int, pd.DataFrame | None]) -> pd.DataFrame:
+    """The cross-rank stage of :func:`collective_spans`: groups with the same count on every rank."""
+    frames = [frame for _rank, frame in sorted(per_rank.items()) if frame is not None]
     if len(frames) < 2:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"), "key": pd.Series(dtype=object),
                              "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64")})
