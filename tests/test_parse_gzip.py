@@ -23,7 +23,8 @@ from analyzer.ingest import limits as limits_mod
 from analyzer.errors import TraceError
 from analyzer.ingest.limits import ParseLimits
 from analyzer.ingest.load import load_trace, load_traces
-from analyzer.ingest.parse import _read_blocks, parse_columns
+from analyzer.ingest.parse import parse_columns
+from analyzer.ingest.parse.read import _read_blocks
 from synth import KinetoTrace
 
 REPO = Path(__file__).resolve().parent.parent

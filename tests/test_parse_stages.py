@@ -1,6 +1,8 @@
-"""Each stage of reading events, alone (issue 16, item 4): the splitter
-(JSON text -> decoded event lists), the column builder (events ->
-typed columns), and the file-level result they make together."""
+"""Each stage of reading events, alone (issue 16, item 4): reading the
+bytes (analyzer.ingest.parse.read), the splitter (JSON text -> decoded event
+lists, parse.split and parse.decode), the row rules (parse.classify), the
+column builder (events -> typed columns, parse.columns), and the file-level
+result they make together."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +12,9 @@ import orjson
 import pytest
 
 from analyzer.errors import TraceError
-from analyzer.ingest.parse import _Columns, _decode_events, _Splitter, parse_columns
+from analyzer.ingest.parse import Columns, Splitter, decode_events, parse_columns
+from analyzer.ingest.parse import classify
+from analyzer.ingest.parse.read import _read_blocks
 from synth import KinetoTrace
 
 
@@ -24,7 +28,7 @@ def _doc() -> bytes:
 
 def _split(text: bytes, block: int, max_event_bytes: int | None = None) -> tuple[list, dict]:
     got: list = []
-    s = _Splitter(Path("t.json"), lambda events: got.extend((e.name, e.ts, e.dur) for e in events), max_event_bytes)
+    s = Splitter(Path("t.json"), lambda events: got.extend((e.name, e.ts, e.dur) for e in events), max_event_bytes)
     for i in range(0, len(text), block):
         s.feed(text[i : i + block])
     s.finish()
@@ -34,7 +38,7 @@ def _split(text: bytes, block: int, max_event_bytes: int | None = None) -> tuple
 @pytest.mark.parametrize("block", [1, 7, 64, 4096, 1 << 20])
 def test_splitter_gives_the_whole_document_parse_in_any_blocks(block: int) -> None:
     text = _doc()
-    whole = [(e.name, e.ts, e.dur) for e in _decode_events(orjson.dumps(orjson.loads(text)["traceEvents"]))]
+    whole = [(e.name, e.ts, e.dur) for e in decode_events(orjson.dumps(orjson.loads(text)["traceEvents"]))]
     got, meta = _split(text, block)
     assert got == whole
     assert meta["distributedInfo"]["rank"] == 3 and meta["displayTimeUnit"] == "ms"
@@ -49,7 +53,7 @@ def test_splitter_bound_on_one_piece() -> None:
 
 
 def test_columns_stage_builds_typed_columns() -> None:
-    events = _decode_events(
+    events = decode_events(
         orjson.dumps(
             [
                 {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": "stream 7", "ts": 10, "dur": 2,
@@ -60,7 +64,7 @@ def test_columns_stage_builds_typed_columns() -> None:
             ]
         )
     )
-    cols = _Columns()
+    cols = Columns()
     cols.add(events)
     columns = cols.finish(1000)
     assert cols.rows == 2 and cols.invalid == 1 and cols.first_invalid == "'bad' with ts='x', dur=1"
@@ -84,3 +88,48 @@ def test_rows_over_int64_at_the_end_renumber_sparse_rows(tmp_path: Path) -> None
     parsed = parse_columns(path)
     assert parsed.rows == 1 and parsed.sparse["input_dims"] == {0: "[[2,3],[3,4]]"}
     assert parsed.notes[0].startswith("1 complete events dropped") and parsed.notes[0].endswith("first: 'too late' beyond int64 ns)")
+
+
+def test_read_stage_gives_the_bytes_in_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(b"x" * 10)
+    assert list(_read_blocks(path, size=4)) == [b"xxxx", b"xxxx", b"xx"]
+
+
+def _events(*dicts: dict) -> list:
+    return decode_events(orjson.dumps(list(dicts)))
+
+
+def test_classify_stage_rows_times_and_text() -> None:
+    meta: list = []
+    events = _events(
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "main"}},
+        {"ph": "i", "name": "instant", "ts": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "no dur", "ts": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "neg", "ts": -1, "dur": 2},
+        {"ph": "X", "cat": None, "name": 7, "ts": 3, "dur": 0.5},
+    )
+    xs = classify.complete_events(events, meta.append)
+    assert [e.name for e in meta] == ["thread_name"] and len(xs) == 4
+    timed = classify.valid_times(xs)
+    assert (timed.invalid, timed.no_time) == (2, 1)
+    assert timed.first_invalid == "'no dur' with ts=1, dur=None"
+    assert timed.ts.tolist() == [1, 3] and timed.dur.tolist() == [2, 0.5]
+    assert classify.text_fields(timed.events) == (["cpu_op", ""], ["a", "7"])
+
+
+def test_classify_stage_trace_span_streams_and_kept_args() -> None:
+    xs = _events(
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 9},
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1},
+    )
+    cats, names = classify.text_fields(xs)
+    ts, dur = np.array([0, 1]), np.array([9, 1])
+    kept, cats, names, ts, dur = classify.drop_trace_span(xs, cats, names, ts, dur)
+    assert (cats, names, ts.tolist(), dur.tolist()) == (["kernel"], ["k"], [1], [1])
+    memo: dict = {}
+    assert classify.on_gpu_timeline(["Kernel", "cpu_op", "Memcpy"], memo) == {"Kernel": True, "cpu_op": False, "Memcpy": True}
+    assert classify.wants_args(["aten::mm", "aten::add", "record_param_comms", "gloo:all_reduce"], {}) == {
+        "aten::mm": True, "aten::add": False, "record_param_comms": True, "gloo:all_reduce": True,
+    }

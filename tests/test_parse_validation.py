@@ -17,7 +17,7 @@ import pytest
 
 from analyzer.errors import TraceError
 from analyzer.ingest.load import load_trace, load_traces
-from analyzer.ingest.parse import MAX_TIME_NS, _to_ns, complete_events, raw_times, time_unit_ns
+from analyzer.ingest.parse import MAX_TIME_NS, complete_events, raw_times, time_unit_ns, to_ns
 from synth import KinetoTrace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,20 +89,20 @@ def test_raw_times_stage() -> None:
 
 
 def test_to_ns_stage_units_and_int64_bound() -> None:
-    ns, over = _to_ns(np.array([1, 4458676522690]), 1000)
+    ns, over = to_ns(np.array([1, 4458676522690]), 1000)
     assert ns.tolist() == [1000, 4458676522690000] and over is None
-    ns, over = _to_ns(np.array([4458676522690.655, 0.0006]), 1000)
+    ns, over = to_ns(np.array([4458676522690.655, 0.0006]), 1000)
     assert ns.tolist() == [4458676522690655, 1] and over is None
-    ns, over = _to_ns(np.array([1700000000000000123, 5]), 1)  # ns in, ns out
+    ns, over = to_ns(np.array([1700000000000000123, 5]), 1)  # ns in, ns out
     assert ns.tolist() == [1700000000000000123, 5] and over is None
-    ns, over = _to_ns(np.array([MAX_TIME_NS // 1000 + 1, 3]), 1000)  # start would not fit int64 ns
+    ns, over = to_ns(np.array([MAX_TIME_NS // 1000 + 1, 3]), 1000)  # start would not fit int64 ns
     assert over.tolist() == [True, False] and ns.tolist() == [0, 3000]
     assert time_unit_ns("ns") == 1 and time_unit_ns("NS") == 1
     assert time_unit_ns("ms") == 1000 and time_unit_ns(None) == 1000 and time_unit_ns(5) == 1000
 
 
 def test_complete_events_stage() -> None:
-    from analyzer.ingest.parse import _EVENTS
+    from analyzer.ingest.parse.decode import _EVENTS
 
     events = _EVENTS.decode(orjson.dumps([_event(), {"ph": "M", "name": "process_name"}, {"ph": "i", "ts": 3}]))
     meta = []
@@ -203,9 +203,9 @@ def test_decode_stage_marks_wrong_json_types_invalid() -> None:
     """Bools, arrays, objects and numbers beyond float64 as ts/dur fail the
     typed decode; the lenient path keeps them as text, so the times stage
     counts them as invalid (numpy alone would read true as 1)."""
-    from analyzer.ingest.parse import _decode_events
+    from analyzer.ingest.parse import decode_events
 
-    events = _decode_events(
+    events = decode_events(
         b'[{"ph": "X", "name": "a", "ts": 1e400, "dur": true, "args": {"External id": 3}},'
         b' {"ph": "X", "name": "b", "ts": [1], "dur": {"a": 1}}, 5,'
         b' {"ph": "X", "name": "c", "ts": 1, "dur": 2, "args": [1]}]'

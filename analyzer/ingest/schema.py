@@ -2,7 +2,7 @@
 
 Pure Python, so that the parser's worker processes and the CLI's start-up
 path (which parses traces while pandas is still being imported, see
-analyzer/ingest/parse.py) can use them; :mod:`analyzer.ingest.tables` re-exports every
+analyzer/ingest/parse/) can use them; :mod:`analyzer.ingest.tables` re-exports every
 name and documents the columns.
 """
 from __future__ import annotations
