@@ -1,7 +1,8 @@
 """The run directory: its name, creation, config.yaml and the run.json manifest (docs/rundir.md).
 
-Torch-free, so the command line can create and fail run directories before
-any rank starts.
+The manifest is :class:`analyzer.ingest.formats.RunManifest`, the one typed
+definition its readers (the analyzer, the dashboard) use too. Torch-free, so
+the command line can create and fail run directories before any rank starts.
 """
 from __future__ import annotations
 
@@ -12,17 +13,13 @@ import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
+from analyzer.ingest.formats import FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, RunManifest
 from reftrain.config import Config, to_yaml
 from reftrain.errors import ReftrainError
 
-SCHEMA = "reftrain.run/1"
-SCHEMAS = {
-    "metrics": "reftrain.metrics/1",
-    "collectives": "reftrain.collectives/1",
-    "telemetry": "reftrain.telemetry/1",
-}
+SCHEMA = RUN_SCHEMA
+SCHEMAS = FAMILY_SCHEMAS
 
 
 def utc_now() -> str:
@@ -81,20 +78,23 @@ def saved_config_dict(run_dir: Path) -> dict:
     return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict | RunManifest) -> None:
     """Write JSON atomically (temp file + rename): readers never see half a manifest."""
     path = Path(path)
+    if isinstance(data, RunManifest):
+        data = data.to_json()
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 
 
-def read_manifest(run_dir: Path) -> dict | None:
-    """run.json as a dict, or None when it does not exist yet."""
+def read_manifest(run_dir: Path) -> RunManifest | None:
+    """run.json, or None when it does not exist yet (or is not a JSON object)."""
     try:
-        return json.loads((Path(run_dir) / "run.json").read_text())
+        data = json.loads((Path(run_dir) / "run.json").read_text())
     except FileNotFoundError:
         return None
+    return RunManifest.from_json(data) if isinstance(data, dict) else None
 
 
 def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int | None) -> None:
@@ -105,39 +105,34 @@ def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int |
     """
     run_dir = Path(run_dir)
     data = read_manifest(run_dir)
-    if data is None:
-        data = {
-            "schema": SCHEMA,
-            "run_id": run_dir.name,
-            "start_time": None,
-            "command": command,
-            "config": saved_config_dict(run_dir),
-            "world_size": world_size,
-            "files": {"config": "config.yaml", "metrics": [], "collectives": [], "telemetry": [],
-                      "traces": [], "checkpoints": []},
-            "schemas": SCHEMAS,
-        }
-    elif data.get("status") != "running":
+    if data is None:  # the fields rank 0 would have filled stay null
+        data = RunManifest(run_id=run_dir.name, command=list(command), config=saved_config_dict(run_dir),
+                           world_size=world_size, files=empty_files())
+    elif data.status != "running":
         return
     # What is on disk now, whatever rank 0 last recorded (a save may have
     # completed after its last write of run.json).
-    files = data.get("files") if isinstance(data.get("files"), dict) else {}
-    data["files"] = {**files, "checkpoints": complete_checkpoints(run_dir)}
-    data.update(status="failed", end_time=utc_now(), error=error)
+    data.files.checkpoints = complete_checkpoints(run_dir)
+    data.status, data.end_time, data.error = "failed", utc_now(), error
     write_json(run_dir / "run.json", data)
 
 
-def files_listing(run_dir: Path, per_rank: list[dict[str, list[str]]]) -> dict[str, Any]:
+def empty_files() -> Files:
+    """The manifest's `files` before any rank has written a file."""
+    return Files(config="config.yaml", metrics=[], collectives=[], telemetry=[], traces=[], checkpoints=[])
+
+
+def files_listing(run_dir: Path, per_rank: list[dict[str, list[str]]]) -> Files:
     """The manifest's `files` object from each rank's own list of files it wrote.
 
     `per_rank[r]` maps "metrics", "collectives", "traces", "telemetry" to
     paths relative to the run directory. Checkpoints are listed from disk
     (complete ones only: DCP writes `.metadata` last).
     """
-    out: dict[str, Any] = {"config": "config.yaml"}
+    out = Files(config="config.yaml")
     for family in ("metrics", "collectives", "telemetry", "traces"):
-        out[family] = [path for files in per_rank for path in files.get(family, [])]
-    out["checkpoints"] = complete_checkpoints(run_dir)
+        setattr(out, family, [path for files in per_rank for path in files.get(family, [])])
+    out.checkpoints = complete_checkpoints(run_dir)
     return out
 
 
@@ -163,27 +158,26 @@ def record_checkpoints(run_dir: Path) -> None:
     Rank 0 only; does nothing before rank 0 has written run.json."""
     run_dir = Path(run_dir)
     data = read_manifest(run_dir)
-    if not isinstance(data, dict):
+    if data is None:
         return
-    files = data.get("files") if isinstance(data.get("files"), dict) else {}
-    data["files"] = {**files, "checkpoints": complete_checkpoints(run_dir)}
+    data.files.checkpoints = complete_checkpoints(run_dir)
     write_json(run_dir / "run.json", data)
 
 
-def attempts_so_far(run_dir: Path, attempt: int, start_time: str, start_step: int) -> list[dict[str, Any]]:
+def attempts_so_far(run_dir: Path, attempt: int, start_time: str, start_step: int) -> list[Attempt]:
     """run.json's `attempts` at the start of attempt `attempt` (0 = the first): the
     earlier ones from run.json, the last of them closed as failed (torchelastic
     restarted the job because a rank died; its exit codes are the launcher's to
     know, and it records them when the job ends), then this one, running."""
-    earlier: list[dict[str, Any]] = []
+    earlier: list[Attempt] = []
     if attempt > 0:
         data = read_manifest(Path(run_dir))
-        earlier = list(data.get("attempts") or []) if isinstance(data, dict) else []
-        if earlier and earlier[-1].get("status") == "running":
-            earlier[-1] = {**earlier[-1], "status": "failed", "end_time": start_time,
-                           "cause": "a rank died; torchelastic restarted the job"}
-    return [*earlier, {"attempt": attempt, "start_time": start_time, "end_time": None, "status": "running",
-                       "resumed_from_step": start_step, "cause": None, "exit_codes": None}]
+        earlier = list(data.attempts) if data is not None else []
+        if earlier and earlier[-1].status == "running":
+            earlier[-1] = dataclasses.replace(earlier[-1], status="failed", end_time=start_time,
+                                              cause="a rank died; torchelastic restarted the job")
+    return [*earlier, Attempt(attempt=attempt, start_time=start_time, end_time=None, status="running",
+                              resumed_from_step=start_step, cause=None, exit_codes=None)]
 
 
 def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[str, list[str]]:
@@ -206,11 +200,11 @@ def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[
 def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: list[int]) -> None:
     """The launcher's record of how the last attempt ended (the ranks could not write it)."""
     data = read_manifest(Path(run_dir))
-    if not isinstance(data, dict) or not data.get("attempts"):
+    if data is None or not data.attempts:
         return
-    last = data["attempts"][-1]
-    if last.get("status") == "running":
-        last.update(status=status, end_time=utc_now(), cause=cause, exit_codes=exit_codes)
+    last = data.attempts[-1]
+    if last.status == "running":
+        last.status, last.end_time, last.cause, last.exit_codes = status, utc_now(), cause, list(exit_codes)
         write_json(Path(run_dir) / "run.json", data)
 
 
@@ -219,8 +213,7 @@ def record_checkpoint_save(run_dir: Path, step: int, stall_s: float, attempt: in
     seconds, attempt). Rank 0 only; does nothing before rank 0 has written run.json."""
     run_dir = Path(run_dir)
     data = read_manifest(run_dir)
-    if not isinstance(data, dict):
+    if data is None:
         return
-    data["checkpoint_saves"] = [*(data.get("checkpoint_saves") or []),
-                                {"step": step, "stall_s": stall_s, "attempt": attempt}]
+    data.checkpoint_saves = [*(data.checkpoint_saves or []), CheckpointSave(step=step, stall_s=stall_s, attempt=attempt)]
     write_json(run_dir / "run.json", data)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from analyzer.ingest import formats as fmt
 from reftrain import checkpoint, data, flops, manifest, parallel
 from reftrain.clock import align_clocks
 from reftrain.config import Config, resolve
@@ -161,7 +162,7 @@ def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[st
 
 
 def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | None, command: list[str],
-           resumed_from_run: Path | None) -> dict:
+           resumed_from_run: Path | None) -> fmt.RunManifest:
     t, device = cfg.train, env.device
     start_time = manifest.utc_now()
     torch.manual_seed(t.seed)  # identical initial weights on every rank (FSDP2 shards them as is)
@@ -213,53 +214,55 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     injector = Injector(cfg, env.rank, device)
     faults = Faults(cfg.fault, env.rank)
 
-    man = {
-        "schema": manifest.SCHEMA,
-        "run_id": run_dir.name,
-        "status": "running",
-        "start_time": start_time,
-        "end_time": None,
-        "git": git_state(REPO_ROOT),
-        "command": command,
-        "config": manifest.saved_config_dict(run_dir),
-        "world_size": env.world_size,
-        "backend": env.backend,
-        "hardware": {
-            "device_type": device.type,
-            "device_names": [h["device_name"] for h in all_hw],
+    # run.json: the one typed definition of the manifest (analyzer.ingest.formats, docs/rundir.md).
+    man = fmt.RunManifest(
+        schema=manifest.SCHEMA,
+        run_id=run_dir.name,
+        status="running",
+        start_time=start_time,
+        end_time=None,
+        git=fmt.Git.from_json(git_state(REPO_ROOT)),
+        command=command,
+        config=manifest.saved_config_dict(run_dir),
+        world_size=env.world_size,
+        backend=env.backend,
+        hardware=fmt.Hardware(
+            device_type=device.type,
+            device_names=[h["device_name"] for h in all_hw],
             # The smallest device bounds the run (None on CPU).
-            "device_memory_bytes": min((h["device_memory_bytes"] for h in all_hw if h["device_memory_bytes"]), default=None),
-            "cpu_model": hw["cpu_model"],
-            "cpu_cores": hw["cpu_cores"],
-            "cpu_cores_usable": hw["cpu_cores_usable"],
-            "hostnames": [h["hostname"] for h in all_hw],
-        },
-        "torch_version": torch.__version__,
-        "params": params,
-        "flops": fpt.to_manifest(),
-        "peak_flops": peak.to_manifest(),
-        "tokens_per_step": tokens_per_step,
-        "steps": t.steps,
-        "start_step": start_step,
-        "warmup_steps": t.warmup_steps,
-        "profiled_steps": profiled_steps,
-        "clock": clock,
-        "inject": {"slow_rank": cfg.inject.slow_rank, "delay_ms": cfg.inject.delay_ms, "slowdown": cfg.inject.slowdown},
-        "resumed_from": None if resume is None else {"run_dir": str(resumed_from_run), "checkpoint": str(resume),
-                                                      "step": start_step},
-        "telemetry_note": telemetry.note,
-        "files": manifest.files_listing(run_dir, []),
-        "schemas": manifest.SCHEMAS,
-        "max_restarts": _max_restarts(),
-        "attempts": [],
-    }
+            device_memory_bytes=min((h["device_memory_bytes"] for h in all_hw if h["device_memory_bytes"]), default=None),
+            cpu_model=hw["cpu_model"],
+            cpu_cores=hw["cpu_cores"],
+            cpu_cores_usable=hw["cpu_cores_usable"],
+            hostnames=[h["hostname"] for h in all_hw],
+        ),
+        torch_version=torch.__version__,
+        params=fmt.Params.from_json(params),
+        flops=fmt.Flops.from_json(fpt.to_manifest()),
+        peak_flops=fmt.PeakFlops.from_json(peak.to_manifest()),
+        tokens_per_step=tokens_per_step,
+        steps=t.steps,
+        start_step=start_step,
+        warmup_steps=t.warmup_steps,
+        profiled_steps=profiled_steps,
+        clock=fmt.Clock.from_json(clock),
+        inject=fmt.Inject(slow_rank=cfg.inject.slow_rank, delay_ms=cfg.inject.delay_ms, slowdown=cfg.inject.slowdown),
+        resumed_from=None if resume is None else fmt.ResumedFrom(run_dir=str(resumed_from_run), checkpoint=str(resume),
+                                                                 step=start_step),
+        telemetry_note=telemetry.note,
+        files=manifest.files_listing(run_dir, []),
+        schemas=dict(manifest.SCHEMAS),
+        max_restarts=_max_restarts(),
+        attempts=[],
+    )
     if env.rank == 0:
-        man["attempts"] = manifest.attempts_so_far(run_dir, attempt, start_time, start_step)
+        man.attempts = manifest.attempts_so_far(run_dir, attempt, start_time, start_step)
         if attempt > 0:  # the first attempt's start, and the files earlier attempts wrote
-            previous = manifest.read_manifest(run_dir) or {}
-            man["start_time"] = previous.get("start_time") or start_time
-            man["files"] = previous.get("files") or man["files"]
-            man["checkpoint_saves"] = previous.get("checkpoint_saves") or []
+            previous = manifest.read_manifest(run_dir) or fmt.RunManifest()
+            man.start_time = previous.start_time or start_time
+            if previous.files.metrics is not None:
+                man.files = previous.files
+            man.checkpoint_saves = previous.checkpoint_saves or []
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
         print(f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
@@ -300,13 +303,15 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     dist.all_gather_object(everyone, mine)
     if env.rank == 0:
         earlier = manifest.earlier_attempt_files(run_dir, attempt, env.world_size)
-        man.update(status="completed", end_time=manifest.utc_now(), files=manifest.files_listing(run_dir, [earlier, *everyone]),
-                   checkpoint_saves=(manifest.read_manifest(run_dir) or {}).get("checkpoint_saves", []))
-        man["attempts"][-1].update(end_time=man["end_time"], status="completed", exit_codes=[0] * env.world_size)
-        if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
+        man.status, man.end_time = "completed", manifest.utc_now()
+        man.files = manifest.files_listing(run_dir, [earlier, *everyone])
+        man.checkpoint_saves = (manifest.read_manifest(run_dir) or fmt.RunManifest()).checkpoint_saves or []
+        last = man.attempts[-1]
+        last.end_time, last.status, last.exit_codes = man.end_time, "completed", [0] * env.world_size
+        if (cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None) and man.inject is not None:
             # What the injection measured per rank (medians over steady steps): the analyzer and
             # bench_gate read the injected time from here instead of trusting the request.
-            man["inject"]["measured"] = {
+            man.inject.measured = {
                 "injected_ms": [e["summary"]["injected_ms"] for e in everyone],
                 "compute_factor": [e["summary"]["compute_factor"] for e in everyone],
             }

@@ -1,0 +1,400 @@
+"""The saved formats, one typed definition each: the run manifest (``run.json``,
+``reftrain.run/1``), a metrics line (``metrics/rank{R}.jsonl``,
+``reftrain.metrics/1``) and the report document's top level
+(``analyzer.report/1``). docs/rundir.md and docs/cli.md describe the fields.
+
+Writers and readers share these classes: reftrain builds a
+:class:`RunManifest` and writes ``to_json()``; the analyzer reads it back
+with :meth:`RunManifest.from_json`. Reading is tolerant, so old runs stay
+readable: a field a version did not write, or wrote with an unexpected type,
+reads as ``None`` (lists: empty); fields this version does not know are kept
+in ``extra`` and written back after the known ones, so a read-modify-write
+(the launcher marking a run failed) loses nothing. ``to_json()`` writes the
+known fields in their documented order, ``None`` as ``null``, except the
+fields marked ``omit_none`` (``error``, ``checkpoint_saves``,
+``inject.measured``, ...), which are absent until they have a value, as the
+dict literal reftrain wrote before wrote them.
+
+Torch-free and pandas-free: reftrain's launcher imports this before any rank starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+RUN_SCHEMA = "reftrain.run/1"
+METRICS_SCHEMA = "reftrain.metrics/1"
+COLLECTIVES_SCHEMA = "reftrain.collectives/1"
+TELEMETRY_SCHEMA = "reftrain.telemetry/1"
+REPORT_SCHEMA = "analyzer.report/1"
+# The manifest's `schemas`: the schema of each JSON-lines family.
+FAMILY_SCHEMAS: dict[str, str] = {
+    "metrics": METRICS_SCHEMA,
+    "collectives": COLLECTIVES_SCHEMA,
+    "telemetry": TELEMETRY_SCHEMA,
+}
+FILE_FAMILIES = ("metrics", "collectives", "telemetry", "traces")
+
+T = TypeVar("T", bound="Record")
+_OMIT = "omit_none"
+
+
+def _omit_none(default: Any = None) -> Any:
+    """A field absent from ``to_json()`` while it is None."""
+    return field(default=default, metadata={_OMIT: True})
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` as ``hint`` describes it, or None when it is not of that type."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        for a in args:
+            out = _coerce(value, a)
+            if out is not None:
+                return out
+        return None
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_json(value) if isinstance(value, dict) else None
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        if not isinstance(value, list):
+            return None
+        out = [_coerce(v, item) for v in value]
+        return [v for v in out if v is not None] if item is not Any else out
+    if origin is dict or hint is dict:
+        return value if isinstance(value, dict) else None
+    if hint is bool:
+        return value if isinstance(value, bool) else None
+    if hint is int:
+        return value if _is_int(value) else None
+    if hint is float:  # an int where a float is documented stays the int it was (same JSON back)
+        return value if (_is_int(value) or isinstance(value, float)) else None
+    if hint is str:
+        return value if isinstance(value, str) else None
+    return value
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    return value
+
+
+@dataclass
+class Record:
+    """Base of the saved formats: ``from_json`` (tolerant) and ``to_json`` (documented order)."""
+
+    _hints: ClassVar[dict[type, dict[str, Any]]] = {}
+
+    @classmethod
+    def _field_hints(cls) -> dict[str, Any]:
+        hints = Record._hints.get(cls)
+        if hints is None:
+            resolved = typing.get_type_hints(cls)
+            hints = {f.name: resolved[f.name] for f in dataclasses.fields(cls) if f.name != "extra"}
+            Record._hints[cls] = hints
+        return hints
+
+    @classmethod
+    def from_json(cls: type[T], data: Any) -> T:
+        """Read a decoded JSON object; anything not an object reads as an empty record."""
+        data = data if isinstance(data, dict) else {}
+        hints = cls._field_hints()
+        known = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in hints:
+                continue
+            factory = f.default is dataclasses.MISSING
+            value = _coerce(data[f.name], hints[f.name]) if f.name in data else None
+            # An optional field absent or of the wrong type is None (not its writer's
+            # default); a non-optional one (a list, the files object) keeps its default.
+            if value is not None or not factory:
+                known[f.name] = value
+        extra = {k: v for k, v in data.items() if k not in hints}
+        return cls(**known, extra=extra)  # type: ignore[call-arg]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (a dict of JSON values), known fields first in their order, then ``extra``."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get(_OMIT):
+                continue
+            out[f.name] = _to_json(value)
+        for k, v in getattr(self, "extra", {}).items():
+            out.setdefault(k, v)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# run.json (reftrain.run/1)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Git(Record):
+    sha: str | None = None
+    dirty: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Hardware(Record):
+    device_type: str | None = None  # "cpu" | "cuda"
+    device_names: list[str] = field(default_factory=list)  # per rank
+    device_memory_bytes: int | None = None  # the smallest GPU of the run; None on CPU
+    cpu_model: str | None = None
+    cpu_cores: int | None = None
+    cpu_cores_usable: int | None = None
+    hostnames: list[str] = field(default_factory=list)  # per rank
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Params(Record):
+    total: int | None = None
+    non_embedding: int | None = None
+    embedding: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Flops(Record):
+    """Model FLOPs per token (PaLM 6N + 12LHQT, docs/mfu.md)."""
+
+    per_token: float | None = None
+    per_token_hardware: float | None = None
+    formula: str | None = None
+    hardware_formula: str | None = None
+    terms: dict[str, Any] | None = None  # N, N_blocks, L, H, Q, T
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PeakFlops(Record):
+    per_s: float | None = None  # per device, in the run's dtype
+    source: str | None = None  # table | measured | override
+    detail: str | None = None
+    dtype: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Clock(Record):
+    offsets_ns: list[int] = field(default_factory=list)  # per rank: its clock minus rank 0's
+    uncertainty_ns: int | None = None
+    method: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Inject(Record):
+    slow_rank: int | None = None
+    delay_ms: float | None = None
+    slowdown: float | None = None
+    # At completion, with any injection: per rank injected_ms and compute_factor medians.
+    measured: dict[str, Any] | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ResumedFrom(Record):
+    run_dir: str | None = None
+    checkpoint: str | None = None
+    step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Files(Record):
+    """Paths relative to the run directory. A family the manifest does not list is None
+    (a run still running, or killed before the end: readers then look on disk)."""
+
+    config: str | None = None  # "config.yaml"
+    metrics: list[str] | None = None
+    collectives: list[str] | None = None
+    telemetry: list[str] | None = None
+    traces: list[str] | None = None
+    checkpoints: list[str] | None = None  # complete ones only
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Attempt(Record):
+    """One torchelastic attempt."""
+
+    attempt: int | None = None  # 0 = the first
+    start_time: str | None = None
+    end_time: str | None = None
+    status: str | None = None  # running | completed | failed
+    resumed_from_step: int | None = None
+    cause: str | None = None
+    exit_codes: list[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointSave(Record):
+    step: int | None = None
+    stall_s: float | None = None  # rank 0's wall time in the save
+    attempt: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunManifest(Record):
+    """``run.json``: every field of docs/rundir.md, in the order reftrain writes them."""
+
+    schema: str | None = RUN_SCHEMA
+    run_id: str | None = None
+    status: str | None = None  # running | completed | failed
+    start_time: str | None = None  # ISO 8601, UTC
+    end_time: str | None = None
+    git: Git | None = None
+    command: list[str] = field(default_factory=list)
+    config: dict[str, Any] | None = None  # the resolved config, as config.yaml
+    world_size: int | None = None
+    backend: str | None = None
+    hardware: Hardware | None = None
+    torch_version: str | None = None
+    params: Params | None = None
+    flops: Flops | None = None
+    peak_flops: PeakFlops | None = None
+    tokens_per_step: int | None = None
+    steps: int | None = None
+    start_step: int | None = None
+    warmup_steps: int | None = None
+    profiled_steps: list[int] = field(default_factory=list)
+    clock: Clock | None = None
+    inject: Inject | None = None
+    resumed_from: ResumedFrom | None = None
+    telemetry_note: str | None = None
+    files: Files = field(default_factory=Files)
+    schemas: dict[str, str] = field(default_factory=lambda: dict(FAMILY_SCHEMAS))
+    max_restarts: int | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    checkpoint_saves: list[CheckpointSave] | None = _omit_none()
+    error: str | None = _omit_none()  # only when failed: the one-line reason
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # Readers' conveniences: an absent object reads as an empty one.
+    @property
+    def hw(self) -> Hardware:
+        return self.hardware or Hardware()
+
+    @property
+    def model_flops(self) -> Flops:
+        return self.flops or Flops()
+
+    @property
+    def peak(self) -> PeakFlops:
+        return self.peak_flops or PeakFlops()
+
+    def family_schema(self, family: str) -> str:
+        """The schema of a JSON-lines family; version 1 when the manifest does not say."""
+        value = self.schemas.get(family)
+        return value if isinstance(value, str) else f"reftrain.{family}/1"
+
+
+# ---------------------------------------------------------------------------
+# metrics/rank{R}.jsonl (reftrain.metrics/1)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class MetricsLine(Record):
+    """One optimizer step of one rank (docs/rundir.md). Times in ms of that rank's wall clock."""
+
+    step: int | None = None
+    rank: int | None = None
+    loss: float | None = None
+    step_time_ms: float | None = None
+    data_wait_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    grad_sync_ms: float | None = None
+    comm_ms: float | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    mem_bytes: int | None = None
+    mem_kind: str | None = None  # cuda_peak_allocated | cpu_rss
+    profiled: bool | None = None
+    time_ns: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # The table dtype of each field (analyzer.ingest.rundir reads the lines into one table).
+    DTYPES: ClassVar[dict[str, str]] = {}
+
+
+def _dtypes(cls: type[Record], overrides: dict[str, str]) -> dict[str, str]:
+    kinds = {int: "int64", float: "float64", bool: "bool", str: "category"}
+    out: dict[str, str] = {}
+    for name, hint in cls._field_hints().items():
+        base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        out[name] = overrides.get(name, kinds.get(base[0], "object"))
+    return out
+
+
+MetricsLine.DTYPES = _dtypes(MetricsLine, {})
+
+
+# ---------------------------------------------------------------------------
+# The report document (analyzer.report/1): its top level
+# ---------------------------------------------------------------------------
+
+# Top-level keys of `analyzer report --json`, in order: RunAnalysis.to_json
+# writes all but `suggestions` and `generator` (analyzer.verbs.report adds
+# them); tests/test_public_surface.py freezes the set.
+REPORT_TOP_LEVEL = (
+    "schema", "path", "kind", "run", "ranks", "steps", "stragglers", "kernels",
+    "collectives", "errors", "warnings", "suggestions", "generator",
+)
+# What differs between two reports of the same input by the same code: the
+# time it was written and the analyzer's version (golden comparisons drop them).
+REPORT_VOLATILE = (("generator", "created_at"), ("generator", "version"))
+
+
+__all__ = [
+    "COLLECTIVES_SCHEMA",
+    "FAMILY_SCHEMAS",
+    "FILE_FAMILIES",
+    "METRICS_SCHEMA",
+    "REPORT_SCHEMA",
+    "REPORT_TOP_LEVEL",
+    "REPORT_VOLATILE",
+    "RUN_SCHEMA",
+    "TELEMETRY_SCHEMA",
+    "Attempt",
+    "CheckpointSave",
+    "Clock",
+    "Files",
+    "Flops",
+    "Git",
+    "Hardware",
+    "Inject",
+    "MetricsLine",
+    "Params",
+    "PeakFlops",
+    "Record",
+    "ResumedFrom",
+    "RunManifest",
+]
