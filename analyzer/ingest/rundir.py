@@ -23,6 +23,7 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
+from analyzer.ingest.formats import MetricsLine, RunManifest
 from analyzer.ingest.locate import MANIFEST, RUN_TRACE_PATTERNS, is_run_dir, listed_or_found, unusable_reason
 
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
@@ -31,26 +32,7 @@ _RANK_IN_NAME_RE = re.compile(r"(?:rank|gpu)(\d+)\.jsonl$")
 
 # Documented columns per family and their dtypes (docs/rundir.md); a
 # file's records may carry more fields, kept as they come.
-METRICS_COLUMNS: dict[str, str] = {
-    "step": "int64",
-    "rank": "int64",
-    "loss": "float64",
-    "step_time_ms": "float64",
-    "data_wait_ms": "float64",
-    "forward_ms": "float64",
-    "backward_ms": "float64",
-    "optimizer_ms": "float64",
-    "grad_sync_ms": "float64",
-    "comm_ms": "float64",
-    "tokens": "int64",
-    "tokens_per_s": "float64",
-    "mfu": "float64",
-    "hfu": "float64",
-    "mem_bytes": "int64",
-    "mem_kind": "category",
-    "profiled": "bool",
-    "time_ns": "int64",
-}
+METRICS_COLUMNS: dict[str, str] = dict(MetricsLine.DTYPES)  # the fields of the typed metrics line (formats.py)
 COLLECTIVES_COLUMNS: dict[str, str] = {
     "step": "int64",
     "rank": "int64",
@@ -151,10 +133,12 @@ class RunDir:
     problem found on the way (a file or family not read, unreadable
     lines); ``warnings`` one line per file whose lines had values out of
     range (:data:`METRICS_RANGES`), with the count and the first example.
+    ``manifest`` is ``run.json`` as decoded; ``run`` the same, typed.
     """
 
     path: Path
     manifest: dict
+    run: RunManifest
     metrics: pd.DataFrame
     collectives: pd.DataFrame
     telemetry: pd.DataFrame
@@ -164,8 +148,7 @@ class RunDir:
 
     @property
     def world_size(self) -> int | None:
-        ws = self.manifest.get("world_size")
-        return int(ws) if isinstance(ws, int) else None
+        return self.run.world_size
 
 
 def read_run_dir(path: Path) -> RunDir:
@@ -176,19 +159,17 @@ def read_run_dir(path: Path) -> RunDir:
     """
     path = Path(path)
     manifest = _read_manifest(path)
+    run = RunManifest.from_json(manifest)
     errors: list[str] = []
     warnings: list[str] = []
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    schemas = manifest.get("schemas") if isinstance(manifest.get("schemas"), dict) else {}
     tables: dict[str, pd.DataFrame] = {}
     for family, (pattern, columns) in _FAMILIES.items():
         frames: list[pd.DataFrame] = []
-        schema = schemas.get(family, f"reftrain.{family}/1")
-        problem = _schema_problem(schema, family)
+        problem = _schema_problem(run.family_schema(family), family)
         if problem:
             errors.append(f"{family}: {problem}; {family} not read")
         else:
-            for rel in listed_or_found(path, files.get(family), pattern, errors):
+            for rel in listed_or_found(path, getattr(run.files, family), pattern, errors):
                 frame = _read_jsonl(path, rel, errors, warnings, METRICS_RANGES if family == "metrics" else None)
                 if frame is None:
                     continue
@@ -201,11 +182,12 @@ def read_run_dir(path: Path) -> RunDir:
                 frames.append(frame)
         tables[family] = _conform(frames, columns, "time_ns" if family == "telemetry" else "step")
     traces = []
-    for rel in listed_or_found(path, files.get("traces"), RUN_TRACE_PATTERNS, errors):
+    for rel in listed_or_found(path, run.files.traces, RUN_TRACE_PATTERNS, errors):
         traces.append((path / rel).absolute())
     return RunDir(
         path=path,
         manifest=manifest,
+        run=run,
         metrics=tables["metrics"],
         collectives=tables["collectives"],
         telemetry=tables["telemetry"],

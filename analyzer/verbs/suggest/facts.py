@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from analyzer.ingest.formats import RunManifest
 from analyzer.metrics.mfu import steady_state
 from analyzer.metrics.taxonomy import FUSABLE_CLASSES, classify_name, is_compiled, kernel_precision
 
@@ -196,12 +197,16 @@ class RunFacts:
 # ---------------------------------------------------------------------------
 
 
-def _steady(ra: "RunAnalysis") -> pd.DataFrame | None:
+def manifest_of(ra: "RunAnalysis") -> RunManifest:
+    """The run's typed ``run.json`` (an empty one for a folder of traces)."""
+    return RunManifest.from_json(ra.manifest or {})
+
+
+def _steady(ra: "RunAnalysis", man: RunManifest) -> pd.DataFrame | None:
     m = ra.metrics
     if m is None or m.empty or not {"rank", "step", "step_time_ms"} <= set(m.columns):
         return None
-    man = ra.manifest or {}
-    s = steady_state(m, int(man.get("warmup_steps") or 0), list(man.get("profiled_steps") or []))
+    s = steady_state(m, man.warmup_steps or 0, list(man.profiled_steps))
     return s if not s.empty else None
 
 
@@ -408,7 +413,8 @@ def gpu_memory_bytes(device_name: str | None) -> tuple[float | None, str | None]
     return None, None
 
 
-def memory_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, device_name: str | None) -> MemoryFacts:
+def memory_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, device_name: str | None,
+                 man: RunManifest | None = None) -> MemoryFacts:
     """Peak memory over steady steps (max over ranks) against the device capacity (GPU runs)."""
     peak = kind = None
     if steady is not None and "mem_bytes" in steady.columns:
@@ -417,10 +423,10 @@ def memory_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, de
             peak = float(values.max())
             kinds = steady["mem_kind"].astype(str).unique() if "mem_kind" in steady.columns else []
             kind = str(kinds[0]) if len(kinds) else None
-    hw = (ra.manifest or {}).get("hardware") or {}
+    hw = (man or manifest_of(ra)).hw
     capacity, source = None, None
-    if isinstance(hw.get("device_memory_bytes"), (int, float)) and hw["device_memory_bytes"] > 0:
-        capacity, source = float(hw["device_memory_bytes"]), "run.json hardware.device_memory_bytes"
+    if hw.device_memory_bytes is not None and hw.device_memory_bytes > 0:
+        capacity, source = float(hw.device_memory_bytes), "run.json hardware.device_memory_bytes"
     elif device == "cuda":
         capacity, source = gpu_memory_bytes(device_name)
     if kind != "cuda_peak_allocated":
@@ -428,9 +434,9 @@ def memory_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, de
     return MemoryFacts(peak, kind, capacity, source)
 
 
-def _ranks_per_host(hostnames: object, world: int) -> int:
+def _ranks_per_host(hostnames: list[str], world: int) -> int:
     """Most ranks on one host (all on one host when the manifest does not list hosts)."""
-    if isinstance(hostnames, list) and hostnames:
+    if hostnames:
         return max(hostnames.count(h) for h in set(hostnames))
     return world
 
@@ -463,21 +469,21 @@ def run_facts(ra: "RunAnalysis") -> RunFacts:
 
 
 def _run_facts(ra: "RunAnalysis") -> RunFacts:
-    man = ra.manifest or {}
-    config = man.get("config") if isinstance(man.get("config"), dict) else None
-    hw = man.get("hardware") or {}
+    man = manifest_of(ra)
+    config = man.config
+    hw = man.hw
     device_names = [r.device_name for r in ra.ranks if r.device_name]
-    if man:
-        device = "cuda" if hw.get("device_type") == "cuda" else "cpu"
-        names = hw.get("device_names") or []
-        device_name = (names[0] if names else None) if device == "cuda" else (hw.get("cpu_model") or None)
+    if ra.manifest:
+        device = "cuda" if hw.device_type == "cuda" else "cpu"
+        names = hw.device_names
+        device_name = (names[0] if names else None) if device == "cuda" else (hw.cpu_model or None)
     else:
         device = "cuda" if any(r.source == "device" for r in ra.ranks) else "cpu"
         device_name = device_names[0] if device_names else None
     if device == "cuda" and device_names:
         device_name = device_names[0]
 
-    steady = _steady(ra)
+    steady = _steady(ra, man)
     phases = phase_medians(steady) if steady is not None else {}
     notes: list[str] = []
     trace_steps = usable_windows(ra.steps)
@@ -514,13 +520,14 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
 
     if ra.mfu.lower_bound:
         notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
-    tokens_per_step = man.get("tokens_per_step")
-    flops = man.get("flops") or {}
-    dtype = (config or {}).get("train", {}).get("dtype") if config else None
+    tokens_per_step = man.tokens_per_step
+    per_token = man.model_flops.per_token
+    train = config.get("train") if config else None
+    dtype = train.get("dtype") if isinstance(train, dict) else None
     if dtype is None and ra.mfu.dtype:
         dtype = ra.mfu.dtype
-    world = int(man.get("world_size") or len(ra.ranks) or 1)
-    cores = hw.get("cpu_cores_usable") or hw.get("cpu_cores")
+    world = int(man.world_size or len(ra.ranks) or 1)
+    cores = hw.cpu_cores_usable or hw.cpu_cores
     run_path = ra.path if isinstance(ra.path, Path) else None
     config_path = str(run_path / "config.yaml") if (config is not None and run_path is not None) else None
     return RunFacts(
@@ -538,7 +545,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
         mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) and not ra.mfu.lower_bound else None,
         peak_flops_per_s=ra.mfu.peak_flops_per_s,
-        flops_per_token=float(flops["per_token"]) if flops.get("per_token") else None,
+        flops_per_token=float(per_token) if per_token else None,
         dtype=dtype,
         phases=phases,
         profiled_step_time_ms=profiled_ms,
@@ -548,17 +555,17 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         exposed_comm_source=exposed_source,
         comm=comm,
         kernels=kernel_facts(ra),
-        memory=memory_facts(ra, steady, device, device_name),
+        memory=memory_facts(ra, steady, device, device_name, man),
         stragglers=ra.stragglers,
         telemetry=getattr(ra, "telemetry", None),
-        params=man.get("params") if isinstance(man.get("params"), dict) else None,
-        cpu_cores=int(cores) if isinstance(cores, int) else None,
+        params=man.params.to_json() if man.params is not None else None,
+        cpu_cores=cores,
         rank_phases=rank_phase_medians(steady) if steady is not None else {},
         sync_delay_ms=sync_delay_ms(coll),
-        inject=man.get("inject") if isinstance(man.get("inject"), dict) else None,
-        hostnames=list(hw["hostnames"]) if isinstance(hw.get("hostnames"), list) else None,
-        profile_steps=(len(man.get("profiled_steps") or []), int(ra.metrics["step"].nunique())
+        inject=man.inject.to_json() if man.inject is not None else None,
+        hostnames=list(hw.hostnames) or None,
+        profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
                        if ra.metrics is not None and not ra.metrics.empty else 0),
-        ranks_per_host=_ranks_per_host(hw.get("hostnames"), world),
+        ranks_per_host=_ranks_per_host(hw.hostnames, world),
         notes=notes,
     )
