@@ -133,3 +133,17 @@ def test_classify_stage_trace_span_streams_and_kept_args() -> None:
     assert classify.wants_args(["aten::mm", "aten::add", "record_param_comms", "gloo:all_reduce"], {}) == {
         "aten::mm": True, "aten::add": False, "record_param_comms": True, "gloo:all_reduce": True,
     }
+
+
+def test_columns_stage_keeps_autograd_sequence_numbers() -> None:
+    events = _events(
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
+         "args": {"Sequence number": 17}},
+        {"ph": "X", "cat": "cpu_op", "name": "MmBackward0", "pid": 1, "tid": 2, "ts": 5, "dur": 2,
+         "args": {"Sequence number": 17, "Fwd thread id": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 6, "dur": 1},
+    )
+    cols = Columns()
+    cols.add(events)
+    columns = cols.finish(1000)
+    assert columns["seq_num"].tolist() == [17, 17, -1] and columns["fwd_tid"].tolist() == [-1, 1, -1]

@@ -51,13 +51,13 @@ if TYPE_CHECKING:
 
 # Bump when the parser changes what an entry holds (2: parser columns in npz;
 # 3: categories in today's spelling, validated times, displayTimeUnit, notes;
-# 4: concrete_inputs of convolution ops).
-LOADER_VERSION = 4
+# 4: concrete_inputs of convolution ops; 5: seq_num and fwd_tid of autograd ops).
+LOADER_VERSION = 5
 ENTRY_SUFFIX = ".npz"
 # Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
 _ENTRY_SUFFIXES = (".npz", ".parquet")
 _META_MEMBER = "trainperf_meta"
-_INT_COLUMNS = ("pid", "tid", "stream", "ts_ns", "dur_ns", "correlation", "external_id")
+_INT_COLUMNS = ("pid", "tid", "stream", "ts_ns", "dur_ns", "correlation", "external_id", "seq_num", "fwd_tid")
 _CODE_COLUMNS = ("cat", "name")
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -77,6 +77,27 @@ class TraceSet:
                 f[col] = f[col].cat.set_categories(cats)
             out.append(f)
         return pd.concat(out, ignore_index=True)
+
+
+@dataclass
+class FileFacts:
+    """What the set-level warnings (:func:`assemble`) need from one loaded
+    file, without its events: the per-rank map (analyzer.rankmap) returns
+    these from its workers."""
+
+    path: Path
+    rank: int
+    rank_source: str
+    notes: list[str]
+    steps: pd.DataFrame  # step, start_ns, end_ns
+    world_size: int | None
+
+    @classmethod
+    def of(cls, rt: RankTrace) -> FileFacts:
+        return cls(rt.path, rt.rank, rt.rank_source, list(rt.notes), rt.steps, rt.world_size)
+
+
+_Loaded = TypeVar("_Loaded", RankTrace, FileFacts)
 
 
 # --------------------------------------------------------------------------
@@ -152,7 +173,7 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     for key in ("pid", "tid", "stream"):
         frame[key] = column(key)
     frame["start_ns"], frame["end_ns"] = start, end
-    for key in ("correlation", "external_id"):
+    for key in ("correlation", "external_id", "seq_num", "fwd_tid"):
         frame[key] = column(key)
     # Sparse columns: row numbers of the file order -> positions in the table.
     position = np.full(len(keep), -1, dtype=np.int64)
@@ -346,7 +367,7 @@ def _add_rank(loaded: dict[Path, RankTrace], result: TraceSet, f: Path, parsed: 
         result.errors.append(TraceError(f, f"could not be tabled ({type(exc).__name__}: {str(exc)[:200]})"))
 
 
-def _expand(paths: Path | Sequence[Path]) -> tuple[list[Path], list[TraceError]]:
+def expand_paths(paths: Path | Sequence[Path]) -> tuple[list[Path], list[TraceError]]:
     """(trace files, one TraceError per path named like a trace that cannot be read as one)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [Path(paths)]
@@ -362,6 +383,9 @@ def _expand(paths: Path | Sequence[Path]) -> tuple[list[Path], list[TraceError]]
                 seen.add(key)
                 files.append(f)
     return files, skipped
+
+
+_expand = expand_paths
 
 
 def _size(path: Path) -> int:
@@ -416,63 +440,77 @@ def _progress_bar(progress: bool | None, n_files: int, total_bytes: int):
 
 def _assemble(files: list[Path], loaded: dict[Path, RankTrace], result: TraceSet) -> None:
     """Ranks by rank, and the set-level warnings."""
+    ranks, warnings = assemble(files, loaded)
+    result.ranks.update(ranks)
+    result.warnings += warnings
+
+
+def assemble(files: list[Path], loaded: Mapping[Path, _Loaded]) -> tuple[dict[int, _Loaded], list[str]]:
+    """The rank of each file that loaded (a RankTrace, or its :class:`FileFacts`),
+    by rank, and the set-level warnings, in this order: each file's notes, a
+    rank assumed 0, a duplicated rank (the file sorting last is kept), a rank
+    without ProfilerStep markers, differing step counts, ranks missing
+    against ``world_size``."""
+    warnings: list[str] = []
     multi = len(files) > 1
-    by_rank: dict[int, list[RankTrace]] = {}
+    by_rank: dict[int, list[_Loaded]] = {}
     for f in files:  # natural order
         rt = loaded.get(f)
         if rt is None:
             continue
         for note in rt.notes:
-            result.warnings.append(f"{rt.path.name}: {note}")
+            warnings.append(f"{rt.path.name}: {note}")
         if multi and rt.rank_source == "default":
-            result.warnings.append(f"{rt.path.name}: no rank in distributedInfo or the file name; assumed rank 0")
+            warnings.append(f"{rt.path.name}: no rank in distributedInfo or the file name; assumed rank 0")
         by_rank.setdefault(rt.rank, []).append(rt)
+    ranks: dict[int, _Loaded] = {}
     for rank in sorted(by_rank):
         group = by_rank[rank]
         kept = group[-1]
         if len(group) > 1:
             others = ", ".join(g.path.name for g in group[:-1])
-            result.warnings.append(
+            warnings.append(
                 f"duplicated rank {rank}: kept {kept.path.name}, ignored {others} (the file sorting last is kept)"
             )
-        result.ranks[rank] = kept
-    for rank, rt in sorted(result.ranks.items()):
+        ranks[rank] = kept
+    for rank, rt in sorted(ranks.items()):
         if rt.steps.empty:
-            result.warnings.append(
+            warnings.append(
                 f"{rt.path.name}: no ProfilerStep markers; per-step metrics unavailable for rank {rank}"
             )
-    _check_step_counts(result)
-    _check_world(result)
+    _check_step_counts(ranks, warnings)
+    _check_world(ranks, warnings)
+    return ranks, warnings
 
 
-def _check_step_counts(result: TraceSet) -> None:
-    counts = {r: len(rt.steps) for r, rt in result.ranks.items() if not rt.steps.empty}
+def _check_step_counts(ranks: Mapping[int, _Loaded], warnings: list[str]) -> None:
+    counts = {r: len(rt.steps) for r, rt in ranks.items() if not rt.steps.empty}
     if len(set(counts.values())) <= 1:
         return
     values = list(counts.values())
     usual = max(set(values), key=lambda c: (values.count(c), c))
     for rank, count in sorted(counts.items()):
         if count != usual:
-            steps = result.ranks[rank].steps["step"]
-            result.warnings.append(
-                f"{result.ranks[rank].path.name}: {count} ProfilerSteps "
+            steps = ranks[rank].steps["step"]
+            warnings.append(
+                f"{ranks[rank].path.name}: {count} ProfilerSteps "
                 f"(#{steps.min()}..#{steps.max()}) while most ranks have {usual}; "
                 f"rank {rank}'s per-step comparison covers different steps"
             )
 
 
-def _check_world(result: TraceSet) -> None:
-    sizes = {rt.world_size for rt in result.ranks.values() if rt.world_size}
+def _check_world(ranks: Mapping[int, _Loaded], warnings: list[str]) -> None:
+    sizes = {rt.world_size for rt in ranks.values() if rt.world_size}
     if not sizes:
         return
     world = max(sizes)
-    missing = sorted(set(range(world)) - set(result.ranks))
+    missing = sorted(set(range(world)) - set(ranks))
     if missing:
         have = "rank has" if len(missing) == 1 else "ranks have"
-        result.warnings.append(f"world_size is {world} but {len(missing)} {have} no trace: {_ranges(missing)}")
-    extra = sorted(r for r in result.ranks if r >= world or r < 0)
+        warnings.append(f"world_size is {world} but {len(missing)} {have} no trace: {_ranges(missing)}")
+    extra = sorted(r for r in ranks if r >= world or r < 0)
     if extra:
-        result.warnings.append(f"ranks {_ranges(extra)} are outside world_size {world}")
+        warnings.append(f"ranks {_ranges(extra)} are outside world_size {world}")
 
 
 def _ranges(values: list[int]) -> str:

@@ -87,6 +87,8 @@ COLUMNS: dict[str, str] = {
     "end_ns": "int64",
     "correlation": "int64",
     "external_id": "int64",
+    "seq_num": "int64",
+    "fwd_tid": "int64",
     "input_dims": "object",
     "input_types": "object",
     "concrete_inputs": "object",

@@ -47,6 +47,11 @@ start_ns        int64      start
 end_ns          int64      end (start + dur); instant events are dropped
 correlation     int64      ``args.correlation``, -1 when absent
 external_id     int64      ``args.External id``, -1 when absent
+seq_num         int64      ``args["Sequence number"]`` (autograd sequence
+                           number of a cpu_op; a backward op carries its
+                           forward op's), -1 when absent
+fwd_tid         int64      ``args["Fwd thread id"]`` (on backward ops: the
+                           thread of their forward op), -1 when absent
 input_dims      object     ``args["Input Dims"]`` as a JSON string, only for
                            matmul-like cpu_ops (see MATMUL_OPS) and cpu_comm
                            rows (gloo collectives carry their tensor shapes

@@ -29,6 +29,7 @@ from analyzer.ingest.schema import CONV_OPS, FLOP_OPS, CPU_COMM_RE, text_id
 
 _PID, _TID = attrgetter("pid"), attrgetter("tid")
 _CORRELATION, _EXTERNAL_ID = attrgetter("correlation"), attrgetter("external_id")
+_SEQ_NUM, _FWD_TID = attrgetter("seq_num"), attrgetter("fwd_tid")
 _STREAM_TID_RE = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
 # Annotation prefixes PyTorch writes around a collective's host-side work.
 _COLL_ANNOTATION_PREFIXES = ("gloo:", "nccl:")
@@ -46,7 +47,7 @@ class Columns:
         self.cat_ids: dict[str, int] = {}
         self.name_ids: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("cat", "name", "pid", "tid", "stream", "ts", "dur", "correlation", "external_id")
+            k: [] for k in ("cat", "name", "pid", "tid", "stream", "ts", "dur", "correlation", "external_id", "seq_num", "fwd_tid")
         }
         self.rows = 0
         # Sparse columns: row -> value, for the few rows that carry them.
@@ -127,6 +128,8 @@ class Columns:
         self.parts["dur"].append(dur)
         self.parts["correlation"].append(_ids(corrs))
         self.parts["external_id"].append(_ids(exts))
+        self.parts["seq_num"].append(_ids(list(map(_SEQ_NUM, args))))
+        self.parts["fwd_tid"].append(_ids(list(map(_FWD_TID, args))))
         for row, name, a in special:
             self._special(row, name, a)
 

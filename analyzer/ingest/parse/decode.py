@@ -32,6 +32,10 @@ class Args(msgspec.Struct):
     # events (and "External id" on ops), some versions "Input dims".
     external_id_old: Any = msgspec.field(default=-1, name="external id")
     stream: Any = None
+    # Autograd: an op's sequence number; a backward op carries its forward
+    # op's number and the forward op's thread (analyzer.metrics.attribution).
+    seq_num: Any = msgspec.field(default=-1, name="Sequence number")
+    fwd_tid: Any = msgspec.field(default=-1, name="Fwd thread id")
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_dims_old: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")
     input_types: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
