@@ -306,10 +306,10 @@ class RunManifest(Record):
     def peak(self) -> PeakFlops:
         return self.peak_flops or PeakFlops()
 
-    def family_schema(self, family: str) -> str:
-        """The schema of a JSON-lines family; version 1 when the manifest does not say."""
-        value = self.schemas.get(family)
-        return value if isinstance(value, str) else f"reftrain.{family}/1"
+    def family_schema(self, family: str) -> object:
+        """The schema of a JSON-lines family as written (the reader checks it); version 1
+        when the manifest does not say."""
+        return self.schemas.get(family, f"reftrain.{family}/1")
 
 
 # ---------------------------------------------------------------------------
