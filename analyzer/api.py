@@ -26,37 +26,28 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import AnalyzerError
-from analyzer.ingest.load import TraceSet, load_traces
+from analyzer.errors import AnalyzerError, TraceError
+from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
-from analyzer.metrics.breakdown import Source, source_of, step_breakdown, summarize_breakdown
-from analyzer.metrics.kernels import top_kernels
-from analyzer.metrics.windows import check_windows
-from analyzer.metrics.mfu import (
-    MfuResult,
-    device_name_of,
-    mfu_from_manifest,
-    mfu_from_trace_shapes,
-    rank_flops_from_shapes,
-    steady_state,
-)
-from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct, overlap, span_parts_ns
+from analyzer.ingest.load import FileFacts, assemble
+from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
+from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
+from analyzer.metrics.overlap import exposed_comm_pct
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
 from analyzer.metrics.stragglers import (
     StragglerResult,
     arrivals_from_records,
-    arrivals_from_traces,
     collective_table,
     disturbed_steps,
-    collective_spans,
     find_stragglers,
+    match_arrivals,
+    match_collective_spans,
     wait_intervals,
 )
-from analyzer.ingest.tables import RankTrace
+from analyzer.rankmap import TOP_KERNELS_PER_RANK, MapUnit, RankPart, UnitFile, UnitResult, map_unit
 
 SCHEMA = "analyzer.report/1"
-TOP_KERNELS_PER_RANK = 50
 
 
 @dataclass
@@ -226,17 +217,27 @@ def analyze(
     peak_flops: float | None = None,
     cache: bool = True,
     jobs: ParseJobs | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> RunAnalysis:
     """Analyze a reftrain run directory, a folder of Kineto traces, or a list of trace files.
 
     ``peak_flops`` (FLOP/s per device) overrides the manifest's or the
-    device table's peak. ``cache`` reuses parsed traces (analyzer.load).
-    ``jobs``: trace parsing already under way (:class:`analyzer.ingest.parse.ParseJobs`,
+    device table's peak. ``cache`` reuses parsed traces (analyzer.ingest.cache).
+    ``jobs``: trace parsing already under way (:class:`analyzer.ingest.jobs.ParseJobs`,
     which the CLI starts before importing pandas); files it holds are
-    taken from it.
+    taken from it. ``engine``: where the per-rank map runs, ``"local"``
+    (this machine's worker pool) or ``"ray"`` (``ray_address`` None: a
+    local Ray instance; ``"auto"`` or ``"ray://HOST:PORT"``: a cluster);
+    :mod:`analyzer.engines`. The report is the same whichever runs it.
     Files that cannot be used become one-line ``errors``; the other ranks are
     still analyzed. Raises AnalyzerError (one line) when nothing usable is
     left: no run directory records and no trace that loads.
+
+    The flow, top to bottom (docs/loading.md): locate the trace files; plan
+    one map unit per rank; map each unit (read or parse its files, build
+    the rank's tables, summarize them: :mod:`analyzer.rankmap`); assemble
+    the set-level warnings from the files' facts; reduce across ranks.
     """
     paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not paths:
@@ -249,38 +250,53 @@ def analyze(
     warnings: list[str] = []
     from analyzer.ingest import rundir
 
+    # 1. Locate: the sets of trace files read together (one per profiler window of a reftrain run).
     if len(paths) == 1 and rundir.is_run_dir(paths[0]):
         kind: Literal["reftrain", "traces"] = "reftrain"
         run = rundir.read_run_dir(paths[0])
         manifest, metrics, records, telemetry = run.manifest, run.metrics, run.collectives, run.telemetry
         errors += [str(e) for e in run.errors]
         warnings += list(run.warnings)
-        traces = _load_windows([Path(p) for p in run.trace_paths], cache, jobs) if run.trace_paths else TraceSet()
+        sets = _window_sets([Path(p) for p in run.trace_paths]) if run.trace_paths else []
     else:
         kind = "traces"
         for p in paths:
             if not p.exists():
                 raise AnalyzerError(f"{p}: no such file or folder")
-        traces = load_traces(paths if len(paths) > 1 else paths[0], cache=cache, jobs=jobs)
-    errors += [str(e) for e in traces.errors]
-    warnings += list(traces.warnings)
+        sets = [paths if len(paths) > 1 else [paths[0]]]
+    # 2-4. Plan, map, assemble.
+    loaded = _map_sets(sets, cache, jobs, engine, ray_address)
+    errors += [str(e) for e in loaded.errors]
+    warnings += loaded.warnings
     has_metrics = metrics is not None and not metrics.empty
-    if not traces.ranks and not has_metrics:
+    if not loaded.parts and not has_metrics:
         where = ", ".join(str(p) for p in paths)
         detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
         exc = AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
         exc.skipped = list(errors)  # the CLI prints one line per file before this one (issue 17)
         raise exc
-    analysis = _analyze_loaded(
-        paths[0] if len(paths) == 1 else paths, kind, manifest, metrics, records, traces, peak_flops, errors, warnings
+    # 5. Reduce.
+    analysis = _reduce(
+        RunInputs(
+            path=paths[0] if len(paths) == 1 else paths,
+            kind=kind,
+            manifest=manifest,
+            metrics=metrics,
+            records=records,
+            parts=loaded.parts,
+            peak_flops=peak_flops,
+            errors=errors,
+            warnings=warnings,
+        )
     )
     analysis.telemetry = telemetry
     return analysis
 
 
-def _load_windows(files: list[Path], cache: bool, jobs: ParseJobs | None) -> TraceSet:
-    """Load reftrain traces, merging a rank's profiler windows (``step{N}/rank{R}``,
-    or ``rank{R}.step{N}`` in older runs) into one."""
+def _window_sets(files: list[Path]) -> list[list[Path]]:
+    """A reftrain run's trace files grouped by profiler window (``step{N}/rank{R}``,
+    or ``rank{R}.step{N}`` in older runs), windows in step order; one set when
+    the run has a single window."""
     from analyzer.ingest.locate import trace_window
 
     windows: dict[str, list[Path]] = {}
@@ -288,77 +304,137 @@ def _load_windows(files: list[Path], cache: bool, jobs: ParseJobs | None) -> Tra
         w = trace_window(f)
         windows.setdefault("" if w is None else str(w), []).append(f)
     if len(windows) <= 1:
-        return load_traces(files, cache=cache, jobs=jobs)
-    merged = TraceSet()
-    per_rank: dict[int, list[RankTrace]] = {}
-    for key in sorted(windows, key=lambda k: int(k) if k.isdigit() else -1):
-        ts = load_traces(windows[key], cache=cache, jobs=jobs)
-        merged.errors += ts.errors
-        merged.warnings += ts.warnings
-        for rank, rt in ts.ranks.items():
-            per_rank.setdefault(rank, []).append(rt)
-    for rank, rts in per_rank.items():
-        merged.ranks[rank] = _merge_rank_windows(rts)
-    return merged
+        return [files]
+    return [windows[key] for key in sorted(windows, key=lambda k: int(k) if k.isdigit() else -1)]
 
 
-def _merge_rank_windows(rts: list[RankTrace]) -> RankTrace:
-    """One RankTrace from several profiler windows of the same rank (disjoint in time)."""
-    if len(rts) == 1:
-        return rts[0]
-    events = pd.concat([rt.events for rt in rts], ignore_index=True)
-    for col in ("cat", "name", "coll_name", "msg_dtype", "pg_name"):
-        events[col] = events[col].astype("category")
-    steps = pd.concat([rt.steps for rt in rts], ignore_index=True).sort_values("step").reset_index(drop=True)
-    first = rts[-1]
-    return RankTrace(
-        rank=first.rank,
-        path=first.path,
-        events=events,
-        steps=steps,
-        distributed_info=first.distributed_info,
-        device_properties=first.device_properties,
-        has_device=any(rt.has_device for rt in rts),
-    )
+@dataclass
+class _Loaded:
+    """What the map and the assembly hand to the reduce: one RankPart per rank."""
+
+    parts: dict[int, RankPart] = field(default_factory=dict)
+    errors: list[TraceError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
-def _analyze_loaded(
-    path: Path | list[Path],
-    kind: Literal["reftrain", "traces"],
-    manifest: dict | None,
-    metrics: pd.DataFrame | None,
-    records: pd.DataFrame | None,
-    traces: TraceSet,
-    peak_flops: float | None,
-    errors: list[str],
-    warnings: list[str],
-) -> RunAnalysis:
-    """The metrics over loaded tables (pure: no file access)."""
-    step_tables: list[pd.DataFrame] = []
-    kernel_tables: list[pd.DataFrame] = []
-    overlaps: dict[int, OverlapResult] = {}
-    spans: dict[int, tuple[dict[str, int], int]] = {}
-    sources: dict[int, Source] = {}
-    device_names: dict[int, str | None] = {}
-    rank_flops = []
+def _map_sets(
+    sets: list[list[Path]], cache: bool, jobs: ParseJobs | None, engine: str, ray_address: str | None
+) -> _Loaded:
+    """Plan the units, run the map, assemble each set's warnings (as
+    :func:`analyzer.ingest.load.load_traces` words them) and pick each rank's part.
+
+    A set's files are read in this order: those to parse (or held by
+    ``jobs``) first, then the cache hits; errors and cache warnings follow it.
+    Several sets (profiler windows) merge per rank: a rank's unit holds its
+    files of every window (grouped by the rank in their names).
+    """
+    from analyzer.engines import run_map
+    from analyzer.ingest.load import expand_paths
+    from analyzer.ingest.parse import rank_from_filename
+
+    out = _Loaded()
+    plans = []  # per set: (files, skipped, order of reading, cache note)
+    unit_files: dict[object, list[UnitFile]] = {}
+    for files_in in sets:
+        files, skipped = expand_paths(files_in if len(files_in) > 1 else files_in[0])
+        store = trace_cache.TraceCache() if cache else None
+        misses, hits = [], []
+        for f in files:
+            entry = store.entry_for(f) if store else None
+            held = jobs is not None and f in jobs
+            uf = UnitFile(f, entry, hit=entry is not None and entry.exists() and not held)
+            (hits if uf.hit else misses).append(uf)
+        plans.append((files, skipped, misses + hits, store.note if store else None))
+        for uf in misses + hits:
+            named = rank_from_filename(uf.path.name) if len(sets) > 1 else None
+            unit_files.setdefault(uf.path if named is None else ("rank", named), []).append(uf)
+    units = [MapUnit(tuple(fs)) for fs in unit_files.values()]
+    held = [u for u in units if jobs is not None and any(f.path in jobs for f in u.files)]
+    free = [u for u in units if not (jobs is not None and any(f.path in jobs for f in u.files))]
+    results: dict[MapUnit, UnitResult] = {}
+    for u in held:  # parsed by the CLI's early workers: their columns are mapped here
+        parsed = {}
+        for f in u.files:
+            if f.path in jobs:
+                try:
+                    parsed[f.path] = jobs.take(f.path)
+                except TraceError as err:
+                    parsed[f.path] = err
+        results[u] = map_unit(u, parsed)
+    results.update(zip(free, run_map(free, engine, ray_address=ray_address)))
+    outcome: dict[Path, tuple[FileFacts | TraceError, list[str]]] = {}
+    for result in results.values():
+        for f, facts, cache_warnings in result.outcomes:
+            outcome[f] = (facts, cache_warnings)
+    # Assemble each set as load_traces would, and the ranks' files across sets.
+    kept: dict[int, list[Path]] = {}
+    for files, skipped, order, note in plans:
+        out.errors += skipped
+        facts: dict[Path, FileFacts] = {}
+        for uf in order:
+            got, cache_warnings = outcome[uf.path]
+            out.warnings += cache_warnings
+            if isinstance(got, TraceError):
+                out.errors.append(got)
+            else:
+                facts[uf.path] = got
+        if note:
+            out.warnings.append(note)
+        ranks, set_warnings = assemble(files, facts)
+        out.warnings += set_warnings
+        for rank, f in ranks.items():
+            kept.setdefault(rank, []).append(f.path)
+    # Each rank's part: the unit that read exactly its kept files, else (files whose names
+    # and contents disagree on the rank) those files mapped again, here.
+    by_files = {}
+    for u, result in results.items():
+        if result.part is not None:
+            loaded_files = tuple(f for f, got, _w in result.outcomes if not isinstance(got, TraceError))
+            by_files[(result.part.rank, loaded_files)] = result.part
+    entries = {uf.path: uf for fs in unit_files.values() for uf in fs}
+    for rank, files in sorted(kept.items()):
+        part = by_files.get((rank, tuple(files)))
+        if part is None:
+            regrouped = MapUnit(tuple(UnitFile(f, entries[f].entry, entries[f].entry is not None and entries[f].entry.exists())
+                                      for f in files))
+            part = map_unit(regrouped).part
+        if part is not None:
+            out.parts[rank] = part
+    return out
+
+
+@dataclass
+class RunInputs:
+    """What the reduce reads: the run directory's records and one RankPart per rank."""
+
+    path: Path | list[Path]
+    kind: Literal["reftrain", "traces"]
+    manifest: dict | None
+    metrics: pd.DataFrame | None
+    records: pd.DataFrame | None
+    parts: dict[int, RankPart]
+    peak_flops: float | None
+    errors: list[str]
+    warnings: list[str]
+
+
+def _reduce(run: RunInputs) -> RunAnalysis:
+    """The run-level metrics from the ranks' parts (pure: no file access, no events)."""
+    manifest, metrics, records, peak_flops = run.manifest, run.metrics, run.records, run.peak_flops
+    warnings = run.warnings
+    parts = dict(sorted(run.parts.items()))
     # Waiting at collectives, on each rank's trace clock: the breakdown's collective_wait part.
-    waits = wait_intervals(collective_spans({r: rt.events for r, rt in traces.ranks.items()}))
-    for rank, rt in sorted(traces.ranks.items()):
-        source = source_of(rt.events)
-        sources[rank] = source
-        # Step windows clipped or dropped to fit the trace (analyzer.metrics.windows); flagged ones feed no rule.
-        checked = check_windows(rt.events, rt.steps, rank)
-        warnings += checked.warnings
-        windows = checked.steps[["step", "start_ns", "end_ns"]]
-        table = step_breakdown(rt.events, windows, source, waits.get(rank))
-        table = table.merge(checked.steps[["step", "flagged"]].rename(columns={"flagged": "window_flagged"}), on="step", how="left")
+    waits = wait_intervals(match_collective_spans({r: p.spans for r, p in parts.items()}))
+    step_tables: list[pd.DataFrame] = []
+    rank_flops = []
+    for rank, part in parts.items():
+        warnings += part.window_warnings
+        table = with_waits(part.pieces, waits.get(rank))
+        table = table.merge(part.window_flagged, on="step", how="left")
         step_tables.append(table.assign(rank=rank))
-        overlaps[rank] = overlap(rt.events, windows)
-        spans[rank] = span_parts_ns(rt.events)
-        kernel_tables.append(top_kernels(rt.events, windows, rank, TOP_KERNELS_PER_RANK))
-        device_names[rank] = device_name_of(rt.events, rt.device_properties) if source == "device" else None
-        if not windows.empty:
-            rank_flops.append(rank_flops_from_shapes(rank, rt.events, windows))
+        if part.flops is not None:
+            rank_flops.append(part.flops)
+    device_names = {r: p.device_name for r, p in parts.items()}
     steps = _concat_steps(step_tables)
 
     # MFU: the manifest when the run has one, else trace shapes.
@@ -397,7 +473,7 @@ def _analyze_loaded(
         if quiet is not None and not quiet.empty:
             arrivals = arrivals.loc[arrivals["step"].isin(quiet["step"].unique())].reset_index(drop=True)
     else:
-        arrivals, arrival_source, arrival_notes = arrivals_from_traces({r: (rt.events, rt.steps) for r, rt in traces.ranks.items()})
+        arrivals, arrival_source, arrival_notes = match_arrivals({r: p.arrivals for r, p in parts.items()})
         if arrival_source:
             arrival_source = f"trace {arrival_source} matched by order (assumes the ranks' clocks agree)"
     stragglers = find_stragglers(step_times, arrivals, step_source=step_source, arrival_source=arrival_source)
@@ -405,11 +481,12 @@ def _analyze_loaded(
     collectives = collective_table(arrivals) if not arrivals.empty else None
 
     run_step_time = step_time(steady, steps)
-    ranks = _rank_summaries(traces, steps, overlaps, sources, device_names, steady, run_step_time.source, spans)
+    ranks = _rank_summaries(parts, steps, steady, run_step_time.source)
+    kernel_tables = [p.kernels for p in parts.values()]
     kernels = pd.concat(kernel_tables, ignore_index=True) if kernel_tables else top_kernels_empty()
     return RunAnalysis(
-        path=path,
-        kind=kind,
+        path=run.path,
+        kind=run.kind,
         manifest=manifest,
         ranks=ranks,
         steps=steps,
@@ -417,7 +494,7 @@ def _analyze_loaded(
         stragglers=stragglers,
         kernels=kernels,
         collectives=collectives,
-        errors=errors,
+        errors=run.errors,
         warnings=warnings,
         metrics=metrics,
         step_time=run_step_time,
@@ -453,17 +530,13 @@ def _rank_step_mfu(steps: pd.DataFrame, mfu: MfuResult, rank_flops: list) -> np.
 
 
 def _rank_summaries(
-    traces: TraceSet,
+    parts: dict[int, RankPart],
     steps: pd.DataFrame,
-    overlaps: dict[int, OverlapResult],
-    sources: dict[int, Source],
-    device_names: dict[int, str | None],
     steady: pd.DataFrame | None,
     headline: str | None,
-    spans: dict[int, tuple[dict[str, int], int]] | None = None,
 ) -> list[RankSummary]:
     """Per-rank summaries; each rank's ``step_time_ms`` follows the run's ``headline`` source."""
-    ranks = set(traces.ranks)
+    ranks = set(parts)
     if steady is not None and not steady.empty:
         ranks |= set(int(r) for r in steady["rank"].unique())
     out = []
@@ -473,7 +546,8 @@ def _rank_summaries(
         if steady is not None and not steady.empty:
             mine = steady.loc[steady["rank"] == rank, "step_time_ms"]
             steady_ms = float(mine.median()) if len(mine) else None
-        source = sources.get(rank)
+        part = parts.get(rank)
+        source = part.source if part else None
         profiled_ms = float(table["step_time_ms"].median()) if len(table) else None
         # The run's choice, so that a rank's figure and the run's headline cover the same steps;
         # a rank missing those steps (no metrics file of its own) falls back to the other kind.
@@ -482,9 +556,8 @@ def _rank_summaries(
         else:
             step_ms, kind = profiled_ms, "profiled_windows"
         step_src = STEP_TIME_LABELS[kind] if step_ms is not None else None
-        ov = overlaps.get(rank)
-        rt = traces.ranks.get(rank)
-        span_parts, span_ns = (spans or {}).get(rank, ({}, 0))
+        ov = part.overlap if part else None
+        span_parts, span_ns = part.span if part else ({}, 0)
         out.append(
             RankSummary(
                 rank=rank,
@@ -500,8 +573,8 @@ def _rank_summaries(
                 non_compute_pct=ov.non_compute_pct if ov else None,
                 steady_step_time_ms=steady_ms,
                 profiled_step_time_ms=profiled_ms,
-                device_name=device_names.get(rank),
-                trace=rt.path.name if rt else None,
+                device_name=part.device_name if part else None,
+                trace=part.trace if part else None,
                 n_device_events=ov.n_device_events if ov else 0,
                 gpu_timeline={k: 100.0 * v / span_ns for k, v in span_parts.items()} if span_ns > 0 else {},
                 gpu_span_ms=span_ns / 1e6 if span_ns > 0 else None,
