@@ -440,6 +440,30 @@ def test_cpu_time_must_confirm_a_wall_clock_regression_on_cpu_runs():
     assert older.cpu is None and older.result.verdict == "regression"
 
 
+def test_cpu_time_confirms_a_drop_that_only_wall_clock_noise_held_back():
+    from analyzer.verbs.check import check
+
+    jitter = np.linspace(0.999, 1.001, 12)
+    base = _run(mfu=list(0.2 * jitter), cpu_ms=list(10 * jitter))
+    # A 2x slower candidate whose second half a neighbour slowed 2.5x more on the wall clock:
+    # fast-quartile wall drop 50 %, but the candidate moves 60 % against itself (split halves).
+    wall = list(0.1 * jitter[:6]) + list(0.04 * jitter[6:])
+    alone = check(base, _run(mfu=wall, cpu_ms=list(20 * jitter)), cpu_time=False).result
+    assert alone.verdict == "inconclusive" and alone.exceeds_threshold and alone.significant
+    assert alone.drop == pytest.approx(0.5, abs=1e-3) and alone.noise == pytest.approx(0.6, abs=1e-3)
+    # CPU time per step doubled too, steadily (drop 50 %, noise ~0): the work grew, a regression.
+    confirmed = check(base, _run(mfu=wall, cpu_ms=list(20 * jitter)))
+    assert confirmed.cpu.verdict == "regression" and confirmed.cpu.drop == pytest.approx(0.5, abs=1e-3)
+    assert confirmed.result.verdict == "regression"
+    assert "CPU time per step confirms the drop" in confirmed.result.notes[-1]
+    # CPU time grew 1.25x only (drop 20 %, under half the wall-clock drop): still inconclusive.
+    weak = check(base, _run(mfu=wall, cpu_ms=list(12.5 * jitter)))
+    assert weak.cpu.verdict == "regression" and weak.result.verdict == "inconclusive"
+    # A wall clock that is inconclusive for noise alone (no drop beyond the threshold) is never promoted.
+    quiet = list(0.2 * jitter[:6]) + list(0.15 * jitter[6:])
+    assert check(base, _run(mfu=quiet, cpu_ms=list(20 * jitter))).result.verdict == "inconclusive"
+
+
 def test_several_baselines_through_check():
     from analyzer.verbs.check import check
 
