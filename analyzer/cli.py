@@ -91,7 +91,8 @@ def _analyze(path: Path, args: argparse.Namespace, jobs: ParseJobs | None, messa
     """Analyze one run; report its skipped files and warnings on stderr (and in ``messages``)."""
     from analyzer.api import analyze
 
-    analysis = analyze(path, peak_flops=args.peak_flops, cache=not args.no_cache, jobs=jobs)
+    analysis = analyze(path, peak_flops=args.peak_flops, cache=not args.no_cache, jobs=jobs,
+                       engine=args.engine, ray_address=args.ray_address)
     lines = [("skipped", str(e)) for e in analysis.errors] + [("warning", str(w)) for w in analysis.warnings]
     for kind, message in lines:
         _say(kind, message)
@@ -231,7 +232,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _parsing(paths: Sequence[Path], args: argparse.Namespace) -> Iterator[ParseJobs | None]:
     """:func:`start_parsing`, closed (workers joined) when the block ends."""
-    jobs = start_parsing(paths, cache=not args.no_cache)
+    # On Ray the map tasks parse where they run; parsing here first would do their work on this machine.
+    jobs = start_parsing(paths, cache=not args.no_cache) if args.engine == "local" else None
     try:
         yield jobs
     finally:
@@ -285,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     analysis.add_argument("--no-cache", action="store_true",
                           help="parse the traces again and do not write the parse cache")
     analysis.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows in the kernel tables (default 10)")
+    # Where the per-rank map runs (analyzer/engines.py, docs/loading.md "Engines").
+    analysis.add_argument("--engine", choices=("local", "ray"), default="local",
+                          help="where the per-rank analysis runs: local (this machine's worker pool, default) "
+                          "or ray (Ray tasks; pip install 'trainperf[ray]')")
+    analysis.add_argument("--ray-address", metavar="ADDR",
+                          help="with --engine ray: 'auto' (the cluster this machine belongs to) or "
+                          "ray://HOST:PORT (Ray Client); default: a local Ray instance with this machine's cores")
     # Bounds on reading one trace file (analyzer/ingest/limits.py, docs/loading.md "Bounds").
     analysis.add_argument("--max-gzip-ratio", type=_positive, metavar="R",
                           help="skip a .gz trace that inflates to more than R times its size (default 64; "
@@ -384,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``analyzer`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors: argparse prints usage, exits 2
+    if getattr(args, "ray_address", None) is not None and args.engine != "ray":
+        parser.error("--ray-address needs --engine ray")
     _apply_limits(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

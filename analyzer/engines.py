@@ -139,6 +139,20 @@ def _ray_task(unit: MapUnit, limits_env: dict) -> UnitResult:
     return map_unit(unit)
 
 
+def _quiet_token_notice() -> None:
+    """Drop Ray's notice that a new local instance turned token authentication on.
+
+    It is a WARNING on every start of the private instance this process owns
+    (nothing else can reach it, and auth stays on); on our stderr it reads as
+    a problem with the user's traces. Every other Ray message is kept.
+    """
+    import logging
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        lambda record: "Token authentication is enabled" not in record.getMessage()
+    )
+
+
 def _run_ray(units: Sequence[MapUnit], address: str | None) -> list[UnitResult]:
     try:
         import ray
@@ -147,6 +161,7 @@ def _run_ray(units: Sequence[MapUnit], address: str | None) -> list[UnitResult]:
     if not ray.is_initialized():
         try:
             if address is None:
+                _quiet_token_notice()
                 ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
             else:

@@ -68,7 +68,8 @@ def run_suggest(args: argparse.Namespace) -> int:
     if not path.exists():
         raise AnalyzerError(f"{path}: no such file or directory")
     ra = analyze(path, peak_flops=getattr(args, "peak_flops", None), cache=not getattr(args, "no_cache", False),
-                 jobs=getattr(args, "parse_jobs", None))
+                 jobs=getattr(args, "parse_jobs", None), engine=getattr(args, "engine", "local"),
+                 ray_address=getattr(args, "ray_address", None))
     for error in ra.errors:
         print(f"analyzer: skipped: {error}", file=sys.stderr)
     suggestions = suggest(ra)
