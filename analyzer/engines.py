@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -165,7 +166,10 @@ def _run_ray(units: Sequence[MapUnit], address: str | None) -> list[UnitResult]:
                 ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
             else:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+                # Ray Client warns before it raises on a timeout: the error line below says it once.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
         except Exception as exc:  # noqa: BLE001 - any failure to start or join is one line
             where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
