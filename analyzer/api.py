@@ -361,7 +361,34 @@ def _map_sets(
                 except TraceError as err:
                     parsed[f.path] = err
         results[u] = map_unit(u, parsed)
-    results.update(zip(free, run_map(free, engine, ray_address=ray_address)))
+    # Units whose files are unchanged since a previous analysis: their stored summaries (analyzer/rankcache.py).
+    summary_warnings: dict[MapUnit, str] = {}
+    if cache:
+        from analyzer import rankcache
+
+        todo = []
+        for u in free:
+            entry = rankcache.entry_for(u)
+            if entry is not None and entry.exists():
+                try:
+                    results[u] = rankcache.read(entry, u)
+                    continue
+                except rankcache.SummaryEntryError as exc:
+                    summary_warnings[u] = str(exc)
+            todo.append(u)
+        mapped = run_map(todo, engine, ray_address=ray_address)
+        for u, result in zip(todo, mapped):
+            results[u] = result
+        for u in [*held, *todo]:
+            entry = rankcache.entry_for(u)
+            if entry is not None and rankcache.storable(results[u]):
+                problem = rankcache.write(entry, results[u])
+                if problem or u in summary_warnings:
+                    first_path, facts, warnings = results[u].outcomes[0]
+                    extra = [w for w in (summary_warnings.get(u), problem) if w]
+                    results[u].outcomes[0] = (first_path, facts, [*warnings, *extra])
+    else:
+        results.update(zip(free, run_map(free, engine, ray_address=ray_address)))
     outcome: dict[Path, tuple[FileFacts | TraceError, list[str]]] = {}
     for result in results.values():
         for f, facts, cache_warnings in result.outcomes:

@@ -39,7 +39,7 @@ from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
 from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.windows import check_windows
 
-# Bump when what a RankPart holds or how it is computed changes.
+# Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
 MAP_VERSION = 1
 TOP_KERNELS_PER_RANK = 50
 
