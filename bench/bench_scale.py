@@ -37,7 +37,7 @@ report --help`` offers ``--engine`` and Ray imports.
     .venv/bin/python bench/bench_scale.py --generate-only --ranks 1024 --out bench/out/scale
 
 Folders live under ``--out`` (default bench/out/scale; git-ignored) as
-``w{N}/`` and are reused when their ``generator.json`` matches the options;
+``w{N}/`` and are reused when ``w{N}.generator.json`` beside them matches the options;
 results go to ``--out/results.json``. Tables: docs/scale.md.
 """
 from __future__ import annotations
@@ -170,15 +170,17 @@ def _write_rank(args: tuple) -> int:
 
 def make_folder(trace: Path, dst: Path, world: int, *, steps: int, events_kind: str, delay_frac: float,
                 jitter_ms: float, straggler: int | None, seed: int, workers: int = 2) -> dict:
-    """Write ``dst/rank{R}.json.gz`` for R < world (reused when ``generator.json``
-    matches); returns the generator record (options, sizes, straggler)."""
+    """Write ``dst/rank{R}.json.gz`` for R < world (reused when ``dst``'s
+    ``.generator.json`` beside it matches); returns the generator record
+    (options, sizes, straggler)."""
     planted = world // 3 + 1 if straggler is None else straggler
     options = {
         "version": GENERATOR_VERSION, "trace": str(trace), "world": world, "steps": steps, "events": events_kind,
         "delay_frac": delay_frac, "jitter_ms": jitter_ms, "straggler": planted, "seed": seed,
     }
-    record = dst / "generator.json"
-    if record.exists():
+    # Beside the folder, not in it: the analyzer would report it as a skipped file.
+    record = dst.parent / f"{dst.name}.generator.json"
+    if record.exists() and dst.is_dir():
         old = json.loads(record.read_text())
         if old.get("options") == options:
             return old
@@ -347,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             results_path.write_text(json.dumps(results, indent=2))
         if args.clean:
             shutil.rmtree(folder)
+            (folder.parent / f"{folder.name}.generator.json").unlink(missing_ok=True)
     if not args.generate_only:
         print_table(results["runs"])
         print(f"written {results_path}")
