@@ -17,8 +17,9 @@ after the other's page-cache effects):
   report cache answers (analyzer/verbs/report_cache.py: the previous report is
   replayed when no input, option or code changed; no pandas import).
 * **analyzer tables**: the same command with the report cache entry
-  deleted but the cache of the parsed traces kept: a full analysis
-  that skips the JSON parse (what a changed option, e.g. ``--top``, costs).
+  deleted but the analyzer's cache kept (parsed traces and rank summaries,
+  docs/loading.md): the reduce, the verbs and the rendering without any
+  trace read (what a changed option, e.g. ``--top``, costs).
 
 Every measurement is two runs of the command in the same cache state: a
 timed run, unobserved, gives the wall time of the whole subprocess
