@@ -105,3 +105,27 @@ def test_report_carries_the_suggestions(micro_batch_1_run, tmp_path, capsys):
     assert top["predicted"] == expected[0]["predicted"]
     assert "1. [micro_batch]" in text
     assert "micro_batch" in page.read_text()
+
+
+def test_emitted_config_overlays_the_runs_own_file_and_refuses_unknown_keys(micro_batch_1_run):
+    """The overlay is plain YAML over the run's config.yaml (the analyzer never imports reftrain): the keys
+    it sets change, comments and everything else of the run's file stay, and a key the file lacks is an error."""
+    import dataclasses
+
+    from analyzer.api import analyze
+    from analyzer.errors import AnalyzerError
+    from analyzer.verbs.suggest import emitted_config_text, suggest
+
+    ra = analyze(micro_batch_1_run)
+    top = suggest(ra)[0]
+    two = dataclasses.replace(top, change=dataclasses.replace(top.change, overrides={"train.micro_batch_size": 2,
+                                                                                     "data.num_workers": 0}))
+    emitted = yaml.safe_load(emitted_config_text(ra, two, run_name="next"))
+    original = yaml.safe_load((micro_batch_1_run / "config.yaml").read_text())
+    assert (emitted["train"]["micro_batch_size"], emitted["data"]["num_workers"], emitted["run"]["name"]) == (2, 0, "next")
+    for section, key in (("train", "micro_batch_size"), ("data", "num_workers"), ("run", "name")):
+        emitted[section][key] = original[section][key]
+    assert emitted == original
+    bad = dataclasses.replace(top, change=dataclasses.replace(top.change, overrides={"train.no_such_knob": 1}))
+    with pytest.raises(AnalyzerError, match="sets train.no_such_knob, which the run's config does not have"):
+        emitted_config_text(ra, bad)

@@ -1,14 +1,21 @@
 """Write a reftrain config with one suggestion applied (``analyzer suggest --emit-config``).
 
-The config is the run's resolved config (``run.json`` ``config``, the same
-content as the run's ``config.yaml``) with the suggestion's overrides set
-through reftrain's own typed setters and validated by ``reftrain.config.resolve``,
-so the file runs as is: ``reftrain --nproc N --config FILE``.
+The run's own ``config.yaml`` (reftrain writes the resolved config there;
+``run.json``'s ``config`` when the file is missing) with the suggestion's
+overrides laid over it, key by dotted key, and a new ``run.name``; every
+other key stays as the run had it. The analyzer never imports reftrain
+(docs/architecture.md), so the overlay is plain YAML: a key the run's
+config does not have is refused here, and the values are the rules' own
+typed values; tests/test_suggest_cli.py runs reftrain on the emitted file.
+The file runs as is: ``reftrain --nproc N --config FILE``.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import yaml
 
 from analyzer.errors import AnalyzerError
 from analyzer.verbs.suggest.engine import Suggestion, format_value
@@ -35,26 +42,20 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
     """The YAML text of the run's config with ``suggestion`` applied and a new run name.
 
     Raises AnalyzerError when the run is not a reftrain run, the suggestion
-    has no reftrain override, or the result is not a valid reftrain config.
+    has no reftrain override, or an override names a key the run's config
+    does not have (reftrain validates the values when it loads the file).
     """
-    from reftrain.config import from_dict, resolve, set_value, to_yaml
-    from reftrain.errors import ReftrainError
-
     manifest = ra.manifest or {}
-    config = manifest.get("config")
-    if ra.kind != "reftrain" or not isinstance(config, dict):
+    if ra.kind != "reftrain" or not isinstance(manifest.get("config"), dict):
         raise AnalyzerError(f"{ra.path}: --emit-config needs a reftrain run directory (this is a folder of traces)")
     if not suggestion.change.overrides:
         raise AnalyzerError(f"suggestion '{suggestion.rule}' has no reftrain override (advice only); pick another with --pick")
-    try:
-        cfg = from_dict(config, f"{ra.path}/run.json config")
-        for key, value in suggestion.change.overrides.items():
-            set_value(cfg, key, value, f"suggestion {suggestion.rule}")
-        name = run_name or new_run_name(ra, suggestion, cfg.run.runs_dir)
-        set_value(cfg, "run.name", name, "analyzer suggest")
-        resolve(cfg, manifest.get("world_size"))
-    except ReftrainError as exc:
-        raise AnalyzerError(f"{ra.path}: the config with '{suggestion.rule}' applied is not valid: {exc}") from None
+    config = _run_config(ra, manifest)
+    for key, value in suggestion.change.overrides.items():
+        _overlay(config, key, value, f"suggestion '{suggestion.rule}'", ra.path)
+    run_section = config.get("run") if isinstance(config.get("run"), dict) else None
+    runs_dir = run_section.get("runs_dir") if run_section else None
+    _overlay(config, "run.name", run_name or new_run_name(ra, suggestion, runs_dir), "analyzer suggest", ra.path)
     world = manifest.get("world_size") or 1
     p = suggestion.predicted
     lines = [
@@ -66,7 +67,30 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
         lines.append(f"# predicted ({p.scope}): step {p.step_time_ms_before:.1f} -> {p.step_time_ms_after:.1f} ms, "
                      f"throughput {p.gain:+.1%}")
     lines.append(f"# run it: reftrain --nproc {world} --config <this file>")
-    return "\n".join(lines) + "\n" + to_yaml(cfg)
+    return "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def _run_config(ra: "RunAnalysis", manifest: dict) -> dict:
+    """The run's config.yaml as a dict (a deep copy), else run.json's ``config``."""
+    rel = (manifest.get("files") or {}).get("config") or "config.yaml"
+    path = Path(ra.path) / rel if isinstance(ra.path, Path) else None
+    if path is not None and path.is_file():
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise AnalyzerError(f"{path}: cannot read the run's config ({str(exc).splitlines()[0]})") from None
+        if isinstance(data, dict):
+            return data
+    return copy.deepcopy(manifest["config"])
+
+
+def _overlay(config: dict, key: str, value: object, origin: str, run: object) -> None:
+    """Set ``section.name`` in ``config``; the key must be one the run's config has."""
+    section, _, name = key.partition(".")
+    table = config.get(section)
+    if not name or not isinstance(table, dict) or name not in table:
+        raise AnalyzerError(f"{run}: {origin} sets {key}, which the run's config does not have")
+    table[name] = value
 
 
 def emit_config(ra: "RunAnalysis", suggestion: Suggestion, path: Path | str, run_name: str | None = None) -> Path:
