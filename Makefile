@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 RUNS   ?= runs
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 install: $(STAMP)
 
@@ -27,7 +27,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/reftrain --nproc 2 --runs-dir $(RUNS) --demo
 
-test: $(STAMP)
+# Machine-checked habits (issue 16): ruff's defect rules and the import
+# contracts in pyproject.toml ([tool.importlinter]; docs/architecture.md).
+lint: $(STAMP)
+	$(BIN)/ruff check --quiet .
+	$(BIN)/lint-imports --no-cache
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -45,7 +45,7 @@ from analyzer.metrics.stragglers import (
     match_collective_spans,
     wait_intervals,
 )
-from analyzer.rankmap import TOP_KERNELS_PER_RANK, MapUnit, RankPart, UnitFile, UnitResult, map_unit
+from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
 
 SCHEMA = "analyzer.report/1"
 
@@ -109,7 +109,7 @@ class RunAnalysis:
     ``steps``: one row per (rank, ProfilerStep) with ``rank, step, start_ns,
     end_ns, step_time_ms, source``, the breakdown parts in ms, ``comm_ms``
     and ``mfu`` (NaN when MFU is unknown). ``kernels``: the top
-    :data:`TOP_KERNELS_PER_RANK` kernels (or host ops) per rank.
+    :data:`analyzer.rankmap.TOP_KERNELS_PER_RANK` kernels (or host ops) per rank.
     ``collectives``: one row per collective matched across ranks (None when
     there are none). ``metrics``: the run directory's per-step records
     (reftrain runs only), for the CI gate. ``telemetry``: its NVML samples

@@ -48,7 +48,7 @@ def row(path: Path) -> dict:
         run = analyze(path)
         facts = run_facts(run)
         sugg = suggest(run)
-    except Exception as exc:  # a bench row, not a crash: the analyzer's one-line error is the result
+    except Exception as exc:  # noqa: BLE001 - a bench row, not a crash: the analyzer's one-line error is the result
         return {"trace": path, "error": str(exc).splitlines()[0][:100]}
     shares = {k: v for k, v in (facts.shares or {}).items() if v}
     actionable = {k: v for k, v in shares.items() if k not in NOT_ACTIONABLE}

@@ -119,7 +119,7 @@ def load(path: Path, model, optimizer) -> int:
     state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": -1}}
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # DCP raises CheckpointException with per-rank tracebacks
+    except Exception as exc:  # noqa: BLE001 - DCP raises CheckpointException with per-rank tracebacks
         first = str(exc).strip().splitlines()
         detail = next((line for line in reversed(first) if "Error" in line), first[-1] if first else repr(exc))
         raise ReftrainError(f"--resume {path}: checkpoint does not fit this model/optimizer: {detail.strip()}") from None

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         if not in_rank:
             print("reftrain: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug: the traceback is the useful output
+    except Exception as exc:  # noqa: BLE001 - a bug: the traceback is the useful output
         traceback.print_exc()
         _write_error_file(f"rank {os.environ.get('RANK', 0)}: {type(exc).__name__}: {exc} (traceback above)")
         return 1

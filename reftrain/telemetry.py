@@ -185,7 +185,7 @@ class GpuTelemetry:
                 self.samples += 1
                 next_s += interval_s
                 self._stop.wait(max(0.0, next_s - time.monotonic()))
-        except Exception as exc:  # keep training alive; the trainer reports `error`
+        except Exception as exc:  # noqa: BLE001 - keep training alive; the trainer reports `error`
             self.error = f"{self.path}: telemetry stopped after {self.samples} samples: {exc!r}"
 
     def stop(self) -> None:

@@ -427,7 +427,7 @@ def test_ci_workflow_commands_parse() -> None:
             text = text.replace(k, v)
         return shlex.split(text)
 
-    reftrain_args = words(next(l for l in lines if l.startswith("ARGS=")).split("=", 1)[1].strip('"'))
+    reftrain_args = words(next(line for line in lines if line.startswith("ARGS=")).split("=", 1)[1].strip('"'))
     run_names = []
     for line in lines:
         if "-m reftrain $ARGS" in line:
@@ -437,7 +437,7 @@ def test_ci_workflow_commands_parse() -> None:
             run_names.append(args.run_name)
     assert run_names == ["base1", "cand", "base2"]
     # `run: >` folds the check command into one line.
-    analyzer_argv = [words(l)[1:] for l in lines if l.startswith("analyzer ")]
+    analyzer_argv = [words(line)[1:] for line in lines if line.startswith("analyzer ")]
     assert [argv[0] for argv in analyzer_argv] == ["report", "check"]
     for argv in analyzer_argv:
         args = cli.build_parser().parse_args(argv)

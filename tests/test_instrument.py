@@ -259,8 +259,8 @@ def _brackets(true_offsets_ns, last_arrival_ns, enter_ns, leave_ns):
     """Synthetic barrier brackets: rank r enters at enter[r][k], leaves leave[r][k] after the last arrival."""
     out = []
     for r, offset in enumerate(true_offsets_ns):
-        out.append([(t + e[r] + offset, t + l[r] + offset)
-                    for t, e, l in zip(last_arrival_ns, enter_ns, leave_ns, strict=True)])
+        out.append([(t + e[r] + offset, t + lv[r] + offset)
+                    for t, e, lv in zip(last_arrival_ns, enter_ns, leave_ns, strict=True)])
     return out
 
 

@@ -40,7 +40,6 @@ def test_no_prediction_above_removing_its_part(trace):
         if s.predicted is None or not parts or not f.step_time_ms:
             continue
         part = "+".join(parts)
-        before = s.predicted.step_time_ms_before
         # Removing the whole part (share x of the step) gains at most x / (1 - x) throughput; the what-if's 5 % step
         # floor caps that at 19x. Batch-growth predictions (work_ratio > 1) count too: throughput is what they claim.
         share = min(sum(f.shares[p] for p in parts), 0.95)

@@ -77,15 +77,15 @@ def window_figure(events: pd.DataFrame, source: str) -> go.Figure:
     # one row; counting lanes down from the top gives the same picture.
     top = len(lanes) - 1
     lane_index = {
-        (int(r), int(l), int(k)): top - i for i, (r, l, k) in enumerate(zip(lanes["rank"], lanes["lane"], lanes["_sub"]))
+        (int(r), int(lane), int(k)): top - i for i, (r, lane, k) in enumerate(zip(lanes["rank"], lanes["lane"], lanes["_sub"]))
     }
     row = np.array(
-        [lane_index[(int(r), int(l), int(k))] for r, l, k in zip(keyed["rank"], keyed["lane"], keyed["_sub"])],
+        [lane_index[(int(r), int(lane), int(k))] for r, lane, k in zip(keyed["rank"], keyed["lane"], keyed["_sub"])],
         dtype=np.int64,
     )
     labels = [
-        f"rank {r} · {what} {l}" + (" · ranges" if source == "host" and k == 0 else "")
-        for r, l, k in zip(lanes["rank"], lanes["lane"], lanes["_sub"])
+        f"rank {r} · {what} {lane}" + (" · ranges" if source == "host" and k == 0 else "")
+        for r, lane, k in zip(lanes["rank"], lanes["lane"], lanes["_sub"])
     ]
     fig = go.Figure()
     for kind, sel in events.groupby("kind", sort=True):

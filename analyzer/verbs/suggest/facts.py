@@ -27,7 +27,7 @@
   service time (queue-corrected duration, :func:`service_times_ms`).
 * ``kernels`` (device traces): GEMM time, kernel launches and short-kernel
   share per step from the per-rank top-kernel table (its
-  :data:`analyzer.api.TOP_KERNELS_PER_RANK` names, so counts are lower bounds).
+  :data:`analyzer.rankmap.TOP_KERNELS_PER_RANK` names, so counts are lower bounds).
 """
 from __future__ import annotations
 
