@@ -59,7 +59,7 @@ def suggestions_document(ra, suggestions: list[Suggestion], config_path: str | N
 def run_suggest(args: argparse.Namespace) -> int:
     """Analyze PATH, print the ranked suggestions, write --json / --emit-config; returns the exit code (0)."""
     from analyzer.api import analyze
-    from analyzer.verbs.report import dumps_json
+    from analyzer.jsontext import dumps_json
     from analyzer.verbs.suggest.emit import emit_config
     from analyzer.verbs.suggest.facts import run_facts
     from analyzer.verbs.suggest.render import render_text

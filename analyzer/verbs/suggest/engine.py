@@ -201,7 +201,6 @@ def rank(suggestions: list[Suggestion]) -> list[Suggestion]:
 
 def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     """Every rule that fires on this run, ranked (see :func:`rank`). Pure: reads only ``ra``."""
-    from analyzer.verbs.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory  # noqa: F401 (registration)
     from analyzer.verbs.suggest.facts import run_facts
 
     memo = getattr(ra, "derived", None)
