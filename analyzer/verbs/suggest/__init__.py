@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from analyzer.verbs.suggest.cli import add_suggest_subcommand, run_suggest
 from analyzer.verbs.suggest.emit import emit_config, emitted_config_text
-from analyzer.verbs.suggest.engine import RULES, Change, Prediction, Suggestion, report_suggestions, suggest, suggestions_json
+from analyzer.verbs.suggest.engine import RULES, Change, Prediction, Suggestion, suggestions_json
 from analyzer.verbs.suggest.render import render_markdown, render_text, suggestions_text
 
-# The rules register themselves with engine.rule when imported; the package imports them
-# here (Python imports a package before any of its modules), so engine never imports a rule
-# and every user of the engine sees every rule. A new rule module goes in this line.
-from analyzer.verbs.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory  # noqa: F401
+
+def __getattr__(name: str) -> object:
+    # suggest() and report_suggestions() live in .run, which imports every rule module (and
+    # pandas with them): loaded on first use, so `analyzer --help` and the CLI's start stay light.
+    if name in ("suggest", "report_suggestions"):
+        from analyzer.verbs.suggest import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'analyzer.verbs.suggest' has no attribute {name!r}")
 
 __all__ = [
     "suggest", "suggestions_json", "report_suggestions", "Suggestion", "Change", "Prediction", "RULES",

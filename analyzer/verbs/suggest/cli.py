@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from analyzer.errors import AnalyzerError
-from analyzer.verbs.suggest.engine import SCHEMA, Suggestion, suggest, suggestions_json
+from analyzer.verbs.suggest.engine import SCHEMA, Suggestion, suggestions_json
 
 
 def positive_int(text: str) -> int:
@@ -63,6 +63,7 @@ def run_suggest(args: argparse.Namespace) -> int:
     from analyzer.verbs.suggest.emit import emit_config
     from analyzer.verbs.suggest.facts import run_facts
     from analyzer.verbs.suggest.render import render_text
+    from analyzer.verbs.suggest.run import suggest
 
     path = Path(args.path)
     if not path.exists():

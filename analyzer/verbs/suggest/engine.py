@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:
-    from analyzer.api import RunAnalysis
     from analyzer.verbs.suggest.facts import RunFacts
 
 SCHEMA = "analyzer.suggestions/1"
@@ -199,29 +198,7 @@ def rank(suggestions: list[Suggestion]) -> list[Suggestion]:
     )
 
 
-def suggest(ra: "RunAnalysis") -> list[Suggestion]:
-    """Every rule that fires on this run, ranked (see :func:`rank`). Pure: reads only ``ra``."""
-    from analyzer.verbs.suggest.facts import run_facts
-
-    memo = getattr(ra, "derived", None)
-    if memo is not None and "suggestions" in memo:
-        return list(memo["suggestions"])
-    facts = run_facts(ra)
-    ranked = rank([s for s in (r(facts) for r in RULES) if s is not None])
-    if memo is not None:
-        memo["suggestions"] = list(ranked)
-    return ranked
-
-
 def suggestions_json(suggestions: list[Suggestion], config_path: str | None = None,
                      nproc: int | None = None) -> list[dict[str, Any]]:
     """``suggestions[]`` of the report JSON, in rank order."""
     return [s.to_json(config_path, nproc) for s in suggestions]
-
-
-def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
-    """The report's ``suggestions[]`` for a run: ranked, with copy-paste commands (one call for api/report/dashboard)."""
-    from analyzer.verbs.suggest.facts import run_facts
-
-    facts = run_facts(ra)
-    return suggestions_json(suggest(ra), facts.config_path, facts.world_size)

@@ -84,7 +84,7 @@ def render_markdown(suggestions: Sequence[Suggestion], config_path: str | None =
 
 def suggestions_text(ra) -> str:
     """The text section of ``analyzer report`` for a run: its ranked suggestions (one call for report.render_text)."""
-    from analyzer.verbs.suggest.engine import suggest
+    from analyzer.verbs.suggest.run import suggest
     from analyzer.verbs.suggest.facts import run_facts
 
     facts = run_facts(ra)
