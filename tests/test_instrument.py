@@ -8,6 +8,8 @@ assert on those files.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import time
 import warnings
@@ -140,6 +142,13 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
         (out / f"result{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalization. Measured here (2026-12-04), 4 of 40 jobs had a rank
+    # abort *after* this function returned ("terminate called without an active exception",
+    # SIGABRT, no Python frame: a C++ thread of torch still joinable at static destruction),
+    # 0 of 40 with this exit. Everything the test reads is written and closed above.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
