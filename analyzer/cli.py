@@ -199,7 +199,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = compare(base, cand, top=args.top)
     if args.json:
         _write_text(args.json, dumps_json(comparison.to_json()))
+    from analyzer.verbs import ci_artifacts
+
+    if args.html:
+        _write_text(args.html, ci_artifacts.compare_html(comparison, top=args.top))
     _print(report.render_compare_text(comparison))
+    if ci_artifacts.on_github_actions():
+        _print("\n".join(ci_artifacts.compare_annotations(comparison)))
     return EXIT_OK
 
 
@@ -217,11 +223,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     outcome = check(bases, cand, max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile,
                     cpu_time=not args.no_cpu_time)
     explanation = outcome.explanation
-    if args.summary:
+    from analyzer.verbs import ci_artifacts
+
+    # $GITHUB_STEP_SUMMARY is appended to (other steps write there too); --summary FILE is written whole,
+    # unless it names that same file, which is then appended to once.
+    step_summary = ci_artifacts.append_step_summary(outcome)
+    if args.summary and (step_summary is None or args.summary.resolve() != step_summary.resolve()):
         _write_text(args.summary, report.render_check_markdown(outcome, explanation))
     if args.json:
         _write_text(args.json, dumps_json(outcome.to_json()))
+    if args.html:
+        _write_text(args.html, ci_artifacts.check_html(outcome, top=args.top))
+    if args.junit:
+        _write_text(args.junit, ci_artifacts.check_junit(outcome, args.inconclusive))
     _print(report.render_check_text(outcome, explanation))
+    if ci_artifacts.on_github_actions():
+        _print("\n".join(ci_artifacts.check_annotations(outcome, args.inconclusive)))
     if outcome.result.regression:
         return EXIT_REGRESSION
     if outcome.result.inconclusive:
@@ -327,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("base", metavar="BASE", help="baseline run (run directory or trace folder)")
     p.add_argument("cand", metavar="CAND", help="candidate run")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the comparison as JSON (schema analyzer.compare/1)")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="write a self-contained HTML page (headline, phase chart, deltas; a CI artifact)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("export", parents=[common, analysis], help="the run's tables as CSV or Parquet files",
@@ -365,8 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU runs: do not require CPU time per step to confirm a wall-clock regression")
     p.add_argument("--inconclusive", choices=("exit", "pass", "fail"), default="exit",
                    help="when the runs are too noisy to tell: exit 4 (default), or treat as pass (0) or fail (1)")
-    p.add_argument("--summary", type=Path, metavar="FILE", help="write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--summary", type=Path, metavar="FILE",
+                   help="write a Markdown summary (on GitHub Actions it is appended to $GITHUB_STEP_SUMMARY anyway)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the verdict as JSON (schema analyzer.check/2)")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="write a self-contained HTML page (verdict, statistics, per-step chart, deltas)")
+    p.add_argument("--junit", type=Path, metavar="FILE",
+                   help="write JUnit XML, one test case per gated metric (docs/ci.md)")
     p.set_defaults(func=cmd_check)
 
     from analyzer.verbs.suggest.cli import add_suggest_subcommand  # analyzer suggest (docs/suggestions.md)

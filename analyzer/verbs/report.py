@@ -346,6 +346,7 @@ table{border-collapse:collapse;font-size:.9rem;margin:.5rem 0}td,th{border:1px s
 th{background:#f4f4f4}td.l,th.l{text-align:left}.note{color:#555;font-size:.85rem}.warn{color:#a40}
 .headline{display:flex;gap:2rem;flex-wrap:wrap}.headline div{background:#f7f7f9;padding:.5rem 1rem;border-radius:6px}
 .headline b{display:block;font-size:1.4rem}
+table.wrap td{white-space:pre-wrap;overflow-wrap:anywhere;max-width:32rem}
 """
 
 
@@ -458,6 +459,46 @@ def html_page(title: str, body: str) -> str:
     )
 
 
+def _stragglers_html(a: "RunAnalysis") -> str:
+    """The straggler verdict, the per-rank table and the evidence as HTML (the text report's lines, as a table)."""
+    s = a.stragglers
+    out = [f"<p>{html.escape(s.verdict)}</p>"]
+    if s.per_rank:
+        out.append(_html_table(
+            ["rank", "steps", "judged step ms", "ratio", "late ms", "late z", "last in", "others waited ms", "flagged"],
+            [[r.rank, r.n_steps, _num(r.step_time_ms), _num(r.step_time_ratio, ".3f"), _num(r.lateness_excess_ms, ".2f"),
+              _num(r.lateness_z, ".1f"), f"{r.last_arrivals}/{r.n_collectives}", _num(r.caused_wait_ms, ".1f"),
+              "yes" if r.flagged else ""] for r in s.per_rank]))
+        out += [f"<p>rank {r.rank}: {html.escape(r.evidence)}</p>" for r in s.per_rank if r.flagged and r.evidence]
+        if s.step_source or s.arrival_source:
+            out.append(f'<p class="note">steps from {html.escape(s.step_source or "-")}; '
+                       f'arrivals from {html.escape(s.arrival_source or "-")}</p>')
+    out += [f'<p class="note">note: {html.escape(n)}</p>' for n in s.notes]
+    return "".join(out)
+
+
+def _suggestions_html(a: "RunAnalysis") -> str:
+    """The ranked suggestions as one table (rule, finding, change, prediction, confidence)."""
+    from analyzer.verbs.suggest.facts import run_facts
+    from analyzer.verbs.suggest.render import prediction_text
+    from analyzer.verbs.suggest.run import suggest
+
+    suggestions = suggest(a)
+    if not suggestions:
+        return '<p>none: no rule fired (docs/suggestions.md lists the rules and their thresholds)</p>'
+    facts = run_facts(a)
+    rows = []
+    for i, sg in enumerate(suggestions, 1):
+        change = " ".join(sg.change.set_args())
+        command = sg.change.command(facts.config_path, facts.world_size) if sg.change.overrides else None
+        what = (f"{change}\nrun: {command}" if command else change) if change else sg.change.advice
+        rows.append([i, sg.rule, f"{sg.title}: {sg.trigger}", what, prediction_text(sg),
+                     "diagnosis" if sg.kind == "diagnosis" else sg.confidence])
+    return ('<p class="note">ranked by predicted gain; docs/suggestions.md</p>'
+            + _html_table(["#", "rule", "finding", "change or advice", "predicted", "confidence"], rows,
+                          left=(1, 2, 3, 4)).replace("<table>", '<table class="wrap">', 1))
+
+
 def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     """A self-contained HTML report of one run: headline, tables and plotly charts."""
     m = a.mfu
@@ -509,8 +550,8 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
             extra = f'<p class="note">{html.escape(BREAKDOWN_TITLE)}</p>' if key == "breakdown" else ""
             body.append(f"<h2>{title}</h2>{extra}{charts[key]}")
     body.append("<h2>MFU</h2>" + "".join(f"<p>{html.escape(line.strip())}</p>" for line in _mfu_lines(a)) + charts.get("mfu", ""))
-    body.append("<h2>Stragglers</h2><pre>" + html.escape("\n".join(_straggler_lines(a))) + "</pre>")
-    body.append("<h2>Suggestions</h2><pre>" + html.escape(suggestions_text(a)) + "</pre>")
+    body.append("<h2>Stragglers</h2>" + _stragglers_html(a))
+    body.append("<h2>Suggestions</h2>" + _suggestions_html(a))
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops" if _host_ops(a) else "Top kernels"
