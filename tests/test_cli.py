@@ -445,4 +445,6 @@ def test_ci_workflow_commands_parse() -> None:
             assert (args.cand, args.baseline, args.max_mfu_drop, args.alpha) == (
                 "runs/cand", ["runs/base1", "runs/base2"], 0.05, 0.05)
             assert args.inconclusive == "exit"
-            assert str(args.summary) == "/tmp/summary.md"
+            # On Actions the summary goes to $GITHUB_STEP_SUMMARY by itself (docs/ci.md, "Outputs").
+            assert args.summary is None
+            assert (str(args.json), str(args.html), str(args.junit)) == ("perf-check.json", "perf-check.html", "perf-check.xml")

@@ -10,6 +10,7 @@ Ray's threads in the pytest process.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 
 from analyzer.api import analyze
 from analyzer.errors import AnalyzerError
-from tests.test_scale_rundir import STRAGGLER, WORLD, make_run_dir
+from tests.test_scale_rundir import make_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "traces" / "example-ddp-w2"
@@ -55,6 +56,24 @@ def _bad_and_good(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'trainperf[ray]')")
+def test_cli_on_ray_names_the_straggler_of_a_generated_run(tmp_path):
+    """``analyzer report --engine ray`` on a run directory generated as in tests/test_scale_rundir.py
+    (clock offsets of +-100 ms hide a 60 ms straggler), in a subprocess with its own Ray instance.
+    256 ranks, not 1,024: Ray's workers run at a lower priority, and beside other work on 2 cores
+    1,024 ranks took minutes; the 1,024-rank figures are in docs/scale.md and docs/loading.md.
+    First in the file, so no other Ray instance of this module is running beside it."""
+    run = tmp_path / "w256"
+    make_run_dir(run, world=256, straggler=200)
+    out = tmp_path / "report.json"
+    done = _cli("report", str(run), "--engine", "ray", "--no-cache", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # Ray's own start-up notices stay off our stderr
+    doc = json.loads(out.read_text())
+    assert doc["run"]["world_size"] == 256
+    assert doc["stragglers"]["ranks"] == [200]
+
+
 def test_ray_gives_the_local_report_on_a_run_dir_and_a_folder_with_a_bad_file(ray_instance, tmp_path):
     local = analyze(EXAMPLE, cache=False)
     on_ray = analyze(EXAMPLE, cache=False, engine="ray")
@@ -75,20 +94,6 @@ def test_ray_gives_the_local_report_on_a_shared_nccl_trace(ray_instance):
     local = analyze(folder, cache=False)
     assert local.errors == [] and local.ranks[0].n_steps > 0
     assert _report(analyze(folder, cache=False, engine="ray")) == _report(local)
-
-
-def test_cli_on_ray_names_the_straggler_of_1024_ranks(ray_instance, tmp_path):
-    """``analyzer report --engine ray`` on the generated 1,024-rank run directory
-    (tests/test_scale_rundir.py: clock offsets of +-100 ms hide a 60 ms straggler)."""
-    run = tmp_path / "w1024"
-    make_run_dir(run)
-    out = tmp_path / "report.json"
-    done = _cli("report", str(run), "--engine", "ray", "--no-cache", "--json", str(out))
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""  # Ray's own start-up notices stay off our stderr
-    doc = json.loads(out.read_text())
-    assert doc["run"]["world_size"] == WORLD
-    assert doc["stragglers"]["ranks"] == [STRAGGLER]
 
 
 def test_ray_address_needs_engine_ray():
