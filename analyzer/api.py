@@ -134,6 +134,8 @@ class RunAnalysis:
     metrics: pd.DataFrame | None = None
     telemetry: pd.DataFrame | None = None
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Per rank: one row per communication kernel (analyzer.metrics.collectives), for suggest; not in the report.
+    rank_collectives: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
 
     def rank(self, rank: int) -> RankSummary:
@@ -525,6 +527,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         warnings=warnings,
         metrics=metrics,
         step_time=run_step_time,
+        rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
     )
 
 

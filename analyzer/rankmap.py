@@ -33,6 +33,7 @@ from analyzer.ingest.load import FileFacts, rank_trace
 from analyzer.ingest.parse import ParsedTrace
 from analyzer.ingest.tables import RankTrace
 from analyzer.metrics.breakdown import BreakdownPieces, Source, breakdown_pieces, source_of
+from analyzer.metrics.collectives import collective_table as rank_collective_table
 from analyzer.metrics.kernels import top_kernels
 from analyzer.metrics.mfu import RankFlops, device_name_of, rank_flops_from_shapes
 from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
@@ -40,7 +41,7 @@ from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 1
+MAP_VERSION = 2
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -72,7 +73,10 @@ class RankPart:
     :data:`TOP_KERNELS_PER_RANK`), ``device_name`` and ``flops`` (None
     without usable step windows) as the metrics modules return them;
     ``spans`` and ``arrivals`` the rank's collective records before
-    matching across ranks.
+    matching across ranks; ``comm_table`` one row per communication kernel
+    (kind, message size, achieved bandwidth:
+    :func:`analyzer.metrics.collectives.collective_table`), for the
+    suggestions' communication diagnosis.
     """
 
     rank: int
@@ -88,6 +92,7 @@ class RankPart:
     flops: RankFlops | None
     spans: pd.DataFrame | None
     arrivals: tuple[pd.DataFrame | None, str]
+    comm_table: pd.DataFrame | None = None
 
 
 @dataclass
@@ -187,4 +192,5 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         flops=rank_flops_from_shapes(rank, events, windows) if not windows.empty else None,
         spans=rank_collective_spans(rank, events),
         arrivals=rank_arrivals(rank, events, rt.steps),
+        comm_table=rank_collective_table(events),
     )
