@@ -21,6 +21,7 @@ Definitions (docs/suggestions.md, "Communication from the trace alone"):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,16 @@ import pandas as pd
 from analyzer.metrics.text import text_map
 from analyzer.metrics.stragglers import _DTYPE_BYTES, _busbw_factor
 
-COLUMNS = ("kind", "start_ns", "duration_ns", "size_bytes", "group_size", "dtype", "algbw_gbps", "busbw_gbps")
+COLUMNS = ("kind", "start_ns", "duration_ns", "size_bytes", "group_size", "dtype", "algbw_gbps", "busbw_gbps", "protocol")
+
+# NCCL's protocol in the kernel name (``ncclKernel_AllReduce_RING_LL_Sum_float``,
+# ``ncclDevKernel_AllGather_RING_LL128``): NCCL's tuner picks LL only for small
+# messages (tens to hundreds of KiB; src/graph/tuning.cc), so LL names a small
+# message where the trace carries no size.
+_PROTOCOL_RE = re.compile(r"_(LL128|LL|SIMPLE)(?:_|\(|$)", re.I)
+# A collective is "waiting" when it runs this many times its kind's (and
+# size's) median duration: equal work takes equal time unless a peer is late.
+WAIT_FACTOR = 10.0
 
 # A collective is "small" below this size: NCCL's LL/LL128 protocols and a
 # ring's per-step latency dominate there (nccl-tests curves flatten near
@@ -89,8 +99,15 @@ def collective_table(events: pd.DataFrame) -> pd.DataFrame:
             "dtype": dtype,
             "algbw_gbps": algbw,
             "busbw_gbps": algbw * factor,
+            "protocol": [protocol_of(str(n)) for n in comm["name"].astype(object)],
         }
     ).sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def protocol_of(kernel_name: str) -> str | None:
+    """``LL``, ``LL128`` or ``SIMPLE`` from an NCCL/RCCL kernel name; None when the name does not say."""
+    m = _PROTOCOL_RE.search(kernel_name)
+    return m.group(1).upper() if m else None
 
 
 @dataclass(frozen=True)
@@ -147,7 +164,7 @@ def diagnose(table: pd.DataFrame, link_gbps: float | None) -> CommDiagnosis | No
     """
     known = table.loc[np.isfinite(table["size_bytes"].to_numpy(np.float64)) & (table["duration_ns"].to_numpy() > 0)]
     if known.empty:
-        return None
+        return diagnose_unsized(table)
     dur = known["duration_ns"].to_numpy(np.float64)
     small = known["size_bytes"].to_numpy(np.float64) < SMALL_BYTES
     total = float(dur.sum())
@@ -167,7 +184,12 @@ def diagnose(table: pd.DataFrame, link_gbps: float | None) -> CommDiagnosis | No
         return CommDiagnosis("mixed", "large collectives cannot be rated: no bus bandwidth or no link peak for this device", ev)
     med = float(np.median(busbw))
     spread = float((np.percentile(busbw, 90) - np.percentile(busbw, 10)) / med) if med > 0 else float("inf")
-    ev.update(large_busbw_median_gbps=med, large_busbw_spread=spread, fraction_of_peak=med / link_gbps)
+    large_dur = dur[~small]
+    ev.update(large_count=int((~small).sum()),
+              large_size_median_bytes=float(np.median(known["size_bytes"].to_numpy(np.float64)[~small])),
+              large_duration_p10_us=float(np.percentile(large_dur, 10)) / 1e3,
+              large_duration_p90_us=float(np.percentile(large_dur, 90)) / 1e3,
+              large_busbw_median_gbps=med, large_busbw_spread=spread, fraction_of_peak=med / link_gbps)
     if med >= NEAR_PEAK * link_gbps:
         return CommDiagnosis("bandwidth_bound", f"large collectives reach {med / link_gbps:.0%} of the {link_gbps:g} GB/s link", ev)
     if med < FAR_BELOW * link_gbps and spread >= WIDE_SPREAD:
@@ -178,3 +200,52 @@ def diagnose(table: pd.DataFrame, link_gbps: float | None) -> CommDiagnosis | No
             ev,
         )
     return CommDiagnosis("mixed", f"large collectives at {med / link_gbps:.0%} of the link, spread {spread:.1f}x", ev)
+
+
+def diagnose_unsized(table: pd.DataFrame) -> CommDiagnosis | None:
+    """The diagnosis when no collective carries its message size (traces before PyTorch 2.x's comm args).
+
+    Per kind, a collective longer than :data:`WAIT_FACTOR` times the kind's
+    median duration counts its excess over the median as waiting (one
+    rank's kernel holds the wait for its peers; without sizes, equal work
+    per kind is the assumption, strongest when NCCL's protocol is the same
+    small-message LL for all of them):
+
+    - waiting: over half the communication time is that excess;
+    - latency_bound: over half of it is in kernels of NCCL's LL protocol,
+      which NCCL picks for small messages (many small messages: buckets);
+    - otherwise mixed. None without a collective of positive duration.
+    """
+    rows = table.loc[table["duration_ns"].to_numpy() > 0]
+    if rows.empty:
+        return None
+    dur = rows["duration_ns"].to_numpy(np.float64)
+    median = rows.groupby("kind", sort=False)["duration_ns"].transform("median").to_numpy(np.float64)
+    long_ = dur > WAIT_FACTOR * median
+    total = float(dur.sum())
+    wait_share = float((dur - median)[long_].sum()) / total
+    proto = rows["protocol"].astype(object).to_numpy() if "protocol" in rows.columns else np.full(len(rows), None, object)
+    ll = proto == "LL"
+    ll_share = float(dur[ll].sum()) / total
+    ev: dict[str, Any] = {
+        "collectives": int(len(rows)),
+        "comm_ms": total / 1e6,
+        "sizes_known": False,
+        "duration_median_us": float(np.median(dur)) / 1e3,
+        "duration_p90_us": float(np.percentile(dur, 90)) / 1e3,
+        "duration_max_us": float(dur.max()) / 1e3,
+        "long_count": int(long_.sum()),
+        "waiting_time_share": wait_share,
+        "ll_protocol_time_share": ll_share,
+    }
+    if wait_share > 0.5:
+        return CommDiagnosis(
+            "waiting",
+            f"{int(long_.sum())} of {len(rows)} collectives run over {WAIT_FACTOR:g}x their kind's median "
+            f"({float(np.median(dur)) / 1e3:.0f} us) and that excess is {wait_share:.0%} of collective time: "
+            "a slower peer or a sync point, not the transfer; profile all ranks to tell",
+            ev,
+        )
+    if ll_share > 0.5:
+        return CommDiagnosis("latency_bound", f"{ll_share:.0%} of collective time is in NCCL LL-protocol kernels (small messages)", ev)
+    return CommDiagnosis("mixed", f"no message sizes; {wait_share:.0%} of collective time over {WAIT_FACTOR:g}x the median", ev)

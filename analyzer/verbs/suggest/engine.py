@@ -13,10 +13,12 @@ its trigger passes a named, documented threshold, and then returns a
 * ``confidence``: ``high``, ``medium`` or ``low`` (docs/suggestions.md says
   what each rule's confidence rests on).
 
-:func:`suggest` runs every rule of :data:`RULES` and ranks the results:
-suggestions with a change to make before diagnoses (which only explain),
-then by predicted throughput gain, largest first. docs/suggestions.md is the
-reference of every rule.
+:func:`suggest` runs every rule of :data:`RULES` and ranks the results
+(:func:`rank`): when exposed communication is over :data:`COMM_FIRST_SHARE`
+of the step, the suggestions on it first; then suggestions with a change to
+make before diagnoses (which only explain), then by predicted throughput
+gain, largest first. :data:`RULE_PART` names the part of the step each rule
+acts on. docs/suggestions.md is the reference of every rule.
 """
 from __future__ import annotations
 
@@ -151,6 +153,8 @@ class Suggestion:
     confidence: Confidence
     kind: Literal["change", "diagnosis"] = "change"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # What the inputs cover (set by suggest: analyzer.verbs.suggest.run.coverage); the confidence is capped by it.
+    coverage: dict[str, Any] = field(default_factory=dict)
 
     @property
     def gain(self) -> float:
@@ -176,8 +180,34 @@ class Suggestion:
             "change": change,
             "predicted": None if self.predicted is None else self.predicted.to_json(),
             "confidence": self.confidence,
+            "coverage": {k: (list(v) if isinstance(v, tuple) else _num(v)) for k, v in self.coverage.items()},
             "notes": list(self.notes),
         }
+
+
+# The part of the step (a breakdown part, RunFacts.shares) each rule's what-if acts on.
+RULE_PART = {
+    "ddp_bucket_size": "exposed_comm", "grad_accumulation": "exposed_comm", "fsdp_reshard": "exposed_comm",
+    "comm_compression": "exposed_comm", "overlap_grad_sync": "grad_sync", "gradient_as_bucket_view": "exposed_comm",
+    "launch_bound": "idle", "cuda_graphs": "idle", "data_wait": "data", "pin_memory": "exposed_memcpy",
+    "exposed_memcpy": "exposed_memcpy", "fused_adamw": "optimizer", "torch_compile": "compute",
+    "bf16_autocast": "compute", "tf32": "compute", "micro_batch": "other", "smaller_micro_batch": "other",
+    "activation_checkpointing": "compute",
+    "straggler": "exposed_comm", "comm_one_rank": "exposed_comm", "comm_waiting": "exposed_comm",
+}
+# Rules whose what-if also acts on a second part: launch_bound's larger batch fills idle time and spreads the
+# fixed (non-batch-scaled) exposed comm over k times the work (rules_compute.rule_launch_bound).
+ALSO_PARTS = {"launch_bound": ("exposed_comm",)}
+# Parts no rule removes as such (overlapped comm is already hidden; collective waits are the straggler's).
+NOT_ACTIONABLE = frozenset({"overlapped_comm", "collective_wait"})
+# Exposed communication above this share of the step ranks the suggestions on it first (issue 18): a
+# collective holds every rank of the job, and one rank's other parts are measured on a step its peers set.
+COMM_FIRST_SHARE = 0.20
+
+
+def parts_of(rule_id: str) -> tuple[str, ...]:
+    """Every breakdown part a rule's what-if acts on (empty for a rule that acts on none)."""
+    return ((RULE_PART[rule_id],) if rule_id in RULE_PART else ()) + ALSO_PARTS.get(rule_id, ())
 
 
 Rule = Callable[["RunFacts"], "Suggestion | None"]
@@ -190,11 +220,17 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def rank(suggestions: list[Suggestion]) -> list[Suggestion]:
-    """Changes before diagnoses; then predicted steady-state gain (largest first), confidence, rule id."""
+def rank(suggestions: list[Suggestion], comm_first: bool = False) -> list[Suggestion]:
+    """Changes before diagnoses; then predicted steady-state gain (largest first), confidence, rule id.
+
+    ``comm_first`` (exposed comm over :data:`COMM_FIRST_SHARE` of the step):
+    the suggestions whose part is exposed communication come before all
+    others, in the same order among themselves.
+    """
     return sorted(
         suggestions,
-        key=lambda s: (s.kind != "change", -round(s.gain, 6), _CONFIDENCE_ORDER[s.confidence], s.rule),
+        key=lambda s: (comm_first and RULE_PART.get(s.rule) != "exposed_comm", s.kind != "change",
+                       -round(s.gain, 6), _CONFIDENCE_ORDER[s.confidence], s.rule),
     )
 
 

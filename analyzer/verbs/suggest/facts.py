@@ -46,6 +46,7 @@ from analyzer.metrics.taxonomy import FUSABLE_CLASSES, classify_name, is_compile
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+    from analyzer.metrics.collectives import CommDiagnosis
     from analyzer.metrics.stragglers import StragglerResult
 
 PHASES = ("data_wait", "forward", "backward", "optimizer", "grad_sync", "comm")
@@ -157,6 +158,18 @@ class RunFacts:
     profile_steps: tuple[int, int] = (0, 0)  # (profiled steps, all steps) of the run
     ranks_per_host: int | None = None
     ranks_traced: int = 0  # ranks with a trace or records in this analysis (one rank cannot tell waiting from transfer)
+    # The ranks' communication kernels (analyzer.metrics.collectives): the latency/bandwidth/waiting diagnosis,
+    # the alpha-beta fit per kind, and the link peak it is rated against (GB/s per GPU, hardware table).
+    comm_diagnosis: "CommDiagnosis | None" = None
+    comm_fits: dict = field(default_factory=dict)
+    link_gbps: float | None = None
+    link_name: str | None = None
+    # Coverage of the inputs (each suggestion's confidence rests on it): FLOP coverage of the trace-shape MFU,
+    # step windows used / all, and the group size the collectives name (the job's ranks, when traces say).
+    flop_coverage: float | None = None
+    windows_used: int = 0
+    windows_total: int = 0
+    comm_group_size: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -359,6 +372,71 @@ def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFa
     return facts, collective_tail_ms(times)
 
 
+def trace_comm(ra: "RunAnalysis", device_name: str | None):
+    """The communication kernels of every traced rank: (diagnosis, alpha-beta per kind, link peak, group size).
+
+    Over all ranks' kernels together (analyzer.metrics.collectives); the link
+    peak from the hardware table by device name (None off GPUs or for a model
+    the table lacks, when only the latency and waiting tests can decide).
+    """
+    from analyzer.metrics.collectives import alpha_beta, diagnose
+    from analyzer.metrics.hardware import link_peak
+
+    tables = [t for t in getattr(ra, "rank_collectives", {}).values() if t is not None and len(t)]
+    if not tables:
+        return None, {}, None, None
+    table = pd.concat(tables, ignore_index=True)
+    link = link_peak(device_name) if device_name else None
+    groups = table["group_size"].to_numpy(np.int64)
+    group = int(groups.max()) if (groups > 0).any() else None
+    return diagnose(table, link.gbps if link else None), alpha_beta(table), link, group
+
+
+def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | None:
+    """CommFacts from the ranks' communication kernels inside the usable step windows (traces without records).
+
+    Only when every such kernel carries its message size (otherwise bytes per
+    step are unknown and the rules that need them stay silent). Per step: the
+    mean over windows and ranks; ``service_ms`` is the kernel duration (one
+    stream per process group runs them one after another); alpha and
+    per-byte cost from :func:`fit_alpha_beta` over the kernels.
+    """
+    tables = getattr(ra, "rank_collectives", {})
+    if not tables or windows is None or windows.empty or not {"rank", "start_ns", "end_ns"} <= set(windows.columns):
+        return None
+    rows = []
+    for rank, table in tables.items():
+        w = windows.loc[windows["rank"] == rank]
+        if w.empty:
+            continue
+        start = table["start_ns"].to_numpy(np.int64)
+        inside = np.zeros(len(table), dtype=bool)
+        for s0, e0 in zip(w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)):
+            inside |= (start >= s0) & (start < e0)
+        rows.append((table.loc[inside], len(w)))
+    n_windows = sum(n for _, n in rows)
+    if not rows or not n_windows:
+        return None
+    table = pd.concat([t for t, _ in rows], ignore_index=True)
+    size = table["size_bytes"].to_numpy(np.float64)
+    if table.empty or not np.isfinite(size).all():
+        return None
+    service = table["duration_ns"].to_numpy(np.float64) / 1e6
+    alpha, per_byte = fit_alpha_beta(size, service)
+    total = float(service.sum())
+    gather = float(service[(table["kind"] == "all_gather").to_numpy()].sum())
+    return CommFacts(
+        n_per_step=len(table) / n_windows,
+        bytes_per_step=float(size.sum()) / n_windows,
+        mean_bytes=float(size.mean()),
+        service_ms_per_step=total / n_windows,
+        alpha_ms=alpha,
+        per_byte_ms=per_byte,
+        kinds=tuple(sorted(set(table["kind"].astype(str)))),
+        gather_service_share=gather / total if total > 0 else None,
+    )
+
+
 def kernel_facts(ra: "RunAnalysis") -> KernelFacts | None:
     """GEMM time, launches and short-kernel share per step on the device (mean over ranks)."""
     k = ra.kernels
@@ -518,6 +596,9 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
     elif shares_source == "host" and step_time_ms:
         exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "host breakdown of the trace windows"
 
+    diag, fits, link, group = trace_comm(ra, device_name if device == "cuda" else None)
+    if comm is None and ra.kind == "traces":
+        comm = trace_comm_facts(ra, trace_steps)
     if ra.mfu.lower_bound:
         notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
     tokens_per_step = man.tokens_per_step
@@ -568,4 +649,12 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
                        if ra.metrics is not None and not ra.metrics.empty else 0),
         ranks_per_host=_ranks_per_host(hw.hostnames, world),
         notes=notes,
+        comm_diagnosis=diag,
+        comm_fits=fits,
+        link_gbps=link.gbps if link is not None else None,
+        link_name=link.link if link is not None else None,
+        flop_coverage=ra.mfu.flop_coverage,
+        windows_used=int(len(trace_steps)) if trace_steps is not None else 0,
+        windows_total=int(len(ra.steps)) if ra.steps is not None else 0,
+        comm_group_size=group,
     )

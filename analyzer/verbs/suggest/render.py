@@ -41,12 +41,28 @@ def prediction_text(s: Suggestion) -> str:
     return text + (", run wall time)" if p.scope != "steady-state step" else ")")
 
 
+def coverage_text(cov: dict[str, Any]) -> str:
+    """``windows 5/5, ranks 1/8, FLOPs 97%; capped: 1 of 8 ranks traced ...``."""
+    parts = []
+    if cov.get("windows_total"):
+        parts.append(f"windows {cov['windows_used']}/{cov['windows_total']}")
+    if cov.get("ranks_in_job"):
+        parts.append(f"ranks {cov.get('ranks_traced', 0)}/{cov['ranks_in_job']}")
+    if cov.get("flop_coverage") is not None:
+        parts.append(f"FLOPs known for {cov['flop_coverage']:.0%} of compute")
+    text = ", ".join(parts) or "-"
+    if cov.get("limits"):
+        text += "; confidence capped: " + "; ".join(cov["limits"])
+    return text
+
+
 def render_text(suggestions: Sequence[Suggestion], config_path: str | None = None, *, nproc: int | None = None,
                 evidence: bool = True) -> str:
     """Ranked suggestions, one block each: why, evidence, change, command, prediction."""
     if not suggestions:
         return "Suggestions: none: no rule fired (docs/suggestions.md lists the rules and their thresholds)\n"
-    out = [f"Suggestions ({len(suggestions)}, ranked by predicted gain; docs/suggestions.md)"]
+    out = [f"Suggestions ({len(suggestions)}, ranked: on traces exposed comm over 20% first, then changes by predicted gain; "
+           "docs/suggestions.md)"]
     for i, s in enumerate(suggestions, 1):
         tag = "diagnosis" if s.kind == "diagnosis" else f"confidence {s.confidence}"
         out.append(f"{i:>2}. [{s.rule}] {s.title}  ({tag})")
@@ -65,6 +81,8 @@ def render_text(suggestions: Sequence[Suggestion], config_path: str | None = Non
         if s.predicted is not None:
             out.append(f"    predicted: {prediction_text(s)}")
             out.append(f"      how: {s.predicted.method}")
+        if s.coverage:
+            out.append(f"    coverage: {coverage_text(s.coverage)}")
         for note in s.notes:
             out.append(f"    note: {note}")
     return "\n".join(out) + "\n"

@@ -48,6 +48,11 @@ def _comm_evidence(f: RunFacts, exposed_ms: float, share: float) -> dict:
     return ev
 
 
+def _verdict(f: RunFacts) -> str | None:
+    """The communication diagnosis of the traced kernels (analyzer.metrics.collectives.diagnose), if any."""
+    return f.comm_diagnosis.verdict if f.comm_diagnosis is not None else None
+
+
 def _is_ddp(f: RunFacts) -> bool:
     if f.is_reftrain:
         return f.cfg("parallel.strategy") == "ddp"
@@ -65,8 +70,8 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
     ex = _exposed(f)
     if ex is None or not _is_ddp(f) or f.comm is None or f.comm.alpha_ms is None:
         return None
-    if f.comm.n_per_step < BUCKET_MIN_COLLECTIVES:
-        return None
+    if f.comm.n_per_step < BUCKET_MIN_COLLECTIVES or _verdict(f) == "waiting":
+        return None  # waiting for peers: fewer collectives would wait as long (rule_comm_waiting)
     exposed_ms, share = ex
     cap = float(f.cfg("parallel.bucket_cap_mb", 25.0) or 25.0)
     new_cap = max(25.0, 4 * cap)
@@ -170,7 +175,7 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
     optimization, so the learning rate may need retuning.
     """
     ex = _exposed(f)
-    if ex is None or not f.tokens_per_step:
+    if ex is None or (not f.tokens_per_step and f.shares_source != "device") or _verdict(f) == "waiting":
         return None
     exposed_ms, share = ex
     ga = int(f.cfg("train.grad_accum", 1) or 1)
@@ -193,8 +198,10 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
                       f"accumulate {k}x more micro-batches per optimizer step under model.no_sync() "
                       "(the global batch grows; retune the learning rate)"),
         predicted=whatif.prediction(
-            f, step_after, f"{k}x the micro-batches ({per_micro:.1f} ms each) per step, exposed comm and optimizer once",
-            tokens_per_step_after=f.tokens_per_step * k),
+            f, step_after, f"{k}x the micro-batches ({per_micro:.1f} ms each) per step, exposed comm and optimizer once"
+            + ("" if f.tokens_per_step else " (tokens per step unknown: the gain is per micro-batch of the trace's step)"),
+            tokens_per_step_after=f.tokens_per_step * k if f.tokens_per_step else None,
+            work_ratio=1.0 if f.tokens_per_step else float(k)),
         confidence="medium",
         notes=("changes the global batch size (optimization, not only speed)",),
     )
@@ -244,7 +251,7 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
     knob for comm hooks, so the change is plain PyTorch advice.
     """
     ex = _exposed(f)
-    if ex is None or f.comm is None or f.comm.per_byte_ms is None or not _is_ddp(f):
+    if ex is None or f.comm is None or f.comm.per_byte_ms is None or not _is_ddp(f) or _verdict(f) == "waiting":
         return None
     bytes_ms = f.comm.bytes_per_step * f.comm.per_byte_ms
     if bytes_ms <= 0.5 * f.comm.service_ms_per_step:
@@ -284,9 +291,11 @@ def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
     if f.kind != "traces" or f.ranks_traced != 1 or not f.step_time_ms or f.exposed_comm_ms is None:
         return None
     share = f.exposed_comm_ms / f.step_time_ms
-    if share <= ONE_RANK_COMM_MIN_SHARE:
-        return None
+    if share <= ONE_RANK_COMM_MIN_SHARE or _verdict(f) == "waiting":
+        return None  # the waiting verdict has its own diagnosis (rule_comm_waiting)
     evidence = _comm_evidence(f, f.exposed_comm_ms, share) | {"ranks_traced": f.ranks_traced}
+    if f.comm_diagnosis is not None:
+        evidence |= {"comm_verdict": f.comm_diagnosis.verdict, "comm_verdict_reason": f.comm_diagnosis.reason}
     return Suggestion(
         rule="comm_one_rank",
         title=f"Exposed communication is {share:.0%} of the step; one rank's trace cannot tell waiting for a peer from a slow transfer",
@@ -299,5 +308,46 @@ def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
         predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, f.exposed_comm_ms),
                                     "upper bound: all exposed communication removed"),
         confidence="low",
+        kind="diagnosis",
+    )
+
+
+# The waiting verdict is reported above this share of the step in exposed communication.
+WAITING_MIN_SHARE = 0.05
+
+
+@rule
+def rule_comm_waiting(f: RunFacts) -> Suggestion | None:
+    """Diagnosis: the communication kernels wait for peers (analyzer.metrics.collectives' ``waiting`` verdict).
+
+    Fires when the traced collectives are diagnosed *waiting* (large messages
+    far below the link's peak with a wide spread, or, without sizes, most of
+    the time in kernels over WAIT_FACTOR x their kind's median) and exposed
+    comm is over WAITING_MIN_SHARE of the step. No config change follows from
+    it: a slower peer or a sync point (a .item(), a barrier, uneven data) is
+    the cause, and only all ranks' traces name it. What-if (an upper bound):
+    all exposed communication removed.
+    """
+    if _verdict(f) != "waiting" or not f.step_time_ms or f.exposed_comm_ms is None:
+        return None
+    share = f.exposed_comm_ms / f.step_time_ms
+    if share <= WAITING_MIN_SHARE:
+        return None
+    d = f.comm_diagnosis
+    evidence = ({"exposed_comm_ms": f.exposed_comm_ms, "step_time_ms": f.step_time_ms, "exposed_comm_share": share,
+                 "ranks_traced": f.ranks_traced, "link": f.link_name} | d.evidence | {"verdict": d.reason})
+    one = f.ranks_traced <= 1
+    return Suggestion(
+        rule="comm_waiting",
+        title=f"Collectives wait for peers: exposed communication {share:.0%} of the step is mostly waiting, not transfer",
+        trigger=f"collectives diagnosed waiting ({d.reason.split(':')[0]}), exposed comm {share:.1%} > {WAITING_MIN_SHARE:.0%}",
+        evidence=evidence,
+        change=Change({}, ("profile every rank in the same steps (torch.profiler.profile on each rank with the same "
+                           "schedule, one trace file per rank in one folder) and run `analyzer suggest FOLDER` to name "
+                           "the rank that arrives late; " if one else "see the straggler report for the rank that arrives late; ")
+                      + "then look on it for a host sync (.item(), .cpu(), a barrier) or uneven input before the collective"),
+        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, f.exposed_comm_ms),
+                                    "upper bound: all exposed communication removed (the wait ends when the late peer is fixed)"),
+        confidence="low" if one else "medium",
         kind="diagnosis",
     )

@@ -4,16 +4,96 @@ The rule modules register their rules with :func:`analyzer.verbs.suggest.engine.
 when imported; this module imports them all, so the engine never imports a rule (no
 circle; a contract in pyproject.toml holds it). A new rule module goes in the import
 line below.
+
+After the rules, :func:`suggest` states each suggestion's coverage of its
+inputs and caps its confidence by it (:func:`coverage`), ranks them
+(:func:`analyzer.verbs.suggest.engine.rank`), and when the first suggestion
+does not act on the largest part of the step a rule can act on, says why in
+its notes (:func:`first_note`). docs/suggestions.md, "Ranking and confidence".
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from analyzer.verbs.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_memory  # noqa: F401
-from analyzer.verbs.suggest.engine import RULES, Suggestion, rank, suggestions_json
+from analyzer.verbs.suggest.engine import (
+    _CONFIDENCE_ORDER, ALSO_PARTS, COMM_FIRST_SHARE, NOT_ACTIONABLE, RULE_PART, RULES, Suggestion, parts_of, rank,
+    suggestions_json,
+)
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+    from analyzer.verbs.suggest.facts import RunFacts
+
+# FLOP coverage under this leaves the trace-shape MFU a lower bound (analyzer.metrics.mfu.COVERAGE_MIN's figure).
+FLOP_COVERAGE_MIN = 0.90
+# Rules whose what-if rests on the FLOP count (MFU or compute time per FLOP).
+_FLOP_RULES = frozenset({"mfu_gap", "torch_compile", "bf16_autocast", "tf32", "activation_checkpointing"})
+_BY_ORDER = {v: k for k, v in _CONFIDENCE_ORDER.items()}
+
+
+def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
+    """What a suggestion's inputs cover, and its confidence capped by that coverage.
+
+    ``flop_coverage``: share of the device compute time whose FLOPs the
+    trace's shapes give (rules on compute only); ``windows_used`` of
+    ``windows_total`` step windows (flagged ones are not read: at most
+    medium); ``ranks_traced`` of ``ranks_in_job`` (the world size, or the
+    collectives' group size when traces say more): a communication
+    suggestion from fewer ranks than the job has is at most low, since one
+    rank cannot tell waiting for a peer from the transfer. ``limits`` says
+    each cap that applied.
+    """
+    cap = 0
+    limits: list[str] = []
+    in_job = max(f.world_size or 1, f.comm_group_size or 1)
+    cov: dict[str, Any] = {"windows_used": f.windows_used, "windows_total": f.windows_total,
+                           "ranks_traced": f.ranks_traced, "ranks_in_job": in_job}
+    if f.windows_total and f.windows_used < f.windows_total:
+        cap = max(cap, 1)
+        limits.append(f"{f.windows_total - f.windows_used} of {f.windows_total} step windows flagged and not read")
+    if s.rule in _FLOP_RULES or RULE_PART.get(s.rule) == "compute":
+        cov["flop_coverage"] = f.flop_coverage
+        if f.flop_coverage is not None and f.flop_coverage < FLOP_COVERAGE_MIN:
+            cap = max(cap, 2)
+            limits.append(f"FLOPs known for {f.flop_coverage:.0%} of compute time")
+    if RULE_PART.get(s.rule) == "exposed_comm" and f.kind == "traces" and f.ranks_traced < in_job:
+        cap = max(cap, 2)
+        limits.append(f"{f.ranks_traced} of {in_job} ranks traced: waiting for a peer and transfer look the same")
+    cov["limits"] = tuple(limits)
+    return cov, _BY_ORDER[max(_CONFIDENCE_ORDER[s.confidence], cap)]
+
+
+def largest_actionable(f: "RunFacts") -> tuple[str, float] | None:
+    """The largest breakdown part some rule acts on, with its share of the step; None without a breakdown."""
+    acted = set(RULE_PART.values()) | {p for ps in ALSO_PARTS.values() for p in ps}
+    parts = {k: v for k, v in f.shares.items() if v > 0 and k in acted and k not in NOT_ACTIONABLE}
+    if not parts:
+        return None
+    part = max(parts, key=lambda k: (parts[k], k))
+    return part, parts[part]
+
+
+def first_note(f: "RunFacts", ranked: list[Suggestion], comm_first: bool) -> str | None:
+    """Why the first suggestion does not act on the largest actionable part; None when it does (or no breakdown)."""
+    top = largest_actionable(f)
+    if not ranked or top is None:
+        return None
+    part, share = top
+    first = ranked[0]
+    if part in parts_of(first.rule):
+        return None
+    head = f"ranked first although {part} ({share:.0%} of the step) is the largest part a rule acts on"
+    if comm_first and RULE_PART.get(first.rule) == "exposed_comm":
+        return (f"{head}: exposed comm is {f.shares.get('exposed_comm', 0):.0%} of the step (> {COMM_FIRST_SHARE:.0%}), "
+                "and a collective holds every rank of the job, so it is settled first")
+    on_part = [s for s in ranked if part in parts_of(s.rule)]
+    if not on_part:
+        return f"{head}: no rule acting on {part} fired (docs/suggestions.md lists their thresholds)"
+    best = on_part[0]
+    return (f"{head}: its predicted gain ({first.gain:+.0%}) is above that of {best.rule} on {part} "
+            f"({best.gain:+.0%})" + (" (a diagnosis ranks after changes)" if best.kind == "diagnosis" else ""))
 
 
 def suggest(ra: "RunAnalysis") -> list[Suggestion]:
@@ -24,7 +104,19 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     if memo is not None and "suggestions" in memo:
         return list(memo["suggestions"])
     facts = run_facts(ra)
-    ranked = rank([s for s in (r(facts) for r in RULES) if s is not None])
+    fired = []
+    for s in (r(facts) for r in RULES):
+        if s is None:
+            continue
+        cov, confidence = coverage(facts, s)
+        fired.append(dataclasses.replace(s, coverage=cov, confidence=confidence))
+    # On reftrain runs every rank's phases are measured and the closed loop (bench/bench_suggest.py) checks
+    # the gain order; on traces exposed comm over COMM_FIRST_SHARE goes first (engine.COMM_FIRST_SHARE).
+    comm_first = facts.kind == "traces" and facts.shares.get("exposed_comm", 0.0) > COMM_FIRST_SHARE
+    ranked = rank(fired, comm_first=comm_first)
+    note = first_note(facts, ranked, comm_first)
+    if note is not None:
+        ranked[0] = dataclasses.replace(ranked[0], notes=(note, *ranked[0].notes))
     if memo is not None:
         memo["suggestions"] = list(ranked)
     return ranked
