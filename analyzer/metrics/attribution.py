@@ -1,0 +1,700 @@
+"""Where device time goes: each kernel attributed to its op, op stack, nn.Module and user annotation.
+
+The chain (docs/metrics.md, "Attribution"), for every device event (kernel,
+memcpy, memset) in the rank's analysis window (the kernels table's,
+:func:`analyzer.metrics.overlap.hta_window`):
+
+1. **launch**: the host runtime call with the same correlation id
+   (``cudaLaunchKernel``, ``hipLaunchKernel``, ``cudaMemcpyAsync``, ...;
+   :func:`analyzer.metrics.launch.launches`). Every kernel of a CUDA-graph
+   replay carries the correlation id of its ``cudaGraphLaunch``: such kernels
+   are attributed to the graph launch (``graph`` True), since the ops that
+   captured the graph ran long before.
+2. **op**: the innermost host op (``cpu_op``/``cpu_comm``) containing the
+   launch call's start *on the launch call's own thread* (kernels launched
+   from other threads, e.g. the autograd engine's, are found on theirs);
+   the op stack above it is the chain of enclosing ops.
+3. **backward**: an op is backward when it or an enclosing op is an autograd
+   node, i.e. carries a ``Sequence number`` with a non-zero ``Fwd thread
+   id`` (PyTorch writes ``Fwd thread id`` 0 on forward ops), or is named
+   ``autograd::engine::evaluate_function: ...``. A backward kernel is
+   attributed to the *forward* op of its node: the innermost forward op
+   (``Fwd thread id`` 0) with the node's sequence number that started
+   before the node; when none is in the trace, to the node's own name.
+4. **module**: the innermost ``nn.Module: NAME`` range (``python_function``
+   from ``with_stack``/``with_modules``, or a ``record_function`` range so
+   named, as reftrain writes) containing the launch (backward: containing
+   the forward op's start); its path is the chain of enclosing module
+   ranges, names without the ``nn.Module: `` prefix, joined by ``/``.
+5. **annotation**: the innermost ``user_annotation`` range (other than
+   ``ProfilerStep#N``) containing the launch.
+
+A device event with no launch call, or whose launch has no enclosing op,
+is *unattributed* (it still has its module and annotation when a range
+contains its launch). Attributed + unattributed = all device time in the
+window, exactly (tests/test_metrics_attribution.py).
+
+Everything is vectorized: the host ranges of one thread nest like a call
+stack, and their parents are found with sorted arrays (:func:`nest`); only
+a thread whose ranges do not nest properly falls back to a stack walk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analyzer.ingest.tables import DEVICE_KINDS
+from analyzer.metrics.launch import _parents
+from analyzer.metrics.overlap import hta_window
+from analyzer.metrics.taxonomy import kernel_class
+from analyzer.metrics.text import is_in, text_mask
+
+SCHEMA = "analyzer.attribution/1"
+MODULE_PREFIX = "nn.Module: "
+EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
+TOP_KERNELS_PER_OP = 5
+UNATTRIBUTED = "(unattributed)"
+
+KERNEL_COLUMNS = (
+    "name", "kind", "cls", "stream", "start_ns", "dur_ns", "launch_tid", "graph", "op", "backward",
+    "attributed_op", "module", "annotation", "input_dims", "input_types",
+)
+
+
+# ---------------------------------------------------------------------------
+# Nesting of host ranges
+
+
+def nest(tkey: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Order, parent and depth of host ranges that nest per thread.
+
+    ``tkey`` identifies the thread (int), ``start``/``end`` in ns. Returns
+    ``order`` (positions sorted by thread, start, longest first), and
+    ``parent`` and ``depth`` indexed like the *inputs* (parent -1 at the top).
+    A range's parent is the innermost range of the same thread that is open
+    at its start (``start_p <= start < end_p``; a zero-length range has no
+    children). Vectorized: depth is the number of ranges open at a start,
+    the parent the last range before it one level up; a thread whose ranges
+    overlap without nesting is walked with a stack instead (the later range
+    is then the inner one while both are open, as
+    :func:`analyzer.metrics.launch.innermost_containing` does).
+    """
+    n = len(start)
+    parent = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    order = np.lexsort((-end, start, tkey))
+    if n == 0:
+        return order, parent, depth
+    tk = tkey[order]
+    bounds = np.flatnonzero(np.diff(tk)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, n]):
+        rows = order[lo:hi]
+        s, e = start[rows], end[rows]
+        p, d = _nest_sorted(s, e)
+        parent[rows] = np.where(p >= 0, rows[np.clip(p, 0, None)], -1)
+        depth[rows] = d
+    return order, parent, depth
+
+
+def _nest_sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Parent (local positions) and depth of one thread's ranges, sorted by (start, -end)."""
+    m = len(s)
+    pos = e > s
+    # Ranges open at s_i: earlier ranges (positive length) not yet ended. Zero-length ranges never contain a start.
+    ends = np.sort(e[pos])
+    starts_pos = np.flatnonzero(pos)
+    n_started = np.searchsorted(starts_pos, np.arange(m), side="left")  # positive ranges before i in order
+    n_ended = np.searchsorted(ends, s, side="right")
+    d = n_started - n_ended
+    parent = np.full(m, -1, dtype=np.int64)
+    has = np.flatnonzero(d > 0)
+    proper = True
+    if len(has):
+        # The parent: the last positive-length range before i one level up (keys sort by depth, then position).
+        sorted_keys = np.sort(d[pos] * (m + 1) + starts_pos)
+        k = np.searchsorted(sorted_keys, (d[has] - 1) * (m + 1) + has, side="left") - 1
+        cand = sorted_keys[np.clip(k, 0, None)]
+        ok = (k >= 0) & (cand // (m + 1) == d[has] - 1)
+        par = cand % (m + 1)
+        # Proper nesting: the parent is open at the child's start and ends no earlier than the child.
+        proper = bool(ok.all()) and bool(np.all((e[par] > s[has]) & (e[par] >= e[has])))
+        parent[has] = np.where(ok, par, -1)
+    if not proper:
+        # Overlapping, not nested: the stack walk of analyzer.metrics.launch (its pop rule: end <= start).
+        parent = _parents(s, e)
+        d = np.zeros(m, dtype=np.int64)
+        for i in range(m):
+            if parent[i] >= 0:
+                d[i] = d[parent[i]] + 1
+    return parent, d
+
+
+def innermost(tkey: np.ndarray, start: np.ndarray, end: np.ndarray, order: np.ndarray, parent: np.ndarray,
+              q_tkey: np.ndarray, q_t: np.ndarray) -> np.ndarray:
+    """Position of the innermost range (of :func:`nest`'s inputs) open at each query instant on its thread; -1 for none."""
+    out = np.full(len(q_t), -1, dtype=np.int64)
+    if len(order) == 0 or len(q_t) == 0:
+        return out
+    tk, st = tkey[order], start[order]
+    # Sorted by (thread, start): one searchsorted over a combined key finds the last range started at or before t.
+    lo = np.searchsorted(tk, q_tkey, side="left")
+    hi = np.searchsorted(tk, q_tkey, side="right")
+    k = np.full(len(q_t), -1, dtype=np.int64)
+    have = hi > lo
+    if not have.any():
+        return out
+    # Within a thread's block [lo, hi) the starts are sorted: one searchsorted per thread.
+    for t_val in np.unique(q_tkey[have]):
+        qi = np.flatnonzero(have & (q_tkey == t_val))
+        a, b = lo[qi[0]], hi[qi[0]]
+        k[qi] = a + np.searchsorted(st[a:b], q_t[qi], side="right") - 1
+        k[qi[k[qi] < a]] = -1
+    cur = np.where(k >= 0, order[np.clip(k, 0, None)], -1)
+    # Walk up while the candidate has ended (nesting depth iterations at most).
+    while True:
+        open_ = cur >= 0
+        ended = open_ & (end[np.clip(cur, 0, None)] <= q_t)
+        if not ended.any():
+            break
+        cur[ended] = parent[cur[ended]]
+    return cur
+
+
+def _climb_same_name(parent: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """True where some enclosing range has the same key (the range is nested in its own kind)."""
+    nested = np.zeros(len(parent), dtype=bool)
+    anc = parent.copy()
+    live = anc >= 0
+    while live.any():
+        idx = np.flatnonzero(live)
+        nested[idx] |= key[anc[idx]] == key[idx]
+        anc[idx] = parent[anc[idx]]
+        live = anc >= 0
+    return nested
+
+
+def _nearest(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Nearest ancestor-or-self with ``flag`` (position), -1 for none: pointer jumping, log(depth) rounds."""
+    nxt = np.where(flag, np.arange(len(flag)), parent)
+    done = flag | (nxt < 0)
+    while not done.all():
+        idx = np.flatnonzero(~done)
+        nxt[idx] = nxt[nxt[idx]]
+        done[idx] = (nxt[idx] < 0) | flag[np.clip(nxt[idx], 0, None)]
+    return nxt
+
+
+def _subtree_sum(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Sum of ``own`` over each range and every range nested in it (deepest level first)."""
+    total = own.astype(np.float64).copy()
+    if len(total) == 0:
+        return total
+    for level in range(int(depth.max()), 0, -1):
+        idx = np.flatnonzero((depth == level) & (parent >= 0))
+        np.add.at(total, parent[idx], total[idx])
+    return total
+
+
+# ---------------------------------------------------------------------------
+# The per-kernel attribution
+
+
+@dataclass
+class _Host:
+    """Host ranges of one rank as arrays, with their nesting (positions index these arrays)."""
+
+    rows: np.ndarray  # positions in the events table
+    names: np.ndarray  # object
+    tkey: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    order: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+
+    @classmethod
+    def of(cls, ev: "_Events", mask: np.ndarray) -> _Host:
+        rows = np.flatnonzero(mask)
+        tkey, start, end = ev.tkey[rows], ev.start[rows], ev.end[rows]
+        order, parent, depth = nest(tkey, start, end)
+        return cls(rows, ev.names[rows], tkey, start, end, order, parent, depth)
+
+    def at(self, q_tkey: np.ndarray, q_t: np.ndarray) -> np.ndarray:
+        return innermost(self.tkey, self.start, self.end, self.order, self.parent, q_tkey, q_t)
+
+
+@dataclass
+class _Events:
+    """The columns attribution reads, as numpy arrays (names as Python strings via the categories once)."""
+
+    names: np.ndarray
+    tkey: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    threads: pd.MultiIndex
+
+    @classmethod
+    def of(cls, events: pd.DataFrame) -> _Events:
+        names = _object_names(events["name"])
+        pid = events["pid"].to_numpy(np.int64)
+        tid = events["tid"].to_numpy(np.int64)
+        threads = pd.MultiIndex.from_arrays([pid, tid]).unique()
+        tkey = threads.get_indexer(pd.MultiIndex.from_arrays([pid, tid])).astype(np.int64) if len(pid) else np.zeros(0, np.int64)
+        return cls(names, tkey, events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64), threads)
+
+    def key_of(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        if len(pid) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return self.threads.get_indexer(pd.MultiIndex.from_arrays([pid, tid])).astype(np.int64)
+
+
+def _object_names(column: pd.Series) -> np.ndarray:
+    """A text column as an object array of str (None where missing), converting each distinct value once."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        cats = np.array([str(c) for c in column.cat.categories.tolist()] + [None], dtype=object)
+        codes = column.cat.codes.to_numpy()
+        return cats[np.where(codes >= 0, codes, len(cats) - 1)]
+    return np.array([None if v is None or v != v else str(v) for v in column.tolist()], dtype=object)
+
+
+def _module_paths(mods: _Host) -> np.ndarray:
+    """Path of each module range: the enclosing module ranges' names joined by ``/`` (object array)."""
+    names = np.array([n[len(MODULE_PREFIX):] for n in mods.names], dtype=object)
+    paths = names.copy()
+    for level in range(1, int(mods.depth.max()) + 1 if len(names) else 0):
+        idx = np.flatnonzero(mods.depth == level)
+        paths[idx] = paths[mods.parent[idx]] + "/" + names[idx]
+    return paths
+
+
+@dataclass
+class KernelAttribution:
+    """:func:`attribute`'s answer: one row per device event and the host tables it used.
+
+    ``kernels`` (index: the events table's row labels) has the columns of
+    :data:`KERNEL_COLUMNS`: ``launch_tid`` -1 without a launch call;
+    ``graph`` True for a CUDA-graph replay; ``op`` the innermost op at the
+    launch (None: unattributed); ``backward``; ``attributed_op`` the op the
+    kernel counts to (the forward op for backward kernels); ``module`` path
+    (None outside every module range), ``annotation`` (None outside every
+    annotation); ``input_dims``/``input_types`` of the attributed op (only
+    the ops whose shapes the loader keeps: analyzer.ingest.tables).
+    ``ops``: host op instances (``name, pid, tid, start_ns, end_ns``) with
+    ``parent``, ``depth``, ``backward``, ``key`` (the name it is reported
+    under), ``node`` (outermost autograd node around it, -1), ``module``.
+    ``main_tid``: the thread holding most ops (for "launched from another thread").
+    """
+
+    kernels: pd.DataFrame
+    ops: pd.DataFrame
+    modules: pd.DataFrame
+    annotations: pd.DataFrame
+    main_tid: int | None
+
+
+def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> KernelAttribution:
+    """Attribute every device event in the analysis window (module docstring)."""
+    from analyzer.metrics.launch import launches
+
+    steps = steps if steps is not None else pd.DataFrame({"step": [], "start_ns": [], "end_ns": []})
+    ev = _Events.of(events)
+    kind, cat = events["kind"], events["cat"]
+    is_op = is_in(kind, ("cpu_op", "cpu_comm"))
+    is_mod = _starts_with(events["name"], MODULE_PREFIX) & is_in(cat, ("python_function", "user_annotation"))
+    is_anno = is_in(cat, ("user_annotation",)) & ~_starts_with(events["name"], "ProfilerStep#") & ~is_mod
+    ops = _Host.of(ev, is_op & ~is_mod)
+    mods = _Host.of(ev, is_mod)
+    annos = _Host.of(ev, is_anno)
+
+    # Backward: autograd nodes and what they enclose; each node's forward op by sequence number.
+    n_ops = len(ops.rows)
+    op_names = ops.names
+    seq = events["seq_num"].to_numpy(np.int64)[ops.rows]
+    fwd_tid = events["fwd_tid"].to_numpy(np.int64)[ops.rows]
+    node = ((seq >= 0) & (fwd_tid > 0)) | _starts_with(events["name"], EVALUATE_PREFIX)[ops.rows]
+    nearest_node = _nearest(ops.parent, node)
+    backward = nearest_node >= 0
+    # The outermost node around each op: each node's enclosing node, then the root of that forest.
+    idx = np.arange(n_ops)
+    par = ops.parent
+    up = np.where(node & (par >= 0), nearest_node[np.clip(par, 0, None)], -1) if n_ops else idx
+    root = np.where(node, idx, -1)
+    while n_ops:
+        u = np.where(root >= 0, up[np.clip(root, 0, None)], -1)
+        move = u >= 0
+        if not move.any():
+            break
+        root[move] = u[move]
+    outer = np.where(nearest_node >= 0, root[np.clip(nearest_node, 0, None)], -1) if n_ops else idx
+    fwd_of_node = _forward_ops(ops.start, seq, fwd_tid, node)  # per op: its forward op (nodes only), -1
+    is_outer_node = node & (outer == idx)
+    # An outer node without a match (the evaluate_function wrapper carries no sequence number in some
+    # traces) takes that of a node inside it.
+    inner = np.flatnonzero(node & ~is_outer_node & (fwd_of_node >= 0) & (outer >= 0))
+    if len(inner):
+        first_outer, first = np.unique(outer[inner], return_index=True)
+        lacking = fwd_of_node[first_outer] < 0
+        fwd_of_node[first_outer[lacking]] = fwd_of_node[inner[first[lacking]]]
+    key = op_names.copy()
+    on = np.flatnonzero(is_outer_node)
+    if len(on):
+        f = fwd_of_node[on]
+        key[on] = np.where(f >= 0, op_names[np.clip(f, 0, None)],
+                           np.array([n.removeprefix(EVALUATE_PREFIX) for n in op_names[on]], dtype=object))
+    # Module of each op: the innermost module range at its start; backward ops take their forward op's.
+    mod_paths = _module_paths(mods)
+    op_module = _take(mod_paths, mods.at(ops.tkey, ops.start))
+    fwd_outer = _take(fwd_of_node, outer, -1).astype(np.int64)
+    op_module_attr = np.where(backward, _take(op_module, fwd_outer), op_module)
+
+    # Device events in the window and their launch calls.
+    win = hta_window(events, steps) & is_in(kind, DEVICE_KINDS)
+    dev_rows = np.flatnonzero(win)
+    dev_index = events.index[dev_rows]
+    link = launches(events)
+    lk = link.reindex(dev_index)
+    has_launch = lk["pid"].notna().to_numpy()
+    l_pid = lk["pid"].fillna(-1).to_numpy(np.int64)
+    l_tid = lk["tid"].fillna(-1).to_numpy(np.int64)
+    l_t = lk["start_ns"].fillna(-1).to_numpy(np.int64)
+    graph = has_launch & np.isin(_launch_names(events, dev_rows, ev.names), list(GRAPH_LAUNCHES))
+    q_tkey = np.full(len(dev_rows), -1, dtype=np.int64)
+    q_tkey[has_launch] = ev.key_of(l_pid[has_launch], l_tid[has_launch])
+    op_pos = np.where(has_launch, ops.at(q_tkey, l_t), -1)
+    mod_pos = np.where(has_launch, mods.at(q_tkey, l_t), -1)
+    anno_pos = np.where(has_launch, annos.at(q_tkey, l_t), -1)
+    found = op_pos >= 0
+    k_back = found & _take(backward, op_pos, False).astype(bool)
+    k_outer = np.where(k_back, _take(outer, op_pos, -1), -1).astype(np.int64)
+    attr_pos = np.where(k_back, k_outer, op_pos)  # the op the kernel counts to
+    # The shapes of the attributed op: forward, the op itself; backward, the node's forward op.
+    shape_pos = np.where(k_back, _take(fwd_of_node, k_outer, -1), op_pos).astype(np.int64)
+    shape_rows = np.where(shape_pos >= 0, _take(ops.rows, shape_pos, -1), -1).astype(np.int64)
+    k_module = np.where(k_back, _take(op_module_attr, op_pos), _take(mod_paths, mod_pos))
+    dur = ev.end[dev_rows] - ev.start[dev_rows]
+    kernels = pd.DataFrame(
+        {
+            "name": ev.names[dev_rows],
+            "kind": _object_names(events["kind"])[dev_rows],
+            "cls": kernel_class(events.iloc[dev_rows]),
+            "stream": events["stream"].to_numpy(np.int64)[dev_rows],
+            "start_ns": ev.start[dev_rows],
+            "dur_ns": dur,
+            "launch_tid": np.where(has_launch, l_tid, -1),
+            "graph": graph,
+            "op": _take(op_names, op_pos),
+            "backward": k_back,
+            "attributed_op": _take(key, attr_pos),
+            "attr_pos": attr_pos,
+            "op_pos": op_pos,
+            "module": k_module,
+            "annotation": _take(annos.names, anno_pos),
+            "anno_pos": anno_pos,
+            "input_dims": _column_at(events, "input_dims", shape_rows),
+            "input_types": _column_at(events, "input_types", shape_rows),
+        },
+        index=dev_index,
+    )
+    ops_out = pd.DataFrame({
+        "name": op_names, "tid": events["tid"].to_numpy(np.int64)[ops.rows], "start_ns": ops.start, "end_ns": ops.end,
+        "parent": ops.parent, "depth": ops.depth, "backward": backward, "key": key, "node": outer,
+        "module": op_module_attr, "is_outer_node": is_outer_node,
+    })
+    mods_out = pd.DataFrame({"name": mods.names, "start_ns": mods.start, "end_ns": mods.end, "parent": mods.parent,
+                             "depth": mods.depth, "path": mod_paths})
+    annos_out = pd.DataFrame({"name": annos.names, "start_ns": annos.start, "end_ns": annos.end, "parent": annos.parent,
+                              "depth": annos.depth})
+    main_tid = int(ops_out["tid"].value_counts().idxmax()) if n_ops else None
+    return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
+
+
+def _take(values: np.ndarray, pos: np.ndarray, missing: object = None) -> np.ndarray:
+    """``values[pos]`` with ``missing`` where ``pos`` is -1 (object result unless ``missing`` is numeric)."""
+    pos = np.asarray(pos, dtype=np.int64)
+    if len(values) == 0:
+        return np.full(len(pos), missing, dtype=object if missing is None else type(missing))
+    out = values[np.clip(pos, 0, None)]
+    if missing is None:
+        out = out.astype(object)
+    return np.where(pos >= 0, out, missing)
+
+
+def _column_at(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
+    """An object column's values at ``rows`` (positions; -1: None), taking only the rows needed."""
+    out = np.full(len(rows), None, dtype=object)
+    have = rows >= 0
+    if have.any():
+        uniq, inv = np.unique(rows[have], return_inverse=True)
+        vals = events[column].iloc[uniq].to_numpy(object)
+        out[have] = np.array([None if v is None or v != v else v for v in vals], dtype=object)[inv]
+    return out
+
+
+def _starts_with(names: pd.Series, prefix: str) -> np.ndarray:
+    """Boolean per row: the name starts with ``prefix`` (each distinct name tested once)."""
+    return text_mask(names, lambda n: n.startswith(prefix))
+
+
+def _launch_names(events: pd.DataFrame, dev_rows: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """Name of each device event's launch call (None without one)."""
+    corr = events["correlation"].to_numpy(np.int64)
+    host = np.flatnonzero(is_in(events["kind"], ("runtime", "other")) & (corr >= 0))
+    ucorr, first = np.unique(corr[host], return_index=True)
+    q = corr[dev_rows]
+    k = np.clip(np.searchsorted(ucorr, q), 0, max(len(ucorr) - 1, 0))
+    hit = (len(ucorr) > 0) & (ucorr[k] == q) if len(ucorr) else np.zeros(len(q), bool)
+    return np.where(hit, names[host[first[k]]] if len(ucorr) else None, None)
+
+
+def _forward_ops(start: np.ndarray, seq: np.ndarray, fwd_tid: np.ndarray, node: np.ndarray) -> np.ndarray:
+    """Per op position: for autograd nodes with a sequence number, the innermost forward op with
+    that number started before the node (merge_asof on start); -1 elsewhere."""
+    out = np.full(len(seq), -1, dtype=np.int64)
+    fwd = np.flatnonzero((seq >= 0) & (fwd_tid <= 0))
+    nodes = np.flatnonzero(node & (seq >= 0))
+    if len(fwd) == 0 or len(nodes) == 0:
+        return out
+    left = pd.DataFrame({"start": start[nodes], "seq": seq[nodes], "pos": nodes}).sort_values("start", kind="stable")
+    right = pd.DataFrame({"start": start[fwd], "seq": seq[fwd], "fpos": fwd}).sort_values("start", kind="stable")
+    m = pd.merge_asof(left, right, on="start", by="seq", direction="backward", allow_exact_matches=True)
+    ok = m["fpos"].notna().to_numpy()
+    out[m["pos"].to_numpy(np.int64)[ok]] = m["fpos"].to_numpy()[ok].astype(np.int64)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The per-rank tables (what the rank summary stores)
+
+
+@dataclass
+class AttributionTables:
+    """One rank's attribution tables (docs/metrics.md, "Attribution"); times in ms.
+
+    ``ops``: one row per (``op``, ``backward``): ``calls``, ``host_ms``,
+    ``device_ms`` (kernels attributed to the op: summed over ops, the
+    attributed device time), ``device_inclusive_ms`` (kernels launched
+    anywhere under the op's outermost instances), ``graph_ms``,
+    ``n_kernels``. ``shapes``: (``op``, ``backward``, ``input_dims``,
+    ``input_types``) -> ``n_kernels``, ``device_ms``. ``modules``: (``module``
+    path, ``backward``) -> ``depth``, ``calls``, ``host_ms``, ``device_self_ms``,
+    ``device_ms`` (inclusive of nested modules). ``annotations``: ``name`` ->
+    ``calls``, ``host_ms``, ``device_self_ms``, ``device_ms`` (kernels launched
+    under its outermost instances), ``gpu_calls``, ``gpu_ms`` (its
+    ``gpu_user_annotation`` copies: HTA's ``get_gpu_user_annotation_breakdown``
+    sum). ``op_kernels``: the :data:`TOP_KERNELS_PER_OP` kernels of each op
+    row: ``op, backward, kernel, cls, count, device_ms``. ``totals``
+    (ns): ``device_ns`` (all device events in the window), ``attributed_ns``,
+    ``unattributed_ns``, ``graph_ns``, ``backward_ns``, ``other_thread_ns``
+    (launched off the main thread), ``module_ns`` (inside some module),
+    ``annotated_ns``, ``step_ns`` (sum of the step windows), ``n_device``,
+    ``n_unattributed``.
+    """
+
+    ops: pd.DataFrame
+    shapes: pd.DataFrame
+    modules: pd.DataFrame
+    annotations: pd.DataFrame
+    op_kernels: pd.DataFrame
+    totals: dict = field(default_factory=dict)
+
+
+OPS_COLUMNS = ("op", "backward", "calls", "host_ms", "device_ms", "device_inclusive_ms", "graph_ms", "n_kernels")
+SHAPES_COLUMNS = ("op", "backward", "input_dims", "input_types", "n_kernels", "device_ms")
+MODULES_COLUMNS = ("module", "backward", "depth", "calls", "host_ms", "device_self_ms", "device_ms")
+ANNOTATIONS_COLUMNS = ("name", "calls", "host_ms", "device_self_ms", "device_ms", "gpu_calls", "gpu_ms")
+OP_KERNELS_COLUMNS = ("op", "backward", "kernel", "cls", "count", "device_ms")
+
+
+def _empty(columns) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTables:
+    """The per-rank tables of :class:`AttributionTables` from one rank's events and step windows."""
+    ka = attribute(events, steps)
+    k, o = ka.kernels, ka.ops
+    dur = k["dur_ns"].to_numpy(np.float64)
+    found = k["attr_pos"].to_numpy(np.int64) >= 0
+    n_ops = len(o)
+    # --- ops
+    attr_ns = np.bincount(k["attr_pos"].to_numpy(np.int64)[found], weights=dur[found], minlength=n_ops)
+    graph_ns = np.bincount(k["attr_pos"].to_numpy(np.int64)[found & k["graph"].to_numpy(bool)],
+                           weights=dur[found & k["graph"].to_numpy(bool)], minlength=n_ops)
+    n_k = np.bincount(k["attr_pos"].to_numpy(np.int64)[found], minlength=n_ops)
+    launched = k["op_pos"].to_numpy(np.int64)
+    own_ns = np.bincount(launched[launched >= 0], weights=dur[launched >= 0], minlength=n_ops)
+    parent = o["parent"].to_numpy(np.int64)
+    depth = o["depth"].to_numpy(np.int64)
+    incl_ns = _subtree_sum(parent, depth, own_ns)
+    key = o["key"].to_numpy(object)
+    bwd = o["backward"].to_numpy(bool)
+    # Rows: (key, backward). Instances inside a node other than the node itself keep their own name.
+    key_codes, key_names = pd.factorize(key)
+    codes, uniq_codes = pd.factorize(key_codes * 2 + bwd)
+    nested = _climb_same_name(parent, codes) if n_ops else np.zeros(0, bool)
+    host_ns = (o["end_ns"] - o["start_ns"]).to_numpy(np.float64)
+    top = ~nested
+    m = len(uniq_codes)
+    if m:
+        ops_t = pd.DataFrame({
+            "op": np.asarray(key_names, dtype=object)[uniq_codes // 2],
+            "backward": (uniq_codes % 2).astype(bool),
+            "calls": np.bincount(codes, minlength=m).astype(np.int64),
+            "host_ms": np.bincount(codes[top], weights=host_ns[top], minlength=m) / 1e6,
+            "device_ms": np.bincount(codes, weights=attr_ns, minlength=m) / 1e6,
+            "device_inclusive_ms": np.bincount(codes[top], weights=incl_ns[top], minlength=m) / 1e6,
+            "graph_ms": np.bincount(codes, weights=graph_ns, minlength=m) / 1e6,
+            "n_kernels": np.bincount(codes, weights=n_k, minlength=m).astype(np.int64),
+        })
+        ops_t = ops_t.sort_values(["device_ms", "device_inclusive_ms", "op"], ascending=[False, False, True],
+                                  kind="stable").reset_index(drop=True)
+    else:
+        ops_t = _empty(OPS_COLUMNS)
+    # --- shapes (only ops whose shapes the loader keeps)
+    ks = k.loc[found & k["input_dims"].notna().to_numpy()]
+    if len(ks):
+        shapes = (ks.assign(dur=ks["dur_ns"] / 1e6, input_types=ks["input_types"].fillna(""))
+                  .groupby(["attributed_op", "backward", "input_dims", "input_types"], sort=False)
+                  .agg(n_kernels=("dur", "size"), device_ms=("dur", "sum")).reset_index()
+                  .rename(columns={"attributed_op": "op"})
+                  .sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True))
+    else:
+        shapes = _empty(SHAPES_COLUMNS)
+    # --- top kernels per op
+    kf = k.loc[found]
+    if len(kf):
+        ok = (kf.assign(dur=kf["dur_ns"] / 1e6)
+              .groupby(["attributed_op", "backward", "name"], sort=False)
+              .agg(cls=("cls", "first"), count=("dur", "size"), device_ms=("dur", "sum")).reset_index()
+              .rename(columns={"attributed_op": "op", "name": "kernel"})
+              .sort_values(["op", "backward", "device_ms", "kernel"], ascending=[True, True, False, True], kind="stable"))
+        op_kernels = ok.groupby(["op", "backward"], sort=False).head(TOP_KERNELS_PER_OP).reset_index(drop=True)
+        op_kernels = op_kernels[list(OP_KERNELS_COLUMNS)]
+    else:
+        op_kernels = _empty(OP_KERNELS_COLUMNS)
+    modules = _module_table(ka)
+    annotations = _annotation_table(ka, events)
+    kb = k["backward"].to_numpy(bool)
+    graph = k["graph"].to_numpy(bool)
+    other = (k["launch_tid"].to_numpy(np.int64) >= 0) & (k["launch_tid"].to_numpy(np.int64) != (ka.main_tid if ka.main_tid is not None else -2))
+    step_ns = int((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else 0
+    totals = {
+        "device_ns": int(dur.sum()),
+        "attributed_ns": int(dur[found].sum()),
+        "unattributed_ns": int(dur[~found].sum()),
+        "graph_ns": int(dur[graph].sum()),
+        "backward_ns": int(dur[kb].sum()),
+        "other_thread_ns": int(dur[other].sum()),
+        "module_ns": int(dur[k["module"].notna().to_numpy()].sum()),
+        "annotated_ns": int(dur[k["annotation"].notna().to_numpy()].sum()),
+        "step_ns": step_ns,
+        "n_device": int(len(k)),
+        "n_unattributed": int((~found).sum()),
+    }
+    return AttributionTables(ops_t, shapes, modules, annotations, op_kernels, totals)
+
+
+def _module_table(ka: KernelAttribution) -> pd.DataFrame:
+    """(module path, backward) rows: self and inclusive device and host time (AttributionTables)."""
+    k, o, md = ka.kernels, ka.ops, ka.modules
+    # Self device time per (path, backward).
+    km = k.loc[k["module"].notna()]
+    selfd = km.groupby(["module", "backward"])["dur_ns"].sum() if len(km) else pd.Series(dtype=np.float64)
+    # Forward host time and calls: module range instances, outermost of their path.
+    frames = []
+    if len(md):
+        paths = md["path"].to_numpy(object)
+        codes, _ = pd.factorize(paths)
+        top = ~_climb_same_name(md["parent"].to_numpy(np.int64), codes)
+        d = (md["end_ns"] - md["start_ns"]).to_numpy(np.float64)
+        fwd = pd.DataFrame({"module": paths, "backward": False, "calls": 1, "host_ns": np.where(top, d, 0.0)})
+        frames.append(fwd)
+    # Backward host time and calls: the outermost autograd nodes, under their forward op's module (self).
+    nodes = o.loc[o["is_outer_node"].to_numpy(bool) & o["module"].notna().to_numpy()]
+    if len(nodes):
+        frames.append(pd.DataFrame({"module": nodes["module"].to_numpy(object), "backward": True, "calls": 1,
+                                    "host_ns": (nodes["end_ns"] - nodes["start_ns"]).to_numpy(np.float64),
+                                    "self_host": True}))
+    if not frames and selfd.empty:
+        return _empty(MODULES_COLUMNS)
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["module", "backward", "calls", "host_ns"])
+    if "self_host" not in rows.columns:
+        rows["self_host"] = False
+    rows["self_host"] = rows["self_host"].fillna(False).astype(bool)
+    keys = set(zip(rows["module"], rows["backward"].astype(bool))) | set(selfd.index)
+    # Every prefix of a path is a row too (a module with nothing of its own still has a place in the tree).
+    allkeys = set()
+    for path, b in keys:
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            allkeys.add(("/".join(parts[:i]), bool(b)))
+    table = pd.DataFrame(sorted(allkeys), columns=["module", "backward"])
+    table["depth"] = table["module"].str.count("/").astype(np.int64)
+    idx = pd.MultiIndex.from_frame(table[["module", "backward"]])
+    self_ns = selfd.reindex(idx).fillna(0.0).to_numpy(np.float64) if len(selfd) else np.zeros(len(table))
+    fwd_rows = rows.loc[~rows["self_host"]]
+    calls = fwd_rows.groupby(["module", "backward"])["calls"].sum()
+    host_fwd = fwd_rows.groupby(["module", "backward"])["host_ns"].sum()
+    bwd_rows = rows.loc[rows["self_host"]]
+    calls_b = bwd_rows.groupby(["module", "backward"])["calls"].sum()
+    host_b = bwd_rows.groupby(["module", "backward"])["host_ns"].sum()
+    # Inclusive: a row's own plus every row whose path extends it (same direction).
+    pos = {key: i for i, key in enumerate(zip(table["module"], table["backward"]))}
+    parent = np.array([pos.get(("/".join(m.split("/")[:-1]), b), -1) if "/" in m else -1
+                       for m, b in zip(table["module"], table["backward"])], dtype=np.int64)
+    depth = table["depth"].to_numpy(np.int64)
+    incl = _subtree_sum(parent, depth, self_ns)
+    # Backward host time is known per node's module (self); forward per module range (already inclusive).
+    host_b_self = host_b.reindex(idx).fillna(0.0).to_numpy(np.float64) if len(host_b) else np.zeros(len(table))
+    calls_b_self = calls_b.reindex(idx).fillna(0).to_numpy(np.float64) if len(calls_b) else np.zeros(len(table))
+    host = host_fwd.reindex(idx).fillna(0.0).to_numpy(np.float64) if len(host_fwd) else np.zeros(len(table))
+    host = np.where(table["backward"].to_numpy(bool), _subtree_sum(parent, depth, host_b_self), host)
+    ncalls = calls.reindex(idx).fillna(0).to_numpy(np.float64) if len(calls) else np.zeros(len(table))
+    ncalls = np.where(table["backward"].to_numpy(bool), _subtree_sum(parent, depth, calls_b_self), ncalls)
+    table["calls"] = ncalls.astype(np.int64)
+    table["host_ms"] = host / 1e6
+    table["device_self_ms"] = self_ns / 1e6
+    table["device_ms"] = incl / 1e6
+    return table.sort_values(["module", "backward"], kind="stable").reset_index(drop=True)[list(MODULES_COLUMNS)]
+
+
+def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFrame:
+    """Per user annotation name: host ranges, the device time launched under them, and their GPU copies."""
+    k, an = ka.kernels, ka.annotations
+    gpu = events.loc[(events["cat"] == "gpu_user_annotation").to_numpy(), ["name", "start_ns", "end_ns"]]
+    gpu = gpu.loc[~_starts_with(gpu["name"], "ProfilerStep#")] if len(gpu) else gpu
+    if an.empty and gpu.empty:
+        return _empty(ANNOTATIONS_COLUMNS)
+    n = len(an)
+    names = an["name"].to_numpy(object)
+    codes, uniq = pd.factorize(names) if n else (np.zeros(0, np.int64), np.array([], dtype=object))
+    pos = k["anno_pos"].to_numpy(np.int64)
+    dur = k["dur_ns"].to_numpy(np.float64)
+    own = np.bincount(pos[pos >= 0], weights=dur[pos >= 0], minlength=n)
+    parent = an["parent"].to_numpy(np.int64)
+    incl = _subtree_sum(parent, an["depth"].to_numpy(np.int64), own)
+    top = ~_climb_same_name(parent, codes) if n else np.zeros(0, bool)
+    hd = (an["end_ns"] - an["start_ns"]).to_numpy(np.float64)
+    m = len(uniq)
+    host_t = pd.DataFrame({
+        "name": list(uniq),
+        "calls": np.bincount(codes, minlength=m).astype(np.int64),
+        "host_ms": np.bincount(codes[top], weights=hd[top], minlength=m) / 1e6,
+        "device_self_ms": np.bincount(codes, weights=own, minlength=m) / 1e6,
+        "device_ms": np.bincount(codes[top], weights=incl[top], minlength=m) / 1e6,
+    })
+    if len(gpu):
+        g = gpu.assign(name=_object_names(gpu["name"]), d=(gpu["end_ns"] - gpu["start_ns"]) / 1e6) \
+            .groupby("name").agg(gpu_calls=("d", "size"), gpu_ms=("d", "sum")).reset_index()
+        table = host_t.merge(g, on="name", how="outer")
+    else:
+        table = host_t.assign(gpu_calls=0, gpu_ms=0.0)
+    for c in ("calls", "gpu_calls"):
+        table[c] = table[c].fillna(0).astype(np.int64)
+    for c in ("host_ms", "device_self_ms", "device_ms", "gpu_ms"):
+        table[c] = table[c].fillna(0.0).astype(np.float64)
+    return table.sort_values(["device_ms", "gpu_ms", "name"], ascending=[False, False, True],
+                             kind="stable").reset_index(drop=True)[list(ANNOTATIONS_COLUMNS)]
