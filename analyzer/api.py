@@ -30,6 +30,7 @@ from analyzer.errors import AnalyzerError, TraceError
 from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.load import FileFacts, assemble
+from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import exposed_comm_pct
@@ -137,6 +138,8 @@ class RunAnalysis:
     # Per rank: one row per communication kernel (analyzer.metrics.collectives), for suggest; not in the report.
     rank_collectives: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
+    # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
+    attribution: RunAttribution | None = None
 
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""
@@ -144,6 +147,24 @@ class RunAnalysis:
             if r.rank == rank:
                 return r
         raise KeyError(rank)
+
+    def ops(self, rank: int | None = None) -> pd.DataFrame:
+        """Device and host time per (op, backward) and rank (docs/metrics.md, "Attribution"); one rank's when given."""
+        return self._attribution_table("ops", rank)
+
+    def modules(self, rank: int | None = None) -> pd.DataFrame:
+        """The nn.Module tree: inclusive device and host time per (module path, backward) and rank."""
+        return self._attribution_table("modules", rank)
+
+    def annotations(self, rank: int | None = None) -> pd.DataFrame:
+        """Device time launched under each user annotation, and its GPU-side copies' time, per rank."""
+        return self._attribution_table("annotations", rank)
+
+    def _attribution_table(self, name: str, rank: int | None) -> pd.DataFrame:
+        if self.attribution is None:
+            return run_attribution({}).__getattribute__(name)
+        table = getattr(self.attribution, name)
+        return table if rank is None else table.loc[table["rank"] == rank].reset_index(drop=True)
 
     def goodput(self):
         """The run's goodput (:mod:`analyzer.metrics.goodput`; docs/rundir.md "Restarts and
@@ -183,6 +204,7 @@ class RunAnalysis:
                 "stragglers": self.stragglers.to_json(),
                 "kernels": self.kernels.to_dict("records"),
                 "collectives": None if self.collectives is None else self.collectives.to_dict("records"),
+                "attribution": None if self.attribution is None else self.attribution.to_json(),
                 "errors": list(self.errors),
                 "warnings": list(self.warnings),
             }
@@ -527,6 +549,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         warnings=warnings,
         metrics=metrics,
         step_time=run_step_time,
+        attribution=run_attribution({r: p.attribution for r, p in parts.items()}),
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
     )
 

@@ -32,6 +32,7 @@ from analyzer.ingest.jobs import parse_file
 from analyzer.ingest.load import FileFacts, rank_trace
 from analyzer.ingest.parse import ParsedTrace
 from analyzer.ingest.tables import RankTrace
+from analyzer.metrics.attribution import AttributionTables, rank_attribution
 from analyzer.metrics.breakdown import BreakdownPieces, Source, breakdown_pieces, source_of
 from analyzer.metrics.collectives import collective_table as rank_collective_table
 from analyzer.metrics.kernels import top_kernels
@@ -41,7 +42,7 @@ from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 2
+MAP_VERSION = 3  # 3: the attribution tables (issue 11)
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -76,7 +77,9 @@ class RankPart:
     matching across ranks; ``comm_table`` one row per communication kernel
     (kind, message size, achieved bandwidth:
     :func:`analyzer.metrics.collectives.collective_table`), for the
-    suggestions' communication diagnosis.
+    suggestions' communication diagnosis; ``attribution`` the rank's
+    op, module and annotation tables (:func:`analyzer.metrics.attribution.rank_attribution`,
+    aggregated per op name, not per kernel, so a summary stays small).
     """
 
     rank: int
@@ -93,6 +96,7 @@ class RankPart:
     spans: pd.DataFrame | None
     arrivals: tuple[pd.DataFrame | None, str]
     comm_table: pd.DataFrame | None = None
+    attribution: AttributionTables | None = None
 
 
 @dataclass
@@ -193,4 +197,5 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         spans=rank_collective_spans(rank, events),
         arrivals=rank_arrivals(rank, events, rt.steps),
         comm_table=rank_collective_table(events),
+        attribution=rank_attribution(events, windows),
     )

@@ -698,3 +698,107 @@ def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFra
         table[c] = table[c].fillna(0.0).astype(np.float64)
     return table.sort_values(["device_ms", "gpu_ms", "name"], ascending=[False, False, True],
                              kind="stable").reset_index(drop=True)[list(ANNOTATIONS_COLUMNS)]
+
+
+# ---------------------------------------------------------------------------
+# The run's tables (the reduce): every rank's, with shares, and the report's aggregate over ranks
+
+
+@dataclass
+class RunAttribution:
+    """The attribution tables of every rank (docs/metrics.md, "Attribution").
+
+    Each table is :class:`AttributionTables`'s with a ``rank`` column first;
+    ``ops``, ``modules`` and ``annotations`` add ``share_of_step_pct``
+    (device ms / the rank's summed step windows; NaN without steps) and
+    ``share_of_device_pct`` (of all its device time in the window).
+    ``totals``: one row per rank with the totals in ms and
+    ``attributed_pct``, ``unattributed_pct``, ``graph_pct``, ``backward_pct``,
+    ``other_thread_pct`` of the rank's device time.
+    """
+
+    ops: pd.DataFrame
+    shapes: pd.DataFrame
+    modules: pd.DataFrame
+    annotations: pd.DataFrame
+    op_kernels: pd.DataFrame
+    totals: pd.DataFrame
+
+    def to_json(self) -> dict:
+        """The report's ``attribution`` block: per-rank totals, and each table summed over ranks
+        (rows keyed as per rank; ``n_ranks`` ranks have the row; shares of the summed totals)."""
+        t = self.totals
+        device_ms = float(t["device_ms"].sum()) if len(t) else 0.0
+        step_ms = float(t["step_ms"].sum()) if len(t) else 0.0
+
+        def summed(frame: pd.DataFrame, keys: list[str], share: bool) -> list[dict]:
+            if frame.empty:
+                return []
+            values = [c for c in frame.columns if c not in keys and c != "rank" and not c.endswith("_pct") and c != "depth"]
+            out = frame.groupby(keys, sort=False, dropna=False)[values].sum()
+            out["n_ranks"] = frame.groupby(keys, sort=False, dropna=False)["rank"].nunique()
+            out = out.reset_index()
+            if "depth" in frame.columns:
+                out.insert(2, "depth", out["module"].str.count("/"))
+            if share:
+                out["share_of_step_pct"] = 100.0 * out["device_ms"] / step_ms if step_ms > 0 else None
+                out["share_of_device_pct"] = 100.0 * out["device_ms"] / device_ms if device_ms > 0 else None
+            return out.to_dict("records")
+
+        ops = summed(self.ops, ["op", "backward"], True)
+        ops.sort(key=lambda r: (-r["device_ms"], -r["device_inclusive_ms"], r["op"]))
+        return {
+            "schema": SCHEMA,
+            "totals": t.to_dict("records"),
+            "ops": ops,
+            "op_shapes": summed(self.shapes, ["op", "backward", "input_dims", "input_types"], False),
+            "modules": summed(self.modules, ["module", "backward"], True),
+            "annotations": summed(self.annotations, ["name"], True),
+            "op_kernels": summed(self.op_kernels, ["op", "backward", "kernel", "cls"], False),
+        }
+
+
+_TOTAL_PCTS = (("attributed", "attributed_ns"), ("unattributed", "unattributed_ns"), ("graph", "graph_ns"),
+               ("backward", "backward_ns"), ("other_thread", "other_thread_ns"), ("module", "module_ns"),
+               ("annotated", "annotated_ns"))
+
+
+def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttribution:
+    """Every rank's tables with a ``rank`` column and shares (ranks without tables are left out)."""
+    have = {r: a for r, a in sorted(parts.items()) if a is not None}
+
+    def cat(name: str, columns: tuple[str, ...], share: bool) -> pd.DataFrame:
+        frames = []
+        for rank, a in have.items():
+            f = getattr(a, name)
+            if f.empty:
+                continue
+            f = f.copy()
+            f.insert(0, "rank", rank)
+            if share:
+                step_ns, device_ns = a.totals.get("step_ns", 0), a.totals.get("device_ns", 0)
+                f["share_of_step_pct"] = 100.0 * f["device_ms"] * 1e6 / step_ns if step_ns else np.nan
+                f["share_of_device_pct"] = 100.0 * f["device_ms"] * 1e6 / device_ns if device_ns else np.nan
+            frames.append(f)
+        cols = ["rank", *columns] + (["share_of_step_pct", "share_of_device_pct"] if share else [])
+        return pd.concat(frames, ignore_index=True) if frames else _empty(cols)
+
+    rows = []
+    for rank, a in have.items():
+        t = a.totals
+        dev = t.get("device_ns", 0)
+        row = {"rank": rank, "device_ms": dev / 1e6, "step_ms": t.get("step_ns", 0) / 1e6,
+               "n_device": t.get("n_device", 0), "n_unattributed": t.get("n_unattributed", 0)}
+        for label, key in _TOTAL_PCTS:
+            row[f"{label}_ms"] = t.get(key, 0) / 1e6
+            row[f"{label}_pct"] = 100.0 * t.get(key, 0) / dev if dev else None
+        rows.append(row)
+    totals = pd.DataFrame(rows) if rows else _empty(("rank", "device_ms", "step_ms"))
+    return RunAttribution(
+        ops=cat("ops", OPS_COLUMNS, True),
+        shapes=cat("shapes", SHAPES_COLUMNS, False),
+        modules=cat("modules", MODULES_COLUMNS, True),
+        annotations=cat("annotations", ANNOTATIONS_COLUMNS, True),
+        op_kernels=cat("op_kernels", OP_KERNELS_COLUMNS, False),
+        totals=totals,
+    )
