@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from reftrain.errors import ReftrainError
@@ -82,8 +83,6 @@ def save(run_dir: Path, step: int, model, optimizer, before_publish=None) -> Pat
 
     import torch.distributed as dist
 
-    from reftrain import manifest
-
     path = checkpoint_dir(run_dir, step)
     tmp = path.with_name(f".{path.name}.tmp")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -99,15 +98,83 @@ def save(run_dir: Path, step: int, model, optimizer, before_publish=None) -> Pat
     if dist.is_initialized():
         dist.barrier()  # every rank's fault point passed: nobody dies after the rename
     if rank0:
-        _fsync_dir(tmp)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-        # The checkpoint is complete, so run.json lists it now, not only when
-        # the run ends well (issue 17: a killed run recorded no checkpoints).
-        manifest.record_checkpoints(run_dir)
+        _publish(run_dir, tmp, path)
     if dist.is_initialized():
         dist.barrier()  # nobody reads step{K} before it exists
     return path
+
+
+def _publish(run_dir: Path, tmp: Path, path: Path) -> None:
+    """Rank 0: make a fully written `.step{K}.tmp` the checkpoint `step{K}` (fsync, rename, fsync)."""
+    from reftrain import manifest
+
+    _fsync_dir(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    # The checkpoint is complete, so run.json lists it now, not only when
+    # the run ends well (issue 17: a killed run recorded no checkpoints).
+    manifest.record_checkpoints(run_dir)
+
+
+@dataclass
+class PendingSave:
+    """An asynchronous save in flight: DCP writes `tmp` in a background thread."""
+
+    step: int
+    tmp: Path
+    path: Path
+    future: object  # concurrent.futures.Future of DCP's Metadata
+    started_s: float  # time.perf_counter() when the save began
+    stall_s: float  # the loop's wait inside async_save (barrier, state dict, staging copy, plan)
+
+
+def save_async(run_dir: Path, step: int, model, optimizer, process_group) -> PendingSave:
+    """Start saving checkpoints/step{step} with `torch.distributed.checkpoint.async_save`. Collective.
+
+    The call stages a CPU copy of the state (DCP's DefaultStager deep-copies
+    every tensor, so the training steps that follow cannot change what is
+    written) and returns; the write runs in a thread, its collectives on
+    `process_group` (a gloo group of its own: DCP needs a CPU backend, and
+    the background collectives must not interleave with training's on the
+    default group). Publishing waits for the future: :func:`finish_async`."""
+    import time
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    t0 = time.perf_counter()
+    path = checkpoint_dir(run_dir, step)
+    tmp = path.with_name(f".{path.name}.tmp")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0 and tmp.exists():  # left by a save that was killed
+        shutil.rmtree(tmp)
+    if dist.is_initialized():
+        dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    future = dcp.async_save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}},
+                            checkpoint_id=str(tmp), process_group=process_group)
+    return PendingSave(step, tmp, path, future, t0, time.perf_counter() - t0)
+
+
+def finish_async(run_dir: Path, pending: PendingSave, wait: bool, before_publish=None) -> bool:
+    """Publish an asynchronous save once its write is complete; whether it was (not collective).
+
+    With `wait` false, returns False at once while the write runs. Every
+    rank's future completes only after DCP's coordinator (rank 0) gathered
+    all ranks' write results and wrote `.metadata`, so rank 0 alone can
+    rename, and never before: an incomplete save stays `.step{K}.tmp`.
+    A failed write raises here (DCP's CheckpointException)."""
+    import torch.distributed as dist
+
+    if not wait and not pending.future.done():
+        return False
+    pending.future.result()
+    if before_publish is not None:
+        before_publish(pending.step)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        _publish(run_dir, pending.tmp, pending.path)
+    return True
 
 
 def load(path: Path, model, optimizer) -> int:

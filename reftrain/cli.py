@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
@@ -51,6 +52,8 @@ _FLAG_KEYS = {
     "peak_flops": "run.peak_flops",
     "crash_rank": "fault.crash_rank",
     "crash_step": "fault.crash_step",
+    "hang_rank": "fault.hang_rank",
+    "hang_step": "fault.hang_step",
 }
 _DEMO = {"train.device": "cpu", "profile.enabled": True}
 
@@ -104,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--crash-step", type=int, metavar="S", help="the step at whose start --crash-rank dies (fault.crash_step)")
     p.add_argument("--crash-in-save", action="store_true",
                    help="die inside the checkpoint save after step S instead (fault.crash_in_save)")
+    p.add_argument("--hang-rank", type=int, metavar="R",
+                   help="fault injection: rank R stops making progress at --hang-step (fault.hang_rank)")
+    p.add_argument("--hang-step", type=int, metavar="S", help="the step at whose start --hang-rank hangs (fault.hang_step)")
     p.add_argument("--peak-flops", type=float, metavar="FLOP_PER_S", help="per-device peak for MFU (run.peak_flops)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
@@ -267,7 +273,12 @@ def _attached_rank(args: argparse.Namespace) -> int:
         resumed_run, resume = checkpoint.find_checkpoint(Path(args.resume))
     command = json.loads(os.environ.get(_ENV_COMMAND, "null")) or ["reftrain", *sys.argv[1:]]
     train.run(cfg, run_dir, resume, command, resumed_run)
-    return 0
+    # Leave without interpreter and static destruction: a gloo rank has aborted there
+    # ('terminate called without an active exception') after its work was done, and
+    # torchelastic then restarted a finished job. Everything is written and closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _write_error_file(message: str) -> None:
@@ -309,25 +320,70 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
         if name.startswith(("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ[_ENV_LAUNCHED] = "1"
+    # Each attempt gets its own rendezvous store: torch's dynamic rendezvous otherwise
+    # shares one TCPStore with the workers across restarts, and a restarted attempt's
+    # gloo rendezvous read the dead attempt's keys (docs/reftrain.md, "Restarts").
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[_ENV_COMMAND] = json.dumps(command)
     # torchrun would set 1 thread per rank and warn; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
     launch_args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
                                        "--module", "reftrain", *child])
+    watchdog = _start_watchdog(cfg, run_dir, nproc)
     try:
         torchrun.run(launch_args)
     except ChildFailedError as exc:
         message = _first_failure(exc)
+        if watchdog is not None and watchdog.hangs:
+            message = watchdog.hangs[-1].describe()
+        done = manifest.read_manifest(run_dir)
+        if done is not None and done.status == "completed":
+            # Every rank got through the end of training; one died on its way out
+            # (after the final checkpoint and run.json): the job is done, not failed.
+            print(f"reftrain: note: the run completed; a rank then exited abnormally ({message})", file=sys.stderr)
+            return 0
         manifest.mark_failed(run_dir, message, command, nproc)
         manifest.close_attempt(run_dir, "failed", message, [exc.failures[r].exitcode if r in exc.failures else 0
                                                           for r in range(nproc)])
         raise ReftrainError(message) from None
-    except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent stopped the ranks
+    except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent forwarded it to the ranks
+        done = manifest.read_manifest(run_dir)
+        if done is not None and done.status in ("preempted", "completed"):
+            # The ranks finished their step, saved and recorded it (reftrain/preemption.py).
+            print(f"reftrain: {exc.sigval.name}: run {done.status}; {run_dir}", file=sys.stderr)
+            return 0
         manifest.mark_failed(run_dir, "interrupted", command, nproc)
         print(f"reftrain: interrupted (signal {exc.sigval.name}); {run_dir} is marked failed", file=sys.stderr)
         return 130
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
     return 0
+
+
+def _start_watchdog(cfg: Config, run_dir: Path, nproc: int):
+    """The launcher's hang watchdog over the ranks' heartbeat files (reftrain/heartbeat.py), or None."""
+    if not cfg.watchdog.enabled:
+        return None
+    from reftrain import heartbeat
+    from analyzer.ingest.formats import HangReport
+
+    timeout_s = cfg.watchdog.timeout_s
+
+    def on_hang(hang: heartbeat.Hang, stacks: list[str]) -> None:
+        message = hang.describe()
+        detected = datetime.fromtimestamp(hang.detected_time, timezone.utc).isoformat(timespec="milliseconds")
+        report = HangReport(rank=hang.rank, attempt=hang.attempt, step=hang.step, phase=hang.phase,
+                            stalled_s=round(hang.stalled_s, 3), timeout_s=timeout_s, detected_time=detected,
+                            stacks=stacks)
+        manifest.record_hang(run_dir, report, message)
+        print(f"reftrain: {message}; Python stacks of every rank in {', '.join(stacks)} "
+              f"(under {run_dir}); stopping the attempt", file=sys.stderr, flush=True)
+
+    dog = heartbeat.Watchdog(run_dir, nproc, timeout_s, cfg.watchdog.interval_s, on_hang)
+    dog.start()
+    return dog
 
 
 def _first_failure(exc) -> str:

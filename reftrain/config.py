@@ -91,6 +91,8 @@ class ParallelConfig:
     static_graph: bool = _opt(False, "DDP: the graph is the same every step")
     overlap_grad_sync: bool = _opt(True, "DDP: all-reduce during backward; false = one explicit all-reduce pass after backward")
     reshard_after_forward: bool = _opt(True, "FSDP2: free gathered parameters after forward (re-gather in backward)")
+    timeout_s: float = _opt(300.0, "process-group timeout (s): init_process_group's rendezvous and every collective; "
+                                   "a rank waiting longer fails, so a hang ends the attempt")
 
 
 @dataclass
@@ -134,6 +136,26 @@ class FaultConfig:
     crash_step: int | None = _opt(None, "global step at whose start fault.crash_rank dies")
     crash_in_save: bool = _opt(False, "die inside the checkpoint save of step crash_step instead "
                                       "(after DCP wrote the data, before the rename that publishes it)")
+    hang_rank: int | None = _opt(None, "rank that stops (sleeps forever, in Python) at the start of fault.hang_step")
+    hang_step: int | None = _opt(None, "global step at whose start fault.hang_rank hangs")
+
+
+@dataclass
+class CheckpointConfig:
+    """How checkpoints are written (how often: train.checkpoint_every)."""
+
+    async_save: bool = _opt(False, "torch.distributed.checkpoint.async_save: the loop stalls only to stage a copy; "
+                                   "the write runs in a background thread and is published when it completes")
+
+
+@dataclass
+class WatchdogConfig:
+    """Hang detection by `reftrain --nproc`'s launcher over the per-rank heartbeat files (heartbeat/rank{R}.json)."""
+
+    enabled: bool = _opt(True, "watch the heartbeats (only under reftrain --nproc)")
+    timeout_s: float = _opt(120.0, "a live rank whose heartbeat is this old, while its job is not done, is a hang; "
+                                   "keep it below parallel.timeout_s, or the collective timeout ends the job first")
+    interval_s: float = _opt(1.0, "how often the launcher reads the heartbeats")
 
 
 @dataclass
@@ -159,6 +181,8 @@ class Config:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     inject: InjectConfig = field(default_factory=InjectConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -338,6 +362,16 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         _positive("fault.crash_step", fl.crash_step, allow_zero=True)
         if world_size is not None and fl.crash_rank >= world_size:
             raise ReftrainError(f"config: fault.crash_rank={fl.crash_rank} but the world has {world_size} ranks")
+    if (fl.hang_rank is None) != (fl.hang_step is None):
+        raise ReftrainError("config: fault.hang_rank and fault.hang_step go together (--hang-rank R --hang-step S)")
+    if fl.hang_rank is not None:
+        _positive("fault.hang_rank", fl.hang_rank, allow_zero=True)
+        _positive("fault.hang_step", fl.hang_step, allow_zero=True)
+        if world_size is not None and fl.hang_rank >= world_size:
+            raise ReftrainError(f"config: fault.hang_rank={fl.hang_rank} but the world has {world_size} ranks")
+    _positive("parallel.timeout_s", cfg.parallel.timeout_s)
+    _positive("watchdog.timeout_s", cfg.watchdog.timeout_s)
+    _positive("watchdog.interval_s", cfg.watchdog.interval_s)
     for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "d_ff"):
         _positive(f"model.{name}", getattr(m, name))
     if m.d_model % m.n_heads:

@@ -1,7 +1,10 @@
 """Failures on purpose (config section `fault`), to test that a job recovers.
 
 A crash is `os._exit`: no Python clean-up, no flush, no error file, like a
-rank killed by the OOM killer or a segfault. Faults fire in the first
+rank killed by the OOM killer or a segfault. A hang is a rank that stops
+making progress (a Python sleep loop, so its stack dump shows where): the
+other ranks then block in the next collective, as behind a deadlock or a
+stuck device. Faults fire in the first
 attempt of a job only (torchelastic's TORCHELASTIC_RESTART_COUNT is 0), so
 that `--max-restarts` can bring the job to its end.
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from reftrain.config import FaultConfig
 
@@ -30,6 +34,7 @@ class Faults:
         armed = cfg.crash_rank == rank and restart_count() == 0
         self.crash_step = cfg.crash_step if armed and not cfg.crash_in_save else None
         self.crash_save_step = cfg.crash_step if armed and cfg.crash_in_save else None
+        self.hang_step = cfg.hang_step if cfg.hang_rank == rank and restart_count() == 0 else None
         self.rank = rank
 
     def _die(self, where: str) -> None:
@@ -37,10 +42,21 @@ class Faults:
         os._exit(CRASH_EXIT_CODE)
 
     def step_start(self, step: int) -> None:
+        """Called at the start of step `step`, before its heartbeat."""
         if self.crash_step == step:
             self._die(f"at the start of step {step}")
+        if self.hang_step == step:
+            print(f"reftrain: fault injection: rank {self.rank} hangs at the start of step {step}",
+                  file=sys.stderr, flush=True)
+            hang_forever()
 
     def in_save(self, step: int) -> None:
         """Called inside a checkpoint save after the data is written, before it is published."""
         if self.crash_save_step is not None and step == self.crash_save_step + 1:
             self._die(f"inside the checkpoint save after step {step - 1}")
+
+
+def hang_forever() -> None:
+    """Never return (until the process is killed)."""
+    while True:
+        time.sleep(3600)

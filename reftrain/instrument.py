@@ -153,6 +153,16 @@ def untimed_collectives() -> Iterator[None]:
         _TLS.inside = previous
 
 
+# Process groups whose collectives are never training communication (the async
+# checkpoint's group: DCP's background thread runs them, outside untimed_collectives).
+_UNTIMED_GROUPS: list[Any] = []
+
+
+def untimed_group(group: Any) -> None:
+    """Never record collectives on `group`, from any thread."""
+    _UNTIMED_GROUPS.append(group)
+
+
 # The timer whose wrappers are installed (at most one per process).
 _INSTALLED: CollectiveTimer | None = None
 
@@ -402,7 +412,7 @@ class CollectiveTimer:
                 group = c10d.GroupMember.WORLD
             # Nothing is issued for a non-member, and inside a coalescing
             # manager the call is only queued: pass both through unrecorded.
-            if c10d._rank_not_in_group(group) or group in c10d._world.pg_coalesce_state:
+            if c10d._rank_not_in_group(group) or group in c10d._world.pg_coalesce_state or group in _UNTIMED_GROUPS:
                 return original(*args, **kwargs)
             if payload_pos >= 0:
                 payload = kwargs[payload_param] if payload_param in kwargs else args[payload_pos]

@@ -14,7 +14,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from analyzer.ingest.formats import FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, RunManifest
+from analyzer.ingest.formats import FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, HangReport, RunManifest
 from reftrain.config import Config, to_yaml
 from reftrain.errors import ReftrainError
 
@@ -204,16 +204,35 @@ def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: lis
         return
     last = data.attempts[-1]
     if last.status == "running":
-        last.status, last.end_time, last.cause, last.exit_codes = status, utc_now(), cause, list(exit_codes)
+        last.status, last.end_time, last.cause = status, utc_now(), cause
+    if last.status in ("running", status, "hung"):  # a hung attempt keeps the watchdog's cause, gets the codes
+        last.exit_codes = list(exit_codes)
         write_json(Path(run_dir) / "run.json", data)
 
 
-def record_checkpoint_save(run_dir: Path, step: int, stall_s: float, attempt: int) -> None:
+def record_checkpoint_save(run_dir: Path, step: int, stall_s: float, attempt: int, mode: str = "sync",
+                           complete_s: float | None = None) -> None:
     """Append one save to run.json's `checkpoint_saves` (step, the training loop's stall in
-    seconds, attempt). Rank 0 only; does nothing before rank 0 has written run.json."""
+    seconds, attempt, mode sync|async, and for async the time to publication).
+    Rank 0 only; does nothing before rank 0 has written run.json."""
     run_dir = Path(run_dir)
     data = read_manifest(run_dir)
     if data is None:
         return
-    data.checkpoint_saves = [*(data.checkpoint_saves or []), CheckpointSave(step=step, stall_s=stall_s, attempt=attempt)]
+    save = CheckpointSave(step=step, stall_s=stall_s, attempt=attempt, mode=mode, complete_s=complete_s)
+    data.checkpoint_saves = [*(data.checkpoint_saves or []), save]
+    write_json(run_dir / "run.json", data)
+
+
+def record_hang(run_dir: Path, hang: HangReport, cause: str) -> None:
+    """The watchdog's finding: appended to run.json's `hangs`, and the attempt it ended
+    closed as `hung` with `cause` (the launcher; the ranks are blocked or being killed)."""
+    run_dir = Path(run_dir)
+    data = read_manifest(run_dir)
+    if data is None:
+        return
+    data.hangs = [*(data.hangs or []), hang]
+    for a in data.attempts:
+        if a.attempt == hang.attempt and a.status == "running":
+            a.status, a.end_time, a.cause = "hung", hang.detected_time, cause
     write_json(run_dir / "run.json", data)

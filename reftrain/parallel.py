@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -64,10 +65,38 @@ def init_distributed(cfg: Config) -> DistEnv:
         raise ReftrainError(f"train.dtype=bf16 but {torch.cuda.get_device_name(device)} has no bf16 support")
     if not dist.is_initialized():
         if under_launcher:
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+            # The timeout bounds the rendezvous (a hang in gloo's connect becomes an
+            # error, and torchelastic restarts the attempt) and every collective.
+            timeout = timedelta(seconds=cfg.parallel.timeout_s)
+            device_id = device if device.type == "cuda" else None
+            store = _attempt_store(rank, world_size, timeout)
+            if store is None:
+                dist.init_process_group(backend, device_id=device_id, timeout=timeout)
+            else:
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                        device_id=device_id, timeout=timeout)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return DistEnv(rank, local_rank, world_size, device, backend, under_launcher)
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store | None:
+    """Under torchelastic's shared rendezvous store, a store whose keys belong to this attempt.
+
+    torch >= 2.4's dynamic rendezvous hands its own TCPStore to the workers
+    (TORCHELASTIC_USE_AGENT_STORE=True) and keeps it across restarts, and
+    init_process_group's keys carry no attempt: a restarted attempt's gloo
+    rendezvous can read the dead attempt's addresses ("Connection refused") or
+    barrier counts (a hang). A PrefixStore keyed on TORCHELASTIC_RESTART_COUNT
+    starts each attempt on fresh keys. None elsewhere (env:// as usual).
+    `reftrain --nproc` disables the sharing instead (cli._launch), so there a
+    fresh store serves each attempt; this covers a plain `torchrun --max-restarts`.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                        is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"reftrain/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", tcp)
 
 
 def shutdown() -> None:

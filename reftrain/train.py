@@ -26,10 +26,13 @@ from reftrain.clock import align_clocks
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
 from reftrain.faults import Faults, restart_count
+from reftrain.heartbeat import Heartbeat
 from reftrain.hardware import describe_hardware, git_state
 from reftrain.inject import Injector
-from reftrain.instrument import CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives
+from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives,
+                                 untimed_group)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
+from reftrain.preemption import Preemption
 from reftrain.profiling import StepProfiler
 from reftrain.telemetry import GpuTelemetry, nvml_index_of
 
@@ -147,6 +150,8 @@ def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[st
         if restart_count() > 0:
             # torchelastic restarted the job (--max-restarts) after a rank died: carry on
             # from this run's latest complete checkpoint, or from the start without one.
+            if _finished(run_dir, env):
+                return  # a rank died after the job's end (run.json completed): nothing to redo
             latest = checkpoint.latest_checkpoint(run_dir)
             if latest is not None:
                 resume, resumed_from_run = latest, run_dir
@@ -159,6 +164,13 @@ def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[st
             raise
     finally:
         parallel.shutdown()
+
+
+def _finished(run_dir: Path, env: parallel.DistEnv) -> bool:
+    """Whether rank 0 finds run.json completed (broadcast, so every rank decides alike)."""
+    box = [env.rank == 0 and (manifest.read_manifest(run_dir) or fmt.RunManifest()).status == "completed"]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | None, command: list[str],
@@ -280,14 +292,18 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         model.register_comm_hook(None, timer.ddp_comm_hook)
     timer.install()
     records: list[dict] = []
+    heartbeat = Heartbeat(run_dir, env.rank, attempt)
+    saver = Saver(cfg, env, run_dir, faults, heartbeat)
     wall_start = time.perf_counter()
     try:
-        with profiler:
+        with profiler, Preemption(env.rank, device) as preemption:
             step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector,
                                 profiler, peak, fpt)
-            _loop(cfg, env, run_dir, step_fn, start_step, records, faults)
+            stopped_by = _loop(cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption)
         timer.flush(wait=True)
+        heartbeat.beat(records[-1]["step"] if records else start_step, "done")
     finally:
+        heartbeat.close()
         timer.uninstall()
         metrics_writer.close()
         colls_writer.close()
@@ -303,11 +319,16 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     dist.all_gather_object(everyone, mine)
     if env.rank == 0:
         earlier = manifest.earlier_attempt_files(run_dir, attempt, env.world_size)
-        man.status, man.end_time = "completed", manifest.utc_now()
+        status = "completed" if stopped_by is None else "preempted"
+        man.status, man.end_time = status, manifest.utc_now()
         man.files = manifest.files_listing(run_dir, [earlier, *everyone])
         man.checkpoint_saves = (manifest.read_manifest(run_dir) or fmt.RunManifest()).checkpoint_saves or []
         last = man.attempts[-1]
-        last.end_time, last.status, last.exit_codes = man.end_time, "completed", [0] * env.world_size
+        last.end_time, last.status, last.exit_codes = man.end_time, status, [0] * env.world_size
+        if stopped_by is not None:
+            done = records[-1]["step"] + 1 if records else start_step
+            last.cause = (f"preempted: {stopped_by} received; stopped after step {done - 1} with checkpoint "
+                          f"checkpoints/step{done} (reftrain --resume {run_dir} continues)")
         if (cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None) and man.inject is not None:
             # What the injection measured per rank (medians over steady steps): the analyzer and
             # bench_gate read the injected time from here instead of trusting the request.
@@ -317,6 +338,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
             }
         manifest.write_json(run_dir / "run.json", man)
         _print_summary(cfg, run_dir, records, everyone, tokens_per_step, wall_s, start_step, profiled_steps)
+        if stopped_by is not None:
+            print(f"reftrain: {last.cause}", flush=True)
     return man
 
 
@@ -429,25 +452,110 @@ class TrainStep:
 
 
 def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep, start_step: int,
-          records: list[dict], faults: Faults | None = None) -> None:
+          records: list[dict], faults: Faults | None = None, saver: Saver | None = None,
+          heartbeat: Heartbeat | None = None, preemption: Preemption | None = None) -> str | None:
+    """Run the steps; returns None at the end, or the signal's name when preempted
+    (the state after the last step run is then saved)."""
     t = cfg.train
+    saver = saver or Saver(cfg, env, run_dir, faults, heartbeat)
     for step in range(start_step, t.steps):
         if faults is not None:
             faults.step_start(step)
+        if heartbeat is not None:
+            heartbeat.beat(step, "start")
         record = step_fn.run(step)
         records.append(record)
+        if heartbeat is not None:
+            heartbeat.beat(step, "end")
         if env.rank == 0:
             _print_step(record, t.steps, env.world_size)
+        saver.poll()
+        saved = False
         if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
-            t0 = time.perf_counter()
-            with untimed_collectives():  # checkpoint I/O is not training communication
-                path = checkpoint.save(run_dir, step + 1, step_fn.model, step_fn.optimizer,
-                                       before_publish=None if faults is None else faults.in_save)
-            stall_s = time.perf_counter() - t0
-            if env.rank == 0:  # the loop's stall per save, for goodput (run.json checkpoint_saves)
-                manifest.record_checkpoint_save(run_dir, step + 1, stall_s, restart_count())
-            _say(env, f"  checkpoint {path.relative_to(run_dir.parent)} saved in {stall_s:.1f} s")
+            saver.save(step + 1, step_fn.model, step_fn.optimizer)
+            saved = True
         step_fn.profiler.step_done(step)
+        stop = preemption.agreed() if preemption is not None else None
+        if stop is not None:
+            if not saved:
+                saver.save(step + 1, step_fn.model, step_fn.optimizer)
+            saver.finish()
+            return stop
+    saver.finish()
+    return None
+
+
+class Saver:
+    """The loop's checkpoint saves, synchronous or asynchronous (checkpoint.async_save).
+
+    Each save's stall (the loop's wall time inside it, rank 0) goes to
+    run.json's `checkpoint_saves` when the save is published: for a
+    synchronous save at once, for an asynchronous one when its write has
+    completed (checked after every step; waited for before the next save
+    and at the end), with `complete_s`, the time from its start to then.
+    """
+
+    def __init__(self, cfg: Config, env: parallel.DistEnv, run_dir: Path, faults: Faults | None,
+                 heartbeat: Heartbeat | None) -> None:
+        self.env, self.run_dir, self.faults, self.heartbeat = env, run_dir, faults, heartbeat
+        self.pending: checkpoint.PendingSave | None = None
+        self.group = None
+        self.async_save = cfg.checkpoint.async_save and cfg.train.checkpoint_every > 0
+        if self.async_save:
+            # DCP's background collectives get a gloo group of their own (a CPU backend
+            # is required, and they must not interleave with the loop's on the default group).
+            self.group = dist.new_group(backend="gloo")
+            untimed_group(self.group)
+
+    def _before_publish(self, step: int) -> None:
+        if self.faults is not None:
+            self.faults.in_save(step)
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Save the state after `step` steps as checkpoints/step{step}. Collective."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step - 1, "checkpoint")
+        t0 = time.perf_counter()
+        self.finish()  # one save in flight at most: waiting for the previous one stalls the loop too
+        with untimed_collectives():  # checkpoint I/O is not training communication
+            if self.async_save:
+                try:
+                    self.pending = checkpoint.save_async(self.run_dir, step, model, optimizer, self.group)
+                except Exception as exc:  # noqa: BLE001 - DCP's async path refused: say so once, save synchronously
+                    self.async_save = False
+                    _say(self.env, f"  checkpoint: async_save failed ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); saving synchronously from now on")
+            if not self.async_save:
+                path = checkpoint.save(self.run_dir, step, model, optimizer, before_publish=self._before_publish)
+        stall_s = time.perf_counter() - t0
+        if self.pending is not None:
+            self.pending.stall_s = stall_s
+            _say(self.env, f"  checkpoint step{step}: staged in {stall_s:.2f} s, writing in the background")
+            return
+        if self.env.rank == 0:  # the loop's stall per save, for goodput (run.json checkpoint_saves)
+            manifest.record_checkpoint_save(self.run_dir, step, stall_s, restart_count())
+        _say(self.env, f"  checkpoint {path.relative_to(self.run_dir.parent)} saved in {stall_s:.1f} s")
+
+    def poll(self) -> None:
+        """Publish the asynchronous save in flight if its write has completed (not collective)."""
+        if self.pending is not None:
+            self._complete(wait=False)
+
+    def finish(self) -> None:
+        """Wait for the asynchronous save in flight and publish it."""
+        if self.pending is not None:
+            self._complete(wait=True)
+
+    def _complete(self, wait: bool) -> None:
+        p = self.pending
+        if not checkpoint.finish_async(self.run_dir, p, wait, self._before_publish):
+            return
+        self.pending = None
+        complete_s = time.perf_counter() - p.started_s
+        if self.env.rank == 0:
+            manifest.record_checkpoint_save(self.run_dir, p.step, p.stall_s, restart_count(), "async", complete_s)
+        _say(self.env, f"  checkpoint {p.path.relative_to(self.run_dir.parent)} published "
+                       f"{complete_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)")
 
 
 def _max_restarts() -> int | None:

@@ -94,3 +94,43 @@ def test_an_attempt_missing_from_the_record_counts_as_restart_time() -> None:
     manifest["attempts"][1]["attempt"] = 2
     g = goodput(manifest, m)
     assert g.lost_s["restarts"] == pytest.approx(3.0, abs=1e-3) and g.recomputed_steps == 1
+
+
+def test_a_hung_attempt_counts_its_stall_as_hang_not_restart() -> None:
+    """Attempt 0 hangs after its last record at 5.5 s; the watchdog ends it at 7.5 s
+    (its end_time); attempt 1 starts at 8.5 s: hang 2.0 s, restarts 1.0 s."""
+    manifest, m = run()
+    manifest["attempts"][0].update(status="hung", end_time=iso(7.5))
+    g = goodput(manifest, m)
+    assert g.lost_s["hang"] == pytest.approx(2.0, abs=1e-3)
+    assert g.lost_s["restarts"] == pytest.approx(1.0, abs=1e-3)  # 8.5 - 5.5 - 2.0
+    assert g.lost_s["other"] == pytest.approx(0.25, abs=1e-3)  # unchanged: the hang moved out of restarts
+    assert g.hung_attempts == 1 and not g.preempted
+    assert g.productive_s + sum(g.lost_s.values()) == pytest.approx(g.wall_s, abs=1e-9)
+
+
+def test_a_hung_last_attempt_ends_the_wall_at_the_detection() -> None:
+    """No restart: attempt 0 hangs after its record at 5.5 s and the watchdog ends it at 9.0 s."""
+    manifest, m = run()
+    m = m[m["attempt"] == 0]
+    manifest["attempts"] = [manifest["attempts"][0] | {"status": "hung", "end_time": iso(9.0)}]
+    g = goodput(manifest, m)
+    assert g.wall_s == pytest.approx(9.0, abs=1e-3)
+    assert g.lost_s["hang"] == pytest.approx(3.5, abs=1e-3)
+    assert g.lost_s["recomputed"] == 0.0 and g.lost_s["restarts"] == 0.0
+    # productive: steps 0..2, 0.8 s each; start-up 2.0; data wait 0.6; checkpoint 0.5; other: the rest
+    assert g.productive_s == pytest.approx(2.4, abs=1e-6)
+    assert g.lost_s["other"] == pytest.approx(9.0 - 2.4 - 0.6 - 2.0 - 3.5 - 0.5, abs=1e-3)
+
+
+def test_a_preempted_run_recomputes_nothing() -> None:
+    """Preempted after step 2 (its save at 5.5 s -> 6.0 s holds step 2): attempt ends at 6.0 s."""
+    manifest, m = run()
+    m = m[m["attempt"] == 0]
+    manifest["attempts"] = [manifest["attempts"][0] | {"status": "preempted", "end_time": iso(6.0)}]
+    manifest["checkpoint_saves"].append({"step": 3, "stall_s": 0.5, "attempt": 0, "mode": "sync"})
+    g = goodput(manifest, m)
+    assert g.preempted and g.hung_attempts == 0 and g.recomputed_steps == 0
+    assert g.wall_s == pytest.approx(6.0, abs=1e-3)
+    assert g.lost_s["checkpoint"] == 1.0 and g.lost_s["hang"] == 0.0
+    assert g.lost_s["other"] == pytest.approx(6.0 - 2.4 - 0.6 - 2.0 - 1.0, abs=1e-3)

@@ -242,7 +242,7 @@ class Attempt(Record):
     attempt: int | None = None  # 0 = the first
     start_time: str | None = None
     end_time: str | None = None
-    status: str | None = None  # running | completed | failed
+    status: str | None = None  # running | completed | failed | preempted | hung
     resumed_from_step: int | None = None
     cause: str | None = None
     exit_codes: list[int] | None = None
@@ -254,6 +254,23 @@ class CheckpointSave(Record):
     step: int | None = None
     stall_s: float | None = None  # rank 0's wall time in the save
     attempt: int | None = None
+    mode: str | None = _omit_none()  # sync | async (absent: sync, before async saves existed)
+    complete_s: float | None = _omit_none()  # async: save start to publish (the write ran behind the steps)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HangReport(Record):
+    """The launcher's watchdog naming a hung rank (docs/reftrain.md, "Hangs")."""
+
+    rank: int | None = None
+    attempt: int | None = None
+    step: int | None = None  # the hung rank's last heartbeat: step and phase
+    phase: str | None = None
+    stalled_s: float | None = None  # detection time minus that heartbeat's
+    timeout_s: float | None = None
+    detected_time: str | None = None  # ISO 8601, UTC
+    stacks: list[str] = field(default_factory=list)  # per-rank Python stack dumps, relative paths
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -263,7 +280,7 @@ class RunManifest(Record):
 
     schema: str | None = RUN_SCHEMA
     run_id: str | None = None
-    status: str | None = None  # running | completed | failed
+    status: str | None = None  # running | completed | failed | preempted
     start_time: str | None = None  # ISO 8601, UTC
     end_time: str | None = None
     git: Git | None = None
@@ -290,6 +307,7 @@ class RunManifest(Record):
     max_restarts: int | None = None
     attempts: list[Attempt] = field(default_factory=list)
     checkpoint_saves: list[CheckpointSave] | None = _omit_none()
+    hangs: list[HangReport] | None = _omit_none()
     error: str | None = _omit_none()  # only when failed: the one-line reason
     extra: dict[str, Any] = field(default_factory=dict)
 

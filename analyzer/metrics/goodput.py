@@ -16,13 +16,23 @@ rank 0's ``time_ns`` minus that step time.
   ran again (steps after the last complete checkpoint of a failed attempt).
 * startup = per attempt, its first step's start minus its ``start_time``
   (process group, model build, peak measurement, checkpoint load).
+* hang = per attempt the launcher's watchdog ended (``status`` ``hung``),
+  its ``end_time`` (the detection) minus its last step record: the time the
+  job sat stalled until the watchdog named the hung rank.
 * restarts = per attempt after the first, its ``start_time`` minus the
-  last record of the attempts before it (failure detection and relaunch; the part
-  of a failed attempt after its last step record is here too).
+  last record of the attempts before it, less the hang time in between
+  (failure detection and relaunch; the part of a failed attempt after its
+  last step record is here too).
 * checkpoint = sum of run.json's ``checkpoint_saves[].stall_s`` (rank 0's
   wall time inside each save, the training loop stalled).
 * other = wall minus all the above: time between steps not in a save
   (printing, profiler export), the tail after the last step, clock error.
+
+A preempted attempt (``status`` ``preempted``: SIGTERM/SIGINT, the step
+finished and saved) is the job's last and ends at its ``end_time`` like a
+completed one; its final save is in ``checkpoint``, and it recomputes
+nothing, since the save holds its last step. The resumed run, a new run
+directory, counts its own start-up (the checkpoint load).
 
 Withheld (None) without a start time, without step records, or for a
 restarted run whose records carry no ``attempt``.
@@ -35,7 +45,7 @@ from typing import Any
 
 import pandas as pd
 
-PARTS = ("data_wait", "recomputed", "startup", "restarts", "checkpoint", "other")
+PARTS = ("data_wait", "recomputed", "startup", "restarts", "hang", "checkpoint", "other")
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,8 @@ class Goodput:
     lost_s: dict[str, float]  # PARTS -> seconds
     attempts: int
     recomputed_steps: int
+    hung_attempts: int = 0
+    preempted: bool = False  # the last attempt was preempted (resumable), not completed
 
     @property
     def goodput(self) -> float:
@@ -93,12 +105,19 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
         if starts.get(int(k)) is not None:
             startup += first - starts[int(k)]
     last_end = per.groupby("attempt")["end_s"].max()
+    hang_of: dict[int, float] = {}
+    for i, a in enumerate(attempts):
+        k, stop = int(a.get("attempt", i)), _ts(a.get("end_time"))
+        if a.get("status") == "hung" and stop is not None and k in last_end.index:
+            hang_of[k] = max(0.0, stop - float(last_end[k]))
     for k in sorted(starts):
         # From the last record of any earlier attempt: an attempt that died before
         # writing anything (a failed rendezvous) is absent from both tables.
         before = last_end[last_end.index < k]
         if k > 0 and starts[k] is not None and len(before):
-            restarts += starts[k] - float(before.max())
+            # a hung attempt's stall since that record is `hang`, not restart time
+            stalled = sum(h for j, h in hang_of.items() if int(before.idxmax()) <= j < k)
+            restarts += starts[k] - float(before.max()) - stalled
     stall = sum(float(s.get("stall_s") or 0.0) for s in manifest.get("checkpoint_saves") or [])
     wall = end - begin
     lost = {
@@ -106,8 +125,11 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
         "recomputed": float(redone["step_ms"].sum()) / 1e3,
         "startup": startup,
         "restarts": restarts,
+        "hang": sum(hang_of.values()),
         "checkpoint": stall,
     }
     productive = float((kept["step_ms"] - kept["data_ms"]).sum()) / 1e3
     lost["other"] = wall - productive - sum(lost.values())
-    return Goodput(wall, productive, lost, len(attempts), len(redone))
+    hung = sum(a.get("status") == "hung" for a in attempts)
+    return Goodput(wall, productive, lost, len(attempts), len(redone), hung_attempts=hung,
+                   preempted=attempts[-1].get("status") == "preempted")
