@@ -8,8 +8,9 @@ memcpy, memset) in the rank's analysis window (the kernels table's,
    (``cudaLaunchKernel``, ``hipLaunchKernel``, ``cudaMemcpyAsync``, ...;
    :func:`analyzer.metrics.launch.launches`). Every kernel of a CUDA-graph
    replay carries the correlation id of its ``cudaGraphLaunch``: such kernels
-   are attributed to the graph launch (``graph`` True), since the ops that
-   captured the graph ran long before.
+   are attributed to the graph launch (``graph`` True): the launch call is
+   their op (``cudaGraphLaunch``, the ops around it its stack), since the
+   ops that captured the graph ran long before.
 2. **op**: the innermost host op (``cpu_op``/``cpu_comm``) containing the
    launch call's start *on the launch call's own thread* (kernels launched
    from other threads, e.g. the autograd engine's, are found on theirs);
@@ -302,7 +303,8 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     steps = steps if steps is not None else pd.DataFrame({"step": [], "start_ns": [], "end_ns": []})
     ev = _Events.of(events)
     kind, cat = events["kind"], events["cat"]
-    is_op = is_in(kind, ("cpu_op", "cpu_comm"))
+    # A graph launch is a host range of its own: the replayed kernels count to it (their ops ran at capture).
+    is_op = is_in(kind, ("cpu_op", "cpu_comm")) | (is_in(kind, ("runtime",)) & is_in(events["name"], GRAPH_LAUNCHES))
     is_mod = _starts_with(events["name"], MODULE_PREFIX) & is_in(cat, ("python_function", "user_annotation"))
     is_anno = is_in(cat, ("user_annotation",)) & ~_starts_with(events["name"], "ProfilerStep#") & ~is_mod
     ops = _Host.of(ev, is_op & ~is_mod)
@@ -377,24 +379,24 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     dur = ev.end[dev_rows] - ev.start[dev_rows]
     kernels = pd.DataFrame(
         {
-            "name": ev.names[dev_rows],
-            "kind": _object_names(events["kind"])[dev_rows],
+            "name": _obj(ev.names[dev_rows], dev_index),
+            "kind": _obj(_object_names(events["kind"])[dev_rows], dev_index),
             "cls": kernel_class(events.iloc[dev_rows]),
             "stream": events["stream"].to_numpy(np.int64)[dev_rows],
             "start_ns": ev.start[dev_rows],
             "dur_ns": dur,
             "launch_tid": np.where(has_launch, l_tid, -1),
             "graph": graph,
-            "op": _take(op_names, op_pos),
+            "op": _obj(_take(op_names, op_pos), dev_index),
             "backward": k_back,
-            "attributed_op": _take(key, attr_pos),
+            "attributed_op": _obj(_take(key, attr_pos), dev_index),
             "attr_pos": attr_pos,
             "op_pos": op_pos,
-            "module": k_module,
-            "annotation": _take(annos.names, anno_pos),
+            "module": _obj(k_module, dev_index),
+            "annotation": _obj(_take(annos.names, anno_pos), dev_index),
             "anno_pos": anno_pos,
-            "input_dims": _column_at(events, "input_dims", shape_rows),
-            "input_types": _column_at(events, "input_types", shape_rows),
+            "input_dims": _obj(_column_at(events, "input_dims", shape_rows), dev_index),
+            "input_types": _obj(_column_at(events, "input_types", shape_rows), dev_index),
         },
         index=dev_index,
     )
@@ -409,6 +411,11 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
                               "depth": annos.depth})
     main_tid = int(ops_out["tid"].value_counts().idxmax()) if n_ops else None
     return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
+
+
+def _obj(values: np.ndarray, index: pd.Index) -> pd.Series:
+    """Text as an object column (pandas 3 would infer its Arrow string dtype: slower to build, NaN for None)."""
+    return pd.Series(values, index=index, dtype=object)
 
 
 def _take(values: np.ndarray, pos: np.ndarray, missing: object = None) -> np.ndarray:
