@@ -96,7 +96,7 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
         return None
     tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                         is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"reftrain/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", tcp)
+    return dist.PrefixStore(f"reftrain/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", tcp)
 
 
 def shutdown() -> None:

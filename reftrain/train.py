@@ -275,6 +275,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
             if previous.files.metrics is not None:
                 man.files = previous.files
             man.checkpoint_saves = previous.checkpoint_saves or []
+            man.hangs = previous.hangs  # the launcher's watchdog ended an earlier attempt
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
         print(f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
@@ -322,7 +323,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         status = "completed" if stopped_by is None else "preempted"
         man.status, man.end_time = status, manifest.utc_now()
         man.files = manifest.files_listing(run_dir, [earlier, *everyone])
-        man.checkpoint_saves = (manifest.read_manifest(run_dir) or fmt.RunManifest()).checkpoint_saves or []
+        on_disk = manifest.read_manifest(run_dir) or fmt.RunManifest()
+        man.checkpoint_saves, man.hangs = on_disk.checkpoint_saves or [], on_disk.hangs
         last = man.attempts[-1]
         last.end_time, last.status, last.exit_codes = man.end_time, status, [0] * env.world_size
         if stopped_by is not None:
