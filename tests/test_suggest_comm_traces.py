@@ -152,3 +152,15 @@ def test_ddp_bucket_size_on_a_foreign_trace_end_to_end(tmp_path):
     assert ranked[2].rule == "comm_one_rank" and ranked[2].evidence["comm_verdict"] == "latency_bound"
     js = bucket.to_json()
     assert js["coverage"]["limits"] == ["1 of 8 ranks traced: waiting for a peer and transfer look the same"]
+
+
+def test_fsdp_prefetch_hides_all_but_the_first_gather():
+    """3 ms exposed of 10 ms, all-gathers half the service time, 4 per step: 3 x 0.5 x 3/4 = 1.125 ms hidden."""
+    fsdp = dataclasses.replace(comm(n=8, service=4.0, kinds=("all_gather", "reduce_scatter"), gather=0.5), gathers_per_step=4.0)
+    s = rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=fsdp))
+    assert s is not None and "forward_prefetch=True" in s.change.advice
+    assert s.predicted.step_time_ms_after == pytest.approx(10.0 - 1.125)
+    assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=dataclasses.replace(fsdp, gathers_per_step=1.0))) is None
+    assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=fsdp, comm_diagnosis=WAITING)) is None
+    assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=0.5, comm=fsdp)) is None  # 5 % < 10 %
+    assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=comm(n=8, alpha=0.1))) is None  # DDP

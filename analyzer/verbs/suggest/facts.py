@@ -83,6 +83,7 @@ class CommFacts:
     per_byte_ms: float | None  # fitted cost per byte
     kinds: tuple[str, ...]
     gather_service_share: float | None = None  # share of the service time spent in all_gather
+    gathers_per_step: float = 0.0  # all_gather collectives per step (FSDP's parameter gathers)
 
 
 @dataclass(frozen=True)
@@ -368,6 +369,8 @@ def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFa
         per_byte_ms=per_byte,
         kinds=tuple(sorted(set(times["kind"]))),
         gather_service_share=gather / total_service if total_service > 0 else None,
+        gathers_per_step=float(times.loc[times["kind"] == "all_gather"].groupby("step").size()
+                               .reindex(per_step.index, fill_value=0).median()),
     )
     return facts, collective_tail_ms(times)
 
@@ -434,6 +437,7 @@ def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | No
         per_byte_ms=per_byte,
         kinds=tuple(sorted(set(table["kind"].astype(str)))),
         gather_service_share=gather / total if total > 0 else None,
+        gathers_per_step=float((table["kind"] == "all_gather").sum()) / n_windows,
     )
 
 

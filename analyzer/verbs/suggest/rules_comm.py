@@ -243,6 +243,46 @@ def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
 
 
 @rule
+def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
+    """FSDP with exposed comm over 10 % and two or more all-gathers per step: gather the next modules ahead.
+
+    Each FSDP unit all-gathers its parameters before its forward (and, when
+    resharded, its backward); with prefetching the gather of unit ``i + 1``
+    runs while unit ``i`` computes. What-if: of the exposed time, the
+    all-gathers' part (their share of the service time) is hidden except the
+    first gather of the step, which has no compute before it:
+    ``saved = exposed x gather_share x (1 - 1 / gathers_per_step)``.
+    Silent on a waiting verdict (prefetching does not make a peer earlier).
+    """
+    ex = _exposed(f)
+    if ex is None or f.comm is None or "all_gather" not in f.comm.kinds or f.comm.gathers_per_step < 2:
+        return None
+    if f.is_reftrain and f.cfg("parallel.strategy") != "fsdp":
+        return None
+    if f.comm.gather_service_share is None or _verdict(f) == "waiting":
+        return None
+    exposed_ms, share = ex
+    g = f.comm.gathers_per_step
+    saved = exposed_ms * f.comm.gather_service_share * (1 - 1 / g)
+    return Suggestion(
+        rule="fsdp_prefetch",
+        title="Prefetch FSDP all-gathers one module ahead (overlap them with the previous module's compute)",
+        trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%} with {g:.0f} all-gathers per step",
+        evidence=_comm_evidence(f, exposed_ms, share) | {"all_gathers_per_step": g,
+                                                         "all_gather_service_share": f.comm.gather_service_share},
+        change=Change({}, "FSDP2: module.set_modules_to_forward_prefetch([next_block]) and "
+                          "set_modules_to_backward_prefetch([previous_block]) per transformer block; FSDP1: "
+                          "FullyShardedDataParallel(..., forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)"),
+        predicted=whatif.prediction(
+            f, whatif.remove(f.step_time_ms, saved),
+            f"the all-gathers' {f.comm.gather_service_share:.0%} of the {exposed_ms:.1f} ms exposed hidden but the "
+            f"first of {g:.0f} per step"),
+        confidence="low",
+        notes=("prefetching holds one more module's gathered parameters: check memory headroom",),
+    )
+
+
+@rule
 def rule_comm_compression(f: RunFacts) -> Suggestion | None:
     """Exposed all-reduce time dominated by bytes (not latency) on fp32 gradients: bf16 compression hook.
 
