@@ -164,3 +164,33 @@ def test_fsdp_prefetch_hides_all_but_the_first_gather():
     assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=fsdp, comm_diagnosis=WAITING)) is None
     assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=0.5, comm=fsdp)) is None  # 5 % < 10 %
     assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=comm(n=8, alpha=0.1))) is None  # DDP
+
+
+def test_last_bucket_overlap_on_a_foreign_ddp_trace(tmp_path):
+    """One rank of 2, one 5 ms step, all-reduces of 4, 4, 8 and last 24 MiB in 100, 100, 180, 500 us: the fit is exact
+    (alpha 20 us, 20 us per MiB). Cap 25 -> 6.25 MiB: the 0.5 ms tail becomes 0.02 + 6.25 x 0.02 = 0.145 ms."""
+    from analyzer import analyze
+    from analyzer.verbs.suggest import suggest
+    from analyzer.verbs.suggest.facts import run_facts
+
+    t = KinetoTrace(rank=0, world_size=2)
+    t.step(1, 0, 5_000)
+    at = 100
+    for mib, dur in ((4, 100), (4, 100), (8, 180), (24, 500)):
+        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_SIMPLE", at, dur, stream=20,
+                 args=t.comm_args("allreduce", mib * MiB // 4))
+        at += dur + 200
+    run = analyze(t.write(tmp_path / "rank0.json.gz"))
+    f = run_facts(run)
+    assert f.comm.last_bytes == 24 * MiB and f.comm.last_ms == pytest.approx(0.5)
+    assert f.comm.alpha_ms == pytest.approx(0.02) and f.comm.per_byte_ms * MiB == pytest.approx(0.02)
+    assert f.comm_diagnosis.verdict == "mixed"  # ~10 % of the H100's 450 GB/s, narrow spread
+    s = next(s for s in suggest(run) if s.rule == "last_bucket_overlap")
+    assert s.change.overrides == {"parallel.bucket_cap_mb": 6.25}
+    assert s.predicted.step_time_ms_after == pytest.approx(5.0 - (0.5 - 0.145))
+    # Silent when the last all-reduce is already under the smaller cap, or on a latency-bound verdict.
+    small = dataclasses.replace(f, comm=dataclasses.replace(f.comm, last_bytes=6 * MiB))
+    assert rules_comm.rule_last_bucket_overlap(small) is None
+    latency = diagnose(_rows([4096] * 4, [50_000] * 4, [1] * 4), 450.0)
+    assert rules_comm.rule_last_bucket_overlap(dataclasses.replace(f, comm_diagnosis=latency)) is None
+    assert rules_comm.rule_last_bucket_overlap(dataclasses.replace(f, comm_diagnosis=WAITING)) is None

@@ -188,7 +188,7 @@ class Suggestion:
 # The part of the step (a breakdown part, RunFacts.shares) each rule's what-if acts on.
 RULE_PART = {
     "ddp_bucket_size": "exposed_comm", "grad_accumulation": "exposed_comm", "fsdp_reshard": "exposed_comm",
-    "fsdp_prefetch": "exposed_comm",
+    "fsdp_prefetch": "exposed_comm", "last_bucket_overlap": "exposed_comm",
     "comm_compression": "exposed_comm", "overlap_grad_sync": "grad_sync", "gradient_as_bucket_view": "exposed_comm",
     "launch_bound": "idle", "cuda_graphs": "idle", "data_wait": "data", "pin_memory": "exposed_memcpy",
     "exposed_memcpy": "exposed_memcpy", "fused_adamw": "optimizer", "torch_compile": "compute",

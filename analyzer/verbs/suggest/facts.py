@@ -84,6 +84,10 @@ class CommFacts:
     kinds: tuple[str, ...]
     gather_service_share: float | None = None  # share of the service time spent in all_gather
     gathers_per_step: float = 0.0  # all_gather collectives per step (FSDP's parameter gathers)
+    # The step's last all_reduce (DDP's last bucket, issued when backward's last gradient is ready): median over
+    # steps of its bytes and duration (ms); traces only (trace_comm_facts), None elsewhere.
+    last_bytes: float | None = None
+    last_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -407,7 +411,7 @@ def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | No
     tables = getattr(ra, "rank_collectives", {})
     if not tables or windows is None or windows.empty or not {"rank", "start_ns", "end_ns"} <= set(windows.columns):
         return None
-    rows = []
+    rows, last = [], []
     for rank, table in tables.items():
         w = windows.loc[windows["rank"] == rank]
         if w.empty:
@@ -417,6 +421,10 @@ def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | No
         for s0, e0 in zip(w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)):
             inside |= (start >= s0) & (start < e0)
         rows.append((table.loc[inside], len(w)))
+        for s0, e0 in zip(w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)):
+            ar = table.loc[(start >= s0) & (start < e0) & (table["kind"] == "all_reduce").to_numpy()]
+            if len(ar):
+                last.append(ar.iloc[int(np.argmax(ar["start_ns"].to_numpy()))])
     n_windows = sum(n for _, n in rows)
     if not rows or not n_windows:
         return None
@@ -438,6 +446,8 @@ def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | No
         kinds=tuple(sorted(set(table["kind"].astype(str)))),
         gather_service_share=gather / total if total > 0 else None,
         gathers_per_step=float((table["kind"] == "all_gather").sum()) / n_windows,
+        last_bytes=float(np.median([r["size_bytes"] for r in last])) if last else None,
+        last_ms=float(np.median([r["duration_ns"] for r in last])) / 1e6 if last else None,
     )
 
 

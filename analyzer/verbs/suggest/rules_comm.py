@@ -70,8 +70,8 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
     ex = _exposed(f)
     if ex is None or not _is_ddp(f) or f.comm is None or f.comm.alpha_ms is None:
         return None
-    if f.comm.n_per_step < BUCKET_MIN_COLLECTIVES or _verdict(f) == "waiting":
-        return None  # waiting for peers: fewer collectives would wait as long (rule_comm_waiting)
+    if f.comm.n_per_step < BUCKET_MIN_COLLECTIVES or _verdict(f) in ("waiting", "bandwidth_bound"):
+        return None  # waiting: fewer collectives would wait as long (rule_comm_waiting); bandwidth-bound: alpha is not the cost
     exposed_ms, share = ex
     cap = float(f.cfg("parallel.bucket_cap_mb", 25.0) or 25.0)
     new_cap = max(25.0, 4 * cap)
@@ -239,6 +239,60 @@ def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
                                     "backward's all-gathers (half of the all-gather service time) removed, "
                                     f"at most the {exposed_ms:.1f} ms exposed"),
         confidence="low" if mem is None else "medium",
+    )
+
+
+# The step's last all-reduce over this share of the step is worth shrinking; DDP's smallest sensible cap (MiB).
+LAST_BUCKET_MIN_SHARE = 0.05
+LAST_BUCKET_MIN_CAP_MB = 5.0
+
+
+@rule
+def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
+    """DDP trace whose last all-reduce of the step is long: a smaller bucket cap shortens the exposed tail.
+
+    DDP fills buckets in reverse parameter order and all-reduces each as it
+    fills; the last one (the first layers, often the embedding) is issued
+    when backward ends, so nothing hides it. With ``bucket_cap_mb`` c' = c/4
+    (at least LAST_BUCKET_MIN_CAP_MB) that bucket holds at most c' MiB.
+    What-if from the alpha-beta fit: the tail ``alpha + L x per_byte``
+    becomes ``alpha + min(L, c') x per_byte``; the extra buckets are issued
+    during backward and overlap it. Needs sized kernels (traces), DDP, a tail
+    over LAST_BUCKET_MIN_SHARE of the step; silent on a waiting or latency-bound verdict.
+    """
+    ex = _exposed(f)
+    c = f.comm
+    if ex is None or c is None or not _is_ddp(f) or c.last_bytes is None or c.last_ms is None:
+        return None
+    if c.alpha_ms is None or c.per_byte_ms is None or _verdict(f) in ("waiting", "latency_bound"):
+        return None  # latency-bound: larger buckets (rule_ddp_bucket_size) are the advice, not smaller ones
+    exposed_ms, share = ex
+    if c.last_ms / f.step_time_ms <= LAST_BUCKET_MIN_SHARE:
+        return None
+    cap = float(f.cfg("parallel.bucket_cap_mb", 25.0) or 25.0)
+    new_cap = max(LAST_BUCKET_MIN_CAP_MB, cap / 4)
+    if c.last_bytes <= new_cap * 2**20:
+        return None  # the last bucket is already under the smaller cap
+    tail_after = c.alpha_ms + new_cap * 2**20 * c.per_byte_ms
+    saved = min(exposed_ms, c.last_ms - tail_after)
+    if saved <= 0:
+        return None
+    return Suggestion(
+        rule="last_bucket_overlap",
+        title=f"Shorten the exposed last gradient bucket: bucket_cap_mb {cap:g} -> {new_cap:g}",
+        trigger=f"last all-reduce of the step {c.last_ms:.2f} ms = {c.last_ms / f.step_time_ms:.1%} of step > "
+                f"{LAST_BUCKET_MIN_SHARE:.0%}, {c.last_bytes / 2**20:.1f} MiB > {new_cap:g} MiB",
+        evidence=_comm_evidence(f, exposed_ms, share) | {"last_bucket_bytes": c.last_bytes, "last_bucket_ms": c.last_ms,
+                                                         "comm_per_byte_ms": c.per_byte_ms},
+        change=Change({"parallel.bucket_cap_mb": new_cap},
+                      f"DistributedDataParallel(model, bucket_cap_mb={new_cap:g}): the bucket issued after backward "
+                      "(the first layers' gradients) gets smaller; with a large embedding first, consider its own bucket "
+                      "order (DDP buckets in reverse parameter order)"),
+        predicted=whatif.prediction(
+            f, whatif.remove(f.step_time_ms, saved),
+            f"tail {c.last_ms:.2f} ms -> alpha {c.alpha_ms:.3f} + {new_cap:g} MiB x per-byte = {tail_after:.2f} ms "
+            f"(alpha-beta fit), at most the {exposed_ms:.1f} ms exposed"),
+        confidence="low",
     )
 
 
