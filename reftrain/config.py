@@ -133,7 +133,8 @@ class FaultConfig:
     first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job can finish."""
 
     crash_rank: int | None = _opt(None, "rank that dies (os._exit(17)) at the start of fault.crash_step")
-    crash_step: int | None = _opt(None, "global step at whose start fault.crash_rank dies")
+    crash_step: int | None = _opt(None, "global step at whose start fault.crash_rank dies "
+                                        "(train.steps: after the last step and its checkpoint)")
     crash_in_save: bool = _opt(False, "die inside the checkpoint save of step crash_step instead "
                                       "(after DCP wrote the data, before the rename that publishes it)")
     hang_rank: int | None = _opt(None, "rank that stops (sleeps forever, in Python) at the start of fault.hang_step")

@@ -72,10 +72,12 @@ class Heartbeat:
         faulthandler.unregister(STACK_SIGNAL)
         self._stacks_file.close()
         stacks = Path(self._stacks_file.name)
-        if stacks.stat().st_size == 0:  # never asked for: no empty file left in the run directory
-            stacks.unlink()
-            if not any(stacks.parent.iterdir()):
-                stacks.parent.rmdir()
+        try:
+            if stacks.stat().st_size == 0:  # never asked for: no empty file left in the run directory
+                stacks.unlink()
+                stacks.parent.rmdir()  # when empty; the other ranks close theirs at the same time
+        except OSError:
+            pass  # not empty, or another rank removed it first
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,9 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     start_step = 0
     if resume is not None:
         start_step = checkpoint.load(resume, model, optimizer)
-        if start_step >= t.steps:
+        # A restart after the last step's checkpoint (a rank died on its way out) has
+        # nothing to run; it completes the run. A user's --resume there is a mistake.
+        if start_step >= t.steps and not (restart_count() > 0 and resumed_from_run == run_dir):
             raise ReftrainError(f"--resume {resume}: checkpoint is at step {start_step}, "
                                 f"train.steps={t.steps} leaves nothing to do (raise it with --steps)")
     loader = data.build_loader(cfg, env.rank, start_step, device.type)
@@ -484,6 +486,8 @@ def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep,
             saver.finish()
             return stop
     saver.finish()
+    if faults is not None:
+        faults.step_start(t.steps)  # "step train.steps": after the last step and its checkpoint
     return None
 
 

@@ -109,6 +109,18 @@ def test_a_save_killed_before_publishing_is_never_loaded(runs: Path, baseline: d
     assert losses(runs / "crash_in_save") == baseline
 
 
+def test_a_crash_after_the_last_checkpoint_completes_the_job(runs: Path, baseline: dict) -> None:
+    """Rank 1 dies after step 5 and the final checkpoint (step6), before the run is recorded
+    complete: the restart finds nothing left to run and completes the run, no step redone."""
+    proc = reftrain(runs, "crash_at_end", "--crash-rank", "1", "--crash-step", "6", "--max-restarts", "1")
+    must_succeed(proc)
+    m = _restarted(runs / "crash_at_end")
+    assert m["attempts"][1]["resumed_from_step"] == 6
+    assert not any(rel.startswith("metrics/attempt1") and (runs / "crash_at_end" / rel).read_text()
+                   for rel in m["files"]["metrics"])
+    assert losses(runs / "crash_at_end") == baseline
+
+
 def test_a_hung_rank_is_killed_and_the_job_restarts_bit_for_bit(runs: Path, baseline: dict) -> None:
     """The watchdog (3 s) names rank 1, kills the attempt; torchelastic restarts it from step 2."""
     proc = reftrain(runs, "hang_restart", "--hang-rank", "1", "--hang-step", "3", "--max-restarts", "1",
