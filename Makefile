@@ -27,11 +27,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/reftrain --nproc 2 --runs-dir $(RUNS) --demo
 
-# Machine-checked habits (issue 16): ruff's defect rules and the import
-# contracts in pyproject.toml ([tool.importlinter]; docs/architecture.md).
+# Machine-checked habits (issue 16): ruff's defect rules, the import
+# contracts and mypy, all configured in pyproject.toml ([tool.importlinter],
+# [tool.mypy]; docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest -q

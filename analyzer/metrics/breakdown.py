@@ -97,11 +97,12 @@ def device_timeline(events: pd.DataFrame, waits: Intervals | None = None) -> Tim
 
 def phase_annotations(events: pd.DataFrame) -> np.ndarray:
     """Boolean row mask of host phase ranges (``user_annotation`` named a phase)."""
-    return (
+    mask: np.ndarray = (
         (events["kind"] == "annotation").to_numpy()
         & is_in(events["cat"], ("user_annotation",))
         & is_in(events["name"], HOST_PHASES)
     )
+    return mask
 
 
 def issuing_threads_busy(events: pd.DataFrame) -> np.ndarray:

@@ -64,9 +64,10 @@ def _per_dim(v: object, n: int, what: str) -> list[int]:
     vals = list(v) if isinstance(v, (list, tuple)) else [v]
     if len(vals) == 1:
         vals = vals * n
-    if len(vals) != n or not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
+    ints = [x for x in vals if isinstance(x, int) and not isinstance(x, bool)]
+    if len(vals) != n or len(ints) != n:
         raise ShapeError(f"{what} {v!r} does not fit {n} spatial dim(s)")
-    return [int(x) for x in vals]
+    return ints
 
 
 def conv_flops(name: str, dims: list[list[int]], concrete: Sequence[str]) -> int:

@@ -75,7 +75,7 @@ def _ts(text: object) -> float | None:
         return None
 
 
-def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
+def goodput(manifest: dict[str, Any], metrics: pd.DataFrame) -> Goodput | None:
     """Goodput of a run from its run.json and its metrics table (columns rank, step,
     step_time_ms, data_wait_ms, time_ns, and attempt, 0 when absent)."""
     if metrics is None or metrics.empty:
@@ -101,9 +101,11 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
     if begin is None:
         return None
     startup = restarts = 0.0
-    for k, first in per.groupby("attempt")["start_s"].min().items():
-        if starts.get(int(k)) is not None:
-            startup += first - starts[int(k)]
+    first_start = per.groupby("attempt")["start_s"].min()
+    for k, first in zip(first_start.index.tolist(), first_start.tolist()):
+        start = starts.get(int(k))
+        if start is not None:
+            startup += first - start
     last_end = per.groupby("attempt")["end_s"].max()
     hang_of: dict[int, float] = {}
     for i, a in enumerate(attempts):
@@ -113,11 +115,12 @@ def goodput(manifest: dict, metrics: pd.DataFrame) -> Goodput | None:
     for k in sorted(starts):
         # From the last record of any earlier attempt: an attempt that died before
         # writing anything (a failed rendezvous) is absent from both tables.
-        before = last_end[last_end.index < k]
-        if k > 0 and starts[k] is not None and len(before):
+        before, start = last_end[last_end.index < k], starts[k]
+        if k > 0 and start is not None and len(before):
             # a hung attempt's stall since that record is `hang`, not restart time
-            stalled = sum(h for j, h in hang_of.items() if int(before.idxmax()) <= j < k)
-            restarts += starts[k] - float(before.max()) - stalled
+            last_attempt = int(before.index.to_numpy()[before.to_numpy().argmax()])
+            stalled = sum((h for j, h in hang_of.items() if last_attempt <= j < k), 0.0)
+            restarts += start - float(before.max()) - stalled
     stall = sum(float(s.get("stall_s") or 0.0) for s in manifest.get("checkpoint_saves") or [])
     wall = end - begin
     lost = {

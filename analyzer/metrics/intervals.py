@@ -82,7 +82,8 @@ class Timeline:
         win_end = np.asarray(win_end_ns, dtype=np.int64)
         if self.seg_start_ns.size == 0:
             return np.zeros(win_start.shape, dtype=np.int64)
-        return self._covered_before(select, win_end) - self._covered_before(select, win_start)
+        covered: np.ndarray = self._covered_before(select, win_end) - self._covered_before(select, win_start)
+        return covered
 
     def _covered_before(self, select: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Selected length in ``(-inf, t)`` for each ``t``."""

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -114,7 +115,7 @@ def _bias_fits(bias: object, out: list[int]) -> None:
         raise ShapeError(f"bias {shape} does not broadcast to the output {out}")
 
 
-def _matmul(a: list[int], b: list[int]) -> int:
+def _matmul(a: object, b: object) -> int:
     """FLOPs of torch.matmul(a, b) for the shapes it accepts (broadcast batch dims)."""
     a, b = _shape(a, what="input"), _shape(b, what="other")
     if len(a) == 0 or len(b) == 0:
@@ -134,7 +135,7 @@ def _matmul(a: list[int], b: list[int]) -> int:
     return 2 * batch * m * k * n
 
 
-def _arg(dims: list, i: int) -> object:
+def _arg(dims: Sequence[object], i: int) -> object:
     return dims[i] if i < len(dims) else None
 
 
@@ -181,16 +182,16 @@ def flops_of(name: str, dims: list[list[int]]) -> int:
         _bias_fits(_arg(dims, 2), [*x[:-1], n])
         return 2 * _prod(x[:-1]) * k * n
     if name == "aten::scaled_dot_product_attention":
-        q, k, v = (_shape(_arg(dims, i), what=w) for i, w in enumerate(("query", "key", "value")))
-        if len(q) < 2 or len(k) < 2 or len(v) < 2:
+        q, key, v = (_shape(_arg(dims, i), what=w) for i, w in enumerate(("query", "key", "value")))
+        if len(q) < 2 or len(key) < 2 or len(v) < 2:
             raise ShapeError("attention needs [..., L, E] operands")
-        _inner(q[-1], k[-1], q, k)
-        if k[-2] != v[-2]:
-            raise ShapeError(f"key and value lengths disagree: {k} vs {v}")
+        _inner(q[-1], key[-1], q, key)
+        if key[-2] != v[-2]:
+            raise ShapeError(f"key and value lengths disagree: {key} vs {v}")
         # Query's batch and heads: with grouped-query attention (enable_gqa) keys
         # and values have fewer heads than the query, so they are not broadcast.
         batch = _prod(q[:-2])
-        seq_q, seq_k = q[-2], k[-2]
+        seq_q, seq_k = q[-2], key[-2]
         return 2 * batch * seq_q * seq_k * q[-1] + 2 * batch * seq_q * seq_k * v[-1]
     raise ShapeError(f"not a matmul-like op: {name}")
 

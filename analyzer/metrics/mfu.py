@@ -117,7 +117,7 @@ class MfuResult:
     # shapes did not fit, and how FLOPs were attributed (kernels | host-ops).
     flop_coverage: float | None = None
     lower_bound: bool = False
-    inconsistent_ops: list[dict] = field(default_factory=list)
+    inconsistent_ops: list[dict[str, Any]] = field(default_factory=list)
     attribution: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -211,6 +211,8 @@ def mfu_from_manifest(
             "none",
             reason=f"no steady-state steps: all {metrics['step'].nunique()} step(s) are warmup (< {warmup}) or profiled",
         )
+    # each is in `missing` above otherwise
+    assert per_token is not None and per_token_hw is not None and tokens_per_step is not None and world_size is not None
     flops = float(tokens_per_step) * float(per_token) / float(world_size)
     hw_flops = float(tokens_per_step) * float(per_token_hw) / float(world_size)
     # Each rank's MFU over its own step time, then the mean over ranks: the
@@ -303,7 +305,7 @@ class RankFlops:
     attribution: str = "host-ops"
     flop_kernel_ns: int = 0
     covered_kernel_ns: int = 0
-    inconsistent: tuple = ()
+    inconsistent: tuple[dict[str, Any], ...] = ()
 
     @property
     def coverage(self) -> float | None:
@@ -333,13 +335,14 @@ def _kernel_dtype(ops: pd.DataFrame, kernels: pd.DataFrame) -> str | None:
     return str(weights.idxmax()) if len(weights) else None
 
 
-def _inconsistent(ops: pd.DataFrame) -> tuple:
+def _inconsistent(ops: pd.DataFrame) -> tuple[dict[str, Any], ...]:
     """(name, input_dims, reason, count) for ops whose recorded shapes do not fit the op."""
     bad = ops.loc[ops["shape_error"].notna() & (ops["shape_error"] != "no recorded shapes")]
     if bad.empty:
         return ()
     grouped = bad.groupby(["name", "input_dims", "shape_error"], sort=True).size()
-    return tuple({"name": n, "input_dims": d, "reason": e, "count": int(c)} for (n, d, e), c in grouped.items())
+    return tuple({"name": n, "input_dims": d, "reason": e, "count": int(c)}
+                 for (n, d, e), c in zip(grouped.index.tolist(), grouped.to_numpy()))
 
 
 def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> RankFlops:
@@ -359,6 +362,7 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     bwd = top["backward"].to_numpy(bool)
     fwd_per_step = np.bincount(k[in_step & ~bwd], weights=flops[in_step & ~bwd], minlength=len(lo))
     bwd_per_step = np.bincount(k[in_step & bwd], weights=flops[in_step & bwd], minlength=len(lo))
+    model: np.ndarray
     if not has_backward:
         mode, model = "absent", fwd_per_step
     elif bwd_per_step.sum() == 0:
@@ -420,7 +424,7 @@ def mfu_from_trace_shapes(
     coverage = flop_coverage(ranks)
     lower_bound = coverage is not None and coverage < COVERAGE_MIN
     inconsistent = [dict(item, rank=r.rank) for r in ranks for item in r.inconsistent]
-    coverage_fields = dict(flop_coverage=coverage, lower_bound=lower_bound, inconsistent_ops=inconsistent,
+    coverage_fields: dict[str, Any] = dict(flop_coverage=coverage, lower_bound=lower_bound, inconsistent_ops=inconsistent,
                            attribution="+".join(sorted({r.attribution for r in ranks})))
     if n_known == 0:
         why = "no matmul-like ops in the trace" if n_ops == 0 else "matmul-like ops lack usable shapes"
@@ -482,7 +486,7 @@ def mfu_from_trace_shapes(
         notes.insert(0, f"lower bound: FLOPs known for only {coverage:.1%} of GEMM/attention/conv kernel time "
                         f"(< {COVERAGE_MIN:.0%}: compiled regions, CUDA graphs or record_shapes off); no suggestion uses it")
     notes.append("trace shapes count every recorded matmul, recompute included: HFU = MFU on this source")
-    common = dict(
+    common: dict[str, Any] = dict(
         **coverage_fields,
         steps=steps,
         step_time_source="ProfilerStep windows (mean over ranks)",

@@ -185,7 +185,7 @@ def arrivals_from_records(collectives: pd.DataFrame, offsets_ns: Sequence[int] |
             "key": (pg + ":" + frame["seq"].astype(np.int64).astype(str)).to_numpy(),
             "step": frame["step"].to_numpy(np.int64) if "step" in frame.columns else -1,
             "kind": frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else "unknown",
-            "bytes": pd.to_numeric(frame.get("bytes"), errors="coerce").to_numpy(np.float64) if "bytes" in frame.columns else np.nan,
+            "bytes": pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(np.float64) if "bytes" in frame.columns else np.nan,
             "group_size": frame["group_size"].to_numpy(np.int64) if "group_size" in frame.columns else -1,
             "start_ns": frame["start_ns"].to_numpy(np.int64) - offsets,
             "end_ns": frame["end_ns"].to_numpy(np.int64) - offsets,
@@ -507,7 +507,8 @@ def _leave_one_out_excess(values: pd.DataFrame) -> pd.DataFrame:
 
     def others_at(j: np.ndarray) -> np.ndarray:
         k = np.where(j < pos, j, j + 1).clip(0, n_ranks - 1)
-        return srt[rows, k]
+        at: np.ndarray = srt[rows, k]
+        return at
 
     lo = others_at(np.maximum((m - 1) // 2, 0))
     hi = others_at(np.maximum(m // 2, 0))
@@ -547,6 +548,18 @@ def sign_test_p(k: int, n: int) -> float:
     return float(min(1.0, bdtrc(int(k) - 1, int(n), 0.5)))
 
 
+def _per_rank(values: pd.Series) -> dict[int, float]:
+    """A Series indexed by rank as {rank: value}."""
+    return {int(r): float(v) for r, v in zip(values.index.tolist(), values.to_numpy().tolist())}
+
+
+def _stacked(table: pd.DataFrame, name: str) -> pd.Series:
+    """A (step x rank) table as one Series indexed by (step, rank)."""
+    stacked = table.stack()
+    assert isinstance(stacked, pd.Series)  # single-level columns stack to a Series
+    return stacked.rename(name)
+
+
 def _score(values: pd.DataFrame, cfg: StragglerConfig) -> _Signal | None:
     """Robust per-rank scores of a (step x rank) table in ms; None with fewer than two ranks."""
     if values.shape[1] < 2:
@@ -570,11 +583,11 @@ def _score(values: pd.DataFrame, cfg: StragglerConfig) -> _Signal | None:
     slow = (d >= cfg.min_excess_ms).where(d.notna())
     n_slow = slow.sum(axis=0, skipna=True)
     return _Signal(
-        excess_ms={int(r): float(v) for r, v in excess.items()},
-        slow_share={int(r): float(v) for r, v in slow.mean(axis=0, skipna=True).items()},
-        sign_p={int(r): sign_test_p(int(n_slow[r]), int(n[r])) for r in excess.index},
-        z={int(r): float(excess[r] / stderr[r]) for r in excess.index},
-        n_steps={int(r): int(v) for r, v in n.items()},
+        excess_ms=_per_rank(excess),
+        slow_share=_per_rank(slow.mean(axis=0, skipna=True)),
+        sign_p={int(r): sign_test_p(int(n_slow[r]), int(n[r])) for r in excess.index.tolist()},
+        z={int(r): float(excess[r] / stderr[r]) for r in excess.index.tolist()},
+        n_steps={r: int(v) for r, v in _per_rank(n).items()},
     )
 
 
@@ -629,10 +642,10 @@ def find_stragglers(
     if not step_table.empty:
         ratio = step_table.div(step_table.median(axis=1), axis=0)
         per_step = (
-            step_table.stack().rename("step_time_ms").to_frame().join(ratio.stack().rename("step_time_ratio"))
+            _stacked(step_table, "step_time_ms").to_frame().join(_stacked(ratio, "step_time_ratio"))
         )
         if not late_table.empty:
-            per_step = per_step.join(late_table.stack().rename("lateness_ms"), how="outer")
+            per_step = per_step.join(_stacked(late_table, "lateness_ms"), how="outer")
         per_step = per_step.reset_index()
 
     # Per-rank arrival totals in one pass over the (rank, collective) rows.
@@ -650,8 +663,12 @@ def find_stragglers(
     step_median = step_table.median() if not step_table.empty else empty
     ratio_median = ratio.median() if not ratio.empty else empty
 
-    def get(series: pd.Series, r: int, default=None):
-        return series.get(r, default) if len(series) else default
+    def get(series: pd.Series, r: int) -> float | None:
+        return series.get(r) if len(series) else None
+
+    def total(series: pd.Series, r: int) -> float:  # a count or sum: 0 for a rank absent from it
+        value = get(series, r)
+        return 0.0 if value is None else float(value)
 
     per_rank: list[RankStraggle] = []
     for r in ranks:  # one record per rank; every number above is already aggregated
@@ -664,7 +681,7 @@ def find_stragglers(
         ratio_r = get(ratio_median, r)
         rs = RankStraggle(
             rank=r,
-            n_steps=int(get(step_n, r, 0)),
+            n_steps=int(total(step_n, r)),
             step_time_ms=float(step_ms) if step_ms is not None else None,
             step_time_ratio=float(ratio_r) if ratio_r is not None else None,
             step_excess_ms=step_sig.excess_ms.get(r) if step_sig else None,
@@ -675,10 +692,10 @@ def find_stragglers(
             lateness_slow_share=late_sig.slow_share.get(r) if late_sig else None,
             lateness_sign_p=late_sig.sign_p.get(r) if late_sig else None,
             lateness_z=late_sig.z.get(r) if late_sig else None,
-            last_arrivals=int(get(n_last, r, 0)),
-            n_collectives=int(get(n_colls, r, 0)),
-            wait_ms=float(get(wait_ns, r, 0.0)) / 1e6,
-            caused_wait_ms=float(get(caused_ns, r, 0.0)) / 1e6,
+            last_arrivals=int(total(n_last, r)),
+            n_collectives=int(total(n_colls, r)),
+            wait_ms=total(wait_ns, r) / 1e6,
+            caused_wait_ms=total(caused_ns, r) / 1e6,
             flagged=bool(signals),
             signals=signals,
         )

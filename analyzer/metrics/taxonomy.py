@@ -196,5 +196,5 @@ def collective_kinds(events: pd.DataFrame) -> pd.Series:
     from_host = np.where(pos >= 0, host_kind[np.clip(pos, 0, None)] if len(host_kind) else None, None)
     by_name = text_map(comm["name"], collective_kind_of)
     kind = np.where(pd.notna(own.to_numpy()) & (own.to_numpy() != "unknown"), own.to_numpy(),
-                    np.where(pd.notna(from_host), from_host, by_name))
+                    np.where(pd.notna(np.asarray(from_host, dtype=object)), from_host, by_name))
     return pd.Series(kind, index=comm.index, dtype=object)

@@ -8,13 +8,13 @@ the categorical codes costs microseconds.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
 
-def _codes_values(column: pd.Series) -> tuple[np.ndarray, list]:
+def _codes_values(column: pd.Series) -> tuple[np.ndarray, list[object]]:
     """Per-row codes (-1: missing) and the distinct values as Python objects."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         return column.cat.codes.to_numpy(), column.cat.categories.tolist()
@@ -22,17 +22,18 @@ def _codes_values(column: pd.Series) -> tuple[np.ndarray, list]:
     return codes, list(values)
 
 
-def _per_value(codes: np.ndarray, values: list, fn: Callable[[str], object], dtype, missing: object,
+def _per_value(codes: np.ndarray, values: list[object], fn: Callable[[str], object], dtype: type, missing: object,
                sparse: bool = False) -> np.ndarray:
     """``fn`` per row, evaluated once per distinct value, with ``missing``
     where the code is -1. A selection of a few rows from a column with
     thousands of names (the communication kernels, say) only evaluates the
     names it uses."""
-    table = np.full(len(values) + 1, missing, dtype=dtype)
+    table: np.ndarray = np.full(len(values) + 1, missing, dtype=dtype)
     # A whole column uses (nearly) all its values: evaluate them all rather than
     # find the ones in use (counting 400k codes 280 times cost 0.13 s on 8 ranks).
     # `sparse`: a costly ``fn`` over a selection that uses few of the column's
     # values (the device rows' names among all names): find them by counting.
+    used: Iterable[int]
     if sparse:
         used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values)))
     else:
@@ -48,7 +49,7 @@ def text_mask(column: pd.Series, keep: Callable[[str], bool]) -> np.ndarray:
     return _per_value(codes, values, keep, bool, False)
 
 
-def is_in(column: pd.Series, names) -> np.ndarray:
+def is_in(column: pd.Series, names: Iterable[str]) -> np.ndarray:
     """Boolean per row: the value is one of ``names``."""
     wanted = frozenset(names)
     return text_mask(column, wanted.__contains__)

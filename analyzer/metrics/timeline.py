@@ -94,9 +94,9 @@ def align_origins(steps_by_rank: Mapping[int, pd.DataFrame], events_by_rank: Map
     first_common = min(common) if common else None
     origins: dict[int, int] = {}
     for rank, events in events_by_rank.items():
-        steps = steps_by_rank.get(rank)
-        if first_common is not None and steps is not None:
-            origins[rank] = int(steps.loc[steps["step"] == first_common, "start_ns"].iloc[0])
+        rank_steps = steps_by_rank.get(rank)
+        if first_common is not None and rank_steps is not None:
+            origins[rank] = int(rank_steps.loc[rank_steps["step"] == first_common, "start_ns"].iloc[0])
         elif len(events):
             origins[rank] = int(events["start_ns"].min())
         else:
