@@ -226,3 +226,26 @@ def test_an_async_save_in_flight_is_never_published(tmp_path: Path) -> None:
     pending.future = _Future(True)
     assert checkpoint.finish_async(tmp_path, pending, wait=False)
     assert checkpoint.latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step4"
+
+
+def test_find_hang_names_the_rank_that_is_behind() -> None:
+    """The watchdog's rule on hand-made beats (no processes): exact answers."""
+    from reftrain.heartbeat import Beat, find_hang
+
+    live = lambda pid: pid != 99  # noqa: E731 - pid 99 has exited
+    waiting = Beat(rank=0, attempt=0, pid=10, step=3, phase="start", time=100.0)  # in step 3's collective
+    behind = Beat(rank=1, attempt=0, pid=11, step=2, phase="end", time=100.5)  # never started step 3
+    assert find_hang([waiting, behind], now=102.0, timeout_s=3.0, alive=live) is None  # not stale yet
+    hang = find_hang([waiting, behind], now=104.0, timeout_s=3.0, alive=live)
+    assert (hang.rank, hang.step, hang.phase, hang.stalled_s) == (1, 2, "end", 3.5)
+    # Same progress: the older beat is the one behind.
+    tie = Beat(rank=1, attempt=0, pid=11, step=3, phase="start", time=99.0)
+    assert find_hang([waiting, tie], now=104.0, timeout_s=3.0, alive=live).rank == 1
+    # A dead rank is a crash (the agent restarts), a finished one is not waited for,
+    # and an earlier attempt's beats do not count once a newer attempt beats.
+    dead = Beat(rank=1, attempt=0, pid=99, step=2, phase="end", time=50.0)
+    done = Beat(rank=1, attempt=0, pid=11, step=5, phase="done", time=50.0)
+    assert find_hang([dead], now=104.0, timeout_s=3.0, alive=live) is None
+    assert find_hang([done], now=104.0, timeout_s=3.0, alive=live) is None
+    fresh = Beat(rank=1, attempt=1, pid=12, step=2, phase="start", time=103.5)
+    assert find_hang([waiting, fresh], now=104.0, timeout_s=3.0, alive=live) is None
