@@ -35,8 +35,9 @@ def training_step(t: KinetoTrace) -> None:
     t.annotation("## forward ##", 0, 300, tid=MAIN)
     t.annotation("nn.Module: blocks.0", 1, 200, tid=MAIN)
     t.annotation("nn.Module: attn", 2, 100, tid=MAIN)
-    # aten::linear 10..60 > aten::addmm 20..50 (seq 7, forward) launching a 40 us GEMM at 25.
-    t.cpu_op("aten::linear", 10, 50, tid=MAIN, args={"Sequence number": 7, "Fwd thread id": 0},
+    # aten::linear 10..60 (seq 6, as PyTorch numbers it: the TBackward0 of its aten::t) > aten::addmm 20..50
+    # (seq 7, forward) launching a 40 us GEMM at 25.
+    t.cpu_op("aten::linear", 10, 50, tid=MAIN, args={"Sequence number": 6, "Fwd thread id": 0},
              input_dims=[[8, 16], [32, 16], [32]], input_types=["float"] * 3)
     t.cpu_op("aten::addmm", 20, 30, tid=MAIN, args={"Sequence number": 7, "Fwd thread id": 0},
              input_dims=[[32], [8, 16], [16, 32], [], []], input_types=["float"] * 3 + ["Scalar", "Scalar"])
@@ -52,6 +53,13 @@ def training_step(t: KinetoTrace) -> None:
     t.kernel(GEMM, 450, 30, launch_us=415, args={})
     t.cpu_op("aten::mm", 450, 30, tid=AUTOGRAD)
     t.kernel(GEMM, 480, 50, launch_us=455)
+    # A custom autograd.Function (seq 9) with an op inside sharing its number: its node counts to the Function.
+    t.cpu_op("MyFunction", 60, 20, tid=MAIN, args={"Sequence number": 9, "Fwd thread id": 0})
+    t.cpu_op("aten::zero_", 62, 5, tid=MAIN, args={"Sequence number": 9, "Fwd thread id": 0})
+    t.cpu_op("autograd::engine::evaluate_function: MyFunctionBackward", 540, 20, tid=AUTOGRAD,
+             args={"Sequence number": 9, "Fwd thread id": 1})
+    t.cpu_op("aten::fill_", 545, 5, tid=AUTOGRAD)
+    t.kernel("fill_kernel", 560, 5, launch_us=546)
     # A CUDA-graph replay of two kernels (8 + 12 us) inside an op: attributed to the graph launch.
     t.cpu_op("CUDAGraph::replay", 600, 20, tid=MAIN)
     t.graph_launch(605, [("triton_poi_fused_add_0", 8), ("triton_red_fused_sum_1", 12)])
@@ -73,6 +81,7 @@ def step_trace(tmp_path):
     training_step(t)
     _runtime_tid(t, 415, AUTOGRAD)
     _runtime_tid(t, 455, AUTOGRAD)
+    _runtime_tid(t, 546, AUTOGRAD)
     return _load(t, tmp_path)
 
 
@@ -97,6 +106,8 @@ def test_each_kernel_attributed_to_op_module_annotation(step_trace):
     for name in ("triton_poi_f", "triton_red_f"):
         g = [r for key, r in rows.items() if key[0] == name][0]
         assert (g.graph, g.op, g.attributed_op) == (True, "cudaGraphLaunch", "cudaGraphLaunch")
+    custom = rows[("fill_kernel", 560)]
+    assert (custom.op, custom.attributed_op, custom.backward, custom.module) == ("aten::fill_", "MyFunction", True, "blocks.0/attn")
     fill = rows[("fill_kernel", 700)]
     assert fill.op is None and fill.attributed_op is None and fill.launch_tid == MAIN
     memset = [r for r in k.itertuples() if r.kind == "memset"][0]
@@ -108,9 +119,9 @@ def test_rank_tables_exact(step_trace):
     at = rank_attribution(events, steps)
     us = 1000
     assert at.totals == {
-        "device_ns": (40 + 20 + 30 + 50 + 8 + 12 + 6 + 4) * us, "attributed_ns": (40 + 20 + 30 + 50 + 8 + 12) * us,
-        "unattributed_ns": 10 * us, "graph_ns": 20 * us, "backward_ns": 80 * us, "other_thread_ns": 80 * us,
-        "module_ns": 140 * us, "annotated_ns": 60 * us, "step_ns": 1000 * us, "n_device": 8, "n_unattributed": 2,
+        "device_ns": (40 + 20 + 30 + 50 + 5 + 8 + 12 + 6 + 4) * us, "attributed_ns": (40 + 20 + 30 + 50 + 5 + 8 + 12) * us,
+        "unattributed_ns": 10 * us, "graph_ns": 20 * us, "backward_ns": 85 * us, "other_thread_ns": 85 * us,
+        "module_ns": 145 * us, "annotated_ns": 60 * us, "step_ns": 1000 * us, "n_device": 9, "n_unattributed": 2,
     }
     assert at.totals["attributed_ns"] + at.totals["unattributed_ns"] == at.totals["device_ns"]
     ops = at.ops.set_index(["op", "backward"])
@@ -124,6 +135,8 @@ def test_rank_tables_exact(step_trace):
     assert (node.calls, node.host_ms, node.device_ms, node.n_kernels) == (1, 0.1, 0.08, 2)
     mm = ops.loc[("aten::mm", True)]  # the inner ops: their own calls and host time, the kernels inclusive
     assert (mm.calls, mm.host_ms, mm.device_ms, mm.device_inclusive_ms) == (2, 0.06, 0.0, 0.08)
+    assert ops.loc[("MyFunction", True)][["calls", "host_ms", "device_ms"]].tolist() == [1, 0.02, 0.005]
+    assert ops.loc[("aten::zero_", False), "device_inclusive_ms"] == 0.0
     graph = ops.loc[("cudaGraphLaunch", False)]
     assert (graph.device_ms, graph.graph_ms) == (0.02, 0.02)
     assert ops.loc[("CUDAGraph::replay", False)].device_inclusive_ms == 0.02
@@ -131,8 +144,9 @@ def test_rank_tables_exact(step_trace):
     mods = at.modules.set_index(["module", "backward"])
     assert mods.loc[("blocks.0/attn", False)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [0.04, 0.04, 0.1, 1]
     assert mods.loc[("blocks.0", False)][["device_self_ms", "device_ms", "host_ms", "depth"]].tolist() == [0.02, 0.06, 0.2, 0]
-    assert mods.loc[("blocks.0/attn", True)][["device_ms", "host_ms", "calls"]].tolist() == [0.08, 0.1, 1]
-    assert mods.loc[("blocks.0", True)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [0.0, 0.08, 0.1, 1]
+    # Backward: the two nodes of forward ops inside attn (addmm's 100 us, MyFunction's 20 us).
+    assert mods.loc[("blocks.0/attn", True)][["device_ms", "host_ms", "calls"]].tolist() == [0.085, 0.12, 2]
+    assert mods.loc[("blocks.0", True)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [0.0, 0.085, 0.12, 2]
     annos = at.annotations.set_index("name")
     assert annos.loc["## forward ##", ["calls", "host_ms", "device_ms"]].tolist() == [1, 0.3, 0.06]
     assert "ProfilerStep#1" not in annos.index and "nn.Module: attn" not in annos.index

@@ -19,9 +19,13 @@ memcpy, memset) in the rank's analysis window (the kernels table's,
    node, i.e. carries a ``Sequence number`` with a non-zero ``Fwd thread
    id`` (PyTorch writes ``Fwd thread id`` 0 on forward ops), or is named
    ``autograd::engine::evaluate_function: ...``. A backward kernel is
-   attributed to the *forward* op of its node: the innermost forward op
-   (``Fwd thread id`` 0) with the node's sequence number that started
-   before the node; when none is in the trace, to the node's own name.
+   attributed to the *forward* op of its node: the forward ops
+   (``Fwd thread id`` 0) carrying the node's sequence number, the last one
+   started before the node and the enclosing ops sharing that number, the
+   outermost of them (the call that created the node: ``aten::linear``
+   around ``aten::t`` for ``TBackward0``, a custom ``autograd.Function``
+   around the ops inside it); when none is in the trace, the node's own
+   name without ``autograd::engine::evaluate_function: ``.
 4. **module**: the innermost ``nn.Module: NAME`` range (``python_function``
    from ``with_stack``/``with_modules``, or a ``record_function`` range so
    named, as reftrain writes) containing the launch (backward: containing
@@ -332,6 +336,15 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
         root[move] = u[move]
     outer = np.where(nearest_node >= 0, root[np.clip(nearest_node, 0, None)], -1) if n_ops else idx
     fwd_of_node = _forward_ops(ops.start, seq, fwd_tid, node)  # per op: its forward op (nodes only), -1
+    # The call that created the node is the outermost of the nested forward ops sharing its number
+    # (aten::linear around aten::t for TBackward0; a custom autograd.Function around the ops inside it).
+    while n_ops:
+        f = np.flatnonzero(fwd_of_node >= 0)
+        p = par[fwd_of_node[f]]
+        same = (p >= 0) & (seq[np.clip(p, 0, None)] == seq[fwd_of_node[f]]) & ~node[np.clip(p, 0, None)]
+        if not same.any():
+            break
+        fwd_of_node[f[same]] = p[same]
     is_outer_node = node & (outer == idx)
     # An outer node without a match (the evaluate_function wrapper carries no sequence number in some
     # traces) takes that of a node inside it.
@@ -731,37 +744,44 @@ class RunAttribution:
     op_kernels: pd.DataFrame
     totals: pd.DataFrame
 
+    KEYS = {"ops": ["op", "backward"], "shapes": ["op", "backward", "input_dims", "input_types"],
+            "modules": ["module", "backward"], "annotations": ["name"], "op_kernels": ["op", "backward", "kernel", "cls"]}
+
+    def summed(self, name: str) -> pd.DataFrame:
+        """Table ``name`` summed over ranks: rows keyed as per rank, ``n_ranks`` ranks having the row, and for
+        ops, modules and annotations the shares of the summed totals; ops sorted by device time."""
+        frame, keys = getattr(self, name), self.KEYS[name]
+        if frame.empty:
+            return frame.drop(columns=[c for c in ("rank", "share_of_step_pct", "share_of_device_pct") if c in frame.columns])
+        values = [c for c in frame.columns if c not in keys and c not in ("rank", "depth") and not c.endswith("_pct")]
+        grouped = frame.groupby(keys, sort=False, dropna=False)
+        out = grouped[values].sum()
+        out["n_ranks"] = grouped["rank"].nunique()
+        out = out.reset_index()
+        if name == "modules":
+            out.insert(2, "depth", out["module"].str.count("/").astype(np.int64))
+            out = out.sort_values(["module", "backward"], kind="stable")
+        if name in ("ops", "modules", "annotations"):
+            t = self.totals
+            step_ms = float(t["step_ms"].sum()) if len(t) else 0.0
+            device_ms = float(t["device_ms"].sum()) if len(t) else 0.0
+            out["share_of_step_pct"] = 100.0 * out["device_ms"] / step_ms if step_ms > 0 else np.nan
+            out["share_of_device_pct"] = 100.0 * out["device_ms"] / device_ms if device_ms > 0 else np.nan
+        if name == "ops":
+            out = out.sort_values(["device_ms", "device_inclusive_ms", "host_ms", "op"],
+                                  ascending=[False, False, False, True], kind="stable")
+        return out.reset_index(drop=True)
+
     def to_json(self) -> dict:
-        """The report's ``attribution`` block: per-rank totals, and each table summed over ranks
-        (rows keyed as per rank; ``n_ranks`` ranks have the row; shares of the summed totals)."""
-        t = self.totals
-        device_ms = float(t["device_ms"].sum()) if len(t) else 0.0
-        step_ms = float(t["step_ms"].sum()) if len(t) else 0.0
-
-        def summed(frame: pd.DataFrame, keys: list[str], share: bool) -> list[dict]:
-            if frame.empty:
-                return []
-            values = [c for c in frame.columns if c not in keys and c != "rank" and not c.endswith("_pct") and c != "depth"]
-            out = frame.groupby(keys, sort=False, dropna=False)[values].sum()
-            out["n_ranks"] = frame.groupby(keys, sort=False, dropna=False)["rank"].nunique()
-            out = out.reset_index()
-            if "depth" in frame.columns:
-                out.insert(2, "depth", out["module"].str.count("/"))
-            if share:
-                out["share_of_step_pct"] = 100.0 * out["device_ms"] / step_ms if step_ms > 0 else None
-                out["share_of_device_pct"] = 100.0 * out["device_ms"] / device_ms if device_ms > 0 else None
-            return out.to_dict("records")
-
-        ops = summed(self.ops, ["op", "backward"], True)
-        ops.sort(key=lambda r: (-r["device_ms"], -r["device_inclusive_ms"], r["op"]))
+        """The report's ``attribution`` block: per-rank totals, and each table summed over ranks (:meth:`summed`)."""
         return {
             "schema": SCHEMA,
-            "totals": t.to_dict("records"),
-            "ops": ops,
-            "op_shapes": summed(self.shapes, ["op", "backward", "input_dims", "input_types"], False),
-            "modules": summed(self.modules, ["module", "backward"], True),
-            "annotations": summed(self.annotations, ["name"], True),
-            "op_kernels": summed(self.op_kernels, ["op", "backward", "kernel", "cls"], False),
+            "totals": self.totals.to_dict("records"),
+            "ops": self.summed("ops").to_dict("records"),
+            "op_shapes": self.summed("shapes").to_dict("records"),
+            "modules": self.summed("modules").to_dict("records"),
+            "annotations": self.summed("annotations").to_dict("records"),
+            "op_kernels": self.summed("op_kernels").to_dict("records"),
         }
 
 

@@ -326,6 +326,9 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     out.append("")
     out.append(suggestions_text(a).rstrip())
     out.append("")
+    attribution = attribution_lines(a, top)
+    if attribution:
+        out += attribution + [""]
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops (inclusive time)" if _host_ops(a) else "Top kernels"
@@ -336,6 +339,74 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
         ]
         out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
     return "\n".join(out).rstrip() + "\n"
+
+
+ATTRIBUTION_TOP_KERNELS = 2  # per op in the text report (the JSON keeps analyzer.metrics.attribution.TOP_KERNELS_PER_OP)
+
+
+def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
+    """Where device time goes, by op, module and annotation (docs/metrics.md, "Attribution"); [] without ops."""
+    at = a.attribution
+    if at is None or at.ops.empty:
+        return []
+    t = at.totals
+    n_ranks = max(1, len(t))
+    device_ms = float(t["device_ms"].sum())
+    ops = at.summed("ops")
+    by_host = device_ms <= 0  # CPU-only traces: host time is all there is
+    out = []
+    if by_host:
+        out.append("Where the time goes (no device events: host time of ops, modules and annotations, ms per rank)")
+    else:
+        def pct(col: str) -> str:
+            return _pct(float(t[col].sum()) / device_ms)
+
+        out.append(
+            f"Where device time goes ({device_ms / n_ranks:.2f} ms per rank of device events in the window): "
+            f"attributed to an op {pct('attributed_ms')}, unattributed {pct('unattributed_ms')} "
+            f"({int(t['n_unattributed'].sum())} events with no launch call or no op around it); backward "
+            f"{pct('backward_ms')}; launched off the main thread {pct('other_thread_ms')}; CUDA-graph replays "
+            f"{pct('graph_ms')} (attributed to the graph launch); inside an nn.Module range {pct('module_ms')}")
+    ops = ops.sort_values(["host_ms", "op"], ascending=[False, True], kind="stable") if by_host else ops
+    kernels = at.summed("op_kernels")
+    rows = []
+    for r in ops.head(top).itertuples(index=False):
+        mine = kernels.loc[(kernels["op"] == r.op) & (kernels["backward"] == r.backward)]
+        mine = mine.sort_values("device_ms", ascending=False).head(ATTRIBUTION_TOP_KERNELS)
+        names = "; ".join(f"{short_kernel_name(k, 40)} x{c}" for k, c in zip(mine["kernel"], mine["count"]))
+        rows.append([short_kernel_name(r.op, 48), "bwd" if r.backward else "fwd", r.calls // n_ranks,
+                     _num(r.device_ms / n_ranks, ".3f"), _num(r.device_inclusive_ms / n_ranks, ".3f"),
+                     _num(r.host_ms / n_ranks, ".3f"), _num(r.share_of_step_pct), names or "-"])
+    out.append(f"Ops by {'host' if by_host else 'device'} time (per rank; bwd: the backward of that forward op, "
+               "from autograd sequence numbers; device ms: kernels counted to the op, incl: launched anywhere under it)")
+    out.append(format_table(["op", "dir", "calls", "device ms", "incl ms", "host ms", "% of step", "top kernels"],
+                            rows, left=(0, 1, 7)))
+    mods = at.summed("modules")
+    if not mods.empty:
+        shown = mods.loc[mods["depth"] <= 2]
+        order = "host_ms" if by_host else "device_ms"
+        # Depth-first: each root's subtree in path order; the largest roots first.
+        roots = shown.loc[shown["depth"] == 0].sort_values(order, ascending=False)["module"].unique()[:top]
+        mrows = []
+        for root in roots:
+            sub = shown.loc[(shown["module"] == root) | shown["module"].str.startswith(root + "/")]
+            for m in sub.itertuples(index=False):
+                name = "  " * int(m.depth) + m.module.rsplit("/", 1)[-1]
+                mrows.append([name, "bwd" if m.backward else "fwd", m.calls // n_ranks, _num(m.device_ms / n_ranks, ".3f"),
+                              _num(m.device_self_ms / n_ranks, ".3f"), _num(m.host_ms / n_ranks, ".3f"), _num(m.share_of_step_pct)])
+        out.append("Module tree (nn.Module ranges, depth <= 2, per rank; device ms inclusive of nested modules)")
+        out.append(format_table(["module", "dir", "calls", "device ms", "self ms", "host ms", "% of step"], mrows[: 4 * top],
+                                left=(0, 1)))
+    annos = at.summed("annotations")
+    if not annos.empty:
+        annos = annos.sort_values(["device_ms", "host_ms"], ascending=False).head(top)
+        arows = [[short_kernel_name(r.name, 48), r.calls // n_ranks, _num(r.device_ms / n_ranks, ".3f"),
+                  _num(r.host_ms / n_ranks, ".3f"), _num(r.gpu_ms / n_ranks, ".3f") if r.gpu_calls else "-"]
+                 for r in annos.itertuples(index=False)]
+        out.append("User annotations (per rank; device ms: kernels launched under them; GPU ms: their GPU-side "
+                   "copies, HTA's user annotation breakdown)")
+        out.append(format_table(["annotation", "calls", "device ms", "host ms", "GPU ms"], arows, left=(0,)))
+    return out
 
 
 # ----------------------------------------------------------------- report: HTML
