@@ -583,16 +583,29 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
                   .sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True))
     else:
         shapes = _empty(SHAPES_COLUMNS)
-    # --- top kernels per op
-    kf = k.loc[found]
-    if len(kf):
-        ok = (kf.assign(dur=kf["dur_ns"] / 1e6)
-              .groupby(["attributed_op", "backward", "name"], sort=False)
-              .agg(cls=("cls", "first"), count=("dur", "size"), device_ms=("dur", "sum")).reset_index()
-              .rename(columns={"attributed_op": "op", "name": "kernel"})
-              .sort_values(["op", "backward", "device_ms", "kernel"], ascending=[True, True, False, True], kind="stable"))
-        op_kernels = ok.groupby(["op", "backward"], sort=False).head(TOP_KERNELS_PER_OP).reset_index(drop=True)
-        op_kernels = op_kernels[list(OP_KERNELS_COLUMNS)]
+    # --- top kernels per op: (op row, kernel name) groups by codes and bincount, the largest per op row
+    if found.any() and m:
+        row = codes[k["attr_pos"].to_numpy(np.int64)[found]]
+        kname_codes, kname_values = pd.factorize(k["name"].to_numpy(object)[found])
+        group, inv = np.unique(row.astype(np.int64) * (len(kname_values) + 1) + kname_codes, return_inverse=True)
+        g_ms = np.bincount(inv, weights=dur[found], minlength=len(group)) / 1e6
+        g_n = np.bincount(inv, minlength=len(group))
+        g_row, g_name = group // (len(kname_values) + 1), group % (len(kname_values) + 1)
+        first = np.zeros(len(group), dtype=np.int64)
+        first[inv[::-1]] = np.arange(len(inv))[::-1]  # a kernel of the group (its class)
+        order = np.lexsort((-g_ms, g_row))
+        g_row_sorted = g_row[order]
+        rank_in_row = np.arange(len(order)) - np.searchsorted(g_row_sorted, g_row_sorted, side="left")
+        keep = order[rank_in_row < TOP_KERNELS_PER_OP]
+        cls = k["cls"].to_numpy(object)[found]
+        op_kernels = pd.DataFrame({
+            "op": pd.Series(np.asarray(key_names, dtype=object)[uniq_codes[g_row[keep]] // 2], dtype=object),
+            "backward": (uniq_codes[g_row[keep]] % 2).astype(bool),
+            "kernel": pd.Series(np.asarray(kname_values, dtype=object)[g_name[keep]], dtype=object),
+            "cls": pd.Series(cls[first[keep]], dtype=object),
+            "count": g_n[keep].astype(np.int64),
+            "device_ms": g_ms[keep],
+        })
     else:
         op_kernels = _empty(OP_KERNELS_COLUMNS)
     modules = _module_table(ka)
