@@ -239,21 +239,26 @@ class _Events:
     tkey: np.ndarray
     start: np.ndarray
     end: np.ndarray
-    threads: pd.MultiIndex
+    pids: pd.Index
+    tids: pd.Index
+    threads: pd.Index
 
     @classmethod
     def of(cls, events: pd.DataFrame) -> _Events:
-        names = _object_names(events["name"])
-        pid = events["pid"].to_numpy(np.int64)
-        tid = events["tid"].to_numpy(np.int64)
-        threads = pd.MultiIndex.from_arrays([pid, tid]).unique()
-        tkey = threads.get_indexer(pd.MultiIndex.from_arrays([pid, tid])).astype(np.int64) if len(pid) else np.zeros(0, np.int64)
-        return cls(names, tkey, events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64), threads)
+        # A thread's key: its (pid, tid) pair numbered by factorizing each column, then the pair.
+        pc, pids = pd.factorize(events["pid"].to_numpy(np.int64))
+        tc, tids = pd.factorize(events["tid"].to_numpy(np.int64))
+        tkey, threads = pd.factorize(pc.astype(np.int64) * (len(tids) + 1) + tc)
+        return cls(_object_names(events["name"]), tkey.astype(np.int64), events["start_ns"].to_numpy(np.int64),
+                   events["end_ns"].to_numpy(np.int64), pd.Index(pids), pd.Index(tids), pd.Index(threads))
 
     def key_of(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Thread keys of (pid, tid) pairs; -1 for a thread with no event (never: launches are events)."""
         if len(pid) == 0:
             return np.zeros(0, dtype=np.int64)
-        return self.threads.get_indexer(pd.MultiIndex.from_arrays([pid, tid])).astype(np.int64)
+        pc, tc = self.pids.get_indexer(pid), self.tids.get_indexer(tid)
+        key = self.threads.get_indexer(pc.astype(np.int64) * (len(self.tids) + 1) + tc)
+        return np.where((pc >= 0) & (tc >= 0), key, -1).astype(np.int64)
 
 
 def _object_names(column: pd.Series) -> np.ndarray:
@@ -394,7 +399,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
         {
             "name": _obj(ev.names[dev_rows], dev_index),
             "kind": _obj(_object_names(events["kind"])[dev_rows], dev_index),
-            "cls": kernel_class(events.iloc[dev_rows]),
+            "cls": kernel_class(events[["kind", "name"]].iloc[dev_rows]),
             "stream": events["stream"].to_numpy(np.int64)[dev_rows],
             "start_ns": ev.start[dev_rows],
             "dur_ns": dur,
