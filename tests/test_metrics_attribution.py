@@ -339,3 +339,29 @@ def test_gpu_annotation_breakdown_matches_hta(shared_dir, tmp_path, group):
     for name, row in theirs.iterrows():
         n = int(ours.loc[name, "gpu_calls"])
         assert ours.loc[name, "gpu_ms"] * 1e3 == pytest.approx(row["sum (us)"], abs=2 * n), name
+
+
+def test_report_json_and_text(tmp_path):
+    """analyze() carries the tables to the report: the JSON's ops sum to the attributed time, and the text
+    report's section names the backward of the forward op and the module tree."""
+    from analyzer.api import analyze
+    from analyzer.verbs.report import render_text
+
+    t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
+    training_step(t)
+    _runtime_tid(t, 415, AUTOGRAD)
+    _runtime_tid(t, 455, AUTOGRAD)
+    _runtime_tid(t, 546, AUTOGRAD)
+    run = analyze(t.write(tmp_path / "rank0.json.gz"), cache=False)
+    js = run.to_json()["attribution"]
+    assert js["schema"] == "analyzer.attribution/1"
+    (totals,) = js["totals"]
+    assert sum(r["device_ms"] for r in js["ops"]) == pytest.approx(totals["attributed_ms"])
+    assert totals["attributed_ms"] + totals["unattributed_ms"] == pytest.approx(totals["device_ms"])
+    assert run.ops(0).equals(run.ops()) and run.ops(1).empty
+    text = render_text(run)
+    section = text[text.index("Where device time goes"):text.index("Top kernels")]
+    assert "unattributed 5.7%" in section  # 10 of 175 us
+    line = next(x for x in section.splitlines() if x.startswith("aten::addmm") and " bwd " in x)
+    assert line.split()[2:5] == ["1", "0.080", "0.080"]  # calls, device ms, incl ms
+    assert "  attn" in section and "blocks.0" in section
