@@ -365,3 +365,14 @@ def test_report_json_and_text(tmp_path):
     line = next(x for x in section.splitlines() if x.startswith("aten::addmm") and " bwd " in x)
     assert line.split()[2:5] == ["1", "0.080", "0.080"]  # calls, device ms, incl ms
     assert "  attn" in section and "blocks.0" in section
+
+
+def test_report_html_has_the_op_and_module_tables(tmp_path):
+    from analyzer.api import analyze
+    from analyzer.verbs.report import render_html
+
+    t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
+    training_step(t)
+    page = render_html(analyze(t.write(tmp_path / "rank0.json.gz"), cache=False))
+    section = page[page.index("<h2>Where device time goes</h2>"):]
+    assert "<td class=\"l\">aten::addmm</td>" in section and "<td class=\"l\">blocks.0/attn</td>" in section

@@ -570,6 +570,32 @@ def _suggestions_html(a: "RunAnalysis") -> str:
                           left=(1, 2, 3, 4)).replace("<table>", '<table class="wrap">', 1))
 
 
+def _attribution_html(a: "RunAnalysis", top: int) -> str:
+    """The text report's attribution section as HTML tables (ops, modules, annotations); '' without ops."""
+    at = a.attribution
+    if at is None or at.ops.empty:
+        return ""
+    lines = attribution_lines(a, top)
+    n_ranks = max(1, len(at.totals))
+    ops = at.summed("ops").head(top)
+    body = [f'<h2>Where device time goes</h2><p class="note">{html.escape(lines[0])}. Definitions: docs/metrics.md, '
+            '"Attribution".</p>']
+    body.append(_html_table(
+        ["op", "dir", "calls", "device ms", "incl ms", "host ms", "% of step"],
+        [[short_kernel_name(r.op, 80), "bwd" if r.backward else "fwd", r.calls // n_ranks, _num(r.device_ms / n_ranks, ".3f"),
+          _num(r.device_inclusive_ms / n_ranks, ".3f"), _num(r.host_ms / n_ranks, ".3f"), _num(r.share_of_step_pct)]
+         for r in ops.itertuples(index=False)], left=(0, 1)))
+    mods = at.summed("modules")
+    if not mods.empty:
+        mods = mods.loc[mods["depth"] <= 2].sort_values(["device_ms", "host_ms"], ascending=False).head(4 * top)
+        body.append("<h3>Modules (inclusive, per rank)</h3>" + _html_table(
+            ["module", "dir", "calls", "device ms", "self ms", "host ms"],
+            [[m.module, "bwd" if m.backward else "fwd", m.calls // n_ranks, _num(m.device_ms / n_ranks, ".3f"),
+              _num(m.device_self_ms / n_ranks, ".3f"), _num(m.host_ms / n_ranks, ".3f")] for m in mods.itertuples(index=False)],
+            left=(0, 1)))
+    return "".join(body)
+
+
 def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     """A self-contained HTML report of one run: headline, tables and plotly charts."""
     m = a.mfu
@@ -623,6 +649,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     body.append("<h2>MFU</h2>" + "".join(f"<p>{html.escape(line.strip())}</p>" for line in _mfu_lines(a)) + charts.get("mfu", ""))
     body.append("<h2>Stragglers</h2>" + _stragglers_html(a))
     body.append("<h2>Suggestions</h2>" + _suggestions_html(a))
+    body.append(_attribution_html(a, top))
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops" if _host_ops(a) else "Top kernels"
