@@ -632,6 +632,11 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         "n_device": int(len(k)),
         "n_unattributed": int((~found).sum()),
     }
+    # Text as categoricals: a rank summary stores each distinct name once (kernel names repeat across ops).
+    for frame, cols in ((ops_t, ("op",)), (shapes, ("op", "input_dims", "input_types")), (op_kernels, ("op", "kernel", "cls"))):
+        for c in cols:
+            if len(frame):
+                frame[c] = frame[c].astype("category")
     return AttributionTables(ops_t, shapes, modules, annotations, op_kernels, totals)
 
 
