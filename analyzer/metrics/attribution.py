@@ -46,6 +46,7 @@ a thread whose ranges do not nest properly falls back to a stack walk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -256,8 +257,8 @@ class _Events:
         """Thread keys of (pid, tid) pairs; -1 for a thread with no event (never: launches are events)."""
         if len(pid) == 0:
             return np.zeros(0, dtype=np.int64)
-        pc, tc = self.pids.get_indexer(pid), self.tids.get_indexer(tid)
-        key = self.threads.get_indexer(pc.astype(np.int64) * (len(self.tids) + 1) + tc)
+        pc, tc = self.pids.get_indexer(pd.Index(pid)), self.tids.get_indexer(pd.Index(tid))
+        key = self.threads.get_indexer(pd.Index(pc.astype(np.int64) * (len(self.tids) + 1) + tc))
         return np.where((pc >= 0) & (tc >= 0), key, -1).astype(np.int64)
 
 
@@ -427,7 +428,8 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
                              "depth": mods.depth, "path": mod_paths})
     annos_out = pd.DataFrame({"name": annos.names, "start_ns": annos.start, "end_ns": annos.end, "parent": annos.parent,
                               "depth": annos.depth})
-    main_tid = int(ops_out["tid"].value_counts().idxmax()) if n_ops else None
+    tid_codes, tid_values = pd.factorize(ops_out["tid"].to_numpy(np.int64))
+    main_tid = int(tid_values[np.bincount(tid_codes).argmax()]) if n_ops else None
     return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
 
 
@@ -444,7 +446,8 @@ def _take(values: np.ndarray, pos: np.ndarray, missing: object = None) -> np.nda
     out = values[np.clip(pos, 0, None)]
     if missing is None:
         out = out.astype(object)
-    return np.where(pos >= 0, out, missing)
+    result: np.ndarray = np.where(pos >= 0, out, np.asarray(missing, dtype=out.dtype if missing is not None else object))
+    return result
 
 
 def _column_at(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
@@ -471,7 +474,11 @@ def _launch_names(events: pd.DataFrame, dev_rows: np.ndarray, names: np.ndarray)
     q = corr[dev_rows]
     k = np.clip(np.searchsorted(ucorr, q), 0, max(len(ucorr) - 1, 0))
     hit = (len(ucorr) > 0) & (ucorr[k] == q) if len(ucorr) else np.zeros(len(q), bool)
-    return np.where(hit, names[host[first[k]]] if len(ucorr) else None, None)
+    if not len(ucorr):
+        return np.full(len(q), None, dtype=object)
+    found: np.ndarray = names[host[first[k]]].astype(object)
+    found[~hit] = None
+    return found
 
 
 def _forward_ops(start: np.ndarray, seq: np.ndarray, fwd_tid: np.ndarray, node: np.ndarray) -> np.ndarray:
@@ -523,7 +530,7 @@ class AttributionTables:
     modules: pd.DataFrame
     annotations: pd.DataFrame
     op_kernels: pd.DataFrame
-    totals: dict = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=dict)
 
 
 OPS_COLUMNS = ("op", "backward", "calls", "host_ms", "device_ms", "device_inclusive_ms", "graph_ms", "n_kernels")
@@ -533,7 +540,7 @@ ANNOTATIONS_COLUMNS = ("name", "calls", "host_ms", "device_self_ms", "device_ms"
 OP_KERNELS_COLUMNS = ("op", "backward", "kernel", "cls", "count", "device_ms")
 
 
-def _empty(columns) -> pd.DataFrame:
+def _empty(columns: tuple[str, ...] | list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
 
 
@@ -775,7 +782,8 @@ class RunAttribution:
         ops, modules and annotations the shares of the summed totals; ops sorted by device time."""
         frame, keys = getattr(self, name), self.KEYS[name]
         if frame.empty:
-            return frame.drop(columns=[c for c in ("rank", "share_of_step_pct", "share_of_device_pct") if c in frame.columns])
+            empty: pd.DataFrame = frame.drop(columns=[c for c in ("rank", "share_of_step_pct", "share_of_device_pct") if c in frame.columns])
+            return empty
         values = [c for c in frame.columns if c not in keys and c not in ("rank", "depth") and not c.endswith("_pct")]
         grouped = frame.groupby(keys, sort=False, dropna=False)
         out = grouped[values].sum()
@@ -793,9 +801,10 @@ class RunAttribution:
         if name == "ops":
             out = out.sort_values(["device_ms", "device_inclusive_ms", "host_ms", "op"],
                                   ascending=[False, False, False, True], kind="stable")
-        return out.reset_index(drop=True)
+        result: pd.DataFrame = out.reset_index(drop=True)
+        return result
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The report's ``attribution`` block: per-rank totals, and each table summed over ranks (:meth:`summed`)."""
         return {
             "schema": SCHEMA,
@@ -837,7 +846,7 @@ def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttributio
     for rank, a in have.items():
         t = a.totals
         dev = t.get("device_ns", 0)
-        row = {"rank": rank, "device_ms": dev / 1e6, "step_ms": t.get("step_ns", 0) / 1e6,
+        row: dict[str, float | int | None] = {"rank": rank, "device_ms": dev / 1e6, "step_ms": t.get("step_ns", 0) / 1e6,
                "n_device": t.get("n_device", 0), "n_unattributed": t.get("n_unattributed", 0)}
         for label, key in _TOTAL_PCTS:
             row[f"{label}_ms"] = t.get(key, 0) / 1e6
