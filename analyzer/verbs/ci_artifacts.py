@@ -122,6 +122,11 @@ def _delta_sections(c: "Comparison", top: int) -> list[str]:
         out.append(f"<h2>Kernels</h2><p class=\"note\">{html.escape(c.kernel_source)}; largest change first</p>"
                    + _html_table(["name", "kind", "base ms", "cand ms", "delta ms", "delta %"],
                                  _delta_rows(c.kernels[:top], ".3f", kernel=True), left=(0, 1)))
+    for title, deltas, what in (("Ops", c.ops, "op"), ("Modules", c.modules, "module")):
+        if deltas:
+            out.append(f"<h2>{title}</h2><p class=\"note\">{html.escape(c.op_source)}; largest change first</p>"
+                       + _html_table([what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
+                                     _delta_rows(deltas[:top], ".3f", kernel=True), left=(0, 1)))
     if c.ranks:
         out.append("<h2>Per-rank median step time</h2>"
                    + _html_table(["rank", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.ranks), left=(0,)))
@@ -184,7 +189,7 @@ def check_html(outcome: "GateOutcome", *, top: int = 10) -> str:
 
 
 def compare_html(c: "Comparison", *, top: int = 10) -> str:
-    """The ``compare --html`` page: MFU and step time, phase chart, phase, kernel and rank deltas."""
+    """The ``compare --html`` page: MFU and step time, phase chart, phase, kernel, op, module and rank deltas."""
     body = [
         _EXTRA_CSS,
         "<h1>analyzer compare</h1>",

@@ -22,6 +22,20 @@ op's) total time on a rank over the whole trace divided by that rank's
 number of ProfilerStep windows, mean over the ranks; from each run's top
 kernels list (50 per rank), where a name absent from one run counts as 0.
 
+Ops and modules (ms per profiled step; docs/metrics.md, "Attribution"):
+each run's attribution tables (``RunAnalysis.ops()``, ``.modules()``),
+forward and backward kept apart, matched by name (op name, module path) and
+direction: a row's time on a rank divided by that rank's number of
+ProfilerStep windows, mean over the ranks with attribution tables (a rank
+lacking the row counts 0), as for kernels. The time is **device** time
+when both runs have device events (each kernel counted to one op, so op
+rows add up to the attributed time; a module's time includes its nested
+modules), else **host** time (CPU-only traces: inclusive, so nested ops
+each carry what they contain). Module rows are listed most specific first:
+a module whose change is at least half made of one child module's change
+(same direction, same sign) is left out of the list, the child naming the
+place better (its figure stays in each run's module tree).
+
 MFU: the runs' medians (fractions), each the same figure the run shows
 everywhere else (``RunAnalysis.mfu.median``: report, runs page). When
 reftrain measured both peaks on the same hardware, the candidate's MFU is
@@ -64,7 +78,7 @@ class Delta:
     name: str
     base: float | None
     cand: float | None
-    kind: str | None = None  # kernels: compute, comm, memcpy, ... ; phases: None
+    kind: str | None = None  # kernels: compute, comm, memcpy, ...; ops and modules: forward, backward; phases: None
 
     @property
     def delta(self) -> float:
@@ -131,6 +145,9 @@ class Comparison:
     ranks: list[Delta]  # per-rank median step time (ms), by rank: steady-state metrics steps when both runs have them
     mfu: MfuDelta
     notes: list[str] = field(default_factory=list)
+    op_source: str = "none"  # what the op and module times are: device or host time, per profiled step
+    ops: list[Delta] = field(default_factory=list)  # ms per profiled step per (op, pass), sorted by |delta| desc
+    modules: list[Delta] = field(default_factory=list)  # per (module path, pass), most specific rows, by |delta| desc
 
     def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
         from analyzer.verbs.notebook import compare_html
@@ -145,6 +162,14 @@ class Comparison:
         """The ``n`` kernels that grew the most (positive delta), largest first."""
         return sorted((d for d in self.kernels if d.delta > 0), key=lambda d: -d.delta)[:n]
 
+    def growing_ops(self, n: int = 3) -> list[Delta]:
+        """The ``n`` (op, pass) rows that grew the most, largest first."""
+        return sorted((d for d in self.ops if d.delta > 0), key=lambda d: -d.delta)[:n]
+
+    def growing_modules(self, n: int = 3) -> list[Delta]:
+        """The ``n`` (module path, pass) rows that grew the most, largest first (most specific rows only)."""
+        return sorted((d for d in self.modules if d.delta > 0), key=lambda d: -d.delta)[:n]
+
     def to_json(self) -> dict[str, Any]:
         return _finite(
             {
@@ -157,6 +182,9 @@ class Comparison:
                 "phases": [d.to_json() for d in self.phases],
                 "kernel_source": self.kernel_source,
                 "kernels": [d.to_json() for d in self.kernels],
+                "op_source": self.op_source,
+                "ops": [d.to_json() for d in self.ops],
+                "modules": [d.to_json() for d in self.modules],
                 "ranks": [d.to_json() for d in self.ranks],
                 "mfu": self.mfu.to_json(),
                 "notes": list(self.notes),
@@ -290,6 +318,85 @@ def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) ->
     return (deltas if top is None else deltas[:top]), source
 
 
+# ----------------------------------------------------------------- ops and modules
+def labelled(d: Delta) -> str:
+    """An op or module delta's name, ``backward`` added on backward rows: ``blocks.7/attn backward``.
+
+    Other rows (``kind`` forward) are everything outside autograd nodes:
+    the forward pass, and also the optimizer and collectives; they keep
+    their bare name."""
+    return f"{d.name} backward" if d.kind == "backward" else d.name
+
+
+def _attribution_clock(a: "RunAnalysis") -> str | None:
+    """``device`` when the run's attribution saw device events, ``host`` when only host ops; None without tables."""
+    at = a.attribution
+    if at is None or at.totals.empty or (at.ops.empty and at.modules.empty):
+        return None
+    return "device" if float(pd.to_numeric(at.totals["device_ms"], errors="coerce").fillna(0.0).sum()) > 0 else "host"
+
+
+def _per_step(a: "RunAnalysis", table: pd.DataFrame, key: str, column: str) -> pd.Series:
+    """``column`` (ms) per (``key``, pass) per profiled step, mean over the run's ranks with attribution tables."""
+    if table.empty:
+        return pd.Series(dtype=np.float64)
+    n_steps = a.steps.groupby("rank").size() if a.steps is not None and not a.steps.empty else pd.Series(dtype=float)
+    ranks = a.attribution.totals["rank"].nunique() if a.attribution is not None else 1
+    frame = pd.DataFrame({
+        "name": table[key].astype(str).to_numpy(),
+        "pass": np.where(table["backward"].astype(bool).to_numpy(), "backward", "forward"),
+        # A trace without ProfilerStep windows counts as one window (as for kernels).
+        "ms": pd.to_numeric(table[column], errors="coerce").fillna(0.0).to_numpy(np.float64)
+        / table["rank"].map(n_steps).fillna(1).clip(lower=1).to_numpy(np.float64),
+    })
+    return frame.groupby(["name", "pass"], sort=False)["ms"].sum() / max(int(ranks), 1)
+
+
+def _matched(sb: pd.Series, sc: pd.Series) -> list[Delta]:
+    """One Delta per (name, pass) in either run (absent: 0), sorted by |delta|."""
+    joined = pd.concat([sb.rename("base"), sc.rename("cand")], axis=1).fillna(0.0)
+    return _by_abs_delta([Delta(str(name), float(row.base), float(row.cand), str(kind))
+                          for (name, kind), row in zip(joined.index, joined.itertuples(index=False))])
+
+
+def most_specific(deltas: list[Delta]) -> list[Delta]:
+    """Module deltas without those whose change is at least half one child's (same pass, same sign).
+
+    A child of ``a/b`` is ``a/b/c``. Of ``blocks.7 backward +4.1`` whose
+    ``blocks.7/attn backward`` grew +4.0, only the attention row stays; a
+    block whose growth is spread over its children and its own kernels
+    (no child holding half) stays beside them.
+    """
+    by_parent: dict[tuple[str, str | None], list[Delta]] = {}
+    for d in deltas:
+        if "/" in d.name:
+            by_parent.setdefault((d.name.rsplit("/", 1)[0], d.kind), []).append(d)
+    return [d for d in deltas
+            if not any(c.delta * d.delta > 0 and abs(c.delta) >= 0.5 * abs(d.delta)
+                       for c in by_parent.get((d.name, d.kind), []))]
+
+
+def _op_module_deltas(base: "RunAnalysis", cand: "RunAnalysis",
+                      top: int | None) -> tuple[list[Delta], list[Delta], str, list[str]]:
+    """(ops, modules, source, notes): per-step op and module deltas (module docstring)."""
+    clocks = (_attribution_clock(base), _attribution_clock(cand))
+    if None in clocks:
+        missing = " and ".join(n for n, c in zip(("baseline", "candidate"), clocks) if c is None)
+        return [], [], "none", [f"no op or module deltas: the {missing} has no attributed ops (no trace)"]
+    notes = []
+    clock = "device" if clocks == ("device", "device") else "host"
+    if clocks[0] != clocks[1]:
+        notes.append("ops and modules compared on host time: one run has device events and the other none")
+    column = "device_ms" if clock == "device" else "host_ms"
+    what = ("device time (kernels counted to their op; modules inclusive of nested modules)" if clock == "device"
+            else "host time (inclusive: nested ops each carry what they contain)")
+    source = f"{what}, ms per profiled step, mean over ranks"
+    ops = _matched(_per_step(base, base.ops(), "op", column), _per_step(cand, cand.ops(), "op", column))
+    modules = most_specific(_matched(_per_step(base, base.modules(), "module", column),
+                                     _per_step(cand, cand.modules(), "module", column)))
+    return (ops if top is None else ops[:top]), (modules if top is None else modules[:top]), source, notes
+
+
 # ----------------------------------------------------------------- MFU
 def _measured_peak(a: "RunAnalysis") -> float | None:
     """The run's peak when reftrain measured it on the machine (not a datasheet or an override)."""
@@ -327,7 +434,7 @@ def candidate_peak_scale(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[floa
 def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -> Comparison:
     """Deltas from ``base`` to ``cand`` (see the module docstring for definitions).
 
-    ``top`` limits the kernel list (None: all kernels of both top lists).
+    ``top`` limits the kernel, op and module lists (None: all rows).
     Never raises on missing data: a side without a table gives empty deltas
     and a note.
     """
@@ -352,6 +459,8 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
         missing = " and ".join(n for n, a in (("baseline", base), ("candidate", cand)) if not _has_kernels(a))
         kernels, kernel_source = [], "none"
         notes.append(f"no kernel deltas: the {missing} has no trace")
+    ops, modules, op_source, op_notes = _op_module_deltas(base, cand, top)
+    notes += op_notes
     # Run directories: steady-state metrics steps on both sides (a run
     # profiled in one and not the other would otherwise compare profiled
     # windows with unprofiled steps); else the ProfilerStep medians.
@@ -380,4 +489,7 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
         ranks=ranks,
         mfu=mfu,
         notes=notes,
+        op_source=op_source,
+        ops=ops,
+        modules=modules,
     )

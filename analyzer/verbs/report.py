@@ -673,7 +673,7 @@ def _delta_rows(deltas: Sequence["Delta"], fmt: str = ".2f", kernel: bool = Fals
 
 
 def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
-    """What ``analyzer compare`` prints: MFU, step time, phases, kernels, ranks; largest first."""
+    """What ``analyzer compare`` prints: MFU, step time, phases, kernels, ops, modules, ranks; largest first."""
     out = [f"analyzer compare\n  base: {c.base_path}\n  cand: {c.cand_path}", ""]
     m = c.mfu
     if m.base is not None and m.cand is not None:
@@ -703,6 +703,12 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
             format_table(["name", "kind", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.kernels[:top], ".3f", kernel=True), left=(0, 1))
         )
         out.append("")
+    for title, deltas, what in (("Ops", c.ops, "op"), ("Modules", c.modules, "module")):
+        if deltas:
+            out.append(f"{title}, largest change first ({c.op_source})")
+            out.append(format_table([what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
+                                    _delta_rows(deltas[:top], ".3f", kernel=True), left=(0, 1)))
+            out.append("")
     if c.ranks:
         out.append("Per-rank median step time")
         out.append(format_table(["rank", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.ranks), left=(0,)))
@@ -757,4 +763,9 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         lines += ["", f"**Kernels** ({_md_escape(c.kernel_source)})", "", "| kernel | kind | base ms | cand ms | delta ms | delta % |",
                   "|---|---|---:|---:|---:|---:|"]
         lines += [f"| `{row[0].replace('`', '')}` | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.kernels[:top], ".3f", kernel=True)]
+    for title, deltas, what in (("Ops", c.ops, "op"), ("Modules", c.modules, "module")):
+        if deltas:
+            lines += ["", f"**{title}** ({_md_escape(c.op_source)})", "", f"| {what} | pass | base ms | cand ms | delta ms | delta % |",
+                      "|---|---|---:|---:|---:|---:|"]
+            lines += [f"| `{row[0].replace('`', '')}` | " + " | ".join(row[1:]) + " |" for row in _delta_rows(deltas[:top], ".3f", kernel=True)]
     return "\n".join(lines) + "\n"
