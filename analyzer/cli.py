@@ -218,10 +218,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         # Reject bad values before analyzing.
         CheckConfig(max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile)
+        if args.min_goodput is not None and not 0.0 <= args.min_goodput <= 1.0:
+            raise AnalyzerError(f"--min-goodput must be between 0 and 1, got {args.min_goodput}")
         cand = _analyze(cand_path, args, jobs)
         bases = [_analyze(b, args, jobs) for b in base_paths]
     outcome = check(bases, cand, max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile,
-                    cpu_time=not args.no_cpu_time)
+                    cpu_time=not args.no_cpu_time, min_goodput=args.min_goodput)
     explanation = outcome.explanation
     from analyzer.verbs import ci_artifacts
 
@@ -239,9 +241,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     _print(report.render_check_text(outcome, explanation))
     if ci_artifacts.on_github_actions():
         _print("\n".join(ci_artifacts.check_annotations(outcome, args.inconclusive)))
-    if outcome.result.regression:
+    if outcome.regression:
         return EXIT_REGRESSION
-    if outcome.result.inconclusive:
+    if outcome.inconclusive:
         return {"exit": EXIT_INCONCLUSIVE, "pass": EXIT_OK, "fail": EXIT_REGRESSION}[args.inconclusive]
     return EXIT_OK
 
@@ -382,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "neighbours; 0.5 = median)")
     p.add_argument("--no-cpu-time", action="store_true",
                    help="CPU runs: do not require CPU time per step to confirm a wall-clock regression")
+    p.add_argument("--min-goodput", type=_fraction, default=None, metavar="G",
+                   help="also fail (exit 1) when the candidate's goodput, productive step time / wall time, is "
+                   "below G (0-1; reftrain run directories only; docs/ci.md)")
     p.add_argument("--inconclusive", choices=("exit", "pass", "fail"), default="exit",
                    help="when the runs are too noisy to tell: exit 4 (default), or treat as pass (0) or fail (1)")
     p.add_argument("--summary", type=Path, metavar="FILE",

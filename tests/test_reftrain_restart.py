@@ -96,6 +96,30 @@ def test_crash_restarts_from_the_checkpoint_and_matches_bit_for_bit(runs: Path, 
     assert any(rel.startswith("metrics/attempt") for rel in m["files"]["metrics"])
     # Exact equality, not a tolerance: same data (a function of seed, rank, step), same state.
     assert losses(run) == baseline
+    _goodput_is_reported(run)
+
+
+def _goodput_is_reported(run: Path) -> None:
+    """The restarted run's goodput is shown (report) and its parts follow
+    their definitions (docs/rundir.md "Restarts and goodput") on the run's own records."""
+    from analyzer import analyze
+
+    m = json.loads((run / "run.json").read_text())
+    records = [json.loads(line) for rel in m["files"]["metrics"] for line in (run / rel).read_text().splitlines()]
+    resumed = m["attempts"][1]["resumed_from_step"]
+    # Recomputed: the steps attempt 0 ran that attempt 1 ran again (from its resume step on), and
+    # their time at the slowest rank; known from the records alone, independent of the analyzer.
+    redone = {r["step"] for r in records if r["attempt"] == 0 and r["step"] >= resumed}
+    redone_s = sum(max(r["step_time_ms"] for r in records if r["attempt"] == 0 and r["step"] == s)
+                   for s in redone) / 1e3
+    g = analyze(run).goodput()
+    assert g is not None and g.attempts == 2 and g.recomputed_steps == len(redone) >= 1
+    assert abs(g.lost_s["recomputed"] - redone_s) < 1e-6
+    assert g.lost_s["restarts"] > 0  # the relaunch between the attempts
+    assert abs(g.productive_s + sum(g.lost_s.values()) - g.wall_s) < 1e-6  # the parts add up to the wall time
+    text = subprocess.run([str(Path(sys.executable).with_name("analyzer")), "report", str(run), "--no-cache"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert text.returncode == 0 and f"Goodput: {100 * g.goodput:.1f}%" in text.stdout and "2 attempt(s)" in text.stdout
 
 
 def test_a_save_killed_before_publishing_is_never_loaded(runs: Path, baseline: dict) -> None:

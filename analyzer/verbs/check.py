@@ -402,6 +402,58 @@ def samples_from_steps(steps: pd.DataFrame, *, value_column: str, metric: Metric
     )
 
 
+# ----------------------------------------------------------------- goodput
+@dataclass(frozen=True)
+class GoodputGate:
+    """``check --min-goodput G``: the candidate's goodput against a floor (docs/ci.md "Goodput").
+
+    Goodput is one number per run (productive step time / wall time,
+    :mod:`analyzer.metrics.goodput`), not a sample per step, so there is no
+    test statistic: the gate fails iff ``goodput < min_goodput``. The
+    first baseline's goodput is kept beside it for context only.
+    """
+
+    min_goodput: float
+    goodput: float
+    wall_s: float
+    productive_s: float
+    lost_s: dict[str, float]
+    attempts: int
+    base_goodput: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return not self.goodput >= self.min_goodput  # a NaN goodput (zero wall time) fails too
+
+    def lost_text(self, top: int = 3) -> str:
+        """The largest losses, e.g. ``restarts 12.3 s, recomputed 4.0 s``."""
+        parts = sorted(((v, k) for k, v in self.lost_s.items() if v > 0.005), reverse=True)[:top]
+        return ", ".join(f"{k} {v:.2f} s" for v, k in parts) or "none"
+
+    def text(self) -> str:
+        base = f"; baseline {self.base_goodput:.1%}" if self.base_goodput is not None else ""
+        state = "below the floor" if self.failed else "at or above the floor"
+        return (f"goodput {self.goodput:.1%} ({state} {self.min_goodput:.1%}; productive {self.productive_s:.2f} s "
+                f"of wall {self.wall_s:.2f} s, {self.attempts} attempt(s){base}); largest losses: {self.lost_text()}")
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"failed": self.failed}
+
+
+def goodput_gate(candidate: "RunAnalysis", min_goodput: float, baseline: "RunAnalysis | None" = None) -> GoodputGate:
+    """The goodput floor on the candidate; AnalyzerError (exit 2) when its goodput is withheld."""
+    if not 0.0 <= min_goodput <= 1.0:
+        raise AnalyzerError(f"--min-goodput must be between 0 and 1, got {min_goodput}")
+    gp = candidate.goodput()
+    if gp is None:
+        raise AnalyzerError(
+            f"--min-goodput: {candidate.path}: no goodput (it needs a reftrain run directory with run.json start "
+            "times and per-step records; a folder of traces has neither)")
+    base = baseline.goodput() if baseline is not None else None
+    return GoodputGate(min_goodput=min_goodput, goodput=gp.goodput, wall_s=gp.wall_s, productive_s=gp.productive_s,
+                       lost_s=dict(gp.lost_s), attempts=gp.attempts, base_goodput=None if base is None else base.goodput)
+
+
 # ----------------------------------------------------------------- runs
 @dataclass
 class GateOutcome:
@@ -413,6 +465,27 @@ class GateOutcome:
     cpu: CheckResult | None = None  # the same gate on CPU time per step (CPU runs with ``cpu_ms``), else None
     # The gated per-step values (baselines, candidate) for the CI artifacts' charts (analyzer/verbs/ci_artifacts.py).
     samples: tuple[list[StepSamples], StepSamples] | None = None
+    goodput: GoodputGate | None = None  # ``--min-goodput``, else None
+
+    @property
+    def verdict(self) -> Verdict:
+        """The gate's overall verdict (the exit code): a goodput below its floor is a regression whatever
+        the step statistics say; otherwise the step-statistic verdict."""
+        if self.goodput is not None and self.goodput.failed:
+            return "regression"
+        return self.result.verdict
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict == "regression"
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.verdict == "inconclusive"
+
+    @property
+    def verdict_label(self) -> str:
+        return {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}[self.verdict]
 
     @property
     def explanation(self) -> str:
@@ -427,6 +500,10 @@ class GateOutcome:
             k: v for k, v in self.cpu.to_json().items() if k not in ("schema", "base_source", "cand_source")
         }
         out["compare"] = self.comparison.to_json()
+        # ``verdict`` is the overall one (the exit code); ``step_verdict`` that of the step statistic alone.
+        out["step_verdict"] = self.result.verdict
+        out["verdict"] = self.verdict
+        out["goodput"] = None if self.goodput is None else self.goodput.to_json()
         return out
 
 
@@ -669,6 +746,7 @@ def check(
     alpha: float = 0.05,
     quantile: float = 0.25,
     cpu_time: bool = True,
+    min_goodput: float | None = None,
 ) -> GateOutcome:
     """The CI gate on analyzed runs (``analyzer check``): one baseline or several.
 
@@ -683,6 +761,9 @@ def check(
     is inconclusive (:func:`cpu_time_veto`), while one that only the wall
     clock's own noise held back and CPU time confirms is a regression
     (:func:`cpu_time_confirm`); ``cpu_time=False`` turns both off.
+
+    ``min_goodput`` adds the goodput floor (:func:`goodput_gate`): a
+    candidate below it is a regression (:attr:`GateOutcome.verdict`).
     """
     from analyzer.verbs.compare import compare
 
@@ -690,6 +771,7 @@ def check(
     bases = [baseline] if not isinstance(baseline, (list, tuple)) else list(baseline)
     if not bases:
         raise AnalyzerError("no baseline given")
+    gp_gate = None if min_goodput is None else goodput_gate(candidate, min_goodput, bases[0])
     notes: list[str] = []
     for b in bases:
         notes += [n for n in check_compatible(b, candidate) if n not in notes]
@@ -707,7 +789,7 @@ def check(
         for i, b in enumerate(bases):
             notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.manifest)
     return GateOutcome(result=result, comparison=compare(bases[0], candidate), notes=notes + sample_notes, cpu=cpu_result,
-                       samples=(base_samples, cand_samples))
+                       samples=(base_samples, cand_samples), goodput=gp_gate)
 
 
 def _value_text(metric: str, value: float) -> str:
@@ -791,6 +873,10 @@ def explain(outcome: GateOutcome) -> str:
         kernels = c.growing_kernels(3)
         if kernels:
             text += " By kernel (per profiled step): " + "; ".join(_signed_ms(d, kernel=True) for d in kernels) + "."
+    if outcome.goodput is not None:
+        g = outcome.goodput
+        line = g.text()
+        text = (f"Regression: {line}. Step statistic: " + text) if g.failed else (text + f" {line[0].upper()}{line[1:]}.")
     for note in outcome.notes:
         text += f" Note: {note}."
     return text

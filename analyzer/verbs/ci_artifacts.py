@@ -39,7 +39,7 @@ from analyzer.verbs.report import (
 )
 
 if TYPE_CHECKING:
-    from analyzer.verbs.check import CheckResult, GateOutcome
+    from analyzer.verbs.check import CheckResult, GateOutcome, GoodputGate
     from analyzer.verbs.compare import Comparison
 
 Inconclusive = Literal["exit", "pass", "fail"]
@@ -158,8 +158,8 @@ def check_html(outcome: "GateOutcome", *, top: int = 10) -> str:
     r, c = outcome.result, outcome.comparison
     body = [
         _EXTRA_CSS,
-        f"<h1>analyzer check <span class=\"verdict\" style=\"background:{_VERDICT_COLOUR[r.verdict]}\">"
-        f"{html.escape(r.verdict_label)}</span></h1>",
+        f"<h1>analyzer check <span class=\"verdict\" style=\"background:{_VERDICT_COLOUR[outcome.verdict]}\">"
+        f"{html.escape(outcome.verdict_label)}</span></h1>",
         f"<p class=\"note\">baseline: {html.escape(c.base_path)}<br>candidate: {html.escape(c.cand_path)}"
         f"<br>{_generated()}</p>",
         f"<p>{html.escape(outcome.explanation)}</p>",
@@ -175,6 +175,8 @@ def check_html(outcome: "GateOutcome", *, top: int = 10) -> str:
             ["", "baseline", "candidate", "change / value"], _stats_rows(outcome.cpu), left=(0,)).replace(
             "<table>", '<table class="stats">', 1) + f"<p class=\"note\">verdict on CPU time alone: "
             f"{html.escape(outcome.cpu.verdict_label)}</p>")
+    if outcome.goodput is not None:
+        body.append(f"<h2>Goodput</h2><p>{html.escape(outcome.goodput.text())}</p>")
     chart = _samples_chart(outcome)
     if chart:
         body.append("<h2>Steps</h2>" + chart)
@@ -185,7 +187,7 @@ def check_html(outcome: "GateOutcome", *, top: int = 10) -> str:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     body.append(f"<p class=\"note\">baseline samples: {html.escape(r.base_source)}<br>"
                 f"candidate samples: {html.escape(r.cand_source)}</p>")
-    return html_page(f"analyzer check: {r.verdict_label}", "\n".join(body))
+    return html_page(f"analyzer check: {outcome.verdict_label}", "\n".join(body))
 
 
 def compare_html(c: "Comparison", *, top: int = 10) -> str:
@@ -226,6 +228,21 @@ def _testcase(suite: ET.Element, name: str, r: "CheckResult", inconclusive: Inco
     return kind
 
 
+def _goodput_testcase(suite: ET.Element, g: "GoodputGate") -> str:
+    """The ``--min-goodput`` testcase: failure iff the goodput is below its floor (no noise, no skip)."""
+    case = ET.SubElement(suite, "testcase", classname="analyzer.check", name="goodput", time="0")
+    message = g.text()
+    if g.failed:
+        ET.SubElement(case, "failure", message=f"goodput {g.goodput:.1%} below {g.min_goodput:.1%}",
+                      type="regression").text = message
+    ET.SubElement(case, "system-out").text = message
+    props = ET.SubElement(case, "properties")
+    for key, value in (("goodput", g.goodput), ("min_goodput", g.min_goodput), ("wall_s", g.wall_s),
+                       ("productive_s", g.productive_s), ("attempts", g.attempts), ("base_goodput", g.base_goodput)):
+        ET.SubElement(props, "property", name=key, value=repr(value) if isinstance(value, float) else str(value))
+    return "failure" if g.failed else "passed"
+
+
 def check_junit(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> str:
     """JUnit XML of the gate: one testcase per gated metric (see the module doc for the mapping).
 
@@ -241,6 +258,8 @@ def check_junit(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> 
         cases.append((k.statistic_label, k, f"CPU time per step: {k.statistic_label} drop {k.drop:+.1%} "
                       f"(p = {k.p_value:.2g}, noise {k.noise:.1%}); {k.verdict_label}"))
     kinds = [_testcase(suite, name, res, inconclusive, msg) for name, res, msg in cases]
+    if outcome.goodput is not None:
+        kinds.append(_goodput_testcase(suite, outcome.goodput))
     suite.set("tests", str(len(kinds)))
     suite.set("failures", str(kinds.count("failure")))
     suite.set("errors", "0")
@@ -277,14 +296,13 @@ def on_github_actions() -> bool:
 def check_annotations(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> list[str]:
     """The workflow commands of a check: ``error`` on a regression, ``warning`` when inconclusive
     (``error`` with ``--inconclusive fail``), ``notice`` within bounds."""
-    r = outcome.result
-    if r.regression:
-        kind = "error"
-    elif r.inconclusive:
+    if outcome.regression:
+        kind: Literal["error", "warning", "notice"] = "error"
+    elif outcome.inconclusive:
         kind = "error" if inconclusive == "fail" else "warning"
     else:
         kind = "notice"
-    return [workflow_command(kind, f"analyzer check: {r.verdict_label}", outcome.explanation)]
+    return [workflow_command(kind, f"analyzer check: {outcome.verdict_label}", outcome.explanation)]
 
 
 def compare_annotations(c: "Comparison") -> list[str]:

@@ -159,12 +159,20 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
     if m.step_time_source:
         lines.append(f"  step time: {m.step_time_source}")
     lines += [f"  note: {n}" for n in m.notes]
-    gp = a.goodput()  # None for trace folders; reftrain runs (docs/rundir.md "Restarts and goodput")
-    if gp is not None:
-        lost = ", ".join(f"{k} {v:.2f}" for k, v in gp.lost_s.items())
-        lines.append(f"Goodput: {_pct(gp.goodput, 1)} (productive step time {gp.productive_s:.2f} s of wall "
-                     f"{gp.wall_s:.2f} s, {gp.attempts} attempt(s)); lost s: {lost}")
     return lines
+
+
+def _goodput_lines(a: "RunAnalysis") -> list[str]:
+    """The run's goodput and where the rest of the wall time went; none for trace folders (no run.json)."""
+    gp = a.goodput()  # docs/rundir.md "Restarts and goodput"
+    if gp is None:
+        return []
+    lost = ", ".join(f"{k} {v:.2f}" for k, v in gp.lost_s.items())
+    extra = f", {gp.recomputed_steps} step(s) recomputed" if gp.recomputed_steps else ""
+    extra += f", {gp.hung_attempts} hung attempt(s)" if gp.hung_attempts else ""
+    extra += ", preempted (resumable)" if gp.preempted else ""
+    return [f"Goodput: {_pct(gp.goodput, 1)} (productive step time {gp.productive_s:.2f} s of wall "
+            f"{gp.wall_s:.2f} s, {gp.attempts} attempt(s){extra}); lost s: {lost}"]
 
 
 def _straggler_lines(a: "RunAnalysis") -> list[str]:
@@ -322,6 +330,9 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
         out.append("")
     out += _mfu_lines(a)
     out.append("")
+    goodput = _goodput_lines(a)
+    if goodput:
+        out += goodput + [""]
     out += _straggler_lines(a)
     out.append("")
     out.append(suggestions_text(a).rstrip())
@@ -647,6 +658,9 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
             extra = f'<p class="note">{html.escape(BREAKDOWN_TITLE)}</p>' if key == "breakdown" else ""
             body.append(f"<h2>{title}</h2>{extra}{charts[key]}")
     body.append("<h2>MFU</h2>" + "".join(f"<p>{html.escape(line.strip())}</p>" for line in _mfu_lines(a)) + charts.get("mfu", ""))
+    goodput = _goodput_lines(a)
+    if goodput:
+        body.append("<h2>Goodput</h2>" + "".join(f"<p>{html.escape(line)}</p>" for line in goodput))
     body.append("<h2>Stragglers</h2>" + _stragglers_html(a))
     body.append("<h2>Suggestions</h2>" + _suggestions_html(a))
     body.append(_attribution_html(a, top))
@@ -720,7 +734,7 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
 def render_check_text(outcome: "GateOutcome", explanation: str) -> str:
     """What ``analyzer check`` prints: the verdict line, then the explanation paragraph."""
     r = outcome.result
-    lines = [f"analyzer check: {r.verdict_label}", "", explanation, ""]
+    lines = [f"analyzer check: {outcome.verdict_label}", "", explanation, ""]
     lines.append(f"baseline:  {r.base_source}")
     lines.append(f"candidate: {r.cand_source}")
     lines += [f"note: {n}" for n in r.notes]
@@ -734,8 +748,8 @@ def _md_escape(text: str) -> str:
 def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int = 5) -> str:
     """A Markdown summary for a CI job summary (e.g. ``$GITHUB_STEP_SUMMARY``)."""
     r, c = outcome.result, outcome.comparison
-    icon = {"regression": ":x:", "inconclusive": ":warning:"}.get(r.verdict, ":white_check_mark:")
-    verdict = {"regression": "regression", "inconclusive": "inconclusive, too noisy"}.get(r.verdict, "within bounds")
+    icon = {"regression": ":x:", "inconclusive": ":warning:"}.get(outcome.verdict, ":white_check_mark:")
+    verdict = {"regression": "regression", "inconclusive": "inconclusive, too noisy"}.get(outcome.verdict, "within bounds")
     fmt = (lambda v: f"{100 * v:.2f}%") if r.metric == "mfu" else (lambda v: f"{v:,.3f}")
     lines = [
         f"## {icon} analyzer check: {verdict}",
@@ -749,6 +763,11 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
     st = c.step_time
     if st.base is not None and st.cand is not None:
         lines.append(f"| mean step time | {st.base:.1f} ms | {st.cand:.1f} ms | {_num(st.delta_pct, '+.1f')}% |")
+    g = outcome.goodput
+    if g is not None:
+        base = f"{g.base_goodput:.1%}" if g.base_goodput is not None else "n/a"
+        lines.append(f"| goodput (floor {g.min_goodput:.1%}) | {base} | {g.goodput:.1%} | "
+                     f"{'below the floor' if g.failed else 'ok'} |")
     lines += [
         f"| steady-state steps | {r.n_base} | {r.n_cand} | |",
         "",
