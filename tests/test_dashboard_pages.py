@@ -238,6 +238,11 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
         mine = bars[bars["rank"] == f"rank {r.rank}"].sort_values("order")
         assert mine["part"].tolist() == parts
         assert mine["ms"].tolist() == pytest.approx([r.breakdown[p]["mean_ms"] for p in parts])
+    gp = ra.goodput()
+    assert shown["Goodput"] == f"{100 * gp.goodput:.1f}%"
+    _, wall = figs["goodput"]  # productive + each lost part: one bar that adds up to the wall time
+    assert wall["part"].tolist() == ["productive", *gp.lost_s]
+    assert wall["s"].sum() == pytest.approx(gp.wall_s)
     _, mfu = figs["mfu_steps"]
     assert mfu["step"].tolist() == ra.mfu.steps["step"].tolist()
     assert mfu["mfu"].tolist() == pytest.approx(ra.mfu.steps["mfu"].tolist())
@@ -286,6 +291,7 @@ def test_overview_of_gpu_traces_shows_hta_overlap_and_exposed_comm(open_page, an
     assert shown["Step time"] == "1.0 ms"
     assert shown["MFU"] == "n/a"
     assert any(plain(ra.mfu.reason) in c for c in captions(at))
+    assert ra.goodput() is None and "Goodput" not in shown and "goodput" not in vega_charts(at)  # traces only
     _, bars = vega_charts(at)["breakdown"]
     ms = {part: rows.sort_values("rank")["ms"].tolist() for part, rows in bars.groupby("part")}
     assert ms["compute"] == pytest.approx([0.4, 0.45])

@@ -67,6 +67,44 @@ def headline(run: RunEntry, ra: RunAnalysis) -> None:
     )
 
 
+def goodput_section(ra: RunAnalysis) -> None:
+    """Goodput and where the rest of the wall time went (analyzer.metrics.goodput; reftrain runs only)."""
+    gp = ra.goodput()
+    if gp is None:
+        return  # a folder of traces has no attempts or wall clock: nothing to show, nothing to claim
+    st.subheader("Goodput")
+    left, right = st.columns([1, 3])
+    left.metric("Goodput", fmt_pct(gp.goodput),
+                help="productive step time / wall time over every attempt (docs/rundir.md, Restarts and goodput)")
+    notes = [f"{gp.attempts} attempt(s)"]
+    if gp.recomputed_steps:
+        notes.append(f"{gp.recomputed_steps} step(s) recomputed")
+    if gp.hung_attempts:
+        notes.append(f"{gp.hung_attempts} hung attempt(s)")
+    if gp.preempted:
+        notes.append("preempted (resumable)")
+    left.caption(f"productive {gp.productive_s:.2f} s of wall {gp.wall_s:.2f} s; " + ", ".join(notes))
+    # One bar of the wall time: productive first, then each lost part (the analyzer's order).
+    parts = ["productive", *gp.lost_s]
+    bar = pd.DataFrame([{"part": part, "order": i, "run": "wall time",
+                         "s": gp.productive_s if part == "productive" else gp.lost_s[part]}
+                        for i, part in enumerate(parts)])
+    spec = {
+        "mark": "bar",
+        "height": 70,
+        "encoding": {
+            "y": {"field": "run", "type": "nominal", "title": None},
+            "x": {"field": "s", "type": "quantitative", "stack": "zero", "title": "seconds of wall time"},
+            "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts},
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [{"field": "part", "type": "nominal"},
+                        {"field": "s", "type": "quantitative", "format": ".2f", "title": "seconds"}],
+        },
+    }
+    with right:
+        show_vega(spec, bar, key="goodput")
+
+
 def breakdown_chart(ra: RunAnalysis) -> None:
     st.subheader("Step-time breakdown per rank")
     ranks = [r for r in ra.ranks if r.breakdown]
@@ -372,6 +410,7 @@ def render() -> None:
         return
     ra = loaded.value
     headline(run, ra)
+    goodput_section(ra)
     breakdown_chart(ra)
     training_curves_section(run)
     per_step_charts(ra)
