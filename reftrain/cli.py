@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Mapping
 
 from reftrain import checkpoint, manifest
-from reftrain.config import Config, apply_set, from_dict, load_file, merge_dict, resolve, set_value, to_yaml
+from reftrain.config import (Config, apply_set, from_dict, load_file, merge_dict, resolve, set_value, to_yaml,
+                             tracker_names)
 from reftrain.errors import ReftrainError
 
 _ENV_LAUNCHED = "REFTRAIN_LAUNCHED"  # set by our launcher for its ranks
@@ -54,6 +55,10 @@ _FLAG_KEYS = {
     "crash_step": "fault.crash_step",
     "hang_rank": "fault.hang_rank",
     "hang_step": "fault.hang_step",
+    "log": "log.trackers",
+    "tensorboard_dir": "log.tensorboard_dir",
+    "wandb_dir": "log.wandb_dir",
+    "mlflow_uri": "log.mlflow_uri",
 }
 _DEMO = {"train.device": "cpu", "profile.enabled": True}
 
@@ -111,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fault injection: rank R stops making progress at --hang-step (fault.hang_rank)")
     p.add_argument("--hang-step", type=int, metavar="S", help="the step at whose start --hang-rank hangs (fault.hang_step)")
     p.add_argument("--peak-flops", type=float, metavar="FLOP_PER_S", help="per-device peak for MFU (run.peak_flops)")
+    p.add_argument("--log", metavar="TRACKERS",
+                   help="log live from rank 0 to experiment trackers: any of tensorboard,wandb,mlflow, comma separated "
+                        "(log.trackers; extra trackers)")
+    p.add_argument("--tensorboard-dir", metavar="DIR", help="TensorBoard log root, events in DIR/<run id> "
+                                                           "(log.tensorboard_dir; default RUN_DIR/tb)")
+    p.add_argument("--wandb-dir", metavar="DIR", help="W&B directory (log.wandb_dir; default RUN_DIR)")
+    p.add_argument("--mlflow-uri", metavar="URI", help="MLflow tracking URI or file-store folder "
+                                                      "(log.mlflow_uri; default RUN_DIR/mlruns)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
     return p
@@ -133,6 +146,8 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Conf
         if args.demo:
             for key, value in _DEMO.items():
                 set_value(cfg, key, value, "--demo")
+    if args.log is not None:
+        tracker_names(args.log, f"--log {args.log}")  # named by the flag, before the config's own check
     for attr, key in _FLAG_KEYS.items():
         value = getattr(args, attr)
         if value is not None:
@@ -233,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             for note in plan.notes:
                 print(f"reftrain: note: {note}", file=sys.stderr, flush=True)
         _require_torch()
+        from reftrain.trackers import require as require_trackers
+
+        require_trackers(cfg.log)  # an absent tracker library: one line before any rank starts
         command = ["reftrain", *argv]
         if plan.nproc is not None:
             return _launch(cfg, plan.nproc, resume, resumed_run, command, args.max_restarts)

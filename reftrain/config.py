@@ -165,6 +165,26 @@ class TelemetryConfig:
     interval_ms: int = _opt(100, "NVML sampling interval")
 
 
+# Experiment trackers `--log` accepts (reftrain/trackers.py).
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+@dataclass
+class LogConfig:
+    """Experiment trackers rank 0 logs to while training (reftrain/trackers.py, docs/reftrain.md "Experiment trackers")."""
+
+    trackers: str = _opt("", "comma-separated trackers to log to live from rank 0: tensorboard, wandb, mlflow "
+                             "(empty = none); each needs the extra trackers")
+    tensorboard_dir: str | None = _opt(None, "TensorBoard log root: events go to DIR/<run id>/; null = RUN_DIR/tb")
+    wandb_dir: str | None = _opt(None, "W&B directory (W&B writes DIR/wandb/); null = RUN_DIR")
+    wandb_project: str = _opt("reftrain", "W&B project")
+    wandb_mode: str = _opt("auto", "W&B mode; auto = $WANDB_MODE if set, online with a W&B login "
+                                   "(WANDB_API_KEY or a netrc entry), else offline", ("auto", "offline", "online"))
+    mlflow_uri: str | None = _opt(None, "MLflow tracking URI (a server, or a file store folder); "
+                                        "null = the file store RUN_DIR/mlruns")
+    mlflow_experiment: str = _opt("reftrain", "MLflow experiment")
+
+
 @dataclass
 class RunConfig:
     runs_dir: str = _opt("runs", "directory holding run directories")
@@ -186,6 +206,7 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (the content of config.yaml)."""
@@ -418,8 +439,23 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         raise ReftrainError(f"config: inject.slowdown={inj.slowdown} must be >= 1 (a factor on compute time)")
     if cfg.run.name is not None and (not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", "..")):
         raise ReftrainError(f"config: run.name={cfg.run.name!r} must be a plain directory name")
+    tracker_names(cfg.log.trackers, "config: log.trackers")
     if d.path is not None:
         check_token_file(Path(d.path), m.seq_len)
+
+
+def tracker_names(text: str, origin: str) -> list[str]:
+    """The trackers of a `log.trackers` value ("tensorboard,wandb"), each once, in the order given."""
+    names: list[str] = []
+    for part in text.split(","):
+        name = part.strip().lower()
+        if not name:
+            continue
+        if name not in TRACKERS:
+            raise ReftrainError(f"{origin}: unknown tracker {name!r} (known: {', '.join(TRACKERS)})")
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def check_token_file(path: Path, seq_len: int) -> int:

@@ -35,6 +35,7 @@ from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from reftrain.preemption import Preemption
 from reftrain.profiling import StepProfiler
 from reftrain.telemetry import GpuTelemetry, nvml_index_of
+from reftrain.trackers import Trackers, run_summary
 
 PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -155,9 +156,11 @@ def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[st
             latest = checkpoint.latest_checkpoint(run_dir)
             if latest is not None:
                 resume, resumed_from_run = latest, run_dir
+        trackers = Trackers(cfg.log, run_dir, env.rank)  # --log: rank 0 only (reftrain/trackers.py)
         try:
-            _train(cfg, env, run_dir, resume, command, resumed_from_run)
+            _train(cfg, env, run_dir, resume, command, resumed_from_run, trackers)
         except BaseException as exc:
+            trackers.finish(None, "failed")
             if env.rank == 0:
                 reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
                 manifest.mark_failed(run_dir, reason, command, env.world_size)
@@ -174,7 +177,7 @@ def _finished(run_dir: Path, env: parallel.DistEnv) -> bool:
 
 
 def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | None, command: list[str],
-           resumed_from_run: Path | None) -> fmt.RunManifest:
+           resumed_from_run: Path | None, trackers: Trackers | None = None) -> fmt.RunManifest:
     t, device = cfg.train, env.device
     start_time = manifest.utc_now()
     torch.manual_seed(t.seed)  # identical initial weights on every rank (FSDP2 shards them as is)
@@ -285,6 +288,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
               f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})")
         if telemetry.note and cfg.telemetry.enabled:
             print(f"telemetry: {telemetry.note}", flush=True)
+        if trackers is not None:
+            trackers.start(man.config or cfg.to_dict(), run_dir.name, attempt)
 
     metrics_rel = f"metrics/{sub}rank{env.rank}.jsonl"
     colls_rel = f"collectives/{sub}rank{env.rank}.jsonl"
@@ -302,7 +307,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         with profiler, Preemption(env.rank, device) as preemption:
             step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector,
                                 profiler, peak, fpt)
-            stopped_by = _loop(cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption)
+            stopped_by = _loop(cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption,
+                               trackers)
         timer.flush(wait=True)
         heartbeat.beat(records[-1]["step"] if records else start_step, "done")
     finally:
@@ -342,6 +348,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
             }
         manifest.write_json(run_dir / "run.json", man)
         _print_summary(cfg, run_dir, records, everyone, tokens_per_step, wall_s, start_step, profiled_steps)
+        if trackers is not None:
+            trackers.finish(run_summary(records, everyone, tokens_per_step, wall_s, status), status)
         if stopped_by is not None:
             print(f"reftrain: {last.cause}", flush=True)
     return man
@@ -457,7 +465,8 @@ class TrainStep:
 
 def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep, start_step: int,
           records: list[dict], faults: Faults | None = None, saver: Saver | None = None,
-          heartbeat: Heartbeat | None = None, preemption: Preemption | None = None) -> str | None:
+          heartbeat: Heartbeat | None = None, preemption: Preemption | None = None,
+          trackers: Trackers | None = None) -> str | None:
     """Run the steps; returns None at the end, or the signal's name when preempted
     (the state after the last step run is then saved)."""
     t = cfg.train
@@ -473,6 +482,8 @@ def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep,
             heartbeat.beat(step, "end")
         if env.rank == 0:
             _print_step(record, t.steps, env.world_size)
+        if trackers is not None:
+            trackers.log_step(record)
         saver.poll()
         saved = False
         if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
