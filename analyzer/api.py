@@ -32,6 +32,7 @@ from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
+from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import exposed_comm_pct
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
@@ -140,6 +141,8 @@ class RunAnalysis:
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
     # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
     attribution: RunAttribution | None = None
+    # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
+    idle: RunIdle | None = None
 
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""
@@ -164,6 +167,23 @@ class RunAnalysis:
         if self.attribution is None:
             return run_attribution({}).__getattribute__(name)
         table = getattr(self.attribution, name)
+        return table if rank is None else table.loc[table["rank"] == rank].reset_index(drop=True)
+
+    def idle_causes(self, rank: int | None = None) -> pd.DataFrame:
+        """Per rank: device idle by cause (host wait, kernel wait, other), the kernel launch statistics, host
+        syncs and pageable copies in the step windows (docs/metrics.md, "Why the GPU is idle")."""
+        return self._idle_table("ranks", rank)
+
+    def idle_breakdown(self, rank: int | None = None) -> pd.DataFrame:
+        """HTA's idle-time breakdown: per (rank, stream, cause) the idle ms and its share of the stream's idle."""
+        return self._idle_table("streams", rank)
+
+    def host_syncs(self, rank: int | None = None) -> pd.DataFrame:
+        """Host syncs inside the step windows per (rank, call or op name): calls and host ms."""
+        return self._idle_table("syncs", rank)
+
+    def _idle_table(self, name: str, rank: int | None) -> pd.DataFrame:
+        table: pd.DataFrame = getattr(self.idle if self.idle is not None else run_idle({}), name)
         return table if rank is None else table.loc[table["rank"] == rank].reset_index(drop=True)
 
     def goodput(self):
@@ -205,6 +225,7 @@ class RunAnalysis:
                 "kernels": self.kernels.to_dict("records"),
                 "collectives": None if self.collectives is None else self.collectives.to_dict("records"),
                 "attribution": None if self.attribution is None else self.attribution.to_json(),
+                "idle": None if self.idle is None else self.idle.to_json(),
                 "errors": list(self.errors),
                 "warnings": list(self.warnings),
             }
@@ -550,6 +571,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         metrics=metrics,
         step_time=run_step_time,
         attribution=run_attribution({r: p.attribution for r, p in parts.items()}),
+        idle=run_idle({r: p.idle for r, p in parts.items()}),
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
     )
 

@@ -35,6 +35,7 @@ from analyzer.ingest.tables import RankTrace
 from analyzer.metrics.attribution import AttributionTables, rank_attribution
 from analyzer.metrics.breakdown import BreakdownPieces, Source, breakdown_pieces, source_of
 from analyzer.metrics.collectives import collective_table as rank_collective_table
+from analyzer.metrics.idle import IdleTables, rank_idle
 from analyzer.metrics.kernels import top_kernels
 from analyzer.metrics.mfu import RankFlops, device_name_of, rank_flops_from_shapes
 from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
@@ -42,7 +43,7 @@ from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 3  # 3: the attribution tables (issue 11)
+MAP_VERSION = 5  # 3: the attribution tables (issue 11); 4: the timeline grids (issue 12); 5: the idle figures (issue 11)
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -79,7 +80,9 @@ class RankPart:
     :func:`analyzer.metrics.collectives.collective_table`), for the
     suggestions' communication diagnosis; ``attribution`` the rank's
     op, module and annotation tables (:func:`analyzer.metrics.attribution.rank_attribution`,
-    aggregated per op name, not per kernel, so a summary stays small).
+    aggregated per op name, not per kernel, so a summary stays small);
+    ``idle`` its idle causes, launch statistics, host syncs and pageable
+    copies (:func:`analyzer.metrics.idle.rank_idle`).
     """
 
     rank: int
@@ -97,6 +100,7 @@ class RankPart:
     arrivals: tuple[pd.DataFrame | None, str]
     comm_table: pd.DataFrame | None = None
     attribution: AttributionTables | None = None
+    idle: IdleTables | None = None
 
 
 @dataclass
@@ -198,4 +202,5 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         arrivals=rank_arrivals(rank, events, rt.steps),
         comm_table=rank_collective_table(events),
         attribution=rank_attribution(events, windows),
+        idle=rank_idle(events, windows),
     )

@@ -124,6 +124,7 @@ class _Columns:
     start: np.ndarray
     end: np.ndarray
     corr: np.ndarray
+    tid: np.ndarray
     device: np.ndarray
     window: np.ndarray
 
@@ -132,7 +133,7 @@ class _Columns:
         kind = events["kind"]
         return cls(kind, events["name"], events["stream"].to_numpy(np.int64), events["start_ns"].to_numpy(np.int64),
                    events["end_ns"].to_numpy(np.int64), events["correlation"].to_numpy(np.int64),
-                   is_in(kind, DEVICE_KINDS), hta_window(events, steps))
+                   events["tid"].to_numpy(np.int64), is_in(kind, DEVICE_KINDS), hta_window(events, steps))
 
 
 def _window_device(c: _Columns) -> pd.DataFrame:
@@ -309,17 +310,28 @@ def _in_windows(t: np.ndarray, w: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     return (k >= 0) & (t < w[1][np.clip(k, 0, None)]) if len(w[0]) else np.zeros(len(t), dtype=bool)
 
 
-def host_syncs(events: pd.DataFrame, steps: pd.DataFrame, gaps: DeviceGaps) -> tuple[pd.DataFrame, int]:
+@dataclass(frozen=True)
+class SyncPoints:
+    """Host syncs of one rank inside the step windows: ``n`` sync points (the outermost sync of a nest on its
+    thread: ``aten::item`` around ``_local_scalar_dense`` around ``cudaStreamSynchronize`` is one), their
+    ``host_ns``, and ``idle_ns``: device gaps, clipped to the windows, that contain the end of a sync call
+    (each gap once)."""
+
+    n: int = 0
+    host_ns: int = 0
+    idle_ns: int = 0
+
+
+def host_syncs(events: pd.DataFrame, steps: pd.DataFrame, gaps: DeviceGaps) -> tuple[pd.DataFrame, SyncPoints]:
     """The host syncs starting inside the step windows, and the device idle after them (module doc).
 
     Returns (one row per sync name with ``calls`` and ``host_ns``, sorted by
-    host time; ``sync_idle_ns``: device gaps, clipped to the windows, that
-    contain the end of a sync call of any kind, each gap counted once).
+    host time; the :class:`SyncPoints`).
     """
     return _host_syncs(_Columns.of(events, steps), steps, gaps)
 
 
-def _host_syncs(c: _Columns, steps: pd.DataFrame, gaps: DeviceGaps) -> tuple[pd.DataFrame, int]:
+def _host_syncs(c: _Columns, steps: pd.DataFrame, gaps: DeviceGaps) -> tuple[pd.DataFrame, SyncPoints]:
     w = _windows(steps)
     sync = (is_in(c.kind, ("runtime",)) & _named(c.name, SYNC_CALLS)) | (is_in(c.kind, ("cpu_op",)) & _named(c.name, SYNC_OPS))
     sync &= _in_windows(c.start, w)
@@ -331,13 +343,20 @@ def _host_syncs(c: _Columns, steps: pd.DataFrame, gaps: DeviceGaps) -> tuple[pd.
                           "host_ns": np.bincount(codes, weights=host_ns.astype(np.float64),
                                                  minlength=len(names)).astype(np.int64)})
     table = table.sort_values(["host_ns", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    # Sync points: the outermost sync of a nest on its thread (aten::item > _local_scalar_dense > cudaStreamSynchronize
+    # is one wait, not three). Syncs are few (tens per step): a small frame.
+    nest = pd.DataFrame({"tid": c.tid[sync], "start": c.start[sync], "end": end}).sort_values(
+        ["tid", "start", "end"], ascending=[True, True, False], kind="stable")
+    before = nest.groupby("tid", sort=False)["end"].cummax().groupby(nest["tid"], sort=False).shift(1)
+    outer = ~(before.to_numpy(np.float64) >= nest["end"].to_numpy(np.float64))
+    points = SyncPoints(int(outer.sum()), int((nest["end"] - nest["start"]).to_numpy(np.int64)[outer].sum()), 0)
     if len(end) == 0 or len(gaps.start) == 0:
-        return table, 0
+        return table, points
     ends = np.sort(end)
     # A gap [g0, g1] holds a sync's end when some end lies in it: count the ends up to g1 minus those before g0.
     holds = np.searchsorted(ends, gaps.end, side="right") - np.searchsorted(ends, gaps.start, side="left") > 0
     tl = sweep([(gaps.start[holds], gaps.end[holds]), w])
-    return table, tl.total(tl.mask == 3)
+    return table, SyncPoints(points.n, points.host_ns, tl.total(tl.mask == 3))
 
 
 @dataclass(frozen=True)
@@ -378,14 +397,14 @@ SYNC_COLUMNS = ("name", "calls", "host_ns")
 class IdleTables:
     """One rank's idle figures (the RankPart entry; small): ``streams`` (:func:`stream_idle`), ``device``
     (:class:`DeviceGaps` totals: ``host_wait_ns``, ``kernel_wait_ns``, ``other_ns``, ``idle_ns``, ``span_ns``,
-    ``n_gaps``), ``launch``, ``syncs`` and ``sync_idle_ns``, ``pageable``, and the windows they are counted in
+    ``n_gaps``), ``launch``, ``syncs`` (per name) and ``sync_points``, ``pageable``, and the windows they are counted in
     (``n_steps``, ``step_ns``: summed ProfilerStep windows)."""
 
     streams: pd.DataFrame
     device: dict[str, int]
     launch: LaunchSummary
     syncs: pd.DataFrame
-    sync_idle_ns: int = 0
+    sync_points: SyncPoints = field(default_factory=SyncPoints)
     pageable: PageableCopies = field(default_factory=PageableCopies)
     n_steps: int = 0
     step_ns: int = 0
@@ -398,11 +417,11 @@ def rank_idle(events: pd.DataFrame, steps: pd.DataFrame) -> IdleTables:
     gaps = device_gaps(dev)
     device = {f"{k}_ns": gaps.idle_ns(k) for k in CATEGORIES}
     device.update(idle_ns=gaps.idle_ns(), span_ns=gaps.span_ns, n_gaps=len(gaps.start))
-    syncs, sync_idle = _host_syncs(c, steps, gaps)
+    syncs, points = _host_syncs(c, steps, gaps)
     w = _windows(steps)
     return IdleTables(
         streams=stream_idle(dev), device=device, launch=LaunchSummary.of(_launch_stats(c, steps, LAUNCH_CALLS)),
-        syncs=syncs, sync_idle_ns=sync_idle, pageable=_pageable_copies(c, steps), n_steps=len(steps),
+        syncs=syncs, sync_points=points, pageable=_pageable_copies(c, steps), n_steps=len(steps),
         step_ns=int((w[1] - w[0]).sum()),
     )
 
@@ -418,8 +437,8 @@ class RunIdle:
     ``ranks``: one row per rank: ``span_ms``, ``idle_ms`` and per cause
     ``<cause>_ms`` and ``<cause>_pct`` (of the idle time), ``idle_pct`` (of
     the span); the launch statistics (:class:`LaunchSummary`'s fields);
-    ``n_steps``, ``step_ms``, ``syncs_per_step``, ``sync_host_ms``,
-    ``sync_idle_ms``; ``pageable_htod_per_step``, ``pageable_htod_ms``,
+    ``n_steps``, ``step_ms``, ``syncs_per_step`` (sync points),
+    ``sync_host_ms`` and ``sync_idle_ms`` (:class:`SyncPoints`); ``pageable_htod_per_step``, ``pageable_htod_ms``,
     ``pageable_htod_exposed_ms``. ``streams``: :func:`stream_idle`'s rows
     with ``rank`` first, times in ms and ``idle_pct`` (of the stream's idle).
     ``syncs``: ``rank, name, calls, host_ms`` inside the step windows.
@@ -451,10 +470,9 @@ def _rank_row(rank: int, t: IdleTables) -> dict[str, Any]:
     for c in CATEGORIES:
         row[f"{c}_pct"] = 100.0 * d.get(f"{c}_ns", 0) / idle if idle else None
     row.update(t.launch.__dict__)
-    calls = int(t.syncs["calls"].sum()) if len(t.syncs) else 0
-    row.update(n_steps=t.n_steps, step_ms=t.step_ns / 1e6, syncs_per_step=calls / t.n_steps if t.n_steps else None,
-               sync_host_ms=float(t.syncs["host_ns"].sum()) / 1e6 if len(t.syncs) else 0.0,
-               sync_idle_ms=t.sync_idle_ns / 1e6,
+    sp = t.sync_points
+    row.update(n_steps=t.n_steps, step_ms=t.step_ns / 1e6, syncs_per_step=sp.n / t.n_steps if t.n_steps else None,
+               sync_host_ms=sp.host_ns / 1e6, sync_idle_ms=sp.idle_ns / 1e6,
                pageable_htod_per_step=t.pageable.n / t.n_steps if t.n_steps else None,
                pageable_htod_ms=t.pageable.time_ns / 1e6, pageable_htod_exposed_ms=t.pageable.exposed_ns / 1e6)
     return row
