@@ -820,6 +820,9 @@ class RunAttribution:
 _TOTAL_PCTS = (("attributed", "attributed_ns"), ("unattributed", "unattributed_ns"), ("graph", "graph_ns"),
                ("backward", "backward_ns"), ("other_thread", "other_thread_ns"), ("module", "module_ns"),
                ("annotated", "annotated_ns"))
+# RunAttribution.totals: one row per rank (the same columns when no rank has tables).
+TOTALS_COLUMNS = ("rank", "device_ms", "step_ms", "n_device", "n_unattributed",
+                  *(f"{label}_{unit}" for label, _ in _TOTAL_PCTS for unit in ("ms", "pct")))
 
 
 def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttribution:
@@ -852,7 +855,7 @@ def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttributio
             row[f"{label}_ms"] = t.get(key, 0) / 1e6
             row[f"{label}_pct"] = 100.0 * t.get(key, 0) / dev if dev else None
         rows.append(row)
-    totals = pd.DataFrame(rows) if rows else _empty(("rank", "device_ms", "step_ms"))
+    totals = pd.DataFrame(rows, columns=list(TOTALS_COLUMNS)) if rows else _empty(TOTALS_COLUMNS)
     return RunAttribution(
         ops=cat("ops", OPS_COLUMNS, True),
         shapes=cat("shapes", SHAPES_COLUMNS, False),

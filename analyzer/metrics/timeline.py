@@ -53,8 +53,10 @@ def occupancy(
     """Share of each time bin spent in each breakdown part, for one rank.
 
     ``span_ns`` is ``(t0, t1)`` relative to ``origin_ns``; it is cut into
-    ``n_bins`` bins with edges ``t0 + i * (t1 - t0) // n_bins`` (widths
-    differ by at most 1 ns when the span does not divide evenly).
+    ``n = min(n_bins, t1 - t0)`` bins with edges ``t0 + i * (t1 - t0) // n``
+    (widths differ by at most 1 ns when the span does not divide evenly; a
+    span shorter than ``n_bins`` ns gets 1 ns bins rather than empty ones,
+    whose shares would be 0/0).
     ``source`` defaults to ``device`` when the rank has GPU events;
     ``waits`` are the rank's waiting-at-collective intervals (absolute ns,
     :func:`analyzer.metrics.stragglers.wait_intervals`) for the ``collective_wait``
@@ -67,9 +69,10 @@ def occupancy(
     if n_bins < 1 or t1 <= t0:
         raise ValueError(f"need n_bins >= 1 and t1 > t0, got n_bins={n_bins}, span=({t0}, {t1})")
     source = source or source_of(events)
-    edges = t0 + (np.arange(n_bins + 1, dtype=np.int64) * (t1 - t0)) // n_bins
+    n = min(n_bins, t1 - t0)
+    edges = t0 + (np.arange(n + 1, dtype=np.int64) * (t1 - t0)) // n
     windows = pd.DataFrame(
-        {"step": np.arange(n_bins, dtype=np.int64), "start_ns": edges[:-1] + origin_ns, "end_ns": edges[1:] + origin_ns}
+        {"step": np.arange(n, dtype=np.int64), "start_ns": edges[:-1] + origin_ns, "end_ns": edges[1:] + origin_ns}
     )
     table = step_breakdown(events, windows, source, waits)
     out = pd.DataFrame({"bin": windows["step"], "start_ns": edges[:-1], "end_ns": edges[1:]})

@@ -1,0 +1,217 @@
+"""Every metric function of the layer, registered once, with the tables it reads.
+
+A metric is a pure function over tables (docs/architecture.md, "A metric").
+:data:`METRICS` names each one with the kind of input each of its table
+parameters takes; :data:`EMPTY_INPUTS` builds every kind empty, with the
+real schema: the ingest tables from :mod:`analyzer.ingest.tables` and
+:mod:`analyzer.ingest.rundir` (``empty_events()``, ``METRICS_COLUMNS``, ...),
+a run manifest from :class:`analyzer.ingest.formats.RunManifest`, and an
+intermediate table (a step table, the matmul ops, a rank's arrivals) as its
+producing metric returns it on empty tables.
+
+tests/test_metric_invariants.py runs every registered metric on empty
+inputs and requires its typed empty result (an instance of its return
+annotation, no warning, nothing measured), and requires every public
+function of ``analyzer.metrics.*`` that takes a ``pd.DataFrame`` to be
+registered here. Adding a metric: write the function, add one
+:func:`metric` line below.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.ingest import tables
+from analyzer.ingest.formats import RunManifest
+from analyzer.ingest.rundir import COLLECTIVES_COLUMNS, METRICS_COLUMNS
+from analyzer.metrics import (
+    attribution,
+    breakdown,
+    collectives,
+    curves,
+    goodput,
+    kernels,
+    launch,
+    matmul_flops,
+    mfu,
+    overlap,
+    step_time,
+    stragglers,
+    taxonomy,
+    throughput,
+    timeline,
+    windows,
+)
+
+
+def _frame(columns: Mapping[str, str]) -> pd.DataFrame:
+    """A table with no rows and the documented columns and dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+
+
+def _no_rows() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+# Each kind of input a metric reads, built empty. Raw inputs first (the ingest layer's
+# tables, a run directory's files), then what a metric makes of them on empty tables.
+EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
+    "events": tables.empty_events,
+    "steps": tables.empty_steps,
+    "event_rows": lambda: tables.empty_events().index,
+    "metrics": lambda: _frame(METRICS_COLUMNS),
+    "collective_records": lambda: _frame(COLLECTIVES_COLUMNS),
+    "manifest": lambda: RunManifest().to_json(),
+    "times_ns": _no_rows,
+    "ids": _no_rows,
+    "step_table": lambda: breakdown.step_breakdown(tables.empty_events(), tables.empty_steps()),
+    "pieces": lambda: breakdown.breakdown_pieces(tables.empty_events(), tables.empty_steps()),
+    "comm_kernels": lambda: collectives.collective_table(tables.empty_events()),
+    "launches": lambda: launch.launches(tables.empty_events()),
+    "matmul_ops": lambda: matmul_flops.matmul_ops(tables.empty_events()),
+    "flop_kernels": lambda: matmul_flops.flop_kernels(tables.empty_events(), matmul_flops.matmul_ops(tables.empty_events())),
+    "arrivals": lambda: stragglers.arrivals_from_records(_frame(COLLECTIVES_COLUMNS), None),
+    "spans": lambda: stragglers.match_collective_spans({0: None}),
+    "curves": lambda: curves.training_curves(None, _frame(METRICS_COLUMNS)).table,
+    # Per rank (one rank, 0, with empty tables: the map over a rank that recorded nothing).
+    "events_by_rank": lambda: {0: tables.empty_events()},
+    "steps_by_rank": lambda: {0: tables.empty_steps()},
+    "origins": lambda: {0: 0},
+    "device_names": lambda: {0: None},
+    "rank_tables": lambda: {0: (tables.empty_events(), tables.empty_steps())},
+    "rank_arrivals": lambda: {0: stragglers.rank_arrivals(0, tables.empty_events(), tables.empty_steps())},
+    "rank_spans": lambda: {0: stragglers.rank_collective_spans(0, tables.empty_events())},
+    "rank_flops": lambda: [mfu.rank_flops_from_shapes(0, tables.empty_events(), tables.empty_steps())],
+    "rank_attribution": lambda: {0: attribution.rank_attribution(tables.empty_events(), tables.empty_steps())},
+    "run_curves": lambda: {"run": curves.training_curves(None, _frame(METRICS_COLUMNS))},
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One registered metric: ``fn``, the input kind of each table parameter (``reads``), values
+    for its other required parameters (``params``), and the fields of its result that echo a
+    setting or a coordinate rather than measure anything (``echoes``: not empty on empty tables)."""
+
+    fn: Callable[..., Any]
+    reads: Mapping[str, str]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    echoes: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """``module.function``, e.g. ``overlap.overlap``."""
+        return f"{self.fn.__module__.rsplit('.', 1)[-1]}.{self.fn.__name__}"
+
+    def on_empty(self) -> Any:
+        """The metric of empty inputs (each read built by :data:`EMPTY_INPUTS`)."""
+        args = {p: EMPTY_INPUTS[kind]() for p, kind in self.reads.items()}
+        return self.fn(**args, **self.params)
+
+
+def metric(fn: Callable[..., Any], params: Mapping[str, Any] | None = None, echoes: tuple[str, ...] = (),
+           **reads: str) -> Metric:
+    """A :class:`Metric`: ``metric(overlap.overlap, events="events", steps="steps")``."""
+    unknown = sorted(set(reads.values()) - set(EMPTY_INPUTS))
+    if unknown:
+        raise KeyError(f"{fn.__name__}: input kinds {unknown} are not in EMPTY_INPUTS")
+    return Metric(fn, reads, dict(params or {}), echoes)
+
+
+METRICS: tuple[Metric, ...] = (
+    # attribution: kernels to ops, modules and annotations (issue 11)
+    metric(attribution.attribute, events="events", steps="steps"),
+    metric(attribution.rank_attribution, events="events", steps="steps"),
+    metric(attribution.run_attribution, parts="rank_attribution"),
+    # breakdown: the step's parts
+    metric(breakdown.source_of, events="events"),
+    metric(breakdown.device_timeline, events="events"),
+    metric(breakdown.host_timeline, events="events"),
+    metric(breakdown.phase_annotations, events="events"),
+    metric(breakdown.issuing_threads_busy, events="events"),
+    metric(breakdown.step_breakdown, events="events", steps="steps"),
+    metric(breakdown.breakdown_pieces, events="events", steps="steps"),
+    metric(breakdown.with_waits, params={"waits": None}, pieces="pieces"),
+    metric(breakdown.summarize_breakdown, params={"source": "device"}, table="step_table"),
+    # collectives: sizes, bandwidths, alpha-beta, diagnosis
+    metric(collectives.collective_table, events="events"),
+    metric(collectives.alpha_beta, table="comm_kernels"),
+    metric(collectives.diagnose, params={"link_gbps": None}, table="comm_kernels"),
+    metric(collectives.diagnose_unsized, table="comm_kernels"),
+    # curves: training curves of the metrics records
+    metric(curves.training_curves, manifest="manifest", metrics="metrics"),
+    metric(curves.smooth, params={"window": 5}, table="curves"),
+    metric(curves.overlay, params={"metric": "loss"}, curves="run_curves"),
+    metric(curves.report_html, manifest="manifest", metrics="metrics"),
+    # goodput
+    metric(goodput.goodput, manifest="manifest", metrics="metrics"),
+    # kernels
+    metric(kernels.top_kernels, params={"rank": 0}, events="events", steps="steps"),
+    # launch: launch calls and the ops around them
+    metric(launch.launches, events="events"),
+    metric(launch.launching_op, events="events", device_rows="event_rows", ops="launches"),
+    metric(launch.innermost_containing, ops="launches", q_pid="ids", q_tid="ids", q_t="times_ns"),
+    # matmul FLOPs
+    metric(matmul_flops.matmul_ops, events="events"),
+    metric(matmul_flops.flop_kernels, events="events", ops="matmul_ops"),
+    metric(matmul_flops.charged_ops, ops="matmul_ops", kernels="flop_kernels"),
+    metric(matmul_flops.dominant_dtype, ops="matmul_ops"),
+    # MFU
+    metric(mfu.steady_state, params={"warmup_steps": 0, "profiled_steps": []}, metrics="metrics"),
+    metric(mfu.mfu_from_manifest, manifest="manifest", metrics="metrics"),
+    metric(mfu.rank_flops_from_shapes, params={"rank": 0}, events="events", steps="steps"),
+    metric(mfu.device_name_of, params={"device_properties": []}, events="events"),
+    metric(mfu.mfu_from_trace_shapes, ranks="rank_flops", device_names="device_names"),
+    metric(mfu.flop_coverage, ranks="rank_flops"),
+    metric(mfu.rank_step_mfu, params={"flops_per_step": 1e9, "peak_flops_per_s": 1e12}, step_table="step_table"),
+    # overlap (HTA's definitions)
+    metric(overlap.hta_window, events="events", steps="steps"),
+    metric(overlap.overlap, events="events", steps="steps"),
+    metric(overlap.exposed_comm_pct, step_table="step_table"),
+    metric(overlap.span_breakdown, events="events"),
+    metric(overlap.span_parts_ns, events="events"),
+    metric(overlap.kernel_utilization, events="events", win_start_ns="times_ns", win_end_ns="times_ns"),
+    # step time
+    metric(step_time.median_of_rank_mean, table="metrics"),
+    metric(step_time.step_time, steady="metrics", profiled="step_table"),
+    # stragglers and the waits at collectives
+    metric(stragglers.arrivals_from_records, params={"offsets_ns": None}, collectives="collective_records"),
+    metric(stragglers.rank_collective_events, events="events"),
+    metric(stragglers.arrivals_from_traces, per_rank="rank_tables"),
+    metric(stragglers.rank_arrivals, params={"rank": 0}, events="events", steps="steps"),
+    metric(stragglers.match_arrivals, per_rank="rank_arrivals"),
+    metric(stragglers.collective_table, arrivals="arrivals"),
+    metric(stragglers.collective_spans, per_rank="events_by_rank"),
+    metric(stragglers.rank_collective_spans, params={"rank": 0}, events="events"),
+    metric(stragglers.match_collective_spans, per_rank="rank_spans"),
+    metric(stragglers.wait_intervals, spans="spans"),
+    # The thresholds it applied are part of the result (StragglerResult.config).
+    metric(stragglers.find_stragglers, params={"step_source": None, "arrival_source": None}, echoes=("config",),
+           step_times="metrics", arrivals="arrivals"),
+    # taxonomy: kernel classes
+    metric(taxonomy.kernel_class, events="events"),
+    metric(taxonomy.collective_kinds, events="events"),
+    # throughput
+    metric(throughput.throughput, manifest="manifest", metrics="metrics"),
+    # timeline: occupancy over time. A span is a coordinate, not a measurement: active_span's
+    # fallback (0, 1) keeps callers' spans non-empty. occupancy's rows are its bins (n_bins of
+    # the given span), all in the remainder state ("other"/"idle") when nothing ran.
+    metric(timeline.occupancy, params={"origin_ns": 0, "span_ns": (0, 1000), "n_bins": 10}, echoes=("<result>",),
+           events="events"),
+    metric(timeline.align_origins, steps_by_rank="steps_by_rank", events_by_rank="events_by_rank"),
+    metric(timeline.active_span, params={"source": "device"}, echoes=("<result>",), events_by_rank="events_by_rank",
+           origins="origins"),
+    metric(timeline.select_window, params={"span_ns": (0, 1000), "max_events": 100, "source": "device"},
+           events_by_rank="events_by_rank", origins="origins"),
+    metric(timeline.overview, params={"n_bins": 10}, echoes=("span_ns", "occupancy"),
+           events_by_rank="events_by_rank", steps_by_rank="steps_by_rank"),
+    # windows: ProfilerStep windows and their checks
+    metric(windows.events_extent, events="events"),
+    metric(windows.check_windows, params={"rank": 0}, events="events", steps="steps"),
+)
+
+__all__ = ["EMPTY_INPUTS", "METRICS", "Metric", "metric"]
