@@ -34,6 +34,7 @@ from analyzer.metrics import (
     collectives,
     curves,
     goodput,
+    idle,
     kernels,
     launch,
     matmul_flops,
@@ -77,6 +78,8 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "arrivals": lambda: stragglers.arrivals_from_records(_frame(COLLECTIVES_COLUMNS), None),
     "spans": lambda: stragglers.match_collective_spans({0: None}),
     "curves": lambda: curves.training_curves(None, _frame(METRICS_COLUMNS)).table,
+    "window_device": lambda: idle.window_device(tables.empty_events(), tables.empty_steps()),
+    "device_gaps": lambda: idle.device_gaps(idle.window_device(tables.empty_events(), tables.empty_steps())),
     # Per rank (one rank, 0, with empty tables: the map over a rank that recorded nothing).
     "events_by_rank": lambda: {0: tables.empty_events()},
     "steps_by_rank": lambda: {0: tables.empty_steps()},
@@ -88,6 +91,7 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "rank_flops": lambda: [mfu.rank_flops_from_shapes(0, tables.empty_events(), tables.empty_steps())],
     "rank_attribution": lambda: {0: attribution.rank_attribution(tables.empty_events(), tables.empty_steps())},
     "run_curves": lambda: {"run": curves.training_curves(None, _frame(METRICS_COLUMNS))},
+    "rank_idle": lambda: {0: idle.rank_idle(tables.empty_events(), tables.empty_steps())},
 }
 
 
@@ -149,6 +153,15 @@ METRICS: tuple[Metric, ...] = (
     metric(curves.report_html, manifest="manifest", metrics="metrics"),
     # goodput
     metric(goodput.goodput, manifest="manifest", metrics="metrics"),
+    # idle: why the GPU is idle (issue 11 item 4)
+    metric(idle.window_device, events="events", steps="steps"),
+    metric(idle.stream_idle, dev="window_device"),
+    metric(idle.device_gaps, dev="window_device"),
+    metric(idle.launch_stats, events="events", steps="steps"),
+    metric(idle.host_syncs, events="events", steps="steps", gaps="device_gaps"),
+    metric(idle.pageable_copies, events="events", steps="steps"),
+    metric(idle.rank_idle, events="events", steps="steps"),
+    metric(idle.run_idle, parts="rank_idle"),
     # kernels
     metric(kernels.top_kernels, params={"rank": 0}, events="events", steps="steps"),
     # launch: launch calls and the ops around them
