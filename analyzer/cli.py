@@ -159,6 +159,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         if importlib.util.find_spec("mlflow") is None:
             raise AnalyzerError(MLFLOW_LINE)
+    if fmt == "wandb":
+        import importlib.util
+
+        from analyzer.verbs.export.wandb import EXTRA_LINE as WANDB_LINE, write_wandb
+
+        if importlib.util.find_spec("wandb") is None:
+            raise AnalyzerError(WANDB_LINE)
     path = _existing(args.path)
     with _parsing([path], args) as jobs:
         analysis = _analyze(path, args, jobs)
@@ -169,6 +176,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if fmt == "mlflow":
         run_id = write_mlflow(tables, dest, path.name, str(path))
         _say("note", f"logged MLflow run {run_id} (experiment analyzer) to {dest}")
+        return EXIT_OK
+    if fmt == "wandb":
+        _say("note", f"wrote the W&B run {write_wandb(tables, Path(dest), path.name, str(path))} (project analyzer; "
+                     "wandb sync uploads it)")
         return EXIT_OK
     written = write_tables(tables, fmt, Path(dest))
     _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
@@ -355,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).")
     p.add_argument("path", help="reftrain run directory or folder of traces")
     p.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"), required=True,
-                   help="csv DIR, parquet DIR, tensorboard DIR or mlflow URI (extra trackers)")
+                   help="csv DIR, parquet DIR, tensorboard DIR, wandb DIR (offline) or mlflow URI (extra trackers)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("history", parents=[common], help="headline figures of every run in a folder, in order",

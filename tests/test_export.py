@@ -65,7 +65,7 @@ def test_trace_folder_has_no_curves_table(tmp_path):
 def test_unknown_format_is_one_line(run, tmp_path):
     done = _cli("export", str(run), "--to", "excel", str(tmp_path / "x"))
     assert done.returncode == 2
-    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, mlflow)"
+    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, wandb, mlflow)"
     assert not (tmp_path / "x").exists()
 
 

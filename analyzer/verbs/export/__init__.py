@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
 
 FORMATS = ("csv", "parquet")
-TARGETS = (*FORMATS, "tensorboard", "mlflow")  # analyzer/verbs/export/tensorboard.py, mlflow.py
+TARGETS = (*FORMATS, "tensorboard", "wandb", "mlflow")  # analyzer/verbs/export/tensorboard.py, wandb.py, mlflow.py
 
 
 def curve_points(tables: dict[str, pd.DataFrame]) -> Iterator[tuple[str, int, object]]:
