@@ -340,6 +340,9 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     attribution = attribution_lines(a, top)
     if attribution:
         out += attribution + [""]
+    idle = idle_lines(a)
+    if idle:
+        out += idle + [""]
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops (inclusive time)" if _host_ops(a) else "Top kernels"
@@ -418,6 +421,27 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
                    "copies, HTA's user annotation breakdown)")
         out.append(format_table(["annotation", "calls", "device ms", "host ms", "GPU ms"], arows, left=(0,)))
     return out
+
+
+def idle_lines(a: "RunAnalysis") -> list[str]:
+    """Why the GPU is idle: idle by cause, launch statistics, syncs, pageable copies (docs/metrics.md); [] without GPU."""
+    t = a.idle.ranks if a.idle is not None else None
+    if t is None or t.empty or not (t["span_ms"] > 0).any():
+        return []
+    rows = [[r.rank, _num(r.idle_pct), _num(r.host_wait_pct), _num(r.kernel_wait_pct), _num(r.other_pct), r.n_launches,
+             _num(r.cpu_duration_us_p50), _num(r.launch_delay_us_p50), _num(r.gpu_duration_us_p50),
+             _pct(r.short_share), _num(r.syncs_per_step), _num(r.sync_idle_ms / r.n_steps if r.n_steps else None, ".2f"),
+             _num(r.pageable_htod_per_step)]
+            for r in t.loc[t["span_ms"] > 0].itertuples(index=False)]
+    return ["Why the GPU is idle (HTA's idle breakdown and launch statistics, window as idle % (HTA); per step: "
+            "inside the ProfilerStep windows)",
+            format_table(["rank", "idle %", "host wait %", "kernel wait %", "other %", "launches", "launch us",
+                          "delay us", "kernel us", "short %", "syncs/step", "idle after sync ms/step",
+                          "pageable HtoD/step"], rows),
+            "  host wait: the next kernel was not launched yet; kernel wait: gaps under 30 us between launched kernels; "
+            "other: waiting on something else (another stream, a collective). Cause shares are of the idle time.",
+            "  launch/delay/kernel us: medians of the launch call, of kernel start - call end, of the kernel; short: "
+            "kernels shorter than their launch call (HTA's). syncs: stream/device/event syncs, blocking copies, .item()."]
 
 
 # ----------------------------------------------------------------- report: HTML

@@ -195,6 +195,7 @@ RULE_PART = {
     "bf16_autocast": "compute", "tf32": "compute", "micro_batch": "other", "smaller_micro_batch": "other",
     "activation_checkpointing": "compute",
     "straggler": "exposed_comm", "comm_one_rank": "exposed_comm", "comm_waiting": "exposed_comm",
+    "dependency_idle": "idle", "host_sync": "idle", "pageable_copies": "exposed_memcpy",
 }
 # Rules whose what-if also acts on a second part: launch_bound's larger batch fills idle time and spreads the
 # fixed (non-batch-scaled) exposed comm over k times the work (rules_compute.rule_launch_bound).

@@ -110,6 +110,40 @@ class KernelFacts:
 
 
 @dataclass(frozen=True)
+class IdleFacts:
+    """Why the device idles, over every traced rank with device events (analyzer.metrics.idle; docs/metrics.md).
+
+    ``*_frac``: each cause's share of the device idle time (host wait, kernel
+    wait, other; they sum to 1); ``idle_ms``: that idle time, summed over
+    ranks in HTA's window. Launches (HTA's launch statistics): ``n_launches``
+    and ``short_share`` (kernels shorter than their launch call), medians over
+    ranks of the per-rank median launch call and delay (us). Per step inside
+    the ProfilerStep windows (summed over ranks and windows): ``syncs_per_step``
+    (sync points), ``sync_names`` (name -> calls per step), and as shares of
+    step time ``sync_host_share``, ``sync_idle_share`` (device idle after a
+    sync), ``pageable_per_step``, ``pageable_share`` and
+    ``pageable_exposed_share`` (pageable host-to-device copies, and the part no
+    kernel overlaps). None where the windows are missing.
+    """
+
+    idle_ms: float
+    host_wait_frac: float
+    kernel_wait_frac: float
+    other_frac: float
+    n_launches: int = 0
+    short_share: float | None = None
+    launch_us_p50: float | None = None
+    launch_delay_us_p50: float | None = None
+    syncs_per_step: float | None = None
+    sync_names: dict[str, float] = field(default_factory=dict)
+    sync_host_share: float | None = None
+    sync_idle_share: float | None = None
+    pageable_per_step: float | None = None
+    pageable_share: float | None = None
+    pageable_exposed_share: float | None = None
+
+
+@dataclass(frozen=True)
 class MemoryFacts:
     """Peak memory per rank over steady steps and the capacity it is measured against."""
 
@@ -153,6 +187,8 @@ class RunFacts:
     kernels: KernelFacts | None
     memory: MemoryFacts
     stragglers: "StragglerResult"
+    # Why the device idles (issue 11 item 4): causes, launches, host syncs, pageable copies; None without device events.
+    idle: IdleFacts | None = None
     telemetry: pd.DataFrame | None = None
     params: dict | None = None
     cpu_cores: int | None = None  # usable cores of one host
@@ -492,6 +528,50 @@ def kernel_facts(ra: "RunAnalysis") -> KernelFacts | None:
     return KernelFacts(*(float(v) for v in a))
 
 
+def idle_facts(ra: "RunAnalysis") -> IdleFacts | None:
+    """IdleFacts from the run's idle figures (ranks with device events); None without any."""
+    at = getattr(ra, "idle", None)
+    t = at.ranks if at is not None else None
+    if t is None or t.empty:
+        return None
+    t = t.loc[pd.to_numeric(t["span_ms"]) > 0]
+    idle = float(t["idle_ms"].sum()) if len(t) else 0.0
+    if t.empty or idle <= 0:
+        return None
+    launches = int(t["n_launches"].sum())
+    steps = float(t["n_steps"].sum())
+    step_ms = float(t["step_ms"].sum())
+
+    def share(col: str) -> float | None:
+        return float(t[col].sum()) / step_ms if step_ms > 0 else None
+
+    def median(col: str) -> float | None:
+        values = pd.to_numeric(t[col], errors="coerce").dropna()
+        return float(values.median()) if len(values) else None
+
+    names: dict[str, float] = {}
+    if steps > 0 and len(at.syncs):
+        mine = at.syncs.loc[at.syncs["rank"].isin(t["rank"])]
+        names = {str(k): float(v) / steps for k, v in mine.groupby("name")["calls"].sum().sort_values(ascending=False).items()}
+    return IdleFacts(
+        idle_ms=idle,
+        host_wait_frac=float(t["host_wait_ms"].sum()) / idle,
+        kernel_wait_frac=float(t["kernel_wait_ms"].sum()) / idle,
+        other_frac=float(t["other_ms"].sum()) / idle,
+        n_launches=launches,
+        short_share=float(t["n_short"].sum()) / launches if launches else None,
+        launch_us_p50=median("cpu_duration_us_p50"),
+        launch_delay_us_p50=median("launch_delay_us_p50"),
+        syncs_per_step=float((t["syncs_per_step"].fillna(0) * t["n_steps"]).sum()) / steps if steps > 0 else None,
+        sync_names=names,
+        sync_host_share=share("sync_host_ms"),
+        sync_idle_share=share("sync_idle_ms"),
+        pageable_per_step=float((t["pageable_htod_per_step"].fillna(0) * t["n_steps"]).sum()) / steps if steps > 0 else None,
+        pageable_share=share("pageable_htod_ms"),
+        pageable_exposed_share=share("pageable_htod_exposed_ms"),
+    )
+
+
 def gpu_memory_bytes(device_name: str | None) -> tuple[float | None, str | None]:
     """Device memory from its name ("... 80GB ...") or the datasheet table; (None, None) when unknown."""
     if not device_name:
@@ -651,6 +731,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         comm=comm,
         kernels=kernel_facts(ra),
         memory=memory_facts(ra, steady, device, device_name, man),
+        idle=idle_facts(ra),
         stragglers=ra.stragglers,
         telemetry=getattr(ra, "telemetry", None),
         params=man.params.to_json() if man.params is not None else None,

@@ -23,6 +23,10 @@ MEMORY_GROWTH_LIMIT = 0.85
 IDLE_MIN_SHARE = 0.20
 # Launch-bound: at least this share of kernel launches run under SHORT_KERNEL_US.
 SHORT_KERNEL_MIN_SHARE = 0.50
+# Launch-bound idle: host wait (the next kernel not launched yet) plus kernel wait (gaps under 30 us between
+# launched kernels) hold at least this share of the device idle time (analyzer.metrics.idle, HTA's breakdown);
+# below it the idle is dependency-bound (rules_host.dependency_idle).
+LAUNCH_WAIT_MIN_FRAC = 0.5
 # torch.compile: fusable kernel time (elementwise, reduction, normalization;
 # analyzer.metrics.taxonomy) above this share of kernel time, on a
 # device-bound step (idle under IDLE_MIN_SHARE).
@@ -149,13 +153,19 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
     measured time until the device work ``k * (compute + memcpy +
     exposed all-to-all) + other exposed comm`` catches up. ``k`` is the largest power of two (at most
     MICRO_BATCH_MAX_FACTOR) that fits, at least 2, and no more than memory
-    allows (MEMORY_GROWTH_LIMIT) when memory is known.
+    allows (MEMORY_GROWTH_LIMIT) when memory is known. With the idle
+    breakdown (f.idle), silent unless host and kernel wait hold LAUNCH_WAIT_MIN_FRAC of
+    the idle time: a stream waiting on a dependency is not filled by a larger
+    batch (rule dependency_idle); HTA's short-kernel share then sets the
+    confidence.
     """
     parts = _device_parts(f)
     if parts is None:
         return None
     idle, scaled, fixed = parts
     if idle <= IDLE_MIN_SHARE or scaled <= 0:
+        return None
+    if f.idle is not None and f.idle.host_wait_frac + f.idle.kernel_wait_frac < LAUNCH_WAIT_MIN_FRAC:
         return None
     mem = f.memory.fraction
     k = 2
@@ -174,6 +184,7 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
         f"step: {k}x the batch costs max(step, {k} x {scaled:.2f} + {fixed:.2f}) = {step_after:.2f} ms",
         tokens_per_step_after=f.tokens_per_step * k if f.tokens_per_step else None, work_ratio=float(k))
     ks = f.kernels
+    short = f.idle.short_share if f.idle is not None and f.idle.short_share is not None else (ks.short_share if ks else None)
     return Suggestion(
         rule="launch_bound",
         title=f"The GPU waits {idle:.0%} of the step: {k}x larger batch per GPU",
@@ -181,11 +192,13 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
         evidence={"idle_share": idle, "step_time_ms": f.step_time_ms, "device_busy_scaled_ms": scaled,
                   "exposed_comm_ms": fixed, "memory_fraction": mem,
                   "kernels_per_step": ks.n_per_step if ks else None,
-                  "short_kernel_share": ks.short_share if ks else None},
+                  "short_kernel_share": ks.short_share if ks else None,
+                  "host_wait_frac": f.idle.host_wait_frac if f.idle else None,
+                  "launch_short_share": f.idle.short_share if f.idle else None},
         change=Change(overrides, f"a {k}x larger per-GPU batch (DataLoader batch_size x{k}); with a fixed global "
                                  "batch, fewer gradient-accumulation steps"),
         predicted=pred,
-        confidence="medium" if (ks and ks.short_share >= SHORT_KERNEL_MIN_SHARE) else "low",
+        confidence="medium" if (short is not None and short >= SHORT_KERNEL_MIN_SHARE) else "low",
         notes=() if mem is not None else ("device memory unknown: check headroom before growing the batch",),
     )
 
@@ -196,7 +209,10 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
 
     A captured graph replays all kernels with one launch, so the host's
     per-kernel launch cost leaves the critical path. What-if: the idle time
-    attributable to launches, ``idle * short_kernel_share``, removed.
+    attributable to launches, ``idle * short_kernel_share``, removed; with
+    the idle breakdown (f.idle) no more than its host-wait and kernel-wait
+    part (what launch overhead causes), and silent when host and kernel wait hold
+    under LAUNCH_WAIT_MIN_FRAC of the idle (dependency-bound).
     reftrain has no CUDA-graph knob: plain advice.
     """
     parts = _device_parts(f)
@@ -206,7 +222,10 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
     idle, _, _ = parts
     if idle <= IDLE_MIN_SHARE or ks.short_share < SHORT_KERNEL_MIN_SHARE:
         return None
-    saved = idle * ks.short_share * f.step_time_ms
+    if f.idle is not None and f.idle.host_wait_frac + f.idle.kernel_wait_frac < LAUNCH_WAIT_MIN_FRAC:
+        return None
+    launch_frac = f.idle.host_wait_frac + f.idle.kernel_wait_frac if f.idle is not None else 1.0
+    saved = idle * min(ks.short_share, launch_frac) * f.step_time_ms
     return Suggestion(
         rule="cuda_graphs",
         title="Replay the step as a CUDA graph to remove launch overhead",

@@ -27,8 +27,8 @@ _CONTRIBUTOR_RULES = {
     "grad_sync": "overlap_grad_sync",
     "exposed_comm": "ddp_bucket_size, grad_accumulation, fsdp_reshard",
     "fixed_overhead": "micro_batch",
-    "idle": "launch_bound, cuda_graphs",
-    "exposed_memcpy": "exposed_memcpy, pin_memory",
+    "idle": "launch_bound, cuda_graphs, host_sync, dependency_idle",
+    "exposed_memcpy": "exposed_memcpy, pin_memory, pageable_copies",
     "other": "-",
 }
 
