@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.memo import per_table
 from analyzer.metrics.text import is_in
 from analyzer.ingest.tables import DEVICE_KINDS
 
@@ -78,6 +79,7 @@ def innermost_containing(ops: pd.DataFrame, q_pid: np.ndarray, q_tid: np.ndarray
     return out
 
 
+@per_table  # five metrics of a rank ask for it (analyzer.metrics.memo)
 def launches(events: pd.DataFrame) -> pd.DataFrame:
     """Per device event row (by index label), its launch call on the host: ``pid, tid, start_ns``.
 

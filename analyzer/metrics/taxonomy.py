@@ -58,6 +58,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.memo import per_table
 from analyzer.metrics.text import text_map
 
 CLASSES = (
@@ -166,6 +167,7 @@ def collective_kind_of(name: str) -> str:
     return "unknown"
 
 
+@per_table  # the collective table, top kernels and straggler arrivals all ask (analyzer.metrics.memo)
 def collective_kinds(events: pd.DataFrame) -> pd.Series:
     """Collective kind per communication kernel (index: its row label).
 
