@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,18 @@ GOOD, SLOW = "example-ddp-w2", "example-ddp-w2-slow-rank1"
 
 
 def _copy(src: str, dst: Path, start: str, sha: str) -> None:
+    """A copy of an example run moved in time to ``start``: start, end and every step record shifted alike,
+    so the copy's goodput is the original's."""
     shutil.copytree(REPO / "traces" / src, dst, ignore=shutil.ignore_patterns(".analyzer-cache"))
     m = json.loads((dst / "run.json").read_text())
+    shift = datetime.fromisoformat(start) - datetime.fromisoformat(m["start_time"])
+    m["end_time"] = (datetime.fromisoformat(m["end_time"]) + shift).isoformat()
     m["start_time"], m["git"] = start, {"sha": sha, "dirty": False}
     (dst / "run.json").write_text(json.dumps(m))
+    shift_ns = (shift.days * 86_400 + shift.seconds) * 10**9 + shift.microseconds * 1000
+    for rel in m["files"]["metrics"]:
+        records = [json.loads(line) for line in (dst / rel).read_text().splitlines()]
+        (dst / rel).write_text("".join(json.dumps(r | {"time_ns": r["time_ns"] + shift_ns}) + "\n" for r in records))
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +57,12 @@ def test_time_order_verdicts_and_change_points(runs):
     assert third.change_point and third.direction == "faster" and third.verdict != "regression"
     assert fourth.verdict == "pass" and not fourth.change_point  # the same run's data again
     assert second.step_time_ms > 1.3 * first.step_time_ms
+    # Goodput per run, as the original runs have it (the copies are shifted in time as a whole).
+    from analyzer import analyze
+
+    good, slow = (analyze(REPO / "traces" / n, cache=False).goodput().goodput for n in (GOOD, SLOW))
+    assert [p.goodput for p in h.points] == pytest.approx([good, slow, good, good], rel=1e-6)  # ISO times keep ms
+    assert 0 < slow < 1 and 0 < good < 1
     assert any(s.startswith("not-a-run: ") for s in h.skipped)
 
 
@@ -65,6 +80,8 @@ def test_cli_prints_the_table_and_writes_json(runs, tmp_path):
     assert "CHANGE (slower)" in done.stdout and "CHANGE (faster)" in done.stdout
     doc = json.loads(out.read_text())
     assert doc["schema"] == "analyzer.history/1" and len(doc["points"]) == 4
+    assert all(0 < p["goodput"] < 1 for p in doc["points"])
+    assert "goodput %" in done.stdout and "goodput (%)" in page.read_text()
     text = page.read_text()
     assert "change (slower)" in text and "change (faster)" in text and "<td class=\"l\">b-third</td>" in text
     bad = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(tmp_path / "nope")],

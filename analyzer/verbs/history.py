@@ -6,7 +6,9 @@ Order (``by``): ``time`` sorts reftrain runs by the manifest's
 git commit (``git.sha``; runs without one are kept), so consecutive points
 are consecutive commits as they were run. Per run: MFU (median,
 ``RunAnalysis.mfu``), step time (``RunAnalysis.step_time``), tokens/s
-(``analyzer.metrics.throughput``, median). Between a run and the one before it:
+(``analyzer.metrics.throughput``, median), goodput (``RunAnalysis.goodput()``:
+productive step time / wall time over its attempts; None when withheld).
+Between a run and the one before it:
 ``verdict`` is ``analyzer.verbs.check.check(previous, run)`` (pass, regression,
 inconclusive), or ``verdict_error`` when the gate cannot judge the pair
 (different models, ...). A run is a *change point* when the gate finds a
@@ -35,6 +37,7 @@ class HistoryPoint:
     mfu: float | None
     step_time_ms: float | None
     tokens_per_s: float | None
+    goodput: float | None = None
     verdict: str | None = None  # vs the previous point; None for the first
     verdict_error: str | None = None
     explanation: str | None = None
@@ -95,7 +98,8 @@ def history(runs_dir: Path, by: Order = "time") -> History:
     prev = None
     for start, name, a in analyzed:
         git = (a.manifest or {}).get("git") or {}
-        fields: dict[str, Any] = {}
+        gp = a.goodput()
+        fields: dict[str, Any] = {"goodput": None if gp is None else gp.goodput}
         if prev is not None:
             try:
                 forward = check(prev, a)
@@ -122,12 +126,12 @@ def history_text(h: History) -> str:
         return "-" if x is None else format(x, fmt)
 
     rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""), num(p.mfu and 100 * p.mfu, ".2f"),
-             num(p.step_time_ms, ".1f"), num(p.tokens_per_s, ".1f"),
+             num(p.step_time_ms, ".1f"), num(p.tokens_per_s, ".1f"), num(p.goodput and 100 * p.goodput, ".1f"),
              p.verdict or ("-" if p.verdict_error is None else "cannot judge"),
              f"CHANGE ({p.direction})" if p.change_point else ""] for p in h.points]
     out = [f"Run history ({len(h.points)} run(s), by {h.by}); verdict: the CI gate from the previous run",
-           format_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "verdict", "change point"], rows,
-                        left=(0, 1, 2, 6, 7))]
+           format_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "goodput %", "verdict",
+                                     "change point"], rows, left=(0, 1, 2, 7, 8))]
     out += [f"  {p.run}: gate cannot judge: {p.verdict_error}" for p in h.points if p.verdict_error]
     out += [f"  skipped {s}" for s in h.skipped]
     return "\n".join(out)
@@ -142,9 +146,10 @@ def history_html(h: History) -> str:
     from analyzer.verbs.report import _figure_html, _html_table, html_page
 
     names = [p.run for p in h.points]
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=("MFU (%)", "step time (ms)", "tokens/s"))
+    fig = make_subplots(rows=4, cols=1, shared_xaxes=True,
+                        subplot_titles=("MFU (%)", "step time (ms)", "tokens/s", "goodput (%)"))
     series = [[None if p.mfu is None else 100 * p.mfu for p in h.points], [p.step_time_ms for p in h.points],
-              [p.tokens_per_s for p in h.points]]
+              [p.tokens_per_s for p in h.points], [None if p.goodput is None else 100 * p.goodput for p in h.points]]
     for row, ys in enumerate(series, 1):
         fig.add_scatter(x=names, y=ys, mode="lines+markers", showlegend=False, row=row, col=1)
         for colour, direction in (("#d62728", "slower"), ("#2ca02c", "faster")):
@@ -152,14 +157,15 @@ def history_html(h: History) -> str:
             if pts:
                 fig.add_scatter(x=[n for n, _ in pts], y=[y for _, y in pts], mode="markers", name=f"change ({direction})",
                                 marker=dict(symbol="triangle-up", size=14, color=colour), showlegend=row == 1, row=row, col=1)
-    fig.update_layout(height=720, title=f"Run history by {h.by} (change points: the CI gate finds a significant change)")
+    fig.update_layout(height=900, title=f"Run history by {h.by} (change points: the CI gate finds a significant change)")
     rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""),
              "-" if p.mfu is None else f"{100 * p.mfu:.2f}", "-" if p.step_time_ms is None else f"{p.step_time_ms:.1f}",
              "-" if p.tokens_per_s is None else f"{p.tokens_per_s:.1f}",
+             "-" if p.goodput is None else f"{100 * p.goodput:.1f}",
              p.verdict or ("cannot judge" if p.verdict_error else "-"), p.direction if p.change_point else ""]
             for p in h.points]
     body = ["<h1>Run history</h1>", _figure_html(fig),
-            _html_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "verdict", "change point"], rows,
-                        left=(0, 1, 2, 6, 7))]
+            _html_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "goodput %", "verdict",
+                         "change point"], rows, left=(0, 1, 2, 7, 8))]
     body += [f"<p class=\"note\">skipped {html.escape(s)}</p>" for s in h.skipped]
     return html_page("analyzer history", "\n".join(body))

@@ -12,7 +12,8 @@ from dashboard.data import history
 from dashboard.text import plain
 from dashboard.ui import show_vega
 
-METRICS = {"mfu": ("MFU", ".1%"), "step_time_ms": ("step time (ms)", ".1f"), "tokens_per_s": ("tokens/s", ".1f")}
+METRICS = {"mfu": ("MFU", ".1%"), "step_time_ms": ("step time (ms)", ".1f"), "tokens_per_s": ("tokens/s", ".1f"),
+           "goodput": ("goodput", ".1%")}
 
 
 def render() -> None:
@@ -32,7 +33,7 @@ def render() -> None:
         return
     table = pd.DataFrame([
         {"order": i, "run": p.run, "start": p.start_time, "commit": (p.commit or "")[:10], "mfu": p.mfu,
-         "step_time_ms": p.step_time_ms, "tokens_per_s": p.tokens_per_s,
+         "step_time_ms": p.step_time_ms, "tokens_per_s": p.tokens_per_s, "goodput": p.goodput,
          "verdict": p.verdict or ("cannot judge" if p.verdict_error else ""),
          "change": p.direction if p.change_point else ""}
         for i, p in enumerate(h.points)
