@@ -86,7 +86,8 @@ def streamlit_argv(host: str, port: int) -> list[str]:
     ]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dashboard`` command's arguments (tests/test_public_surface.py freezes its flags)."""
     parser = argparse.ArgumentParser(
         prog="dashboard",
         description="Serve the trainperf dashboard over a folder of runs (reftrain run "
@@ -101,7 +102,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="address to bind (default 127.0.0.1, this machine only; "
         "0.0.0.0 exposes the dashboard to the network, deliberately)",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def missing_libraries() -> list[str]:

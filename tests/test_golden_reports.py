@@ -4,8 +4,9 @@ checked in under ``tests/golden/`` and compared whole.
 The document is the one ``analyzer report --json`` writes (``analyze`` ->
 ``report_json`` -> ``dumps_json``), read back; only the fields named in
 :data:`VOLATILE` are masked (replaced by ``"<volatile>"``, so the key tree
-stays whole), every other value must match exactly, floats included, and
-so must the key order of the text.
+stays whole), and in the fields named in :data:`INPUT_PATH_IN` the input's
+path is replaced by ``<input>``; every other value must match exactly,
+floats included, and so must the key order of the text.
 
 When a change to the report is intended, regenerate the goldens with the
 one flag (tests/conftest.py; docs/architecture.md, "Golden files")::
@@ -50,6 +51,12 @@ VOLATILE: tuple[tuple[str, ...], ...] = (
     ("generator", "created_at"),
 )
 MASK = "<volatile>"
+# Text fields that embed the input's location (``[]``: every item of a list): there only the
+# input's path is replaced, by INPUT, and the rest of the text is compared.
+INPUT_PATH_IN: tuple[tuple[str, ...], ...] = (
+    ("suggestions", "[]", "change", "command"),  # reftrain --config <run>/config.yaml ...
+)
+INPUT = "<input>"
 
 
 def report_document(path: Path) -> dict[str, Any]:
@@ -58,14 +65,30 @@ def report_document(path: Path) -> dict[str, Any]:
 
 
 def masked(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with every :data:`VOLATILE` field replaced by :data:`MASK`."""
+    """``doc`` with every :data:`VOLATILE` field replaced by :data:`MASK`, and the input's path
+    (the report's ``path``) replaced by :data:`INPUT` in the fields of :data:`INPUT_PATH_IN`."""
+    where = doc.get("path")
     for keys in VOLATILE:
         node: Any = doc
         for k in keys[:-1]:
             node = node.get(k) if isinstance(node, dict) else None
         assert isinstance(node, dict) and keys[-1] in node, f"volatile field {'.'.join(keys)} is missing from the report"
         node[keys[-1]] = MASK
+    for keys in INPUT_PATH_IN:
+        for parent in _nodes(doc, keys[:-1]):
+            if isinstance(parent, dict) and isinstance(parent.get(keys[-1]), str) and isinstance(where, str):
+                parent[keys[-1]] = parent[keys[-1]].replace(where, INPUT)
     return doc
+
+
+def _nodes(node: Any, keys: tuple[str, ...]) -> list[Any]:
+    """The values at ``keys`` under ``node`` (``[]`` stands for every item of a list)."""
+    if not keys:
+        return [node]
+    head, rest = keys[0], keys[1:]
+    if head == "[]":
+        return [n for item in node for n in _nodes(item, rest)] if isinstance(node, list) else []
+    return _nodes(node[head], rest) if isinstance(node, dict) and head in node else []
 
 
 def differences(expected: Any, actual: Any, where: str = "$") -> list[str]:
@@ -116,17 +139,19 @@ def test_report_matches_golden(name: str, update_goldens: bool) -> None:
 
 
 def test_volatile_fields_are_all_that_varies(tmp_path: Path) -> None:
-    """One input analyzed three times, in another folder, without the parse cache, writing it and
-    reading it back, gives reports identical once masked: the masking list is complete, and the
-    goldens hold whatever the cache's state."""
+    """One input analyzed in its place and, copied to another folder, three times: without the parse
+    cache, writing it and reading it back: the reports are identical once masked, so the masking
+    lists are complete and the goldens hold wherever the checkout is and whatever the cache's state."""
+    source = REPO / "traces" / "example-ddp-w2-slow-rank1"  # its suggestion's command names the run's config
     path = tmp_path / "run"
-    shutil.copytree(REPO / "traces" / "example-ddp-w2", path, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    shutil.copytree(source, path, ignore=shutil.ignore_patterns(".analyzer-cache"))
     fresh = masked(report_document(path))
     for _ in ("write the cache", "read it"):
         cached = masked(json.loads(dumps_json(report_json(analyze(path, cache=True)))))
         assert differences(fresh, cached) == []
     assert list((path / "traces").rglob("*.npz")), "the parse cache was not used"
-    assert differences(masked(report_document(REPO / "traces" / "example-ddp-w2")), fresh) == []
+    assert differences(masked(report_document(source)), fresh) == []
+    assert any(INPUT in s["change"]["command"] for s in fresh["suggestions"] if s["change"]["command"])
 
 
 def test_differences_is_exact() -> None:
@@ -140,3 +165,6 @@ def test_differences_is_exact() -> None:
     assert differences(base, {"a": 1, "b": [1.5], "d": "x"}) == ["$.b: 2 items expected, 1 found"]
     with pytest.raises(AssertionError, match="generator.version"):
         masked({"path": "p", "generator": {"created_at": "t"}})
+    doc = {"path": "/x/run", "generator": {"version": "1", "created_at": "t"},
+           "suggestions": [{"change": {"command": "reftrain --config /x/run/config.yaml"}}, {"change": {"command": None}}]}
+    assert masked(doc)["suggestions"][0]["change"]["command"] == "reftrain --config <input>/config.yaml"

@@ -381,13 +381,14 @@ MetricsLine.DTYPES = _dtypes(MetricsLine, {})
 
 # Top-level keys of `analyzer report --json`, in order: RunAnalysis.to_json
 # writes all but `suggestions` and `generator` (analyzer.verbs.report adds
-# them); tests/test_public_surface.py freezes the set.
+# them); tests/test_public_surface.py checks it against the golden report.
 REPORT_TOP_LEVEL = (
     "schema", "path", "kind", "run", "ranks", "steps", "stragglers", "kernels",
-    "collectives", "errors", "warnings", "suggestions", "generator",
+    "collectives", "attribution", "idle", "errors", "warnings", "suggestions", "generator",
 )
 # What differs between two reports of the same input by the same code: the
-# time it was written and the analyzer's version (golden comparisons drop them).
+# time it was written and the analyzer's version (tests/test_golden_reports.py
+# masks them, and the input's path, by name).
 REPORT_VOLATILE = (("generator", "created_at"), ("generator", "version"))
 
 
