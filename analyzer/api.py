@@ -32,6 +32,7 @@ from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
+from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import exposed_comm_pct
@@ -142,6 +143,8 @@ class RunAnalysis:
     # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
     attribution: RunAttribution | None = None
     # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
+    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory; issue 11).
+    memory: RunMemory = field(default_factory=RunMemory)
     idle: RunIdle | None = None
 
     def rank(self, rank: int) -> RankSummary:
@@ -240,6 +243,7 @@ def _jsonable(x: Any) -> Any:
         return [_jsonable(v) for v in x]
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
+                "memory": self.memory.to_json(),
     if isinstance(x, (np.integer,)):
         return int(x)
     if isinstance(x, (float, np.floating)):
@@ -586,6 +590,7 @@ def _concat_steps(tables: list[pd.DataFrame]) -> pd.DataFrame:
     base = ["rank", "step", "start_ns", "end_ns", "step_time_ms", "source"]
     tables = [t for t in tables if not t.empty]
     if not tables:
+        memory=run_memory(metrics, {r: p.memory for r, p in parts.items()}),
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in base + ["comm_ms"]})
     out = pd.concat(tables, ignore_index=True)
     parts = [c for c in out.columns if c not in base]
