@@ -18,7 +18,6 @@ Every metric is defined in docs/metrics.md.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -27,12 +26,12 @@ import numpy as np
 import pandas as pd
 
 from analyzer.errors import AnalyzerError, TraceError
+from analyzer.jsontext import jsonable, path_text
 from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
-from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import exposed_comm_pct
@@ -143,8 +142,6 @@ class RunAnalysis:
     # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
     attribution: RunAttribution | None = None
     # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
-    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory; issue 11).
-    memory: RunMemory = field(default_factory=RunMemory)
     idle: RunIdle | None = None
 
     def rank(self, rank: int) -> RankSummary:
@@ -207,7 +204,7 @@ class RunAnalysis:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
         manifest = self.manifest or {}
         gp = self.goodput()
-        return _jsonable(
+        return jsonable(
             {
                 "schema": SCHEMA,
                 "path": [str(p) for p in self.path] if isinstance(self.path, list) else str(self.path),
@@ -233,26 +230,6 @@ class RunAnalysis:
                 "warnings": list(self.warnings),
             }
         )
-
-
-def _jsonable(x: Any) -> Any:
-    """Plain Python: numpy scalars to int/float/bool, NaN and inf to None, Paths to str."""
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-                "memory": self.memory.to_json(),
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    if isinstance(x, Path):
-        return str(x)
-    if x is pd.NA or x is pd.NaT:
-        return None
-    return x
 
 
 # ---------------------------------------------------------------------------
@@ -319,7 +296,7 @@ def analyze(
     warnings += loaded.warnings
     has_metrics = metrics is not None and not metrics.empty
     if not loaded.parts and not has_metrics:
-        where = ", ".join(str(p) for p in paths)
+        where = path_text(paths)
         detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
         exc = AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
         exc.skipped = list(errors)  # the CLI prints one line per file before this one (issue 17)
@@ -590,7 +567,6 @@ def _concat_steps(tables: list[pd.DataFrame]) -> pd.DataFrame:
     base = ["rank", "step", "start_ns", "end_ns", "step_time_ms", "source"]
     tables = [t for t in tables if not t.empty]
     if not tables:
-        memory=run_memory(metrics, {r: p.memory for r, p in parts.items()}),
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in base + ["comm_ms"]})
     out = pd.concat(tables, ignore_index=True)
     parts = [c for c in out.columns if c not in base]

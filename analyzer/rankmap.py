@@ -38,13 +38,12 @@ from analyzer.metrics.collectives import collective_table as rank_collective_tab
 from analyzer.metrics.idle import IdleTables, rank_idle
 from analyzer.metrics.kernels import top_kernels
 from analyzer.metrics.mfu import RankFlops, device_name_of, rank_flops_from_shapes
-from analyzer.metrics.memory import RankMemory, rank_memory
 from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
 from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 6  # 3: the attribution tables (issue 11); 4: the timeline grids (issue 12); 5: the idle figures (issue 11); 6: memory (issue 11 item 5)
+MAP_VERSION = 5  # 3: the attribution tables (issue 11); 4: the timeline grids (issue 12); 5: the idle figures (issue 11)
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -107,8 +106,6 @@ class RankPart:
 @dataclass
 class UnitResult:
     """:func:`map_unit`'s answer. ``outcomes`` per file, in the unit's order:
-    # Peak memory per step, a timeline and peaks per device from [memory] events (None without them).
-    memory: RankMemory | None = None
     its facts or its error, and the cache warnings met on the way. ``part``
     is None when no file loaded, or when the files turned out not to be one
     rank (the caller then regroups them: analyzer.api)."""
@@ -190,8 +187,6 @@ def summarize_rank(rt: RankTrace) -> RankPart:
     checked = check_windows(events, rt.steps, rank)
     windows = checked.steps[["step", "start_ns", "end_ns"]]
     return RankPart(
-        memory=pd.concat([rt.memory for rt in rts], ignore_index=True).sort_values("ts_ns", kind="stable")
-        .reset_index(drop=True),
         rank=rank,
         trace=rt.path.name,
         source=source,
@@ -209,4 +204,3 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         attribution=rank_attribution(events, windows),
         idle=rank_idle(events, windows),
     )
-        memory=rank_memory(rt.memory, windows),

@@ -39,7 +39,6 @@ from analyzer.ingest.tables import (
     empty_events,
     empty_processes,
     empty_threads,
-    memory_table,
     steps_from_events,
 )
 
@@ -134,7 +133,6 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
         threads=_threads_frame(parsed.threads),
         json_bytes=parsed.json_bytes,
         notes=notes,
-        memory=memory_table(parsed.memory),
     )
 
 

@@ -46,13 +46,13 @@ is the mean over ranks; the run value the median over steps.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from analyzer.jsontext import jsonable
 from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, charged_ops, dominant_dtype, flop_kernels, matmul_ops
 from analyzer.metrics.text import is_in, text_mask
 from analyzer.metrics.hardware import datasheet_peak
@@ -124,34 +124,24 @@ class MfuResult:
         """JSON-ready dict (NaN becomes None); ``steps`` as a list of records."""
         return {
             "source": self.source,
-            "median": _num(self.median),
-            "hfu_median": _num(self.hfu_median),
+            "median": jsonable(self.median),
+            "hfu_median": jsonable(self.hfu_median),
             "reason": self.reason,
             "step_time_source": self.step_time_source,
-            "peak_flops_per_s": _num(self.peak_flops_per_s),
+            "peak_flops_per_s": jsonable(self.peak_flops_per_s),
             "peak_source": self.peak_source,
             "peak_detail": self.peak_detail,
             "dtype": self.dtype,
-            "flops_per_step": _num(self.flops_per_step),
-            "logged_median": _num(self.logged_median),
+            "flops_per_step": jsonable(self.flops_per_step),
+            "logged_median": jsonable(self.logged_median),
             "backward": self.backward,
             "notes": list(self.notes),
-            "flop_coverage": _num(self.flop_coverage),
+            "flop_coverage": jsonable(self.flop_coverage),
             "lower_bound": self.lower_bound,
             "inconsistent_ops": list(self.inconsistent_ops),
             "attribution": self.attribution,
-            "steps": [{k: _num(v) for k, v in row.items()} for row in self.steps.to_dict("records")],
+            "steps": [{k: jsonable(v) for k, v in row.items()} for row in self.steps.to_dict("records")],
         }
-
-
-def _num(x: Any) -> Any:
-    if x is None:
-        return None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return None if not math.isfinite(float(x)) else float(x)
-    return x
 
 
 def _median_or_none(values: pd.Series) -> float | None:

@@ -47,6 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from analyzer.jsontext import jsonable
 from analyzer.metrics.taxonomy import collective_kind_of as collective_kind, collective_kinds
 from analyzer.metrics.text import text_map, text_mask
 
@@ -112,19 +113,9 @@ class StragglerResult:
             "step_source": self.step_source,
             "arrival_source": self.arrival_source,
             "config": self.config.__dict__.copy(),
-            "per_rank": [{k: _clean(v) for k, v in r.__dict__.items()} for r in self.per_rank],
+            "per_rank": [{k: jsonable(v) for k, v in r.__dict__.items()} for r in self.per_rank],
             "notes": list(self.notes),
         }
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    if isinstance(x, (np.bool_,)):
-        return bool(x)
-    return x
 
 
 _CHECKPOINT_RE = re.compile(r"step(\d+)/?$")

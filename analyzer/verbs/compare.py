@@ -36,16 +36,6 @@ a module whose change is at least half made of one child module's change
 (same direction, same sign) is left out of the list, the child naming the
 place better (its figure stays in each run's module tree).
 
-Memory (MiB, 2**20 bytes; docs/metrics.md, "Memory"): each run's peak
-(``RunAnalysis.memory``: the max over ranks of each rank's peak; from the
-metrics records when the run has them, over the steps outside profiler
-windows, else from the traces' profiler memory events), allocated and,
-where known, reserved, then each rank's peak allocated. ``memory_growth``
-is ``(cand - base) / base`` of the peak allocated (the CI gate's figure,
-``check --max-memory-growth``); None when the runs' figures are not of the
-same kind (GPU peak allocated against CPU resident set, metrics against
-trace).
-
 MFU: the runs' medians (fractions), each the same figure the run shows
 everywhere else (``RunAnalysis.mfu.median``: report, runs page). When
 reftrain measured both peaks on the same hardware, the candidate's MFU is
@@ -63,15 +53,14 @@ rows (the phases add up to it), labelled as such wherever it is shown.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from analyzer.metrics.memory import MIB
 
 from analyzer.metrics.mfu import steady_state
+from analyzer.jsontext import jsonable, path_text
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -159,9 +148,6 @@ class Comparison:
     op_source: str = "none"  # what the op and module times are: device or host time, per profiled step
     ops: list[Delta] = field(default_factory=list)  # ms per profiled step per (op, pass), sorted by |delta| desc
     modules: list[Delta] = field(default_factory=list)  # per (module path, pass), most specific rows, by |delta| desc
-    memory_source: str = "none"  # what the memory figures are (kind and source of each run)
-    memory: list[Delta] = field(default_factory=list)  # MiB: run peaks (allocated, reserved), then per rank
-    memory_growth: float | None = None  # (cand - base) / base of the peak allocated; None when not comparable
 
     def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
         from analyzer.verbs.notebook import compare_html
@@ -185,7 +171,7 @@ class Comparison:
         return sorted((d for d in self.modules if d.delta > 0), key=lambda d: -d.delta)[:n]
 
     def to_json(self) -> dict[str, Any]:
-        return _finite(
+        return jsonable(
             {
                 "schema": SCHEMA,
                 "base": self.base_path,
@@ -199,9 +185,6 @@ class Comparison:
                 "op_source": self.op_source,
                 "ops": [d.to_json() for d in self.ops],
                 "modules": [d.to_json() for d in self.modules],
-                "memory_source": self.memory_source,
-                "memory": [d.to_json() for d in self.memory],
-                "memory_growth": self.memory_growth,
                 "ranks": [d.to_json() for d in self.ranks],
                 "mfu": self.mfu.to_json(),
                 "notes": list(self.notes),
@@ -209,25 +192,8 @@ class Comparison:
         )
 
 
-def _finite(x: Any) -> Any:
-    """NaN/inf to None and numpy scalars to Python, recursively."""
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    return x
-
-
 def _by_abs_delta(deltas: list[Delta]) -> list[Delta]:
     return sorted(deltas, key=lambda d: (-abs(d.delta), d.name))
-
-
-def _path_text(a: "RunAnalysis") -> str:
-    return ", ".join(str(p) for p in a.path) if isinstance(a.path, list) else str(a.path)
 
 
 # ----------------------------------------------------------------- phases
@@ -397,35 +363,6 @@ def _op_module_deltas(base: "RunAnalysis", cand: "RunAnalysis",
                       top: int | None) -> tuple[list[Delta], list[Delta], str, list[str]]:
     """(ops, modules, source, notes): per-step op and module deltas (module docstring)."""
     clocks = (_attribution_clock(base), _attribution_clock(cand))
-# ----------------------------------------------------------------- memory
-def _memory_deltas(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[list[Delta], str, float | None, list[str]]:
-    """(deltas in MiB, source, growth of the peak allocated, notes); see the module docstring."""
-    mb, mc = base.memory, cand.memory
-    if mb.source is None or mc.source is None:
-        missing = " and ".join(n for n, m in (("baseline", mb), ("candidate", mc)) if m.source is None)
-        return [], "none", None, [f"no memory deltas: the {missing} has no memory figures (metrics records or "
-                                  "profiler memory events)"] if mb.source or mc.source else []
-    same = (mb.source, mb.kind) == (mc.source, mc.kind)
-    source = (f"{mb.source} ({mb.kind}), MiB, max over ranks" if same
-              else f"baseline {mb.source} ({mb.kind}), candidate {mc.source} ({mc.kind}), MiB")
-    notes = [] if same else [f"memory figures of different kinds: baseline {mb.source} {mb.kind}, candidate "
-                             f"{mc.source} {mc.kind}; no growth computed"]
-
-    def mib(v: float | None) -> float | None:
-        return None if v is None or v != v else float(v) / MIB
-
-    deltas = [Delta("peak allocated" if mb.kind != "cpu_rss" else "peak RSS", mib(mb.peak_allocated_bytes),
-                    mib(mc.peak_allocated_bytes), mb.kind)]
-    if mb.peak_reserved_bytes is not None or mc.peak_reserved_bytes is not None:
-        deltas.append(Delta("peak reserved", mib(mb.peak_reserved_bytes), mib(mc.peak_reserved_bytes), mb.kind))
-    per_rank = [{int(r.rank): mib(r.peak_allocated_bytes) for r in m.ranks.itertuples(index=False)} for m in (mb, mc)]
-    deltas += [Delta(f"rank {r}", per_rank[0].get(r), per_rank[1].get(r), mb.kind)
-               for r in sorted(set(per_rank[0]) | set(per_rank[1]))]
-    b, c = mb.peak_allocated_bytes, mc.peak_allocated_bytes
-    growth = (c - b) / b if same and b and c is not None else None
-    return deltas, source, growth, notes
-
-
     if None in clocks:
         missing = " and ".join(n for n, c in zip(("baseline", "candidate"), clocks) if c is None)
         return [], [], "none", [f"no op or module deltas: the {missing} has no attributed ops (no trace)"]
@@ -490,8 +427,6 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
     step_median, step_note = _headline_step_times(base, cand)
     if step_note:
         notes.append(step_note)
-    memory, memory_source, memory_growth, memory_notes = _memory_deltas(base, cand)
-    notes += memory_notes
     if tb is None or tc is None:
         notes.append("phases: one run has no steps to compare (" + ("baseline" if tb is None else "candidate") + ")")
     base_sources = set(base.steps["source"].unique()) if base.steps is not None and not base.steps.empty else set()
@@ -523,14 +458,11 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
     mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source, rescaled)
     if scale_note:
         notes.append(scale_note)
-        memory_source=memory_source,
-        memory=memory,
-        memory_growth=memory_growth,
     if base.mfu.source != cand.mfu.source:
         notes.append(f"MFU sources differ (baseline {base.mfu.source}, candidate {cand.mfu.source})")
     return Comparison(
-        base_path=_path_text(base),
-        cand_path=_path_text(cand),
+        base_path=path_text(base.path),
+        cand_path=path_text(cand.path),
         step_time=step,
         step_time_median=step_median,
         phase_source=phase_source,

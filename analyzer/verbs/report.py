@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import pandas as pd
 
 from analyzer.jsontext import dumps_json  # noqa: F401 - part of this module's API
+from analyzer.jsontext import path_text
 from analyzer.verbs.suggest import report_suggestions, suggestions_text  # docs/suggestions.md
 
 if TYPE_CHECKING:
@@ -89,10 +90,6 @@ def _version() -> str:
         return metadata.version("trainperf")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _path_text(a: "RunAnalysis") -> str:
-    return ", ".join(str(p) for p in a.path) if isinstance(a.path, list) else str(a.path)
 
 
 # ----------------------------------------------------------------- report: JSON
@@ -271,7 +268,7 @@ def warning_lines(a: "RunAnalysis") -> list[str]:
 
 def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     """The readable report of one run (what ``analyzer report`` prints)."""
-    out = [f"analyzer report: {_path_text(a)}", _kind_text(a), "", step_time_text(a), ""]
+    out = [f"analyzer report: {path_text(a.path)}", _kind_text(a), "", step_time_text(a), ""]
     warns = warning_lines(a)
     if warns:
         out.append(f"Warnings ({len(warns)})")
@@ -330,9 +327,6 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
         out.append("")
     out += _mfu_lines(a)
     out.append("")
-    memory = memory_lines(a)
-    if memory:
-        out += memory + [""]
     goodput = _goodput_lines(a)
     if goodput:
         out += goodput + [""]
@@ -355,37 +349,6 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
             for k in kernels.itertuples(index=False)
         ]
         out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
-def _mib(v) -> str:
-    return "-" if v is None or v != v else f"{v / 2**20:,.1f}"
-
-
-def memory_lines(a: "RunAnalysis") -> list[str]:
-    """Peak memory per rank and the run's peak (docs/metrics.md, "Memory"); [] without memory figures."""
-    m = a.memory
-    if m.source is None:
-        return []
-    rss = m.kind == "cpu_rss"
-    what = "resident set (RSS) at each step's end" if rss else "peak allocated and reserved bytes"
-    steps = ("metrics records, steps outside profiler windows" if m.source == "metrics"
-             else "profiler memory events, ProfilerStep windows")
-    lines = [f"Memory, {what}, MiB ({steps}; {m.kind})"]
-    reserved = m.peak_reserved_bytes is not None  # CUDA only
-    rows = [[r.rank, _mib(r.peak_allocated_bytes), "-" if r.peak_allocated_step is None else int(r.peak_allocated_step)]
-            + ([_mib(r.peak_reserved_bytes), "-" if r.peak_reserved_step is None else int(r.peak_reserved_step)] if reserved else [])
-            + [r.n_steps] for r in m.ranks.itertuples(index=False)]
-    headers = ["rank", "peak RSS" if rss else "peak allocated", "at step"] + (["peak reserved", "at step"] if reserved else [])
-    lines.append(format_table(headers + ["steps"], rows))
-    peak = m.peak_allocated_bytes
-    lines.append(f"  run peak (max over ranks): {_mib(peak)} MiB {'RSS' if rss else 'allocated'}"
-                 + (f", {_mib(m.peak_reserved_bytes)} MiB reserved" if m.peak_reserved_bytes is not None else ""))
-    tp = m.trace_peaks
-    if not tp.empty:
-        lines.append("  profiler memory events: " + "; ".join(
-            f"rank {r.rank} {r.device} {_mib(r.peak_allocated_bytes)} allocated, {_mib(r.peak_reserved_bytes)} reserved "
-            f"({r.n_events} events)" for r in tp.itertuples(index=False)))
-    return lines
-
-
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -677,7 +640,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
                             if st.source == "steady_state" and st.profiled_ms is not None else "")
     flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
     body = [
-        f"<h1>analyzer report</h1><p class=\"note\">{html.escape(_path_text(a))}<br>{html.escape(_kind_text(a))}"
+        f"<h1>analyzer report</h1><p class=\"note\">{html.escape(path_text(a.path))}<br>{html.escape(_kind_text(a))}"
         f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {_version()}</p>",
         '<div class="headline">'
         f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
@@ -732,7 +695,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
             [[i + 1, short_kernel_name(k.name, 120), k.kind, k.count, _num(k.total_ms, ".2f"), _num(k.ms_per_rank, ".2f"), _num(k.share_pct)]
              for i, k in enumerate(kernels.itertuples(index=False))],
             left=(1, 2)))
-    return html_page(f"analyzer report: {_path_text(a)}", "\n".join(body))
+    return html_page(f"analyzer report: {path_text(a.path)}", "\n".join(body))
 
 
 # ----------------------------------------------------------------- compare
@@ -743,10 +706,6 @@ def _delta_rows(deltas: Sequence["Delta"], fmt: str = ".2f", kernel: bool = Fals
         pct = "new" if d.delta_pct is None and d.delta else _num(d.delta_pct, "+.1f")
         row = [name] + ([d.kind or "-"] if kernel else []) + [_num(d.base, fmt), _num(d.cand, fmt), _num(d.delta, "+" + fmt), pct]
         rows.append(row)
-def _growth_text(c: "Comparison") -> str:
-    return f"; growth of the peak {_num(100 * c.memory_growth, '+.1f')}%" if c.memory_growth is not None else ""
-
-
     return rows
 
 
@@ -784,10 +743,6 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
     for title, deltas, what in (("Ops", c.ops, "op"), ("Modules", c.modules, "module")):
         if deltas:
             out.append(f"{title}, largest change first ({c.op_source})")
-    if c.memory:
-        out.append(f"Peak memory ({c.memory_source}){_growth_text(c)}")
-        out.append(format_table(["", "base MiB", "cand MiB", "delta MiB", "delta %"], _delta_rows(c.memory, ".1f"), left=(0,)))
-        out.append("")
             out.append(format_table([what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
                                     _delta_rows(deltas[:top], ".3f", kernel=True), left=(0, 1)))
             out.append("")
@@ -833,10 +788,6 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         lines.append(f"| mean step time | {st.base:.1f} ms | {st.cand:.1f} ms | {_num(st.delta_pct, '+.1f')}% |")
     g = outcome.goodput
     if g is not None:
-    mg = outcome.memory
-    if mg is not None:
-        lines.append(f"| peak memory, MiB (allowed {mg.max_growth:+.1%}) | {mg.base_bytes / 2**20:,.1f} | "
-                     f"{mg.cand_bytes / 2**20:,.1f} | {mg.growth:+.1%}{', over' if mg.failed else ''} |")
         base = f"{g.base_goodput:.1%}" if g.base_goodput is not None else "n/a"
         lines.append(f"| goodput (floor {g.min_goodput:.1%}) | {base} | {g.goodput:.1%} | "
                      f"{'below the floor' if g.failed else 'ok'} |")
@@ -856,10 +807,6 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         lines += [f"| `{row[0].replace('`', '')}` | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.kernels[:top], ".3f", kernel=True)]
     for title, deltas, what in (("Ops", c.ops, "op"), ("Modules", c.modules, "module")):
         if deltas:
-    if c.memory:
-        lines += ["", f"**Peak memory** ({_md_escape(c.memory_source + _growth_text(c))})", "",
-                  "| | base MiB | cand MiB | delta MiB | delta % |", "|---|---:|---:|---:|---:|"]
-        lines += [f"| {_md_escape(row[0])} | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.memory, ".1f")]
             lines += ["", f"**{title}** ({_md_escape(c.op_source)})", "", f"| {what} | pass | base ms | cand ms | delta ms | delta % |",
                       "|---|---|---:|---:|---:|---:|"]
             lines += [f"| `{row[0].replace('`', '')}` | " + " | ".join(row[1:]) + " |" for row in _delta_rows(deltas[:top], ".3f", kernel=True)]

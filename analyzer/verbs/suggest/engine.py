@@ -22,10 +22,11 @@ acts on. docs/suggestions.md is the reference of every rule.
 """
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from analyzer.jsontext import jsonable
 
 if TYPE_CHECKING:
     from analyzer.verbs.suggest.facts import RunFacts
@@ -33,21 +34,6 @@ if TYPE_CHECKING:
 SCHEMA = "analyzer.suggestions/1"
 Confidence = Literal["high", "medium", "low"]
 _CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
-
-
-def _num(x: Any) -> Any:
-    """JSON-safe number: NaN and inf become None; numpy scalars become Python ones."""
-    if x is None or isinstance(x, bool):
-        return x
-    if isinstance(x, int):
-        return x
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return x
-    if not math.isfinite(f):
-        return None
-    return int(f) if isinstance(x, int) else f
 
 
 def format_value(value: Any) -> str:
@@ -129,12 +115,12 @@ class Prediction:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "step_time_ms": {"before": _num(self.step_time_ms_before), "after": _num(self.step_time_ms_after)},
-            "tokens_per_step": {"before": _num(self.tokens_per_step_before), "after": _num(self.tokens_per_step_after)},
-            "tokens_per_s": {"before": _num(self.tokens_per_s_before), "after": _num(self.tokens_per_s_after)},
-            "mfu": {"before": _num(self.mfu_before), "after": _num(self.mfu_after)},
-            "gain": _num(self.gain),
-            "work_ratio": _num(self.work_ratio),
+            "step_time_ms": {"before": jsonable(self.step_time_ms_before), "after": jsonable(self.step_time_ms_after)},
+            "tokens_per_step": {"before": jsonable(self.tokens_per_step_before), "after": jsonable(self.tokens_per_step_after)},
+            "tokens_per_s": {"before": jsonable(self.tokens_per_s_before), "after": jsonable(self.tokens_per_s_after)},
+            "mfu": {"before": jsonable(self.mfu_before), "after": jsonable(self.mfu_after)},
+            "gain": jsonable(self.gain),
+            "work_ratio": jsonable(self.work_ratio),
             "method": self.method,
             "scope": self.scope,
         }
@@ -176,11 +162,11 @@ class Suggestion:
             "title": self.title,
             "kind": self.kind,
             "trigger": self.trigger,
-            "evidence": {k: _num(v) for k, v in self.evidence.items()},
+            "evidence": {k: jsonable(v) for k, v in self.evidence.items()},
             "change": change,
             "predicted": None if self.predicted is None else self.predicted.to_json(),
             "confidence": self.confidence,
-            "coverage": {k: (list(v) if isinstance(v, tuple) else _num(v)) for k, v in self.coverage.items()},
+            "coverage": {k: (list(v) if isinstance(v, tuple) else jsonable(v)) for k, v in self.coverage.items()},
             "notes": list(self.notes),
         }
 
