@@ -60,6 +60,7 @@ import pandas as pd
 
 from analyzer.ingest.tables import DEVICE_KINDS
 from analyzer.metrics.intervals import sweep, union
+from analyzer.metrics.launch import launches
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.text import is_in, text_mask
 
@@ -118,6 +119,7 @@ class DeviceGaps:
 class _Columns:
     """The columns every figure here reads, as numpy arrays, and HTA's window: computed once per rank."""
 
+    events: pd.DataFrame
     kind: pd.Series
     name: pd.Series
     stream: np.ndarray
@@ -131,22 +133,19 @@ class _Columns:
     @classmethod
     def of(cls, events: pd.DataFrame, steps: pd.DataFrame) -> "_Columns":
         kind = events["kind"]
-        return cls(kind, events["name"], events["stream"].to_numpy(np.int64), events["start_ns"].to_numpy(np.int64),
+        return cls(events, kind, events["name"], events["stream"].to_numpy(np.int64), events["start_ns"].to_numpy(np.int64),
                    events["end_ns"].to_numpy(np.int64), events["correlation"].to_numpy(np.int64),
                    events["tid"].to_numpy(np.int64), is_in(kind, DEVICE_KINDS), hta_window(events, steps))
 
 
 def _window_device(c: _Columns) -> pd.DataFrame:
-    # The launch call of a device event: the first runtime (or other host) event with its correlation id, as in
-    # analyzer.metrics.launch.launches; by sorted unique ids rather than a merge (a few ms less per rank).
-    host = is_in(c.kind, ("runtime", "other")) & (c.corr >= 0)
-    ids, first = np.unique(c.corr[host], return_index=True)
-    corr = c.corr[c.window]
-    launch_ns = np.full(len(corr), -1, dtype=np.int64)
-    if len(ids):
-        k = np.clip(np.searchsorted(ids, corr), 0, len(ids) - 1)
-        found = (corr >= 0) & (ids[k] == corr)
-        launch_ns[found] = c.start[host][first][k[found]]
+    # The launch call of a device event (analyzer.metrics.launch.launches: computed once per rank table, the
+    # attribution and the breakdown read it too).
+    link = launches(c.events)
+    pos = link.index.get_indexer(c.events.index[c.window])
+    launch_ns = np.full(len(pos), -1, dtype=np.int64)
+    if len(link):
+        launch_ns[pos >= 0] = link["start_ns"].to_numpy(np.int64)[pos[pos >= 0]]
     return pd.DataFrame({"stream": c.stream[c.window], "start_ns": c.start[c.window], "end_ns": c.end[c.window],
                          "launch_ns": launch_ns})
 
@@ -241,13 +240,18 @@ def _launch_stats(c: _Columns, steps: pd.DataFrame, calls: tuple[str, ...]) -> p
     has[rows[np.isin(c.corr[rows], wanted)]] = True
     dev_sel = c.window & has
     host_sel = host & has
-    cpu = pd.DataFrame({"correlation": c.corr[host_sel], "cpu_start_ns": c.start[host_sel], "cpu_end_ns": c.end[host_sel]})
-    gpu = pd.DataFrame({"correlation": c.corr[dev_sel], "gpu_start_ns": c.start[dev_sel], "gpu_end_ns": c.end[dev_sel]})
-    pairs = cpu.merge(gpu, on="correlation", how="inner")
-    cpu_start, cpu_end = pairs["cpu_start_ns"].to_numpy(np.int64), pairs["cpu_end_ns"].to_numpy(np.int64)
-    gpu_start, gpu_end = pairs["gpu_start_ns"].to_numpy(np.int64), pairs["gpu_end_ns"].to_numpy(np.int64)
-    return pd.DataFrame({"correlation": pairs["correlation"].to_numpy(np.int64), "cpu_duration_ns": cpu_end - cpu_start,
-                         "gpu_duration_ns": gpu_end - gpu_start,
+    # HTA's inner merge on the correlation id (every host row with every device row of the id), by sorted ids.
+    h = np.flatnonzero(host_sel)
+    h = h[np.argsort(c.corr[h], kind="stable")]
+    d = np.flatnonzero(dev_sel)
+    lo = np.searchsorted(c.corr[h], c.corr[d], side="left")
+    n = np.searchsorted(c.corr[h], c.corr[d], side="right") - lo
+    d_rows = np.repeat(d, n)
+    offsets = np.arange(len(d_rows)) - np.repeat(np.cumsum(n) - n, n)
+    h_rows = h[np.repeat(lo, n) + offsets]
+    cpu_end, gpu_start = c.end[h_rows], c.start[d_rows]
+    return pd.DataFrame({"correlation": c.corr[d_rows], "cpu_duration_ns": cpu_end - c.start[h_rows],
+                         "gpu_duration_ns": c.end[d_rows] - gpu_start,
                          "launch_delay_ns": np.clip(gpu_start - cpu_end, 0, None)})
 
 
@@ -328,28 +332,38 @@ def host_syncs(events: pd.DataFrame, steps: pd.DataFrame, gaps: DeviceGaps) -> t
     Returns (one row per sync name with ``calls`` and ``host_ns``, sorted by
     host time; the :class:`SyncPoints`).
     """
-    return _host_syncs(_Columns.of(events, steps), steps, gaps)
+    return _host_syncs(_Columns.of(events, steps), _windows(steps), gaps)
 
 
-def _host_syncs(c: _Columns, steps: pd.DataFrame, gaps: DeviceGaps) -> tuple[pd.DataFrame, SyncPoints]:
-    w = _windows(steps)
+def _host_syncs(c: _Columns, w: tuple[np.ndarray, np.ndarray], gaps: DeviceGaps) -> tuple[pd.DataFrame, SyncPoints]:
     sync = (is_in(c.kind, ("runtime",)) & _named(c.name, SYNC_CALLS)) | (is_in(c.kind, ("cpu_op",)) & _named(c.name, SYNC_OPS))
     sync &= _in_windows(c.start, w)
     end = c.end[sync]
     host_ns = end - c.start[sync]
-    codes, names = pd.factorize(c.name[sync].astype(object).to_numpy())
-    table = pd.DataFrame({"name": np.asarray(names, dtype=object).astype(str),
-                          "calls": np.bincount(codes, minlength=len(names)).astype(np.int64),
-                          "host_ns": np.bincount(codes, weights=host_ns.astype(np.float64),
-                                                 minlength=len(names)).astype(np.int64)})
-    table = table.sort_values(["host_ns", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    if isinstance(c.name.dtype, pd.CategoricalDtype):  # by the codes: no strings for the other rows
+        used, codes = np.unique(c.name.cat.codes.to_numpy()[sync], return_inverse=True)
+        names = c.name.cat.categories[used].tolist()
+    else:
+        codes, uniques = pd.factorize(c.name[sync].astype(object).to_numpy())
+        names = list(uniques)
+    calls = np.bincount(codes, minlength=len(names)).astype(np.int64)
+    per_name = np.bincount(codes, weights=host_ns.astype(np.float64), minlength=len(names)).astype(np.int64)
+    label = np.array([str(n) for n in names], dtype=object)
+    order = np.lexsort((label, -per_name))
+    table = pd.DataFrame({"name": label[order], "calls": calls[order], "host_ns": per_name[order]})
     # Sync points: the outermost sync of a nest on its thread (aten::item > _local_scalar_dense > cudaStreamSynchronize
-    # is one wait, not three). Syncs are few (tens per step): a small frame.
-    nest = pd.DataFrame({"tid": c.tid[sync], "start": c.start[sync], "end": end}).sort_values(
-        ["tid", "start", "end"], ascending=[True, True, False], kind="stable")
-    before = nest.groupby("tid", sort=False)["end"].cummax().groupby(nest["tid"], sort=False).shift(1)
-    outer = ~(before.to_numpy(np.float64) >= nest["end"].to_numpy(np.float64))
-    points = SyncPoints(int(outer.sum()), int((nest["end"] - nest["start"]).to_numpy(np.int64)[outer].sum()), 0)
+    # is one wait, not three). Syncs are few (tens per step): one pass over them.
+    rows = np.flatnonzero(sync)
+    rows = rows[np.lexsort((-c.end[rows], c.start[rows], c.tid[rows]))]
+    outer = np.ones(len(rows), dtype=bool)
+    open_end: dict[int, int] = {}  # per thread: the end of the outermost sync still open
+    for i, (tid, s0, e0) in enumerate(zip(c.tid[rows].tolist(), c.start[rows].tolist(), c.end[rows].tolist())):
+        if s0 < open_end.get(tid, s0) and e0 <= open_end[tid]:
+            outer[i] = False
+        else:
+            open_end[tid] = max(e0, open_end.get(tid, e0))
+    nest_host = (c.end[rows] - c.start[rows])[outer]
+    points = SyncPoints(int(outer.sum()), int(nest_host.sum()), 0)
     if len(end) == 0 or len(gaps.start) == 0:
         return table, points
     ends = np.sort(end)
@@ -371,11 +385,10 @@ class PageableCopies:
 
 def pageable_copies(events: pd.DataFrame, steps: pd.DataFrame) -> PageableCopies:
     """:class:`PageableCopies` of one rank (module doc)."""
-    return _pageable_copies(_Columns.of(events, steps), steps)
+    return _pageable_copies(_Columns.of(events, steps), _windows(steps))
 
 
-def _pageable_copies(c: _Columns, steps: pd.DataFrame) -> PageableCopies:
-    w = _windows(steps)
+def _pageable_copies(c: _Columns, w: tuple[np.ndarray, np.ndarray]) -> PageableCopies:
     copy = is_in(c.kind, ("memcpy",))
     if not copy.any() or len(w[0]) == 0:
         return PageableCopies()
@@ -410,18 +423,26 @@ class IdleTables:
     step_ns: int = 0
 
 
+_NO_DEVICE = {**{f"{k}_ns": 0 for k in CATEGORIES}, "idle_ns": 0, "span_ns": 0, "n_gaps": 0}
+
+
 def rank_idle(events: pd.DataFrame, steps: pd.DataFrame) -> IdleTables:
     """Every idle figure of one rank from its events and (checked) step windows."""
     c = _Columns.of(events, steps)
+    w = _windows(steps)
+    if not c.device.any():  # a CPU-only trace: no device to be idle (its figures are the empty ones)
+        return IdleTables(streams=stream_idle(_window_device(c)), device=dict(_NO_DEVICE), launch=LaunchSummary(),
+                          syncs=pd.DataFrame({"name": pd.Series(dtype=object), "calls": pd.Series(dtype=np.int64),
+                                              "host_ns": pd.Series(dtype=np.int64)}),
+                          n_steps=len(steps), step_ns=int((w[1] - w[0]).sum()))
     dev = _window_device(c)
     gaps = device_gaps(dev)
     device = {f"{k}_ns": gaps.idle_ns(k) for k in CATEGORIES}
     device.update(idle_ns=gaps.idle_ns(), span_ns=gaps.span_ns, n_gaps=len(gaps.start))
-    syncs, points = _host_syncs(c, steps, gaps)
-    w = _windows(steps)
+    syncs, points = _host_syncs(c, w, gaps)
     return IdleTables(
         streams=stream_idle(dev), device=device, launch=LaunchSummary.of(_launch_stats(c, steps, LAUNCH_CALLS)),
-        syncs=syncs, sync_points=points, pageable=_pageable_copies(c, steps), n_steps=len(steps),
+        syncs=syncs, sync_points=points, pageable=_pageable_copies(c, w), n_steps=len(steps),
         step_ns=int((w[1] - w[0]).sum()),
     )
 
