@@ -37,6 +37,7 @@ from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_sh
 from analyzer.metrics.overlap import exposed_comm_pct
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
+from analyzer.metrics.timeline import Overview, RunTimeline, overview_from_grids
 from analyzer.metrics.stragglers import (
     StragglerResult,
     arrivals_from_records,
@@ -143,6 +144,8 @@ class RunAnalysis:
     attribution: RunAttribution | None = None
     # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
     idle: RunIdle | None = None
+    # Every rank's fine time grids, for timelines without events (analyzer.metrics.timeline; not in the report).
+    timeline: RunTimeline | None = field(default=None, repr=False, compare=False)
 
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""
@@ -316,6 +319,8 @@ def analyze(
         )
     )
     analysis.telemetry = telemetry
+    if run_key is not None:
+        runcache.write(run_key, analysis)
     return analysis
 
 

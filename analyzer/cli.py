@@ -231,10 +231,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         CheckConfig(max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile)
         if args.min_goodput is not None and not 0.0 <= args.min_goodput <= 1.0:
             raise AnalyzerError(f"--min-goodput must be between 0 and 1, got {args.min_goodput}")
+        if args.max_memory_growth is not None and not args.max_memory_growth >= 0.0:
+            raise AnalyzerError(f"--max-memory-growth must be >= 0 (0.05 allows +5%), got {args.max_memory_growth}")
         cand = _analyze(cand_path, args, jobs)
         bases = [_analyze(b, args, jobs) for b in base_paths]
     outcome = check(bases, cand, max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile,
-                    cpu_time=not args.no_cpu_time, min_goodput=args.min_goodput)
+                    cpu_time=not args.no_cpu_time, min_goodput=args.min_goodput,
+                    max_memory_growth=args.max_memory_growth)
     explanation = outcome.explanation
     from analyzer.verbs import ci_artifacts
 
@@ -398,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-goodput", type=_fraction, default=None, metavar="G",
                    help="also fail (exit 1) when the candidate's goodput, productive step time / wall time, is "
                    "below G (0-1; reftrain run directories only; docs/ci.md)")
+    p.add_argument("--max-memory-growth", type=_fraction, default=None, metavar="FRAC",
+                   help="also fail (exit 1) when the candidate's peak memory (max over ranks) exceeds the "
+                   "baselines' by more than FRAC (0.05: +5%%; docs/ci.md)")
     p.add_argument("--inconclusive", choices=("exit", "pass", "fail"), default="exit",
                    help="when the runs are too noisy to tell: exit 4 (default), or treat as pass (0) or fail (1)")
     p.add_argument("--summary", type=Path, metavar="FILE",

@@ -51,6 +51,7 @@ import pandas as pd
 from analyzer.ingest.load import FileFacts
 from analyzer.metrics.attribution import AttributionTables
 from analyzer.metrics.breakdown import BreakdownPieces
+from analyzer.metrics.memory import RankMemory
 from analyzer.metrics.idle import IdleTables, LaunchSummary, PageableCopies, SyncPoints
 from analyzer.metrics.mfu import RankFlops
 from analyzer.metrics.overlap import OverlapResult
@@ -60,7 +61,7 @@ SUFFIX = ".rank"
 _MAGIC = b"trainperf rank summary\n"
 # The only classes an entry can rebuild (by name); anything else in a summary is a bug of ours, found at write.
 _CLASSES: dict[str, type] = {c.__name__: c for c in (UnitResult, RankPart, FileFacts, BreakdownPieces, OverlapResult, RankFlops,
-                                                  AttributionTables, IdleTables, LaunchSummary, PageableCopies,
+                                                  AttributionTables, RankMemory, IdleTables, LaunchSummary, PageableCopies,
                                                   SyncPoints)}
 
 

@@ -37,13 +37,14 @@ from analyzer.metrics.breakdown import BreakdownPieces, Source, breakdown_pieces
 from analyzer.metrics.collectives import collective_table as rank_collective_table
 from analyzer.metrics.idle import IdleTables, rank_idle
 from analyzer.metrics.kernels import top_kernels
+from analyzer.metrics.memory import RankMemory, rank_memory
 from analyzer.metrics.mfu import RankFlops, device_name_of, rank_flops_from_shapes
 from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
 from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 5  # 3: the attribution tables (issue 11); 4: the timeline grids (issue 12); 5: the idle figures (issue 11)
+MAP_VERSION = 6  # 3: the attribution tables (issue 11); 4: the timeline grids (issue 12); 5: the idle figures (issue 11); 6: memory (issue 11 item 5)
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -100,6 +101,8 @@ class RankPart:
     arrivals: tuple[pd.DataFrame | None, str]
     comm_table: pd.DataFrame | None = None
     attribution: AttributionTables | None = None
+    # Peak memory per step, a timeline and peaks per device from [memory] events (None without them).
+    memory: RankMemory | None = None
     idle: IdleTables | None = None
 
 
@@ -176,6 +179,8 @@ def merge_windows(rts: list[RankTrace]) -> RankTrace:
         distributed_info=last.distributed_info,
         device_properties=last.device_properties,
         has_device=any(rt.has_device for rt in rts),
+        memory=pd.concat([rt.memory for rt in rts], ignore_index=True).sort_values("ts_ns", kind="stable")
+        .reset_index(drop=True),
     )
 
 
@@ -202,5 +207,6 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         arrivals=rank_arrivals(rank, events, rt.steps),
         comm_table=rank_collective_table(events),
         attribution=rank_attribution(events, windows),
+        memory=rank_memory(rt.memory, windows),
         idle=rank_idle(events, windows),
     )

@@ -116,7 +116,8 @@ class ProfileConfig:
     active: int = _opt(2, "profiler schedule: recorded steps per window")
     repeat: int = _opt(1, "profiler schedule: windows (0 = until the end)")
     record_shapes: bool = _opt(True, "record operator input shapes")
-    profile_memory: bool = _opt(False, "record memory allocations")
+    memory: bool = _opt(False, "record memory allocations and frees (torch.profiler profile_memory): the analyzer's "
+                               "peak memory per step and memory timeline from the traces")
     with_stack: bool = _opt(False, "record Python stacks (large traces)")
 
 
@@ -254,8 +255,13 @@ def _coerce(key: str, value: Any, hint: Any, choices: tuple | None, origin: str)
     return value
 
 
+# Keys renamed since runs were first saved, old -> new, so an older config.yaml (resume, --config) still loads.
+RENAMED_KEYS = {("profile", "profile_memory"): "memory"}
+
+
 def _apply(cfg: Config, section: str, key: str, value: Any, origin: str) -> None:
     """Set cfg.section.key = value after checking name and type."""
+    key = RENAMED_KEYS.get((section, key), key)
     if section not in SECTIONS:
         raise ReftrainError(f"{origin}: unknown config section '{section}' (known: {', '.join(SECTIONS)})")
     cls = SECTIONS[section]

@@ -9,7 +9,8 @@ piece is built to cost microseconds per step:
   and writes `reftrain.collectives/1` records (docs/rundir.md).
 - `PhaseTimer` accumulates per-step phase times and annotates them for the
   profiler with `record_function`.
-- `process_memory_bytes` reads peak CUDA memory or the process RSS.
+- `process_memory_bytes` reads peak CUDA memory or the process RSS; `peak_reserved_bytes` the CUDA
+  caching allocator's peak reserved bytes.
 
 Clocks. On CPU every timestamp is the host's `time.time_ns()`. On CUDA the
 collective timer records CUDA events on the issuing thread's current stream and
@@ -624,6 +625,13 @@ def _statm_fd() -> int:
     if _statm is None or _statm[0] != pid:
         _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC))
     return _statm[1]
+
+
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """Peak bytes the CUDA caching allocator reserved since the last reset (`torch.cuda.max_memory_reserved`);
+    None on CPU. Read it before `process_memory_bytes(..., reset_peak=True)`, which resets both peaks."""
+    device = torch.device(device)
+    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None
 
 
 def process_memory_bytes(device: torch.device, reset_peak: bool = False) -> tuple[int, str]:

@@ -89,7 +89,7 @@ class StepProfiler:
             schedule=lambda step: self._schedule(max(step - start_step, 0)),
             on_trace_ready=self._write_trace,
             record_shapes=cfg.record_shapes,
-            profile_memory=cfg.profile_memory,
+            profile_memory=cfg.memory,
             with_stack=cfg.with_stack,
         )
         # ProfilerStep#N markers use step_num; start it at the global step.

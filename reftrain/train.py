@@ -29,8 +29,8 @@ from reftrain.faults import Faults, restart_count
 from reftrain.heartbeat import Heartbeat
 from reftrain.hardware import describe_hardware, git_state
 from reftrain.inject import Injector
-from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives,
-                                 untimed_group)
+from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
+                                 untimed_collectives, untimed_group)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from reftrain.preemption import Preemption
 from reftrain.profiling import StepProfiler
@@ -422,6 +422,7 @@ class TrainStep:
         # wall-clock step time it tells more work from a busier machine: time
         # spent descheduled by neighbours is wall time, not CPU time (docs/ci.md).
         cpu_ms = (time.process_time() - cpu_start_s) * 1e3
+        mem_reserved = peak_reserved_bytes(device)  # before the reset below, which resets both peaks
         mem_bytes, mem_kind = process_memory_bytes(device, reset_peak=True)
         step_s = times["step_time_ms"] / 1e3
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
@@ -445,6 +446,7 @@ class TrainStep:
             "hfu": flops.mfu(tokens, self.fpt.hardware, step_s, self.peak.per_s),
             "mem_bytes": mem_bytes,
             "mem_kind": mem_kind,
+            "mem_reserved_bytes": mem_reserved,
             "profiled": self.profiler.collecting(step),
             "lr": lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),

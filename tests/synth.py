@@ -204,6 +204,18 @@ class KinetoTrace:
         self.events.append(ev)
         return ev
 
+    def memory(self, ts_us: Number, allocated: int, reserved: int, nbytes: int = 0, *, device_type: int = 1,
+               device_id: int | None = None) -> dict:
+        """A ``[memory]`` instant event, as ``profile_memory=True`` writes one per allocation or free:
+        the allocator's ``Total Allocated``/``Total Reserved`` bytes on the device after it, ``Bytes``
+        (negative for a free). ``device_type`` 1 is CUDA (id default: this trace's GPU), 0 the CPU (id -1)."""
+        did = (-1 if device_type == 0 else self.device) if device_id is None else device_id
+        ev = {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": self.pid, "tid": self.tid,
+              "ts": self._t(ts_us), "args": {"Total Reserved": reserved, "Total Allocated": allocated, "Bytes": nbytes,
+                                             "Addr": 1 << 40, "Device Id": did, "Device Type": device_type}}
+        self.events.append(ev)
+        return ev
+
     def raw(self, event: dict) -> dict:
         """Append an event exactly as given (odd inputs for loader tests)."""
         self.events.append(event)

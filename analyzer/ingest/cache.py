@@ -51,12 +51,13 @@ if TYPE_CHECKING:
 
 # Bump when the parser changes what an entry holds (2: parser columns in npz;
 # 3: categories in today's spelling, validated times, displayTimeUnit, notes;
-# 4: concrete_inputs of convolution ops; 5: seq_num and fwd_tid of autograd ops).
-LOADER_VERSION = 5
+# 4: concrete_inputs of convolution ops; 5: seq_num and fwd_tid of autograd ops; 6: [memory] events).
+LOADER_VERSION = 6
 ENTRY_SUFFIX = ".npz"
 # Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
 _ENTRY_SUFFIXES = (".npz", ".parquet")
 _META_MEMBER = "trainperf_meta"
+_MEMORY_PREFIX = "memory_"  # members holding ParsedTrace.memory's columns
 _INT_COLUMNS = ("pid", "tid", "stream", "ts_ns", "dur_ns", "correlation", "external_id", "seq_num", "fwd_tid")
 _CODE_COLUMNS = ("cat", "name")
 
@@ -164,6 +165,7 @@ def _write(entry: Path, parsed: ParsedTrace) -> None:
     }
     members = {_META_MEMBER: np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
     members.update((c, parsed.columns[c]) for c in _CODE_COLUMNS + _INT_COLUMNS)
+    members.update((_MEMORY_PREFIX + c, values) for c, values in parsed.memory.items())
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
@@ -190,6 +192,7 @@ def read_entry(entry: Path, trace: Path) -> ParsedTrace:
     import numpy as np
 
     from analyzer.ingest.parse import ParsedTrace
+    from analyzer.ingest.parse.columns import MEMORY_FIELDS
 
     try:
         with np.load(entry, allow_pickle=False) as z:
@@ -197,6 +200,10 @@ def read_entry(entry: Path, trace: Path) -> ParsedTrace:
             if not isinstance(meta, dict) or meta.get("loader_version") != LOADER_VERSION:
                 raise ValueError(f"loader version {meta.get('loader_version') if isinstance(meta, dict) else '?'}")
             columns = {c: z[c] for c in _CODE_COLUMNS + _INT_COLUMNS}
+            memory = {name[len(_MEMORY_PREFIX):]: z[name] for name in z.files if name.startswith(_MEMORY_PREFIX)}
+        if memory and (set(memory) != set(MEMORY_FIELDS) or len({v.shape for v in memory.values()}) != 1
+                       or any(v.dtype != np.int64 or v.ndim != 1 for v in memory.values())):
+            raise ValueError("memory columns of unequal length or type")
         rows = int(meta["rows"])
         cats, names = [str(c) for c in meta["cats"]], [str(n) for n in meta["names"]]
         for c, values in columns.items():
@@ -222,6 +229,7 @@ def read_entry(entry: Path, trace: Path) -> ParsedTrace:
             dropped_no_time=int(meta["dropped_no_time"]),
             json_bytes=int(meta["json_bytes"]),
             notes=[str(n) for n in meta["notes"]],
+            memory=memory,
         )
     except Exception as exc:  # noqa: BLE001 - any failure means "parse again"
         raise CacheEntryError(f"{Path(trace).name}: cache entry {entry.name} unreadable ({_short(exc)}); parsed again") from None

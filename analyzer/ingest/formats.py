@@ -355,6 +355,7 @@ class MetricsLine(Record):
     hfu: float | None = None
     mem_bytes: int | None = None
     mem_kind: str | None = None  # cuda_peak_allocated | cpu_rss
+    mem_reserved_bytes: int | None = None  # peak reserved by the CUDA caching allocator this step; None on CPU
     profiled: bool | None = None
     time_ns: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -372,7 +373,8 @@ def _dtypes(cls: type[Record], overrides: dict[str, str]) -> dict[str, str]:
     return out
 
 
-MetricsLine.DTYPES = _dtypes(MetricsLine, {})
+# mem_reserved_bytes is null on CPU runs (and absent in older ones): a float column, NaN there.
+MetricsLine.DTYPES = _dtypes(MetricsLine, {"mem_reserved_bytes": "float64"})
 
 
 # ---------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from analyzer.ingest.tables import (
     empty_events,
     empty_processes,
     empty_threads,
+    memory_table,
     steps_from_events,
 )
 
@@ -133,6 +134,7 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
         threads=_threads_frame(parsed.threads),
         json_bytes=parsed.json_bytes,
         notes=notes,
+        memory=memory_table(parsed.memory),
     )
 
 

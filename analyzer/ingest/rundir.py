@@ -71,6 +71,7 @@ METRICS_RANGES: dict[str, tuple[str, float, float, bool]] = {
     "rank": ("int", 0, _INT64_MAX, True),
     "tokens": ("int", 0, _INT64_MAX, True),
     "mem_bytes": ("int", 0, _INT64_MAX, True),
+    "mem_reserved_bytes": ("int", 0, _INT64_MAX, True),
     "time_ns": ("int", 0, _INT64_MAX, True),
     "step_time_ms": ("float", 0.0, _DAY_MS, False),
     "data_wait_ms": ("float", 0.0, _DAY_MS, True),

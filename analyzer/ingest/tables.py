@@ -148,6 +148,45 @@ def empty_steps() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in ("step", "start_ns", "end_ns")})
 
 
+# c10::DeviceType codes as written in a [memory] event's "Device Type" (c10/core/DeviceType.h): ROCm
+# traces (the shared MI300 samples) write 6, HIP.
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 13: "mps"}
+MEMORY_COLUMNS = ("ts_ns", "device", "allocated_bytes", "reserved_bytes", "delta_bytes")
+
+
+def device_label(device_type: int, device_id: int) -> str:
+    """``cuda:0``; ``cpu`` (the CPU allocator's events carry id -1); ``type20:0`` for a type not named here."""
+    kind = _DEVICE_TYPES.get(int(device_type), f"type{int(device_type)}")
+    return kind if kind == "cpu" or device_id < 0 else f"{kind}:{int(device_id)}"
+
+
+def memory_table(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """The memory events table of :class:`RankTrace` from a parse's memory columns.
+
+    One row per ``[memory]`` instant event, sorted by ``ts_ns`` (stable: ties
+    keep file order): ``device`` (:func:`device_label`), ``allocated_bytes``
+    and ``reserved_bytes`` (the allocator's ``Total Allocated`` / ``Total
+    Reserved`` on that device after the event), ``delta_bytes`` (``Bytes``:
+    positive for an allocation, negative for a free). Empty (these columns)
+    without memory events.
+    """
+    if not columns or not len(columns.get("ts_ns", ())):
+        return pd.DataFrame({"ts_ns": pd.Series(dtype="int64"), "device": pd.Series(dtype=object),
+                             "allocated_bytes": pd.Series(dtype="int64"), "reserved_bytes": pd.Series(dtype="int64"),
+                             "delta_bytes": pd.Series(dtype="int64")})
+    pairs, inv = np.unique(np.stack([columns["device_type"], columns["device_id"]], axis=1), axis=0, return_inverse=True)
+    labels = np.array([device_label(int(t), int(i)) for t, i in pairs], dtype=object)
+    inv = inv.reshape(-1)
+    order = np.argsort(columns["ts_ns"], kind="stable")
+    return pd.DataFrame({
+        "ts_ns": columns["ts_ns"][order],
+        "device": labels[inv][order],
+        "allocated_bytes": columns["total_allocated"][order],
+        "reserved_bytes": columns["total_reserved"][order],
+        "delta_bytes": columns["bytes"][order],
+    })
+
+
 def empty_processes() -> pd.DataFrame:
     """A processes table with no rows (see :class:`RankTrace`)."""
     return pd.DataFrame({"pid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object), "labels": pd.Series(dtype=object)})
@@ -189,6 +228,8 @@ class RankTrace:
     threads: pd.DataFrame = field(default_factory=empty_threads)
     json_bytes: int = 0
     notes: list = field(default_factory=list)
+    # [memory] instant events (profile_memory=True): memory_table's columns; empty without them.
+    memory: pd.DataFrame = field(default_factory=lambda: memory_table({}))
 
     @property
     def world_size(self) -> int | None:

@@ -38,6 +38,7 @@ from analyzer.metrics import (
     kernels,
     launch,
     matmul_flops,
+    memory,
     mfu,
     overlap,
     step_time,
@@ -92,6 +93,9 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "rank_attribution": lambda: {0: attribution.rank_attribution(tables.empty_events(), tables.empty_steps())},
     "run_curves": lambda: {"run": curves.training_curves(None, _frame(METRICS_COLUMNS))},
     "rank_idle": lambda: {0: idle.rank_idle(tables.empty_events(), tables.empty_steps())},
+    "memory_events": memory.empty_events,
+    "memory_steps": lambda: memory.metrics_step_memory(_frame(METRICS_COLUMNS)),
+    "rank_memory": lambda: {0: memory.rank_memory(memory.empty_events(), tables.empty_steps())},
 }
 
 
@@ -173,6 +177,15 @@ METRICS: tuple[Metric, ...] = (
     metric(matmul_flops.flop_kernels, events="events", ops="matmul_ops"),
     metric(matmul_flops.charged_ops, ops="matmul_ops", kernels="flop_kernels"),
     metric(matmul_flops.dominant_dtype, ops="matmul_ops"),
+    # memory: peaks per step and rank, the timeline (issue 11 item 5)
+    metric(memory.step_peaks, events="memory_events", steps="steps"),
+    metric(memory.memory_timeline, events="memory_events"),
+    metric(memory.rank_memory, events="memory_events", steps="steps"),
+    metric(memory.metrics_step_memory, metrics="metrics"),
+    metric(memory.trace_step_memory, parts="rank_memory"),
+    metric(memory.trace_rank_peaks, parts="rank_memory"),
+    metric(memory.rank_peaks, steps="memory_steps"),
+    metric(memory.run_memory, metrics="metrics", parts="rank_memory"),
     # MFU
     metric(mfu.steady_state, params={"warmup_steps": 0, "profiled_steps": []}, metrics="metrics"),
     metric(mfu.mfu_from_manifest, manifest="manifest", metrics="metrics"),

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Literal, Sequence
 import numpy as np
 import pandas as pd
 
-from analyzer.verbs.compare import candidate_peak_scale
+from analyzer.verbs.compare import candidate_peak_scale, labelled
 from analyzer.errors import AnalyzerError
 
 if TYPE_CHECKING:
@@ -454,6 +454,70 @@ def goodput_gate(candidate: "RunAnalysis", min_goodput: float, baseline: "RunAna
                        lost_s=dict(gp.lost_s), attempts=gp.attempts, base_goodput=None if base is None else base.goodput)
 
 
+# ----------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class MemoryGate:
+    """``check --max-memory-growth FRAC``: the candidate's peak memory against the baselines' (docs/ci.md "Memory").
+
+    Peak memory is one number per run (``RunAnalysis.memory``: the max over
+    ranks of each rank's peak allocated bytes, or resident set on CPU;
+    docs/metrics.md "Memory"), nearly deterministic on a GPU, so there is no
+    test statistic: the gate fails iff ``growth = (cand - base) / base``
+    exceeds ``max_growth``, ``base`` being the largest of the baselines'
+    peaks (several baselines: the candidate must outgrow all of them).
+    ``reserved_growth``: the same on peak reserved bytes, for context.
+    """
+
+    max_growth: float
+    growth: float
+    base_bytes: float
+    cand_bytes: float
+    kind: str
+    source: str
+    reserved_growth: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.growth > self.max_growth
+
+    def text(self) -> str:
+        what = "resident set" if self.kind == "cpu_rss" else "allocated"
+        state = "over" if self.failed else "within"
+        reserved = f"; reserved {self.reserved_growth:+.1%}" if self.reserved_growth is not None else ""
+        return (f"peak memory {self.base_bytes / 2**20:,.1f} -> {self.cand_bytes / 2**20:,.1f} MiB {what} "
+                f"({self.growth:+.1%}, {state} the allowed {self.max_growth:+.1%}{reserved}; {self.source} {self.kind}, "
+                "max over ranks)")
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"failed": self.failed}
+
+
+def memory_gate(bases: "Sequence[RunAnalysis]", candidate: "RunAnalysis", max_growth: float) -> MemoryGate:
+    """The peak-memory gate (:class:`MemoryGate`); AnalyzerError (exit 2) when a run has no peak memory or
+    the runs' figures are not of the same kind (GPU allocated against CPU resident set, records against traces)."""
+    if not max_growth >= 0.0:
+        raise AnalyzerError(f"--max-memory-growth must be >= 0 (a fraction: 0.05 allows +5%), got {max_growth}")
+    runs = [("candidate", candidate)] + [("baseline" if len(bases) == 1 else f"baseline {i + 1}", b)
+                                         for i, b in enumerate(bases)]
+    for label, a in runs:
+        if not a.memory.peak_allocated_bytes:
+            raise AnalyzerError(f"--max-memory-growth: the {label} ({a.path}) has no peak memory (needs metrics records "
+                                "with mem_bytes, or traces taken with profile_memory=True)")
+    kinds = {(a.memory.source, a.memory.kind) for _, a in runs}
+    if len(kinds) > 1:
+        raise AnalyzerError("--max-memory-growth: the runs' peak memory figures differ in kind ("
+                            + "; ".join(f"{label}: {a.memory.source} {a.memory.kind}" for label, a in runs)
+                            + "); they cannot be compared")
+    base = max(float(b.memory.peak_allocated_bytes or 0.0) for b in bases)
+    cand = float(candidate.memory.peak_allocated_bytes or 0.0)
+    reserved = [b.memory.peak_reserved_bytes for b in bases]
+    rc = candidate.memory.peak_reserved_bytes
+    rb = max(r for r in reserved) if all(r for r in reserved) else None
+    return MemoryGate(max_growth=max_growth, growth=(cand - base) / base, base_bytes=base, cand_bytes=cand,
+                      kind=str(candidate.memory.kind), source=str(candidate.memory.source),
+                      reserved_growth=(rc - rb) / rb if rb and rc is not None else None)
+
+
 # ----------------------------------------------------------------- runs
 @dataclass
 class GateOutcome:
@@ -466,12 +530,15 @@ class GateOutcome:
     # The gated per-step values (baselines, candidate) for the CI artifacts' charts (analyzer/verbs/ci_artifacts.py).
     samples: tuple[list[StepSamples], StepSamples] | None = None
     goodput: GoodputGate | None = None  # ``--min-goodput``, else None
+    memory: MemoryGate | None = None  # ``--max-memory-growth``, else None
 
     @property
     def verdict(self) -> Verdict:
-        """The gate's overall verdict (the exit code): a goodput below its floor is a regression whatever
-        the step statistics say; otherwise the step-statistic verdict."""
+        """The gate's overall verdict (the exit code): a goodput below its floor, or peak memory grown beyond
+        its allowance, is a regression whatever the step statistics say; otherwise the step-statistic verdict."""
         if self.goodput is not None and self.goodput.failed:
+            return "regression"
+        if self.memory is not None and self.memory.failed:
             return "regression"
         return self.result.verdict
 
@@ -504,6 +571,7 @@ class GateOutcome:
         out["step_verdict"] = self.result.verdict
         out["verdict"] = self.verdict
         out["goodput"] = None if self.goodput is None else self.goodput.to_json()
+        out["memory"] = None if self.memory is None else self.memory.to_json()
         return out
 
 
@@ -747,6 +815,7 @@ def check(
     quantile: float = 0.25,
     cpu_time: bool = True,
     min_goodput: float | None = None,
+    max_memory_growth: float | None = None,
 ) -> GateOutcome:
     """The CI gate on analyzed runs (``analyzer check``): one baseline or several.
 
@@ -764,6 +833,8 @@ def check(
 
     ``min_goodput`` adds the goodput floor (:func:`goodput_gate`): a
     candidate below it is a regression (:attr:`GateOutcome.verdict`).
+    ``max_memory_growth`` adds the peak-memory gate (:func:`memory_gate`):
+    a candidate whose peak grew by more is a regression too.
     """
     from analyzer.verbs.compare import compare
 
@@ -772,6 +843,7 @@ def check(
     if not bases:
         raise AnalyzerError("no baseline given")
     gp_gate = None if min_goodput is None else goodput_gate(candidate, min_goodput, bases[0])
+    mem_gate = None if max_memory_growth is None else memory_gate(bases, candidate, max_memory_growth)
     notes: list[str] = []
     for b in bases:
         notes += [n for n in check_compatible(b, candidate) if n not in notes]
@@ -789,7 +861,7 @@ def check(
         for i, b in enumerate(bases):
             notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.manifest)
     return GateOutcome(result=result, comparison=compare(bases[0], candidate), notes=notes + sample_notes, cpu=cpu_result,
-                       samples=(base_samples, cand_samples), goodput=gp_gate)
+                       samples=(base_samples, cand_samples), goodput=gp_gate, memory=mem_gate)
 
 
 def _value_text(metric: str, value: float) -> str:
@@ -832,9 +904,10 @@ def short_kernel_name(name: str, max_chars: int = KERNEL_NAME_MAX_CHARS) -> str:
     return text[: max_chars - 1].rstrip() + "…"
 
 
-def _signed_ms(d: "Delta", kernel: bool = False) -> str:
+def _signed_ms(d: "Delta", kernel: bool = False, label: bool = False) -> str:
+    """``name +4.1 ms, +22%``; ``label``: an op or module with its pass (``blocks.7/attn backward``)."""
     pct = f", {d.delta_pct:+.0f}%" if d.delta_pct is not None else ", new"
-    name = short_kernel_name(d.name) if kernel else d.name
+    name = short_kernel_name(d.name) if kernel else short_kernel_name(labelled(d)) if label else d.name
     return f"{name} {d.delta:+.1f} ms{pct}"
 
 
@@ -873,10 +946,20 @@ def explain(outcome: GateOutcome) -> str:
         kernels = c.growing_kernels(3)
         if kernels:
             text += " By kernel (per profiled step): " + "; ".join(_signed_ms(d, kernel=True) for d in kernels) + "."
+        ops = c.growing_ops(3)
+        if ops:
+            text += " By op: " + "; ".join(_signed_ms(d, label=True) for d in ops) + "."
+        modules = c.growing_modules(3)
+        if modules:
+            text += " By module: " + "; ".join(_signed_ms(d, label=True) for d in modules) + "."
     if outcome.goodput is not None:
         g = outcome.goodput
         line = g.text()
         text = (f"Regression: {line}. Step statistic: " + text) if g.failed else (text + f" {line[0].upper()}{line[1:]}.")
+    if outcome.memory is not None:
+        line = outcome.memory.text()
+        step = "" if outcome.goodput is not None and outcome.goodput.failed else "Step statistic: "
+        text = (f"Regression: {line}. {step}" + text) if outcome.memory.failed else (text + f" {line[0].upper()}{line[1:]}.")
     for note in outcome.notes:
         text += f" Note: {note}."
     return text

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from analyzer.errors import AnalyzerError
 from analyzer.verbs.report import (
     _delta_rows,
+    _growth_text,
     _figure_html,
     _html_table,
     _num,
@@ -39,7 +40,7 @@ from analyzer.verbs.report import (
 )
 
 if TYPE_CHECKING:
-    from analyzer.verbs.check import CheckResult, GateOutcome, GoodputGate
+    from analyzer.verbs.check import CheckResult, GateOutcome, GoodputGate, MemoryGate
     from analyzer.verbs.compare import Comparison
 
 Inconclusive = Literal["exit", "pass", "fail"]
@@ -127,6 +128,10 @@ def _delta_sections(c: "Comparison", top: int) -> list[str]:
             out.append(f"<h2>{title}</h2><p class=\"note\">{html.escape(c.op_source)}; largest change first</p>"
                        + _html_table([what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
                                      _delta_rows(deltas[:top], ".3f", kernel=True), left=(0, 1)))
+    if c.memory:
+        out.append(f"<h2>Peak memory</h2><p class=\"note\">{html.escape(c.memory_source + _growth_text(c))}</p>"
+                   + _html_table(["", "base MiB", "cand MiB", "delta MiB", "delta %"], _delta_rows(c.memory, ".1f"),
+                                 left=(0,)))
     if c.ranks:
         out.append("<h2>Per-rank median step time</h2>"
                    + _html_table(["rank", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.ranks), left=(0,)))
@@ -177,6 +182,8 @@ def check_html(outcome: "GateOutcome", *, top: int = 10) -> str:
             f"{html.escape(outcome.cpu.verdict_label)}</p>")
     if outcome.goodput is not None:
         body.append(f"<h2>Goodput</h2><p>{html.escape(outcome.goodput.text())}</p>")
+    if outcome.memory is not None:
+        body.append(f"<h2>Peak memory</h2><p>{html.escape(outcome.memory.text())}</p>")
     chart = _samples_chart(outcome)
     if chart:
         body.append("<h2>Steps</h2>" + chart)
@@ -243,6 +250,22 @@ def _goodput_testcase(suite: ET.Element, g: "GoodputGate") -> str:
     return "failure" if g.failed else "passed"
 
 
+def _memory_testcase(suite: ET.Element, g: "MemoryGate") -> str:
+    """The ``--max-memory-growth`` testcase: failure iff the peak grew by more than allowed (no noise, no skip)."""
+    case = ET.SubElement(suite, "testcase", classname="analyzer.check", name="peak memory", time="0")
+    message = g.text()
+    if g.failed:
+        ET.SubElement(case, "failure", message=f"peak memory {g.growth:+.1%} over {g.max_growth:+.1%}",
+                      type="regression").text = message
+    ET.SubElement(case, "system-out").text = message
+    props = ET.SubElement(case, "properties")
+    for key, value in (("growth", g.growth), ("max_growth", g.max_growth), ("base_bytes", g.base_bytes),
+                       ("cand_bytes", g.cand_bytes), ("kind", g.kind), ("source", g.source),
+                       ("reserved_growth", g.reserved_growth)):
+        ET.SubElement(props, "property", name=key, value=repr(value) if isinstance(value, float) else str(value))
+    return "failure" if g.failed else "passed"
+
+
 def check_junit(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> str:
     """JUnit XML of the gate: one testcase per gated metric (see the module doc for the mapping).
 
@@ -260,6 +283,8 @@ def check_junit(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> 
     kinds = [_testcase(suite, name, res, inconclusive, msg) for name, res, msg in cases]
     if outcome.goodput is not None:
         kinds.append(_goodput_testcase(suite, outcome.goodput))
+    if outcome.memory is not None:
+        kinds.append(_memory_testcase(suite, outcome.memory))
     suite.set("tests", str(len(kinds)))
     suite.set("failures", str(kinds.count("failure")))
     suite.set("errors", "0")

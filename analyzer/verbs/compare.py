@@ -36,6 +36,16 @@ a module whose change is at least half made of one child module's change
 (same direction, same sign) is left out of the list, the child naming the
 place better (its figure stays in each run's module tree).
 
+Memory (MiB, 2**20 bytes; docs/metrics.md, "Memory"): each run's peak
+(``RunAnalysis.memory``: the max over ranks of each rank's peak; from the
+metrics records when the run has them, over the steps outside profiler
+windows, else from the traces' profiler memory events), allocated and,
+where known, reserved, then each rank's peak allocated. ``memory_growth``
+is ``(cand - base) / base`` of the peak allocated (the CI gate's figure,
+``check --max-memory-growth``); None when the runs' figures are not of the
+same kind (GPU peak allocated against CPU resident set, metrics against
+trace).
+
 MFU: the runs' medians (fractions), each the same figure the run shows
 everywhere else (``RunAnalysis.mfu.median``: report, runs page). When
 reftrain measured both peaks on the same hardware, the candidate's MFU is
@@ -148,6 +158,9 @@ class Comparison:
     op_source: str = "none"  # what the op and module times are: device or host time, per profiled step
     ops: list[Delta] = field(default_factory=list)  # ms per profiled step per (op, pass), sorted by |delta| desc
     modules: list[Delta] = field(default_factory=list)  # per (module path, pass), most specific rows, by |delta| desc
+    memory_source: str = "none"  # what the memory figures are (kind and source of each run)
+    memory: list[Delta] = field(default_factory=list)  # MiB: run peaks (allocated, reserved), then per rank
+    memory_growth: float | None = None  # (cand - base) / base of the peak allocated; None when not comparable
 
     def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
         from analyzer.verbs.notebook import compare_html
@@ -380,6 +393,35 @@ def _op_module_deltas(base: "RunAnalysis", cand: "RunAnalysis",
     return (ops if top is None else ops[:top]), (modules if top is None else modules[:top]), source, notes
 
 
+# ----------------------------------------------------------------- memory
+def _memory_deltas(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[list[Delta], str, float | None, list[str]]:
+    """(deltas in MiB, source, growth of the peak allocated, notes); see the module docstring."""
+    mb, mc = base.memory, cand.memory
+    if mb.source is None or mc.source is None:
+        missing = " and ".join(n for n, m in (("baseline", mb), ("candidate", mc)) if m.source is None)
+        return [], "none", None, [f"no memory deltas: the {missing} has no memory figures (metrics records or "
+                                  "profiler memory events)"] if mb.source or mc.source else []
+    same = (mb.source, mb.kind) == (mc.source, mc.kind)
+    source = (f"{mb.source} ({mb.kind}), MiB, max over ranks" if same
+              else f"baseline {mb.source} ({mb.kind}), candidate {mc.source} ({mc.kind}), MiB")
+    notes = [] if same else [f"memory figures of different kinds: baseline {mb.source} {mb.kind}, candidate "
+                             f"{mc.source} {mc.kind}; no growth computed"]
+
+    def mib(v: float | None) -> float | None:
+        return None if v is None or v != v else float(v) / MIB
+
+    deltas = [Delta("peak allocated" if mb.kind != "cpu_rss" else "peak RSS", mib(mb.peak_allocated_bytes),
+                    mib(mc.peak_allocated_bytes), mb.kind)]
+    if mb.peak_reserved_bytes is not None or mc.peak_reserved_bytes is not None:
+        deltas.append(Delta("peak reserved", mib(mb.peak_reserved_bytes), mib(mc.peak_reserved_bytes), mb.kind))
+    per_rank = [{int(r.rank): mib(r.peak_allocated_bytes) for r in m.ranks.itertuples(index=False)} for m in (mb, mc)]
+    deltas += [Delta(f"rank {r}", per_rank[0].get(r), per_rank[1].get(r), mb.kind)
+               for r in sorted(set(per_rank[0]) | set(per_rank[1]))]
+    b, c = mb.peak_allocated_bytes, mc.peak_allocated_bytes
+    growth = (c - b) / b if same and b and c is not None else None
+    return deltas, source, growth, notes
+
+
 # ----------------------------------------------------------------- MFU
 def _measured_peak(a: "RunAnalysis") -> float | None:
     """The run's peak when reftrain measured it on the machine (not a datasheet or an override)."""
@@ -475,4 +517,7 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
         op_source=op_source,
         ops=ops,
         modules=modules,
+        memory_source=memory_source,
+        memory=memory,
+        memory_growth=memory_growth,
     )

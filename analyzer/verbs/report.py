@@ -746,6 +746,10 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
             out.append(format_table([what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
                                     _delta_rows(deltas[:top], ".3f", kernel=True), left=(0, 1)))
             out.append("")
+    if c.memory:
+        out.append(f"Peak memory ({c.memory_source}){_growth_text(c)}")
+        out.append(format_table(["", "base MiB", "cand MiB", "delta MiB", "delta %"], _delta_rows(c.memory, ".1f"), left=(0,)))
+        out.append("")
     if c.ranks:
         out.append("Per-rank median step time")
         out.append(format_table(["rank", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.ranks), left=(0,)))
@@ -791,6 +795,10 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         base = f"{g.base_goodput:.1%}" if g.base_goodput is not None else "n/a"
         lines.append(f"| goodput (floor {g.min_goodput:.1%}) | {base} | {g.goodput:.1%} | "
                      f"{'below the floor' if g.failed else 'ok'} |")
+    mg = outcome.memory
+    if mg is not None:
+        lines.append(f"| peak memory, MiB (allowed {mg.max_growth:+.1%}) | {mg.base_bytes / 2**20:,.1f} | "
+                     f"{mg.cand_bytes / 2**20:,.1f} | {mg.growth:+.1%}{', over' if mg.failed else ''} |")
     lines += [
         f"| steady-state steps | {r.n_base} | {r.n_cand} | |",
         "",

@@ -122,7 +122,10 @@ class ParsedTrace:
     older era's ``computeProperties`` under that name) and
     ``displayTimeUnit``. ``notes``: one sentence per oddity the parse
     coped with (events dropped for bad times, a ns time unit), reported as
-    the file's warnings.
+    the file's warnings. ``memory``: the ``[memory]`` instant events of a
+    trace taken with ``profile_memory=True``, as int64 columns
+    (:data:`analyzer.ingest.parse.columns.MEMORY_FIELDS`, in file order);
+    empty without any.
     """
 
     path: Path
@@ -139,6 +142,7 @@ class ParsedTrace:
     notes: list[str] = field(default_factory=list)
     # Set by analyzer.cache.parse_and_store when its cache entry could not be written.
     cache_warning: str | None = None
+    memory: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -209,6 +213,9 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
         )
     if unit_ns == 1:
         notes.append('timestamps read as nanoseconds (the trace says "displayTimeUnit": "ns")')
+    memory = cols.memory_columns(unit_ns)
+    if cols.memory_invalid:
+        notes.append(f"{cols.memory_invalid} [memory] events dropped for a missing or invalid ts or allocator total")
     return ParsedTrace(
         path=path,
         columns=columns,
@@ -222,4 +229,5 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
         dropped_no_time=cols.dropped_no_time,
         json_bytes=splitter.total,
         notes=notes,
+        memory=memory,
     )

@@ -74,6 +74,9 @@ class Columns:
         self.first_invalid: str | None = None
         self._wants_args: dict[str, bool] = {}
         self._gpu_cat: dict[str, bool] = {}
+        # "[memory]" instant events: ts (trace unit), then the allocator's numbers (MEMORY_FIELDS).
+        self.memory_rows: list[tuple] = []
+        self.memory_invalid = 0
 
     def add(self, events: list[Event]) -> None:
         """Append the rows of one block of decoded events.
@@ -88,7 +91,10 @@ class Columns:
         or non-text names) take slower exact paths.
         """
         self.seen_events += len(events)
-        timed = valid_times(complete_events(events, self._metadata))
+        complete = complete_events(events, self._metadata)
+        if len(complete) != len(events):
+            self._memory_events(events)
+        timed = valid_times(complete)
         if timed.invalid:
             self.dropped_no_time += timed.no_time
             self._count_invalid(timed.invalid, timed.first_invalid or "")
@@ -132,6 +138,37 @@ class Columns:
         self.parts["fwd_tid"].append(_ids(list(map(_FWD_TID, args))))
         for row, name, a in special:
             self._special(row, name, a)
+
+    def _memory_events(self, events: list[Event]) -> None:
+        """Keep the ``[memory]`` instant events' time and allocator totals (profile_memory=True).
+
+        An event whose ts or totals are not numbers is dropped and counted
+        (:attr:`memory_invalid`); ``Bytes`` (negative for a free) and the
+        device default to 0 and -1 when absent."""
+        for e in events:
+            if e.ph != "i" or e.name != "[memory]":
+                continue
+            a = e.args or _NO_ARGS
+            ts, alloc, resv = e.ts, a.total_allocated, a.total_reserved
+            if not (_is_number(ts) and ts >= 0 and _is_number(alloc) and _is_number(resv)):
+                self.memory_invalid += 1
+                continue
+            self.memory_rows.append((ts, int(alloc), int(resv), _int_or(a.nbytes, 0), _int_or(a.device_type, -1),
+                                     _int_or(a.device_id, -1)))
+
+    def memory_columns(self, unit_ns: int) -> dict[str, np.ndarray]:
+        """The memory events as columns (MEMORY_FIELDS; ``ts_ns`` in ns), in file order; empty dict without any."""
+        if not self.memory_rows:
+            return {}
+        ts = np.asarray([r[0] for r in self.memory_rows])
+        ts_ns, over = to_ns(ts, unit_ns)
+        cols = {"ts_ns": ts_ns.astype(np.int64)}
+        for i, name in enumerate(MEMORY_FIELDS[1:], start=1):
+            cols[name] = np.array([r[i] for r in self.memory_rows], dtype=np.int64)
+        if over is not None:
+            cols = {k: v[~over] for k, v in cols.items()}
+            self.memory_invalid += int(over.sum())
+        return cols
 
     def _count_invalid(self, n: int, example: str) -> None:
         self.invalid += n
@@ -250,6 +287,18 @@ def _stream_id(v: object) -> int:
     if isinstance(v, float):
         return int(v) if v == v else -1
     return v if isinstance(v, int) else -1
+
+
+# Columns of the memory events (ParsedTrace.memory), all int64.
+MEMORY_FIELDS = ("ts_ns", "total_allocated", "total_reserved", "bytes", "device_type", "device_id")
+
+
+def _is_number(v: object) -> bool:
+    return (type(v) is int or type(v) is float) and v == v and abs(v) != float("inf")
+
+
+def _int_or(v: object, default: int) -> int:
+    return int(v) if _is_number(v) else default
 
 
 def _int_or_default(v: object) -> int:

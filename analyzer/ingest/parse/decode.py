@@ -48,6 +48,12 @@ class Args(msgspec.Struct):
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     name: Any = None  # metadata events: process_name, thread_name
     labels: Any = None  # metadata events: process_labels
+    # "[memory]" instant events (profile_memory=True): the allocator's totals after an allocation or free.
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
 
 
 class Event(msgspec.Struct):

@@ -177,8 +177,8 @@ def rule_profiler_overhead(f: RunFacts) -> Suggestion | None:
     overrides = {"profile.repeat": 1, "profile.active": 2, "profile.warmup": 1}
     if f.cfg("profile.with_stack"):
         overrides["profile.with_stack"] = False
-    if f.cfg("profile.profile_memory"):
-        overrides["profile.profile_memory"] = False
+    if f.cfg("profile.memory") or f.cfg("profile.profile_memory"):  # the key before issue 11 item 5: profile_memory
+        overrides["profile.memory"] = False
     pred = whatif.prediction(f, mean_after, f"{n_prof} -> {keep} profiled steps of {n_all}, each {slowdown:.2f}x a steady step",
                              scope="run wall time", step_before_ms=mean_before)
     return Suggestion(
@@ -189,7 +189,7 @@ def rule_profiler_overhead(f: RunFacts) -> Suggestion | None:
         evidence={"profiled_steps": n_prof, "steps": n_all, "profiled_step_time_ms": f.profiled_step_time_ms,
                   "step_time_ms": f.step_time_ms, "slowdown": slowdown},
         change=Change(overrides, "torch.profiler.schedule(wait=..., warmup=1, active=2, repeat=1); "
-                                 "with_stack/profile_memory only when needed"),
+                                 "with_stack/profile_memory (profile.memory) only when needed"),
         predicted=pred,
         confidence="high",
     )
