@@ -631,13 +631,9 @@ def run_facts(ra: "RunAnalysis") -> RunFacts:
     Computed once per analysis (kept in ``ra.derived``): the report's text,
     its JSON and the dashboard all ask for them.
     """
-    memo = getattr(ra, "derived", None)
-    if memo is not None and "facts" in memo:
-        return memo["facts"]
-    facts = _run_facts(ra)
-    if memo is not None:
-        memo["facts"] = facts
-    return facts
+    if "facts" not in ra.derived:
+        ra.derived["facts"] = _run_facts(ra)
+    return ra.derived["facts"]
 
 
 def _run_facts(ra: "RunAnalysis") -> RunFacts:

@@ -100,8 +100,8 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     """Every rule that fires on this run, ranked (see :func:`rank`). Pure: reads only ``ra``."""
     from analyzer.verbs.suggest.facts import run_facts
 
-    memo = getattr(ra, "derived", None)
-    if memo is not None and "suggestions" in memo:
+    memo = ra.derived  # computed once per analysis: the text report, the JSON and the dashboard ask
+    if "suggestions" in memo:
         return list(memo["suggestions"])
     facts = run_facts(ra)
     fired = []
@@ -117,8 +117,7 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     note = first_note(facts, ranked, comm_first)
     if note is not None:
         ranked[0] = dataclasses.replace(ranked[0], notes=(note, *ranked[0].notes))
-    if memo is not None:
-        memo["suggestions"] = list(ranked)
+    memo["suggestions"] = list(ranked)
     return ranked
 
 
