@@ -18,7 +18,7 @@ Every metric is defined in docs/metrics.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -189,6 +189,18 @@ class RunAnalysis:
         table: pd.DataFrame = getattr(self.idle if self.idle is not None else run_idle({}), name)
         return table if rank is None else table.loc[table["rank"] == rank].reset_index(drop=True)
 
+    def timeline_windows(self) -> list[int | None]:
+        """The profiler windows a timeline can show (their last steps; None: the traces' one window)."""
+        return self.timeline.windows() if self.timeline is not None else []
+
+    def timeline_overview(self, window: int | None, n_bins: int) -> tuple[Overview, list[str]]:
+        """Rank-by-time occupancy of one profiler window from the rank summaries
+        (:func:`analyzer.metrics.timeline.overview_from_grids`: about ``n_bins``
+        bins, ranks aligned at their first common step), and notes on ranks left out."""
+        if self.timeline is None:
+            raise KeyError(window)
+        return overview_from_grids(self.timeline, window, n_bins)
+
     def goodput(self):
         """The run's goodput (:mod:`analyzer.metrics.goodput`; docs/rundir.md "Restarts and
         goodput"), or None (a trace folder, or no records or start time to compute it)."""
@@ -271,6 +283,15 @@ def analyze(
     paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not paths:
         raise AnalyzerError("nothing to analyze: no path given")
+    # 0. A finished analysis of these unchanged inputs (analyzer/runcache.py): no summary decoded, no reduce.
+    run_key = None
+    if cache and jobs is None:
+        from analyzer import runcache
+
+        run_key = runcache.key_for(paths, peak_flops)
+        stored = runcache.read(run_key, paths[0] if len(paths) == 1 else paths) if run_key is not None else None
+        if stored is not None:
+            return stored
     manifest: dict | None = None
     metrics: pd.DataFrame | None = None
     records: pd.DataFrame | None = None
@@ -542,6 +563,14 @@ def _reduce(run: RunInputs) -> RunAnalysis:
     ranks = _rank_summaries(parts, steps, steady, run_step_time.source)
     kernel_tables = [p.kernels for p in parts.values()]
     kernels = pd.concat(kernel_tables, ignore_index=True) if kernel_tables else top_kernels_empty()
+    timeline = RunTimeline(
+        source="device" if any(p.source == "device" for p in parts.values()) else "host",
+        # A trace folder is one window whatever its files are named.
+        grids={r: p.timeline if run.kind == "reftrain" else [replace(g, window=None) for g in p.timeline]
+               for r, p in parts.items() if p.timeline},
+        movable={r: p.pieces.movable for r, p in parts.items()},
+        waits=waits,
+    )
     return RunAnalysis(
         path=run.path,
         kind=run.kind,
@@ -558,6 +587,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         step_time=run_step_time,
         attribution=run_attribution({r: p.attribution for r, p in parts.items()}),
         idle=run_idle({r: p.idle for r, p in parts.items()}),
+        timeline=timeline,
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
     )
 

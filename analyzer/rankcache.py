@@ -36,13 +36,15 @@ mapped again and the entry rewritten.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import glob
 import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import orjson
@@ -52,6 +54,7 @@ from analyzer.ingest.load import FileFacts
 from analyzer.metrics.attribution import AttributionTables
 from analyzer.metrics.breakdown import BreakdownPieces
 from analyzer.metrics.memory import RankMemory
+from analyzer.metrics.timeline import TimelineGrid
 from analyzer.metrics.idle import IdleTables, LaunchSummary, PageableCopies, SyncPoints
 from analyzer.metrics.mfu import RankFlops
 from analyzer.metrics.overlap import OverlapResult
@@ -61,8 +64,26 @@ SUFFIX = ".rank"
 _MAGIC = b"trainperf rank summary\n"
 # The only classes an entry can rebuild (by name); anything else in a summary is a bug of ours, found at write.
 _CLASSES: dict[str, type] = {c.__name__: c for c in (UnitResult, RankPart, FileFacts, BreakdownPieces, OverlapResult, RankFlops,
-                                                  AttributionTables, RankMemory, IdleTables, LaunchSummary, PageableCopies,
+                                                  AttributionTables, RankMemory, TimelineGrid, IdleTables, LaunchSummary, PageableCopies,
                                                   SyncPoints)}
+
+
+# Classes another store of this format (analyzer/runcache.py) may rebuild too, while it encodes or decodes.
+_EXTRA_CLASSES: contextvars.ContextVar[dict[str, type]] = contextvars.ContextVar("summary_extra_classes", default={})
+
+
+def _class(name: str) -> type | None:
+    return _CLASSES.get(name) or _EXTRA_CLASSES.get().get(name)
+
+
+@contextlib.contextmanager
+def more_classes(classes: dict[str, type]) -> Iterator[None]:
+    """Let :func:`encode` and :func:`decode` handle these dataclasses too (by name), inside the block."""
+    token = _EXTRA_CLASSES.set({**_EXTRA_CLASSES.get(), **classes})
+    try:
+        yield
+    finally:
+        _EXTRA_CLASSES.reset(token)
 
 
 class SummaryEntryError(Exception):
@@ -209,7 +230,7 @@ def encode(x: Any, arrays: list[np.ndarray]) -> Any:
             "index": _encode_index(x.index, arrays),
             "data": [_encode_column(x.iloc[:, i], arrays) for i in range(x.shape[1])],
         }
-    if dataclasses.is_dataclass(x) and _CLASSES.get(t.__name__) is t:
+    if dataclasses.is_dataclass(x) and _class(t.__name__) is t:
         return {"$": "dc", "cls": t.__name__,
                 "v": {f.name: encode(getattr(x, f.name), arrays) for f in dataclasses.fields(x)}}
     raise TypeError(f"a rank summary cannot hold a {t.__module__}.{t.__qualname__}")
@@ -275,7 +296,7 @@ def decode(x: Any, z: list[np.ndarray]) -> Any:
         frame.columns = _decode_index(x["columns"], z)
         return frame
     if tag == "dc":
-        cls = _CLASSES.get(x["cls"])
+        cls = _class(x["cls"])
         if cls is None:
             raise ValueError(f"unknown class {x['cls']!r}")
         return cls(**{k: decode(v, z) for k, v in x["v"].items()})

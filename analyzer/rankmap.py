@@ -30,6 +30,7 @@ from analyzer.errors import TraceError
 from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import parse_file
 from analyzer.ingest.load import FileFacts, rank_trace
+from analyzer.ingest.locate import trace_window
 from analyzer.ingest.parse import ParsedTrace
 from analyzer.ingest.tables import RankTrace
 from analyzer.metrics.attribution import AttributionTables, rank_attribution
@@ -41,10 +42,11 @@ from analyzer.metrics.memory import RankMemory, rank_memory
 from analyzer.metrics.mfu import RankFlops, device_name_of, rank_flops_from_shapes
 from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
 from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
+from analyzer.metrics.timeline import TimelineGrid, timeline_grid
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 6  # 3: the attribution tables (issue 11); 4: the timeline grids (issue 12); 5: the idle figures (issue 11); 6: memory (issue 11 item 5)
+MAP_VERSION = 7  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12)
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -82,8 +84,12 @@ class RankPart:
     suggestions' communication diagnosis; ``attribution`` the rank's
     op, module and annotation tables (:func:`analyzer.metrics.attribution.rank_attribution`,
     aggregated per op name, not per kernel, so a summary stays small);
-    ``idle`` its idle causes, launch statistics, host syncs and pageable
-    copies (:func:`analyzer.metrics.idle.rank_idle`).
+    ``timeline`` one fine time grid per profiler window
+    (:func:`analyzer.metrics.timeline.timeline_grid`, at most
+    :data:`~analyzer.metrics.timeline.FINE_BINS` bins), from which the
+    dashboard's timeline bins every rank without its events; ``idle`` its
+    idle causes, launch statistics, host syncs and pageable copies
+    (:func:`analyzer.metrics.idle.rank_idle`).
     """
 
     rank: int
@@ -104,6 +110,7 @@ class RankPart:
     # Peak memory per step, a timeline and peaks per device from [memory] events (None without them).
     memory: RankMemory | None = None
     idle: IdleTables | None = None
+    timeline: list[TimelineGrid] = field(default_factory=list)
 
 
 @dataclass
@@ -158,7 +165,11 @@ def map_unit(unit: MapUnit, parsed: dict[Path, ParsedTrace | TraceError] | None 
         if isinstance(rt, RankTrace):
             traces.append(rt)
     if traces and len({rt.rank for rt in traces}) == 1:
-        out.part = summarize_rank(merge_windows(traces))
+        part = summarize_rank(merge_windows(traces))
+        # One grid per window, each on its own span (windows of a run lie far apart in time).
+        grids = [timeline_grid(rt.events, rt.steps, part.source, trace_window(rt.path), rt.path.name) for rt in traces]
+        part.timeline = [g for g in grids if g is not None]
+        out.part = part
     return out
 
 

@@ -2,7 +2,10 @@
 
 Every page asks here; nothing here computes a metric, it only calls the
 analyzer (``analyze``, ``load_traces``, ``read_run_dir``, ``timeline``,
-``throughput``) and keeps the results. The cache key is the run's path plus
+``throughput``) and keeps the results. Events are read only for the few
+ranks a timeline zooms into (:func:`timeline_window`); everything else,
+the timeline's bins included, comes from the analysis, which a many-rank
+run opens from its rank summaries (docs/loading.md). The cache key is the run's path plus
 :func:`dashboard.discover.fingerprint` (path, size and mtime of each file),
 so an unchanged run is parsed once per server and switching pages is
 instant, while a rewritten file is picked up on the next rerun.
@@ -129,22 +132,26 @@ def traces(run: RunEntry, files: list[Path]) -> Loaded:
     return _traces(tuple(str(f) for f in files), fingerprint(run))
 
 
-@st.cache_data(max_entries=_MAX_TABLES, show_spinner="Binning the timeline...")
-def _overview(files: tuple[str, ...], key: tuple, n_bins: int) -> Loaded:
-    from analyzer.metrics.timeline import overview
+def window_label(window: int | None) -> str:
+    """How the pages name a profiler window: ``"step N"`` (its last step) or ``"all traces"``."""
+    return f"step {window}" if window is not None else "all traces"
 
-    loaded = _traces(files, key)
+
+@st.cache_resource(max_entries=_MAX_TABLES, show_spinner="Binning the timeline...")
+def _overview(path: str, key: tuple, window: int | None, n_bins: int) -> Loaded:
+    loaded = _analysis(path, key)
     if loaded.value is None:
         return Loaded(None, loaded.error)
-    ranks = loaded.value.ranks
-    if not ranks:
-        return Loaded(None, "no trace in this window could be read")
-    return Loaded(overview({r: rt.events for r, rt in ranks.items()}, {r: rt.steps for r, rt in ranks.items()}, n_bins))
+    try:
+        return Loaded(loaded.value.timeline_overview(window, n_bins))
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"timeline_overview({path}, {window})", exc)
 
 
-def timeline_overview(run: RunEntry, files: list[Path], n_bins: int) -> Loaded:
-    """``analyzer.metrics.timeline.overview`` of one profiler window of a run."""
-    return _overview(tuple(str(f) for f in files), fingerprint(run), n_bins)
+def timeline_overview(run: RunEntry, window: int | None, n_bins: int) -> Loaded:
+    """``RunAnalysis.timeline_overview``: one profiler window's rank-by-time occupancy, from the
+    rank summaries (no events read), as ``(Overview, notes)``."""
+    return _overview(str(run.path), fingerprint(run), window, n_bins)
 
 
 @st.cache_data(max_entries=_MAX_TABLES, show_spinner="Selecting events...")
@@ -154,12 +161,14 @@ def _window(files: tuple[str, ...], key: tuple, origins: tuple[tuple[int, int], 
     loaded = _traces(files, key)
     if loaded.value is None:
         return Loaded(None, loaded.error)
-    ranks = loaded.value.ranks
-    return Loaded(select_window({r: rt.events for r, rt in ranks.items()}, dict(origins), span_ns, max_events, source))
+    wanted = dict(origins)
+    ranks = {r: rt for r, rt in loaded.value.ranks.items() if r in wanted}
+    return Loaded(select_window({r: rt.events for r, rt in ranks.items()}, wanted, span_ns, max_events, source))
 
 
 def timeline_window(run: RunEntry, files: list[Path], ov, span_ns: tuple[int, int], max_events: int) -> Loaded:
-    """``analyzer.metrics.timeline.select_window`` over one profiler window, aligned as `ov`."""
+    """``analyzer.metrics.timeline.select_window`` over some ranks' trace files of one window
+    (only those files are read), aligned as `ov`."""
     origins = tuple(sorted(ov.origins.items()))
     return _window(tuple(str(f) for f in files), fingerprint(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
 

@@ -137,3 +137,24 @@ def show_chart(fig: go.Figure, key: str | None = None) -> None:
     """A Plotly figure at full width, Streamlit theme, no Plotly logo."""
     fig.update_layout(margin=dict(l=10, r=10, t=40, b=10))
     st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)
+
+
+# Up to this many ranks a page draws one bar, line or labelled heatmap row per rank; beyond it
+# ranks become an axis (a heatmap), the slowest TOP_K a table, and any one rank a pick
+# (docs/dashboard.md, "Many ranks").
+FEW_RANKS = 16
+TOP_K = 16
+_MANY_RANKS_HEIGHT_PX = 720
+
+
+def rank_axis(ranks: Iterable[int]) -> tuple[list[Any], int, dict[str, Any]]:
+    """A heatmap's rank axis: y values, figure height (px) and y-axis settings.
+
+    Few ranks: one labelled row each ("rank 3"), 40 px a row. Many: the rank
+    ids as a numeric axis in a fixed height (1,024 rows in 720 px draw as one
+    image; Plotly's zoom reaches single ranks), ticks chosen by Plotly.
+    """
+    ids = [int(r) for r in ranks]
+    if len(ids) <= FEW_RANKS:
+        return [f"rank {r}" for r in ids], 40 * len(ids), {}
+    return ids, _MANY_RANKS_HEIGHT_PX, {"title": "rank"}

@@ -157,3 +157,35 @@ def fresh_caches():
     yield
     st.cache_data.clear()
     st.cache_resource.clear()
+
+
+MANY_RANKS_RUN = "many-ranks"
+MANY_WORLD = 96
+MANY_STRAGGLER = 37
+MANY_STEP_US, MANY_SLOW_STEP_US, MANY_PERIOD_US = 10_000, 13_000, 14_000
+
+
+def write_many_rank_traces(folder: Path, world: int = MANY_WORLD, straggler: int = MANY_STRAGGLER) -> None:
+    """`world` tiny synthetic GPU traces (six 10 ms steps each; exact, one common clock).
+
+    Per step on every rank: a 6 ms GEMM on stream 7 from the step start and an
+    NCCL all-reduce on stream 20 from 4 to 8 ms. Rank `straggler`'s steps are
+    13 ms: its GEMM runs 9 ms and it joins the all-reduce 3 ms late, at 7 ms;
+    the all-reduce ends at 8 ms on every rank (1 ms of transfer once all
+    are there), so the others wait 3 ms at each collective and its step time
+    is 1.3x the median. Steps start every 14 ms on every rank.
+    """
+    from synth import KinetoTrace
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        slow = rank == straggler
+        t = KinetoTrace(rank=rank, world_size=world)
+        for i in range(6):
+            base = 100 + MANY_PERIOD_US * i
+            t.step(10 + i, base, MANY_SLOW_STEP_US if slow else MANY_STEP_US)
+            t.kernel("sm90_xmma_gemm_bf16", base, 9_000 if slow else 6_000, launch_us=base - 20)
+            start = base + (7_000 if slow else 4_000)
+            t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", start, base + 8_000 - start, stream=20,
+                     args=t.comm_args("allreduce", 1 << 20), launch_us=start - 100)
+        t.write(folder / f"rank{rank}.pt.trace.json.gz")

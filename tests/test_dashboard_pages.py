@@ -24,11 +24,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dashboard_support import (
     GOOD_RUN,
     GPU_RUN,
+    MANY_RANKS_RUN,
     NO_MANIFEST_RUN,
     SLOW_RUN,
     TRUNCATED_RUN,
     build_runs_dir,
     fresh_caches,  # noqa: F401
+    write_many_rank_traces,
 )
 
 from analyzer.api import analyze
@@ -95,6 +97,10 @@ def analyses(runs_dir) -> dict:
 
 @pytest.fixture
 def open_page(runs_dir, monkeypatch):
+    return _opener(runs_dir, monkeypatch)
+
+
+def _opener(runs_dir: Path, monkeypatch):
     monkeypatch.setenv(RUNS_DIR_ENV, str(runs_dir))
 
     def _open(page: str, **params: str) -> AppTest:
@@ -348,9 +354,13 @@ def _load(runs_dir, name):
     return load_traces(files)
 
 
-def test_timeline_heatmap_and_window_of_gpu_traces(open_page, runs_dir):
+def test_timeline_heatmap_and_window_of_gpu_traces(open_page, runs_dir, analyses):
+    # The heatmap comes from the rank summaries' grids (equal to binning the events over the
+    # same edges: tests/test_timeline_grids.py), with the events' alignment.
     ts = _load(runs_dir, GPU_RUN)
-    ov = overview({r: t.events for r, t in ts.ranks.items()}, {r: t.steps for r, t in ts.ranks.items()}, 200)
+    by_events = overview({r: t.events for r, t in ts.ranks.items()}, {r: t.steps for r, t in ts.ranks.items()}, 200)
+    ov, _ = analyses[GPU_RUN].timeline_overview(None, 200)
+    assert ov.origins == by_events.origins
     at = open_page("timeline", run=GPU_RUN)
     figs = charts(at)
     heat = figs["timeline_heatmap"]["data"][0]
@@ -556,3 +566,127 @@ def test_breakdown_chart_shows_waiting_at_the_collective_as_its_own_part(open_pa
     assert wait["rank 0"] == pytest.approx(ra.rank(0).breakdown["collective_wait"]["mean_ms"])
     assert wait["rank 0"] > 100.0  # about 335 ms in step 6, 0 in step 7: mean 168 ms
     assert any("collective_wait is time spent waiting at a collective" in c for c in captions(at))
+
+
+# --------------------------------------------------------------------------- many ranks
+
+# Moderate on purpose (a 1,024-rank folder is bench/bench_dashboard.py's); above dashboard.ui.FEW_RANKS,
+# so every page takes its many-rank form: rank axes, the slowest TOP_K, pickers.
+MANY = 64
+MANY_SLOW = 21
+
+
+@pytest.fixture(scope="module")
+def many_dir(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("many") / "runs"
+    write_many_rank_traces(runs / MANY_RANKS_RUN, world=MANY, straggler=MANY_SLOW)
+    analyze(runs / MANY_RANKS_RUN)  # parse cache and rank summaries, once: the pages open the run from them
+    return runs
+
+
+@pytest.fixture
+def open_many(many_dir, monkeypatch):
+    return _opener(many_dir, monkeypatch)
+
+
+@pytest.fixture
+def many(many_dir):
+    return analyze(many_dir / MANY_RANKS_RUN)
+
+
+def test_many_ranks_analysis_names_the_straggler(many):
+    from dashboard.ui import FEW_RANKS, TOP_K
+
+    assert MANY > FEW_RANKS and TOP_K < MANY
+    assert many.stragglers.ranks == [MANY_SLOW]
+    assert [r.rank for r in many.stragglers.slowest(3)][0] == MANY_SLOW
+
+
+def test_many_ranks_runs_table(open_many):
+    at = open_many("runs")
+    row = at.dataframe[0].value.set_index("run").loc[MANY_RANKS_RUN]
+    assert row["world size"] == MANY and row["status"] == "ok"
+
+
+def test_many_ranks_stragglers_page_heatmap_top_k_and_picker(open_many, many):
+    from dashboard.ui import TOP_K
+
+    at = open_many("stragglers", run=MANY_RANKS_RUN)
+    assert [w.value for w in at.warning] == [plain(many.stragglers.verdict)]
+    fig = charts(at)["straggler_ratio"]
+    heat = fig["data"][0]
+    assert heat["y"] == list(range(MANY))  # ranks on a numeric axis, not 64 labelled rows
+    z = np.array(heat["z"], dtype=float)
+    assert z.shape == (MANY, 6)
+    assert z[MANY_SLOW] == pytest.approx([1.3] * 6) and z[0] == pytest.approx([1.0] * 6)
+    assert fig["layout"]["height"] < 140 + 40 * MANY
+    tables = [d.value for d in at.dataframe if "flagged" in d.value.columns]
+    assert sorted(len(t) for t in tables) == [TOP_K, MANY]
+    top = next(t for t in tables if len(t) == TOP_K)
+    assert top["rank"].iloc[0] == MANY_SLOW and bool(top["flagged"].iloc[0])
+    picker = at.selectbox(key="straggler_rank")
+    assert picker.value == MANY_SLOW and len(picker.options) == MANY and picker.options[0] == "rank 21"
+    picker.set_value(5).run()
+    assert not at.exception
+    steps = frame(at, "step")
+    assert len(steps) == 6 and steps["step_time_ratio"].tolist() == pytest.approx([1.0] * 6)
+    parts = frame(at, "% of step").set_index("part")
+    assert parts.loc["compute", "mean ms per step"] == pytest.approx(many.rank(5).breakdown["compute"]["mean_ms"])
+
+
+def test_many_ranks_overview_draws_the_slowest_ranks(open_many, many):
+    from dashboard.ui import TOP_K
+
+    at = open_many("overview", run=MANY_RANKS_RUN)
+    assert metrics(at)["Step time"] == f"{many.step_time.ms:.1f} ms"
+    _, bars = vega_charts(at)["breakdown"]
+    shown = list(dict.fromkeys(bars["rank"]))
+    assert len(shown) == TOP_K and shown[0] == f"rank {MANY_SLOW}"
+    assert shown == [f"rank {r.rank}" for r in many.stragglers.slowest(TOP_K)]
+    assert any(f"The {TOP_K} slowest of {MANY} ranks" in c for c in captions(at))
+    shares = frame(at, "idle")
+    assert len(shares) == MANY and shares["rank"].tolist() == list(range(MANY))
+    _, lines = vega_charts(at)["step_times"]
+    assert set(lines["rank"]) == set(shown)
+    assert len(at.get("download_button")) == 1
+    assert len(at.selectbox(key="download_pick").options) == MANY
+
+
+def test_many_ranks_communication_page(open_many, many):
+    at = open_many("communication", run=MANY_RANKS_RUN)
+    traces = charts(at)["comm_ranks"]["data"]
+    assert [t["type"] for t in traces] == ["scattergl", "scattergl"]
+    assert traces[0]["x"] == list(range(MANY))
+    assert traces[1]["y"] == pytest.approx([r.exposed_comm_pct for r in many.ranks])
+    assert len(frame(at, "exposed comm % of step")) == MANY
+
+
+def test_many_ranks_timeline_bins_from_summaries_and_reads_only_the_zoomed_ranks(open_many, many, monkeypatch):
+    import analyzer.ingest.load as load
+
+    read: list[list[str]] = []
+    real = load.load_traces
+
+    def recording(files, *args, **kwargs):
+        read.append(sorted(Path(f).name for f in files))
+        return real(files, *args, **kwargs)
+
+    monkeypatch.setattr(load, "load_traces", recording)
+    at = open_many("timeline", run=MANY_RANKS_RUN)
+    heat = charts(at)["timeline_heatmap"]["data"][0]
+    assert heat["y"] == list(range(MANY))
+    ov, _ = many.timeline_overview(None, 200)
+    expected = ov.occupancy.pivot(index="rank", columns="bin", values="exposed_comm_frac").to_numpy()
+    assert np.array_equal(np.array(heat["z"], dtype=float), expected)
+    # Rank 0, first step (ms since its start): GEMM 0-6, all-reduce 4-8, the straggler arrives at 7:
+    # waiting at the collective from 6 to 7, exposed communication from 7 to 8.
+    centers_ms = np.array(heat["x"])
+    rank0 = ov.occupancy[ov.occupancy["rank"] == 0]
+    assert (np.array(heat["z"][0])[(centers_ms > 7.3) & (centers_ms < 7.7)] == 1.0).all()
+    inside = (centers_ms > 6.3) & (centers_ms < 6.7)
+    assert inside.any() and (rank0["collective_wait_frac"].to_numpy()[inside] == 1.0).all()
+    # The zoom reads two ranks' traces: the slowest and rank 0, nothing else.
+    assert at.multiselect(key="timeline_ranks").value == [MANY_SLOW, 0]
+    assert read == [["rank0.pt.trace.json.gz", f"rank{MANY_SLOW}.pt.trace.json.gz"]]
+    lanes = charts(at)["timeline_window_chart"]["layout"]["yaxis"]["ticktext"]
+    assert {t.split(" · ")[0] for t in lanes} == {"rank 0", f"rank {MANY_SLOW}"}

@@ -106,6 +106,20 @@ class StragglerResult:
     per_step: pd.DataFrame  # rank, step, step_time_ms, step_time_ratio, lateness_ms
     notes: list[str] = field(default_factory=list)
 
+    def slowest(self, k: int) -> list[RankStraggle]:
+        """The ``k`` slowest ranks, slowest first: by ``step_time_ratio`` (median over steps of the
+        rank's step time over the median across ranks), then ``lateness_excess_ms``; ranks
+        without a step-time ratio last, flagged ranks first among equals. For views of
+        many ranks (a top-k table instead of one row or bar per rank)."""
+        def known(x: float | None) -> float | None:
+            return float(x) if x is not None and math.isfinite(float(x)) else None
+
+        def key(r: RankStraggle) -> tuple[bool, float, float, bool, int]:
+            ratio, late = known(r.step_time_ratio), known(r.lateness_excess_ms)
+            return (ratio is None, -(ratio or 0.0), -(late or 0.0), not r.flagged, r.rank)
+
+        return sorted(self.per_rank, key=key)[: max(int(k), 0)]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ranks": list(self.ranks),

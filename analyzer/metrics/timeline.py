@@ -253,3 +253,194 @@ def overview(
         else pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64")
     )
     return Overview(source=source, span_ns=span, origins=origins, occupancy=occ, steps=step_table)
+
+
+# ---------------------------------------------------------------------------
+# The overview from rank summaries: a fine grid per rank in the map, bins in the reduce
+# ---------------------------------------------------------------------------
+
+# A rank's fine grid has at most this many bins (more than the 800 a timeline page offers).
+FINE_BINS = 1024
+
+
+@dataclass
+class TimelineGrid:
+    """One rank's time, one profiler window, on a fine grid: the map's share of :func:`overview_from_grids`.
+
+    Fine bin ``i`` is ``[anchor_ns + i * bin_ns, anchor_ns + (i + 1) * bin_ns)`` on
+    the rank's clock, for ``i`` in ``first_bin .. first_bin + n - 1`` (``n`` the
+    length of each ``parts_ns`` array); they cover every event of the window
+    that the timeline's states come from (:func:`active_span`'s kinds).
+    ``anchor_ns`` is the start of the window's first ProfilerStep (the
+    window's first such event when it has no step), ``bin_ns`` the smallest
+    power of two (ns) that keeps ``n`` at most :data:`FINE_BINS` + 1.
+    ``parts_ns``: the step breakdown's parts (:func:`analyzer.metrics.breakdown.breakdown_pieces`,
+    before the waits at collectives) of each fine bin, integer ns (int32 when
+    ``bin_ns`` fits). ``step``, ``step_start_ns``, ``step_end_ns``: the window's
+    ProfilerSteps, in time order, on the rank's clock (arrays, not a table:
+    a summary of 1,024 ranks decodes 1,024 fewer tables). ``window``: the profiler
+    window's last step (reftrain file names; None otherwise); ``trace``: the file's name.
+    """
+
+    window: int | None
+    trace: str
+    source: Source
+    anchor_ns: int
+    bin_ns: int
+    first_bin: int
+    parts_ns: dict[str, np.ndarray]
+    step: np.ndarray
+    step_start_ns: np.ndarray
+    step_end_ns: np.ndarray
+
+
+def timeline_grid(
+    events: pd.DataFrame, steps: pd.DataFrame, source: Source, window: int | None, trace: str
+) -> TimelineGrid | None:
+    """The fine grid of one rank's window (see :class:`TimelineGrid`); None without timeline events.
+
+    The grid is anchored on the rank's own clock, so it needs no other rank:
+    :func:`overview_from_grids` lines the ranks up afterwards.
+    """
+    from analyzer.metrics.breakdown import breakdown_pieces
+
+    sel = events[events["kind"].isin(_WINDOW_KINDS[source])]
+    if not len(sel):
+        return None
+    lo, hi = int(sel["start_ns"].min()), int(sel["end_ns"].max())
+    step_table = steps[["step", "start_ns", "end_ns"]].sort_values("start_ns").reset_index(drop=True).astype("int64")
+    anchor = int(step_table["start_ns"].iloc[0]) if len(step_table) else lo
+    bin_ns = 1
+    while True:
+        first, last = (lo - anchor) // bin_ns, -((anchor - hi) // bin_ns)  # floor, ceil
+        if last - first <= FINE_BINS + 1:
+            break
+        bin_ns *= 2
+    edges = anchor + np.arange(first, last + 1, dtype=np.int64) * bin_ns
+    windows = pd.DataFrame({"step": np.arange(last - first, dtype=np.int64), "start_ns": edges[:-1], "end_ns": edges[1:]})
+    pieces = breakdown_pieces(events, windows, source)
+    dtype = np.int32 if bin_ns < 2**31 else np.int64
+    return TimelineGrid(
+        window=window,
+        trace=trace,
+        source=source,
+        anchor_ns=anchor,
+        bin_ns=bin_ns,
+        first_bin=int(first),
+        parts_ns={p: v.astype(dtype) for p, v in pieces.parts_ns.items()},
+        step=step_table["step"].to_numpy(np.int64),
+        step_start_ns=step_table["start_ns"].to_numpy(np.int64),
+        step_end_ns=step_table["end_ns"].to_numpy(np.int64),
+    )
+
+
+@dataclass
+class RunTimeline:
+    """What the reduce keeps for timelines: each rank's grids, and what the waits at collectives need.
+
+    ``grids``: per rank, one :class:`TimelineGrid` per profiler window;
+    ``movable`` per rank: :attr:`analyzer.metrics.breakdown.BreakdownPieces.movable`;
+    ``waits`` per rank: its waiting-at-collective intervals (absolute ns,
+    :func:`analyzer.metrics.stragglers.wait_intervals`). ``source``: ``device``
+    when any rank has GPU events, else ``host`` (as :func:`overview`).
+    """
+
+    source: Source
+    grids: dict[int, list[TimelineGrid]]
+    movable: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]
+    waits: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    def windows(self) -> list[int | None]:
+        """The profiler windows some rank has a grid for, in step order (None: a single unnamed window)."""
+        found = {g.window for gs in self.grids.values() for g in gs}
+        return sorted(found, key=lambda w: (w is None, w if w is not None else 0))
+
+    def traces(self, window: int | None) -> dict[int, str]:
+        """Per rank, the name of its trace file of ``window``."""
+        return {r: g.trace for r, gs in sorted(self.grids.items()) for g in gs if g.window == window}
+
+
+def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tuple[Overview, list[str]]:
+    """:func:`overview` of one profiler window from the ranks' fine grids (no events needed).
+
+    Ranks are aligned as :func:`align_origins` does: at the start of the
+    first ProfilerStep every rank recorded, else at each rank's first event.
+    Bins are whole numbers of fine bins of the coarsest rank's grid
+    (``bin_ns``, a power of two), as many as fit about ``n_bins`` of them
+    over the ranks' common span: between ``n_bins`` and ``2 * n_bins`` bins
+    when the span allows (fewer when the grid is coarser), so the span may
+    reach up to one fine bin beyond the first and last event. A bin's
+    shares are then exactly :func:`occupancy`'s over the same edges
+    (waits at collectives included). When a rank's origin is not its grid's
+    anchor (the common step is not its window's first), its origin moves to
+    the nearest fine-bin edge, at most half a fine bin. Ranks whose
+    timeline is not the run's (a CPU-only rank in a GPU run) are left out;
+    the second value says so.
+    """
+    from analyzer.metrics.breakdown import BreakdownPieces, parts_of, with_waits
+
+    source = tl.source
+    notes: list[str] = []
+    grids = {r: g for r, gs in sorted(tl.grids.items()) for g in gs if g.window == window}
+    other = sorted(r for r, g in grids.items() if g.source != source)
+    if other:
+        notes.append(f"{len(other)} rank(s) without a {source} timeline left out: {', '.join(map(str, other[:10]))}"
+                     + (" ..." if len(other) > 10 else ""))
+    grids = {r: g for r, g in grids.items() if g.source == source}
+    states = [f"{s}_frac" for s in states_of(source)]
+    columns = ["rank", "bin", "start_ns", "end_ns"] + states
+    if not grids:
+        empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+        steps = pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64")
+        return Overview(source=source, span_ns=(0, 1), origins={}, occupancy=empty, steps=steps), notes
+    common: set[int] | None = None
+    for g in grids.values():
+        ids = set(int(s) for s in g.step)
+        common = ids if common is None else common & ids
+    first_common = min(common) if common else None
+    coarse = max(g.bin_ns for g in grids.values())
+    origins: dict[int, int] = {}
+    index: dict[int, np.ndarray] = {}  # per rank: each fine bin's coarse bin, relative to the origin
+    for r, g in grids.items():
+        shift = 0
+        if first_common is not None:
+            at = int(g.step_start_ns[np.flatnonzero(g.step == first_common)[0]])
+            shift = round((at - g.anchor_ns) / g.bin_ns)
+        origins[r] = g.anchor_ns + shift * g.bin_ns
+        n = len(next(iter(g.parts_ns.values())))
+        index[r] = (g.first_bin - shift + np.arange(n, dtype=np.int64)) * g.bin_ns // coarse
+    lo = min(int(i[0]) for i in index.values())
+    hi = max(int(i[-1]) for i in index.values()) + 1
+    n_coarse = hi - lo
+    group = 1
+    while n_coarse // (2 * group) >= max(int(n_bins), 1):
+        group *= 2
+    first_bin, last_bin = lo // group, -(-hi // group)
+    width = coarse * group
+    edges = np.arange(first_bin, last_bin + 1, dtype=np.int64) * width
+    nb = last_bin - first_bin
+    remainder = "idle_ms" if source == "device" else "other_ms"
+    tables = []
+    for r, g in grids.items():
+        where = index[r] // group - first_bin
+        parts = {p: np.bincount(where, weights=v.astype(np.float64), minlength=nb).astype(np.int64)
+                 for p, v in g.parts_ns.items()}
+        covered = sum(parts.values())
+        parts[remainder] = parts[remainder] + (width - covered)  # time outside the rank's grid: nothing ran
+        pieces = BreakdownPieces(
+            source=source, step=np.arange(nb, dtype=np.int64), start_ns=edges[:-1] + origins[r], end_ns=edges[1:] + origins[r],
+            parts_ns=parts, comm_ns=np.zeros(nb, dtype=np.int64), movable=tl.movable.get(r, {}),
+        )
+        table = with_waits(pieces, tl.waits.get(r))
+        out = pd.DataFrame({"rank": r, "bin": np.arange(nb, dtype=np.int64), "start_ns": edges[:-1], "end_ns": edges[1:]})
+        for part in parts_of(source):
+            out[part.removesuffix("_ms") + "_frac"] = table[part].to_numpy(np.float64) / (width / 1e6)
+        tables.append(out)
+    occ = pd.concat(tables, ignore_index=True)[columns]
+    step_rows = [
+        pd.DataFrame({"rank": r, "step": g.step, "start_ns": g.step_start_ns - origins[r], "end_ns": g.step_end_ns - origins[r]})
+        for r, g in grids.items() if len(g.step)
+    ]
+    steps = (pd.concat(step_rows, ignore_index=True) if step_rows
+             else pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64"))
+    return Overview(source=source, span_ns=(int(edges[0]), int(edges[-1])), origins=origins, occupancy=occ, steps=steps), notes

@@ -9,7 +9,7 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from dashboard import state
 from dashboard.text import html_text, plain
-from dashboard.ui import run_header, show_chart
+from dashboard.ui import FEW_RANKS, run_header, show_chart
 
 COLLECTIVE_COLUMNS = {
     "step": "step",
@@ -44,6 +44,24 @@ def rank_table(ra: RunAnalysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def rank_figure(table: pd.DataFrame) -> go.Figure:
+    """Overlap and exposed share per rank: grouped bars up to FEW_RANKS ranks, beyond
+    that one point per rank on a rank axis (WebGL: 2 x 1,024 points stay light)."""
+    fig = go.Figure()
+    overlap, exposed = table["comm/compute overlap % (HTA)"], table["exposed comm % of step"]
+    if len(table) <= FEW_RANKS:
+        labels = [f"rank {r}" for r in table["rank"]]
+        fig.add_bar(name="comm/compute overlap (HTA)", x=labels, y=overlap)
+        fig.add_bar(name="exposed comm (% of step)", x=labels, y=exposed)
+        fig.update_layout(barmode="group", yaxis_title="%", yaxis_range=[0, 100])
+        return fig
+    ranks = table["rank"].to_numpy()
+    fig.add_trace(go.Scattergl(name="comm/compute overlap (HTA)", x=ranks, y=overlap, mode="markers", marker=dict(size=4)))
+    fig.add_trace(go.Scattergl(name="exposed comm (% of step)", x=ranks, y=exposed, mode="markers", marker=dict(size=4)))
+    fig.update_layout(xaxis_title="rank", yaxis_title="%", yaxis_range=[0, 100])
+    return fig
+
+
 def render() -> None:
     runs = state.all_runs()
     run = state.selected_run(runs)
@@ -60,13 +78,11 @@ def render() -> None:
     if table.empty:
         st.info("No ranks were analyzed.")
     else:
-        fig = go.Figure()
-        labels = [f"rank {r}" for r in table["rank"]]
-        fig.add_bar(name="comm/compute overlap (HTA)", x=labels, y=table["comm/compute overlap % (HTA)"])
-        fig.add_bar(name="exposed comm (% of step)", x=labels, y=table["exposed comm % of step"])
-        fig.update_layout(barmode="group", yaxis_title="%", yaxis_range=[0, 100])
-        show_chart(fig, key="comm_ranks")
+        show_chart(rank_figure(table), key="comm_ranks")
         st.dataframe(table, hide_index=True)
+        if len(table) > FEW_RANKS:
+            st.caption("Sort the table by a column (click its header) to find the ranks with the most exposed "
+                       "communication or waiting.")
         st.caption(
             "Overlap (HTA): time with communication and compute kernels both running, over communication time. "
             "Exposed: communication with no compute running, as a share of step time. Waiting at collectives: "

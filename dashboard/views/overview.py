@@ -14,7 +14,18 @@ from dashboard import state
 from dashboard.data import curves, suggestions, throughput
 from dashboard.discover import RunEntry, safe_file, trace_files
 from dashboard.text import plain
-from dashboard.ui import fmt_flops, fmt_ms, fmt_pct, fmt_pct_points, fmt_range, fmt_rate, run_header, show_vega
+from dashboard.ui import (
+    FEW_RANKS,
+    TOP_K,
+    fmt_flops,
+    fmt_ms,
+    fmt_pct,
+    fmt_pct_points,
+    fmt_range,
+    fmt_rate,
+    run_header,
+    show_vega,
+)
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 
@@ -105,9 +116,22 @@ def goodput_section(ra: RunAnalysis) -> None:
         show_vega(spec, bar, key="goodput")
 
 
+def shown_ranks(ra: RunAnalysis) -> tuple[list[int], bool]:
+    """The ranks a per-rank chart draws: all of them up to FEW_RANKS, else the TOP_K
+    slowest (the analyzer's order, slowest first); and whether that is a selection."""
+    ids = [r.rank for r in ra.ranks]
+    if len(ids) <= FEW_RANKS:
+        return ids, False
+    slowest = [r.rank for r in ra.stragglers.slowest(TOP_K)]
+    return (slowest or ids[:TOP_K]), True
+
+
 def breakdown_chart(ra: RunAnalysis) -> None:
-    st.subheader("Step-time breakdown per rank")
-    ranks = [r for r in ra.ranks if r.breakdown]
+    chosen, selection = shown_ranks(ra)
+    st.subheader(f"Step-time breakdown of the {len(chosen)} slowest ranks" if selection else "Step-time breakdown per rank")
+    by_rank = {r.rank: r for r in ra.ranks if r.breakdown}
+    all_ranks = list(by_rank.values())
+    ranks = [by_rank[r] for r in chosen if r in by_rank]
     if not ranks:
         st.info("No ProfilerStep windows in the traces, so no per-step breakdown.")
         return
@@ -137,11 +161,18 @@ def breakdown_chart(ra: RunAnalysis) -> None:
     show_vega(spec, bars, key="breakdown")
     waits = "; collective_wait is time spent waiting at a collective for a later rank (not compute)" if any(
         "collective_wait" in r.breakdown for r in ranks) else ""
+    picked = (f"The {len(ranks)} slowest of {len(ra.ranks):,} ranks (step time over the median across ranks; "
+              "the Stragglers page has every rank). ") if selection else ""
     st.caption(
-        f"Parts of the step on the {ranks[0].source} timeline over the profiled windows; they add up to the "
+        f"{picked}Parts of the step on the {ranks[0].source} timeline over the profiled windows; they add up to the "
         f"profiled step time ({fmt_ms(ra.step_time.profiled_ms)}), not to the steady-state headline{waits}. "
-        "Percent of step time per part:"
+        "Percent of step time per part" + (", every rank:" if selection else ":")
     )
+    if selection:  # one row per rank: a grid scrolls through 1,024 rows, 1,024 columns it does not
+        table = pd.DataFrame([{"rank": r.rank, **{p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown}}
+                              for r in all_ranks])
+        st.dataframe(table.round(2), hide_index=True)
+        return
     table = pd.DataFrame(
         {f"rank {r.rank}": {p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown} for r in ranks}
     )
@@ -239,6 +270,10 @@ def per_step_charts(ra: RunAnalysis) -> None:
             table, where = ra.metrics, "every step, from the trainer's metrics records"
         else:
             table, where = ra.steps, "ProfilerStep windows in the traces"
+        chosen, selection = shown_ranks(ra)
+        if selection:  # one line per rank stops being readable long before 1,024 lines
+            table = table.loc[table["rank"].isin(chosen)]
+            where += f"; the {len(chosen)} slowest of {len(ra.ranks):,} ranks (the Stragglers page has every rank)"
         if len(table):
             rows = table.sort_values(["rank", "step"])
             lines = pd.DataFrame(
@@ -388,6 +423,10 @@ def downloads(run: RunEntry) -> None:
         "it reads PyTorch profiler .json and .json.gz files in the browser, nothing is uploaded."
     )
     root = state.runs_root()
+    if len(files) > FEW_RANKS:  # one button per file is a page of buttons at 1,024 ranks: pick one file
+        names = [p.name for p in files]
+        name = st.selectbox(f"Trace file ({len(files):,}; type to find one)", names, key="download_pick")
+        files = [files[names.index(name)]]
     for i, path in enumerate(files):
         real = safe_file(root, path)
         st.download_button(

@@ -1,15 +1,22 @@
 """Stragglers: rank-by-step heatmaps of step time over the median and of
-lateness, the analyzer's verdict and its per-rank evidence."""
+lateness, the analyzer's verdict, the slowest ranks, one picked rank's
+detail and every rank's evidence.
+
+Built for many ranks: the heatmaps put ranks on an axis (1,024 rows draw as
+one image), the slowest :data:`~dashboard.ui.TOP_K` ranks are a table, and
+one rank at a time is opened in full from the picker (its rows of the
+analysis' tables, which come from its rank summary)."""
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analyzer.metrics.stragglers import StragglerResult
+from analyzer.api import RunAnalysis
+from analyzer.metrics.stragglers import RankStraggle, StragglerResult
 from dashboard import state
 from dashboard.text import plain
-from dashboard.ui import run_header, show_chart
+from dashboard.ui import TOP_K, fmt_ms, rank_axis, run_header, show_chart
 
 EVIDENCE_COLUMNS = (
     "rank",
@@ -31,23 +38,28 @@ EVIDENCE_COLUMNS = (
 
 def rank_step_heatmap(per_step: pd.DataFrame, value: str, title: str, colorbar: str, center: float) -> go.Figure:
     grid = per_step.pivot_table(index="rank", columns="step", values=value).sort_index()
+    y, height, yaxis = rank_axis(grid.index)
     fig = go.Figure(
         go.Heatmap(
             z=grid.to_numpy(),
             x=grid.columns.to_numpy(),
-            y=[f"rank {r}" for r in grid.index],
+            y=y,
             colorscale="RdBu_r",
             zmid=center,
             colorbar=dict(title=colorbar),
+            hovertemplate=("rank %{y}" if yaxis else "%{y}") + "<br>step %{x}<br>%{z:.3f} " + colorbar + "<extra></extra>",
         )
     )
-    fig.update_layout(title=title, xaxis_title="step", height=140 + 40 * len(grid.index))
+    fig.update_layout(title=title, xaxis_title="step", height=140 + height)
+    if yaxis:
+        fig.update_yaxes(**yaxis)
     return fig
 
 
-def evidence_table(result: StragglerResult) -> pd.DataFrame:
+def evidence_table(result: StragglerResult, ranks: list[RankStraggle] | None = None) -> pd.DataFrame:
+    """One row per rank of `ranks` (default: every rank), the analyzer's evidence columns."""
     rows = []
-    for r in result.per_rank:
+    for r in result.per_rank if ranks is None else ranks:
         row = {c: getattr(r, c, None) for c in EVIDENCE_COLUMNS}
         row["signals"] = ", ".join(row["signals"] or [])
         rows.append(row)
@@ -90,17 +102,55 @@ def render() -> None:
     else:
         st.info("No per-step times to compare across ranks.")
 
-    st.subheader("Evidence per rank")
-    st.dataframe(evidence_table(result), hide_index=True)
     for r in result.per_rank:
         if r.flagged:
             st.markdown(f"- {plain(r.evidence)}")
+    slowest = result.slowest(TOP_K)
+    if len(result.per_rank) > TOP_K:
+        st.subheader(f"The {len(slowest)} slowest ranks")
+        st.dataframe(evidence_table(result, slowest), hide_index=True, key="straggler_top")
+        st.caption("Ordered by step time over the median across ranks (median over steps), then by lateness.")
+    rank_detail(loaded.value, result, slowest)
+    st.subheader("Evidence per rank")
+    st.dataframe(evidence_table(result), hide_index=True)
     cfg = result.config
     st.caption(
         f"A rank is a persistent straggler when it is slow in at least {cfg.min_slow_share:.0%} of steps with a robust "
         f"z of at least {cfg.min_z} and an excess of at least {cfg.min_excess_ms} ms and {cfg.min_excess_frac:.0%} of "
         f"the median step, over at least {cfg.min_steps} steps (docs/metrics.md, \"Stragglers\")."
     )
+
+
+PICK_KEY = "straggler_rank"
+
+
+def rank_detail(ra: RunAnalysis, result: StragglerResult, slowest: list[RankStraggle]) -> None:
+    """One rank, picked by id (the slowest first in the list; type to search), in full:
+    its evidence, its steps and its step breakdown, from the analysis (its rank summary)."""
+    st.subheader("One rank")
+    order = list(dict.fromkeys([r.rank for r in slowest] + [r.rank for r in ra.ranks]))
+    if not order:
+        st.info("No ranks were analyzed.")
+        return
+    rank = st.selectbox("Rank (slowest first; type a rank to find it)", order, key=PICK_KEY,
+                        format_func=lambda r: f"rank {r}")
+    evidence = next((r for r in result.per_rank if r.rank == rank), None)
+    summary = next((r for r in ra.ranks if r.rank == rank), None)
+    if evidence is not None:
+        st.markdown(plain(evidence.evidence) if evidence.evidence else
+                    f"rank {rank}: step time {fmt_ms(evidence.step_time_ms)}, "
+                    f"{evidence.last_arrivals} of {evidence.n_collectives} collectives arrived last")
+    per_step = result.per_step
+    if per_step is not None and not per_step.empty:
+        mine = per_step.loc[per_step["rank"] == rank].drop(columns="rank")
+        st.dataframe(mine, hide_index=True, key="straggler_rank_steps")
+    if summary is not None and summary.breakdown:
+        parts = pd.DataFrame(
+            [{"part": p, "mean ms per step": v["mean_ms"], "median ms": v["median_ms"], "% of step": v["pct"]}
+             for p, v in summary.breakdown.items()]
+        )
+        st.dataframe(parts, hide_index=True, key="straggler_rank_breakdown")
+        st.caption(f"rank {rank}'s step breakdown over its profiled steps ({summary.source} timeline; docs/metrics.md).")
 
 
 if __name__ == "__main__":

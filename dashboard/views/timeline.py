@@ -1,12 +1,18 @@
 """Timeline: a rank-by-time occupancy heatmap, and a zoomed window of events.
 
-The overview bins time (analyzer.timeline.overview), so it costs the same
-for 1k or 10M events. The zoomed window draws individual events with WebGL
+The overview bins time from the rank summaries (``RunAnalysis.timeline_overview``:
+each rank's fine time grid, built where its events were read), so it reads
+no event and costs the same for 1k or 10M events and about the same for 2
+or 1,024 ranks. The zoomed window reads the events of at most
+:data:`MAX_ZOOM_RANKS` ranks (all of them up to that many; beyond, a rank
+picker, the slowest rank and rank 0 by default) and draws them with WebGL
 (``scattergl``), capped at :data:`MAX_EVENTS` (the user may lower the cap):
 SVG bar timelines take over 10 s at 100k events, WebGL lines stay
 interactive at tens of thousands.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -15,10 +21,11 @@ import streamlit as st
 
 from analyzer.metrics.timeline import states_of
 from dashboard import state
-from dashboard.data import timeline_overview, timeline_window, trace_windows, traces
+from dashboard.data import analysis, timeline_overview, timeline_window, trace_windows, window_label
 from dashboard.text import html_text, plain
-from dashboard.ui import show_chart
+from dashboard.ui import rank_axis, show_chart
 
+MAX_ZOOM_RANKS = 8
 MAX_EVENTS = 50_000
 DEFAULT_EVENTS = 20_000
 BIN_CHOICES = (50, 100, 200, 400, 800)
@@ -41,24 +48,41 @@ def heatmap(ov, state_name: str) -> go.Figure:
     occ = ov.occupancy
     grid = occ.pivot(index="rank", columns="bin", values=f"{state_name}_frac").sort_index()
     centers_ms = occ.loc[occ["rank"] == grid.index[0], ["start_ns", "end_ns"]].mean(axis=1).to_numpy() / _NS_PER_MS
+    y, height, yaxis = rank_axis(grid.index)
     fig = go.Figure(
         go.Heatmap(
             z=grid.to_numpy(),
             x=centers_ms,
-            y=[f"rank {r}" for r in grid.index],
+            y=y,
             zmin=0.0,
             zmax=1.0,
             colorscale="Viridis",
             colorbar=dict(title="share", tickformat=".0%"),
-            hovertemplate="%{y}<br>t = %{x:.2f} ms<br>" + state_name + " %{z:.1%}<extra></extra>",
+            hovertemplate=("rank %{y}" if yaxis else "%{y}") + "<br>t = %{x:.2f} ms<br>" + state_name + " %{z:.1%}<extra></extra>",
         )
     )
     fig.update_layout(
         title=f"Share of time in {state_name}, per rank and time bin",
         xaxis_title="time since the first common profiler step (ms)",
-        height=120 + 40 * len(grid.index),
+        height=120 + height,
     )
+    if yaxis:
+        fig.update_yaxes(**yaxis)
     return fig
+
+
+def zoom_ranks(ranks: list[int], slowest: list[int]) -> list[int]:
+    """Ranks to read events for: all of them up to MAX_ZOOM_RANKS, else a picker
+    (default: the slowest rank and the first rank)."""
+    if len(ranks) <= MAX_ZOOM_RANKS:
+        return ranks
+    default = list(dict.fromkeys([r for r in slowest[:1] if r in ranks] + ranks[:1]))
+    picked = st.multiselect(
+        f"Ranks to zoom into (at most {MAX_ZOOM_RANKS}; type a rank to find it)", ranks, default=default,
+        max_selections=MAX_ZOOM_RANKS, key="timeline_ranks",
+        help="Only these ranks' trace files are read; the heatmap above covers every rank.",
+    )
+    return sorted(int(r) for r in picked)
 
 
 def window_figure(events: pd.DataFrame, source: str) -> go.Figure:
@@ -129,25 +153,28 @@ def render() -> None:
     if run is None:
         return
     st.title(f"Timeline · {plain(run.name)}")
-    windows = trace_windows(run)
+    loaded = analysis(run)
+    if loaded.value is None:
+        st.error(plain(loaded.error or "the run could not be analyzed"))
+        return
+    ra = loaded.value
+    windows = {window_label(w): w for w in ra.timeline_windows()}
     if not windows:
-        st.info("This run has no trace files, so there is no timeline.")
+        st.info("This run has no usable trace files, so there is no timeline.")
         return
     names = list(windows)
     window_name = st.selectbox("Profiler window", names, key="timeline_window") if len(names) > 1 else names[0]
-    files = windows[window_name]
-    loaded = traces(run, files)
-    if loaded.value is None:
-        st.error(plain(loaded.error or "traces could not be read"))
-        return
-    for err in loaded.value.errors:
-        st.error(plain(str(err)))
-    n_bins = st.select_slider("Time bins", BIN_CHOICES, value=DEFAULT_BINS, key="timeline_bins")
-    ov_loaded = timeline_overview(run, files, n_bins)
+    window = windows[window_name]
+    n_bins = st.select_slider("Time bins", BIN_CHOICES, value=DEFAULT_BINS, key="timeline_bins",
+                              help="about this many: whole numbers of the ranks' fine time grids")
+    ov_loaded = timeline_overview(run, window, n_bins)
     if ov_loaded.value is None:
         st.error(plain(ov_loaded.error or "no timeline"))
         return
-    ov = ov_loaded.value
+    ov, notes = ov_loaded.value
+    if not len(ov.origins):
+        st.info("No rank of this window has events on the run's timeline.")
+        return
     states = list(states_of(ov.source))
     # Device: exposed communication, what overlap failed to hide. Host (gloo
     # collectives mostly run inside backward, so exposed_comm is often 0):
@@ -155,13 +182,28 @@ def render() -> None:
     default_state = "exposed_comm" if ov.source == "device" else "other"
     state_name = st.radio("Show", states, index=states.index(default_state), horizontal=True, key="timeline_state")
     show_chart(heatmap(ov, state_name), key="timeline_heatmap")
+    n_shown = int(ov.occupancy["bin"].max()) + 1
     st.caption(
-        f"{ov.source} timeline; each bin is {(ov.span_ns[1] - ov.span_ns[0]) / n_bins / _NS_PER_MS:.3g} ms. "
-        "The shares per bin are the step breakdown's parts (docs/metrics.md) over that bin; ranks are aligned "
-        "at the start of their first common profiler step."
+        f"{ov.source} timeline of {len(ov.origins):,} rank(s); {n_shown} bins of "
+        f"{(ov.span_ns[1] - ov.span_ns[0]) / n_shown / _NS_PER_MS:.3g} ms. "
+        "The shares per bin are the step breakdown's parts (docs/metrics.md) over that bin, from the rank summaries; "
+        "ranks are aligned at the start of their first common profiler step."
     )
+    for note in notes:
+        st.caption(plain(note))
 
     st.subheader("Zoom")
+    ranks = sorted(ov.origins)
+    picked = zoom_ranks(ranks, [r.rank for r in ra.stragglers.slowest(1)])
+    if not picked:
+        st.info("Pick a rank to see its events.")
+        return
+    by_name = {f.name: f for f in trace_windows(run).get(window_name, [])}
+    names_of = ra.timeline.traces(window) if ra.timeline is not None else {}
+    files = [by_name[names_of[r]] for r in picked if names_of.get(r) in by_name]
+    if not files:
+        st.error("The trace files of these ranks are gone; the run changed since its analysis.")
+        return
     lo_ms, hi_ms = ov.span_ns[0] / _NS_PER_MS, ov.span_ns[1] / _NS_PER_MS
     first = ov.steps.sort_values(["step", "rank"]).head(1)
     default_hi = float(first["end_ns"].iloc[0]) / _NS_PER_MS if len(first) else lo_ms + (hi_ms - lo_ms) / 10
@@ -181,7 +223,8 @@ def render() -> None:
         key="timeline_max_events",
     )
     span_ns = (round(t0_ms * _NS_PER_MS), round(t1_ms * _NS_PER_MS))
-    win_loaded = timeline_window(run, files, ov, span_ns, int(max_events))
+    zoom_ov = replace(ov, origins={r: ov.origins[r] for r in picked})
+    win_loaded = timeline_window(run, files, zoom_ov, span_ns, int(max_events))
     if win_loaded.value is None:
         st.error(plain(win_loaded.error or "no events"))
         return
