@@ -31,6 +31,7 @@ from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
+from analyzer.metrics.roofline import Roofline, roofline
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
 from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
@@ -165,6 +166,17 @@ class RunAnalysis:
     def annotations(self, rank: int | None = None) -> pd.DataFrame:
         """Device time launched under each user annotation, and its GPU-side copies' time, per rank."""
         return self._attribution_table("annotations", rank)
+
+    def roofline(self, rank: int | None = None) -> Roofline:
+        """Per-op FLOPs, bytes, achieved rates, bound and efficiency against the device's datasheet peaks
+        (analyzer.metrics.roofline), over every rank's op shapes summed, or one rank's."""
+        if rank is None:
+            shapes = self.attribution.summed("shapes") if self.attribution is not None else run_attribution({}).shapes
+            names = [r.device_name for r in self.ranks if r.device_name]
+        else:
+            shapes = self._attribution_table("shapes", rank)
+            names = [r.device_name for r in self.ranks if r.rank == rank and r.device_name]
+        return roofline(shapes, names[0] if names else None)
 
     def _attribution_table(self, name: str, rank: int | None) -> pd.DataFrame:
         if self.attribution is None:

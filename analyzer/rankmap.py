@@ -46,7 +46,8 @@ from analyzer.metrics.timeline import TimelineGrid, timeline_grid
 from analyzer.metrics.windows import check_windows
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 7  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12)
+MAP_VERSION = 8  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12);
+# 8: calls per op shape (issue 11 item 7)
 TOP_KERNELS_PER_RANK = 50
 
 

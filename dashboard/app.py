@@ -24,6 +24,8 @@ navigation = st.navigation(
         "Selected run": [
             st.Page("views/overview.py", title="Overview", url_path="overview"),
             st.Page("views/timeline.py", title="Timeline", url_path="timeline"),
+            st.Page("views/operators.py", title="Operators", url_path="operators"),
+            st.Page("views/modules.py", title="Modules", url_path="modules"),
             st.Page("views/communication.py", title="Communication", url_path="communication"),
             st.Page("views/stragglers.py", title="Stragglers", url_path="stragglers"),
             st.Page("views/telemetry.py", title="Telemetry", url_path="telemetry"),

@@ -510,7 +510,8 @@ class AttributionTables:
     attributed device time), ``device_inclusive_ms`` (kernels launched
     anywhere under the op's outermost instances), ``graph_ms``,
     ``n_kernels``. ``shapes``: (``op``, ``backward``, ``input_dims``,
-    ``input_types``) -> ``n_kernels``, ``device_ms``. ``modules``: (``module``
+    ``input_types``) -> ``calls`` (op instances with kernels in the window;
+    backward: autograd nodes), ``n_kernels``, ``device_ms``. ``modules``: (``module``
     path, ``backward``) -> ``depth``, ``calls``, ``host_ms``, ``device_self_ms``,
     ``device_ms`` (inclusive of nested modules). ``annotations``: ``name`` ->
     ``calls``, ``host_ms``, ``device_self_ms``, ``device_ms`` (kernels launched
@@ -534,7 +535,7 @@ class AttributionTables:
 
 
 OPS_COLUMNS = ("op", "backward", "calls", "host_ms", "device_ms", "device_inclusive_ms", "graph_ms", "n_kernels")
-SHAPES_COLUMNS = ("op", "backward", "input_dims", "input_types", "n_kernels", "device_ms")
+SHAPES_COLUMNS = ("op", "backward", "input_dims", "input_types", "calls", "n_kernels", "device_ms")
 MODULES_COLUMNS = ("module", "backward", "depth", "calls", "host_ms", "device_self_ms", "device_ms")
 ANNOTATIONS_COLUMNS = ("name", "calls", "host_ms", "device_self_ms", "device_ms", "gpu_calls", "gpu_ms")
 OP_KERNELS_COLUMNS = ("op", "backward", "kernel", "cls", "count", "device_ms")
@@ -590,7 +591,7 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     if len(ks):
         shapes = (ks.assign(dur=ks["dur_ns"] / 1e6, input_types=ks["input_types"].fillna(""))
                   .groupby(["attributed_op", "backward", "input_dims", "input_types"], sort=False)
-                  .agg(n_kernels=("dur", "size"), device_ms=("dur", "sum")).reset_index()
+                  .agg(calls=("attr_pos", "nunique"), n_kernels=("dur", "size"), device_ms=("dur", "sum")).reset_index()
                   .rename(columns={"attributed_op": "op"})
                   .sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True))
     else:

@@ -59,14 +59,14 @@ GPU_PEAKS: tuple[GpuModel, ...] = (
     # A10G is AWS's variant of the A10; NVIDIA publishes no separate datasheet, so the A10's is used.
     GpuModel(r"a10g?\b", "A10", {"bf16": 125 * _T, "fp16": 125 * _T, "tf32": 62.5 * _T, "fp32": 31.2 * _T},
              "NVIDIA A10 datasheet"),
-    GpuModel(r"a30\b", "A30", {"bf16": 165 * _T, "fp16": 165 * _T, "tf32": 82 * _T, "fp32": 10.3 * _T},
+    GpuModel(r"a30\b", "A30", {"bf16": 165 * _T, "fp16": 165 * _T, "tf32": 82 * _T, "fp32": 1300e9},
              "NVIDIA A30 datasheet"),
     GpuModel(r"a40\b", "A40", {"bf16": 149.7 * _T, "fp16": 149.7 * _T, "tf32": 74.8 * _T, "fp32": 37.4 * _T},
              "NVIDIA A40 datasheet"),
     # NVIDIA Ada: L40S, L4 (fp8 tensor cores).
     GpuModel(r"l40s", "L40S", {"fp8": 733 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T},
              "NVIDIA L40S datasheet"),
-    GpuModel(r"\bl4\b", "L4", {"fp8": 242.5 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "tf32": 60 * _T, "fp32": 30.3 * _T},
+    GpuModel(r"\bl4\b", "L4", {"fp8": 242.5 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "tf32": 60 * _T, "fp32": 3300e9},
              "NVIDIA L4 datasheet"),
     # Volta/Turing: fp16 tensor cores only; no TF32 (fp32 matmuls run on FP32 cores, so the tf32
     # key carries the fp32 rate) and no bf16.
@@ -158,6 +158,59 @@ def link_peak(device_name: str) -> LinkPeak | None:
     """
     name = device_name.lower()
     for pattern, peak in GPU_LINKS:
+        if re.search(pattern, name):
+            return peak
+    return None
+
+
+# ---------------------------------------------------------------------------
+# HBM (device memory) bandwidth, for the roofline's memory roof
+# ---------------------------------------------------------------------------
+# Peak DRAM bandwidth per GPU as the datasheet prints it, in bytes/s (1 TB/s =
+# 1e12 B/s). The memory size changes the figure on some models (A100 40 GB vs
+# 80 GB), so more specific patterns come first; device names as
+# torch.cuda.get_device_name writes them ("NVIDIA A100-SXM4-80GB",
+# "NVIDIA A100 80GB PCIe", "NVIDIA H100 80GB HBM3").
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """A GPU model's peak HBM bandwidth (bytes/s) and its datasheet."""
+
+    label: str
+    bytes_per_s: float
+    source: str
+
+
+GPU_HBM: tuple[tuple[str, MemoryPeak], ...] = (
+    (r"gb200", MemoryPeak("GB200", 8.0 * _T, "NVIDIA GB200 NVL72 datasheet: HBM3e 8 TB/s per GPU")),
+    (r"b200", MemoryPeak("B200", 8.0 * _T, "NVIDIA HGX B200 datasheet: HBM3e 8 TB/s per GPU")),
+    (r"gh200", MemoryPeak("GH200", 4.0 * _T, "NVIDIA GH200 datasheet: HBM3 4 TB/s (96 GB)")),
+    (r"h200", MemoryPeak("H200", 4.8 * _T, "NVIDIA H200 datasheet: HBM3e 4.8 TB/s (SXM and NVL)")),
+    (r"h100.*nvl", MemoryPeak("H100 NVL", 3.9 * _T, "NVIDIA H100 datasheet (NVL): HBM3 3.9 TB/s")),
+    (r"h100.*pcie", MemoryPeak("H100 PCIe", 2.0 * _T, "NVIDIA H100 datasheet (PCIe): HBM2e 2 TB/s")),
+    (r"h100", MemoryPeak("H100 SXM", 3.35 * _T, "NVIDIA H100 datasheet (SXM): HBM3 3.35 TB/s")),
+    (r"(a100|a800).*80gb.*pcie|(a100|a800).*pcie.*80gb",
+     MemoryPeak("A100 80GB PCIe", 1935e9, "NVIDIA A100 datasheet: 80 GB PCIe HBM2e 1,935 GB/s")),
+    (r"(a100|a800).*80gb", MemoryPeak("A100 80GB SXM", 2039e9, "NVIDIA A100 datasheet: 80 GB SXM HBM2e 2,039 GB/s")),
+    (r"a100|a800", MemoryPeak("A100 40GB", 1555e9, "NVIDIA A100 datasheet: 40 GB HBM2 1,555 GB/s")),
+    (r"a10g?\b", MemoryPeak("A10", 600e9, "NVIDIA A10 datasheet: GDDR6 600 GB/s")),
+    (r"a30\b", MemoryPeak("A30", 933e9, "NVIDIA A30 datasheet: HBM2 933 GB/s")),
+    (r"a40\b", MemoryPeak("A40", 696e9, "NVIDIA A40 datasheet: GDDR6 696 GB/s")),
+    (r"l40s", MemoryPeak("L40S", 864e9, "NVIDIA L40S datasheet: GDDR6 864 GB/s")),
+    (r"\bl4\b", MemoryPeak("L4", 300e9, "NVIDIA L4 datasheet: GDDR6 300 GB/s")),
+    (r"v100", MemoryPeak("V100", 900e9, "NVIDIA V100 datasheet (SXM2): HBM2 900 GB/s")),
+    (r"\bt4\b", MemoryPeak("T4", 320e9, "NVIDIA T4 datasheet: GDDR6 320 GB/s")),
+    (r"mi325x", MemoryPeak("MI325X", 6.0 * _T, "AMD Instinct MI325X datasheet: HBM3E 6 TB/s")),
+    (r"mi300x", MemoryPeak("MI300X", 5.3 * _T, "AMD Instinct MI300X datasheet: HBM3 5.3 TB/s")),
+    (r"mi250x", MemoryPeak("MI250X", 3276.8e9, "AMD Instinct MI250X datasheet: HBM2e 3.2768 TB/s")),
+)
+
+
+def hbm_peak(device_name: str) -> MemoryPeak | None:
+    """The datasheet HBM bandwidth of a GPU model, or None when it is not in :data:`GPU_HBM`."""
+    name = device_name.lower()
+    for pattern, peak in GPU_HBM:
         if re.search(pattern, name):
             return peak
     return None

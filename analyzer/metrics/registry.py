@@ -41,6 +41,7 @@ from analyzer.metrics import (
     memory,
     mfu,
     overlap,
+    roofline,
     step_time,
     stragglers,
     taxonomy,
@@ -96,6 +97,7 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "memory_events": memory.empty_events,
     "memory_steps": lambda: memory.metrics_step_memory(_frame(METRICS_COLUMNS)),
     "rank_memory": lambda: {0: memory.rank_memory(memory.empty_events(), tables.empty_steps())},
+    "op_shapes": lambda: attribution.run_attribution({}).shapes,
 }
 
 
@@ -194,6 +196,8 @@ METRICS: tuple[Metric, ...] = (
     metric(mfu.mfu_from_trace_shapes, ranks="rank_flops", device_names="device_names"),
     metric(mfu.flop_coverage, ranks="rank_flops"),
     metric(mfu.rank_step_mfu, params={"flops_per_step": 1e9, "peak_flops_per_s": 1e12}, step_table="step_table"),
+    # roofline: per-op efficiency (issue 11)
+    metric(roofline.roofline, shapes="op_shapes"),
     # overlap (HTA's definitions)
     metric(overlap.hta_window, events="events", steps="steps"),
     metric(overlap.overlap, events="events", steps="steps"),

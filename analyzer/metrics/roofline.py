@@ -1,0 +1,247 @@
+"""Per-op efficiency against the roofline, from the attributed op shapes.
+
+For every row of the attribution's ``shapes`` table (an op, forward or
+backward, with one set of ``Input Dims`` / ``Input type``: the device time
+of the kernels attributed to it and the number of op calls that launched
+them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
+
+* ``flops``: FLOPs per call times calls. Forward: the matmul formulas of
+  :func:`analyzer.metrics.matmul_flops.flops_of` (``torch.utils.flop_counter``'s:
+  2 m k n per product; attention's Q K^T and P V; a causal mask is not
+  discounted, the trace does not record it). Backward rows (the kernels of
+  the op's autograd node): 2x the forward FLOPs for a GEMM (the input and
+  weight gradients are one product each of the forward's size) and 2.5x for
+  attention (five products against the forward's two, FlashAttention-2,
+  Dao 2023, section 3.1).
+* ``bytes``: bytes moved per call times calls, each tensor read or written
+  once (TraceLens's GEMM model, ``TraceLens/PerfModel/perf_model.py``):
+  every tensor input (its element count times its dtype's size, bias
+  included) plus the output (GEMM: the product's m x n per batch; attention:
+  the query's shape with the value's last dimension). Backward rows: 2x the
+  forward's (the gradient of every tensor read and written once more).
+* ``flop_per_byte`` (arithmetic intensity), ``achieved_flops_per_s`` and
+  ``achieved_bytes_per_s`` over the rows' device time (the sum of their
+  kernels' durations, not the host op's wall time).
+* against the device's datasheet peaks (:mod:`analyzer.metrics.hardware`:
+  dense FLOP/s of the row's dtype, HBM bandwidth): ``ridge_flop_per_byte``
+  = peak FLOP/s / HBM bytes/s; ``bound`` is ``memory`` below the ridge and
+  ``compute`` at or above it; ``efficiency_pct`` = achieved FLOP/s over the
+  attainable min(peak FLOP/s, intensity x HBM bytes/s), which is achieved
+  FLOP/s over peak FLOP/s for a compute-bound row and achieved bytes/s over
+  the HBM bandwidth for a memory-bound one.
+
+The models cover the ops the loader keeps shapes for (GEMM family and
+``aten::scaled_dot_product_attention``: :data:`analyzer.ingest.tables.MATMUL_OPS`);
+a kernel attributed to an op without recorded shapes (flash-attention
+internals, elementwise ops, or a trace taken without ``record_shapes=True``)
+is not on the roofline, and :attr:`Roofline.modeled_device_ms` against
+:attr:`Roofline.shapes_device_ms` says how much of the device time is.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analyzer.metrics.hardware import datasheet_peak, hbm_peak
+from analyzer.metrics.matmul_flops import ShapeError, flops_of
+
+# Element size and the peak table's dtype key of each Kineto "Input type" spelling.
+_TYPES: dict[str, tuple[int, str | None]] = {
+    "c10::BFloat16": (2, "bf16"),
+    "c10::Half": (2, "fp16"),
+    "float": (4, "fp32"),
+    "double": (8, None),
+    "c10::Float8_e4m3fn": (1, "fp8"),
+    "c10::Float8_e5m2": (1, "fp8"),
+    "c10::Float8_e4m3fnuz": (1, "fp8"),
+    "c10::Float8_e5m2fnuz": (1, "fp8"),
+    "long int": (8, None),
+    "int": (4, None),
+    "short int": (2, None),
+    "signed char": (1, None),
+    "unsigned char": (1, None),
+    "bool": (1, None),
+}
+# Backward over forward (module docstring).
+_BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5}
+_BACKWARD_BYTES = 2.0
+_ATTENTION = "aten::scaled_dot_product_attention"
+# Where the first matrix operand sits (its last dimension is the product's inner dimension).
+_FIRST_MATRIX = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1, "aten::matmul": 0, "aten::linear": 0}
+
+POINT_COLUMNS = ("op", "backward", "input_dims", "input_types", "dtype", "calls", "device_ms", "flops", "bytes",
+                 "flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s",
+                 "ridge_flop_per_byte", "bound", "efficiency_pct")
+OP_COLUMNS = ("op", "backward", "dtype", "calls", "device_ms", "flops", "bytes", "flop_per_byte",
+              "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s", "ridge_flop_per_byte",
+              "bound", "efficiency_pct")
+ROOF_COLUMNS = ("dtype", "peak_flops_per_s", "ridge_flop_per_byte", "source")
+
+
+@dataclass
+class Roofline:
+    """:func:`roofline`'s answer (module docstring for every definition).
+
+    ``points``: one row per modeled (op, backward, input_dims, input_types)
+    (:data:`POINT_COLUMNS`); ``ops``: the points summed per (op, backward)
+    (FLOPs, bytes, calls and device time added, then the rates and the bound
+    of the sums; ``dtype`` the one of most device time); ``roofs``: one row
+    per dtype of the points whose peak is known (compute roof and ridge).
+    ``hbm_bytes_per_s`` and ``hbm_source``: the memory roof (None: device
+    unknown). ``shapes_device_ms``: device time of every shapes row;
+    ``modeled_device_ms``: of the points. ``notes``: why something is
+    missing (no shapes, no peaks, rows whose shapes did not fit the op).
+    """
+
+    points: pd.DataFrame
+    ops: pd.DataFrame
+    roofs: pd.DataFrame
+    device_name: str | None = None
+    hbm_bytes_per_s: float | None = None
+    hbm_source: str | None = None
+    shapes_device_ms: float = 0.0
+    modeled_device_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def _numel(dims: object) -> int:
+    if not isinstance(dims, list) or not all(isinstance(d, int) for d in dims):
+        return 0
+    return math.prod(dims)
+
+
+def per_call(op: str, dims: list, types: list) -> tuple[float, float, str | None]:
+    """(FLOPs, bytes, dtype key) of one forward call of a modeled op; ShapeError when the dims do not fit.
+
+    Bytes: every tensor input once at its dtype's size, plus the output at the
+    first input's size (module docstring). Ops without a model raise ShapeError.
+    """
+    flops = float(flops_of(op, dims))  # raises ShapeError for shapes (or ops) it cannot count
+    sizes = [_TYPES.get(t, (0, None)) if isinstance(t, str) else (0, None) for t in types]
+    tensors = [i for i, d in enumerate(dims) if isinstance(d, list) and d]
+    if not tensors:
+        raise ShapeError(f"{op}: no tensor inputs")
+    if op == _ATTENTION:
+        q, v = dims[0], dims[2]
+        out_numel = _numel(q[:-1]) * int(v[-1])
+        first = 0
+    else:
+        a = dims[_FIRST_MATRIX[op]]
+        k = int(a[-1])
+        out_numel = int(flops // (2 * k)) if k else 0
+        first = _FIRST_MATRIX[op]
+    elem = sizes[first][0] if first < len(sizes) else 0
+    if elem == 0:
+        raise ShapeError(f"{op}: unknown element type {types[first] if first < len(types) else None!r}")
+    in_bytes = sum(_numel(dims[i]) * (sizes[i][0] if i < len(sizes) and sizes[i][0] else elem) for i in tensors)
+    dtype = sizes[first][1] if first < len(sizes) else None
+    return flops, float(in_bytes + out_numel * elem), dtype
+
+
+def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
+    seconds = frame["device_ms"].to_numpy(np.float64) / 1e3
+    flops, nbytes = frame["flops"].to_numpy(np.float64), frame["bytes"].to_numpy(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame["flop_per_byte"] = np.where(nbytes > 0, flops / nbytes, np.nan)
+        frame["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
+        frame["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
+        peak = frame["peak_flops_per_s"].to_numpy(np.float64)
+        if hbm:
+            ridge = peak / hbm
+            intensity = frame["flop_per_byte"].to_numpy(np.float64)
+            attainable = np.minimum(peak, intensity * hbm)
+            frame["ridge_flop_per_byte"] = ridge
+            known = np.isfinite(ridge) & np.isfinite(intensity)
+            frame["bound"] = pd.Series(np.where(known, np.where(intensity >= ridge, "compute", "memory"), None),
+                                       index=frame.index, dtype=object)
+            frame["efficiency_pct"] = np.where(known & (attainable > 0),
+                                               100.0 * frame["achieved_flops_per_s"].to_numpy(np.float64) / attainable, np.nan)
+        else:
+            frame["ridge_flop_per_byte"] = np.nan
+            frame["bound"] = pd.Series([None] * len(frame), index=frame.index, dtype=object)
+            frame["efficiency_pct"] = np.nan
+    return frame
+
+
+def roofline(shapes: pd.DataFrame, device_name: str | None = None) -> Roofline:
+    """Each modeled shapes row on the device's roofline (module docstring); ``shapes`` as
+    :attr:`analyzer.metrics.attribution.RunAttribution.shapes` (one rank's rows, or summed over ranks:
+    calls and device time add, so the rates are those of the sums)."""
+    notes: list[str] = []
+    total_ms = float(shapes["device_ms"].sum()) if len(shapes) else 0.0
+    hbm = hbm_peak(device_name) if device_name else None
+    if not len(shapes):
+        notes.append("no device kernels attributed to ops with recorded input shapes (a CPU-only trace, "
+                     "or one taken without record_shapes=True)")
+        return Roofline(_empty(POINT_COLUMNS), _empty(OP_COLUMNS), _empty(ROOF_COLUMNS), device_name,
+                        None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source, 0.0, 0.0, notes)
+    if "calls" not in shapes.columns:
+        raise ValueError("the shapes table has no calls column (a rank summary from before MAP_VERSION 7)")
+    rows = []
+    unfit: dict[str, int] = {}
+    cache: dict[tuple[str, str, str], tuple[float, float, str | None] | None] = {}
+    for op, backward, dims_json, types_json, calls, device_ms in shapes[
+            ["op", "backward", "input_dims", "input_types", "calls", "device_ms"]].itertuples(index=False):
+        key = (str(op), str(dims_json), str(types_json))
+        if key not in cache:
+            try:
+                cache[key] = per_call(str(op), json.loads(dims_json), json.loads(types_json) if types_json else [])
+            except (ShapeError, ValueError, TypeError, IndexError, KeyError):
+                cache[key] = None
+        got = cache[key]
+        if got is None:
+            unfit[str(op)] = unfit.get(str(op), 0) + 1
+            continue
+        f, b, dtype = got
+        scale_f = _BACKWARD_FLOPS["attention" if op == _ATTENTION else "gemm"] if backward else 1.0
+        scale_b = _BACKWARD_BYTES if backward else 1.0
+        rows.append({"op": str(op), "backward": bool(backward), "input_dims": str(dims_json),
+                     "input_types": str(types_json) if types_json is not None else "", "dtype": dtype,
+                     "calls": int(calls), "device_ms": float(device_ms),
+                     "flops": f * scale_f * int(calls), "bytes": b * scale_b * int(calls)})
+    if unfit:
+        notes.append("not on the roofline (no model, or shapes that do not fit the op): "
+                     + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items())))
+    roofs = []
+    peaks: dict[str | None, float] = {}
+    for dtype in sorted({r["dtype"] for r in rows if r["dtype"]}):
+        tp = datasheet_peak(device_name, dtype) if device_name else None
+        if tp is not None:
+            peaks[dtype] = tp.per_s
+            roofs.append({"dtype": dtype, "peak_flops_per_s": tp.per_s,
+                          "ridge_flop_per_byte": tp.per_s / hbm.bytes_per_s if hbm else np.nan, "source": tp.detail})
+    if not device_name:
+        notes.append("device unknown (no deviceProperties in the trace): no peaks, so no bound or efficiency")
+    elif hbm is None or not roofs:
+        notes.append(f"no datasheet peaks for '{device_name}' in the peak table (analyzer.metrics.hardware): "
+                     "no bound or efficiency")
+    if not rows:
+        return Roofline(_empty(POINT_COLUMNS), _empty(OP_COLUMNS), pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
+                        device_name, None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source,
+                        total_ms, 0.0, notes)
+    points = pd.DataFrame(rows)
+    points["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in points["dtype"]]
+    hbm_bps = hbm.bytes_per_s if hbm else None
+    points = _rates(points, hbm_bps)[list(POINT_COLUMNS)]
+    points = points.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    # Per op: sums, the dtype with the most device time, then the same rates over the sums.
+    grouped = points.groupby(["op", "backward"], sort=False)
+    ops = grouped[["calls", "device_ms", "flops", "bytes"]].sum().reset_index()
+    main_dtype = (points.assign(d=points["dtype"].fillna(""))
+                  .groupby(["op", "backward", "d"], sort=False)["device_ms"].sum().reset_index()
+                  .sort_values("device_ms", ascending=False, kind="stable").drop_duplicates(["op", "backward"]))
+    ops = ops.merge(main_dtype[["op", "backward", "d"]], on=["op", "backward"], how="left")
+    ops["dtype"] = ops.pop("d").replace("", None)
+    ops["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in ops["dtype"]]
+    ops = _rates(ops, hbm_bps)[list(OP_COLUMNS)]
+    ops = ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    return Roofline(points, ops, pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)), device_name, hbm_bps,
+                    None if hbm is None else hbm.source, total_ms, float(points["device_ms"].sum()), notes)
