@@ -143,3 +143,24 @@ def test_host_sync_end_to_end_on_a_synthetic_trace(tmp_path: Path) -> None:
     causes = ra.idle_causes(0)
     assert causes["sync_idle_ms"].item() == pytest.approx(0.08)
     assert ra.to_json()["idle"]["schema"] == "analyzer.idle/1"
+
+
+def test_dependency_idle_end_to_end_on_a_synthetic_trace(tmp_path: Path) -> None:
+    """Each 1 ms step: K1 runs 50-350 us; K2, launched at 60 us (long before K1 ends), starts only at 750 us (a
+    wait on an event, say): 400 us of 'other' idle per step; between the steps 60 us of host wait (step 2's K1 is
+    launched at 1040 us, after K2 ended at 990). dependency_idle fires, the launch rules do not."""
+    t = KinetoTrace()
+    for i in range(2):
+        t0 = 1000 * i
+        t.step(i + 1, t0, 1000)
+        t.kernel("K1", t0 + 50, 300, launch_us=t0 + 40)
+        t.kernel("K2", t0 + 750, 240, launch_us=t0 + 60)
+    ra = analyze(t.write(tmp_path / "rank0.json.gz"), cache=False)
+    f = run_facts(ra)
+    assert f.idle is not None
+    assert (f.idle.other_frac, f.idle.host_wait_frac, f.idle.kernel_wait_frac) == pytest.approx((800 / 860, 60 / 860, 0.0))
+    assert f.shares["idle"] == pytest.approx(920 / 2000)  # per window: 50 + 400 + 10 us
+    fired = {s.rule: s for s in suggest(ra)}
+    assert "dependency_idle" in fired and "launch_bound" not in fired and "cuda_graphs" not in fired
+    # Upper bound: the idle share x its 'other' fraction of the 1 ms step.
+    assert fired["dependency_idle"].predicted.step_time_ms_after == pytest.approx(1.0 - 0.46 * 800 / 860)
