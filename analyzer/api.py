@@ -33,6 +33,7 @@ from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
+from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import exposed_comm_pct
@@ -143,6 +144,8 @@ class RunAnalysis:
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
     # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
     attribution: RunAttribution | None = None
+    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory; issue 11).
+    memory: RunMemory = field(default_factory=RunMemory)
     # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
     idle: RunIdle | None = None
     # Every rank's fine time grids, for timelines without events (analyzer.metrics.timeline; not in the report).
@@ -252,6 +255,7 @@ class RunAnalysis:
                 "kernels": self.kernels.to_dict("records"),
                 "collectives": None if self.collectives is None else self.collectives.to_dict("records"),
                 "attribution": None if self.attribution is None else self.attribution.to_json(),
+                "memory": self.memory.to_json(),
                 "idle": None if self.idle is None else self.idle.to_json(),
                 "errors": list(self.errors),
                 "warnings": list(self.warnings),
@@ -598,6 +602,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         metrics=metrics,
         step_time=run_step_time,
         attribution=run_attribution({r: p.attribution for r, p in parts.items()}),
+        memory=run_memory(metrics, {r: p.memory for r, p in parts.items()}),
         idle=run_idle({r: p.idle for r, p in parts.items()}),
         timeline=timeline,
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},

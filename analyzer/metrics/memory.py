@@ -261,16 +261,17 @@ def rank_peaks(steps: pd.DataFrame) -> pd.DataFrame:
     if steps.empty:
         return _empty(RANK_COLUMNS)
     rows = []
-    for rank, s in steps.groupby("rank", sort=True):
+    for rank in sorted(int(r) for r in steps["rank"].unique()):
+        s = steps.loc[steps["rank"] == rank]
         if s["source"].iloc[0] == "metrics" and (~s["profiled"].astype(bool)).any():
             s = s.loc[~s["profiled"].astype(bool)]
-        row: dict[str, Any] = {"rank": int(rank), "source": str(s["source"].iloc[0]),
+        row: dict[str, Any] = {"rank": rank, "source": str(s["source"].iloc[0]),
                                "kind": ",".join(sorted(s["kind"].astype(str).unique())), "n_steps": int(len(s))}
         for col, step_col in (("peak_allocated_bytes", "peak_allocated_step"), ("peak_reserved_bytes", "peak_reserved_step")):
-            values = pd.to_numeric(s[col], errors="coerce")
-            if values.notna().any():
-                i = values.idxmax()
-                row[col], row[step_col] = float(values.loc[i]), int(s.loc[i, "step"])
+            values = pd.to_numeric(s[col], errors="coerce").to_numpy(np.float64)
+            if np.isfinite(values).any():
+                i = int(np.nanargmax(values))
+                row[col], row[step_col] = float(values[i]), int(s["step"].to_numpy(np.int64)[i])
             else:
                 row[col], row[step_col] = None, None
         rows.append(row)
@@ -342,17 +343,32 @@ class RunMemory:
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``memory`` block: the headline, per rank, per step (max over ranks), trace peaks.
-        The timeline stays in the API (``RunAnalysis.memory.timeline``)."""
+        Byte counts and steps are integers (null where unknown). The timeline stays in the API
+        (``RunAnalysis.memory.timeline``)."""
         return {
             "schema": SCHEMA,
             "source": self.source,
             "kind": self.kind,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes,
-            "ranks": self.ranks.to_dict("records"),
-            "steps": self.per_step().to_dict("records"),
-            "trace_peaks": self.trace_peaks.to_dict("records"),
+            "peak_allocated_bytes": _whole(self.peak_allocated_bytes),
+            "peak_reserved_bytes": _whole(self.peak_reserved_bytes),
+            "ranks": _records(self.ranks),
+            "steps": _records(self.per_step()),
+            "trace_peaks": _records(self.trace_peaks),
         }
+
+
+def _whole(v: Any) -> Any:
+    """A finite integral number as an int (bytes, steps held in float columns beside NaN); NaN as None."""
+    if isinstance(v, (float, np.floating)):
+        if not np.isfinite(v):
+            return None
+        return int(v) if float(v).is_integer() else float(v)
+    return int(v) if isinstance(v, np.integer) else v
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): _whole(v) if str(k).endswith(("_bytes", "_step", "step", "rank", "n_ranks", "n_steps", "n_events")) else v
+             for k, v in row.items()} for row in frame.to_dict("records")]
 
 
 def run_memory(metrics: pd.DataFrame | None, parts: dict[int, RankMemory | None]) -> RunMemory:

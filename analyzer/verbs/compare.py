@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.memory import MIB
 from analyzer.metrics.mfu import steady_state
 from analyzer.jsontext import jsonable, path_text
 
@@ -198,6 +199,9 @@ class Comparison:
                 "op_source": self.op_source,
                 "ops": [d.to_json() for d in self.ops],
                 "modules": [d.to_json() for d in self.modules],
+                "memory_source": self.memory_source,
+                "memory": [d.to_json() for d in self.memory],
+                "memory_growth": self.memory_growth,
                 "ranks": [d.to_json() for d in self.ranks],
                 "mfu": self.mfu.to_json(),
                 "notes": list(self.notes),
@@ -486,6 +490,8 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
         notes.append(f"no kernel deltas: the {missing} has no trace")
     ops, modules, op_source, op_notes = _op_module_deltas(base, cand, top)
     notes += op_notes
+    memory, memory_source, memory_growth, memory_notes = _memory_deltas(base, cand)
+    notes += memory_notes
     # Run directories: steady-state metrics steps on both sides (a run
     # profiled in one and not the other would otherwise compare profiled
     # windows with unprofiled steps); else the ProfilerStep medians.

@@ -330,6 +330,9 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     goodput = _goodput_lines(a)
     if goodput:
         out += goodput + [""]
+    memory = memory_lines(a)
+    if memory:
+        out += memory + [""]
     out += _straggler_lines(a)
     out.append("")
     out.append(suggestions_text(a).rstrip())
@@ -350,6 +353,37 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
         ]
         out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
     return "\n".join(out).rstrip() + "\n"
+
+
+def _mib(v) -> str:
+    return "-" if v is None or v != v else f"{v / 2**20:,.1f}"
+
+
+def memory_lines(a: "RunAnalysis") -> list[str]:
+    """Peak memory per rank and the run's peak (docs/metrics.md, "Memory"); [] without memory figures."""
+    m = a.memory
+    if m.source is None:
+        return []
+    rss = m.kind == "cpu_rss"
+    what = "resident set (RSS) at each step's end" if rss else "peak allocated and reserved bytes"
+    steps = ("metrics records, steps outside profiler windows" if m.source == "metrics"
+             else "profiler memory events, ProfilerStep windows")
+    lines = [f"Memory, {what}, MiB ({steps}; {m.kind})"]
+    reserved = m.peak_reserved_bytes is not None  # CUDA only
+    rows = [[r.rank, _mib(r.peak_allocated_bytes), "-" if r.peak_allocated_step is None else int(r.peak_allocated_step)]
+            + ([_mib(r.peak_reserved_bytes), "-" if r.peak_reserved_step is None else int(r.peak_reserved_step)] if reserved else [])
+            + [r.n_steps] for r in m.ranks.itertuples(index=False)]
+    headers = ["rank", "peak RSS" if rss else "peak allocated", "at step"] + (["peak reserved", "at step"] if reserved else [])
+    lines.append(format_table(headers + ["steps"], rows))
+    peak = m.peak_allocated_bytes
+    lines.append(f"  run peak (max over ranks): {_mib(peak)} MiB {'RSS' if rss else 'allocated'}"
+                 + (f", {_mib(m.peak_reserved_bytes)} MiB reserved" if m.peak_reserved_bytes is not None else ""))
+    tp = m.trace_peaks
+    if not tp.empty:
+        lines.append("  profiler memory events: " + "; ".join(
+            f"rank {r.rank} {r.device} {_mib(r.peak_allocated_bytes)} allocated, {_mib(r.peak_reserved_bytes)} reserved "
+            f"({r.n_events} events)" for r in tp.itertuples(index=False)))
+    return lines
 
 
 ATTRIBUTION_TOP_KERNELS = 2  # per op in the text report (the JSON keeps analyzer.metrics.attribution.TOP_KERNELS_PER_OP)
@@ -709,6 +743,10 @@ def _delta_rows(deltas: Sequence["Delta"], fmt: str = ".2f", kernel: bool = Fals
     return rows
 
 
+def _growth_text(c: "Comparison") -> str:
+    return f"; growth of the peak {_num(100 * c.memory_growth, '+.1f')}%" if c.memory_growth is not None else ""
+
+
 def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
     """What ``analyzer compare`` prints: MFU, step time, phases, kernels, ops, modules, ranks; largest first."""
     out = [f"analyzer compare\n  base: {c.base_path}\n  cand: {c.cand_path}", ""]
@@ -818,4 +856,8 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
             lines += ["", f"**{title}** ({_md_escape(c.op_source)})", "", f"| {what} | pass | base ms | cand ms | delta ms | delta % |",
                       "|---|---|---:|---:|---:|---:|"]
             lines += [f"| `{row[0].replace('`', '')}` | " + " | ".join(row[1:]) + " |" for row in _delta_rows(deltas[:top], ".3f", kernel=True)]
+    if c.memory:
+        lines += ["", f"**Peak memory** ({_md_escape(c.memory_source + _growth_text(c))})", "",
+                  "| | base MiB | cand MiB | delta MiB | delta % |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {_md_escape(row[0])} | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.memory, ".1f")]
     return "\n".join(lines) + "\n"
