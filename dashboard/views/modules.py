@@ -25,12 +25,12 @@ MEASURES = {"device time": "device_ms", "host time": "host_ms"}
 TABLE_COLUMNS = {
     "module": "module",
     "direction": "direction",
-    "depth": "depth",
-    "calls": "calls",
     "device_ms": "device ms (inclusive)",
+    "share_of_step_pct": "% of step",
     "device_self_ms": "device ms (self)",
     "host_ms": "host ms",
-    "share_of_step_pct": "% of step",
+    "calls": "calls",
+    "depth": "depth",
 }
 
 
@@ -65,10 +65,10 @@ def icicle_rows(modules: pd.DataFrame, value: str, max_depth: int) -> pd.DataFra
                                       "device_ms", "device_self_ms", "host_ms", "share_of_step_pct"])
 
 
-def icicle_spec(direction: str, measure: str, n_depths: int) -> dict[str, Any]:
+def icicle_spec(measure: str, n_depths: int) -> dict[str, Any]:
     return {
-        "height": 36 * n_depths + 40,
-        "title": f"{direction}: inclusive {measure} (ms)",
+        # Streamlit fits the whole chart (axes included) into this height: 48 px a level plus the x axis.
+        "height": 48 * n_depths + 70,
         "layer": [
             {
                 "mark": {"type": "rect", "stroke": "white", "strokeWidth": 1},
@@ -139,7 +139,8 @@ def render() -> None:
             if bars.empty:
                 st.caption(f"No {direction} {measure} in any module.")
                 continue
-            show_vega(icicle_spec(direction, measure, depth + 1), bars, key=f"modules_{direction}")
+            st.markdown(f"**{direction.capitalize()}**: inclusive {measure}")
+            show_vega(icicle_spec(measure, depth + 1), bars, key=f"modules_{direction}")
     with table:
         shown = modules.loc[modules["depth"] <= depth].copy()
         shown.insert(1, "direction", ["backward" if b else "forward" for b in shown["backward"].astype(bool)])
