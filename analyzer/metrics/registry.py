@@ -239,6 +239,9 @@ METRICS: tuple[Metric, ...] = (
            events_by_rank="events_by_rank", origins="origins"),
     metric(timeline.overview, params={"n_bins": 10}, echoes=("span_ns", "occupancy"),
            events_by_rank="events_by_rank", steps_by_rank="steps_by_rank"),
+    # One rank's fine grid of one window (None without timeline events): the map's share of the overview.
+    metric(timeline.timeline_grid, params={"source": "device", "window": None, "trace": "rank0.json"},
+           events="events", steps="steps"),
     # windows: ProfilerStep windows and their checks
     metric(windows.events_extent, events="events"),
     metric(windows.check_windows, params={"rank": 0}, events="events", steps="steps"),
