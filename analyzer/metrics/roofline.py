@@ -16,8 +16,9 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
 * ``bytes``: bytes moved per call times calls, each tensor read or written
   once (TraceLens's GEMM model, ``TraceLens/PerfModel/perf_model.py``):
   every tensor input (its element count times its dtype's size, bias
-  included) plus the output (GEMM: the product's m x n per batch; attention:
-  the query's shape with the value's last dimension). Backward rows: 2x the
+  included) plus the output (GEMM: the product's m x n per batch, counted
+  once when ``mm``/``bmm`` record it as a third input, their ``out=`` form;
+  attention: the query's shape with the value's last dimension). Backward rows: 2x the
   forward's (the gradient of every tensor read and written once more).
 * ``flop_per_byte`` (arithmetic intensity), ``achieved_flops_per_s`` and
   ``achieved_bytes_per_s`` over the rows' device time (the sum of their
@@ -142,8 +143,10 @@ def per_call(op: str, dims: list, types: list) -> tuple[float, float, str | None
     if elem == 0:
         raise ShapeError(f"{op}: unknown element type {types[first] if first < len(types) else None!r}")
     in_bytes = sum(_numel(dims[i]) * (sizes[i][0] if i < len(sizes) and sizes[i][0] else elem) for i in tensors)
+    # mm(a, b, out=c) / bmm(..., out=c) record the output as a third input: it is written once, not twice.
+    out_given = op in ("aten::mm", "aten::bmm") and len(dims) > 2 and _numel(dims[2]) == out_numel
     dtype = sizes[first][1] if first < len(sizes) else None
-    return flops, float(in_bytes + out_numel * elem), dtype
+    return flops, float(in_bytes + (0 if out_given else out_numel * elem)), dtype
 
 
 def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
