@@ -18,7 +18,7 @@ Every metric is defined in docs/metrics.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -29,6 +29,7 @@ from analyzer.errors import AnalyzerError, TraceError
 from analyzer.jsontext import jsonable, path_text
 from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
+from analyzer.ingest.formats import RunManifest
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
@@ -102,6 +103,10 @@ class RankSummary:
     n_device_events: int = 0
     gpu_timeline: dict[str, float] = field(default_factory=dict)
     gpu_span_ms: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The rank's entry of the report's ``ranks`` (every field, in order)."""
+        return asdict(self)
 
 
 @dataclass
@@ -232,7 +237,7 @@ class RunAnalysis:
 
     def to_json(self) -> dict[str, Any]:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
-        manifest = self.manifest or {}
+        manifest = RunManifest.from_json(self.manifest or {})  # the typed run.json (empty for traces)
         gp = self.goodput()
         return jsonable(
             {
@@ -240,16 +245,16 @@ class RunAnalysis:
                 "path": [str(p) for p in self.path] if isinstance(self.path, list) else str(self.path),
                 "kind": self.kind,
                 "run": {
-                    "run_id": manifest.get("run_id"),
-                    "status": manifest.get("status"),
-                    "world_size": manifest.get("world_size") or (len(self.ranks) or None),
+                    "run_id": manifest.run_id,
+                    "status": manifest.status,
+                    "world_size": manifest.world_size or (len(self.ranks) or None),
                     "n_ranks": len(self.ranks),
                     "step_time_ms": self.step_time.ms,  # the headline; its definition and both figures below
                     "step_time": self.step_time.to_json(),
                     "mfu": self.mfu.to_json(),
                     "goodput": None if gp is None else gp.to_json(),
                 },
-                "ranks": [r.__dict__ for r in self.ranks],
+                "ranks": [r.to_json() for r in self.ranks],
                 "steps": self.steps.to_dict("records"),
                 "stragglers": self.stragglers.to_json(),
                 "kernels": self.kernels.to_dict("records"),
@@ -516,6 +521,7 @@ class RunInputs:
 def _reduce(run: RunInputs) -> RunAnalysis:
     """The run-level metrics from the ranks' parts (pure: no file access, no events)."""
     manifest, metrics, records, peak_flops = run.manifest, run.metrics, run.records, run.peak_flops
+    man = RunManifest.from_json(manifest or {})  # the typed run.json (empty for traces)
     warnings = run.warnings
     parts = dict(sorted(run.parts.items()))
     # Waiting at collectives, on each rank's trace clock: the breakdown's collective_wait part.
@@ -550,9 +556,8 @@ def _reduce(run: RunInputs) -> RunAnalysis:
     steady = None
     quiet = None  # steady-state steps not disturbed by trace or checkpoint writing
     if metrics is not None and not metrics.empty and {"rank", "step", "step_time_ms"} <= set(metrics.columns):
-        m = manifest or {}
-        steady = steady_state(metrics, int(m.get("warmup_steps") or 0), list(m.get("profiled_steps") or []))
-        disturbed = disturbed_steps(m.get("profiled_steps") or [], (m.get("files") or {}).get("checkpoints") or [])
+        steady = steady_state(metrics, man.warmup_steps or 0, man.profiled_steps)
+        disturbed = disturbed_steps(man.profiled_steps, man.files.checkpoints or [])
         quiet = steady.loc[~steady["step"].isin(sorted(disturbed))]
     if quiet is not None and not quiet.empty:
         step_times = quiet[["rank", "step", "step_time_ms"]]
@@ -562,7 +567,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
     arrival_notes: list[str] = []
     if records is not None and not records.empty and "rank" in records.columns:
-        offsets = ((manifest or {}).get("clock") or {}).get("offsets_ns")
+        offsets = man.clock.offsets_ns if man.clock else None
         arrivals = arrivals_from_records(records, offsets)
         arrival_source = "collective records (collectives/rank*.jsonl), clocks aligned with clock.offsets_ns"
         if quiet is not None and not quiet.empty:
