@@ -151,3 +151,33 @@ def test_example_runs_name_the_op_that_got_slower() -> None:
     text = render_compare_text(c)
     ops_table = text.split("Ops, largest change first")[1].split("\n\n")[0].splitlines()
     assert ops_table[3].split()[:2] in (["MmBackward0", "backward"], ["aten::mm", "backward"])  # the first row
+
+
+def test_check_paragraph_names_the_op_and_module_that_grew(runs) -> None:
+    """check's paragraph (analyzer.verbs.check.explain) on a regression: the largest growth by op and by module."""
+    import numpy as np
+
+    from analyzer.verbs.check import GateOutcome, StepSamples, check_samples, explain
+
+    def samples(v: float) -> StepSamples:
+        return StepSamples(metric="mfu", values=np.full(20, v) * (1 + 0.001 * np.arange(20)), steps=np.arange(20),
+                           source="synthetic", n_ranks=1)
+
+    result = check_samples(samples(0.4), samples(0.3))
+    assert result.regression
+    text = explain(GateOutcome(result=result, comparison=compare(*runs)))
+    assert "By op: aten::linear backward +0." in text and "+500%" in text.split("By op: ")[1]
+    assert "By module: blocks.0/attn backward +0." in text
+    assert text.index("By op:") < text.index("By module:")
+
+
+@pytest.mark.skipif(not (EXAMPLES / "example-ddp-w2-slow-rank1").is_dir(), reason="traces/ examples absent")
+def test_check_of_the_example_runs_names_the_matmul_backward(capsys) -> None:
+    from analyzer.cli import main
+
+    code = main(["check", str(EXAMPLES / "example-ddp-w2-slow-rank1"), "--baseline", str(EXAMPLES / "example-ddp-w2"),
+                 "--no-cache"])
+    out = capsys.readouterr().out
+    assert code == 1 and out.startswith("analyzer check: REGRESSION")
+    by_op = out.split("By op: ")[1].split(".")[0]
+    assert by_op.split(";")[0].split(" +")[0] in ("MmBackward0 backward", "aten::mm backward")
