@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -119,7 +120,7 @@ def _numel(dims: object) -> int:
     return math.prod(dims)
 
 
-def per_call(op: str, dims: list, types: list) -> tuple[float, float, str | None]:
+def per_call(op: str, dims: list[Any], types: list[Any]) -> tuple[float, float, str | None]:
     """(FLOPs, bytes, dtype key) of one forward call of a modeled op; ShapeError when the dims do not fit.
 
     Bytes: every tensor input once at its dtype's size, plus the output at the
@@ -163,8 +164,9 @@ def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
             attainable = np.minimum(peak, intensity * hbm)
             frame["ridge_flop_per_byte"] = ridge
             known = np.isfinite(ridge) & np.isfinite(intensity)
-            frame["bound"] = pd.Series(np.where(known, np.where(intensity >= ridge, "compute", "memory"), None),
-                                       index=frame.index, dtype=object)
+            bound = np.where(intensity >= ridge, "compute", "memory").astype(object)
+            bound[~known] = None
+            frame["bound"] = pd.Series(bound, index=frame.index)
             frame["efficiency_pct"] = np.where(known & (attainable > 0),
                                                100.0 * frame["achieved_flops_per_s"].to_numpy(np.float64) / attainable, np.nan)
         else:
@@ -215,7 +217,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None) -> Roofline:
                      + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items())))
     roofs = []
     peaks: dict[str | None, float] = {}
-    for dtype in sorted({r["dtype"] for r in rows if r["dtype"]}):
+    for dtype in sorted({str(r["dtype"]) for r in rows if r["dtype"]}):
         tp = datasheet_peak(device_name, dtype) if device_name else None
         if tp is not None:
             peaks[dtype] = tp.per_s
