@@ -146,6 +146,9 @@ class RunAnalysis:
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # Per rank: one row per communication kernel (analyzer.metrics.collectives), for suggest; not in the report.
     rank_collectives: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
+    # Per rank: tokens from the input shapes and activation recompute per step window (analyzer.metrics.workload),
+    # for suggest; not in the report.
+    rank_workload: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
     # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
     attribution: RunAttribution | None = None
@@ -611,6 +614,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         idle=run_idle({r: p.idle for r, p in parts.items()}),
         timeline=timeline,
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
+        rank_workload={r: p.workload for r, p in parts.items() if p.workload is not None and len(p.workload)},
     )
 
 

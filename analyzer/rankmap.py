@@ -44,10 +44,11 @@ from analyzer.metrics.overlap import OverlapResult, overlap, span_parts_ns
 from analyzer.metrics.stragglers import rank_arrivals, rank_collective_spans
 from analyzer.metrics.timeline import TimelineGrid, timeline_grid
 from analyzer.metrics.windows import check_windows
+from analyzer.metrics.workload import rank_workload
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 8  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12);
-# 8: calls per op shape (issue 11 item 7)
+MAP_VERSION = 9  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12);
+# 8: calls per op shape (issue 11 item 7); 9: tokens and recompute per window (issue 18)
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -112,6 +113,8 @@ class RankPart:
     memory: RankMemory | None = None
     idle: IdleTables | None = None
     timeline: list[TimelineGrid] = field(default_factory=list)
+    # Tokens from the input shapes and activation recompute per step window (analyzer.metrics.workload).
+    workload: pd.DataFrame | None = None
 
 
 @dataclass
@@ -221,4 +224,5 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         attribution=rank_attribution(events, windows),
         memory=rank_memory(rt.memory, windows),
         idle=rank_idle(events, windows),
+        workload=rank_workload(events, windows),
     )

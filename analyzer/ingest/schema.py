@@ -51,8 +51,11 @@ CONV_OPS = frozenset(
         "aten::conv_transpose3d",
     }
 )
-# Host ops whose shapes the loader keeps: the FLOP counter's ops.
+# The FLOP counter's ops.
 FLOP_OPS = MATMUL_OPS | CONV_OPS
+# Host ops whose shapes the loader keeps: the FLOP counter's ops, and the embedding, whose token ids give the
+# tokens per step of a foreign trace (analyzer.metrics.workload).
+SHAPE_OPS = FLOP_OPS | frozenset({"aten::embedding"})
 # Event categories of older format eras, lower-cased, -> today's category
 # (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
 # PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote

@@ -53,7 +53,8 @@ seq_num         int64      ``args["Sequence number"]`` (autograd sequence
 fwd_tid         int64      ``args["Fwd thread id"]`` (on backward ops: the
                            thread of their forward op), -1 when absent
 input_dims      object     ``args["Input Dims"]`` as a JSON string, only for
-                           matmul-like cpu_ops (see MATMUL_OPS) and cpu_comm
+                           matmul-like and convolution cpu_ops and
+                           ``aten::embedding`` (SHAPE_OPS) and cpu_comm
                            rows (gloo collectives carry their tensor shapes
                            there); else None
 input_types     object     ``args["Input type"]`` as a JSON string, same rows
@@ -95,6 +96,7 @@ from analyzer.ingest.schema import (  # noqa: F401 - re-exported: the table sche
     MATMUL_OPS,
     CONV_OPS,
     FLOP_OPS,
+    SHAPE_OPS,
     DEVICE_CATS,
     ANNOTATION_CATS,
     RUNTIME_CATS,

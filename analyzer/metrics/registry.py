@@ -48,6 +48,7 @@ from analyzer.metrics import (
     throughput,
     timeline,
     windows,
+    workload,
 )
 
 
@@ -245,6 +246,8 @@ METRICS: tuple[Metric, ...] = (
     # windows: ProfilerStep windows and their checks
     metric(windows.events_extent, events="events"),
     metric(windows.check_windows, params={"rank": 0}, events="events", steps="steps"),
+    # workload: tokens from input shapes, activation recompute (issue 18)
+    metric(workload.rank_workload, events="events", steps="steps"),
 )
 
 __all__ = ["EMPTY_INPUTS", "METRICS", "Metric", "metric"]

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from analyzer.ingest.parse.decode import Event
-from analyzer.ingest.schema import CPU_COMM_RE, FLOP_OPS, GPU_TIMELINE_CATS, canonical_category
+from analyzer.ingest.schema import CPU_COMM_RE, GPU_TIMELINE_CATS, SHAPE_OPS, canonical_category
 
 _TS, _DUR, _CAT, _NAME = (attrgetter(f) for f in ("ts", "dur", "cat", "name"))
 _STR = {str}
@@ -162,10 +162,10 @@ def on_gpu_timeline(cats: list[str], known: dict[str, bool]) -> dict[str, bool]:
 
 def wants_args(names: list[str], known: dict[str, bool]) -> dict[str, bool]:
     """Name -> whether a row of that name keeps its shape args: the FLOP
-    counter's ops (FLOP_OPS) and host collectives (CPU_COMM_RE); judged once
+    counter's ops and the embedding (SHAPE_OPS) and host collectives (CPU_COMM_RE); judged once
     per distinct name, ``known`` is the file's memo, updated and returned."""
     for name in set(names).difference(known):
-        known[name] = name in FLOP_OPS or bool(CPU_COMM_RE.search(name))
+        known[name] = name in SHAPE_OPS or bool(CPU_COMM_RE.search(name))
     return known
 
 

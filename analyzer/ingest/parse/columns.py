@@ -25,7 +25,7 @@ from analyzer.ingest.parse.classify import (
     wants_args,
 )
 from analyzer.ingest.parse.decode import _NO_ARGS, Args, Event
-from analyzer.ingest.schema import CONV_OPS, FLOP_OPS, CPU_COMM_RE, text_id
+from analyzer.ingest.schema import CONV_OPS, CPU_COMM_RE, SHAPE_OPS, text_id
 
 _PID, _TID = attrgetter("pid"), attrgetter("tid")
 _CORRELATION, _EXTERNAL_ID = attrgetter("correlation"), attrgetter("external_id")
@@ -217,7 +217,7 @@ class Columns:
         raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_old
         dims = orjson.loads(bytes(raw_dims)) if len(raw_dims) else None
         types = orjson.loads(bytes(a.input_types)) if len(a.input_types) else None
-        if name in FLOP_OPS or CPU_COMM_RE.search(name):
+        if name in SHAPE_OPS or CPU_COMM_RE.search(name):
             if dims is not None:
                 sp["input_dims"][row] = orjson.dumps(dims).decode()
             if types is not None:

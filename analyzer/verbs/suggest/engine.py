@@ -179,7 +179,7 @@ RULE_PART = {
     "launch_bound": "idle", "cuda_graphs": "idle", "data_wait": "data", "pin_memory": "exposed_memcpy",
     "exposed_memcpy": "exposed_memcpy", "fused_adamw": "optimizer", "torch_compile": "compute",
     "bf16_autocast": "compute", "tf32": "compute", "micro_batch": "other", "smaller_micro_batch": "other",
-    "activation_checkpointing": "compute",
+    "activation_checkpointing": "compute", "selective_checkpointing": "compute",
     "straggler": "exposed_comm", "comm_one_rank": "exposed_comm", "comm_waiting": "exposed_comm",
     "dependency_idle": "idle", "host_sync": "idle", "pageable_copies": "exposed_memcpy",
 }

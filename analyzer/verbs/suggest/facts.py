@@ -25,6 +25,14 @@
   over steps. See :func:`collective_tail_ms`.
 * ``comm``: per-step collective counts and sizes, and a per-collective
   service time (queue-corrected duration, :func:`service_times_ms`).
+* ``tokens_per_step``: run.json's (reftrain); for traces, estimated from the
+  input shapes (:func:`trace_tokens`: ``aten::embedding``'s token ids, else
+  the first ``aten::linear``'s ``[batch, seq]``), its source in
+  ``tokens_source``; None when neither is in the trace (predictions are then
+  per step).
+* ``recompute``: activation recompute (forward ops rerun in backward) as a
+  share of the trace windows' step time, and the matmul outputs' bytes that
+  saving instead of recomputing would hold (:func:`recompute_facts`).
 * ``kernels`` (device traces): GEMM time, kernel launches and short-kernel
   share per step from the per-rank top-kernel table (its
   :data:`analyzer.rankmap.TOP_KERNELS_PER_RANK` names, so counts are lower bounds).
@@ -144,6 +152,44 @@ class IdleFacts:
 
 
 @dataclass(frozen=True)
+class RecomputeFacts:
+    """Activation recompute in the usable step windows (analyzer.metrics.workload; docs/suggestions.md, "Recompute").
+
+    ``share``: recompute device time (host time on CPU traces) over the
+    windows' step time, summed over ranks and windows; ``flop_share`` its
+    GEMM/attention/convolution part; ``ms_per_window`` / ``flop_ms_per_window``
+    the same per window and rank (mean). ``out_bytes``: the recomputed
+    matmul-like ops' outputs per window, the median over windows of the
+    largest rank (``shaped_ops`` of ``flop_ops`` per window had a known
+    size). ``peak_bytes`` / ``capacity_bytes``: the device memory the rule
+    weighs them against (the facts' memory, else the traces' ``[memory]``
+    peak), None when unknown.
+    """
+
+    share: float
+    flop_share: float
+    ms_per_window: float
+    flop_ms_per_window: float
+    ranges_per_window: float
+    flop_ops: float
+    shaped_ops: float
+    out_bytes: float
+    reentrant: bool
+    ranks: int
+    windows: int
+    peak_bytes: float | None = None
+    capacity_bytes: float | None = None
+    memory_source: str | None = None
+
+    @property
+    def headroom_bytes(self) -> float | None:
+        """Capacity minus peak; None when either is unknown."""
+        if self.peak_bytes is None or self.capacity_bytes is None:
+            return None
+        return self.capacity_bytes - self.peak_bytes
+
+
+@dataclass(frozen=True)
 class MemoryFacts:
     """Peak memory per rank over steady steps and the capacity it is measured against."""
 
@@ -211,6 +257,9 @@ class RunFacts:
     windows_used: int = 0
     windows_total: int = 0
     comm_group_size: int | None = None
+    # Where tokens_per_step comes from: run.json, or the trace's input shapes (trace_tokens); None without it.
+    tokens_source: str | None = None
+    recompute: RecomputeFacts | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -572,6 +621,82 @@ def idle_facts(ra: "RunAnalysis") -> IdleFacts | None:
     )
 
 
+def _usable_workload(ra: "RunAnalysis", windows: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """Per rank: its workload rows (analyzer.metrics.workload) of the usable step windows, with their step time."""
+    tables = getattr(ra, "rank_workload", {}) or {}
+    if not tables or windows is None or windows.empty:
+        return {}
+    out = {}
+    for rank, table in tables.items():
+        w = windows.loc[windows["rank"] == rank, ["step", "step_time_ms"]]
+        mine = table.merge(w, on="step", how="inner")
+        if len(mine):
+            out[rank] = mine
+    return out
+
+
+def trace_tokens(ra: "RunAnalysis", windows: pd.DataFrame) -> tuple[float | None, str | None]:
+    """Tokens per step of a trace from its input shapes (analyzer.metrics.workload), and the source.
+
+    Per rank the median over its usable windows with an estimate; summed over
+    the ranks that have one (data parallelism: each rank embeds its own
+    batch; a tensor-parallel group embeds the same ids on every rank, which
+    this sum would overcount, and a single traced rank of a larger job gives
+    that rank's tokens: the source says how many ranks it covers).
+    """
+    per_rank = {}
+    sources = []
+    for rank, t in _usable_workload(ra, windows).items():
+        tok = pd.to_numeric(t["tokens"], errors="coerce").dropna()
+        if len(tok):
+            per_rank[rank] = float(tok.median())
+            sources.append(str(t.loc[tok.index[0], "tokens_source"]))
+    if not per_rank:
+        return None, None
+    total = float(sum(per_rank.values()))
+    where = f"rank {next(iter(per_rank))}" if len(per_rank) == 1 else f"{len(per_rank)} ranks summed"
+    return total, f"trace input shapes: {sources[0]} ({where}, median over step windows)"
+
+
+def recompute_facts(ra: "RunAnalysis", windows: pd.DataFrame, memory: "MemoryFacts", device_name: str | None
+                    ) -> RecomputeFacts | None:
+    """RecomputeFacts over the usable windows of every rank; None when no window recomputes anything."""
+    tables = _usable_workload(ra, windows)
+    if not tables:
+        return None
+    t = pd.concat(tables.values(), ignore_index=True)
+    step_ms = float(t["step_time_ms"].sum())
+    rec_ms = float(t["recompute_device_ms"].sum())
+    if step_ms <= 0 or rec_ms <= 0:
+        return None
+    n = len(t)
+    out_bytes = max(float(x["recompute_out_bytes"].median()) for x in tables.values())
+    peak, capacity, source = memory.peak_bytes, memory.capacity_bytes, memory.capacity_source
+    if peak is None:  # a trace: its [memory] events' peak (analyzer.metrics.memory), on a GPU of known capacity
+        mem = getattr(ra, "memory", None)
+        trace_peak = getattr(mem, "peak_allocated_bytes", None) if mem is not None and mem.source == "trace" else None
+        if trace_peak:
+            capacity, source = gpu_memory_bytes(device_name)
+            peak = float(trace_peak) if capacity is not None else None
+            source = f"trace [memory] events' peak; {source}" if capacity is not None else None
+    return RecomputeFacts(
+        share=rec_ms / step_ms,
+        flop_share=float(t["recompute_flop_ms"].sum()) / step_ms,
+        ms_per_window=rec_ms / n,
+        flop_ms_per_window=float(t["recompute_flop_ms"].sum()) / n,
+        ranges_per_window=float(t["recompute_ranges"].sum()) / n,
+        flop_ops=float(t["recompute_flop_ops"].sum()) / n,
+        shaped_ops=float(t["recompute_shaped"].sum()) / n,
+        out_bytes=out_bytes,
+        reentrant=bool(t["reentrant"].any()),
+        ranks=len(tables),
+        windows=n,
+        peak_bytes=peak if capacity is not None else None,
+        capacity_bytes=capacity if peak is not None else None,
+        memory_source=source if (peak is not None and capacity is not None) else None,
+    )
+
+
 def gpu_memory_bytes(device_name: str | None) -> tuple[float | None, str | None]:
     """Device memory from its name ("... 80GB ...") or the datasheet table; (None, None) when unknown."""
     if not device_name:
@@ -691,7 +816,11 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         comm = trace_comm_facts(ra, trace_steps)
     if ra.mfu.lower_bound:
         notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
-    tokens_per_step = man.tokens_per_step
+    tokens_per_step: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
+    tokens_source = "run.json tokens_per_step" if tokens_per_step else None
+    if tokens_per_step is None and ra.kind == "traces":
+        tokens_per_step, tokens_source = trace_tokens(ra, trace_steps)
+    memory = memory_facts(ra, steady, device, device_name, man)
     per_token = man.model_flops.per_token
     train = config.get("train") if config else None
     dtype = train.get("dtype") if isinstance(train, dict) else None
@@ -712,7 +841,9 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         step_time_ms=step_time_ms,
         step_time_source=source,
         n_steps=n_steps,
-        tokens_per_step=float(tokens_per_step) if tokens_per_step else None,
+        tokens_per_step=tokens_per_step,
+        tokens_source=tokens_source,
+        recompute=recompute_facts(ra, trace_steps, memory, device_name if device == "cuda" else None),
         # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
         mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) and not ra.mfu.lower_bound else None,
         peak_flops_per_s=ra.mfu.peak_flops_per_s,
@@ -726,7 +857,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         exposed_comm_source=exposed_source,
         comm=comm,
         kernels=kernel_facts(ra),
-        memory=memory_facts(ra, steady, device, device_name, man),
+        memory=memory,
         idle=idle_facts(ra),
         stragglers=ra.stragglers,
         telemetry=getattr(ra, "telemetry", None),

@@ -50,6 +50,8 @@ def rule_activation_checkpointing(f: RunFacts) -> Suggestion | None:
     mem = _pressure(f)
     if mem is None or not f.step_time_ms or (f.is_reftrain and f.cfg("train.activation_checkpointing")):
         return None
+    if f.recompute is not None:
+        return None  # the trace recomputes activations already (rules_recompute)
     fwd = _forward_ms(f)
     if fwd is None:
         return None

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from analyzer.verbs.suggest import rules_comm, rules_compute, rules_data, rules_health, rules_host, rules_memory  # noqa: F401
+from analyzer.verbs.suggest import (  # noqa: F401
+    rules_comm, rules_compute, rules_data, rules_health, rules_host, rules_memory, rules_recompute,
+)
 from analyzer.verbs.suggest.engine import (
     _CONFIDENCE_ORDER, ALSO_PARTS, COMM_FIRST_SHARE, NOT_ACTIONABLE, RULE_PART, RULES, Suggestion, parts_of, rank,
     suggestions_json,
