@@ -321,3 +321,32 @@ def test_modules_of_a_run_without_module_ranges(open_page, analyses):
         assert "No nn.Module ranges" in infos(at)
     else:  # a CPU run: host time is the measure
         assert "host time is the only measure" in " ".join(c.value for c in at.caption)
+
+
+def test_modules_of_a_cpu_trace_use_host_time(tmp_path, monkeypatch):
+    """No device kernels: the icicle's widths are the module table's inclusive host time, and the page says so."""
+    runs = tmp_path / "runs"
+    t = KinetoTrace(rank=0, world_size=1, gpu=False, tid=MAIN)
+    for i in range(2):
+        b = 100 + 1000 * i
+        t.step(1 + i, b, 1000)
+        t.annotation("nn.Module: model", b + 1, 600, tid=MAIN)
+        t.annotation("nn.Module: blocks.0", b + 2, 400, tid=MAIN)
+        t.cpu_op("aten::mm", b + 10, 300, tid=MAIN)
+        t.annotation("nn.Module: head", b + 410, 150, tid=MAIN)
+        t.cpu_op("aten::add", b + 420, 100, tid=MAIN)
+    t.write(runs / "cpu-modules" / "rank0.pt.trace.json.gz")
+    mods = analyze(runs / "cpu-modules").attribution.summed("modules").set_index("module")
+    monkeypatch.setenv(RUNS_DIR_ENV, str(runs))
+    at = AppTest.from_file(str(APP_PATH), default_timeout=TIMEOUT_S)
+    at.query_params["run"] = "cpu-modules"
+    at.switch_page("views/modules.py")
+    at.run()
+    assert not at.exception
+    assert at.radio(key="modules_measure").value == "host time"
+    assert "host time is the only measure" in " ".join(c.value for c in at.caption)
+    _, bars = vega_charts(at)["modules_forward"]
+    assert sorted(bars["module"]) == ["model", "model/blocks.0", "model/head"]
+    for b in bars.itertuples(index=False):
+        assert b.x1 - b.x0 == pytest.approx(mods.loc[b.module, "host_ms"])
+    assert mods.loc["model", "host_ms"] == pytest.approx(1.2) and mods.loc["model/head", "host_ms"] == pytest.approx(0.3)
