@@ -32,7 +32,7 @@ def fwd(seq: int) -> dict:
 
 
 def _trace(tmp: Path, *, recompute: bool = True, gemm_recompute: bool = True, peak: float | None = 60e9,
-           micro_batches: int = 1, name: str = "rank0.json") -> Path:
+           micro_batches: int = 1, name: str = "rank0.json", embedding: bool = True, comm: bool = False) -> Path:
     """One 1000 us step: forward (embedding, a linear), then backward on the autograd thread, where
 
     * with ``recompute``: the linear (aten::linear around aten::addmm, launching a 100 us GEMM) and a relu
@@ -41,19 +41,22 @@ def _trace(tmp: Path, *, recompute: bool = True, gemm_recompute: bool = True, pe
       ``gemm_recompute=False`` leaves only the relu (20 us, no GEMM);
     * the backward's own aten::mm (no sequence number) launches a 150 us GEMM: not recompute.
     ``peak``: a ``[memory]`` event with that many bytes allocated (None: no memory events).
+    ``embedding=False``: no embedding, and the forward linear takes a 2-D input (no tokens in the shapes);
+    ``comm``: a 150 us all-reduce at 800 us that no kernel overlaps (exposed comm 15 % of the step).
     """
     t = KinetoTrace(rank=0, world_size=1)
     bw = t.tid + 1
     t.step(1, 0, 1000)
     for i in range(micro_batches):
         base = 10 + 100 * i
-        t.cpu_op("aten::embedding", base, 8, args=fwd(1 + 10 * i), input_dims=[[1000, 64], [4, 128], [], [], []],
-                 input_types=["float", "long int", "Scalar", "Scalar", "Scalar"])
-        # A position embedding of another shape takes the same ids: not counted again.
-        t.cpu_op("aten::embedding", base + 10, 5, args=fwd(2 + 10 * i), input_dims=[[128, 64], [4, 128], [], [], []],
-                 input_types=["float", "long int", "Scalar", "Scalar", "Scalar"])
+        if embedding:
+            t.cpu_op("aten::embedding", base, 8, args=fwd(1 + 10 * i), input_dims=[[1000, 64], [4, 128], [], [], []],
+                     input_types=["float", "long int", "Scalar", "Scalar", "Scalar"])
+            # A position embedding of another shape takes the same ids: not counted again.
+            t.cpu_op("aten::embedding", base + 10, 5, args=fwd(2 + 10 * i), input_dims=[[128, 64], [4, 128], [], [], []],
+                     input_types=["float", "long int", "Scalar", "Scalar", "Scalar"])
         t.cpu_op("aten::linear", base + 20, 50, args=fwd(3 + 10 * i),
-                 input_dims=[[4, 128, 64], [256, 64], [256]], input_types=["float"] * 3)
+                 input_dims=[[4, 128, 64] if embedding else [512, 64], [256, 64], [256]], input_types=["float"] * 3)
         t.kernel(GEMM, base + 200, 100, launch_us=base + 25)
     t.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", 400, 300, tid=bw)
     t.cpu_op("AddmmBackward0", 402, 290, tid=bw, args={"Sequence number": 3, "Fwd thread id": 1})
@@ -68,6 +71,9 @@ def _trace(tmp: Path, *, recompute: bool = True, gemm_recompute: bool = True, pe
         t.kernel(ELEMENTWISE, 610, 20, launch_us=472)
     t.cpu_op("aten::mm", 490, 30, tid=bw, input_dims=[[512, 256], [256, 64]], input_types=["float", "float"])
     t.kernel(GEMM, 640, 150, launch_us=495)
+    if comm:
+        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 800, 150, stream=20, launch_us=780,
+                 args=t.comm_args("allreduce", 1 << 20))
     if peak is not None:
         t.memory(5, int(peak), int(peak) + 2**30, 4096)
     # Launch calls of the backward's kernels come from the autograd thread.
@@ -194,6 +200,24 @@ def test_reftrain_turns_checkpointing_off_when_all_activations_fit(tmp_path: Pat
     s = rules_recompute.rule_selective_checkpointing(tight)
     assert s is not None and s.change.overrides == {} and "reftrain/parallel.py" in s.change.advice
     assert s.predicted.step_time_ms_after == pytest.approx(0.90)
+
+
+def test_grad_accumulation_predicts_tokens_from_the_trace_shapes(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with_ids = [s for s in suggest(analyze(_trace(tmp_path / "a", comm=True).parent)) if s.rule == "grad_accumulation"]
+    assert with_ids, "exposed comm 15 % of the step: grad_accumulation fires"
+    p = with_ids[0].predicted
+    assert (p.tokens_per_step_before, p.tokens_per_step_after) == (512, 4 * 512)
+    assert with_ids[0].evidence["tokens_source"].startswith("trace input shapes: aten::embedding input ids [4, 128]")
+    assert with_ids[0].coverage["tokens_source"] == with_ids[0].evidence["tokens_source"]
+    assert "tokens per step unknown" not in p.method
+    # Without shapes that say tokens, the prediction is per step of the trace (work ratio 4, no tokens).
+    no_ids = [s for s in suggest(analyze(_trace(tmp_path / "b", comm=True, embedding=False).parent))
+              if s.rule == "grad_accumulation"]
+    assert no_ids and no_ids[0].predicted.tokens_per_step_before is None
+    assert no_ids[0].predicted.work_ratio == 4.0 and "tokens per step unknown" in no_ids[0].predicted.method
+    assert p.step_time_ms_after == pytest.approx(no_ids[0].predicted.step_time_ms_after)  # same what-if either way
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent")

@@ -193,7 +193,8 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
         rule="grad_accumulation",
         title=f"Synchronize gradients every {k * ga} micro-batches instead of {ga}",
         trigger=f"exposed comm {share:.1%} of step > EXPOSED_COMM_MIN_SHARE {EXPOSED_COMM_MIN_SHARE:.0%}",
-        evidence=_comm_evidence(f, exposed_ms, share) | {"grad_accum": ga, "per_micro_batch_ms": per_micro},
+        evidence=_comm_evidence(f, exposed_ms, share) | {"grad_accum": ga, "per_micro_batch_ms": per_micro}
+        | ({"tokens_per_step": f.tokens_per_step, "tokens_source": f.tokens_source} if f.tokens_per_step else {}),
         change=Change({"train.grad_accum": k * ga},
                       f"accumulate {k}x more micro-batches per optimizer step under model.no_sync() "
                       "(the global batch grows; retune the learning rate)"),

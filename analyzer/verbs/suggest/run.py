@@ -45,13 +45,16 @@ def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
     collectives' group size when traces say more): a communication
     suggestion from fewer ranks than the job has is at most low, since one
     rank cannot tell waiting for a peer from the transfer. ``limits`` says
-    each cap that applied.
+    each cap that applied. ``tokens_source``: where a trace's tokens per step
+    come from (its input shapes), on suggestions whose prediction uses them.
     """
     cap = 0
     limits: list[str] = []
     in_job = max(f.world_size or 1, f.comm_group_size or 1)
     cov: dict[str, Any] = {"windows_used": f.windows_used, "windows_total": f.windows_total,
                            "ranks_traced": f.ranks_traced, "ranks_in_job": in_job}
+    if f.kind == "traces" and f.tokens_source and s.predicted is not None and s.predicted.tokens_per_step_before:
+        cov["tokens_source"] = f.tokens_source  # tokens per step estimated from the trace's input shapes
     if f.windows_total and f.windows_used < f.windows_total:
         cap = max(cap, 1)
         limits.append(f"{f.windows_total - f.windows_used} of {f.windows_total} step windows flagged and not read")
