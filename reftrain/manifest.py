@@ -14,7 +14,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from analyzer.ingest.formats import FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, HangReport, RunManifest
+from analyzer.ingest.formats import (FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, HangReport, RunManifest,
+                                     attempt_folder, records_file)
 from reftrain.config import Config, to_yaml
 from reftrain.errors import ReftrainError
 
@@ -185,13 +186,12 @@ def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[
     run_dir = Path(run_dir)
     out: dict[str, list[str]] = {"metrics": [], "collectives": [], "traces": [], "telemetry": []}
     for k in range(attempt):
-        sub = "" if k == 0 else f"attempt{k}/"
         for family in ("metrics", "collectives"):
             for r in range(world_size):
-                rel = f"{family}/{sub}rank{r}.jsonl"
+                rel = records_file(family, r, k)
                 if (run_dir / rel).is_file():
                     out[family].append(rel)
-        pattern = "traces/*/*.json*" if k == 0 else f"traces/attempt{k}/*/*.json*"
+        pattern = f"traces/{attempt_folder(k)}*/*.json*"
         out["traces"] += sorted(str(p.relative_to(run_dir)) for p in run_dir.glob(pattern)
                                 if not p.relative_to(run_dir).parts[1].startswith((".", "attempt")))
     return out

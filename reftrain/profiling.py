@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
+from analyzer.ingest.formats import trace_file, trace_window_dir
 from reftrain.config import ProfileConfig
 
 _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
@@ -106,9 +107,8 @@ class StepProfiler:
         return self.action(step) in _COLLECTING
 
     def _write_trace(self, prof: torch.profiler.profile) -> None:
-        window = self.traces_dir / f"step{self._finished_step}"
-        window.mkdir(parents=True, exist_ok=True)
-        name = f"{window.name}/rank{self.rank}.pt.trace.json.gz"  # the TB plugin's suffix
+        (self.traces_dir / trace_window_dir(self._finished_step)).mkdir(parents=True, exist_ok=True)
+        name = trace_file(self._finished_step, self.rank)  # step{N}/rank{R}.pt.trace.json.gz
         prof.export_chrome_trace(str(self.traces_dir / name))  # torch gzips a .gz path
         self.traces.append(name)
 

@@ -126,7 +126,7 @@ def _start_telemetry(cfg: Config, env: parallel.DistEnv, run_dir: Path) -> _Tele
     ok, reason = GpuTelemetry.available()
     if not ok:
         return _Telemetry(None, [], reason)
-    rel = f"telemetry/gpu{env.rank}.jsonl"
+    rel = fmt.records_file("telemetry", env.rank)
     sampler = GpuTelemetry(run_dir / rel, nvml_index_of(env.device), cfg.telemetry.interval_ms)
     sampler.start()
     return _Telemetry(sampler, [rel], None)
@@ -223,7 +223,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     attempt = restart_count()
     # Each attempt writes its own files (JsonlWriter never appends): the first the
     # documented names, a restart's under attempt{k}/ (docs/rundir.md, "Restarts").
-    sub = "" if attempt == 0 else f"attempt{attempt}/"
+    sub = fmt.attempt_folder(attempt)
     profiler = StepProfiler(cfg.profile, env.rank, run_dir / "traces" / sub, device, start_step)
     steps_run = list(range(start_step, t.steps))
     profiled_steps = [s for s in steps_run if profiler.collecting(s)]
@@ -291,8 +291,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         if trackers is not None:
             trackers.start(man.config or cfg.to_dict(), run_dir.name, attempt)
 
-    metrics_rel = f"metrics/{sub}rank{env.rank}.jsonl"
-    colls_rel = f"collectives/{sub}rank{env.rank}.jsonl"
+    metrics_rel = fmt.records_file("metrics", env.rank, attempt)
+    colls_rel = fmt.records_file("collectives", env.rank, attempt)
     metrics_writer = JsonlWriter(run_dir / metrics_rel)
     colls_writer = JsonlWriter(run_dir / colls_rel)
     timer = CollectiveTimer(colls_writer, env.rank, device)

@@ -20,6 +20,7 @@ Torch-free and pandas-free: reftrain's launcher imports this before any rank sta
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,6 +38,46 @@ FAMILY_SCHEMAS: dict[str, str] = {
     "telemetry": TELEMETRY_SCHEMA,
 }
 FILE_FAMILIES = ("metrics", "collectives", "telemetry", "traces")
+
+
+# ---------------------------------------------------------------------------
+# File names in a run directory, one pattern per kind (docs/rundir.md): the
+# writer (reftrain) formats them with the functions, the readers
+# (analyzer.ingest.rundir, .locate) match them with the patterns beside them.
+# ---------------------------------------------------------------------------
+
+# Records files: metrics/[attempt{k}/]rank{R}.jsonl, collectives/[attempt{k}/]rank{R}.jsonl,
+# telemetry/gpu{R}.jsonl (R the rank; telemetry has no attempt folder).
+RECORDS_PREFIX: dict[str, str] = {"metrics": "rank", "collectives": "rank", "telemetry": "gpu"}
+# A records file of the first attempt, as a glob (the attempts after it are listed in run.json).
+RECORDS_GLOB: dict[str, str] = {f: f"{f}/{p}*.jsonl" for f, p in RECORDS_PREFIX.items()}
+# The rank in a records file's name.
+RECORDS_RANK_RE = re.compile(rf"(?:{'|'.join(sorted(set(RECORDS_PREFIX.values())))})(\d+)\.jsonl$")
+# Traces: traces/[attempt{k}/]step{N}/rank{R}.pt.trace.json.gz, one folder per profiler window
+# (N its last step; the TensorBoard plugin's suffix); before it, traces/rank{R}.step{N}.json.gz.
+TRACE_WINDOW_DIR_RE = re.compile(r"^step(\d+)$")
+LEGACY_TRACE_RE = re.compile(r"^rank\d+\.step(\d+)\.json(?:\.gz)?$")
+
+
+def attempt_folder(attempt: int) -> str:
+    """The sub-folder of an attempt's files: '' for the first, ``attempt{k}/`` after the k-th restart."""
+    return "" if attempt == 0 else f"attempt{attempt}/"
+
+
+def records_file(family: str, rank: int, attempt: int = 0) -> str:
+    """A rank's records file, relative to the run directory (``metrics/attempt1/rank3.jsonl``)."""
+    sub = "" if family == "telemetry" else attempt_folder(attempt)
+    return f"{family}/{sub}{RECORDS_PREFIX[family]}{rank}.jsonl"
+
+
+def trace_window_dir(step: int) -> str:
+    """The folder of the profiler window that ends at ``step``, relative to the traces folder."""
+    return f"step{step}"
+
+
+def trace_file(step: int, rank: int) -> str:
+    """A rank's trace of the profiler window that ends at ``step``, relative to the traces folder."""
+    return f"{trace_window_dir(step)}/rank{rank}.pt.trace.json.gz"
 
 T = TypeVar("T", bound="Record")
 _OMIT = "omit_none"
@@ -398,6 +439,11 @@ __all__ = [
     "COLLECTIVES_SCHEMA",
     "FAMILY_SCHEMAS",
     "FILE_FAMILIES",
+    "LEGACY_TRACE_RE",
+    "RECORDS_GLOB",
+    "RECORDS_PREFIX",
+    "RECORDS_RANK_RE",
+    "TRACE_WINDOW_DIR_RE",
     "METRICS_SCHEMA",
     "REPORT_SCHEMA",
     "REPORT_TOP_LEVEL",
@@ -418,4 +464,8 @@ __all__ = [
     "Record",
     "ResumedFrom",
     "RunManifest",
+    "attempt_folder",
+    "records_file",
+    "trace_file",
+    "trace_window_dir",
 ]

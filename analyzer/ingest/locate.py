@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from analyzer.errors import AnalyzerError
+from analyzer.ingest.formats import LEGACY_TRACE_RE, TRACE_WINDOW_DIR_RE
 
 MANIFEST = "run.json"
 CACHE_DIRNAME = ".analyzer-cache"
@@ -209,8 +210,8 @@ def _natural_key(p: Path) -> list:
 # A run's trace files, both layouts: traces/step{N}/rank{R}.pt.trace.json.gz
 # (one folder per profiler window) and, before it, traces/rank{R}.step{N}.json.gz.
 RUN_TRACE_PATTERNS = ("traces/*.json*", "traces/*/*.json*")
-_OLD_WINDOW_RE = re.compile(r"^rank\d+\.step(\d+)\.json(?:\.gz)?$")
-_WINDOW_DIR_RE = re.compile(r"^step(\d+)$")
+_OLD_WINDOW_RE = LEGACY_TRACE_RE  # the names' one definition: analyzer.ingest.formats
+_WINDOW_DIR_RE = TRACE_WINDOW_DIR_RE
 
 
 def trace_window(path: Path) -> int | None:

@@ -23,12 +23,11 @@ import orjson
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
-from analyzer.ingest.formats import MetricsLine, RunManifest
+from analyzer.ingest.formats import RECORDS_GLOB, RECORDS_RANK_RE, MetricsLine, RunManifest
 from analyzer.ingest.locate import MANIFEST, RUN_TRACE_PATTERNS, is_run_dir, listed_or_found, unusable_reason
 
 SUPPORTED_MAJOR = {"run": 1, "metrics": 1, "collectives": 1, "telemetry": 1}
 _SCHEMA_RE = re.compile(r"^reftrain\.(\w+)/(\d+)(?:\.\d+)?$")
-_RANK_IN_NAME_RE = re.compile(r"(?:rank|gpu)(\d+)\.jsonl$")
 
 # Documented columns per family and their dtypes (docs/rundir.md); a
 # file's records may carry more fields, kept as they come.
@@ -116,9 +115,9 @@ def _show(v: object) -> str:
 
 
 _FAMILIES = {
-    "metrics": ("metrics/rank*.jsonl", METRICS_COLUMNS),  # values checked against METRICS_RANGES
-    "collectives": ("collectives/rank*.jsonl", COLLECTIVES_COLUMNS),
-    "telemetry": ("telemetry/gpu*.jsonl", TELEMETRY_COLUMNS),
+    "metrics": (RECORDS_GLOB["metrics"], METRICS_COLUMNS),  # values checked against METRICS_RANGES
+    "collectives": (RECORDS_GLOB["collectives"], COLLECTIVES_COLUMNS),
+    "telemetry": (RECORDS_GLOB["telemetry"], TELEMETRY_COLUMNS),
 }
 
 
@@ -232,7 +231,7 @@ def _schema_problem(schema: object, family: str) -> str | None:
 
 
 def _rank_from_name(rel: str) -> int | None:
-    m = _RANK_IN_NAME_RE.search(rel)
+    m = RECORDS_RANK_RE.search(rel)
     return int(m.group(1)) if m else None
 
 
