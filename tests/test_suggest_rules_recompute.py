@@ -111,6 +111,19 @@ def test_rank_workload_exact(tmp_path: Path) -> None:
     assert not w["reentrant"]
 
 
+def test_the_workload_survives_the_stored_rank_summary(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from analyzer import rankcache
+    from analyzer.rankmap import summarize_rank
+
+    part = summarize_rank(load_trace(_trace(tmp_path)))
+    arrays: list = []
+    back = rankcache.decode(rankcache.encode(part, arrays), arrays)
+    pd.testing.assert_frame_equal(part.workload, back.workload)
+    assert back.workload.iloc[0]["recompute_out_bytes"] == LINEAR_OUT_BYTES
+
+
 def test_tokens_sum_the_micro_batches_of_a_step(tmp_path: Path) -> None:
     rt = load_trace(_trace(tmp_path, micro_batches=3))
     assert rank_workload(rt.events, rt.steps).iloc[0]["tokens"] == 3 * 4 * 128
