@@ -19,11 +19,13 @@ from dashboard_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
     GOOD_RUN,
+    MANY_RANKS_RUN,
     NO_MANIFEST_RUN,
     TRUNCATED_RUN,
     build_runs_dir,
     start_dashboard,
     stop_dashboard,
+    write_many_rank_traces,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -39,6 +41,8 @@ RENDER_TIMEOUT_MS = 180_000
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     runs = build_runs_dir(root / "runs")
+    # Above dashboard.ui.FEW_RANKS, so its pages take their many-rank form (rank axes, top-k, pickers).
+    write_many_rank_traces(runs / MANY_RANKS_RUN, world=24, straggler=7)
     proc, url = start_dashboard(runs, root / "dashboard.log")
     try:
         yield url, runs, root
@@ -223,4 +227,20 @@ def test_selecting_a_run_in_the_table_opens_its_page_inside_the_app(server, page
     _wait_idle(page)
     assert page.get_by_role("heading", name="Runs").count() == 1
     assert page.locator('[data-testid="stMetric"]').count() == 0
+    assert page.problems() == []
+
+
+def test_stragglers_page_of_many_ranks_draws_its_heatmap_and_top_k(server, page):
+    """24 ranks: the heatmap's rank axis, the slowest ranks' table and the rank picker, no console error."""
+    url, runs, root = server
+    page.goto(f"{url}/stragglers?run={quote(MANY_RANKS_RUN)}", wait_until="domcontentloaded")
+    page.get_by_role("heading", name="The 16 slowest ranks").wait_for(timeout=RENDER_TIMEOUT_MS)
+    heat = page.locator('[data-testid="stPlotlyChart"]').first
+    heat.locator(".main-svg").first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    # Plotly draws a heatmap as one image in its plot layer, whatever the number of ranks.
+    heat.locator("g.heatmaplayer image").first.wait_for(state="attached", timeout=RENDER_TIMEOUT_MS)
+    assert heat.bounding_box()["height"] < 1000
+    page.get_by_text("persistent straggler(s): rank 7,", exact=False).first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    page.screenshot(path=str(root / "stragglers_many.png"), full_page=True)
     assert page.problems() == []

@@ -164,6 +164,8 @@ def test_third_analysis_is_the_stored_one_and_identical(kind, tmp_path, monkeypa
     b, _ = fresh.timeline_overview(fresh.timeline_windows()[0], 100)
     pd.testing.assert_frame_equal(a.occupancy, b.occupancy)
     assert third.rank_collectives.keys() == fresh.rank_collectives.keys()
+    for rank, table in fresh.rank_collectives.items():  # stored as one table (runcache.FrameDict), sliced back
+        pd.testing.assert_frame_equal(third.rank_collectives[rank], table)
 
 
 def test_a_changed_input_or_summary_is_not_answered_from_the_stored_analysis(tmp_path):

@@ -236,18 +236,27 @@ def breakdown_pieces(events: pd.DataFrame, steps: pd.DataFrame, source: Source |
     )
 
 
+def parts_with_waits(
+    parts_ns: dict[str, np.ndarray], movable: dict[str, Intervals], waits: Intervals | None, lo: np.ndarray, hi: np.ndarray
+) -> dict[str, np.ndarray]:
+    """``parts_ns`` (ns per window ``[lo, hi)``, before the waits) with ``|movable ∩ A ∩ W|``
+    moved from each part to ``collective_wait_ms`` (:class:`BreakdownPieces`); new arrays."""
+    out = {k: v.astype(np.int64, copy=True) for k, v in parts_ns.items()}
+    if waits is not None and len(waits[0]):
+        waited = union(*waits)
+        for part, intervals in movable.items():
+            tl = sweep([intervals, waited])
+            moved = tl.length_in(tl.mask == 3, lo, hi)
+            out[part] -= moved
+            out["collective_wait_ms"] += moved
+    return out
+
+
 def with_waits(pieces: BreakdownPieces, waits: Intervals | None) -> pd.DataFrame:
     """The step breakdown table of :func:`step_breakdown` from its per-rank
     pieces and the rank's waits at collectives (None: it never waited)."""
     lo, hi = pieces.start_ns, pieces.end_ns
-    parts_ns = {k: v.copy() for k, v in pieces.parts_ns.items()}
-    if waits is not None and len(waits[0]):
-        waited = union(*waits)
-        for part, intervals in pieces.movable.items():
-            tl = sweep([intervals, waited])
-            moved = tl.length_in(tl.mask == 3, lo, hi)
-            parts_ns[part] -= moved
-            parts_ns["collective_wait_ms"] += moved
+    parts_ns = parts_with_waits(pieces.parts_ns, pieces.movable, waits, lo, hi)
     out = pd.DataFrame(
         {
             "step": pieces.step,

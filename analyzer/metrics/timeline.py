@@ -377,7 +377,7 @@ def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tup
     timeline is not the run's (a CPU-only rank in a GPU run) are left out;
     the second value says so.
     """
-    from analyzer.metrics.breakdown import BreakdownPieces, parts_of, with_waits
+    from analyzer.metrics.breakdown import parts_of, parts_with_waits
 
     source = tl.source
     notes: list[str] = []
@@ -420,23 +420,23 @@ def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tup
     edges = np.arange(first_bin, last_bin + 1, dtype=np.int64) * width
     nb = last_bin - first_bin
     remainder = "idle_ms" if source == "device" else "other_ms"
-    tables = []
-    for r, g in grids.items():
+    parts_list = parts_of(source)
+    shares = {p: np.empty(len(grids) * nb, dtype=np.float64) for p in parts_list}
+    for i, (r, g) in enumerate(grids.items()):
         where = index[r] // group - first_bin
         parts = {p: np.bincount(where, weights=v.astype(np.float64), minlength=nb).astype(np.int64)
                  for p, v in g.parts_ns.items()}
         covered = sum(parts.values())
         parts[remainder] = parts[remainder] + (width - covered)  # time outside the rank's grid: nothing ran
-        pieces = BreakdownPieces(
-            source=source, step=np.arange(nb, dtype=np.int64), start_ns=edges[:-1] + origins[r], end_ns=edges[1:] + origins[r],
-            parts_ns=parts, comm_ns=np.zeros(nb, dtype=np.int64), movable=tl.movable.get(r, {}),
-        )
-        table = with_waits(pieces, tl.waits.get(r))
-        out = pd.DataFrame({"rank": r, "bin": np.arange(nb, dtype=np.int64), "start_ns": edges[:-1], "end_ns": edges[1:]})
-        for part in parts_of(source):
-            out[part.removesuffix("_ms") + "_frac"] = table[part].to_numpy(np.float64) / (width / 1e6)
-        tables.append(out)
-    occ = pd.concat(tables, ignore_index=True)[columns]
+        lo_abs = edges[:-1] + origins[r]
+        parts = parts_with_waits(parts, tl.movable.get(r, {}), tl.waits.get(r), lo_abs, lo_abs + width)
+        for p in parts_list:
+            # ms over ms, as occupancy() divides, so the shares are equal to the last bit.
+            shares[p][i * nb:(i + 1) * nb] = (parts[p] / 1e6) / (width / 1e6)
+    ranks = np.fromiter(grids, dtype=np.int64, count=len(grids))
+    occ = pd.DataFrame({"rank": np.repeat(ranks, nb), "bin": np.tile(np.arange(nb, dtype=np.int64), len(grids)),
+                        "start_ns": np.tile(edges[:-1], len(grids)), "end_ns": np.tile(edges[1:], len(grids)),
+                        **{p.removesuffix("_ms") + "_frac": shares[p] for p in parts_list}})[columns]
     step_rows = [
         pd.DataFrame({"rank": r, "step": g.step, "start_ns": g.step_start_ns - origins[r], "end_ns": g.step_end_ns - origins[r]})
         for r, g in grids.items() if len(g.step)
