@@ -110,13 +110,24 @@ class Injector:
         """Busy-wait until `clock` (seconds) has advanced `ms`; add the wall time it took to `kind`."""
         if ms <= 0:
             return
-        wall0, c0 = time.perf_counter(), clock()
-        target = c0 + ms / 1e3
-        now = c0
-        burn = _burn_operands()
-        while now < target:
-            torch.mm(*burn)  # CPU work with the GIL released; see the class docstring (not time.sleep(0))
-            now = clock()
+        # One intra-op thread for the burn: with two, each 32x32 matmul hands work to an OpenMP
+        # worker and the main thread spins at the barrier until it returns; under load that worker
+        # is descheduled for milliseconds, all of it CPU time of this thread, so one turn cost up to
+        # 11 ms of CPU and the spin overshot a 40 ms target by 4-9 ms (measured beside other jobs;
+        # 0.1 ms worst turn single-threaded). torchrun's ranks already run with OMP_NUM_THREADS=1;
+        # a single-process run and the unit tests do not.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            wall0, c0 = time.perf_counter(), clock()
+            target = c0 + ms / 1e3
+            now = c0
+            burn = _burn_operands()
+            while now < target:
+                torch.mm(*burn)  # CPU work with the GIL released; see the class docstring (not time.sleep(0))
+                now = clock()
+        finally:
+            torch.set_num_threads(threads)
         self.injected[kind] += (time.perf_counter() - wall0) * 1e3
         if clock is time.thread_time:
             self.injected_cpu_ms += (now - c0) * 1e3
