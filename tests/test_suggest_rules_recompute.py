@@ -236,6 +236,7 @@ def test_grad_accumulation_predicts_tokens_from_the_trace_shapes(tmp_path: Path)
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent")
 @pytest.mark.parametrize(("trace", "tokens"), [
     ("tracelens-samples/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 16 * 559),
+    ("tracelens-samples/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 16 * 559),
     ("tracelens-samples/h100/gaunernst_bert-small-uncased__1016001.json.gz", 141),
     ("tracelens-samples/mi300/gaunernst_bert-small-uncased__1016001.json.gz", 141),
 ])
@@ -278,3 +279,11 @@ def test_recompute_and_tokens_of_a_real_checkpointed_run(ac_run: Path) -> None:
     from analyzer.verbs.suggest.facts import trace_tokens, usable_windows
     tokens, source = trace_tokens(ra, usable_windows(ra.steps))
     assert tokens == f.tokens_per_step == 2 * 2 * 4 * 64 and "aten::embedding input ids [4, 64]" in source
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent")
+def test_no_tokens_without_a_step_window_to_count_them_in() -> None:
+    # The B200 eager sample embeds [888] ids but has no ProfilerStep window: no per-step estimate.
+    rt = load_trace(SHARED / "tracelens-samples/b200/eager_trace.json.gz")
+    assert rt.steps.empty and rank_workload(rt.events, rt.steps).empty
+    assert run_facts(analyze(SHARED / "tracelens-samples/b200/eager_trace.json.gz")).tokens_per_step is None
