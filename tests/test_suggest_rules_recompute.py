@@ -276,8 +276,8 @@ def test_recompute_and_tokens_of_a_real_checkpointed_run(ac_run: Path) -> None:
     assert r.out_bytes == 2 * 2 * 4 * 64 * (10 * 64) * 4
     assert 0 < r.flop_share <= r.share < 1
     # The trace's own estimate of the tokens (embedding ids, both micro-batches, both ranks) is run.json's.
-    from analyzer.verbs.suggest.facts import trace_tokens, usable_windows
-    tokens, source = trace_tokens(ra, usable_windows(ra.steps))
+    from analyzer.verbs.suggest.facts import trace_tokens, usable_windows, usable_workload
+    tokens, source = trace_tokens(usable_workload(ra, usable_windows(ra.steps)))
     assert tokens == f.tokens_per_step == 2 * 2 * 4 * 64 and "aten::embedding input ids [4, 64]" in source
 
 

@@ -621,56 +621,53 @@ def idle_facts(ra: "RunAnalysis") -> IdleFacts | None:
     )
 
 
-def _usable_workload(ra: "RunAnalysis", windows: pd.DataFrame) -> dict[int, pd.DataFrame]:
-    """Per rank: its workload rows (analyzer.metrics.workload) of the usable step windows, with their step time."""
-    tables = getattr(ra, "rank_workload", {}) or {}
+def usable_workload(ra: "RunAnalysis", windows: pd.DataFrame) -> pd.DataFrame | None:
+    """Every rank's workload rows (analyzer.metrics.workload) of the usable step windows, as one table
+    with ``rank`` and the window's ``step_time_ms``; None without any.
+
+    One concatenation and one join over all ranks (a per-rank join cost seconds at 1,024 ranks).
+    """
+    tables = {r: t for r, t in (getattr(ra, "rank_workload", {}) or {}).items() if t is not None and len(t)}
     if not tables or windows is None or windows.empty:
-        return {}
-    out = {}
-    for rank, table in tables.items():
-        w = windows.loc[windows["rank"] == rank, ["step", "step_time_ms"]]
-        mine = table.merge(w, on="step", how="inner")
-        if len(mine):
-            out[rank] = mine
-    return out
+        return None
+    table = pd.concat(list(tables.values()), ignore_index=True)
+    table["rank"] = np.repeat(np.fromiter(tables, dtype=np.int64, count=len(tables)), [len(t) for t in tables.values()])
+    out = table.merge(windows[["rank", "step", "step_time_ms"]], on=["rank", "step"], how="inner")
+    return out if len(out) else None
 
 
-def trace_tokens(ra: "RunAnalysis", windows: pd.DataFrame) -> tuple[float | None, str | None]:
+def trace_tokens(table: pd.DataFrame | None) -> tuple[float | None, str | None]:
     """Tokens per step of a trace from its input shapes (analyzer.metrics.workload), and the source.
 
-    Per rank the median over its usable windows with an estimate; summed over
-    the ranks that have one (data parallelism: each rank embeds its own
-    batch; a tensor-parallel group embeds the same ids on every rank, which
-    this sum would overcount, and a single traced rank of a larger job gives
-    that rank's tokens: the source says how many ranks it covers).
+    ``table``: :func:`usable_workload`. Per rank the median over its usable
+    windows with an estimate; summed over the ranks that have one (data
+    parallelism: each rank embeds its own batch; a tensor-parallel group
+    embeds the same ids on every rank, which this sum would overcount, and a
+    single traced rank of a larger job gives that rank's tokens: the source
+    says how many ranks it covers).
     """
-    per_rank = {}
-    sources = []
-    for rank, t in _usable_workload(ra, windows).items():
-        tok = pd.to_numeric(t["tokens"], errors="coerce").dropna()
-        if len(tok):
-            per_rank[rank] = float(tok.median())
-            sources.append(str(t.loc[tok.index[0], "tokens_source"]))
-    if not per_rank:
+    if table is None:
         return None, None
-    total = float(sum(per_rank.values()))
-    where = f"rank {next(iter(per_rank))}" if len(per_rank) == 1 else f"{len(per_rank)} ranks summed"
-    return total, f"trace input shapes: {sources[0]} ({where}, median over step windows)"
+    known = table.loc[pd.to_numeric(table["tokens"], errors="coerce").notna()]
+    if known.empty:
+        return None, None
+    per_rank = known.groupby("rank", sort=True)["tokens"].median()
+    first = known.sort_values(["rank", "step"], kind="stable").iloc[0]
+    where = f"rank {int(first['rank'])}" if len(per_rank) == 1 else f"{len(per_rank)} ranks summed"
+    return float(per_rank.sum()), f"trace input shapes: {first['tokens_source']} ({where}, median over step windows)"
 
 
-def recompute_facts(ra: "RunAnalysis", windows: pd.DataFrame, memory: "MemoryFacts", device_name: str | None
+def recompute_facts(table: pd.DataFrame | None, ra: "RunAnalysis", memory: "MemoryFacts", device_name: str | None
                     ) -> RecomputeFacts | None:
-    """RecomputeFacts over the usable windows of every rank; None when no window recomputes anything."""
-    tables = _usable_workload(ra, windows)
-    if not tables:
+    """RecomputeFacts over :func:`usable_workload`'s rows; None when no window recomputes anything."""
+    if table is None:
         return None
-    t = pd.concat(tables.values(), ignore_index=True)
-    step_ms = float(t["step_time_ms"].sum())
-    rec_ms = float(t["recompute_device_ms"].sum())
+    step_ms = float(table["step_time_ms"].sum())
+    rec_ms = float(table["recompute_device_ms"].sum())
     if step_ms <= 0 or rec_ms <= 0:
         return None
-    n = len(t)
-    out_bytes = max(float(x["recompute_out_bytes"].median()) for x in tables.values())
+    n = len(table)
+    out_bytes = float(table.groupby("rank")["recompute_out_bytes"].median().max())
     peak, capacity, source = memory.peak_bytes, memory.capacity_bytes, memory.capacity_source
     if peak is None:  # a trace: its [memory] events' peak (analyzer.metrics.memory), on a GPU of known capacity
         mem = getattr(ra, "memory", None)
@@ -681,15 +678,15 @@ def recompute_facts(ra: "RunAnalysis", windows: pd.DataFrame, memory: "MemoryFac
             source = f"trace [memory] events' peak; {source}" if capacity is not None else None
     return RecomputeFacts(
         share=rec_ms / step_ms,
-        flop_share=float(t["recompute_flop_ms"].sum()) / step_ms,
+        flop_share=float(table["recompute_flop_ms"].sum()) / step_ms,
         ms_per_window=rec_ms / n,
-        flop_ms_per_window=float(t["recompute_flop_ms"].sum()) / n,
-        ranges_per_window=float(t["recompute_ranges"].sum()) / n,
-        flop_ops=float(t["recompute_flop_ops"].sum()) / n,
-        shaped_ops=float(t["recompute_shaped"].sum()) / n,
+        flop_ms_per_window=float(table["recompute_flop_ms"].sum()) / n,
+        ranges_per_window=float(table["recompute_ranges"].sum()) / n,
+        flop_ops=float(table["recompute_flop_ops"].sum()) / n,
+        shaped_ops=float(table["recompute_shaped"].sum()) / n,
         out_bytes=out_bytes,
-        reentrant=bool(t["reentrant"].any()),
-        ranks=len(tables),
+        reentrant=bool(table["reentrant"].any()),
+        ranks=int(table["rank"].nunique()),
         windows=n,
         peak_bytes=peak if capacity is not None else None,
         capacity_bytes=capacity if peak is not None else None,
@@ -818,8 +815,9 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
     tokens_per_step: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
     tokens_source = "run.json tokens_per_step" if tokens_per_step else None
+    workload = usable_workload(ra, trace_steps)
     if tokens_per_step is None and ra.kind == "traces":
-        tokens_per_step, tokens_source = trace_tokens(ra, trace_steps)
+        tokens_per_step, tokens_source = trace_tokens(workload)
     memory = memory_facts(ra, steady, device, device_name, man)
     per_token = man.model_flops.per_token
     train = config.get("train") if config else None
@@ -843,7 +841,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         n_steps=n_steps,
         tokens_per_step=tokens_per_step,
         tokens_source=tokens_source,
-        recompute=recompute_facts(ra, trace_steps, memory, device_name if device == "cuda" else None),
+        recompute=recompute_facts(workload, ra, memory, device_name if device == "cuda" else None),
         # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
         mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) and not ra.mfu.lower_bound else None,
         peak_flops_per_s=ra.mfu.peak_flops_per_s,
