@@ -9,7 +9,8 @@ Three inputs:
   1,024-rank folder bench/bench_scale.py's generator (``make_folder``): one
                     profiler step of the shared NCCL trace tiled into 6 steps,
                     its device events only (3.9 MB of JSON, 0.35 MB gzipped per
-                    rank; 358 MB on disk in all), per-rank jitter, a planted
+                    rank; 358 MB on disk, 1.1 GB with the analyzer's caches
+                    beside it), per-rank jitter, a planted
                     straggler (rank 342). Generated once into
                     ``--runs`` (about a minute on 2 cores) and reused while its
                     generator options match; before any timing its rank
