@@ -365,7 +365,9 @@ def analyze(
     )
     analysis.telemetry = telemetry
     if run_key is not None:
-        runcache.write(run_key, analysis)
+        problem = runcache.write(run_key, analysis)
+        if problem:
+            analysis.warnings.append(problem)
     return analysis
 
 

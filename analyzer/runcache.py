@@ -29,7 +29,8 @@ written while it ran (the summaries it was keyed on are the ones it read),
 so a run is stored on its second cached analysis and read from the third.
 Where: the cache folder of the first trace's parse entries, as
 ``analysis.<paths hash>.<key hash>.run``; a new entry deletes the older
-ones of the same input. Format: :mod:`analyzer.rankcache`'s (a magic line,
+ones of the same input; a store that fails is one line in the analysis'
+``warnings``. Format: :mod:`analyzer.rankcache`'s (a magic line,
 a JSON tree, one binary blob; no pickle), with the analyzer's own
 dataclasses that the analysis holds named in the entry and rebuilt only
 when they are analyzer dataclasses of this process. ``RunAnalysis.derived``
@@ -250,23 +251,24 @@ def _classes_of(x: Any, found: dict[str, type]) -> None:
             _classes_of(v, found)
 
 
-def write(key: RunKey, ra: Any) -> None:
+def write(key: RunKey, ra: Any) -> str | None:
     """Store ``ra`` under ``key`` when it may be (no errors, the summaries unchanged since
-    the key was made); anything that fails costs only the next analysis its shortcut."""
+    the key was made). A store that fails costs only the next analysis its shortcut, and
+    is one warning line (as a rank summary's), so a value the format cannot hold is seen."""
     if ra.errors or _summaries(key.folders) != key.summaries:
-        return
+        return None
     stored = _pack(dataclasses.replace(ra, derived={}))
     found: dict[str, type] = {}
     _classes_of(stored, found)
     found.pop(FrameDict.__name__, None)  # this module's own; always known to read()
-    if len({c.__name__ for c in found.values()}) != len(found):
-        return
     arrays: list[np.ndarray] = []
     try:
+        if len({c.__name__ for c in found.values()}) != len(found):
+            raise TypeError("two of its dataclasses share a name")
         with rankcache.more_classes({**found, "FrameDict": FrameDict}):
             tree = rankcache.encode(stored, arrays)
-    except (TypeError, ValueError):
-        return  # a value the format does not hold: not stored, analyzed again next time
+    except (TypeError, ValueError) as exc:
+        return f"{key.entry.name}: could not store the finished analysis ({str(exc)[:120]})"
     specs, offset = [], 0
     for a in arrays:
         specs.append([a.dtype.str, list(a.shape), offset, a.nbytes])
@@ -279,11 +281,11 @@ def write(key: RunKey, ra: Any) -> None:
             for a in arrays:
                 f.write(a.tobytes())
         os.replace(tmp, key.entry)
-    except OSError:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
-        return
+        return f"{key.entry.name}: could not store the finished analysis ({exc.strerror or exc})"
     prefix = key.entry.name.rsplit(".", 2)[0]  # analysis.<paths hash>
     for old in key.entry.parent.glob(f"{prefix}.*{SUFFIX}"):
         if old != key.entry:
             old.unlink(missing_ok=True)
-
+    return None

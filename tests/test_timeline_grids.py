@@ -213,3 +213,16 @@ def test_a_stored_analysis_naming_a_foreign_class_is_ignored(tmp_path):
     entry.write_bytes(hurt)
     again = analyze(folder)  # refused: analyzed from the summaries instead, and the entry rewritten
     assert again.stragglers.ranks == [1] and entry.read_bytes() != hurt
+
+
+def test_a_value_the_store_cannot_hold_is_one_warning(tmp_path):
+    from analyzer import runcache
+
+    folder = tmp_path / "many"
+    write_many_rank_traces(folder, world=3, straggler=1)
+    ra = analyze(folder)
+    key = runcache.key_for([folder], None)
+    ra.manifest = {"odd": {1, 2}}  # a set: the format holds no sets
+    problem = runcache.write(key, ra)
+    assert problem is not None and problem.startswith(key.entry.name) and "could not store the finished analysis" in problem
+    assert not key.entry.exists()
