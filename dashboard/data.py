@@ -1,4 +1,4 @@
-"""Analyzer results for the pages, cached on run path and file fingerprint.
+"""Analyzer results for the pages, cached on run path and a digest of its file fingerprint.
 
 Every page asks here; nothing here computes a metric, it only calls the
 analyzer (``analyze``, ``load_traces``, ``read_run_dir``, ``timeline``,
@@ -6,7 +6,7 @@ analyzer (``analyze``, ``load_traces``, ``read_run_dir``, ``timeline``,
 ranks a timeline zooms into (:func:`timeline_window`); everything else,
 the timeline's bins included, comes from the analysis, which a many-rank
 run opens from its rank summaries (docs/loading.md). The cache key is the run's path plus
-:func:`dashboard.discover.fingerprint` (path, size and mtime of each file),
+:func:`run_key`, a digest of :func:`dashboard.discover.fingerprint` (path, size and mtime of each file),
 so an unchanged run is parsed once per server and switching pages is
 instant, while a rewritten file is picked up on the next rerun.
 
@@ -17,6 +17,7 @@ Pages must not mutate them. A failure is cached too (as :class:`Loaded` with
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,14 @@ class Loaded(Generic[T]):
     error: str | None = None
 
 
+def run_key(run: RunEntry) -> str:
+    """The cache key of everything read from `run`: a digest of its
+    :func:`~dashboard.discover.fingerprint`. Streamlit hashes a cache function's
+    arguments on every call; the fingerprint of a 1,024-rank folder is 1,024
+    tuples (18 ms to hash, five cached calls a page), its digest 40 characters."""
+    return hashlib.sha1(repr(fingerprint(run)).encode()).hexdigest()
+
+
 def _fail(what: str, exc: BaseException) -> Loaded:
     if isinstance(exc, AnalyzerError):
         return Loaded(None, str(exc))
@@ -54,7 +63,7 @@ def _fail(what: str, exc: BaseException) -> Loaded:
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Analyzing the run...")
-def _analysis(path: str, key: tuple) -> Loaded:
+def _analysis(path: str, key: str) -> Loaded:
     from analyzer.api import analyze
 
     try:
@@ -65,11 +74,11 @@ def _analysis(path: str, key: tuple) -> Loaded:
 
 def analysis(run: RunEntry) -> Loaded:
     """``analyzer.api.analyze`` of a run: a RunAnalysis, or its error."""
-    return _analysis(str(run.path), fingerprint(run))
+    return _analysis(str(run.path), run_key(run))
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
-def _run_dir(path: str, key: tuple) -> Loaded:
+def _run_dir(path: str, key: str) -> Loaded:
     from analyzer.ingest.rundir import read_run_dir
 
     try:
@@ -80,11 +89,11 @@ def _run_dir(path: str, key: tuple) -> Loaded:
 
 def run_dir(run: RunEntry) -> Loaded:
     """``analyzer.ingest.rundir.read_run_dir`` of a reftrain run (manifest, metrics, telemetry)."""
-    return _run_dir(str(run.path), fingerprint(run))
+    return _run_dir(str(run.path), run_key(run))
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
-def _throughput(path: str, key: tuple) -> Any:
+def _throughput(path: str, key: str) -> Any:
     from analyzer.metrics.throughput import throughput
 
     loaded = _analysis(path, key)
@@ -94,7 +103,7 @@ def _throughput(path: str, key: tuple) -> Any:
 
 def throughput(run: RunEntry):
     """``analyzer.metrics.throughput.throughput`` of a run (tokens/s, all ranks)."""
-    return _throughput(str(run.path), fingerprint(run))
+    return _throughput(str(run.path), run_key(run))
 
 
 def trace_windows(run: RunEntry) -> dict[str, list[Path]]:
@@ -120,7 +129,7 @@ def _window_order(key: str) -> tuple[int, int]:
 
 
 @st.cache_resource(max_entries=_MAX_TRACESETS, show_spinner="Loading traces...")
-def _traces(files: tuple[str, ...], key: tuple) -> Loaded:
+def _traces(files: tuple[str, ...], key: str) -> Loaded:
     from analyzer.ingest.load import load_traces
 
     try:
@@ -131,7 +140,7 @@ def _traces(files: tuple[str, ...], key: tuple) -> Loaded:
 
 def traces(run: RunEntry, files: list[Path]) -> Loaded:
     """``analyzer.ingest.load.load_traces`` of some of a run's trace files (one window)."""
-    return _traces(tuple(str(f) for f in files), fingerprint(run))
+    return _traces(tuple(str(f) for f in files), run_key(run))
 
 
 def window_label(window: int | None) -> str:
@@ -140,7 +149,7 @@ def window_label(window: int | None) -> str:
 
 
 @st.cache_resource(max_entries=_MAX_TABLES, show_spinner="Binning the timeline...")
-def _overview(path: str, key: tuple, window: int | None, n_bins: int) -> Loaded:
+def _overview(path: str, key: str, window: int | None, n_bins: int) -> Loaded:
     loaded = _analysis(path, key)
     if loaded.value is None:
         return Loaded(None, loaded.error)
@@ -153,11 +162,11 @@ def _overview(path: str, key: tuple, window: int | None, n_bins: int) -> Loaded:
 def timeline_overview(run: RunEntry, window: int | None, n_bins: int) -> Loaded:
     """``RunAnalysis.timeline_overview``: one profiler window's rank-by-time occupancy, from the
     rank summaries (no events read), as ``(Overview, notes)``."""
-    return _overview(str(run.path), fingerprint(run), window, n_bins)
+    return _overview(str(run.path), run_key(run), window, n_bins)
 
 
 @st.cache_data(max_entries=_MAX_TABLES, show_spinner="Selecting events...")
-def _window(files: tuple[str, ...], key: tuple, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: str) -> Loaded:
+def _window(files: tuple[str, ...], key: str, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: str) -> Loaded:
     from analyzer.metrics.timeline import select_window
 
     loaded = _traces(files, key)
@@ -172,7 +181,7 @@ def timeline_window(run: RunEntry, files: list[Path], ov, span_ns: tuple[int, in
     """``analyzer.metrics.timeline.select_window`` over some ranks' trace files of one window
     (only those files are read), aligned as `ov`."""
     origins = tuple(sorted(ov.origins.items()))
-    return _window(tuple(str(f) for f in files), fingerprint(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
+    return _window(tuple(str(f) for f in files), run_key(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,7 @@ class Compared:
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Comparing...")
-def _compared(base_path: str, base_key: tuple, cand_path: str, cand_key: tuple) -> Loaded:
+def _compared(base_path: str, base_key: str, cand_path: str, cand_key: str) -> Loaded:
     base, cand = _analysis(base_path, base_key), _analysis(cand_path, cand_key)
     if base.value is None or cand.value is None:
         which = "baseline" if base.value is None else "candidate"
@@ -207,11 +216,11 @@ def _compared(base_path: str, base_key: tuple, cand_path: str, cand_key: tuple) 
 
 def compared(base: RunEntry, cand: RunEntry) -> Loaded:
     """Comparison and CI-gate outcome from `base` to `cand` (cached on both runs' files)."""
-    return _compared(str(base.path), fingerprint(base), str(cand.path), fingerprint(cand))
+    return _compared(str(base.path), run_key(base), str(cand.path), run_key(cand))
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Finding suggestions...")
-def _suggestions(path: str, key: tuple) -> Loaded:
+def _suggestions(path: str, key: str) -> Loaded:
     from analyzer.verbs.suggest import report_suggestions
 
     loaded = _analysis(path, key)
@@ -225,11 +234,11 @@ def _suggestions(path: str, key: tuple) -> Loaded:
 
 def suggestions(run: RunEntry) -> Loaded:
     """``analyzer.verbs.suggest.report_suggestions``: the ranked suggestion entries of a run."""
-    return _suggestions(str(run.path), fingerprint(run))
+    return _suggestions(str(run.path), run_key(run))
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)
-def _curves(path: str, key: tuple) -> Any:
+def _curves(path: str, key: str) -> Any:
     from analyzer.metrics.curves import training_curves
 
     ra = _analysis(path, key).value
@@ -238,11 +247,11 @@ def _curves(path: str, key: tuple) -> Any:
 
 def curves(run: RunEntry):
     """``analyzer.metrics.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks)."""
-    return _curves(str(run.path), fingerprint(run))
+    return _curves(str(run.path), run_key(run))
 
 
 @st.cache_resource(max_entries=4, show_spinner="Gating consecutive runs...")
-def _history(root: str, by: str, key: tuple) -> Loaded:
+def _history(root: str, by: str, key: tuple[str, ...]) -> Loaded:
     from analyzer.verbs.history import history
 
     try:
@@ -253,4 +262,4 @@ def _history(root: str, by: str, key: tuple) -> Loaded:
 
 def history(root: Path, runs: list[RunEntry], by: str) -> Loaded:
     """``analyzer.verbs.history.history`` of the runs folder (cached on every run's files)."""
-    return _history(str(root), by, tuple(fingerprint(r) for r in runs))
+    return _history(str(root), by, tuple(run_key(r) for r in runs))
