@@ -53,19 +53,19 @@ import pandas as pd
 from analyzer.ingest.load import FileFacts
 from analyzer.metrics.attribution import AttributionTables
 from analyzer.metrics.breakdown import BreakdownPieces
-from analyzer.metrics.memory import RankMemory
-from analyzer.metrics.timeline import TimelineGrid
 from analyzer.metrics.idle import IdleTables, LaunchSummary, PageableCopies, SyncPoints
+from analyzer.metrics.memory import RankMemory
 from analyzer.metrics.mfu import RankFlops
 from analyzer.metrics.overlap import OverlapResult
+from analyzer.metrics.timeline import TimelineGrid
 from analyzer.rankmap import MAP_VERSION, MapUnit, RankPart, UnitResult
 
 SUFFIX = ".rank"
 _MAGIC = b"trainperf rank summary\n"
 # The only classes an entry can rebuild (by name); anything else in a summary is a bug of ours, found at write.
 _CLASSES: dict[str, type] = {c.__name__: c for c in (UnitResult, RankPart, FileFacts, BreakdownPieces, OverlapResult, RankFlops,
-                                                  AttributionTables, RankMemory, TimelineGrid, IdleTables, LaunchSummary, PageableCopies,
-                                                  SyncPoints)}
+                                                  AttributionTables, RankMemory, TimelineGrid, IdleTables,
+                                                  LaunchSummary, PageableCopies, SyncPoints)}
 
 
 # Classes another store of this format (analyzer/runcache.py) may rebuild too, while it encodes or decodes.
