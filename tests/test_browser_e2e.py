@@ -143,7 +143,10 @@ def test_run_page_shows_mfu_and_a_chart(server, page):
     mfu.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     value = mfu.locator('[data-testid="stMetricValue"]').inner_text()
     assert value.endswith("%") and float(value.rstrip("%")) > 0, value
-    chart = page.locator('[data-testid="stVegaLiteChart"] svg.marks').first
+    # The breakdown is the first chart after its heading (the goodput bar above it is a reftrain
+    # run's first chart).
+    chart = page.locator("xpath=//*[normalize-space(text())='Step-time breakdown per rank']"
+                         "/following::*[@data-testid='stVegaLiteChart'][1]").locator("svg.marks")
     chart.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     assert chart.bounding_box()["height"] > 100
     # Vega drew the stacked breakdown: one rect mark per (rank, part), 2 ranks
