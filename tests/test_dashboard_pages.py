@@ -244,6 +244,14 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
         mine = bars[bars["rank"] == f"rank {r.rank}"].sort_values("order")
         assert mine["part"].tolist() == parts
         assert mine["ms"].tolist() == pytest.approx([r.breakdown[p]["mean_ms"] for p in parts])
+    # Memory per step: the trainer's records (CPU RSS here), one line per rank, in MiB.
+    mem = ra.memory.steps
+    mem = mem[mem["source"] == "metrics"].sort_values(["rank", "step"])
+    assert len(mem)
+    _, shown_mem = figs["memory_steps"]
+    assert shown_mem["step"].tolist() == mem["step"].tolist()
+    assert shown_mem["peak_allocated_mib"].tolist() == pytest.approx((mem["peak_allocated_bytes"] / 2**20).tolist())
+    assert "idle_causes" not in figs  # a CPU run: no device to be idle
     gp = ra.goodput()
     assert shown["Goodput"] == f"{100 * gp.goodput:.1f}%"
     _, wall = figs["goodput"]  # productive + each lost part: one bar that adds up to the wall time
@@ -303,6 +311,15 @@ def test_overview_of_gpu_traces_shows_hta_overlap_and_exposed_comm(open_page, an
     assert ms["compute"] == pytest.approx([0.4, 0.45])
     assert ms["overlapped_comm"] == pytest.approx([0.2, 0.2])
     assert ms["idle"] == pytest.approx([0.2, 0.2])
+    # Why the GPU is idle: the analyzer's causes per rank, stacked; they add up to its idle.
+    causes = ra.idle_causes().sort_values("rank")
+    assert len(causes) == 2
+    _, idle = vega_charts(at)["idle_causes"]
+    for row in causes.itertuples(index=False):
+        mine = idle[idle["rank"] == f"rank {row.rank}"].sort_values("order")
+        assert mine["cause"].tolist() == ["host wait", "kernel wait", "other"]
+        assert mine["ms"].tolist() == pytest.approx([row.host_wait_ms, row.kernel_wait_ms, row.other_ms])
+        assert mine["ms"].sum() == pytest.approx(row.idle_ms)
 
 
 def test_overview_of_bad_runs_shows_errors_not_tracebacks(open_page, runs_dir, analyses):

@@ -183,6 +183,74 @@ CURVE_METRIC_KEY = "curve_metric"
 CURVE_SMOOTH_KEY = "curve_smooth"
 
 
+IDLE_CAUSES = {"host_wait": "host wait", "kernel_wait": "kernel wait", "other": "other"}
+
+
+def idle_causes_section(ra: RunAnalysis) -> None:
+    """Why the device is idle, per rank: the analyzer's causes (docs/metrics.md, "Why the GPU is idle")."""
+    causes = ra.idle_causes()
+    causes = causes.loc[causes["span_ms"] > 0]  # CPU-only ranks have the empty figures (no device span)
+    if causes.empty:
+        return  # CPU traces and run directories without device traces: no device to be idle
+    st.subheader("Why the GPU is idle")
+    chosen, selection = shown_ranks(ra)
+    causes = causes.loc[causes["rank"].isin(chosen)].sort_values("rank")
+    order = list(IDLE_CAUSES.values())
+    bars = pd.DataFrame([{"rank": f"rank {row.rank}", "cause": label, "order": i, "ms": getattr(row, f"{key}_ms"),
+                          "pct": getattr(row, f"{key}_pct")}
+                         for row in causes.itertuples(index=False) for i, (key, label) in enumerate(IDLE_CAUSES.items())])
+    spec = {
+        "mark": "bar",
+        "encoding": {
+            "x": {"field": "rank", "type": "nominal", "title": None, "sort": None, "axis": {"labelAngle": 0}},
+            "y": {"field": "ms", "type": "quantitative", "stack": "zero", "title": "idle ms (analysis window)"},
+            "color": {"field": "cause", "type": "nominal", "title": "cause", "scale": {"domain": order}, "sort": order},
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [{"field": "rank", "type": "nominal"}, {"field": "cause", "type": "nominal"},
+                        {"field": "ms", "type": "quantitative", "format": ".2f"},
+                        {"field": "pct", "type": "quantitative", "format": ".1f", "title": "% of idle"}],
+        },
+    }
+    show_vega(spec, bars, key="idle_causes")
+    which = f"the {len(chosen)} slowest of {len(ra.ranks):,} ranks; " if selection else ""
+    st.caption(plain(
+        f"{which}device idle by cause: host wait (the next kernel was launched after the device went idle: the "
+        "host is late), kernel wait (a gap under 30 us between kernels), other (queued but waiting on something "
+        "else: a dependency, a copy, a sync). Host syncs and launch statistics per rank:"))
+    cols = {"rank": "rank", "idle_pct": "idle % of span", "syncs_per_step": "host syncs / step",
+            "sync_idle_ms": "idle after syncs ms", "pageable_htod_per_step": "pageable HtoD / step"}
+    st.dataframe(causes[[c for c in cols if c in causes]].rename(columns=cols).round(2), hide_index=True)
+
+
+def memory_section(ra: RunAnalysis) -> None:
+    """Peak memory per step and rank (analyzer.metrics.memory; docs/metrics.md, "Memory")."""
+    mem = ra.memory
+    steps = mem.steps
+    if steps.empty:
+        return
+    st.subheader("Memory per step")
+    source = steps["source"].astype(str)
+    steps = steps.loc[source == ("metrics" if (source == "metrics").any() else source.iloc[0])]
+    chosen, selection = shown_ranks(ra)
+    steps = steps.loc[steps["rank"].isin(chosen)].sort_values(["rank", "step"])
+    mib = pd.DataFrame({"rank": [f"rank {r}" for r in steps["rank"]], "step": steps["step"].to_numpy(),
+                        "peak_allocated_mib": steps["peak_allocated_bytes"].to_numpy(dtype=float) / 2**20})
+    spec = {
+        "mark": {"type": "line", "point": True, "tooltip": True},
+        "encoding": {
+            "x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}},
+            "y": {"field": "peak_allocated_mib", "type": "quantitative", "title": "peak MiB", "scale": {"zero": False}},
+            "color": {"field": "rank", "type": "nominal", "title": None, "sort": None},
+        },
+    }
+    show_vega(spec, mib, key="memory_steps")
+    kinds = ", ".join(sorted(set(steps["kind"].astype(str))))
+    peak = mem.peak_allocated_bytes
+    which = f"; the {len(chosen)} slowest of {len(ra.ranks):,} ranks" if selection else ""
+    st.caption(plain(f"peak per step ({kinds}; from the {steps['source'].iloc[0]}){which}; the run's peak "
+                     + (f"{peak / 2**20:,.1f} MiB" if peak is not None else "n/a")))
+
+
 def curve_spec(metric: str, title: str, unit: str) -> dict:
     """Vega-Lite: the metric per step as a line, profiled steps as orange rules,
     warmup steps as grey points (their statistics are left out of the headline)."""
@@ -451,8 +519,10 @@ def render() -> None:
     headline(run, ra)
     goodput_section(ra)
     breakdown_chart(ra)
+    idle_causes_section(ra)
     training_curves_section(run)
     per_step_charts(ra)
+    memory_section(ra)
     suggestions_section(run)
     config_and_hardware(ra)
     downloads(run)
