@@ -435,7 +435,10 @@ def _map_sets(
         for f in u.files:
             if f.path in jobs:
                 try:
-                    parsed[f.path] = jobs.take(f.path)
+                    # The jobs key files by absolute path, so their parse names the file that way; it is
+                    # named here as the unit names it (a relative folder of several ranks otherwise
+                    # failed the rank's lookup below with a KeyError, exit 3).
+                    parsed[f.path] = replace(jobs.take(f.path), path=f.path)
                 except TraceError as err:
                     parsed[f.path] = err
         results[u] = map_unit(u, parsed)
