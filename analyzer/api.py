@@ -265,6 +265,7 @@ class RunAnalysis:
                 "attribution": None if self.attribution is None else self.attribution.to_json(),
                 "memory": self.memory.to_json(),
                 "idle": None if self.idle is None else self.idle.to_json(),
+                "roofline": self.roofline().to_json(),
                 "errors": list(self.errors),
                 "warnings": list(self.warnings),
             }

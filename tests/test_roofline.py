@@ -125,3 +125,29 @@ def test_gemm_rows_match_tracelens(sample):
         theirs_rate = row["GFLOPS_first"] * 1e9 / (row["Kernel Time (µs)_mean"] * 1e-6)
         assert p["achieved_flops_per_s"] == pytest.approx(theirs_rate, rel=0.02)
     assert matched == len(theirs) > 0
+
+
+def test_the_report_carries_the_roofline_per_op():
+    """The report's `roofline` block and text section are RunAnalysis.roofline()'s per-op rows."""
+    from analyzer.verbs.report import render_text, report_json
+
+    trace = SHARED / "h100/gaunernst_bert-small-uncased__1016001.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} absent (../shared/traces)")
+    a = analyze(trace, cache=False)
+    rf = a.roofline()
+    block = report_json(a)["roofline"]
+    assert block["schema"] == "analyzer.roofline/1" and block["device_name"] == rf.device_name
+    assert block["hbm_bytes_per_s"] == rf.hbm_bytes_per_s == 3.35e12  # H100 SXM datasheet
+    assert [(o["op"], o["backward"], o["calls"]) for o in block["ops"]] == list(
+        zip(rf.ops["op"], rf.ops["backward"], rf.ops["calls"]))
+    assert [o["flops"] for o in block["ops"]] == pytest.approx(rf.ops["flops"].tolist())
+    text = render_text(a)
+    assert "Roofline per op (all ranks; NVIDIA H100" in text
+    top = rf.ops.sort_values("device_ms", ascending=False).iloc[0]
+    section = text.split("Roofline per op", 1)[1].split("\n\n", 1)[0]
+    line = next(line for line in section.splitlines() if line.startswith(top["op"]))
+    assert f"{top['achieved_flops_per_s'] / 1e12:.2f}" in line and top["bound"] in line
+    # No modeled op (a CPU run's traces have no shapes of GEMMs on a device): no section, an empty block.
+    cpu = analyze(Path(__file__).resolve().parents[1] / "traces" / "example-ddp-w2", cache=False)
+    assert "Roofline per op" not in render_text(cpu) and report_json(cpu)["roofline"]["ops"] == []

@@ -427,7 +427,7 @@ MetricsLine.DTYPES = _dtypes(MetricsLine, {"mem_reserved_bytes": "float64"})
 # them); tests/test_public_surface.py checks it against the golden report.
 REPORT_TOP_LEVEL = (
     "schema", "path", "kind", "run", "ranks", "steps", "stragglers", "kernels",
-    "collectives", "attribution", "memory", "idle", "errors", "warnings", "suggestions", "generator",
+    "collectives", "attribution", "memory", "idle", "roofline", "errors", "warnings", "suggestions", "generator",
 )
 # What differs between two reports of the same input by the same code: the
 # time it was written and the analyzer's version (tests/test_golden_reports.py

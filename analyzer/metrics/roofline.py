@@ -109,6 +109,14 @@ class Roofline:
     modeled_device_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
 
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``roofline`` block (schema ``analyzer.roofline/1``): the per-op rows and the roofs;
+        the per-shape points stay in the API (``RunAnalysis.roofline().points``)."""
+        return {"schema": "analyzer.roofline/1", "device_name": self.device_name,
+                "hbm_bytes_per_s": self.hbm_bytes_per_s, "hbm_source": self.hbm_source,
+                "shapes_device_ms": self.shapes_device_ms, "modeled_device_ms": self.modeled_device_ms,
+                "ops": self.ops.to_dict("records"), "roofs": self.roofs.to_dict("records"), "notes": list(self.notes)}
+
 
 def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})

@@ -340,6 +340,9 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
     attribution = attribution_lines(a, top)
     if attribution:
         out += attribution + [""]
+    roof = roofline_lines(a, top)
+    if roof:
+        out += roof + [""]
     idle = idle_lines(a)
     if idle:
         out += idle + [""]
@@ -473,6 +476,31 @@ def idle_lines(a: "RunAnalysis") -> list[str]:
             "other: waiting on something else (another stream, a collective). Cause shares are of the idle time.",
             "  launch/delay/kernel us: medians of the launch call, of kernel start - call end, of the kernel; short: "
             "kernels shorter than their launch call (HTA's). syncs: stream/device/event syncs, blocking copies, .item()."]
+
+
+def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
+    """Per-op efficiency against the roofline (docs/metrics.md, "Roofline"); [] when no op could be modeled."""
+    r = a.roofline()
+    if r.ops.empty:
+        return []
+    ops = r.ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").head(top)
+
+    def rate(x: Any, scale: float) -> str:
+        return "-" if x is None or pd.isna(x) else f"{float(x) / scale:.2f}"
+
+    rows = [[o.op, "bwd" if o.backward else "fwd", o.dtype or "-", o.calls, _num(o.device_ms, ".3f"),
+             rate(o.achieved_flops_per_s, 1e12), rate(o.achieved_bytes_per_s, 1e12), _num(o.flop_per_byte, ".1f"),
+             _num(o.ridge_flop_per_byte, ".1f"), o.bound or "-", _num(o.efficiency_pct)]
+            for o in ops.itertuples(index=False)]
+    hbm = f"HBM {r.hbm_bytes_per_s / 1e12:.2f} TB/s ({r.hbm_source})" if r.hbm_bytes_per_s else "HBM bandwidth unknown"
+    cover = (f"{_pct(r.modeled_device_ms / r.shapes_device_ms, 1)} of the device time of ops with shapes"
+             if r.shapes_device_ms else "no op shapes")
+    out = [f"Roofline per op (all ranks; {r.device_name or 'device unknown'}, {hbm}; modeled: {cover})",
+           format_table(["op", "dir", "dtype", "calls", "device ms", "TFLOP/s", "TB/s", "FLOP/B", "ridge",
+                         "bound", "eff %"], rows, left=(0, 1, 2, 9)),
+           "  eff %: achieved FLOP/s over min(peak FLOP/s, FLOP/B x HBM bandwidth); bound: memory below the ridge "
+           "point (peak FLOP/s / HBM bandwidth), else compute. GEMMs and SDPA only."]
+    return out + [f"  note: {n}" for n in r.notes]
 
 
 # ----------------------------------------------------------------- report: HTML
