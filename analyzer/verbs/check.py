@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s"]
 Verdict = Literal["pass", "regression", "inconclusive"]
+# The word ``analyzer check`` prints for each verdict (the step statistic's and the overall one alike).
+VERDICT_LABELS: dict[str, str] = {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}
 METRIC_LABELS: dict[str, str] = {
     "mfu": "MFU",
     "tokens_per_s": "throughput (tokens/s per rank)",
@@ -143,7 +145,7 @@ class CheckResult:
     @property
     def verdict_label(self) -> str:
         """The word ``analyzer check`` prints: PASS, REGRESSION or INCONCLUSIVE (too noisy)."""
-        return {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}[self.verdict]
+        return VERDICT_LABELS[self.verdict]
 
     @property
     def metric_label(self) -> str:
@@ -552,7 +554,7 @@ class GateOutcome:
 
     @property
     def verdict_label(self) -> str:
-        return {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}[self.verdict]
+        return VERDICT_LABELS[self.verdict]
 
     @property
     def explanation(self) -> str:

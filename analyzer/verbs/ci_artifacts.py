@@ -24,7 +24,7 @@ import os
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.verbs.report import (
@@ -225,45 +225,44 @@ def _testcase(suite: ET.Element, name: str, r: "CheckResult", inconclusive: Inco
         ET.SubElement(case, "failure", message=f"{r.verdict_label}: drop {r.drop:+.1%}", type=r.verdict).text = message
     elif kind == "skipped":
         ET.SubElement(case, "skipped", message=f"{r.verdict_label}: {message}")
-    ET.SubElement(case, "system-out").text = message
-    props = ET.SubElement(case, "properties")
-    for key, value in (("verdict", r.verdict), ("metric", r.metric), ("base_value", r.base_value),
-                       ("cand_value", r.cand_value), ("drop", r.drop), ("max_drop", r.max_drop), ("p_value", r.p_value),
-                       ("alpha", r.alpha), ("noise", r.noise), ("min_detectable_drop", r.min_detectable_drop),
-                       ("n_base", r.n_base), ("n_cand", r.n_cand)):
-        ET.SubElement(props, "property", name=key, value=repr(value) if isinstance(value, float) else str(value))
+    _output_and_properties(case, message, (
+        ("verdict", r.verdict), ("metric", r.metric), ("base_value", r.base_value), ("cand_value", r.cand_value),
+        ("drop", r.drop), ("max_drop", r.max_drop), ("p_value", r.p_value), ("alpha", r.alpha), ("noise", r.noise),
+        ("min_detectable_drop", r.min_detectable_drop), ("n_base", r.n_base), ("n_cand", r.n_cand)))
     return kind
 
 
-def _goodput_testcase(suite: ET.Element, g: "GoodputGate") -> str:
-    """The ``--min-goodput`` testcase: failure iff the goodput is below its floor (no noise, no skip)."""
-    case = ET.SubElement(suite, "testcase", classname="analyzer.check", name="goodput", time="0")
-    message = g.text()
-    if g.failed:
-        ET.SubElement(case, "failure", message=f"goodput {g.goodput:.1%} below {g.min_goodput:.1%}",
-                      type="regression").text = message
+def _output_and_properties(case: ET.Element, message: str, props: Sequence[tuple[str, object]]) -> None:
+    """A testcase's ``system-out`` and its ``properties`` (floats as ``repr``: a reader gets the exact double)."""
     ET.SubElement(case, "system-out").text = message
-    props = ET.SubElement(case, "properties")
-    for key, value in (("goodput", g.goodput), ("min_goodput", g.min_goodput), ("wall_s", g.wall_s),
-                       ("productive_s", g.productive_s), ("attempts", g.attempts), ("base_goodput", g.base_goodput)):
-        ET.SubElement(props, "property", name=key, value=repr(value) if isinstance(value, float) else str(value))
-    return "failure" if g.failed else "passed"
+    node = ET.SubElement(case, "properties")
+    for key, value in props:
+        ET.SubElement(node, "property", name=key, value=repr(value) if isinstance(value, float) else str(value))
+
+
+def _bound_testcase(suite: ET.Element, name: str, failed: bool, failure: str, message: str,
+                    props: Sequence[tuple[str, object]]) -> str:
+    """A testcase of a bound with no statistics (``--min-goodput``, ``--max-memory-growth``): a failure iff
+    the bound is broken, never skipped (there is no noise to be inconclusive about)."""
+    case = ET.SubElement(suite, "testcase", classname="analyzer.check", name=name, time="0")
+    if failed:
+        ET.SubElement(case, "failure", message=failure, type="regression").text = message
+    _output_and_properties(case, message, props)
+    return "failure" if failed else "passed"
+
+
+def _goodput_testcase(suite: ET.Element, g: "GoodputGate") -> str:
+    return _bound_testcase(suite, "goodput", g.failed, f"goodput {g.goodput:.1%} below {g.min_goodput:.1%}", g.text(), (
+        ("goodput", g.goodput), ("min_goodput", g.min_goodput), ("wall_s", g.wall_s),
+        ("productive_s", g.productive_s), ("attempts", g.attempts), ("base_goodput", g.base_goodput)))
 
 
 def _memory_testcase(suite: ET.Element, g: "MemoryGate") -> str:
-    """The ``--max-memory-growth`` testcase: failure iff the peak grew by more than allowed (no noise, no skip)."""
-    case = ET.SubElement(suite, "testcase", classname="analyzer.check", name="peak memory", time="0")
-    message = g.text()
-    if g.failed:
-        ET.SubElement(case, "failure", message=f"peak memory {g.growth:+.1%} over {g.max_growth:+.1%}",
-                      type="regression").text = message
-    ET.SubElement(case, "system-out").text = message
-    props = ET.SubElement(case, "properties")
-    for key, value in (("growth", g.growth), ("max_growth", g.max_growth), ("base_bytes", g.base_bytes),
-                       ("cand_bytes", g.cand_bytes), ("kind", g.kind), ("source", g.source),
-                       ("reserved_growth", g.reserved_growth)):
-        ET.SubElement(props, "property", name=key, value=repr(value) if isinstance(value, float) else str(value))
-    return "failure" if g.failed else "passed"
+    return _bound_testcase(
+        suite, "peak memory", g.failed, f"peak memory {g.growth:+.1%} over {g.max_growth:+.1%}", g.text(), (
+            ("growth", g.growth), ("max_growth", g.max_growth), ("base_bytes", g.base_bytes),
+            ("cand_bytes", g.cand_bytes), ("kind", g.kind), ("source", g.source),
+            ("reserved_growth", g.reserved_growth)))
 
 
 def check_junit(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> str:
