@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from analyzer.api import RunAnalysis
 from dashboard.data import Loaded, analysis
 from dashboard.discover import RunEntry
 from dashboard.text import plain
@@ -117,6 +118,18 @@ def run_header(run: RunEntry) -> Loaded:
             for w in ra.warnings:
                 st.warning(plain(w))
     return loaded
+
+
+def open_run() -> tuple[RunEntry, RunAnalysis] | None:
+    """A run page's start: the run selected in the sidebar or URL, its header (:func:`run_header`) and its
+    analysis; None when no run is selected or it could not be analyzed (the page says why)."""
+    from dashboard import state
+
+    run = state.selected_run(state.all_runs())
+    if run is None:
+        return None
+    loaded = run_header(run)
+    return None if loaded.value is None else (run, loaded.value)
 
 
 def show_vega(spec: dict[str, Any], data: pd.DataFrame, key: str) -> None:

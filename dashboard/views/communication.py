@@ -7,9 +7,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from analyzer.api import RunAnalysis
-from dashboard import state
 from dashboard.text import html_text, plain
-from dashboard.ui import FEW_RANKS, run_header, show_chart
+from dashboard.ui import FEW_RANKS, open_run, show_chart
 
 COLLECTIVE_COLUMNS = {
     "step": "step",
@@ -63,14 +62,10 @@ def rank_figure(table: pd.DataFrame) -> go.Figure:
 
 
 def render() -> None:
-    runs = state.all_runs()
-    run = state.selected_run(runs)
-    if run is None:
+    opened = open_run()
+    if opened is None:
         return
-    loaded = run_header(run)
-    if loaded.value is None:
-        return
-    ra = loaded.value
+    _, ra = opened
     st.header("Communication")
 
     st.subheader("Per rank")

@@ -13,10 +13,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from analyzer.api import RunAnalysis
-from dashboard import state
 from dashboard.views.operators import attribution_table, rank_options, scope_rank
-from dashboard.ui import run_header, show_vega
+from dashboard.ui import open_run, show_vega
 
 SCOPE_KEY = "modules_scope"
 DEPTH_KEY = "modules_depth"
@@ -103,14 +101,10 @@ def icicle_spec(measure: str, n_depths: int) -> dict[str, Any]:
 
 
 def render() -> None:
-    runs = state.all_runs()
-    run = state.selected_run(runs)
-    if run is None:
+    opened = open_run()
+    if opened is None:
         return
-    loaded = run_header(run)
-    if loaded.value is None:
-        return
-    ra: RunAnalysis = loaded.value
+    _, ra = opened
     st.header("Modules")
     if ra.attribution is None or ra.attribution.totals.empty:
         st.info("No attribution tables for this run: no rank's trace could be analyzed.")

@@ -17,9 +17,8 @@ import streamlit as st
 
 from analyzer.api import RunAnalysis
 from analyzer.metrics.roofline import Roofline
-from dashboard import state
 from dashboard.text import plain
-from dashboard.ui import fmt_ms, fmt_pct_points, run_header, show_vega
+from dashboard.ui import fmt_ms, fmt_pct_points, open_run, show_vega
 
 ALL_RANKS = "all ranks (summed)"
 SCOPE_KEY = "operators_scope"
@@ -202,14 +201,10 @@ def roofline_spec(rf: Roofline, points: pd.DataFrame) -> dict[str, Any]:
 
 
 def render() -> None:
-    runs = state.all_runs()
-    run = state.selected_run(runs)
-    if run is None:
+    opened = open_run()
+    if opened is None:
         return
-    loaded = run_header(run)
-    if loaded.value is None:
-        return
-    ra: RunAnalysis = loaded.value
+    _, ra = opened
     st.header("Operators")
     if ra.attribution is None or ra.attribution.totals.empty:
         st.info("No attribution tables for this run: no rank's trace could be analyzed.")

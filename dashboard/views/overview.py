@@ -23,7 +23,7 @@ from dashboard.ui import (
     fmt_pct_points,
     fmt_range,
     fmt_rate,
-    run_header,
+    open_run,
     show_vega,
 )
 
@@ -508,14 +508,10 @@ def downloads(run: RunEntry) -> None:
 
 
 def render() -> None:
-    runs = state.all_runs()
-    run = state.selected_run(runs)
-    if run is None:
+    opened = open_run()
+    if opened is None:
         return
-    loaded = run_header(run)
-    if loaded.value is None:
-        return
-    ra = loaded.value
+    run, ra = opened
     headline(run, ra)
     goodput_section(ra)
     breakdown_chart(ra)

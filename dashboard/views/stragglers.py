@@ -14,9 +14,8 @@ import streamlit as st
 
 from analyzer.api import RunAnalysis
 from analyzer.metrics.stragglers import RankStraggle, StragglerResult
-from dashboard import state
 from dashboard.text import plain
-from dashboard.ui import TOP_K, fmt_ms, rank_axis, run_header, show_chart
+from dashboard.ui import TOP_K, fmt_ms, rank_axis, open_run, show_chart
 
 EVIDENCE_COLUMNS = (
     "rank",
@@ -67,14 +66,11 @@ def evidence_table(result: StragglerResult, ranks: list[RankStraggle] | None = N
 
 
 def render() -> None:
-    runs = state.all_runs()
-    run = state.selected_run(runs)
-    if run is None:
+    opened = open_run()
+    if opened is None:
         return
-    loaded = run_header(run)
-    if loaded.value is None:
-        return
-    result = loaded.value.stragglers
+    _, ra = opened
+    result = ra.stragglers
     st.header("Stragglers")
     if result.ranks:
         st.warning(plain(result.verdict))
@@ -110,7 +106,7 @@ def render() -> None:
         st.subheader(f"The {len(slowest)} slowest ranks")
         st.dataframe(evidence_table(result, slowest), hide_index=True, key="straggler_top")
         st.caption("Ordered by step time over the median across ranks (median over steps), then by lateness.")
-    rank_detail(loaded.value, result, slowest)
+    rank_detail(ra, result, slowest)
     st.subheader("Evidence per rank")
     st.dataframe(evidence_table(result), hide_index=True)
     cfg = result.config
