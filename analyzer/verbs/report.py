@@ -485,11 +485,11 @@ def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
         return []
     ops = r.ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").head(top)
 
-    def rate(x: Any, scale: float) -> str:
-        return "-" if x is None or pd.isna(x) else f"{float(x) / scale:.2f}"
+    def tera(x: Any) -> str:  # per second, in T (_num says "-" for a missing or NaN rate)
+        return _num(None if x is None else float(x) / 1e12, ".2f")
 
     rows = [[o.op, "bwd" if o.backward else "fwd", o.dtype or "-", o.calls, _num(o.device_ms, ".3f"),
-             rate(o.achieved_flops_per_s, 1e12), rate(o.achieved_bytes_per_s, 1e12), _num(o.flop_per_byte, ".1f"),
+             tera(o.achieved_flops_per_s), tera(o.achieved_bytes_per_s), _num(o.flop_per_byte, ".1f"),
              _num(o.ridge_flop_per_byte, ".1f"), o.bound or "-", _num(o.efficiency_pct)]
             for o in ops.itertuples(index=False)]
     hbm = f"HBM {r.hbm_bytes_per_s / 1e12:.2f} TB/s ({r.hbm_source})" if r.hbm_bytes_per_s else "HBM bandwidth unknown"
