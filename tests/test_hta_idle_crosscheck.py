@@ -33,6 +33,7 @@ import pytest
 
 from analyzer.ingest.load import load_trace
 from analyzer.metrics.idle import CATEGORIES, HTA_LAUNCH_CALLS, launch_stats, stream_idle, window_device
+from test_hta_crosscheck import hta_rounded  # HTA's microsecond rounding, as the overlap cross-check applies it
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # HTA's own pandas deprecation and NaN warnings
 
@@ -45,14 +46,6 @@ GROUPS = {
     "alexnet": "critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
     "rocm": "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
 }
-
-
-def hta_rounded(frame: pd.DataFrame) -> pd.DataFrame:
-    """HTA's parser: start rounded up, end rounded down to whole microseconds."""
-    out = frame.copy()
-    out["start_ns"] = -((-out["start_ns"]) // 1000) * 1000
-    out["end_ns"] = (out["end_ns"] // 1000) * 1000
-    return out
 
 
 _CACHE: dict[str, tuple[pd.DataFrame, pd.DataFrame, object]] = {}
