@@ -51,6 +51,7 @@ from analyzer.metrics.stragglers import (
     match_collective_spans,
     wait_intervals,
 )
+from analyzer.ingest.parse import ParsedTrace
 from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
 
 SCHEMA = "analyzer.report/1"
@@ -431,18 +432,28 @@ def _map_sets(
     held = [u for u in units if jobs is not None and any(f.path in jobs for f in u.files)]
     free = [u for u in units if not (jobs is not None and any(f.path in jobs for f in u.files))]
     results: dict[MapUnit, UnitResult] = {}
-    for u in held:  # parsed by the CLI's early workers: their columns are mapped here
-        parsed = {}
-        for f in u.files:
+    for u in held:  # parsed by the CLI's early workers: mapped there too, or their columns mapped here
+        parsed: dict[Path, ParsedTrace | TraceError] = {}
+        files = list(u.files)
+        for i, f in enumerate(u.files):
             if f.path in jobs:
                 try:
-                    # The jobs key files by absolute path, so their parse names the file that way; it is
-                    # named here as the unit names it (a relative folder of several ranks otherwise
-                    # failed the rank's lookup below with a KeyError, exit 3).
-                    parsed[f.path] = replace(jobs.take(f.path), path=f.path)
+                    got = jobs.take(f.path)
                 except TraceError as err:
                     parsed[f.path] = err
-        results[u] = map_unit(u, parsed)
+                    continue
+                if isinstance(got, UnitResult):  # analyzer.engines.parse_and_map: the worker mapped the file
+                    if len(u.files) == 1:
+                        results[u] = _named_as(got, f.path)
+                        break
+                    # Not a unit of its own after all: read what the worker stored (or parse again).
+                    files[i] = replace(f, hit=f.entry is not None and f.entry.exists())
+                    continue
+                # Named here as the unit names it (a relative folder of several ranks once failed
+                # the rank's lookup below with a KeyError, exit 3).
+                parsed[f.path] = replace(got, path=f.path)
+        if u not in results:
+            results[u] = map_unit(MapUnit(tuple(files)), parsed)
     # Units whose files are unchanged since a previous analysis: their stored summaries (analyzer/rankcache.py).
     summary_warnings: dict[MapUnit, str] = {}
     if cache:
@@ -510,6 +521,16 @@ def _map_sets(
         if part is not None:
             out.parts[rank] = part
     return out
+
+
+def _named_as(result: UnitResult, path: Path) -> UnitResult:
+    """A worker's result for one file, its outcome named by ``path`` as the unit names it."""
+    if result.outcomes:
+        _, facts, warnings = result.outcomes[0]
+        if not isinstance(facts, TraceError):
+            facts = replace(facts, path=path)
+        result.outcomes[0] = (path, facts, warnings)
+    return result
 
 
 @dataclass

@@ -31,12 +31,18 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from analyzer.errors import AnalyzerError, TraceError
 from analyzer.ingest import limits
-from analyzer.ingest.jobs import start_method, usable_cpus
-from analyzer.rankmap import MapUnit, UnitResult, map_unit
+from analyzer.ingest.jobs import parse_file, start_method, usable_cpus
+
+if TYPE_CHECKING:
+    from analyzer.rankmap import MapUnit, UnitResult
+
+# The map's modules (pandas and every metric) are imported where a map runs, not here: the CLI
+# imports this module for parse_and_map before it starts its parse workers, and those are forked
+# while the process has no threads yet (analyzer.ingest.jobs), which importing pandas would end.
 
 Engine = Literal["local", "ray"]
 ENGINES: tuple[str, ...] = ("local", "ray")
@@ -71,6 +77,22 @@ def run_map(
 # local
 
 
+def parse_and_map(path: Path, entry: Path | None) -> UnitResult:
+    """Parse one trace file (writing its cache entry) and map it as a rank of its own: the
+    task of the CLI's early parse workers (:class:`analyzer.ingest.jobs.ParseJobs`) when every
+    file of the analysis is its own map unit. A folder of many ranks is then parsed *and*
+    summarized in the workers, in parallel, instead of parsed there and summarized here one rank
+    after the other (about 0.25 s per rank of a 50 MB trace). The file's problems are its
+    outcome's TraceError, as in :func:`analyzer.rankmap.map_unit`; this never raises for them."""
+    from analyzer.rankmap import MapUnit, UnitFile, map_unit
+
+    try:
+        parsed = parse_file(path, entry)
+    except TraceError as err:
+        return map_unit(MapUnit((UnitFile(path, entry),)), {path: err})
+    return map_unit(MapUnit((UnitFile(path, entry),)), {path: parsed})
+
+
 def _worth_a_pool(units: Sequence[MapUnit], workers: int | None) -> int:
     """How many worker processes to use (0 or 1: none)."""
     if len(units) < 2:
@@ -100,6 +122,8 @@ def _pool(n: int, context: multiprocessing.context.BaseContext) -> ProcessPoolEx
 
 
 def _run_local(units: Sequence[MapUnit], workers: int | None) -> list[UnitResult]:
+    from analyzer.rankmap import map_unit
+
     n = _worth_a_pool(units, workers)
     context = _context() if n > 1 else None
     if context is None:
@@ -121,6 +145,8 @@ def _run_local(units: Sequence[MapUnit], workers: int | None) -> list[UnitResult
 def _alone(unit: MapUnit, context: multiprocessing.context.BaseContext) -> UnitResult:
     """A unit whose pool broke, run again in a process of its own: we do not
     know which unit killed the worker, and this one must not pay for another."""
+    from analyzer.rankmap import UnitResult, map_unit
+
     pool = _pool(1, context)
     try:
         return pool.submit(map_unit, unit).result()
@@ -136,6 +162,8 @@ def _alone(unit: MapUnit, context: multiprocessing.context.BaseContext) -> UnitR
 
 
 def _ray_task(unit: MapUnit, limits_env: dict) -> UnitResult:
+    from analyzer.rankmap import map_unit
+
     limits.use_environment(limits_env)
     return map_unit(unit)
 
@@ -155,6 +183,8 @@ def _quiet_token_notice() -> None:
 
 
 def _run_ray(units: Sequence[MapUnit], address: str | None) -> list[UnitResult]:
+    from analyzer.rankmap import UnitResult
+
     try:
         import ray
     except ImportError:

@@ -40,7 +40,7 @@ import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from analyzer.ingest import limits
 from analyzer.errors import TraceError
@@ -69,10 +69,21 @@ def parse_file(path: Path, entry: Path | None) -> ParsedTrace:
 
 _parse_in_worker = parse_file  # the name earlier versions submitted to the pool
 
+# What a worker does with one file: ``task(path, entry)``. parse_file by default; the CLI passes
+# analyzer.engines.parse_and_map (parse, then the rank's whole map) when every file is a rank of its own.
+Task = Callable[[Path, "Path | None"], Any]
+
 
 class ParseJobs:
     """Parsing of several files, started at construction in worker
     processes; :meth:`take` waits for one file's result.
+
+    ``task`` (default :func:`parse_file`) is what each worker runs on one
+    file, ``task(path, entry)``; it must be a module-level function (it is
+    pickled by name) that raises only TraceError for the file's problems.
+    With :func:`analyzer.engines.parse_and_map` a worker also summarizes the
+    file's rank, so that the map of many ranks runs in the workers rather
+    than one rank after the other in this process (docs/loading.md).
 
     See the module docstring for how workers start. Forked workers only
     build numpy arrays and Python objects: they never touch Arrow, whose
@@ -85,13 +96,22 @@ class ParseJobs:
     """
 
     def __init__(
-        self, files: Sequence[Path], workers: int | None = None, entries: Mapping[Path, Path | None] | None = None
+        self,
+        files: Sequence[Path],
+        workers: int | None = None,
+        entries: Mapping[Path, Path | None] | None = None,
+        task: Task = parse_file,
     ) -> None:
         """``entries``: file -> the cache entry its worker writes after parsing
         (analyzer.cache.TraceCache.entry_for); files without one are not cached."""
         self._entries = {Path(f).absolute(): e for f, e in (entries or {}).items()}
-        files = list(dict.fromkeys(Path(f).absolute() for f in files))
-        # path -> its Future, or None: parsed in-process when taken.
+        self.task = task
+        # Keyed by absolute path; each task gets the path as the caller named it, so that its
+        # results (and error lines) name the file as the analysis does.
+        named = {Path(f).absolute(): Path(f) for f in files}
+        files = list(named)
+        self._named = named
+        # path -> its Future, or None: run in-process when taken.
         self._pending: dict[Path, Future | None] = {}
         self._pool: ProcessPoolExecutor | None = None
         self.method = start_method() if files else None
@@ -106,19 +126,19 @@ class ParseJobs:
         self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(self.method),
                                          initializer=limits.use_environment, initargs=(limits.environment(),))
         for f in files:
-            self._pending[f] = self._pool.submit(parse_file, f, self._entries.get(f))
+            self._pending[f] = self._pool.submit(task, named[f], self._entries.get(f))
 
     def __contains__(self, path: Path) -> bool:
         return Path(path).absolute() in self._pending
 
-    def take(self, path: Path) -> ParsedTrace:
-        """The parsed columns of ``path``; raises TraceError (and only TraceError)
-        for a file that cannot be parsed."""
+    def take(self, path: Path) -> Any:
+        """The task's result for ``path`` (the parsed columns, for parse_file); raises
+        TraceError (and only TraceError) for a file that cannot be parsed."""
         path = Path(path).absolute()
         pending = self._pending.pop(path)
         try:
             if pending is None:
-                return parse_file(path, self._entries.get(path))
+                return self.task(self._named.get(path, path), self._entries.get(path))
             try:
                 return pending.result()
             except BrokenProcessPool:
@@ -134,17 +154,19 @@ class ParseJobs:
                 # the analysis (it would add to the run's peak).
                 self.close()
 
-    def _alone(self, path: Path) -> ParsedTrace:
-        """Parse ``path`` in a process of its own: after a worker died we do
+    def _alone(self, path: Path) -> Any:
+        """Run the task on ``path`` in a process of its own: after a worker died we do
         not know which file killed it, and this one must not pay for another."""
         # Decided again: since the pool started, this process may have
         # gained threads (pandas' import), so fork may no longer be safe.
         method = start_method()
+        named = self._named.get(path, path)
         if method is None:
-            return parse_file(path, self._entries.get(path))
+            return self.task(named, self._entries.get(path))
         context = multiprocessing.get_context(method)
         receive, send = context.Pipe(duplex=False)
-        proc = context.Process(target=_parse_to_pipe, args=(send, path, self._entries.get(path), limits.environment()),
+        proc = context.Process(target=_parse_to_pipe,
+                               args=(send, named, self._entries.get(path), limits.environment(), self.task),
                                daemon=True)
         proc.start()
         send.close()
@@ -183,11 +205,11 @@ class ParseJobs:
         self.close()
 
 
-def _parse_to_pipe(conn, path: Path, entry: Path | None, limits_env: dict | None = None) -> None:
+def _parse_to_pipe(conn, path: Path, entry: Path | None, limits_env: dict | None = None, task: Task = parse_file) -> None:
     if limits_env is not None:
         limits.use_environment(limits_env)
     try:
-        result = (True, parse_file(path, entry))
+        result = (True, task(path, entry))
     except TraceError as err:
         result = (False, err)
     conn.send(result)

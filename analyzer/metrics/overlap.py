@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import sweep, union
+from analyzer.metrics.memo import per_table
 from analyzer.metrics.text import is_in
 from analyzer.ingest.tables import DEVICE_KINDS
 
@@ -76,11 +77,29 @@ class OverlapResult:
 
 
 def hta_window(events: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
-    """Boolean row mask: device events inside HTA's analysis window (see module doc)."""
+    """Boolean row mask: device events inside HTA's analysis window (see module doc).
+
+    Read-only: the overlap, the top kernels, the attribution and the idle causes of a rank
+    all ask for the same window, which is computed once per events table and window end
+    (analyzer.metrics.memo; about 8 ms per ask on a 50 MB trace)."""
+    last_end_ns = int(steps["end_ns"].max()) if len(steps) >= 2 else None
+    masks = _window_masks(events)
+    if last_end_ns not in masks:
+        mask = _hta_window(events, last_end_ns)
+        mask.setflags(write=False)
+        masks[last_end_ns] = mask
+    return masks[last_end_ns]
+
+
+@per_table
+def _window_masks(events: pd.DataFrame) -> dict[int | None, np.ndarray]:
+    return {}
+
+
+def _hta_window(events: pd.DataFrame, last_end_ns: int | None) -> np.ndarray:
     device = is_in(events["kind"], DEVICE_KINDS)
-    if len(steps) < 2:
+    if last_end_ns is None:
         return device
-    last_end_ns = int(steps["end_ns"].max())
     corr = events["correlation"].to_numpy(np.int64)
     launched = ~device & (corr >= 0) & (events["start_ns"].to_numpy(np.int64) <= last_end_ns)
     return device & np.isin(corr, np.unique(corr[launched]))
