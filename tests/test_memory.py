@@ -249,3 +249,22 @@ def test_real_traces_peaks_equal_a_plain_json_read(sample: str) -> None:
            for r in a.memory.trace_peaks.itertuples(index=False)}
     assert got == _raw_memory_peaks(path)
     assert a.memory.source == "trace" and not a.memory.timeline.empty
+
+
+def test_plain_memory_rows_are_converted_column_at_a_time_and_odd_ones_row_by_row() -> None:
+    """The column-at-a-time path takes only rows as PyTorch writes them; anything else falls back to the exact
+    row-by-row check (test_bad_memory_events_are_dropped_and_counted), never converted loosely."""
+    from analyzer.ingest.parse.columns import _plain_memory_columns
+
+    rows = [(10.5, 4096, 8192, 512, 1, 0), (11, 2048, 8192, None, 1, None)]
+    ts, alloc, resv, nbytes, device_type, device_id = _plain_memory_columns(rows)
+    assert ts.dtype == np.float64 and ts.tolist() == [10.5, 11.0]
+    assert alloc.tolist() == [4096, 2048] and resv.tolist() == [8192, 8192] and alloc.dtype == np.int64
+    assert nbytes.tolist() == [512, 0] and device_type.tolist() == [1, 1] and device_id.tolist() == [0, -1]
+    for odd in [(10, True, 8192, 0, 1, 0),        # a bool total (not a number for the row check)
+                (10, None, 8192, 0, 1, 0),        # a missing total: the row is dropped, and counted
+                (-1, 4096, 8192, 0, 1, 0),        # a negative ts
+                (float("nan"), 4096, 8192, 0, 1, 0),
+                (10, 4096.0, 8192, 0, 1, 0),      # a float total: int() it row by row, as before
+                (10, 1 << 70, 8192, 0, 1, 0)]:    # beyond int64
+        assert _plain_memory_columns([rows[0], odd]) is None, odd
