@@ -181,7 +181,14 @@ class RunAnalysis:
 
     def roofline(self, rank: int | None = None) -> Roofline:
         """Per-op FLOPs, bytes, achieved rates, bound and efficiency against the device's datasheet peaks
-        (analyzer.metrics.roofline), over every rank's op shapes summed, or one rank's."""
+        (analyzer.metrics.roofline), over every rank's op shapes summed, or one rank's.
+        Computed once per rank selection (the text and the JSON report both ask); do not modify it."""
+        key = f"roofline/{rank}"
+        if key not in self.derived:
+            self.derived[key] = self._roofline(rank)
+        return self.derived[key]
+
+    def _roofline(self, rank: int | None) -> Roofline:
         if rank is None:
             shapes = self.attribution.summed("shapes") if self.attribution is not None else run_attribution({}).shapes
             names = [r.device_name for r in self.ranks if r.device_name]
