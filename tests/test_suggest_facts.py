@@ -21,11 +21,12 @@ MS = 1_000_000
 
 def write_run(root: Path, *, settings: dict | None = None, steps: int = 12, step_ms=lambda rank, step: 100.0,
               phases=lambda rank, step: {}, collectives=None, device: str = "cpu", mem_bytes: float = 4e8,
-              device_name: str = "AMD EPYC", world: int = 2) -> Path:
+              device_name: str = "AMD EPYC", world: int = 2, late_ms=lambda rank, step: 0.0) -> Path:
     """A reftrain run directory (docs/rundir.md) with chosen per-step numbers; warmup 2, no profiled steps.
 
     ``collectives(step)`` returns ``[(start_ms, end_ms, bytes), ...]`` relative to the step's start, the
-    same on every rank.
+    same on every rank but for its arrival: rank ``r`` starts each of step ``s``'s collectives
+    ``late_ms(r, s)`` ms later (it ends with the others).
     """
     cfg = Config()
     for key, value in (settings or {}).items():
@@ -48,7 +49,8 @@ def write_run(root: Path, *, settings: dict | None = None, steps: int = 12, step
             recs.append(rec)
             for start, end, nbytes in (collectives(s) if collectives else []):
                 colls.append({"step": s, "rank": rank, "seq": seq, "kind": "all_reduce", "bytes": nbytes, "dtype": "float32",
-                              "pg": "0", "group_size": world, "start_ns": t + int(start * MS), "end_ns": t + int(end * MS),
+                              "pg": "0", "group_size": world, "start_ns": t + int(round((start + late_ms(rank, s)) * MS)),
+                              "end_ns": t + int(end * MS),
                               "clock": "host"})
                 seq += 1
             t += int(st * MS)
@@ -160,6 +162,41 @@ def test_straggler_from_run_records(tmp_path):
     fair = write_run(tmp_path / "f", steps=16, step_ms=lambda r, s: 100.0 + (s % 3) * 0.2)
     assert "straggler" not in [s.rule for s in suggest(analyze(fair))]
 
+
+def test_straggler_from_collective_records_needs_a_steady_lateness(tmp_path):
+    # One all-reduce per 1000 ms step (issued at 50 ms, done at 500 ms); rank 1 arrives 400 ms late plus a
+    # jitter; steps 2..13 are steady: jitter median 0.5 ms, so the sync delay is 400.5 ms.
+    jitter = [0, 12, -8, 25, -15, 5, -3, 18, -10, 7, 2, -6, 9, -1]
+    run = write_run(tmp_path, steps=14, step_ms=lambda r, s: 1000.0, collectives=lambda s: [(50, 500, 4e6)],
+                    late_ms=lambda r, s: 400.0 + jitter[s] if r == 1 else 0.0)
+    found = {s.rule: s for s in suggest(analyze(run))}
+    s = found["straggler"]
+    assert s.evidence["rank"] == 1 and s.evidence["excess_ms"] == pytest.approx(400.5, abs=1e-6)
+    # d: the 12 steady lateness values; MAD of their deviations from the median is 7.5 ms: 400.5 / (7.5 / 0.67449).
+    assert s.evidence["effect_size"] == pytest.approx(400.5 / (7.5 / 0.6744897501960817), abs=1e-3)
+    assert s.predicted.step_time_ms_after == pytest.approx(599.5) and s.predicted.gain == pytest.approx(1000 / 599.5 - 1)
+    # Rank 1 late instead by what a contended machine's scheduler took from it (the 9 values measured per step,
+    # tests/test_suggest_rules.py, twice over 18 steady steps): late in every step, robust z 4.1, flagged; but
+    # its lateness spreads about as much as it is large (effect 1.22), so the rule stays silent.
+    contended = [517.5, 492.2, 1266.9, 150.9, 826.1, 337.1, 140.7, 186.6, 91.4]
+    noisy = write_run(tmp_path / "n", steps=20, step_ms=lambda r, s: 1000.0, collectives=lambda s: [(50, 1500, 4e6)],
+                      late_ms=lambda r, s: contended[(s - 2) % 9] if r == 1 else 0.0)
+    ra = analyze(noisy)
+    assert ra.stragglers.ranks == [1] and ra.stragglers.per_rank[1].lateness_z == pytest.approx(4.13, abs=0.01)
+    assert "straggler" not in [s.rule for s in suggest(ra)]
+
+
+def test_straggler_fires_on_the_checked_in_injected_run():
+    # traces/example-ddp-w2-slow-rank1: reftrain with inject.slow_rank=1, delay_ms=300 on the loaded 2-core
+    # machine; 5 quiet steady steps, rank 1 late at each one's all-reduce by 161.0, 297.2, 344.2, 218.4, 274.2 ms.
+    ra = analyze(Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2-slow-rank1")
+    s = next(s for s in suggest(ra) if s.rule == "straggler")
+    # median 274.157 ms; |deviations| 113.1, 23.0, 70.0, 55.75, 0: MAD 55.751 ms, spread 82.66 ms: 3.32 >= 2.
+    assert s.evidence["effect_signal"] == "lateness"
+    assert s.evidence["excess_spread_ms"] == pytest.approx(55.750669 / 0.6744897501960817, abs=1e-4)
+    assert s.evidence["effect_size"] == pytest.approx(274.157461 / (55.750669 / 0.6744897501960817), abs=1e-4)
+    assert s.change.overrides == {"inject.slow_rank": None, "inject.delay_ms": None} and s.confidence == "high"
+    assert s.predicted.step_time_ms_after == pytest.approx(s.predicted.step_time_ms_before - 274.157461)
 
 # ----------------------------------------------------------------------------- GPU traces
 
