@@ -195,7 +195,8 @@ class RunAnalysis:
         else:
             shapes = self._attribution_table("shapes", rank)
             names = [r.device_name for r in self.ranks if r.rank == rank and r.device_name]
-        return roofline(shapes, names[0] if names else None)
+        # The op kernels decide the TF32 peak of fp32 GEMMs (analyzer.metrics.roofline, "TF32").
+        return roofline(shapes, names[0] if names else None, self._attribution_table("op_kernels", rank))
 
     def _attribution_table(self, name: str, rank: int | None) -> pd.DataFrame:
         if self.attribution is None:

@@ -151,3 +151,27 @@ def test_the_report_carries_the_roofline_per_op():
     # No modeled op (a CPU run's traces have no shapes of GEMMs on a device): no section, an empty block.
     cpu = analyze(Path(__file__).resolve().parents[1] / "traces" / "example-ddp-w2", cache=False)
     assert "Roofline per op" not in render_text(cpu) and report_json(cpu)["roofline"]["ops"] == []
+
+
+def test_tf32_kernels_take_the_tf32_peak_and_over_100_pct_is_named():
+    # An fp32 addmm of 2 m k n = 2*1024*1024*1024 = 2.147483648e9 FLOPs per call, 10 calls in 1 ms:
+    # 2.147483648e13 FLOP/s. Bytes per call (4 B each): bias 1024 + A 1024*1024 + B 1024*1024 + out 1024*1024
+    # = 3146752 elements = 12587008 B, so 170.6 FLOP/B: compute-bound on an A100 (ridge 156e12/1.555e12 = 100.3
+    # at tf32). Its CUTLASS s1688 kernel ran on TF32 tensor cores: efficiency 2.147483648e13 / 156e12 = 13.766 %,
+    # where the fp32 (SIMT) peak of 19.5e12 would give 110.1 %.
+    a100 = "NVIDIA A100-SXM4-80GB"
+    m = 1024
+    dims = _dims([[m], [m, m], [m, m], [], []])
+    types = json.dumps(["float"] * 3 + ["Scalar", "Scalar"])
+    shapes = _shapes([("aten::addmm", False, dims, types, 10, 10, 1.0)])
+    kernels = pd.DataFrame({"op": ["aten::addmm"], "backward": [False], "cls": ["gemm"], "count": [10],
+                            "device_ms": [1.0],
+                            "kernel": ["void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>"]})
+    tf = roofline(shapes, a100, kernels).ops.iloc[0]
+    assert tf["dtype"] == "tf32" and tf["peak_flops_per_s"] == pytest.approx(156e12)
+    assert tf["efficiency_pct"] == pytest.approx(100 * 2.147483648e13 / 156e12)
+    # A SIMT sgemm kernel is not evidence of TF32: the fp32 peak, and the 110.1 % is named in the notes.
+    simt = roofline(shapes, a100, kernels.assign(kernel="ampere_sgemm_128x64_nn"))
+    assert simt.ops.iloc[0]["dtype"] == "fp32"
+    assert simt.ops.iloc[0]["efficiency_pct"] == pytest.approx(100 * 2.147483648e13 / 19.5e12)
+    assert any("over 100 %" in n and "aten::addmm fp32 110.1 %" in n for n in simt.notes)

@@ -30,6 +30,15 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
   attainable min(peak FLOP/s, intensity x HBM bytes/s), which is achieved
   FLOP/s over peak FLOP/s for a compute-bound row and achieved bytes/s over
   the HBM bandwidth for a memory-bound one.
+* TF32: an fp32 row's peak is the ``tf32`` one when any of its op's kernels
+  (the attribution's ``op_kernels``, same op and direction) ran on TF32 tensor
+  cores, which the kernel name says: ``tf32`` in it (cuBLAS/cuDNN ``xmma``
+  kernels) or CUTLASS's fp32-in tensor-op instruction shapes
+  ``tensorop_s1688``/``s16816`` (:data:`TF32_KERNEL_RE`). Such a row's
+  ``dtype`` is ``tf32``. Against the fp32 (SIMT) peak an A100's TF32 addmm
+  showed 120.9 %; any efficiency still above 100 % is named in ``notes``
+  (the model's FLOPs or the peak table is wrong for that row), never passed
+  silently.
 
 The models cover the ops the loader keeps shapes for (GEMM family and
 ``aten::scaled_dot_product_attention``: :data:`analyzer.ingest.tables.MATMUL_OPS`);
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +78,11 @@ _TYPES: dict[str, tuple[int, str | None]] = {
     "unsigned char": (1, None),
     "bool": (1, None),
 }
+# Kernel names that ran fp32 matmuls on TF32 tensor cores (module docstring, "TF32"): cuBLAS/cuDNN name the
+# input type (``sm80_xmma_gemm_f32f32_tf32f32_f32...``); CUTLASS names the instruction shape with an ``s``
+# (fp32 in) prefix (``cutlass_80_tensorop_s1688gemm_...``), which on Ampere and later is TF32; fp32 SIMT
+# kernels (``ampere_sgemm_...``) match neither.
+TF32_KERNEL_RE = re.compile(r"tf32|tensorop_s\d{3,5}(?:gemm|conv|fprop|dgrad|wgrad)", re.IGNORECASE)
 # Backward over forward (module docstring).
 _BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5}
 _BACKWARD_BYTES = 2.0
@@ -184,10 +199,22 @@ def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
     return frame
 
 
-def roofline(shapes: pd.DataFrame, device_name: str | None = None) -> Roofline:
+def tf32_ops(op_kernels: pd.DataFrame | None) -> set[tuple[str, bool]]:
+    """The (op, backward) pairs with a kernel that ran on TF32 tensor cores (:data:`TF32_KERNEL_RE`);
+    ``op_kernels`` as :attr:`analyzer.metrics.attribution.RunAttribution.op_kernels` (None or empty: none)."""
+    if op_kernels is None or not len(op_kernels):
+        return set()
+    hit = op_kernels["kernel"].astype(str).str.contains(TF32_KERNEL_RE).to_numpy(bool)
+    sub = op_kernels.loc[hit, ["op", "backward"]]
+    return {(str(o), bool(b)) for o, b in sub.drop_duplicates().itertuples(index=False)}
+
+
+def roofline(shapes: pd.DataFrame, device_name: str | None = None,
+             op_kernels: pd.DataFrame | None = None) -> Roofline:
     """Each modeled shapes row on the device's roofline (module docstring); ``shapes`` as
     :attr:`analyzer.metrics.attribution.RunAttribution.shapes` (one rank's rows, or summed over ranks:
-    calls and device time add, so the rates are those of the sums)."""
+    calls and device time add, so the rates are those of the sums); ``op_kernels`` (the attribution's
+    table of the same rows) decides the TF32 peak of fp32 rows, None: the fp32 peak."""
     notes: list[str] = []
     total_ms = float(shapes["device_ms"].sum()) if len(shapes) else 0.0
     hbm = hbm_peak(device_name) if device_name else None
@@ -199,6 +226,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None) -> Roofline:
     if "calls" not in shapes.columns:
         raise ValueError("the shapes table has no calls column (a rank summary from before MAP_VERSION 7)")
     rows = []
+    tf32 = tf32_ops(op_kernels)
     unfit: dict[str, int] = {}
     cache: dict[tuple[str, str, str], tuple[float, float, str | None] | None] = {}
     for op, backward, dims_json, types_json, calls, device_ms in shapes[
@@ -214,6 +242,8 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None) -> Roofline:
             unfit[str(op)] = unfit.get(str(op), 0) + 1
             continue
         f, b, dtype = got
+        if dtype == "fp32" and (str(op), bool(backward)) in tf32:
+            dtype = "tf32"
         scale_f = _BACKWARD_FLOPS["attention" if op == _ATTENTION else "gemm"] if backward else 1.0
         scale_b = _BACKWARD_BYTES if backward else 1.0
         rows.append({"op": str(op), "backward": bool(backward), "input_dims": str(dims_json),
@@ -256,5 +286,10 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None) -> Roofline:
     ops["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in ops["dtype"]]
     ops = _rates(ops, hbm_bps)[list(OP_COLUMNS)]
     ops = ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    over = ops.loc[ops["efficiency_pct"].to_numpy(np.float64) > 100.0]
+    if len(over):
+        notes.append("efficiency over 100 % (the FLOPs model or the peak table is wrong for these rows): "
+                     + ", ".join(f"{o}{' bwd' if b else ''} {d} {e:.1f} %" for o, b, d, e in
+                                 over[["op", "backward", "dtype", "efficiency_pct"]].itertuples(index=False)))
     return Roofline(points, ops, pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)), device_name, hbm_bps,
                     None if hbm is None else hbm.source, total_ms, float(points["device_ms"].sum()), notes)
