@@ -34,7 +34,8 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
   (the attribution's ``op_kernels``, same op and direction) ran on TF32 tensor
   cores, which the kernel name says: ``tf32`` in it (cuBLAS/cuDNN ``xmma``
   kernels) or CUTLASS's fp32-in tensor-op instruction shapes
-  ``tensorop_s1688``/``s16816`` (:data:`TF32_KERNEL_RE`). Such a row's
+  ``tensorop_s1688``/``s16816``, as the MFU's dtype reads it
+  (:func:`analyzer.metrics.taxonomy.kernel_precision`). Such a row's
   ``dtype`` is ``tf32``. Against the fp32 (SIMT) peak an A100's TF32 addmm
   showed 120.9 %; any efficiency still above 100 % is named in ``notes``
   (the model's FLOPs or the peak table is wrong for that row), never passed
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,8 @@ import pandas as pd
 
 from analyzer.metrics.hardware import datasheet_peak, hbm_peak
 from analyzer.metrics.matmul_flops import ShapeError, flops_of
+from analyzer.metrics.taxonomy import kernel_precision
+from analyzer.metrics.text import text_map
 
 # Element size and the peak table's dtype key of each Kineto "Input type" spelling.
 _TYPES: dict[str, tuple[int, str | None]] = {
@@ -78,11 +80,6 @@ _TYPES: dict[str, tuple[int, str | None]] = {
     "unsigned char": (1, None),
     "bool": (1, None),
 }
-# Kernel names that ran fp32 matmuls on TF32 tensor cores (module docstring, "TF32"): cuBLAS/cuDNN name the
-# input type (``sm80_xmma_gemm_f32f32_tf32f32_f32...``); CUTLASS names the instruction shape with an ``s``
-# (fp32 in) prefix (``cutlass_80_tensorop_s1688gemm_...``), which on Ampere and later is TF32; fp32 SIMT
-# kernels (``ampere_sgemm_...``) match neither.
-TF32_KERNEL_RE = re.compile(r"tf32|tensorop_s\d{3,5}(?:gemm|conv|fprop|dgrad|wgrad)", re.IGNORECASE)
 # Backward over forward (module docstring).
 _BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5}
 _BACKWARD_BYTES = 2.0
@@ -199,12 +196,13 @@ def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
     return frame
 
 
-def tf32_ops(op_kernels: pd.DataFrame | None) -> set[tuple[str, bool]]:
-    """The (op, backward) pairs with a kernel that ran on TF32 tensor cores (:data:`TF32_KERNEL_RE`);
+def _tf32_ops(op_kernels: pd.DataFrame | None) -> set[tuple[str, bool]]:
+    """The (op, backward) pairs with a kernel that ran on TF32 tensor cores (its name says so, as for the MFU's dtype:
+    :func:`analyzer.metrics.taxonomy.kernel_precision`);
     ``op_kernels`` as :attr:`analyzer.metrics.attribution.RunAttribution.op_kernels` (None or empty: none)."""
     if op_kernels is None or not len(op_kernels):
         return set()
-    hit = op_kernels["kernel"].astype(str).str.contains(TF32_KERNEL_RE).to_numpy(bool)
+    hit = text_map(op_kernels["kernel"], kernel_precision) == "tf32"
     sub = op_kernels.loc[hit, ["op", "backward"]]
     return {(str(o), bool(b)) for o, b in sub.drop_duplicates().itertuples(index=False)}
 
@@ -226,7 +224,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     if "calls" not in shapes.columns:
         raise ValueError("the shapes table has no calls column (a rank summary from before MAP_VERSION 7)")
     rows = []
-    tf32 = tf32_ops(op_kernels)
+    tf32 = _tf32_ops(op_kernels)
     unfit: dict[str, int] = {}
     cache: dict[tuple[str, str, str], tuple[float, float, str | None] | None] = {}
     for op, backward, dims_json, types_json, calls, device_ms in shapes[
