@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 from analyzer.errors import AnalyzerError, TraceError
 from analyzer.ingest import limits
-from analyzer.ingest.jobs import parse_file, start_method, usable_cpus
+from analyzer.ingest.jobs import start_method, usable_cpus
 
 if TYPE_CHECKING:
     from analyzer.rankmap import MapUnit, UnitResult
@@ -83,14 +83,11 @@ def parse_and_map(path: Path, entry: Path | None) -> UnitResult:
     file of the analysis is its own map unit. A folder of many ranks is then parsed *and*
     summarized in the workers, in parallel, instead of parsed there and summarized here one rank
     after the other (about 0.25 s per rank of a 50 MB trace). The file's problems are its
-    outcome's TraceError, as in :func:`analyzer.rankmap.map_unit`; this never raises for them."""
+    outcome's TraceError, as in :func:`analyzer.rankmap.map_unit` (which parses an uncached file
+    itself); this never raises for them."""
     from analyzer.rankmap import MapUnit, UnitFile, map_unit
 
-    try:
-        parsed = parse_file(path, entry)
-    except TraceError as err:
-        return map_unit(MapUnit((UnitFile(path, entry),)), {path: err})
-    return map_unit(MapUnit((UnitFile(path, entry),)), {path: parsed})
+    return map_unit(MapUnit((UnitFile(path, entry),)))
 
 
 def _worth_a_pool(units: Sequence[MapUnit], workers: int | None) -> int:

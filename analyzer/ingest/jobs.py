@@ -138,7 +138,7 @@ class ParseJobs:
         pending = self._pending.pop(path)
         try:
             if pending is None:
-                return self.task(self._named.get(path, path), self._entries.get(path))
+                return self.task(self._named[path], self._entries.get(path))
             try:
                 return pending.result()
             except BrokenProcessPool:
@@ -160,7 +160,7 @@ class ParseJobs:
         # Decided again: since the pool started, this process may have
         # gained threads (pandas' import), so fork may no longer be safe.
         method = start_method()
-        named = self._named.get(path, path)
+        named = self._named[path]
         if method is None:
             return self.task(named, self._entries.get(path))
         context = multiprocessing.get_context(method)
