@@ -233,6 +233,18 @@ class RunAnalysis:
             raise KeyError(window)
         return overview_from_grids(self.timeline, window, n_bins)
 
+    @property
+    def run_manifest(self) -> RunManifest:
+        """``run.json`` typed (:class:`analyzer.ingest.formats.RunManifest`); an empty one for trace folders.
+
+        ``manifest`` is the same document as decoded, for readers of fields
+        that the type does not name (they are in ``run_manifest.extra``).
+        Read from ``manifest`` on every access (tens of microseconds), not
+        memoized: an analysis copied with another manifest
+        (``dataclasses.replace``) or given one later must not read the old.
+        """
+        return RunManifest.from_json(self.manifest or {})
+
     def goodput(self):
         """The run's goodput (:mod:`analyzer.metrics.goodput`; docs/rundir.md "Restarts and
         goodput"), or None (a trace folder, or no records or start time to compute it)."""
@@ -240,7 +252,7 @@ class RunAnalysis:
 
         if self.kind != "reftrain" or not self.manifest or self.metrics is None:
             return None
-        return goodput(self.manifest, self.metrics)
+        return goodput(self.run_manifest, self.metrics)
 
     def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
         from analyzer.verbs.notebook import run_html
@@ -249,7 +261,7 @@ class RunAnalysis:
 
     def to_json(self) -> dict[str, Any]:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
-        manifest = RunManifest.from_json(self.manifest or {})  # the typed run.json (empty for traces)
+        manifest = self.run_manifest
         gp = self.goodput()
         return jsonable(
             {
@@ -579,7 +591,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
     # MFU: the manifest when the run has one, else trace shapes.
     mfu: MfuResult
     if manifest is not None:
-        mfu = mfu_from_manifest(manifest, metrics, peak_flops=peak_flops)
+        mfu = mfu_from_manifest(man, metrics, peak_flops=peak_flops)
         if mfu.source == "none" and rank_flops:
             fallback = mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
             fallback.notes.insert(0, f"manifest MFU unavailable ({mfu.reason})")

@@ -428,37 +428,38 @@ class TrainStep:
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
         tokens = self.tokens
-        record = {
-            "step": step,
-            "rank": env.rank,
-            "loss": loss_sum.item() / t.grad_accum,
-            "step_time_ms": times["step_time_ms"],
-            "cpu_ms": cpu_ms,
-            "data_wait_ms": times["data_ms"],
-            "forward_ms": times["forward_ms"],
-            "backward_ms": times["backward_ms"],
-            "optimizer_ms": times["optimizer_ms"],
-            "grad_sync_ms": times["grad_sync_ms"],
-            "comm_ms": self.timer.step_comm_ms(step),
-            "tokens": tokens,
-            "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
-            "mfu": flops.mfu(tokens, self.fpt.model, step_s, self.peak.per_s),
-            "hfu": flops.mfu(tokens, self.fpt.hardware, step_s, self.peak.per_s),
-            "mem_bytes": mem_bytes,
-            "mem_kind": mem_kind,
-            "mem_reserved_bytes": mem_reserved,
-            "profiled": self.profiler.collecting(step),
-            "lr": lr,
-            "grad_norm": None if grad_norm is None else float(grad_norm),
-            "injected_ms": self.injector.injected_ms,
-            "injected_forward_ms": self.injector.injected["forward"],
-            "injected_backward_ms": self.injector.injected["backward"],
+        # The typed line (docs/rundir.md), written and returned as its JSON object.
+        record = fmt.MetricsLine(
+            step=step,
+            rank=env.rank,
+            loss=loss_sum.item() / t.grad_accum,
+            step_time_ms=times["step_time_ms"],
+            cpu_ms=cpu_ms,
+            data_wait_ms=times["data_ms"],
+            forward_ms=times["forward_ms"],
+            backward_ms=times["backward_ms"],
+            optimizer_ms=times["optimizer_ms"],
+            grad_sync_ms=times["grad_sync_ms"],
+            comm_ms=self.timer.step_comm_ms(step),
+            tokens=tokens,
+            tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
+            mfu=flops.mfu(tokens, self.fpt.model, step_s, self.peak.per_s),
+            hfu=flops.mfu(tokens, self.fpt.hardware, step_s, self.peak.per_s),
+            mem_bytes=mem_bytes,
+            mem_kind=mem_kind,
+            mem_reserved_bytes=mem_reserved,
+            profiled=self.profiler.collecting(step),
+            lr=lr,
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            injected_ms=self.injector.injected_ms,
+            injected_forward_ms=self.injector.injected["forward"],
+            injected_backward_ms=self.injector.injected["backward"],
             # Slowdown on CPU: CPU time of forward + backward's own work and of the injected work.
-            "compute_cpu_ms": self.injector.compute_cpu_ms if self.injector.compute_cpu_ms else None,
-            "injected_cpu_ms": self.injector.injected_cpu_ms if self.injector.compute_cpu_ms else None,
-            "time_ns": time.time_ns(),
-            "attempt": restart_count(),  # which torchelastic attempt ran it (a restart runs steps again)
-        }
+            compute_cpu_ms=self.injector.compute_cpu_ms if self.injector.compute_cpu_ms else None,
+            injected_cpu_ms=self.injector.injected_cpu_ms if self.injector.compute_cpu_ms else None,
+            time_ns=time.time_ns(),
+            attempt=restart_count(),  # which torchelastic attempt ran it (a restart runs steps again)
+        ).to_json()
         self.writer.write(record)
         self.writer.flush()
         self.timer.flush()

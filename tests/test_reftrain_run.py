@@ -6,6 +6,7 @@ Timing assertions are lower bounds set by the injected sleep, never speeds.
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
@@ -15,9 +16,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 
+from analyzer.ingest.formats import MetricsLine
 from analyzer.metrics.stragglers import disturbed_steps
 
 pytestmark = pytest.mark.slow
@@ -137,6 +140,13 @@ def test_metrics(ddp_run: Path) -> None:
             assert r["grad_sync_ms"] == 0.0  # DDP overlaps the all-reduce with backward
             assert r["mem_kind"] == "cpu_rss" and r["mem_bytes"] > 10 * 2**20
             assert r["profiled"] == (r["step"] in (1, 2, 3))
+        # The writer writes the typed line (analyzer.ingest.formats.MetricsLine): every documented field,
+        # in its order, nothing beside them; reading a line back and writing it gives the same bytes.
+        lines = (ddp_run / "metrics" / f"rank{rank}.jsonl").read_bytes().splitlines()
+        order = [f.name for f in dataclasses.fields(MetricsLine) if f.name != "extra"]
+        for line, r in zip(lines, recs):
+            assert list(r) == order
+            assert orjson.dumps(MetricsLine.from_json(r).to_json()) == line
         assert recs[-1]["loss"] < recs[0]["loss"]  # it learns the synthetic bigrams
         assert recs[0]["loss"] == pytest.approx(6.24, abs=0.1)  # ~ln(512) at initialization
 

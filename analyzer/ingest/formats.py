@@ -24,7 +24,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Mapping, TypeVar
 
 RUN_SCHEMA = "reftrain.run/1"
 METRICS_SCHEMA = "reftrain.metrics/1"
@@ -352,6 +352,15 @@ class RunManifest(Record):
     error: str | None = _omit_none()  # only when failed: the one-line reason
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def read(cls, manifest: "RunManifest | Mapping[str, Any] | None") -> "RunManifest":
+        """The typed manifest of ``manifest``: itself when typed, else read from the decoded JSON (None: empty).
+
+        The metric functions take either, so that callers holding only the
+        decoded run.json (tests, notebooks) and the analysis (typed once,
+        ``RunAnalysis.run_manifest``) read it the same way."""
+        return manifest if isinstance(manifest, RunManifest) else cls.from_json(manifest or {})
+
     # Readers' conveniences: an absent object reads as an empty one.
     @property
     def hw(self) -> Hardware:
@@ -378,12 +387,17 @@ class RunManifest(Record):
 
 @dataclass
 class MetricsLine(Record):
-    """One optimizer step of one rank (docs/rundir.md). Times in ms of that rank's wall clock."""
+    """One optimizer step of one rank (docs/rundir.md). Times in ms of that rank's wall clock.
+
+    The fields in the order reftrain writes them (``reftrain.train.TrainStep``
+    builds one per step and writes ``to_json()``).
+    """
 
     step: int | None = None
     rank: int | None = None
     loss: float | None = None
     step_time_ms: float | None = None
+    cpu_ms: float | None = None  # CPU time of the rank's process over the step (all threads)
     data_wait_ms: float | None = None
     forward_ms: float | None = None
     backward_ms: float | None = None
@@ -398,24 +412,41 @@ class MetricsLine(Record):
     mem_kind: str | None = None  # cuda_peak_allocated | cpu_rss
     mem_reserved_bytes: int | None = None  # peak reserved by the CUDA caching allocator this step; None on CPU
     profiled: bool | None = None
+    lr: float | None = None
+    grad_norm: float | None = None  # before clipping; None when optim.grad_clip is 0
+    injected_ms: float | None = None  # wall time the --inject-* options added, measured
+    injected_forward_ms: float | None = None
+    injected_backward_ms: float | None = None
+    compute_cpu_ms: float | None = None  # --inject-slowdown on CPU: forward + backward's own CPU work
+    injected_cpu_ms: float | None = None  # ... and the injected work's
     time_ns: int | None = None
+    attempt: int | None = None  # torchelastic attempt that ran the step (absent in older runs: 0)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    # The table dtype of each field (analyzer.ingest.rundir reads the lines into one table).
+    # The table dtype of each column that the run-directory table always has
+    # (analyzer.ingest.rundir reads the lines into one table; the other fields
+    # are columns only where the lines carry them, as before they were typed here).
     DTYPES: ClassVar[dict[str, str]] = {}
+    TABLE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "step", "rank", "loss", "step_time_ms", "data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms",
+        "grad_sync_ms", "comm_ms", "tokens", "tokens_per_s", "mfu", "hfu", "mem_bytes", "mem_kind",
+        "mem_reserved_bytes", "profiled", "time_ns",
+    )
 
 
-def _dtypes(cls: type[Record], overrides: dict[str, str]) -> dict[str, str]:
+def _dtypes(cls: type[Record], overrides: dict[str, str], only: tuple[str, ...]) -> dict[str, str]:
     kinds = {int: "int64", float: "float64", bool: "bool", str: "category"}
     out: dict[str, str] = {}
     for name, hint in cls._field_hints().items():
+        if name not in only:
+            continue
         base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
         out[name] = overrides.get(name, kinds.get(base[0], "object"))
     return out
 
 
 # mem_reserved_bytes is null on CPU runs (and absent in older ones): a float column, NaN there.
-MetricsLine.DTYPES = _dtypes(MetricsLine, {"mem_reserved_bytes": "float64"})
+MetricsLine.DTYPES = _dtypes(MetricsLine, {"mem_reserved_bytes": "float64"}, MetricsLine.TABLE_FIELDS)
 
 
 # ---------------------------------------------------------------------------

@@ -31,6 +31,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from analyzer.ingest.formats import RunManifest
+
 # metric -> (label, unit, how ranks combine)
 METRICS: dict[str, tuple[str, str, str]] = {
     "loss": ("loss", "", "mean"),
@@ -91,16 +93,17 @@ class Curves:
         return values.join(flags).reset_index()
 
 
-def training_curves(manifest: Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> Curves:
+def training_curves(manifest: RunManifest | Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> Curves:
     """The per-step curves of a run (see module doc)."""
     if manifest is None or metrics is None or metrics.empty or "step" not in metrics.columns:
         reason = ("a folder of traces has no per-step metrics records" if manifest is None
                   else "no metrics records (metrics/rank*.jsonl)")
         return Curves(missing={m: reason for m in METRICS})
-    warmup = int(manifest.get("warmup_steps") or 0)
-    profiled = tuple(sorted({int(s) for s in manifest.get("profiled_steps") or []}))
+    man = RunManifest.read(manifest)
+    warmup = man.warmup_steps or 0
+    profiled = tuple(sorted(set(man.profiled_steps)))
     rows = metrics.copy()
-    tokens_per_step = manifest.get("tokens_per_step")
+    tokens_per_step = man.tokens_per_step
     missing: dict[str, str] = {}
     if tokens_per_step and "step_time_ms" in rows.columns:
         ms = pd.to_numeric(rows["step_time_ms"], errors="coerce")

@@ -41,9 +41,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
+
+from analyzer.ingest.formats import Attempt, RunManifest
 
 PARTS = ("data_wait", "recomputed", "startup", "restarts", "hang", "checkpoint", "other")
 
@@ -75,13 +77,18 @@ def _ts(text: object) -> float | None:
         return None
 
 
-def goodput(manifest: dict[str, Any], metrics: pd.DataFrame) -> Goodput | None:
+def _attempt_no(a: Attempt, i: int) -> int:
+    """An attempt's number: its ``attempt`` field, else its place in the list."""
+    return a.attempt if a.attempt is not None else i
+
+
+def goodput(manifest: RunManifest | Mapping[str, Any], metrics: pd.DataFrame) -> Goodput | None:
     """Goodput of a run from its run.json and its metrics table (columns rank, step,
     step_time_ms, data_wait_ms, time_ns, and attempt, 0 when absent)."""
     if metrics is None or metrics.empty:
         return None
-    attempts = manifest.get("attempts") or [{"attempt": 0, "start_time": manifest.get("start_time"),
-                                              "end_time": manifest.get("end_time")}]
+    man = RunManifest.read(manifest)
+    attempts = man.attempts or [Attempt(attempt=0, start_time=man.start_time, end_time=man.end_time)]
     if len(attempts) > 1 and "attempt" not in metrics:
         return None  # restarted, but the records do not say which attempt ran them: withheld
     m = metrics.copy()
@@ -95,9 +102,9 @@ def goodput(manifest: dict[str, Any], metrics: pd.DataFrame) -> Goodput | None:
     latest = per.groupby("step")["attempt"].transform("max")
     kept, redone = per[per["attempt"] == latest], per[per["attempt"] != latest]
 
-    starts = {int(a.get("attempt", i)): _ts(a.get("start_time")) for i, a in enumerate(attempts)}
-    begin = _ts(attempts[0].get("start_time")) or _ts(manifest.get("start_time"))
-    end = _ts(attempts[-1].get("end_time")) or _ts(manifest.get("end_time")) or float(per["end_s"].max())
+    starts = {_attempt_no(a, i): _ts(a.start_time) for i, a in enumerate(attempts)}
+    begin = _ts(attempts[0].start_time) or _ts(man.start_time)
+    end = _ts(attempts[-1].end_time) or _ts(man.end_time) or float(per["end_s"].max())
     if begin is None:
         return None
     startup = restarts = 0.0
@@ -109,8 +116,8 @@ def goodput(manifest: dict[str, Any], metrics: pd.DataFrame) -> Goodput | None:
     last_end = per.groupby("attempt")["end_s"].max()
     hang_of: dict[int, float] = {}
     for i, a in enumerate(attempts):
-        k, stop = int(a.get("attempt", i)), _ts(a.get("end_time"))
-        if a.get("status") == "hung" and stop is not None and k in last_end.index:
+        k, stop = _attempt_no(a, i), _ts(a.end_time)
+        if a.status == "hung" and stop is not None and k in last_end.index:
             hang_of[k] = max(0.0, stop - float(last_end[k]))
     for k in sorted(starts):
         # From the last record of any earlier attempt: an attempt that died before
@@ -121,7 +128,7 @@ def goodput(manifest: dict[str, Any], metrics: pd.DataFrame) -> Goodput | None:
             last_attempt = int(before.index.to_numpy()[before.to_numpy().argmax()])
             stalled = sum((h for j, h in hang_of.items() if last_attempt <= j < k), 0.0)
             restarts += start - float(before.max()) - stalled
-    stall = sum(float(s.get("stall_s") or 0.0) for s in manifest.get("checkpoint_saves") or [])
+    stall = sum(float(s.stall_s or 0.0) for s in man.checkpoint_saves or [])
     wall = end - begin
     lost = {
         "data_wait": float(kept["data_ms"].sum()) / 1e3,
@@ -133,6 +140,6 @@ def goodput(manifest: dict[str, Any], metrics: pd.DataFrame) -> Goodput | None:
     }
     productive = float((kept["step_ms"] - kept["data_ms"]).sum()) / 1e3
     lost["other"] = wall - productive - sum(lost.values())
-    hung = sum(a.get("status") == "hung" for a in attempts)
+    hung = sum(a.status == "hung" for a in attempts)
     return Goodput(wall, productive, lost, len(attempts), len(redone), hung_attempts=hung,
-                   preempted=attempts[-1].get("status") == "preempted")
+                   preempted=attempts[-1].status == "preempted")

@@ -56,6 +56,7 @@ from analyzer.jsontext import jsonable
 from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, charged_ops, dominant_dtype, flop_kernels, matmul_ops
 from analyzer.metrics.text import is_in, text_mask
 from analyzer.metrics.hardware import datasheet_peak
+from analyzer.ingest.formats import RunManifest
 from analyzer.ingest.tables import DEVICE_KINDS
 
 MfuSource = Literal["manifest", "trace-shapes", "none"]
@@ -149,14 +150,6 @@ def _median_or_none(values: pd.Series) -> float | None:
     return float(values.median()) if len(values) else None
 
 
-def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
-    for key in path:
-        if not isinstance(d, Mapping) or key not in d:
-            return None
-        d = d[key]
-    return d
-
-
 def steady_state(metrics: pd.DataFrame, warmup_steps: int, profiled_steps: Sequence[int]) -> pd.DataFrame:
     """Rows of the metrics table outside warmup and profiler windows."""
     keep = (metrics["step"] >= warmup_steps) & ~metrics["step"].isin(list(profiled_steps))
@@ -166,7 +159,7 @@ def steady_state(metrics: pd.DataFrame, warmup_steps: int, profiled_steps: Seque
 
 
 def mfu_from_manifest(
-    manifest: Mapping[str, Any], metrics: pd.DataFrame | None, peak_flops: float | None = None
+    manifest: RunManifest | Mapping[str, Any], metrics: pd.DataFrame | None, peak_flops: float | None = None
 ) -> MfuResult:
     """MFU of a reftrain run from its manifest and metrics records (see module doc).
 
@@ -174,11 +167,12 @@ def mfu_from_manifest(
     source ``none`` with the reason when a needed manifest field or every
     steady-state step is missing.
     """
-    per_token = _get(manifest, "flops", "per_token")
-    per_token_hw = _get(manifest, "flops", "per_token_hardware") or per_token
-    tokens_per_step = manifest.get("tokens_per_step")
-    peak = peak_flops if peak_flops is not None else _get(manifest, "peak_flops", "per_s")
-    world_size = manifest.get("world_size")
+    man = RunManifest.read(manifest)
+    per_token = man.model_flops.per_token
+    per_token_hw = man.model_flops.per_token_hardware or per_token
+    tokens_per_step = man.tokens_per_step
+    peak = peak_flops if peak_flops is not None else man.peak.per_s
+    world_size = man.world_size
     missing = [
         name
         for name, value in (
@@ -193,8 +187,7 @@ def mfu_from_manifest(
         return MfuResult("none", reason=f"run.json lacks {', '.join(missing)}")
     if metrics is None or metrics.empty or "step_time_ms" not in metrics.columns:
         return MfuResult("none", reason="no metrics records (metrics/rank*.jsonl) to time the steps")
-    warmup = int(manifest.get("warmup_steps") or 0)
-    profiled = list(manifest.get("profiled_steps") or [])
+    warmup, profiled = man.warmup_steps or 0, man.profiled_steps
     steady = steady_state(metrics, warmup, profiled)
     if steady.empty:
         return MfuResult(
@@ -256,9 +249,9 @@ def mfu_from_manifest(
             f"(warmup < {warmup} and {len(set(profiled))} profiled step(s) excluded)"
         ),
         peak_flops_per_s=float(peak),
-        peak_source="argument" if peak_flops is not None else str(_get(manifest, "peak_flops", "source") or "manifest"),
-        peak_detail="peak_flops argument" if peak_flops is not None else _get(manifest, "peak_flops", "detail"),
-        dtype=_get(manifest, "peak_flops", "dtype"),
+        peak_source="argument" if peak_flops is not None else str(man.peak.source or "manifest"),
+        peak_detail="peak_flops argument" if peak_flops is not None else man.peak.detail,
+        dtype=man.peak.dtype,
         flops_per_step=flops,
         logged_median=logged,
         backward="recorded",

@@ -33,6 +33,8 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import pandas as pd
 
+from analyzer.ingest.formats import RunManifest
+
 from analyzer.metrics.mfu import steady_state
 
 STEP_COLUMNS = ("step", "n_ranks", "step_time_ms", "tokens", "tokens_per_s")
@@ -53,17 +55,17 @@ class Throughput:
     steps: pd.DataFrame = field(default_factory=_empty_steps)
 
 
-def throughput(manifest: Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> Throughput:
+def throughput(manifest: RunManifest | Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> Throughput:
     """Tokens per second per steady-state step and its median (see module doc)."""
     if manifest is None:
         return Throughput("none", reason="no run.json: traces do not record token counts")
-    tokens_per_step = manifest.get("tokens_per_step")
+    man = RunManifest.read(manifest)
+    tokens_per_step = man.tokens_per_step
     if not tokens_per_step:
         return Throughput("none", reason="run.json lacks tokens_per_step")
     if metrics is None or metrics.empty or "step_time_ms" not in metrics.columns:
         return Throughput("none", reason="no metrics records (metrics/rank*.jsonl) to time the steps")
-    warmup = int(manifest.get("warmup_steps") or 0)
-    steady = steady_state(metrics, warmup, list(manifest.get("profiled_steps") or []))
+    steady = steady_state(metrics, man.warmup_steps or 0, man.profiled_steps)
     if steady.empty:
         return Throughput("none", reason="no steady-state steps (all are warmup or profiled)")
     rank_ms = pd.to_numeric(steady["step_time_ms"], errors="coerce").to_numpy(np.float64)

@@ -49,6 +49,7 @@ import pandas as pd
 
 from analyzer.verbs.compare import candidate_peak_scale, labelled
 from analyzer.errors import AnalyzerError
+from analyzer.ingest.formats import Inject, RunManifest
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -105,6 +106,12 @@ class StepSamples:
     @property
     def median(self) -> float:
         return float(np.median(self.values))
+
+    def head(self, n: int) -> "StepSamples":
+        """The first ``n`` steady steps, as a run of that length would have given them (bench_gate's run lengths)."""
+        if n >= len(self.values):
+            return self
+        return replace(self, values=self.values[:n], steps=self.steps[:n], source=f"{self.source}, first {n} steps")
 
 
 @dataclass(frozen=True)
@@ -577,17 +584,15 @@ class GateOutcome:
         return out
 
 
-def _model_identity(manifest: dict | None) -> dict:
-    manifest = manifest or {}
-    config = manifest.get("config") or {}
+def _model_identity(manifest: RunManifest) -> dict:
     return {
-        "model": config.get("model"),
-        "params": (manifest.get("params") or {}).get("total"),
-        "flops_per_token": (manifest.get("flops") or {}).get("per_token"),
+        "model": (manifest.config or {}).get("model"),
+        "params": manifest.params.total if manifest.params else None,
+        "flops_per_token": manifest.model_flops.per_token,
     }
 
 
-def _describe_model(manifest: dict | None) -> str:
+def _describe_model(manifest: RunManifest) -> str:
     ident = _model_identity(manifest)
     model = ident["model"] or {}
     preset = model.get("preset", "?") if isinstance(model, dict) else "?"
@@ -611,16 +616,16 @@ def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
         )
     notes: list[str] = []
     if base.kind == "reftrain":
-        if _model_identity(base.manifest) != _model_identity(cand.manifest):
+        bm, cm = base.run_manifest, cand.run_manifest
+        if _model_identity(bm) != _model_identity(cm):
             raise AnalyzerError(
-                f"incompatible runs: different model (baseline {_describe_model(base.manifest)}; "
-                f"candidate {_describe_model(cand.manifest)})"
+                f"incompatible runs: different model (baseline {_describe_model(bm)}; "
+                f"candidate {_describe_model(cm)})"
             )
-        bw, cw = (base.manifest or {}).get("world_size"), (cand.manifest or {}).get("world_size")
+        bw, cw = bm.world_size, cm.world_size
         if bw != cw:
             notes.append(f"world sizes differ (baseline {bw}, candidate {cw}); MFU is per device")
-        bh = ((base.manifest or {}).get("hardware") or {}).get("device_names")
-        ch = ((cand.manifest or {}).get("hardware") or {}).get("device_names")
+        bh, ch = bm.hw.device_names, cm.hw.device_names
         if bh != ch:
             notes.append(f"hardware differs (baseline {bh}, candidate {ch})")
     else:
@@ -685,11 +690,11 @@ def run_samples(
         notes.append(f"{why}: gating on throughput (tokens/s per rank) instead")
 
         def tokens(a: "RunAnalysis", label: str) -> StepSamples:
-            manifest = a.manifest or {}
+            manifest = a.run_manifest
             return samples_from_metrics(
                 a.metrics,
-                warmup_steps=int(manifest.get("warmup_steps") or 0),
-                profiled_steps=list(manifest.get("profiled_steps") or []),
+                warmup_steps=manifest.warmup_steps or 0,
+                profiled_steps=manifest.profiled_steps,
                 metric="tokens_per_s",
                 label=label,
             )
@@ -714,13 +719,13 @@ def cpu_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
     None for trace folders, GPU runs (their work is not host CPU time) and
     runs written before reftrain recorded ``cpu_ms``.
     """
-    manifest = a.manifest or {}
-    if a.kind != "reftrain" or (manifest.get("hardware") or {}).get("device_type") != "cpu":
+    manifest = a.run_manifest
+    if a.kind != "reftrain" or manifest.hw.device_type != "cpu":
         return None
     m = a.metrics
     if m is None or "cpu_ms" not in m.columns or len(m) == 0:
         return None
-    warmup, profiled = int(manifest.get("warmup_steps") or 0), list(manifest.get("profiled_steps") or [])
+    warmup, profiled = manifest.warmup_steps or 0, manifest.profiled_steps
     keep = (m["step"] >= warmup) & ~m["step"].isin(profiled)
     if "profiled" in m.columns:
         keep &= ~m["profiled"].fillna(False).astype(bool)
@@ -791,19 +796,40 @@ def cpu_time_confirm(result: CheckResult, cpu: CheckResult) -> CheckResult:
     return replace(result, verdict="regression", notes=[*result.notes, note])
 
 
-def injected_notes(label: str, manifest: dict | None) -> list[str]:
+def gate_samples(
+    base: Sequence[StepSamples],
+    cand: StepSamples,
+    config: CheckConfig,
+    cpu_base: Sequence[StepSamples | None] = (),
+    cpu_cand: StepSamples | None = None,
+) -> tuple[CheckResult, CheckResult | None]:
+    """The step-statistic verdict of :func:`check` from samples alone: wall clock, then CPU time's veto and confirmation.
+
+    CPU time takes part only when every run has it (``cpu_cand`` and each
+    of ``cpu_base`` not None). Returns the verdict and the CPU-time result
+    (None without it). ``bench/bench_gate.py --reuse`` calls this on
+    truncated samples to measure the gate at shorter run lengths.
+    """
+    result = check_samples(base, cand, config)
+    if cpu_cand is None or not cpu_base or any(c is None for c in cpu_base):
+        return result, None
+    cpu_result = check_samples([c for c in cpu_base if c is not None], cpu_cand, config)
+    return cpu_time_confirm(cpu_time_veto(result, cpu_result), cpu_result), cpu_result
+
+
+def injected_notes(label: str, manifest: RunManifest) -> list[str]:
     """What reftrain injected into a run on purpose (run.json ``inject``), as notes for the explanation."""
-    inject = (manifest or {}).get("inject") or {}
-    measured = inject.get("measured") or {}
+    inject = manifest.inject or Inject()
+    measured = inject.measured or {}
     out = []
-    if inject.get("slowdown"):
+    if inject.slowdown:
         factors = measured.get("compute_factor") or []
         got = f" (measured {', '.join(f'{f:.2f}' for f in factors)} per rank)" if factors else ""
-        out.append(f"{label}: forward and backward slowed {inject['slowdown']:g}x on purpose (--inject-slowdown){got}")
-    if inject.get("slow_rank") is not None and inject.get("delay_ms"):
+        out.append(f"{label}: forward and backward slowed {inject.slowdown:g}x on purpose (--inject-slowdown){got}")
+    if inject.slow_rank is not None and inject.delay_ms:
         ms = measured.get("injected_ms") or []
         got = f" (measured median {max(ms):.1f} ms per step)" if ms else ""
-        out.append(f"{label}: rank {inject['slow_rank']} delayed {inject['delay_ms']:g} ms per step on purpose "
+        out.append(f"{label}: rank {inject.slow_rank} delayed {inject.delay_ms:g} ms per step on purpose "
                    f"(--inject-slow-rank){got}")
     return out
 
@@ -850,18 +876,16 @@ def check(
     for b in bases:
         notes += [n for n in check_compatible(b, candidate) if n not in notes]
     base_samples, cand_samples, sample_notes = run_samples(bases[0], candidate, *bases[1:])
-    result = check_samples(base_samples, cand_samples, config)
-    cpu_result = None
+    cpu_base: list[StepSamples | None] = []
+    cpu_cand = None
     if cpu_time:
         cpu_base = [cpu_samples(b, "baseline" if len(bases) == 1 else f"baseline {i + 1}") for i, b in enumerate(bases)]
         cpu_cand = cpu_samples(candidate, "candidate")
-        if cpu_cand is not None and all(c is not None for c in cpu_base):
-            cpu_result = check_samples(cpu_base, cpu_cand, config)
-            result = cpu_time_confirm(cpu_time_veto(result, cpu_result), cpu_result)
+    result, cpu_result = gate_samples(base_samples, cand_samples, config, cpu_base, cpu_cand)
     if candidate.kind == "reftrain":
-        notes += injected_notes("candidate", candidate.manifest)
+        notes += injected_notes("candidate", candidate.run_manifest)
         for i, b in enumerate(bases):
-            notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.manifest)
+            notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.run_manifest)
     return GateOutcome(result=result, comparison=compare(bases[0], candidate), notes=notes + sample_notes, cpu=cpu_result,
                        samples=(base_samples, cand_samples), goodput=gp_gate, memory=mem_gate)
 

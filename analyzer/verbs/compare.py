@@ -219,8 +219,8 @@ def _metrics_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
     metrics = a.metrics
     if metrics is None or metrics.empty or not {"rank", "step", "step_time_ms"} <= set(metrics.columns):
         return None
-    manifest = a.manifest or {}
-    steady = steady_state(metrics, int(manifest.get("warmup_steps") or 0), list(manifest.get("profiled_steps") or []))
+    manifest = a.run_manifest
+    steady = steady_state(metrics, manifest.warmup_steps or 0, manifest.profiled_steps)
     if steady.empty:
         return None
     cols = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
@@ -435,8 +435,8 @@ def _measured_peak(a: "RunAnalysis") -> float | None:
 
 
 def _hardware(a: "RunAnalysis") -> tuple:
-    hw = (a.manifest or {}).get("hardware") or {}
-    return (hw.get("device_type"), hw.get("cpu_model"), tuple(hw.get("device_names") or ()))
+    hw = a.run_manifest.hw
+    return (hw.device_type, hw.cpu_model, tuple(hw.device_names))
 
 
 def candidate_peak_scale(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[float, str | None]:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from analyzer.errors import AnalyzerError
+from analyzer.ingest.formats import Git
+
+if TYPE_CHECKING:
+    from analyzer.api import RunAnalysis
 
 Order = Literal["time", "commit"]
 
@@ -58,6 +62,12 @@ class History:
                 "skipped": list(self.skipped)}
 
 
+def _sha(a: "RunAnalysis") -> str | None:
+    """The run's git commit (run.json ``git.sha``), None when it has none."""
+    git = a.run_manifest.git
+    return git.sha if git is not None else None
+
+
 def history(runs_dir: Path, by: Order = "time") -> History:
     """The history of the reftrain runs directly under ``runs_dir`` (see module doc)."""
     from analyzer.api import analyze
@@ -79,25 +89,23 @@ def history(runs_dir: Path, by: Order = "time") -> History:
         except AnalyzerError as exc:
             skipped.append(f"{path.name}: {exc}")
             continue
-        start = (a.manifest or {}).get("start_time")
+        start = a.run_manifest.start_time
         if not start:
             skipped.append(f"{path.name}: run.json has no start_time")
             continue
-        analyzed.append((str(start), path.name, a))
+        analyzed.append((start, path.name, a))
     analyzed.sort(key=lambda t: (t[0], t[1]))
     if by == "commit":
         latest: dict[str, int] = {}
         for i, (_, _, a) in enumerate(analyzed):
-            sha = ((a.manifest or {}).get("git") or {}).get("sha")
+            sha = _sha(a)
             if sha:
                 latest[sha] = i
-        analyzed = [t for i, t in enumerate(analyzed)
-                    if not ((t[2].manifest or {}).get("git") or {}).get("sha")
-                    or latest[t[2].manifest["git"]["sha"]] == i]
+        analyzed = [t for i, t in enumerate(analyzed) if not _sha(t[2]) or latest[_sha(t[2])] == i]
     points: list[HistoryPoint] = []
     prev = None
     for start, name, a in analyzed:
-        git = (a.manifest or {}).get("git") or {}
+        git = a.run_manifest.git or Git()
         gp = a.goodput()
         fields: dict[str, Any] = {"goodput": None if gp is None else gp.goodput}
         if prev is not None:
@@ -111,7 +119,7 @@ def history(runs_dir: Path, by: Order = "time") -> History:
             except AnalyzerError as exc:
                 fields.update(verdict_error=str(exc))
         points.append(HistoryPoint(
-            run=name, start_time=start, commit=git.get("sha"), dirty=git.get("dirty"),
+            run=name, start_time=start, commit=git.sha, dirty=git.dirty,
             mfu=a.mfu.median if a.mfu.source != "none" else None, step_time_ms=a.step_time.ms,
             tokens_per_s=throughput(a.manifest, a.metrics).median, **fields))
         prev = a

@@ -109,8 +109,8 @@ def report_json(a: "RunAnalysis") -> dict[str, Any]:
 def _kind_text(a: "RunAnalysis") -> str:
     n = len(a.ranks)
     if a.kind == "reftrain":
-        m = a.manifest or {}
-        return f"reftrain run {m.get('run_id', '?')} ({m.get('status', '?')}), {n} rank(s)"
+        m = a.run_manifest
+        return f"reftrain run {m.run_id or '?'} ({m.status or '?'}), {n} rank(s)"
     return f"Kineto traces, {n} rank(s)"
 
 
@@ -564,12 +564,12 @@ def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
         fig = go.Figure()
         for rank, grp in metrics.sort_values("step").groupby("rank", sort=True):
             fig.add_scatter(name=f"rank {rank}", x=grp["step"], y=grp["step_time_ms"], mode="lines+markers")
-        manifest = a.manifest or {}
-        warmup = int(manifest.get("warmup_steps") or 0)
+        manifest = a.run_manifest
+        warmup = manifest.warmup_steps or 0
         if warmup:
             fig.add_vrect(x0=-0.5, x1=warmup - 0.5, fillcolor="grey", opacity=0.15, line_width=0,
                           annotation_text="warmup", annotation_position="top left")
-        for step in sorted(set(manifest.get("profiled_steps") or [])):
+        for step in sorted(set(manifest.profiled_steps)):
             fig.add_vrect(x0=step - 0.5, x1=step + 0.5, fillcolor="orange", opacity=0.15, line_width=0)
         fig.update_layout(title="Step time per optimizer step (metrics records; shaded: warmup, profiled)",
                           xaxis_title="step", yaxis_title="ms")

@@ -362,11 +362,11 @@ def per_step_charts(ra: RunAnalysis) -> None:
             }
             show_vega(spec, lines, key="step_times")
             notes = [where]
-            manifest = ra.manifest or {}
-            if manifest.get("warmup_steps"):
-                notes.append(f"steps below {manifest['warmup_steps']} are warmup")
-            if manifest.get("profiled_steps"):
-                notes.append("profiled steps " + ", ".join(str(s) for s in manifest["profiled_steps"]) + " run under the profiler")
+            manifest = ra.run_manifest
+            if manifest.warmup_steps:
+                notes.append(f"steps below {manifest.warmup_steps} are warmup")
+            if manifest.profiled_steps:
+                notes.append("profiled steps " + ", ".join(str(s) for s in manifest.profiled_steps) + " run under the profiler")
             st.caption(plain("; ".join(notes)))
         else:
             st.info("No step times recorded.")
@@ -397,34 +397,35 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
 
 def config_and_hardware(ra: RunAnalysis) -> None:
     st.subheader("Config and hardware")
-    manifest = ra.manifest
-    if manifest:
+    if ra.manifest:
+        manifest = ra.run_manifest
+        git = manifest.git
         facts = {
-            "run_id": manifest.get("run_id"),
-            "status": manifest.get("status"),
-            "start_time": manifest.get("start_time"),
-            "end_time": manifest.get("end_time"),
-            "git sha": (manifest.get("git") or {}).get("sha"),
-            "git dirty": (manifest.get("git") or {}).get("dirty"),
-            "command": " ".join(str(a) for a in manifest.get("command") or []),
-            "world_size": manifest.get("world_size"),
-            "backend": manifest.get("backend"),
-            "torch_version": manifest.get("torch_version"),
-            "params (total)": (manifest.get("params") or {}).get("total"),
-            "FLOPs per token": (manifest.get("flops") or {}).get("per_token"),
-            "tokens per step": manifest.get("tokens_per_step"),
-            "steps": manifest.get("steps"),
+            "run_id": manifest.run_id,
+            "status": manifest.status,
+            "start_time": manifest.start_time,
+            "end_time": manifest.end_time,
+            "git sha": git.sha if git else None,
+            "git dirty": git.dirty if git else None,
+            "command": " ".join(str(a) for a in manifest.command),
+            "world_size": manifest.world_size,
+            "backend": manifest.backend,
+            "torch_version": manifest.torch_version,
+            "params (total)": manifest.params.total if manifest.params else None,
+            "FLOPs per token": manifest.model_flops.per_token,
+            "tokens per step": manifest.tokens_per_step,
+            "steps": manifest.steps,
         }
-        hw = manifest.get("hardware") or {}
+        hw = manifest.hardware.to_json() if manifest.hardware else {}
         facts.update({f"hardware.{k}": v for k, v in hw.items()})
-        peak = manifest.get("peak_flops") or {}
+        peak = manifest.peak_flops.to_json() if manifest.peak_flops else {}
         facts.update({f"peak_flops.{k}": v for k, v in peak.items()})
         facts_table = pd.DataFrame(
             {"field": list(facts), "value": [_cell(v) for v in facts.values()]}
         )
         st.dataframe(facts_table, hide_index=True)
         with st.expander("Resolved config (run.json `config`)"):
-            config = flat_config(manifest.get("config") or {})
+            config = flat_config(manifest.config or {})
             st.dataframe(pd.DataFrame({"key": list(config), "value": list(config.values())}), hide_index=True)
     else:
         st.caption("No manifest: a folder of traces. What the traces say about each rank:")

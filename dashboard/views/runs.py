@@ -44,8 +44,7 @@ def _trace_date(run: RunEntry) -> str | None:
     return dt.datetime.fromtimestamp(max(mtimes), tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def _manifest_date(manifest: dict) -> str | None:
-    start = manifest.get("start_time")
+def _manifest_date(start: str | None) -> str | None:
     if not start:
         return None
     try:
@@ -63,15 +62,16 @@ def run_row(run: RunEntry) -> dict[str, Any]:
         row.update(status="error", error=loaded.error, date=_trace_date(run))
         return row
     ra = loaded.value
-    manifest = ra.manifest or {}
-    params = (manifest.get("params") or {}).get("total")
-    model = ((manifest.get("config") or {}).get("model") or {}).get("preset")
+    has_manifest, manifest = bool(ra.manifest), ra.run_manifest
+    params = manifest.params.total if manifest.params else None
+    model_config = (manifest.config or {}).get("model")
+    model = model_config.get("preset") if isinstance(model_config, dict) else None
     tp = throughput(run)
     row.update(
-        date=_manifest_date(manifest) if manifest else _trace_date(run),
+        date=_manifest_date(manifest.start_time) if has_manifest else _trace_date(run),
         **{
-            "git sha": ((manifest.get("git") or {}).get("sha") or "")[:10] or None,
-            "world size": manifest.get("world_size") or len(ra.ranks) or None,
+            "git sha": ((manifest.git.sha if manifest.git else None) or "")[:10] or None,
+            "world size": manifest.world_size or len(ra.ranks) or None,
             "model": model,
             "params": params,
             "tokens/s": tp.median,
@@ -81,9 +81,9 @@ def run_row(run: RunEntry) -> dict[str, Any]:
                                            if ra.mfu.lower_bound and ra.mfu.flop_coverage is not None
                                            else ", lower bound" if ra.mfu.lower_bound else ""),
             "step time (ms)": ra.step_time.ms,
-            "steps": manifest.get("steps") if manifest else max((r.n_steps for r in ra.ranks), default=None),
+            "steps": manifest.steps if has_manifest else max((r.n_steps for r in ra.ranks), default=None),
             # A trace folder has no recorded status: say whether every file was usable.
-            "status": manifest.get("status") if manifest else ("partial" if ra.errors else "ok"),
+            "status": manifest.status if has_manifest else ("partial" if ra.errors else "ok"),
             "error": "; ".join(ra.errors) if ra.errors else None,
         },
     )

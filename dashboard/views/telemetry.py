@@ -38,7 +38,7 @@ def render() -> None:
     rd = loaded.value
     telemetry = rd.telemetry
     if telemetry is None or telemetry.empty:
-        note = (rd.manifest or {}).get("telemetry_note")
+        note = rd.run.telemetry_note  # the typed run.json (RunDir.run)
         st.info(NO_TELEMETRY + (f" ({plain(note)})" if note else ""))
         return
     device_col = "rank"  # telemetry/gpu{R}.jsonl, R the rank (analyzer.rundir)

@@ -45,12 +45,11 @@ def add_suggest_subcommand(sub: "argparse._SubParsersAction", parents: Sequence[
 def suggestions_document(ra, suggestions: list[Suggestion], config_path: str | None,
                          nproc: int | None = None) -> dict[str, Any]:
     """The ``--json`` document: schema, run identity and ``suggestions[]``."""
-    man = ra.manifest or {}
     return {
         "schema": SCHEMA,
         "path": [str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
         "kind": ra.kind,
-        "run_id": man.get("run_id"),
+        "run_id": ra.run_manifest.run_id,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "suggestions": suggestions_json(suggestions, config_path, nproc),
     }

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from analyzer.errors import AnalyzerError
+from analyzer.ingest.formats import RunManifest
 from analyzer.verbs.suggest.engine import Suggestion, format_value
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 def new_run_name(ra: "RunAnalysis", suggestion: Suggestion, runs_dir: str | None) -> str:
     """``<run_id>-<rule>``, with ``-2``, ``-3``, ... when a directory of that name exists in ``runs_dir``."""
-    base_id = (ra.manifest or {}).get("run_id") or (Path(ra.path).name if isinstance(ra.path, Path) else "run")
+    base_id = ra.run_manifest.run_id or (Path(ra.path).name if isinstance(ra.path, Path) else "run")
     name = f"{base_id}-{suggestion.rule.replace('_', '-')}"
     if runs_dir:
         n = 2
@@ -45,8 +46,8 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
     has no reftrain override, or an override names a key the run's config
     does not have (reftrain validates the values when it loads the file).
     """
-    manifest = ra.manifest or {}
-    if ra.kind != "reftrain" or not isinstance(manifest.get("config"), dict):
+    manifest = ra.run_manifest
+    if ra.kind != "reftrain" or manifest.config is None:
         raise AnalyzerError(f"{ra.path}: --emit-config needs a reftrain run directory (this is a folder of traces)")
     if not suggestion.change.overrides:
         raise AnalyzerError(f"suggestion '{suggestion.rule}' has no reftrain override (advice only); pick another with --pick")
@@ -56,7 +57,7 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
     run_section = config.get("run") if isinstance(config.get("run"), dict) else None
     runs_dir = run_section.get("runs_dir") if run_section else None
     _overlay(config, "run.name", run_name or new_run_name(ra, suggestion, runs_dir), "analyzer suggest", ra.path)
-    world = manifest.get("world_size") or 1
+    world = manifest.world_size or 1
     p = suggestion.predicted
     lines = [
         f"# reftrain config emitted by `analyzer suggest` from {ra.path}",
@@ -70,9 +71,9 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
     return "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
 
 
-def _run_config(ra: "RunAnalysis", manifest: dict) -> dict:
+def _run_config(ra: "RunAnalysis", manifest: RunManifest) -> dict:
     """The run's config.yaml as a dict (a deep copy), else run.json's ``config``."""
-    rel = (manifest.get("files") or {}).get("config") or "config.yaml"
+    rel = manifest.files.config or "config.yaml"
     path = Path(ra.path) / rel if isinstance(ra.path, Path) else None
     if path is not None and path.is_file():
         try:
@@ -81,7 +82,7 @@ def _run_config(ra: "RunAnalysis", manifest: dict) -> dict:
             raise AnalyzerError(f"{path}: cannot read the run's config ({str(exc).splitlines()[0]})") from None
         if isinstance(data, dict):
             return data
-    return copy.deepcopy(manifest["config"])
+    return copy.deepcopy(manifest.config)
 
 
 def _overlay(config: dict, key: str, value: object, origin: str, run: object) -> None:

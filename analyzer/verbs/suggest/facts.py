@@ -300,11 +300,6 @@ class RunFacts:
 # ---------------------------------------------------------------------------
 
 
-def manifest_of(ra: "RunAnalysis") -> RunManifest:
-    """The run's typed ``run.json`` (an empty one for a folder of traces)."""
-    return RunManifest.from_json(ra.manifest or {})
-
-
 def _steady(ra: "RunAnalysis", man: RunManifest) -> pd.DataFrame | None:
     m = ra.metrics
     if m is None or m.empty or not {"rank", "step", "step_time_ms"} <= set(m.columns):
@@ -717,7 +712,7 @@ def memory_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, de
             peak = float(values.max())
             kinds = steady["mem_kind"].astype(str).unique() if "mem_kind" in steady.columns else []
             kind = str(kinds[0]) if len(kinds) else None
-    hw = (man or manifest_of(ra)).hw
+    hw = (man or ra.run_manifest).hw
     capacity, source = None, None
     if hw.device_memory_bytes is not None and hw.device_memory_bytes > 0:
         capacity, source = float(hw.device_memory_bytes), "run.json hardware.device_memory_bytes"
@@ -759,7 +754,7 @@ def run_facts(ra: "RunAnalysis") -> RunFacts:
 
 
 def _run_facts(ra: "RunAnalysis") -> RunFacts:
-    man = manifest_of(ra)
+    man = ra.run_manifest
     config = man.config
     hw = man.hw
     device_names = [r.device_name for r in ra.ranks if r.device_name]
