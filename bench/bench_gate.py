@@ -85,7 +85,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-args", default="", help="extra arguments for `analyzer check`, e.g. '--max-mfu-drop 0.1'")
     p.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary folder)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write every trial and the table as JSON")
+    p.add_argument("--reuse", type=Path, metavar="FILE",
+                   help="train nothing: re-gate the trials of an earlier --json FILE (its runs kept with --out) "
+                        "with the current gate, at each of --lengths")
+    p.add_argument("--lengths", default="",
+                   help="with --reuse: comma-separated numbers of steady steps per run, each run cut to its first N "
+                        "(default: the runs' own length)")
     args = p.parse_args(argv)
+    args.lengths = [int(x) for x in args.lengths.split(",") if x]
     # --quick only fills what was not given.
     quick = {"trials": 3, "cases": "none,slow25", "loads": "0"}
     full = {"trials": 20, "cases": ",".join(CASES), "loads": "0,1,2"}
@@ -283,8 +290,79 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
         print(f"   time budget for this load spent ({len(queue)} trials not run)", flush=True)
 
 
+def _check_config(check_args: list[str]) -> tuple[object, bool]:
+    """The gate's knobs from ``--check-args`` (the subset of ``analyzer check``'s flags that reach the statistic)."""
+    from analyzer.verbs.check import CheckConfig
+
+    p = argparse.ArgumentParser(prog="--check-args")
+    p.add_argument("--max-mfu-drop", type=float, default=0.05)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--quantile", type=float, default=0.25)
+    p.add_argument("--no-cpu-time", action="store_true")
+    a = p.parse_args(check_args)
+    return CheckConfig(max_drop=a.max_mfu_drop, alpha=a.alpha, quantile=a.quantile), not a.no_cpu_time
+
+
+def reuse(args: argparse.Namespace) -> int:
+    """Re-gate an earlier bench's trials at several run lengths, from the runs it kept (``--out``).
+
+    A run of N steady steps is taken to be the first N steady steps of the
+    kept run: the same code, the same machine minutes, so the lengths
+    differ only in how much of each run the gate sees (the runs of one
+    trial were trained further apart in time than N-step runs would be,
+    which makes the short lengths' drift between runs slightly larger
+    than a real N-step bench's, so their rates err towards "noisier").
+    """
+    from analyzer.api import analyze
+    from analyzer.errors import AnalyzerError
+    from analyzer.verbs.check import cpu_samples, gate_samples, run_samples
+
+    doc = json.loads(args.reuse.read_text())
+    config, use_cpu = _check_config(args.check_args.split())
+    analyzed: dict[str, object] = {}
+
+    def run(path: str):
+        if path not in analyzed:
+            analyzed[path] = analyze(path, cache=False)
+        return analyzed[path]
+
+    lengths = args.lengths or [0]
+    tables: dict[int, list[Cell]] = {n: [] for n in lengths}
+    for cell_doc in doc["trials"]:
+        cells = {n: Cell(cell_doc["case"], cell_doc["load"], cell_doc["inject"].split() if isinstance(cell_doc["inject"], str) else cell_doc["inject"]) for n in lengths}
+        for n in lengths:
+            tables[n].append(cells[n])
+        for t in cell_doc["trials"]:
+            cand, bases = run(t["candidate"]), [run(b) for b in t["baselines"]]
+            base_s, cand_s, _ = run_samples(bases[0], cand, *bases[1:])
+            cpu_b = [cpu_samples(b, "baseline") for b in bases] if use_cpu else []
+            cpu_c = cpu_samples(cand, "candidate") if use_cpu else None
+            for n in lengths:
+                cut = (lambda s: s.head(n)) if n else (lambda s: s)
+                try:
+                    result, _ = gate_samples([cut(b) for b in base_s], cut(cand_s), config,
+                                             [cut(c) if c is not None else None for c in cpu_b],
+                                             cut(cpu_c) if cpu_c is not None else None)
+                    verdict, drop, noise = result.verdict, result.drop, result.noise
+                except AnalyzerError:
+                    verdict, drop, noise = "unusable", None, None
+                cells[n].trials.append({**t, "verdict": verdict, "drop": drop, "noise": noise})
+    for n in lengths:
+        print(f"\n== {'each run cut to its first ' + str(n) + ' steady steps' if n else 'whole runs'} "
+              f"(re-gated from {args.reuse})")
+        print_table(tables[n])
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"reuse": str(args.reuse), "lengths": lengths,
+                                         "tables": {str(n): [c.row() for c in tables[n]] for n in lengths},
+                                         "trials": {str(n): [asdict(c) for c in tables[n]] for n in lengths}}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.reuse:
+        return reuse(args)
     check_args = args.check_args.split()
     signal.signal(signal.SIGTERM, _sigterm)
     start = time.monotonic()
