@@ -196,6 +196,7 @@ def mfu_from_manifest(
         )
     # each is in `missing` above otherwise
     assert per_token is not None and per_token_hw is not None and tokens_per_step is not None and world_size is not None
+    assert peak is not None
     flops = float(tokens_per_step) * float(per_token) / float(world_size)
     hw_flops = float(tokens_per_step) * float(per_token_hw) / float(world_size)
     # Each rank's MFU over its own step time, then the mean over ranks: the

@@ -82,7 +82,7 @@ def _run_config(ra: "RunAnalysis", manifest: RunManifest) -> dict:
             raise AnalyzerError(f"{path}: cannot read the run's config ({str(exc).splitlines()[0]})") from None
         if isinstance(data, dict):
             return data
-    return copy.deepcopy(manifest.config)
+    return copy.deepcopy(manifest.config or {})
 
 
 def _overlay(config: dict, key: str, value: object, origin: str, run: object) -> None:
