@@ -61,6 +61,10 @@ from reftrain.config import Config, resolve, set_value, to_yaml  # noqa: E402
 NPROC = 2
 # Target error of a prediction, relative to the measured gain (the issue's goal).
 MAX_REL_ERROR = 0.25
+# A closed loop can only check a prediction larger than a base/after pair's own noise: on this 2-core
+# machine pairs of one change measured -6 %, +24 % and +22 % for a predicted +1.5 % (tiny-buckets,
+# gradient_as_bucket_view, 2026-12-06). A suggestion predicting less is reported, not applied.
+MIN_VERIFIABLE_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,11 @@ SCENARIOS = (
              {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096,
               "train.micro_batch_size": 16, "parallel.bucket_cap_mb": 0.05}),
     Scenario("sync-after-backward", "explicit gradient all-reduce after backward (no overlap) on a 5 MB model",
+             # micro-batch 4, not 16: on a CPU 3x faster than the one this was set up on, the 11 ms sync of
+             # the 5 MB of gradients was 7 % of a 156 ms step at 16, under the comm rules' 10 % bar; at 4 it
+             # is about a sixth of the step, the poor config this scenario stands for.
              {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096,
-              "train.micro_batch_size": 16, "parallel.overlap_grad_sync": False}),
+              "train.micro_batch_size": 4, "parallel.overlap_grad_sync": False}),
     Scenario("straggler", "rank 1 delayed 400 ms per step (inject.slow_rank)",
              {"model.preset": "tiny", "train.micro_batch_size": 32, "inject.slow_rank": 1, "inject.delay_ms": 400.0}),
 )
@@ -166,7 +173,9 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
     for rep in range(repeats):
         b = measured(run_reftrain(base_cfg, f"{sc.name}-base-{rep}", runs_dir, timeout_s))
         suggestions = suggest(b["analysis"])
-        actionable = [s for s in suggestions if s.kind == "change" and s.change.overrides]
+        changes = [s for s in suggestions if s.kind == "change" and s.change.overrides]
+        actionable = [s for s in changes if s.gain >= MIN_VERIFIABLE_GAIN]
+        too_small = ", ".join(f"{s.rule} {s.gain:+.1%}" for s in changes if s.gain < MIN_VERIFIABLE_GAIN)
         ranking = ", ".join(f"{s.rule} {s.gain:+.0%}" for s in suggestions)
         print(f"    suggestions: {ranking or 'none'}", flush=True)
         if rep == 0 and not actionable:  # the analyzer finds nothing worth changing: a silence check
@@ -177,7 +186,8 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
                     "before": _summary([b]) | {"load_1min": b["load_1min"]},
                     "facts": {"step_time_ms": f.step_time_ms, "phases_ms": f.phases, "exposed_comm_ms": f.exposed_comm_ms,
                               "collectives_per_step": f.comm.n_per_step if f.comm else None},
-                    "silent": "no rule predicts a gain with a reftrain override"}
+                    "silent": f"no rule predicts a gain >= {MIN_VERIFIABLE_GAIN:.0%} with a reftrain override"
+                              + (f" (under it, not applied: {too_small})" if too_small else "")}
         if rep == 0:  # the change is fixed by the first analysis; later repeats measure it again
             first = actionable[0]
             emit_config(b["analysis"], first, after_cfg, run_name=f"{sc.name}-after-0")
@@ -188,7 +198,7 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         picks.append(actionable[0].rule if actionable else None)
         # This base run's prediction from the applied rule (0 when it no longer fires on this run; its
         # overrides may differ a little, e.g. 3 or 4 workers, as the measured wait moves).
-        same = next((s for s in actionable if s.rule == first.rule), None)
+        same = next((s for s in changes if s.rule == first.rule), None)
         predicted.append(same.gain if same is not None else 0.0)
         after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s, after_steps)))
         before.append(b)

@@ -131,6 +131,30 @@ def test_exposed_tail_fires_grad_accumulation_end_to_end(tmp_path):
     assert "grad_accumulation" not in [s.rule for s in suggest(analyze(quiet))]
 
 
+def test_explicit_sync_after_backward_counts_its_collectives_once(tmp_path):
+    # overlap_grad_sync=false: the one 6 ms all-reduce runs inside the grad_sync phase (forward 30,
+    # backward 60, optimizer 5, data 1 of a 107 ms step). The exposed comm is the phase, not phase +
+    # the collective's 6 ms tail: that double count made grad_accumulation fire on bench_suggest's
+    # sync-after-backward runs (16.9 ms "exposed" where the phase took 11) and over-predict.
+    def run(root, sync_ms):
+        return analyze(write_run(root, settings={"parallel.overlap_grad_sync": False}, step_ms=lambda r, s: 107.0,
+                                 phases=lambda r, s: {"forward_ms": 30.0, "backward_ms": 60.0, "optimizer_ms": 5.0,
+                                                      "grad_sync_ms": sync_ms},
+                                 collectives=lambda s: [(92, 98, 5e6)]))
+
+    quiet = run(tmp_path / "q", 9.0)  # 8.4 % of the step; 15 ms, 14 %, if the tail were added
+    f = run_facts(quiet)
+    assert f.exposed_comm_ms == pytest.approx(9.0) and "grad_sync_ms" in f.exposed_comm_source
+    assert "grad_accumulation" not in [s.rule for s in suggest(quiet)]
+
+    loud = {s.rule: s for s in suggest(run(tmp_path / "l", 11.0))}  # 10.3 % > 10 %
+    ga = loud["grad_accumulation"]
+    # per micro-batch forward + backward + data wait, nothing subtracted from backward: 91 ms;
+    # 4 micro-batches: 107 + 3 x 91 = 380 ms for 4x the tokens, gain 4 x 107 / 380 - 1
+    assert ga.evidence["per_micro_batch_ms"] == pytest.approx(91.0)
+    assert ga.predicted.gain == pytest.approx(4 * 107 / 380 - 1)
+
+
 def test_data_wait_run_top_suggestion_and_its_command(tmp_path):
     run = write_run(tmp_path, settings={"data.num_workers": 0}, phases=lambda r, s: {"data_wait_ms": 60.0})
     top = suggest(analyze(run))[0]

@@ -796,10 +796,15 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
     exposed, exposed_source = None, None
     if shares_source == "device" and step_time_ms:
         exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "device breakdown of the trace windows"
+    elif phases.get("grad_sync"):
+        # reftrain's explicit sync after backward (overlap_grad_sync=false) issues every
+        # collective inside its grad_sync phase, so their tail lies within it: adding the
+        # two counted the all-reduce twice (16.9 ms exposed of a 156 ms step where the
+        # phase took 11 ms, which made grad_accumulation fire and over-predict, issue 18).
+        exposed, exposed_source = phases["grad_sync"], "metrics JSONL grad_sync_ms (the collectives run inside it)"
     elif tail is not None and len(tail):
-        exposed = float(tail.median()) + phases.get("grad_sync", 0.0)
-        exposed_source = "collective records: tail after the last collective's issue" + (
-            " plus grad_sync_ms" if phases.get("grad_sync") else "")
+        exposed = float(tail.median())
+        exposed_source = "collective records: tail after the last collective's issue"
     elif shares_source == "host" and step_time_ms:
         exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "host breakdown of the trace windows"
 
