@@ -29,7 +29,7 @@ from analyzer.errors import AnalyzerError, TraceError
 from analyzer.jsontext import jsonable, path_text
 from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
-from analyzer.ingest.formats import RunManifest
+from analyzer.ingest.formats import ReportCore, RunManifest
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
@@ -259,38 +259,39 @@ class RunAnalysis:
 
         return run_html(self)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ReportCore:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
         manifest = self.run_manifest
         gp = self.goodput()
-        return jsonable(
-            {
-                "schema": SCHEMA,
-                "path": [str(p) for p in self.path] if isinstance(self.path, list) else str(self.path),
-                "kind": self.kind,
-                "run": {
-                    "run_id": manifest.run_id,
-                    "status": manifest.status,
-                    "world_size": manifest.world_size or (len(self.ranks) or None),
-                    "n_ranks": len(self.ranks),
-                    "step_time_ms": self.step_time.ms,  # the headline; its definition and both figures below
-                    "step_time": self.step_time.to_json(),
-                    "mfu": self.mfu.to_json(),
-                    "goodput": None if gp is None else gp.to_json(),
-                },
-                "ranks": [r.to_json() for r in self.ranks],
-                "steps": self.steps.to_dict("records"),
-                "stragglers": self.stragglers.to_json(),
-                "kernels": self.kernels.to_dict("records"),
-                "collectives": None if self.collectives is None else self.collectives.to_dict("records"),
-                "attribution": None if self.attribution is None else self.attribution.to_json(),
-                "memory": self.memory.to_json(),
-                "idle": None if self.idle is None else self.idle.to_json(),
-                "roofline": self.roofline().to_json(),
-                "errors": list(self.errors),
-                "warnings": list(self.warnings),
-            }
-        )
+        # Typed (analyzer.ingest.formats.ReportCore), so mypy checks every key
+        # here against the one definition of the report's top level.
+        core: ReportCore = {
+            "schema": SCHEMA,
+            "path": [str(p) for p in self.path] if isinstance(self.path, list) else str(self.path),
+            "kind": self.kind,
+            "run": {
+                "run_id": manifest.run_id,
+                "status": manifest.status,
+                "world_size": manifest.world_size or (len(self.ranks) or None),
+                "n_ranks": len(self.ranks),
+                "step_time_ms": self.step_time.ms,  # the headline; its definition and both figures below
+                "step_time": self.step_time.to_json(),
+                "mfu": self.mfu.to_json(),
+                "goodput": None if gp is None else gp.to_json(),
+            },
+            "ranks": [r.to_json() for r in self.ranks],
+            "steps": self.steps.to_dict("records"),
+            "stragglers": self.stragglers.to_json(),
+            "kernels": self.kernels.to_dict("records"),
+            "collectives": None if self.collectives is None else self.collectives.to_dict("records"),
+            "attribution": None if self.attribution is None else self.attribution.to_json(),
+            "memory": self.memory.to_json(),
+            "idle": None if self.idle is None else self.idle.to_json(),
+            "roofline": self.roofline().to_json(),
+            "errors": list(self.errors),
+            "warnings": list(self.warnings),
+        }
+        return jsonable(core)
 
 
 # ---------------------------------------------------------------------------

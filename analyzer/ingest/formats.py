@@ -453,13 +453,57 @@ MetricsLine.DTYPES = _dtypes(MetricsLine, {"mem_reserved_bytes": "float64"}, Met
 # The report document (analyzer.report/1): its top level
 # ---------------------------------------------------------------------------
 
-# Top-level keys of `analyzer report --json`, in order: RunAnalysis.to_json
-# writes all but `suggestions` and `generator` (analyzer.verbs.report adds
-# them); tests/test_public_surface.py checks it against the golden report.
-REPORT_TOP_LEVEL = (
-    "schema", "path", "kind", "run", "ranks", "steps", "stragglers", "kernels",
-    "collectives", "attribution", "memory", "idle", "roofline", "errors", "warnings", "suggestions", "generator",
-)
+class RunSection(typing.TypedDict):
+    """The report's ``run``: the run's identity and its headline figures."""
+
+    run_id: str | None
+    status: str | None
+    world_size: int | None
+    n_ranks: int
+    step_time_ms: float | None  # the headline; its definition and both figures in step_time
+    step_time: dict[str, Any]  # analyzer.metrics.step_time.StepTime.to_json()
+    mfu: dict[str, Any]  # analyzer.metrics.mfu.MfuResult.to_json()
+    goodput: dict[str, Any] | None  # reftrain runs with attempts only
+
+
+class Generator(typing.TypedDict):
+    """Who wrote the report, and when (the volatile part, REPORT_VOLATILE)."""
+
+    tool: str
+    version: str
+    created_at: str  # ISO 8601, UTC, seconds
+
+
+class ReportCore(typing.TypedDict):
+    """What :meth:`analyzer.api.RunAnalysis.to_json` writes, in this order."""
+
+    schema: str  # REPORT_SCHEMA
+    path: str | list[str]
+    kind: str  # "reftrain" or "traces"
+    run: RunSection
+    ranks: list[dict[str, Any]]  # one RankSummary each
+    steps: list[dict[str, Any]]  # one row per (rank, step)
+    stragglers: dict[str, Any]
+    kernels: list[dict[str, Any]]
+    collectives: list[dict[str, Any]] | None
+    attribution: dict[str, Any] | None
+    memory: dict[str, Any]
+    idle: dict[str, Any] | None
+    roofline: dict[str, Any]
+    errors: list[str]
+    warnings: list[str]
+
+
+class ReportDocument(ReportCore, total=False):
+    """``analyzer report --json``: the core plus what analyzer.verbs.report adds."""
+
+    suggestions: list[dict[str, Any]]
+    generator: Generator
+
+
+# Top-level keys of `analyzer report --json`, in order, read off the typed
+# definition; tests/test_public_surface.py checks it against the golden report.
+REPORT_TOP_LEVEL = tuple(ReportDocument.__annotations__)
 # What differs between two reports of the same input by the same code: the
 # time it was written and the analyzer's version (tests/test_golden_reports.py
 # masks them, and the input's path, by name).
@@ -478,6 +522,10 @@ __all__ = [
     "METRICS_SCHEMA",
     "REPORT_SCHEMA",
     "REPORT_TOP_LEVEL",
+    "Generator",
+    "ReportCore",
+    "ReportDocument",
+    "RunSection",
     "REPORT_VOLATILE",
     "RUN_SCHEMA",
     "TELEMETRY_SCHEMA",

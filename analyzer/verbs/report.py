@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import pandas as pd
 
+from analyzer.ingest.formats import Generator, ReportDocument
 from analyzer.jsontext import dumps_json  # noqa: F401 - part of this module's API
 from analyzer.jsontext import path_text
 from analyzer.verbs.suggest import report_suggestions, suggestions_text  # docs/suggestions.md
@@ -93,16 +94,17 @@ def _version() -> str:
 
 
 # ----------------------------------------------------------------- report: JSON
-def report_json(a: "RunAnalysis") -> dict[str, Any]:
-    """The versioned report: :meth:`RunAnalysis.to_json` plus a ``generator`` block."""
-    out = a.to_json()
-    out["suggestions"] = report_suggestions(a)
-    out["generator"] = {
-        "tool": "analyzer",
-        "version": _version(),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    return out
+def report_json(a: "RunAnalysis") -> ReportDocument:
+    """The versioned report: :meth:`RunAnalysis.to_json` plus the suggestions and a ``generator`` block."""
+    return ReportDocument(
+        **a.to_json(),
+        suggestions=report_suggestions(a),
+        generator=Generator(
+            tool="analyzer",
+            version=_version(),
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        ),
+    )
 
 
 # ----------------------------------------------------------------- report: text

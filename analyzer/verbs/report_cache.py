@@ -37,10 +37,11 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import orjson
 
+from analyzer.ingest.formats import REPORT_TOP_LEVEL, ReportDocument
 from analyzer.ingest.locate import CACHE_DIRNAME, file_key, is_run_dir, usable_cache_dir, user_cache_dir
 
 # Bump when the entry's layout changes.
@@ -54,14 +55,13 @@ class CachedReport:
 
     text: str
     messages: list[tuple[str, str]]  # (kind, message) lines for stderr, in order
-    document: dict[str, Any]  # the --json report
+    document: ReportDocument  # the --json report
 
-    def stamped_document(self) -> dict[str, Any]:
+    def stamped_document(self) -> ReportDocument:
         """The JSON report with ``generator.created_at`` set to now."""
-        doc = dict(self.document)
-        generator = dict(doc.get("generator") or {})
-        generator["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        doc["generator"] = generator
+        doc = self.document.copy()
+        # read() keeps only documents with this top level, generator included
+        doc["generator"] = {**doc["generator"], "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         return doc
 
 
@@ -100,10 +100,14 @@ def read(entry: Path) -> CachedReport | None:
     """The cached report, or None when there is none or it is unusable."""
     try:
         data = orjson.loads(entry.read_bytes())
+        document = data["document"]
+        # A document of another top level (an older analyzer's) is not this report.
+        if not isinstance(document, dict) or tuple(document) != REPORT_TOP_LEVEL:
+            return None
         return CachedReport(
             text=str(data["text"]),
             messages=[(str(k), str(m)) for k, m in data["messages"]],
-            document=dict(data["document"]),
+            document=cast(ReportDocument, document),
         )
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
