@@ -18,9 +18,9 @@ Every metric is defined in docs/metrics.md.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
 from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
-from analyzer.metrics.overlap import exposed_comm_pct
+from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
 from analyzer.metrics.timeline import Overview, RunTimeline, overview_from_grids
@@ -55,6 +55,61 @@ from analyzer.ingest.parse import ParsedTrace
 from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
 
 SCHEMA = "analyzer.report/1"
+
+
+@dataclass(frozen=True)
+class _RankInputs:
+    """What a rank's figures are computed from (:func:`_rank_summaries`).
+
+    ``part``: the rank's map result (None for a rank known only from its
+    metrics records); ``table``: its rows of :attr:`RunAnalysis.steps` (the
+    profiled windows, with the breakdown parts); ``steady_ms`` and
+    ``profiled_ms``: its median steady-state and profiled step times;
+    ``headline``: the run's choice between them (``steady_state`` or
+    ``profiled_windows``, :class:`analyzer.metrics.step_time.StepTime`).
+    """
+
+    rank: int
+    part: RankPart | None
+    table: pd.DataFrame
+    steady_ms: float | None
+    profiled_ms: float | None
+    headline: str | None
+
+    @property
+    def overlap(self) -> OverlapResult | None:
+        """The rank's HTA overlap result (None without a map part)."""
+        return self.part.overlap if self.part else None
+
+    @property
+    def step(self) -> tuple[float | None, str]:
+        """The rank's headline step time and its kind, the run's choice: so that a rank's
+        figure and the run's headline cover the same steps; a rank missing those steps
+        (no metrics file of its own) falls back to the other kind."""
+        if self.headline == "steady_state" and self.steady_ms is not None or self.profiled_ms is None:
+            return self.steady_ms, "steady_state"
+        return self.profiled_ms, "profiled_windows"
+
+
+def _figure(compute: Callable[[_RankInputs], Any]) -> Any:
+    """A :class:`RankSummary` field whose value ``compute(inputs: _RankInputs)`` gives.
+
+    The one registration of a per-rank figure: its field (name, type, place
+    in the report's ``ranks[]``) and how it is computed sit on one line;
+    :func:`_rank_summaries` fills every field from it, and ``to_json``
+    writes every field.
+    """
+    return field(metadata={"compute": compute})
+
+
+def _gpu_timeline(r: _RankInputs) -> dict[str, float]:
+    span_parts, span_ns = r.part.span if r.part else ({}, 0)
+    return {k: 100.0 * v / span_ns for k, v in span_parts.items()} if span_ns > 0 else {}
+
+
+def _gpu_span_ms(r: _RankInputs) -> float | None:
+    span_ns = r.part.span[1] if r.part else 0
+    return span_ns / 1e6 if span_ns > 0 else None
 
 
 @dataclass
@@ -84,26 +139,31 @@ class RankSummary:
     ``non_compute_pct`` follow HTA's definitions (None without GPU
     communication or GPU events); ``exposed_comm_pct`` is the
     share of step time with communication not hidden by compute.
+
+    Each field is declared with :func:`_figure`, the computation of its value
+    from the rank's :class:`_RankInputs`: adding a per-rank figure is one line here.
     """
 
-    rank: int
-    source: Source | None
-    n_steps: int
-    step_time_ms: float | None
-    step_time_source: str | None
-    breakdown: dict[str, dict[str, float]]
-    comm_comp_overlap_pct: float | None
-    exposed_comm_pct: float | None
-    idle_pct: float | None
-    compute_pct: float | None
-    non_compute_pct: float | None
-    steady_step_time_ms: float | None = None
-    profiled_step_time_ms: float | None = None
-    device_name: str | None = None
-    trace: str | None = None
-    n_device_events: int = 0
-    gpu_timeline: dict[str, float] = field(default_factory=dict)
-    gpu_span_ms: float | None = None
+    rank: int = _figure(lambda r: r.rank)
+    source: Source | None = _figure(lambda r: r.part.source if r.part else None)
+    n_steps: int = _figure(lambda r: int(len(r.table)))
+    step_time_ms: float | None = _figure(lambda r: r.step[0])
+    step_time_source: str | None = _figure(lambda r: STEP_TIME_LABELS[r.step[1]] if r.step[0] is not None else None)
+    breakdown: dict[str, dict[str, float]] = _figure(
+        lambda r: summarize_breakdown(r.table, r.part.source) if r.part and len(r.table) else {}
+    )
+    comm_comp_overlap_pct: float | None = _figure(lambda r: r.overlap.comm_comp_overlap_pct if r.overlap else None)
+    exposed_comm_pct: float | None = _figure(lambda r: exposed_comm_pct(r.table) if len(r.table) else None)
+    idle_pct: float | None = _figure(lambda r: r.overlap.idle_pct if r.overlap else None)
+    compute_pct: float | None = _figure(lambda r: r.overlap.compute_pct if r.overlap else None)
+    non_compute_pct: float | None = _figure(lambda r: r.overlap.non_compute_pct if r.overlap else None)
+    steady_step_time_ms: float | None = _figure(lambda r: r.steady_ms)
+    profiled_step_time_ms: float | None = _figure(lambda r: r.profiled_ms)
+    device_name: str | None = _figure(lambda r: r.part.device_name if r.part else None)
+    trace: str | None = _figure(lambda r: r.part.trace if r.part else None)
+    n_device_events: int = _figure(lambda r: r.overlap.n_device_events if r.overlap else 0)
+    gpu_timeline: dict[str, float] = _figure(_gpu_timeline)
+    gpu_span_ms: float | None = _figure(_gpu_span_ms)
 
     def to_json(self) -> dict[str, Any]:
         """The rank's entry of the report's ``ranks`` (every field, in order)."""
@@ -280,10 +340,10 @@ class RunAnalysis:
                 "goodput": None if gp is None else gp.to_json(),
             },
             "ranks": [r.to_json() for r in self.ranks],
-            "steps": self.steps.to_dict("records"),
+            "steps": _records(self.steps),
             "stragglers": self.stragglers.to_json(),
-            "kernels": self.kernels.to_dict("records"),
-            "collectives": None if self.collectives is None else self.collectives.to_dict("records"),
+            "kernels": _records(self.kernels),
+            "collectives": None if self.collectives is None else _records(self.collectives),
             "attribution": None if self.attribution is None else self.attribution.to_json(),
             "memory": self.memory.to_json(),
             "idle": None if self.idle is None else self.idle.to_json(),
@@ -292,6 +352,11 @@ class RunAnalysis:
             "warnings": list(self.warnings),
         }
         return jsonable(core)
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table's rows as the report writes them (its column names are str)."""
+    return cast(list[dict[str, Any]], frame.to_dict("records"))
 
 
 # ---------------------------------------------------------------------------
@@ -439,11 +504,12 @@ def _map_sets(
     for files_in in sets:
         files, skipped = expand_paths(files_in if len(files_in) > 1 else files_in[0])
         store = trace_cache.TraceCache() if cache else None
-        misses, hits = [], []
+        misses: list[UnitFile] = []
+        hits: list[UnitFile] = []
         for f in files:
             entry = store.entry_for(f) if store else None
-            held = jobs is not None and f in jobs
-            uf = UnitFile(f, entry, hit=entry is not None and entry.exists() and not held)
+            in_jobs = jobs is not None and f in jobs
+            uf = UnitFile(f, entry, hit=entry is not None and entry.exists() and not in_jobs)
             (hits if uf.hit else misses).append(uf)
         plans.append((files, skipped, misses + hits, store.note if store else None))
         for uf in misses + hits:
@@ -454,27 +520,28 @@ def _map_sets(
     free = [u for u in units if not (jobs is not None and any(f.path in jobs for f in u.files))]
     results: dict[MapUnit, UnitResult] = {}
     for u in held:  # parsed by the CLI's early workers: mapped there too, or their columns mapped here
+        assert jobs is not None  # units are held only by jobs
         parsed: dict[Path, ParsedTrace | TraceError] = {}
-        files = list(u.files)
-        for i, f in enumerate(u.files):
-            if f.path in jobs:
+        to_map = list(u.files)
+        for i, held_file in enumerate(u.files):
+            if held_file.path in jobs:
                 try:
-                    got = jobs.take(f.path)
+                    got = jobs.take(held_file.path)
                 except TraceError as err:
-                    parsed[f.path] = err
+                    parsed[held_file.path] = err
                     continue
                 if isinstance(got, UnitResult):  # analyzer.engines.parse_and_map: the worker mapped the file
                     if len(u.files) == 1:
-                        results[u] = _named_as(got, f.path)
+                        results[u] = _named_as(got, held_file.path)
                         break
                     # Not a unit of its own after all: read what the worker stored (or parse again).
-                    files[i] = replace(f, hit=f.entry is not None and f.entry.exists())
+                    to_map[i] = replace(held_file, hit=held_file.entry is not None and held_file.entry.exists())
                     continue
                 # Named here as the unit names it (a relative folder of several ranks once failed
                 # the rank's lookup below with a KeyError, exit 3).
-                parsed[f.path] = replace(got, path=f.path)
+                parsed[held_file.path] = replace(got, path=held_file.path)
         if u not in results:
-            results[u] = map_unit(MapUnit(tuple(files)), parsed)
+            results[u] = map_unit(MapUnit(tuple(to_map)), parsed)
     # Units whose files are unchanged since a previous analysis: their stored summaries (analyzer/rankcache.py).
     summary_warnings: dict[MapUnit, str] = {}
     if cache:
@@ -498,15 +565,15 @@ def _map_sets(
             if entry is not None and rankcache.storable(results[u]):
                 problem = rankcache.write(entry, results[u])
                 if problem or u in summary_warnings:
-                    first_path, facts, warnings = results[u].outcomes[0]
+                    first_path, first_facts, warnings = results[u].outcomes[0]
                     extra = [w for w in (summary_warnings.get(u), problem) if w]
-                    results[u].outcomes[0] = (first_path, facts, [*warnings, *extra])
+                    results[u].outcomes[0] = (first_path, first_facts, [*warnings, *extra])
     else:
         results.update(zip(free, run_map(free, engine, ray_address=ray_address)))
     outcome: dict[Path, tuple[FileFacts | TraceError, list[str]]] = {}
     for result in results.values():
-        for f, facts, cache_warnings in result.outcomes:
-            outcome[f] = (facts, cache_warnings)
+        for done_path, done, cache_warnings in result.outcomes:
+            outcome[done_path] = (done, cache_warnings)
     # Assemble each set as load_traces would, and the ranks' files across sets.
     kept: dict[int, list[Path]] = {}
     for files, skipped, order, note in plans:
@@ -523,8 +590,8 @@ def _map_sets(
             out.warnings.append(note)
         ranks, set_warnings = assemble(files, facts)
         out.warnings += set_warnings
-        for rank, f in ranks.items():
-            kept.setdefault(rank, []).append(f.path)
+        for rank, rank_trace in ranks.items():
+            kept.setdefault(rank, []).append(rank_trace.path)
     # Each rank's part: the unit that read exactly its kept files, else (files whose names
     # and contents disagree on the rank) those files mapped again, here.
     by_files = {}
@@ -536,8 +603,8 @@ def _map_sets(
     for rank, files in sorted(kept.items()):
         part = by_files.get((rank, tuple(files)))
         if part is None:
-            regrouped = MapUnit(tuple(UnitFile(f, entries[f].entry, entries[f].entry is not None and entries[f].entry.exists())
-                                      for f in files))
+            regrouped = MapUnit(tuple(UnitFile(f, e, e is not None and e.exists())
+                                      for f in files for e in [entries[f].entry]))
             part = map_unit(regrouped).part
         if part is not None:
             out.parts[rank] = part
@@ -617,6 +684,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
         step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
     arrival_notes: list[str] = []
+    arrival_source: str | None
     if records is not None and not records.empty and "rank" in records.columns:
         offsets = man.clock.offsets_ns if man.clock else None
         arrivals = arrivals_from_records(records, offsets)
@@ -688,6 +756,7 @@ def _rank_step_mfu(steps: pd.DataFrame, mfu: MfuResult, rank_flops: list) -> np.
         return np.full(len(steps), np.nan)
     seconds = steps["step_time_ms"].to_numpy() / 1e3
     if mfu.source == "manifest":
+        assert mfu.flops_per_step is not None  # a manifest MFU has it
         return mfu.flops_per_step / (seconds * mfu.peak_flops_per_s)
     flops = pd.concat([rf.steps[["step", "flops"]].assign(rank=rf.rank) for rf in rank_flops], ignore_index=True)
     joined = steps[["rank", "step"]].merge(flops, on=["rank", "step"], how="left")
@@ -711,38 +780,8 @@ def _rank_summaries(
         if steady is not None and not steady.empty:
             mine = steady.loc[steady["rank"] == rank, "step_time_ms"]
             steady_ms = float(mine.median()) if len(mine) else None
-        part = parts.get(rank)
-        source = part.source if part else None
         profiled_ms = float(table["step_time_ms"].median()) if len(table) else None
-        # The run's choice, so that a rank's figure and the run's headline cover the same steps;
-        # a rank missing those steps (no metrics file of its own) falls back to the other kind.
-        if headline == "steady_state" and steady_ms is not None or profiled_ms is None:
-            step_ms, kind = steady_ms, "steady_state"
-        else:
-            step_ms, kind = profiled_ms, "profiled_windows"
-        step_src = STEP_TIME_LABELS[kind] if step_ms is not None else None
-        ov = part.overlap if part else None
-        span_parts, span_ns = part.span if part else ({}, 0)
-        out.append(
-            RankSummary(
-                rank=rank,
-                source=source,
-                n_steps=int(len(table)),
-                step_time_ms=step_ms,
-                step_time_source=step_src,
-                breakdown=summarize_breakdown(table, source) if source and len(table) else {},
-                comm_comp_overlap_pct=ov.comm_comp_overlap_pct if ov else None,
-                exposed_comm_pct=exposed_comm_pct(table) if len(table) else None,
-                idle_pct=ov.idle_pct if ov else None,
-                compute_pct=ov.compute_pct if ov else None,
-                non_compute_pct=ov.non_compute_pct if ov else None,
-                steady_step_time_ms=steady_ms,
-                profiled_step_time_ms=profiled_ms,
-                device_name=part.device_name if part else None,
-                trace=part.trace if part else None,
-                n_device_events=ov.n_device_events if ov else 0,
-                gpu_timeline={k: 100.0 * v / span_ns for k, v in span_parts.items()} if span_ns > 0 else {},
-                gpu_span_ms=span_ns / 1e6 if span_ns > 0 else None,
-            )
-        )
+        inputs = _RankInputs(rank, parts.get(rank), table, steady_ms, profiled_ms, headline)
+        # every figure of the rank, each by its field's computation (_figure)
+        out.append(RankSummary(**{f.name: f.metadata["compute"](inputs) for f in fields(RankSummary)}))
     return out

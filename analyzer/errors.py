@@ -7,6 +7,10 @@ from pathlib import Path
 class AnalyzerError(Exception):
     """An input problem a user can act on; the message is the whole story."""
 
+    # The one-line errors of every unusable file when the message names only the
+    # first (analyze() of inputs none of which could be used); the CLI prints them.
+    skipped: tuple[str, ...] | list[str] = ()
+
 
 class TraceError(AnalyzerError):
     """One trace file is unusable; other ranks can still be analyzed."""
