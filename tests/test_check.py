@@ -440,6 +440,27 @@ def test_cpu_time_must_confirm_a_wall_clock_regression_on_cpu_runs():
     assert older.cpu is None and older.result.verdict == "regression"
 
 
+def test_cpu_time_inside_its_own_noise_does_not_confirm_a_wall_clock_regression():
+    """bench_gate's false alarm at 400 steps under load (docs/ci.md): a CPU-time drop past half the
+    wall-clock drop, but no larger than CPU time moves against itself, confirms nothing."""
+    from analyzer.verbs.check import check
+
+    jitter = np.linspace(0.999, 1.001, 12)
+    base = _run(mfu=list(0.2 * jitter), cpu_ms=list(10 * jitter))
+    slow_wall = list(0.16 * jitter)  # steady 25 % longer steps: wall drop 20 %, no wall noise
+    # CPU time: first half 15 % fewer steps per CPU-second, second half 50 % fewer. Fast quartile:
+    # drop 15 % (past the 10 % half of the wall drop); split halves: (85 - 50) / 85 = 41 % noise.
+    cpu = list(1000 / 85 * jitter[:6]) + list(20 * jitter[6:])
+    outcome = check(base, _run(mfu=slow_wall, cpu_ms=cpu))
+    assert outcome.cpu.drop == pytest.approx(0.15, abs=2e-3)
+    assert outcome.cpu.noise == pytest.approx(35 / 85, abs=2e-3)
+    assert outcome.result.drop == pytest.approx(0.2, abs=1e-3) and outcome.result.verdict == "inconclusive"
+    assert "its own noise 41.2%" in outcome.result.notes[-1]
+    # The same CPU drop, steady (no noise of its own): confirmed, a regression.
+    steady = check(base, _run(mfu=slow_wall, cpu_ms=list(1000 / 85 * jitter)))
+    assert steady.result.verdict == "regression"
+
+
 def test_cpu_time_confirms_a_drop_that_only_wall_clock_noise_held_back():
     from analyzer.verbs.check import check
 
