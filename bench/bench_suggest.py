@@ -344,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="analyze the completed runs already in --work again instead of re-running them")
     ap.add_argument("--calibrate-kappa", action="store_true",
                     help="measure the micro-batch model's kappa from reftrain runs at two micro-batch sizes instead")
+    ap.add_argument("--kappa-model", default="tiny d64", choices=[label for label, _ in CALIBRATION_MODELS],
+                    help="with --calibrate-kappa: the model width to measure (default: tiny d64)")
     args = ap.parse_args(argv)
     global REUSE
     REUSE = args.reuse
@@ -365,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         peak = measure_peak()
     (work / "peak.json").write_text(json.dumps({"peak_flops_per_s": peak}))
     if args.calibrate_kappa:
-        print(f"bench_suggest --calibrate-kappa: pairs {KAPPA_PAIRS}, {steps} steps, {repeats} repeat(s)", flush=True)
-        cal = calibrate_kappa(work, steps, repeats, peak, args.timeout)
+        print(f"bench_suggest --calibrate-kappa: {args.kappa_model}, pairs {KAPPA_PAIRS}, {steps} steps, "
+              f"{repeats} repeat(s)", flush=True)
+        cal = calibrate_kappa(work, steps, repeats, peak, args.timeout, dict(CALIBRATION_MODELS)[args.kappa_model])
         for b1, b2 in KAPPA_PAIRS:
             ks = [c["kappa"] for c in cal if (c["b1"], c["b2"]) == (b1, b2)]
             print(f"  pair {b1} -> {b2}: kappa median {statistics.median(ks):.2f} of {[round(k, 2) for k in ks]}")

@@ -154,11 +154,15 @@ def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int
 # (B2 - B1) (`bench/bench_suggest.py --calibrate-kappa`; docs/suggestions.md,
 # "Calibration": d_model 64, 6 pairs on an idle machine, 1.45 to 3.88, median
 # 3.3 (14 pairs under load 3 to 16 gave 0.49 to 4.9, median 2.3: the fixed
-# share shrinks when other jobs slow the per-token work); d_model 256, 3 pairs
-# under load, 0.36 to 0.73, median 0.55).
+# share shrinks when other jobs slow the per-token work); d_model 128 (4
+# layers, vocabulary 4096), 6 pairs at load 0.8 to 1.9 (2026-12-06), 0.56 to
+# 1.15, median 0.81; d_model 256, 3 pairs under load, 0.36 to 0.73, median
+# 0.55). Without the d_model 128 point the interpolation gave 1.9 there, and
+# rule micro_batch predicted +109 % for micro-batch 4 -> 32 where +43 % was
+# measured (bench_suggest, sync-after-backward).
 # Interpolated in log2(d_model) and scaled by 64 / seq_len (the fixed part does
 # not grow with the sequence, the marginal one does).
-CPU_FIXED_SEQUENCES_POINTS = ((64, 3.3), (256, 0.55))
+CPU_FIXED_SEQUENCES_POINTS = ((64, 3.3), (128, 0.81), (256, 0.55))
 CPU_FIXED_SEQUENCES_SEQ_LEN = 64
 
 
