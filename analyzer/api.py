@@ -29,7 +29,7 @@ from analyzer.errors import AnalyzerError, TraceError
 from analyzer.jsontext import jsonable, path_text
 from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
-from analyzer.ingest.formats import ReportCore, RunManifest
+from analyzer.ingest.formats import REPORT_SCHEMA, ReportCore, RunManifest
 from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
@@ -54,7 +54,7 @@ from analyzer.metrics.stragglers import (
 from analyzer.ingest.parse import ParsedTrace
 from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
 
-SCHEMA = "analyzer.report/1"
+SCHEMA = REPORT_SCHEMA  # the report's schema, defined with its typed top level
 
 
 @dataclass(frozen=True)
