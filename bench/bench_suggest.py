@@ -39,6 +39,7 @@ a shared machine hits all three alike; ``eta = seq_len * flops_per_token /
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -55,6 +56,7 @@ sys.path.insert(0, str(REPO))
 
 from analyzer.api import analyze  # noqa: E402
 from analyzer.verbs.suggest import emit_config, suggest  # noqa: E402
+from analyzer.metrics.stragglers import disturbed_steps  # noqa: E402
 from analyzer.metrics.throughput import throughput  # noqa: E402
 from reftrain.config import Config, resolve, set_value, to_yaml  # noqa: E402
 
@@ -151,9 +153,19 @@ def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float, 
 def measured(run_dir: Path) -> dict:
     """What a run sustained over its steady steps: tokens/s (all ranks, tokens over time; the
     median step reads only the fast steps of a bursty DataLoader), MFU in the same proportion,
-    and the mean step time."""
+    and the mean step time.
+
+    The step after the profiler window is left out as well (stragglers.disturbed_steps: the trace is
+    written between the two steps, and the ranks resume unevenly): a suggestion predicts the training's
+    steady step, and a 24-step run profiles 1 step in 24 where a long run profiles one in thousands.
+    """
     ra = analyze(run_dir)
     tp = throughput(ra.manifest, ra.metrics)
+    steps = tp.steps
+    if len(steps):
+        keep = ~steps["step"].isin(disturbed_steps(ra.manifest.get("profiled_steps") or []))
+        tp = dataclasses.replace(tp, overall=float(steps["tokens"].iloc[0]) * int(keep.sum())
+                                 / (float(steps.loc[keep, "step_time_ms"].sum()) / 1e3))
     # MFU moves with tokens/s (same FLOPs per token, same peak): scale the median pair.
     mfu = ra.mfu.median * tp.overall / tp.median if ra.mfu.median is not None and tp.median else ra.mfu.median
     step_ms = float(ra.manifest["tokens_per_step"]) / tp.overall * 1e3 if tp.overall else None
@@ -346,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure the micro-batch model's kappa from reftrain runs at two micro-batch sizes instead")
     ap.add_argument("--kappa-model", default="tiny d64", choices=[label for label, _ in CALIBRATION_MODELS],
                     help="with --calibrate-kappa: the model width to measure (default: tiny d64)")
+    ap.add_argument("--kappa-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --calibrate-kappa: a config override on top of the model's (repeatable), e.g. "
+                         "parallel.overlap_grad_sync=false to measure kappa of runs that sync after backward")
     args = ap.parse_args(argv)
     global REUSE
     REUSE = args.reuse
@@ -367,9 +382,15 @@ def main(argv: list[str] | None = None) -> int:
         peak = measure_peak()
     (work / "peak.json").write_text(json.dumps({"peak_flops_per_s": peak}))
     if args.calibrate_kappa:
-        print(f"bench_suggest --calibrate-kappa: {args.kappa_model}, pairs {KAPPA_PAIRS}, {steps} steps, "
+        print(f"bench_suggest --calibrate-kappa: {args.kappa_model} {' '.join(args.kappa_set)}, pairs {KAPPA_PAIRS}, {steps} steps, "
               f"{repeats} repeat(s)", flush=True)
-        cal = calibrate_kappa(work, steps, repeats, peak, args.timeout, dict(CALIBRATION_MODELS)[args.kappa_model])
+        extra = {}
+        for item in args.kappa_set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                ap.error(f"--kappa-set {item!r}: expected KEY=VALUE")
+            extra[key] = json.loads(value) if value in ("true", "false") or value.replace(".", "", 1).isdigit() else value
+        cal = calibrate_kappa(work, steps, repeats, peak, args.timeout, dict(CALIBRATION_MODELS)[args.kappa_model] | extra)
         for b1, b2 in KAPPA_PAIRS:
             ks = [c["kappa"] for c in cal if (c["b1"], c["b2"]) == (b1, b2)]
             print(f"  pair {b1} -> {b2}: kappa median {statistics.median(ks):.2f} of {[round(k, 2) for k in ks]}")

@@ -234,6 +234,25 @@ def test_fixed_sequences_scale_with_width_and_sequence_length(monkeypatch):
     assert whatif.cpu_fixed_sequences(128, 64) == pytest.approx((2.3 + 0.55) / 2)  # log2 midpoint
 
 
+def test_a_run_that_syncs_after_backward_has_a_smaller_fixed_forward_backward(monkeypatch):
+    # Overlapped gloo all-reduce costs CPU inside backward (a fixed cost per micro-batch); syncing after backward
+    # moves it to grad_sync, so kappa shrinks by the ratio measured at d_model 128 (docs/suggestions.md).
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (256, 0.55)))
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO", 0.25)
+    assert whatif.cpu_fixed_sequences(64, 64, overlap_grad_sync=False) == pytest.approx(0.575)
+    phases = {"data_wait": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 8.0, "grad_sync": 12.0}
+    overlap = facts(config(model__preset="tiny", train__micro_batch_size=4), phases=phases, step_time_ms=52.0)
+    after = facts(config(model__preset="tiny", train__micro_batch_size=4, parallel__overlap_grad_sync=False),
+                  phases=phases, step_time_ms=52.0)
+    # fb 30 ms = P (kappa + 4): overlapped P = 30 / 6.3, after backward P = 30 / 4.575.
+    assert rules_compute.rule_micro_batch(overlap).evidence["per_sequence_ms"] == pytest.approx(30 / 6.3)
+    s = rules_compute.rule_micro_batch(after)
+    assert s.evidence["fixed_in_sequences"] == pytest.approx(0.575)
+    assert s.evidence["per_sequence_ms"] == pytest.approx(30 / 4.575)
+    factor = s.change.overrides["train.micro_batch_size"] // 4
+    assert s.predicted.step_time_ms_after == pytest.approx(52.0 + 4 * 30 / 4.575 * (factor - 1))
+
+
 def test_launch_bound_grows_the_batch_while_the_device_idles():
     f = trace_facts(shares={"idle": 0.5, "compute": 0.4, "exposed_comm": 0.1})
     s = rules_compute.rule_launch_bound(f)

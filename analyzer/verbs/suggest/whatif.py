@@ -164,11 +164,24 @@ def workers_needed(load_ms: float, consume_per_micro_ms: float, cap: int) -> int
 # not grow with the sequence, the marginal one does).
 CPU_FIXED_SEQUENCES_POINTS = ((64, 3.3), (128, 0.81), (256, 0.55))
 CPU_FIXED_SEQUENCES_SEQ_LEN = 64
+# The points above are of DDP runs that overlap the gradient all-reduce with backward (reftrain's default).
+# gloo's all-reduce runs on the same 2 cores, so its CPU work during backward is a fixed cost per
+# micro-batch (the gradients' size does not change with B) that lands in the backward phase. A run that
+# syncs after backward (parallel.overlap_grad_sync=false) pays it in its grad_sync phase instead, and its
+# forward+backward keeps only the dispatch overheads: at d_model 128 the same calibration measured 0.21
+# (6 pairs, 2026-12-06, `--calibrate-kappa --kappa-model d128 --kappa-set parallel.overlap_grad_sync=false`:
+# 1->8 0.94, 1.09; 2->8 0.21, 0.21; 4->16 -0.10, -0.09) against 0.82 with overlap in the same session
+# (1->8 1.16, 0.93; 2->8 0.72, 0.69; 4->16 0.29, 0.95). Measured at that width only: other widths scale
+# their overlapped kappa by the same ratio.
+CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO = 0.21 / 0.82
 
 
-def cpu_fixed_sequences(d_model: int | None, seq_len: int | None) -> float:
-    """kappa: the fixed forward+backward cost per micro-batch in sequences (see CPU_FIXED_SEQUENCES_POINTS)."""
+def cpu_fixed_sequences(d_model: int | None, seq_len: int | None, overlap_grad_sync: bool = True) -> float:
+    """kappa: the fixed forward+backward cost per micro-batch in sequences (see CPU_FIXED_SEQUENCES_POINTS);
+    ``overlap_grad_sync`` False: of a run that all-reduces after backward (CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO)."""
     kappa = _log_interp(CPU_FIXED_SEQUENCES_POINTS, d_model)
+    if not overlap_grad_sync:
+        kappa *= CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO
     return kappa * CPU_FIXED_SEQUENCES_SEQ_LEN / seq_len if seq_len else kappa
 
 
@@ -190,7 +203,8 @@ def cpu_micro_batch_split(f: "RunFacts") -> tuple[float, float, float, float] | 
         return None
     tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))
     fb = max(0.0, f.phases["forward"] + f.phases["backward"] - tail)
-    kappa = cpu_fixed_sequences(f.cfg("model.d_model"), f.cfg("model.seq_len"))
+    kappa = cpu_fixed_sequences(f.cfg("model.d_model"), f.cfg("model.seq_len"),
+                                f.cfg("parallel.overlap_grad_sync") is not False)
     fixed, per_seq = split_micro_batch(fb / ga, mb, kappa)
     return fb / ga, fixed, per_seq, kappa
 
