@@ -236,15 +236,19 @@ def test_fixed_sequences_scale_with_width_and_sequence_length(monkeypatch):
 
 def test_a_run_that_syncs_after_backward_has_a_smaller_fixed_forward_backward(monkeypatch):
     # Overlapped gloo all-reduce costs CPU inside backward (a fixed cost per micro-batch); syncing after backward
-    # moves it to grad_sync, so kappa shrinks by the ratio measured at d_model 128 (docs/suggestions.md).
-    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (256, 0.55)))
-    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO", 0.25)
-    assert whatif.cpu_fixed_sequences(64, 64, overlap_grad_sync=False) == pytest.approx(0.575)
+    # moves it to grad_sync, so kappa is the one measured per base micro-batch at d_model 128, scaled to the
+    # width by the overlapped kappa (docs/suggestions.md).
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (128, 1.0), (256, 0.55)))
+    monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_POINTS", ((1, 1.0), (4, 0.25)))
+    assert whatif.cpu_fixed_sequences(128, 64, overlap_grad_sync=False, micro_batch=4) == pytest.approx(0.25)
+    assert whatif.cpu_fixed_sequences(128, 64, overlap_grad_sync=False, micro_batch=2) == pytest.approx(0.625)
+    assert whatif.cpu_fixed_sequences(128, 64, overlap_grad_sync=False, micro_batch=64) == pytest.approx(0.25)
+    assert whatif.cpu_fixed_sequences(64, 64, overlap_grad_sync=False, micro_batch=4) == pytest.approx(0.575)
     phases = {"data_wait": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 8.0, "grad_sync": 12.0}
     overlap = facts(config(model__preset="tiny", train__micro_batch_size=4), phases=phases, step_time_ms=52.0)
     after = facts(config(model__preset="tiny", train__micro_batch_size=4, parallel__overlap_grad_sync=False),
                   phases=phases, step_time_ms=52.0)
-    # fb 30 ms = P (kappa + 4): overlapped P = 30 / 6.3, after backward P = 30 / 4.575.
+    # tiny is d_model 64. fb 30 ms = P (kappa + 4): overlapped P = 30 / 6.3, after backward P = 30 / 4.575.
     assert rules_compute.rule_micro_batch(overlap).evidence["per_sequence_ms"] == pytest.approx(30 / 6.3)
     s = rules_compute.rule_micro_batch(after)
     assert s.evidence["fixed_in_sequences"] == pytest.approx(0.575)

@@ -33,7 +33,7 @@ CPU_ETA_POINTS = ((64, 0.32), (128, 0.57), (256, 0.75))
 
 
 def _log_interp(points: tuple[tuple[int, float], ...], d_model: int | None) -> float:
-    """Piecewise linear in log2(d_model) through ``(d_model, value)`` points, clamped at both ends."""
+    """Piecewise linear in log2(x) through ``(x, value)`` points (x: a model width or a batch), clamped at both ends."""
     if not d_model or d_model <= points[0][0]:
         return points[0][1]
     if d_model >= points[-1][0]:
@@ -168,20 +168,26 @@ CPU_FIXED_SEQUENCES_SEQ_LEN = 64
 # gloo's all-reduce runs on the same 2 cores, so its CPU work during backward is a fixed cost per
 # micro-batch (the gradients' size does not change with B) that lands in the backward phase. A run that
 # syncs after backward (parallel.overlap_grad_sync=false) pays it in its grad_sync phase instead, and its
-# forward+backward keeps only the dispatch overheads: at d_model 128 the same calibration measured 0.21
-# (6 pairs, 2026-12-06, `--calibrate-kappa --kappa-model d128 --kappa-set parallel.overlap_grad_sync=false`:
-# 1->8 0.94, 1.09; 2->8 0.21, 0.21; 4->16 -0.10, -0.09) against 0.82 with overlap in the same session
-# (1->8 1.16, 0.93; 2->8 0.72, 0.69; 4->16 0.29, 0.95). Measured at that width only: other widths scale
-# their overlapped kappa by the same ratio.
-CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO = 0.21 / 0.82
+# forward+backward keeps only the dispatch overheads, which shrink against the per-sequence cost as B grows
+# (that cost itself grows with B: 5.8 ms per sequence from 1 to 8, 7.2 ms from 4 to 16). Measured at
+# d_model 128, per base micro-batch B1 (6 pairs, 2026-12-06, `--calibrate-kappa --kappa-model d128
+# --kappa-set parallel.overlap_grad_sync=false`: 1->8 0.94, 1.09; 2->8 0.21, 0.21; 4->16 -0.10, -0.09;
+# each point the mean of its two pairs). A negative kappa says forward+backward grows faster than B: the
+# marginal sequence costs more than the average one. Interpolated in log2(B), clamped at both ends; other
+# widths scale it by their overlapped kappa against the overlapped kappa at d_model 128.
+CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_POINTS = ((1, 1.015), (2, 0.21), (4, -0.095))
+CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_WIDTH = 128
 
 
-def cpu_fixed_sequences(d_model: int | None, seq_len: int | None, overlap_grad_sync: bool = True) -> float:
+def cpu_fixed_sequences(d_model: int | None, seq_len: int | None, overlap_grad_sync: bool = True,
+                        micro_batch: int | None = None) -> float:
     """kappa: the fixed forward+backward cost per micro-batch in sequences (see CPU_FIXED_SEQUENCES_POINTS);
-    ``overlap_grad_sync`` False: of a run that all-reduces after backward (CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO)."""
+    ``overlap_grad_sync`` False: of a run at ``micro_batch`` sequences that all-reduces after backward
+    (CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_POINTS)."""
     kappa = _log_interp(CPU_FIXED_SEQUENCES_POINTS, d_model)
     if not overlap_grad_sync:
-        kappa *= CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_RATIO
+        at_width = _log_interp(CPU_FIXED_SEQUENCES_POINTS, CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_WIDTH)
+        kappa *= _log_interp(CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_POINTS, micro_batch) / at_width
     return kappa * CPU_FIXED_SEQUENCES_SEQ_LEN / seq_len if seq_len else kappa
 
 
@@ -204,7 +210,7 @@ def cpu_micro_batch_split(f: "RunFacts") -> tuple[float, float, float, float] | 
     tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))
     fb = max(0.0, f.phases["forward"] + f.phases["backward"] - tail)
     kappa = cpu_fixed_sequences(f.cfg("model.d_model"), f.cfg("model.seq_len"),
-                                f.cfg("parallel.overlap_grad_sync") is not False)
+                                f.cfg("parallel.overlap_grad_sync") is not False, int(mb))
     fixed, per_seq = split_micro_batch(fb / ga, mb, kappa)
     return fb / ga, fixed, per_seq, kappa
 
