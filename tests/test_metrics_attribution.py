@@ -376,3 +376,38 @@ def test_report_html_has_the_op_and_module_tables(tmp_path):
     page = render_html(analyze(t.write(tmp_path / "rank0.json.gz"), cache=False))
     section = page[page.index("<h2>Where device time goes</h2>"):]
     assert "<td class=\"l\">aten::addmm</td>" in section and "<td class=\"l\">blocks.0/attn</td>" in section
+
+
+def test_attention_kernels_take_the_backend_ops_shapes(tmp_path):
+    """A forward kernel anywhere under an attention op counts, in the shapes table, to the innermost one
+    (TraceLens's SDPA rows): the flash kernel of aten::_flash_attention_forward and the fill launched by
+    aten::fill_ both land on aten::_scaled_dot_product_flash_attention, one call; the ops table still counts
+    each kernel to its innermost op. The roofline then halves the causal FLOPs."""
+    from analyzer.metrics.roofline import roofline
+
+    t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
+    t.step(1, 0, 1000)
+    q = [2, 4, 256, 64]
+    bf16 = "c10::BFloat16"
+    t.cpu_op("aten::scaled_dot_product_attention", 10, 200, tid=MAIN, input_dims=[q, q, q, [], [], [], [], []],
+             input_types=[bf16] * 3 + ["Scalar"] * 5)
+    flash = t.cpu_op("aten::_scaled_dot_product_flash_attention", 20, 180, tid=MAIN,
+                     input_dims=[q, q, q, [], [], [], []], input_types=[bf16] * 3 + ["Scalar"] * 4)
+    flash["args"]["Concrete Inputs"] = ["", "", "", "0.", "True", "False", "0.125"]
+    t.cpu_op("aten::fill_", 30, 10, tid=MAIN)
+    t.kernel("vectorized_elementwise_kernel<FillFunctor<int>>", 300, 4, launch_us=32)
+    t.cpu_op("aten::_flash_attention_forward", 50, 100, tid=MAIN)
+    t.kernel("flash_fwd_kernel", 310, 60, launch_us=60)
+    events, steps = _load(t, tmp_path)
+    at = rank_attribution(events, steps)
+    ops = at.ops.set_index(["op", "backward"])
+    assert ops.loc[("aten::_flash_attention_forward", False), "device_ms"] == 0.06
+    assert ops.loc[("aten::fill_", False), "device_ms"] == 0.004
+    assert ops.loc[("aten::_scaled_dot_product_flash_attention", False), "device_ms"] == 0.0
+    (row,) = at.shapes.itertuples(index=False)
+    assert (row.op, row.backward, row.calls, row.n_kernels, row.device_ms) == (
+        "aten::_scaled_dot_product_flash_attention", False, 1, 2, pytest.approx(0.064))
+    assert row.concrete_inputs == '["","","","0.","True","False","0.125"]'
+    p = roofline(at.shapes, "NVIDIA H100 80GB HBM3").points.iloc[0]
+    assert bool(p["causal"]) is True and p["flops"] == 2 * (2 * 4) * 256 * 256 * (64 + 64) / 2  # 2 B H L S (E + Ev)
+    assert p["achieved_flops_per_s"] == pytest.approx(p["flops"] / 64e-6)

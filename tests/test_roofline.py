@@ -28,8 +28,11 @@ def _dims(d) -> str:
     return json.dumps(d, separators=(",", ":"))
 
 
-def _shapes(rows) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=["op", "backward", "input_dims", "input_types", "calls", "n_kernels", "device_ms"])
+def _shapes(rows, concrete: bool = False) -> pd.DataFrame:
+    """A shapes table as the attribution's (``concrete``: rows carry a concrete_inputs value; else a summary
+    from before MAP_VERSION 10, without the column)."""
+    keys = ["op", "backward", "input_dims", "input_types"] + (["concrete_inputs"] if concrete else [])
+    return pd.DataFrame(rows, columns=keys + ["calls", "n_kernels", "device_ms"])
 
 
 def test_gemm_forward_and_backward_exact():
@@ -55,16 +58,50 @@ def test_gemm_forward_and_backward_exact():
 
 def test_attention_and_out_variant_bytes():
     b, h, L, S, E = 2, 8, 128, 256, 64
-    f, nbytes, dtype = per_call("aten::scaled_dot_product_attention",
-                                [[b, h, L, E], [b, h, S, E], [b, h, S, E]], [BF16] * 3)
-    assert f == 2 * b * h * L * S * E * 2 and dtype == "bf16"
+    f, nbytes, dtype, causal = per_call("aten::scaled_dot_product_attention",
+                                        [[b, h, L, E], [b, h, S, E], [b, h, S, E]], [BF16] * 3)
+    assert f == 2 * b * h * L * S * E * 2 and dtype == "bf16" and causal is None
     assert nbytes == 2 * (b * h * L * E + 2 * b * h * S * E + b * h * L * E)
     # mm(a, b, out=c): the output is one of the inputs, counted once.
-    f, nbytes, _ = per_call("aten::mm", [[64, 32], [32, 16], [64, 16]], [BF16] * 3)
+    f, nbytes, _, _ = per_call("aten::mm", [[64, 32], [32, 16], [64, 16]], [BF16] * 3)
     assert f == 2 * 64 * 32 * 16 and nbytes == 2 * (64 * 32 + 32 * 16 + 64 * 16)
     rf = roofline(_shapes([("aten::scaled_dot_product_attention", True, _dims([[b, h, L, E], [b, h, S, E], [b, h, S, E]]),
                             json.dumps([BF16] * 3), 1, 3, 0.1)]), H100)
     assert rf.points["flops"].item() == 2.5 * 2 * b * h * L * S * E * 2  # FlashAttention-2's 5 products against 2
+
+
+def test_causal_attention_backends_count_the_kept_scores():
+    # is_causal from each backend's Concrete Inputs (its own argument position); PyTorch's causal mask is
+    # top-left aligned, so the kept share of the L x S scores is L / 2S (L <= S) or 1 - S / 2L, 1/2 when square.
+    b, h, E = 2, 4, 64
+    full = lambda L, S: 2 * b * h * L * S * E * 2  # noqa: E731 - Q K^T and P V
+    sq = [[b, h, 512, E]] * 3
+    flash = ["", "", "", "0.", "True", "False", "0.125"]
+    f, nbytes, dtype, causal = per_call("aten::_scaled_dot_product_flash_attention", sq + [[]] * 4,
+                                        [BF16] * 3 + ["Scalar"] * 4, flash)
+    assert causal is True and f == full(512, 512) / 2 and nbytes == 2 * 4 * b * h * 512 * E
+    # The efficient backend's attn_bias (a tensor at position 3) is not counted in bytes; is_causal is argument 6.
+    eff = ["", "", "", "", "True", "0.", "False", ""]
+    f, nbytes, _, causal = per_call("aten::_scaled_dot_product_efficient_attention", sq + [[b, h, 512, 512]],
+                                    [BF16] * 4, eff)
+    assert causal is False and f == full(512, 512) and nbytes == 2 * 4 * b * h * 512 * E
+    short_q = [[b, h, 128, E], [b, h, 512, E], [b, h, 512, E]]
+    sdpa = ["", "", "", "", "0.", "True", "", "False"]
+    f, _, _, _ = per_call("aten::scaled_dot_product_attention", short_q + [[]] * 5, [BF16] * 3, sdpa)
+    assert f == full(128, 512) * 128 / (2 * 512)
+    long_q = [[b, h, 512, E], [b, h, 128, E], [b, h, 128, E]]
+    f, _, _, _ = per_call("aten::_scaled_dot_product_flash_attention_for_cpu", long_q, ["float"] * 3,
+                          ["", "", "", "0.", "True", ""])
+    assert f == full(512, 128) * (1 - 128 / (2 * 512))
+    # Backward rows keep the mask: 2.5x the causal forward. Without Concrete Inputs: unmasked, and a note says so.
+    rf = roofline(_shapes([("aten::_scaled_dot_product_flash_attention", True, _dims(sq + [[]] * 4),
+                            json.dumps([BF16] * 3 + ["Scalar"] * 4), json.dumps(flash), 3, 6, 0.2),
+                           ("aten::_scaled_dot_product_flash_attention", False, _dims(sq + [[]] * 4),
+                            json.dumps([BF16] * 3 + ["Scalar"] * 4), "", 3, 3, 0.1)], concrete=True), H100)
+    pts = rf.points.set_index("backward")
+    assert pts.loc[True, "flops"] == 3 * 2.5 * full(512, 512) / 2 and bool(pts.loc[True, "causal"]) is True
+    assert pts.loc[False, "flops"] == 3 * full(512, 512) and pts.loc[False, "causal"] is None
+    assert any("without a recorded is_causal" in n and "(1 shape(s))" in n for n in rf.notes)
 
 
 def test_unknown_device_no_shapes_and_unfit_shapes():
@@ -125,6 +162,33 @@ def test_gemm_rows_match_tracelens(sample):
         theirs_rate = row["GFLOPS_first"] * 1e9 / (row["Kernel Time (µs)_mean"] * 1e-6)
         assert p["achieved_flops_per_s"] == pytest.approx(theirs_rate, rel=0.02)
     assert matched == len(theirs) > 0
+
+
+SDPA_SAMPLES = ["h100/Qwen_Qwen1.5-0.5B-Chat__1016005", "h100/gaunernst_bert-small-uncased__1016001",
+                "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005", "mi300/gaunernst_bert-small-uncased__1016001",
+                "torch_compile_triton/trace"]
+
+
+@pytest.mark.parametrize("sample", SDPA_SAMPLES)
+def test_attention_rows_match_tracelens(sample):
+    """SDPA_fwd.csv: FLOPs (causal halved, as TraceLens's), bytes and calls equal; TFLOP/s within 2 %."""
+    trace = SHARED / f"{sample}.json.gz"
+    csv = SHARED / f"{sample}_perf_report_csvs" / "SDPA_fwd.csv"
+    if not trace.exists() or not csv.exists():
+        pytest.skip(f"{trace} absent (../shared/traces)")
+    rf = analyze(trace, cache=False).roofline()
+    ours = rf.points.loc[~rf.points["backward"]].set_index(["op", "input_dims"])
+    theirs = pd.read_csv(csv)
+    for _, row in theirs.iterrows():
+        p = ours.loc[(row["name"], _dims(ast.literal_eval(row["Input Dims_first"])))]
+        calls = int(p["calls"])
+        assert calls == row["name_count"]
+        assert bool(p["causal"]) is bool(row["param: causal"])
+        assert p["flops"] / calls == pytest.approx(row["GFLOPS_first"] * 1e9, rel=1e-9)
+        assert p["bytes"] / calls == pytest.approx(row["Data Moved (MB)_first"] * 2**20, rel=1e-9)
+        theirs_rate = row["GFLOPS_first"] * 1e9 / (row["Kernel Time (µs)_mean"] * 1e-6)
+        assert p["achieved_flops_per_s"] == pytest.approx(theirs_rate, rel=0.02)
+    assert len(theirs) > 0
 
 
 def test_the_report_carries_the_roofline_per_op():

@@ -53,9 +53,23 @@ CONV_OPS = frozenset(
 )
 # The FLOP counter's ops.
 FLOP_OPS = MATMUL_OPS | CONV_OPS
-# Host ops whose shapes the loader keeps: the FLOP counter's ops, and the embedding, whose token ids give the
-# tokens per step of a foreign trace (analyzer.metrics.workload).
-SHAPE_OPS = FLOP_OPS | frozenset({"aten::embedding"})
+# Scaled-dot-product attention and the backend ops it dispatches to, which launch its kernels (a kernel
+# counts to the innermost op: analyzer.metrics.attribution). Their ``Concrete Inputs`` carry ``is_causal``
+# (analyzer.metrics.roofline). Not FLOP_OPS: the MFU counts the outer aten::scaled_dot_product_attention.
+ATTENTION_OPS = frozenset(
+    {
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+    }
+)
+# Host ops whose ``Concrete Inputs`` (scalar arguments) the loader keeps.
+CONCRETE_OPS = CONV_OPS | ATTENTION_OPS
+# Host ops whose shapes the loader keeps: the FLOP counter's ops, attention's backends (the roofline), and the
+# embedding, whose token ids give the tokens per step of a foreign trace (analyzer.metrics.workload).
+SHAPE_OPS = FLOP_OPS | ATTENTION_OPS | frozenset({"aten::embedding"})
 # Event categories of older format eras, lower-cased, -> today's category
 # (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
 # PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote

@@ -53,15 +53,16 @@ seq_num         int64      ``args["Sequence number"]`` (autograd sequence
 fwd_tid         int64      ``args["Fwd thread id"]`` (on backward ops: the
                            thread of their forward op), -1 when absent
 input_dims      object     ``args["Input Dims"]`` as a JSON string, only for
-                           matmul-like and convolution cpu_ops and
-                           ``aten::embedding`` (SHAPE_OPS) and cpu_comm
+                           matmul-like, convolution and attention cpu_ops
+                           and ``aten::embedding`` (SHAPE_OPS) and cpu_comm
                            rows (gloo collectives carry their tensor shapes
                            there); else None
 input_types     object     ``args["Input type"]`` as a JSON string, same rows
                            (and convolution ops, CONV_OPS)
 concrete_inputs object     ``args["Concrete Inputs"]`` as a JSON string, only
-                           for convolution cpu_ops (CONV_OPS: their stride,
-                           padding, dilation, groups); else None
+                           for convolution and attention cpu_ops
+                           (CONCRETE_OPS: stride, padding, dilation,
+                           groups; is_causal); else None
 coll_name       category   collective name: ``args["Collective name"]``
                            (record_param_comms, comm kernels of newer
                            PyTorch), else the suffix of a ``gloo:*`` /
@@ -95,6 +96,8 @@ from analyzer.ingest.schema import (  # noqa: F401 - re-exported: the table sche
     CPU_COMM_RE,
     MATMUL_OPS,
     CONV_OPS,
+    ATTENTION_OPS,
+    CONCRETE_OPS,
     FLOP_OPS,
     SHAPE_OPS,
     DEVICE_CATS,

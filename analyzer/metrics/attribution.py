@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.ingest.tables import DEVICE_KINDS
+from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
 from analyzer.metrics.launch import _parents
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import kernel_class
@@ -66,7 +66,7 @@ UNATTRIBUTED = "(unattributed)"
 
 KERNEL_COLUMNS = (
     "name", "kind", "cls", "stream", "start_ns", "dur_ns", "launch_tid", "graph", "op", "backward",
-    "attributed_op", "module", "annotation", "input_dims", "input_types",
+    "attributed_op", "module", "annotation", "shape_op", "input_dims", "input_types", "concrete_inputs",
 )
 
 
@@ -291,8 +291,9 @@ class KernelAttribution:
     launch (None: unattributed); ``backward``; ``attributed_op`` the op the
     kernel counts to (the forward op for backward kernels); ``module`` path
     (None outside every module range), ``annotation`` (None outside every
-    annotation); ``input_dims``/``input_types`` of the attributed op (only
-    the ops whose shapes the loader keeps: analyzer.ingest.tables).
+    annotation); ``input_dims``/``input_types``/``concrete_inputs`` of the
+    attributed op (only the ops whose shapes the loader keeps, and the scalar
+    arguments of those it keeps them for: analyzer.ingest.tables).
     ``ops``: host op instances (``name, pid, tid, start_ns, end_ns``) with
     ``parent``, ``depth``, ``backward``, ``key`` (the name it is reported
     under), ``node`` (outermost autograd node around it, -1), ``module``.
@@ -393,6 +394,13 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     attr_pos = np.where(k_back, k_outer, op_pos)  # the op the kernel counts to
     # The shapes of the attributed op: forward, the op itself; backward, the node's forward op.
     shape_pos = np.where(k_back, _take(fwd_of_node, k_outer, -1), op_pos).astype(np.int64)
+    # A forward kernel launched anywhere under an attention op (its backend's inner ops: the flash kernel under
+    # aten::_flash_attention_forward, a fill of its buffers) takes the innermost attention op's shapes: the
+    # roofline times attention by its whole subtree, as TraceLens's SDPA rows do.
+    in_attention = _nearest(ops.parent, is_in(pd.Series(op_names), ATTENTION_OPS)) if n_ops else np.zeros(0, np.int64)
+    lift = (shape_pos >= 0) & ~k_back
+    att = np.where(lift, _take(in_attention, shape_pos, -1), -1).astype(np.int64)
+    shape_pos = np.where(att >= 0, att, shape_pos)
     shape_rows = np.where(shape_pos >= 0, _take(ops.rows, shape_pos, -1), -1).astype(np.int64)
     k_module = np.where(k_back, _take(op_module_attr, op_pos), _take(mod_paths, mod_pos))
     dur = ev.end[dev_rows] - ev.start[dev_rows]
@@ -414,8 +422,12 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
             "module": _obj(k_module, dev_index),
             "annotation": _obj(_take(annos.names, anno_pos), dev_index),
             "anno_pos": anno_pos,
+            "shape_op": _obj(_take(op_names, shape_pos), dev_index),
+            # The call a kernel's shapes row counts: the autograd node (backward), else the op the shapes are of.
+            "shape_call": np.where(k_back, attr_pos, shape_pos),
             "input_dims": _obj(_column_at(events, "input_dims", shape_rows), dev_index),
             "input_types": _obj(_column_at(events, "input_types", shape_rows), dev_index),
+            "concrete_inputs": _obj(_column_at(events, "concrete_inputs", shape_rows), dev_index),
         },
         index=dev_index,
     )
@@ -510,7 +522,7 @@ class AttributionTables:
     attributed device time), ``device_inclusive_ms`` (kernels launched
     anywhere under the op's outermost instances), ``graph_ms``,
     ``n_kernels``. ``shapes``: (``op``, ``backward``, ``input_dims``,
-    ``input_types``) -> ``calls`` (op instances with kernels in the window;
+    ``input_types``, ``concrete_inputs``: "" where the loader keeps none) -> ``calls`` (op instances with kernels in the window;
     backward: autograd nodes), ``n_kernels``, ``device_ms``. ``modules``: (``module``
     path, ``backward``) -> ``depth``, ``calls``, ``host_ms``, ``device_self_ms``,
     ``device_ms`` (inclusive of nested modules). ``annotations``: ``name`` ->
@@ -535,7 +547,7 @@ class AttributionTables:
 
 
 OPS_COLUMNS = ("op", "backward", "calls", "host_ms", "device_ms", "device_inclusive_ms", "graph_ms", "n_kernels")
-SHAPES_COLUMNS = ("op", "backward", "input_dims", "input_types", "calls", "n_kernels", "device_ms")
+SHAPES_COLUMNS = ("op", "backward", "input_dims", "input_types", "concrete_inputs", "calls", "n_kernels", "device_ms")
 MODULES_COLUMNS = ("module", "backward", "depth", "calls", "host_ms", "device_self_ms", "device_ms")
 ANNOTATIONS_COLUMNS = ("name", "calls", "host_ms", "device_self_ms", "device_ms", "gpu_calls", "gpu_ms")
 OP_KERNELS_COLUMNS = ("op", "backward", "kernel", "cls", "count", "device_ms")
@@ -589,10 +601,11 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     # --- shapes (only ops whose shapes the loader keeps)
     ks = k.loc[found & k["input_dims"].notna().to_numpy()]
     if len(ks):
-        shapes = (ks.assign(dur=ks["dur_ns"] / 1e6, input_types=ks["input_types"].fillna(""))
-                  .groupby(["attributed_op", "backward", "input_dims", "input_types"], sort=False)
-                  .agg(calls=("attr_pos", "nunique"), n_kernels=("dur", "size"), device_ms=("dur", "sum")).reset_index()
-                  .rename(columns={"attributed_op": "op"})
+        shapes = (ks.assign(dur=ks["dur_ns"] / 1e6, input_types=ks["input_types"].fillna(""),
+                            concrete_inputs=ks["concrete_inputs"].fillna(""))
+                  .groupby(["shape_op", "backward", "input_dims", "input_types", "concrete_inputs"], sort=False)
+                  .agg(calls=("shape_call", "nunique"), n_kernels=("dur", "size"), device_ms=("dur", "sum")).reset_index()
+                  .rename(columns={"shape_op": "op"})
                   .sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True))
     else:
         shapes = _empty(SHAPES_COLUMNS)
@@ -641,7 +654,7 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         "n_unattributed": int((~found).sum()),
     }
     # Text as categoricals: a rank summary stores each distinct name once (kernel names repeat across ops).
-    for frame, cols in ((ops_t, ("op",)), (shapes, ("op", "input_dims", "input_types")), (op_kernels, ("op", "kernel", "cls"))):
+    for frame, cols in ((ops_t, ("op",)), (shapes, ("op", "input_dims", "input_types", "concrete_inputs")), (op_kernels, ("op", "kernel", "cls"))):
         for c in cols:
             if len(frame):
                 frame[c] = frame[c].astype("category")
@@ -775,7 +788,7 @@ class RunAttribution:
     op_kernels: pd.DataFrame
     totals: pd.DataFrame
 
-    KEYS = {"ops": ["op", "backward"], "shapes": ["op", "backward", "input_dims", "input_types"],
+    KEYS = {"ops": ["op", "backward"], "shapes": ["op", "backward", "input_dims", "input_types", "concrete_inputs"],
             "modules": ["module", "backward"], "annotations": ["name"], "op_kernels": ["op", "backward", "kernel", "cls"]}
 
     def summed(self, name: str) -> pd.DataFrame:

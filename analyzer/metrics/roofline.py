@@ -7,8 +7,9 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
 
 * ``flops``: FLOPs per call times calls. Forward: the matmul formulas of
   :func:`analyzer.metrics.matmul_flops.flops_of` (``torch.utils.flop_counter``'s:
-  2 m k n per product; attention's Q K^T and P V; a causal mask is not
-  discounted, the trace does not record it). Backward rows (the kernels of
+  2 m k n per product; attention's Q K^T and P V), attention's discounted by
+  :func:`causal_fraction` when its Concrete Inputs say ``is_causal`` (the
+  row's ``causal``; unrecorded: unmasked, and a note says so). Backward rows (the kernels of
   the op's autograd node): 2x the forward FLOPs for a GEMM (the input and
   weight gradients are one product each of the forward's size) and 2.5x for
   attention (five products against the forward's two, FlashAttention-2,
@@ -17,8 +18,9 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
   once (TraceLens's GEMM model, ``TraceLens/PerfModel/perf_model.py``):
   every tensor input (its element count times its dtype's size, bias
   included) plus the output (GEMM: the product's m x n per batch, counted
-  once when ``mm``/``bmm`` record it as a third input, their ``out=`` form;
-  attention: the query's shape with the value's last dimension). Backward rows: 2x the
+  once when ``mm``/``bmm`` record it as a third input, their ``out=`` form);
+  attention: query, key, value and the output (the query's shape with the
+  value's last dimension), no mask (TraceLens's SDPA model). Backward rows: 2x the
   forward's (the gradient of every tensor read and written once more).
 * ``flop_per_byte`` (arithmetic intensity), ``achieved_flops_per_s`` and
   ``achieved_bytes_per_s`` over the rows' device time (the sum of their
@@ -41,10 +43,10 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
   (the model's FLOPs or the peak table is wrong for that row), never passed
   silently.
 
-The models cover the ops the loader keeps shapes for (GEMM family and
-``aten::scaled_dot_product_attention``: :data:`analyzer.ingest.tables.MATMUL_OPS`);
-a kernel attributed to an op without recorded shapes (flash-attention
-internals, elementwise ops, or a trace taken without ``record_shapes=True``)
+The models cover the ops the loader keeps shapes for (GEMM family,
+:data:`analyzer.ingest.tables.MATMUL_OPS`, and attention with its backends,
+``ATTENTION_OPS``, whose rows hold every forward kernel launched under them);
+a kernel attributed to an op without recorded shapes (elementwise ops, or a trace taken without ``record_shapes=True``)
 is not on the roofline, and :attr:`Roofline.modeled_device_ms` against
 :attr:`Roofline.shapes_device_ms` says how much of the device time is.
 """
@@ -58,6 +60,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.ingest.schema import ATTENTION_OPS
 from analyzer.metrics.hardware import datasheet_peak, hbm_peak
 from analyzer.metrics.matmul_flops import ShapeError, flops_of
 from analyzer.metrics.taxonomy import kernel_precision
@@ -84,10 +87,23 @@ _TYPES: dict[str, tuple[int, str | None]] = {
 _BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5}
 _BACKWARD_BYTES = 2.0
 _ATTENTION = "aten::scaled_dot_product_attention"
+# Position of ``is_causal`` among each attention op's arguments (its ``Concrete Inputs``), from the ATen schemas:
+# scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+# _scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask, *, scale) and
+# its _for_cpu twin (query, key, value, dropout_p, is_causal, *, attn_mask, scale);
+# _scaled_dot_product_efficient_attention / _cudnn_attention(query, key, value, attn_bias, compute_log_sumexp,
+# dropout_p, is_causal, ...).
+_CAUSAL_ARG = {
+    "aten::scaled_dot_product_attention": 5,
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+}
 # Where the first matrix operand sits (its last dimension is the product's inner dimension).
 _FIRST_MATRIX = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1, "aten::matmul": 0, "aten::linear": 0}
 
-POINT_COLUMNS = ("op", "backward", "input_dims", "input_types", "dtype", "calls", "device_ms", "flops", "bytes",
+POINT_COLUMNS = ("op", "backward", "input_dims", "input_types", "concrete_inputs", "causal", "dtype", "calls", "device_ms", "flops", "bytes",
                  "flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s",
                  "ridge_flop_per_byte", "bound", "efficiency_pct")
 OP_COLUMNS = ("op", "backward", "dtype", "calls", "device_ms", "flops", "bytes", "flop_per_byte",
@@ -100,7 +116,7 @@ ROOF_COLUMNS = ("dtype", "peak_flops_per_s", "ridge_flop_per_byte", "source")
 class Roofline:
     """:func:`roofline`'s answer (module docstring for every definition).
 
-    ``points``: one row per modeled (op, backward, input_dims, input_types)
+    ``points``: one row per modeled (op, backward, input_dims, input_types, concrete_inputs)
     (:data:`POINT_COLUMNS`); ``ops``: the points summed per (op, backward)
     (FLOPs, bytes, calls and device time added, then the rates and the bound
     of the sums; ``dtype`` the one of most device time); ``roofs``: one row
@@ -140,26 +156,67 @@ def _numel(dims: object) -> int:
     return math.prod(dims)
 
 
-def per_call(op: str, dims: list[Any], types: list[Any]) -> tuple[float, float, str | None]:
-    """(FLOPs, bytes, dtype key) of one forward call of a modeled op; ShapeError when the dims do not fit.
+def causal_fraction(seq_q: int, seq_k: int) -> float:
+    """Share of the ``seq_q x seq_k`` score matrix a causal mask keeps, as an area: PyTorch's ``is_causal``
+    mask is top-left aligned (query i sees keys 0..i), so ``seq_q / (2 seq_k)`` when ``seq_q <= seq_k``
+    and ``1 - seq_k / (2 seq_q)`` otherwise; 1/2 for a square matrix, the convention of FlashAttention's
+    and TraceLens's FLOP counts (module docstring)."""
+    if seq_q <= 0 or seq_k <= 0:
+        raise ShapeError(f"attention: empty sequence ({seq_q} x {seq_k})")
+    return seq_q / (2 * seq_k) if seq_q <= seq_k else 1.0 - seq_k / (2 * seq_q)
 
-    Bytes: every tensor input once at its dtype's size, plus the output at the
-    first input's size (module docstring). Ops without a model raise ShapeError.
+
+def is_causal(op: str, concrete: list[Any] | None) -> bool | None:
+    """The ``is_causal`` argument of an attention op from its ``Concrete Inputs``; None: not recorded."""
+    i = _CAUSAL_ARG.get(op)
+    if i is None or not concrete or i >= len(concrete):
+        return None
+    text = str(concrete[i]).strip()
+    return True if text == "True" else False if text == "False" else None
+
+
+def _attention_per_call(op: str, dims: list[Any], types: list[Any],
+                        concrete: list[Any] | None) -> tuple[float, float, str | None, bool | None]:
+    if len(dims) < 3 or not all(isinstance(d, list) and d and all(isinstance(x, int) for x in d) for d in dims[:3]):
+        raise ShapeError(f"{op}: query, key and value shapes not recorded")
+    q, k, v = dims[0], dims[1], dims[2]
+    causal = is_causal(op, concrete)
+    flops = float(flops_of(_ATTENTION, [q, k, v]))  # ShapeError for shapes that do not fit
+    if causal:
+        flops *= causal_fraction(int(q[-2]), int(k[-2]))
+    elem, dtype = _TYPES.get(types[0], (0, None)) if types and isinstance(types[0], str) else (0, None)
+    if elem == 0:
+        raise ShapeError(f"{op}: unknown element type {types[0] if types else None!r}")
+    # Query, key, value read and the output (the query's shape with the value's last dimension) written once;
+    # a mask or bias tensor is not counted (TraceLens's SDPA model).
+    numel = _numel(q) + _numel(k) + _numel(v) + _numel(q[:-1]) * int(v[-1])
+    return flops, float(numel * elem), dtype, causal
+
+
+def per_call(op: str, dims: list[Any], types: list[Any],
+             concrete: list[Any] | None = None) -> tuple[float, float, str | None, bool | None]:
+    """(FLOPs, bytes, dtype key, causal) of one forward call of a modeled op; ShapeError when the dims do not fit.
+
+    GEMMs: every tensor input once at its dtype's size, plus the output at the
+    first input's size; attention (ATTENTION_OPS): query, key, value and
+    output, FLOPs discounted by :func:`causal_fraction` where ``concrete``
+    (the op's ``Concrete Inputs``) says ``is_causal`` (module docstring).
+    ``causal``: None for GEMMs and for attention without a recorded
+    ``is_causal``. Ops without a model raise ShapeError.
     """
-    flops = float(flops_of(op, dims))  # raises ShapeError for shapes (or ops) it cannot count
+    if op in ATTENTION_OPS:
+        return _attention_per_call(op, dims, types, concrete)
+    if op not in _FIRST_MATRIX:
+        raise ShapeError(f"{op}: no roofline model")
+    flops = float(flops_of(op, dims))  # raises ShapeError for shapes it cannot count
     sizes = [_TYPES.get(t, (0, None)) if isinstance(t, str) else (0, None) for t in types]
     tensors = [i for i, d in enumerate(dims) if isinstance(d, list) and d]
     if not tensors:
         raise ShapeError(f"{op}: no tensor inputs")
-    if op == _ATTENTION:
-        q, v = dims[0], dims[2]
-        out_numel = _numel(q[:-1]) * int(v[-1])
-        first = 0
-    else:
-        a = dims[_FIRST_MATRIX[op]]
-        k = int(a[-1])
-        out_numel = int(flops // (2 * k)) if k else 0
-        first = _FIRST_MATRIX[op]
+    first = _FIRST_MATRIX[op]
+    a = dims[first]
+    k = int(a[-1])
+    out_numel = int(flops // (2 * k)) if k else 0
     elem = sizes[first][0] if first < len(sizes) else 0
     if elem == 0:
         raise ShapeError(f"{op}: unknown element type {types[first] if first < len(types) else None!r}")
@@ -167,7 +224,7 @@ def per_call(op: str, dims: list[Any], types: list[Any]) -> tuple[float, float, 
     # mm(a, b, out=c) / bmm(..., out=c) record the output as a third input: it is written once, not twice.
     out_given = op in ("aten::mm", "aten::bmm") and len(dims) > 2 and _numel(dims[2]) == out_numel
     dtype = sizes[first][1] if first < len(sizes) else None
-    return flops, float(in_bytes + (0 if out_given else out_numel * elem)), dtype
+    return flops, float(in_bytes + (0 if out_given else out_numel * elem)), dtype, None
 
 
 def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
@@ -226,28 +283,41 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     rows = []
     tf32 = _tf32_ops(op_kernels)
     unfit: dict[str, int] = {}
-    cache: dict[tuple[str, str, str], tuple[float, float, str | None] | None] = {}
-    for op, backward, dims_json, types_json, calls, device_ms in shapes[
-            ["op", "backward", "input_dims", "input_types", "calls", "device_ms"]].itertuples(index=False):
-        key = (str(op), str(dims_json), str(types_json))
+    cache: dict[tuple[str, str, str, str], tuple[float, float, str | None, bool | None] | None] = {}
+    # Summaries from before MAP_VERSION 10 have no concrete_inputs column: no is_causal known.
+    concrete_col = shapes["concrete_inputs"] if "concrete_inputs" in shapes.columns else pd.Series("", index=shapes.index)
+    uncausal: dict[str, int] = {}
+    for op, backward, dims_json, types_json, concrete_json, calls, device_ms in zip(
+            shapes["op"], shapes["backward"], shapes["input_dims"], shapes["input_types"], concrete_col,
+            shapes["calls"], shapes["device_ms"]):
+        key = (str(op), str(dims_json), str(types_json), str(concrete_json))
         if key not in cache:
             try:
-                cache[key] = per_call(str(op), json.loads(dims_json), json.loads(types_json) if types_json else [])
+                cache[key] = per_call(str(op), json.loads(dims_json), json.loads(types_json) if types_json else [],
+                                      json.loads(concrete_json) if concrete_json else None)
             except (ShapeError, ValueError, TypeError, IndexError, KeyError):
                 cache[key] = None
         got = cache[key]
         if got is None:
             unfit[str(op)] = unfit.get(str(op), 0) + 1
             continue
-        f, b, dtype = got
+        f, b, dtype, causal = got
         if dtype == "fp32" and (str(op), bool(backward)) in tf32:
             dtype = "tf32"
-        scale_f = _BACKWARD_FLOPS["attention" if op == _ATTENTION else "gemm"] if backward else 1.0
+        attention = str(op) in ATTENTION_OPS
+        if attention and causal is None:
+            uncausal[str(op)] = uncausal.get(str(op), 0) + 1
+        scale_f = _BACKWARD_FLOPS["attention" if attention else "gemm"] if backward else 1.0
         scale_b = _BACKWARD_BYTES if backward else 1.0
         rows.append({"op": str(op), "backward": bool(backward), "input_dims": str(dims_json),
-                     "input_types": str(types_json) if types_json is not None else "", "dtype": dtype,
+                     "input_types": str(types_json) if types_json is not None else "",
+                     "concrete_inputs": str(concrete_json) if concrete_json is not None else "", "causal": causal,
+                     "dtype": dtype,
                      "calls": int(calls), "device_ms": float(device_ms),
                      "flops": f * scale_f * int(calls), "bytes": b * scale_b * int(calls)})
+    if uncausal:
+        notes.append("attention without a recorded is_causal (no Concrete Inputs) counted unmasked, an upper bound "
+                     "on its FLOPs: " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(uncausal.items())))
     if unfit:
         notes.append("not on the roofline (no model, or shapes that do not fit the op): "
                      + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items())))

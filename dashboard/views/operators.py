@@ -42,6 +42,7 @@ OPS_COLUMNS = {
 SHAPE_COLUMNS = {
     "input_dims": "input dims",
     "input_types": "input types",
+    "concrete_inputs": "scalar arguments",
     "calls": "calls",
     "n_kernels": "kernels",
     "device_ms": "device ms",
@@ -108,15 +109,19 @@ def ops_view(ops: pd.DataFrame, rf: Roofline) -> pd.DataFrame:
 def shapes_view(shapes: pd.DataFrame, rf: Roofline, op: str, backward: bool) -> pd.DataFrame:
     """One op's rows by input shapes, with their roofline figures where the analyzer models them."""
     mine = shapes.loc[(shapes["op"].astype(str) == op) & (shapes["backward"].astype(bool) == backward)].copy()
-    for c in ("op", "input_dims", "input_types"):
+    if "concrete_inputs" not in mine.columns:  # a run summarized before the column existed
+        mine["concrete_inputs"] = ""
+    for c in ("op", "input_dims", "input_types", "concrete_inputs"):
         mine[c] = mine[c].astype(str)
-    keys = ["op", "backward", "input_dims", "input_types"]
+    keys = ["op", "backward", "input_dims", "input_types", "concrete_inputs"]
     if len(rf.points):
         pts = _rates_in_units(rf.points)
         pts["gflops_per_call"] = pts["flops"] / pts["calls"] / 1e9
         pts["mb_per_call"] = pts["bytes"] / pts["calls"] / 1e6
         mine = mine.merge(pts[keys + ["gflops_per_call", "mb_per_call", "flop_per_byte", "achieved_tflops_per_s",
                                       "achieved_tb_per_s", "bound", "efficiency_pct"]], on=keys, how="left")
+    if not (mine["concrete_inputs"] != "").any():  # only convolution and attention ops have scalar arguments kept
+        mine = mine.drop(columns=["concrete_inputs"])
     return mine[[c for c in SHAPE_COLUMNS if c in mine.columns]].rename(columns=SHAPE_COLUMNS)
 
 

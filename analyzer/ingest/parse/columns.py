@@ -25,7 +25,7 @@ from analyzer.ingest.parse.classify import (
     wants_args,
 )
 from analyzer.ingest.parse.decode import _NO_ARGS, Args, Event
-from analyzer.ingest.schema import CONV_OPS, CPU_COMM_RE, SHAPE_OPS, text_id
+from analyzer.ingest.schema import CONCRETE_OPS, CPU_COMM_RE, SHAPE_OPS, text_id
 
 _PID, _TID = attrgetter("pid"), attrgetter("tid")
 _CORRELATION, _EXTERNAL_ID = attrgetter("correlation"), attrgetter("external_id")
@@ -231,7 +231,7 @@ class Columns:
                 sp["input_dims"][row] = orjson.dumps(dims).decode()
             if types is not None:
                 sp["input_types"][row] = orjson.dumps(types).decode()
-            if name in CONV_OPS and len(a.concrete_inputs):
+            if name in CONCRETE_OPS and len(a.concrete_inputs):
                 sp["concrete_inputs"][row] = orjson.dumps(orjson.loads(bytes(a.concrete_inputs))).decode()
         coll = a.collective
         if coll is None and name.startswith(_COLL_ANNOTATION_PREFIXES):
