@@ -174,14 +174,14 @@ def test_operators_table_equals_the_analyzers(open_page, analyses):
     assert shown["host ms"].tolist() == pytest.approx(ops["host_ms"].tolist())
     assert shown["calls"].tolist() == ops["calls"].tolist()
     assert shown["% of step"].tolist() == pytest.approx(ops["share_of_step_pct"].tolist())
-    for row in shown.itertuples(index=False):
-        key = (row.op, row.direction == "backward")
+    for row in shown.to_dict("records"):
+        key = (row["op"], row["direction"] == "backward")
         if key in rf.index:
-            assert getattr(row, "_8") == pytest.approx(rf.loc[key, "achieved_flops_per_s"] / 1e12)  # achieved TFLOP/s
-            assert row.bound == rf.loc[key, "bound"]
-            assert getattr(row, "_12") == pytest.approx(rf.loc[key, "efficiency_pct"])
+            assert row["achieved TFLOP/s"] == pytest.approx(rf.loc[key, "achieved_flops_per_s"] / 1e12)
+            assert row["bound"] == rf.loc[key, "bound"] and row["roofline model"] == rf.loc[key, "family"]
+            assert row["efficiency %"] == pytest.approx(rf.loc[key, "efficiency_pct"])
         else:
-            assert row.bound is None or row.bound != row.bound  # no model: empty cell
+            assert row["bound"] is None or row["bound"] != row["bound"]  # no model: empty cell
     assert set(shown.loc[shown["bound"].notna(), "op"]) == {"aten::addmm"}
     # The shapes of the first op (the backward addmm has most device time), its kernels.
     shapes = table(at, "input dims")

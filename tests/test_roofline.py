@@ -17,8 +17,10 @@ import pandas as pd
 import pytest
 
 from analyzer.api import analyze
+from analyzer.ingest.schema import CONV_OPS, MEMORY_BOUND_OPS
 from analyzer.metrics.hardware import hbm_peak
-from analyzer.metrics.roofline import per_call, roofline
+from analyzer.metrics.op_models import per_call
+from analyzer.metrics.roofline import roofline
 
 H100 = "NVIDIA H100 80GB HBM3"
 BF16 = "c10::BFloat16"
@@ -58,12 +60,12 @@ def test_gemm_forward_and_backward_exact():
 
 def test_attention_and_out_variant_bytes():
     b, h, L, S, E = 2, 8, 128, 256, 64
-    f, nbytes, dtype, causal = per_call("aten::scaled_dot_product_attention",
+    f, nbytes, dtype, causal, _ = per_call("aten::scaled_dot_product_attention",
                                         [[b, h, L, E], [b, h, S, E], [b, h, S, E]], [BF16] * 3)
     assert f == 2 * b * h * L * S * E * 2 and dtype == "bf16" and causal is None
     assert nbytes == 2 * (b * h * L * E + 2 * b * h * S * E + b * h * L * E)
     # mm(a, b, out=c): the output is one of the inputs, counted once.
-    f, nbytes, _, _ = per_call("aten::mm", [[64, 32], [32, 16], [64, 16]], [BF16] * 3)
+    f, nbytes, _, _, _ = per_call("aten::mm", [[64, 32], [32, 16], [64, 16]], [BF16] * 3)
     assert f == 2 * 64 * 32 * 16 and nbytes == 2 * (64 * 32 + 32 * 16 + 64 * 16)
     rf = roofline(_shapes([("aten::scaled_dot_product_attention", True, _dims([[b, h, L, E], [b, h, S, E], [b, h, S, E]]),
                             json.dumps([BF16] * 3), 1, 3, 0.1)]), H100)
@@ -77,20 +79,20 @@ def test_causal_attention_backends_count_the_kept_scores():
     full = lambda L, S: 2 * b * h * L * S * E * 2  # noqa: E731 - Q K^T and P V
     sq = [[b, h, 512, E]] * 3
     flash = ["", "", "", "0.", "True", "False", "0.125"]
-    f, nbytes, dtype, causal = per_call("aten::_scaled_dot_product_flash_attention", sq + [[]] * 4,
+    f, nbytes, dtype, causal, _ = per_call("aten::_scaled_dot_product_flash_attention", sq + [[]] * 4,
                                         [BF16] * 3 + ["Scalar"] * 4, flash)
     assert causal is True and f == full(512, 512) / 2 and nbytes == 2 * 4 * b * h * 512 * E
     # The efficient backend's attn_bias (a tensor at position 3) is not counted in bytes; is_causal is argument 6.
     eff = ["", "", "", "", "True", "0.", "False", ""]
-    f, nbytes, _, causal = per_call("aten::_scaled_dot_product_efficient_attention", sq + [[b, h, 512, 512]],
+    f, nbytes, _, causal, _ = per_call("aten::_scaled_dot_product_efficient_attention", sq + [[b, h, 512, 512]],
                                     [BF16] * 4, eff)
     assert causal is False and f == full(512, 512) and nbytes == 2 * 4 * b * h * 512 * E
     short_q = [[b, h, 128, E], [b, h, 512, E], [b, h, 512, E]]
     sdpa = ["", "", "", "", "0.", "True", "", "False"]
-    f, _, _, _ = per_call("aten::scaled_dot_product_attention", short_q + [[]] * 5, [BF16] * 3, sdpa)
+    f, _, _, _, _ = per_call("aten::scaled_dot_product_attention", short_q + [[]] * 5, [BF16] * 3, sdpa)
     assert f == full(128, 512) * 128 / (2 * 512)
     long_q = [[b, h, 512, E], [b, h, 128, E], [b, h, 128, E]]
-    f, _, _, _ = per_call("aten::_scaled_dot_product_flash_attention_for_cpu", long_q, ["float"] * 3,
+    f, _, _, _, _ = per_call("aten::_scaled_dot_product_flash_attention_for_cpu", long_q, ["float"] * 3,
                           ["", "", "", "0.", "True", ""])
     assert f == full(512, 128) * (1 - 128 / (2 * 512))
     # Backward rows keep the mask: 2.5x the causal forward. Without Concrete Inputs: unmasked, and a note says so.
@@ -239,3 +241,119 @@ def test_tf32_kernels_take_the_tf32_peak_and_over_100_pct_is_named():
     assert simt.ops.iloc[0]["dtype"] == "fp32"
     assert simt.ops.iloc[0]["efficiency_pct"] == pytest.approx(100 * 2.147483648e13 / 19.5e12)
     assert any("over 100 %" in n and "aten::addmm fp32 110.1 %" in n for n in simt.notes)
+
+
+def test_memory_bound_families_are_timed_against_the_hbm():
+    # A bf16 gelu over 2^20 elements, 4 calls in 0.01 ms: 4 * 4 MiB = 16777216 B in 1e-5 s = 1.6777e12 B/s,
+    # 50.08 % of the H100's 3.35e12. Its intensity (1 FLOP per 4 B) is far under the ridge: memory-bound.
+    n = 1 << 20
+    gelu = ("aten::gelu", False, _dims([[n], []]), json.dumps([BF16, ""]), "", 4, 4, 0.01)
+    # An int64 copy has no FLOP peak, and is memory-bound all the same: 2 calls of 8 MiB in 0.01 ms.
+    icopy = ("aten::copy_", False, _dims([[n // 2], [n // 2]]), json.dumps(["long int"] * 2), "", 2, 2, 0.01)
+    # The gelu's backward has no model: left out, and the notes say so.
+    gelu_bwd = ("aten::gelu", True, _dims([[n], []]), json.dumps([BF16, ""]), "", 4, 4, 0.02)
+    rf = roofline(_shapes([gelu, icopy, gelu_bwd], concrete=True), H100)
+    pts = rf.points.set_index("op")
+    g = pts.loc["aten::gelu"]
+    assert g["family"] == "elementwise" and g["flops"] == 4 * n and g["bytes"] == 4 * 4 * n
+    assert g["bound"] == "memory" and g["efficiency_pct"] == pytest.approx(100 * 16 * n / 1e-5 / 3.35e12)
+    c = pts.loc["aten::copy_"]
+    assert pd.isna(c["dtype"]) and math.isnan(c["peak_flops_per_s"]) and c["bound"] == "memory"
+    assert c["efficiency_pct"] == pytest.approx(100 * 2 * 8 * n / 1e-5 / 3.35e12)
+    assert len(rf.points) == 2 and rf.modeled_device_ms == pytest.approx(0.02)
+    assert rf.shapes_device_ms == pytest.approx(0.04)
+    assert any("backward of memory-bound ops" in note and "aten::gelu (1 shape(s))" in note for note in rf.notes)
+    assert set(rf.ops["family"]) == {"elementwise"}
+
+
+# TraceLens's memory-bound and convolution tables (TraceLens/PerfModel/perf_model.py's models).
+ROOFLINE_OPS = MEMORY_BOUND_OPS | CONV_OPS
+FAMILY_CSVS = ("UnaryElementwise", "BinaryElementwise", "Reduce_fwd", "Normalization", "CONV_fwd")
+# TraceLens lists these wrappers beside the native op that launches their kernels (ours: the native op's row).
+WRAPPERS = {"aten::layer_norm", "aten::batch_norm", "aten::_batch_norm_impl_index", "aten::instance_norm",
+            "aten::group_norm"}
+ELEM = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "long int": 8, "int": 4, "bool": 1}
+
+
+def _all_inside_backward(trace: Path, name: str, dims: list) -> bool:
+    """Whether every call of ``name`` with ``dims`` runs inside an autograd node (an
+    ``autograd::engine::evaluate_function:`` range on its thread): read from the raw trace, apart from ours."""
+    import gzip
+
+    events = json.load(gzip.open(trace))["traceEvents"]
+    nodes = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("name", "").startswith("autograd::engine::evaluate_function:") and "dur" in e]
+    calls = [e for e in events if e.get("cat") == "cpu_op" and e.get("name") == name
+             and e.get("args", {}).get("Input Dims") == dims]
+    return bool(calls) and all(any(t == c["tid"] and s <= c["ts"] and c["ts"] + c["dur"] <= f for t, s, f in nodes)
+                               for c in calls)
+
+
+@pytest.mark.parametrize("sample", SAMPLES + ["perf_model/normalization/normalization_layer_test"])
+def test_memory_bound_and_conv_rows_match_tracelens(sample):
+    """Unary and binary elementwise: FLOPs and bytes equal. Reductions: FLOPs equal; TraceLens's bytes are the
+    input plus one output element whatever the reduced dims, ours the whole reduced output. Convolution: FLOPs
+    equal, bytes theirs plus the bias (TraceLens leaves it out). Normalization: TraceLens's FLOPs are 5 per
+    element plus 6 per channel and its bytes input plus output plus 6 channels; our input and output traffic
+    is theirs, plus weight, bias and running statistics once each. Kernel time per call within 2 % where both
+    rows group the same calls, ours up to the op's memsets more (TraceLens leaves some out)."""
+    trace = SHARED / f"{sample}.json.gz"
+    csvs = [SHARED / f"{sample}_perf_report_csvs" / f"{f}.csv" for f in FAMILY_CSVS]
+    csvs = [c for c in csvs if c.exists()]
+    if not trace.exists() or not csvs:
+        pytest.skip(f"{trace} or its TraceLens tables absent (../shared/traces)")
+    a = analyze(trace, cache=False)
+    rf = a.roofline()
+    ours = (rf.points.loc[~rf.points["backward"]]
+            .groupby(["op", "input_dims", "input_types"])[["calls", "flops", "bytes", "device_ms"]].sum())
+    ok = a.attribution.op_kernels
+    not_kernel = ok.loc[~ok["backward"] & ok["cls"].isin(["memset", "memcpy"])].groupby("op")["device_ms"].sum()
+    conv_channels = {json.loads(d)[1][0] for op, d in zip(rf.points["op"], rf.points["input_dims"])
+                     if op in CONV_OPS}
+    compared = 0
+    for csv in csvs:
+        family = csv.stem
+        for _, row in pd.read_csv(csv).iterrows():
+            name, dims = row["name"], ast.literal_eval(row["Input Dims_first"])
+            types = ast.literal_eval(row["Input type_first"])
+            key = (name, _dims(dims), _dims(types))
+            if key not in ours.index:
+                # Not a row of ours: wrappers, ops without a model (upsample), calls without kernel time (a
+                # host-side copy), a convolution's bias add (counted in its aten::convolution row; TraceLens
+                # counts it in both) and calls inside autograd nodes (AccumulateGrad's add_, a norm's backward
+                # sum): backward kernels, which count to their node.
+                bias_add = (name == "aten::add_" and len(dims) > 1 and len(dims[1]) >= 2
+                            and dims[1][1] in conv_channels and math.prod(dims[1]) == dims[1][1])
+                assert (name in WRAPPERS or name not in ROOFLINE_OPS or row["Kernel Time (µs)_sum"] == 0
+                        or bias_add or _all_inside_backward(trace, name, dims)), (family, key)
+                continue
+            p = ours.loc[key]
+            calls = int(p["calls"])
+            flops, nbytes = p["flops"] / calls, p["bytes"] / calls
+            t_flops, t_bytes = row["GFLOPS_first"] * 1e9, row["Data Moved (MB)_first"] * 2**20
+            elem = ELEM[types[0]]
+            if family in ("UnaryElementwise", "BinaryElementwise"):
+                assert (flops, nbytes) == (pytest.approx(t_flops, rel=1e-9), pytest.approx(t_bytes, rel=1e-9)), key
+            elif family == "Reduce_fwd":
+                in_bytes = math.prod(dims[0]) * elem
+                assert flops == pytest.approx(t_flops, rel=1e-9)
+                assert t_bytes == pytest.approx(in_bytes + elem, rel=1e-9)
+                assert nbytes > in_bytes and (nbytes - in_bytes) % elem == 0  # the reduced output, whole elements
+            elif family == "CONV_fwd":
+                assert flops == pytest.approx(t_flops, rel=1e-9)
+                assert nbytes == pytest.approx(t_bytes + math.prod(dims[2] or [0]) * elem, rel=1e-9)
+            else:
+                n, channels = math.prod(dims[0]), int(row["param: num_channels"])
+                if "rms" not in name:
+                    assert t_flops == pytest.approx(5 * n + 6 * channels, rel=1e-9)
+                # Input and output traffic alike, the rest per channel (theirs 6 or 1 channels' worth, ours
+                # weight, bias and running statistics).
+                for b in (nbytes, t_bytes):
+                    assert 2 * n * elem <= b <= 2 * n * elem + 6 * channels * 4, key
+            if calls == row["name_count"]:
+                ours_us = p["device_ms"] * 1e3 / calls
+                extra = float(not_kernel.get(name, 0.0)) * 1e3 / calls
+                theirs_us = row["Kernel Time (µs)_mean"]
+                assert theirs_us * 0.98 <= ours_us <= theirs_us * 1.02 + extra, key
+            compared += 1
+    assert compared > 0

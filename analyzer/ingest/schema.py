@@ -65,11 +65,42 @@ ATTENTION_OPS = frozenset(
         "aten::_scaled_dot_product_cudnn_attention",
     }
 )
-# Host ops whose ``Concrete Inputs`` (scalar arguments) the loader keeps.
-CONCRETE_OPS = CONV_OPS | ATTENTION_OPS
-# Host ops whose shapes the loader keeps: the FLOP counter's ops, attention's backends (the roofline), and the
-# embedding, whose token ids give the tokens per step of a foreign trace (analyzer.metrics.workload).
-SHAPE_OPS = FLOP_OPS | ATTENTION_OPS | frozenset({"aten::embedding"})
+# The memory-bound families the roofline models (analyzer.metrics.op_models): the ATen ops that launch their
+# kernels (aten::gelu's kernel, aten::copy_'s for .to()/.contiguous()/clone, aten::native_layer_norm's under
+# aten::layer_norm).
+UNARY_OPS = frozenset(
+    f"aten::{n}" for n in (
+        "copy_", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
+        "erf", "relu", "relu_", "gelu", "gelu_", "silu", "silu_", "hardswish", "leaky_relu", "elu", "pow",
+        "exp_", "sigmoid_", "tanh_", "neg_",
+    )
+)
+BINARY_OPS = frozenset(
+    f"aten::{n}" for n in (
+        "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_", "maximum", "minimum",
+    )
+)
+REDUCTION_OPS = frozenset(
+    f"aten::{n}" for n in (
+        "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "logsumexp", "var", "std",
+        "linalg_vector_norm", "norm",
+    )
+)
+SOFTMAX_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_log_softmax", "aten::log_softmax"})
+NORM_OPS = frozenset(
+    f"aten::{n}" for n in (
+        "native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "native_batch_norm", "batch_norm",
+        "_batch_norm_impl_index", "cudnn_batch_norm", "miopen_batch_norm", "native_group_norm", "group_norm",
+    )
+)
+MEMORY_BOUND_OPS = UNARY_OPS | BINARY_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
+# Host ops whose ``Concrete Inputs`` (scalar arguments) the loader keeps: convolution geometry, is_causal,
+# the reduced dims, softmax's half_to_float, batch norm's training flag.
+CONCRETE_OPS = CONV_OPS | ATTENTION_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
+# Host ops whose shapes the loader keeps: the FLOP counter's ops, attention's backends and the memory-bound
+# families (the roofline), and the embedding, whose token ids give the tokens per step of a foreign trace
+# (analyzer.metrics.workload).
+SHAPE_OPS = FLOP_OPS | ATTENTION_OPS | MEMORY_BOUND_OPS | frozenset({"aten::embedding"})
 # Event categories of older format eras, lower-cased, -> today's category
 # (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
 # PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote

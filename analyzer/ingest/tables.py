@@ -53,16 +53,20 @@ seq_num         int64      ``args["Sequence number"]`` (autograd sequence
 fwd_tid         int64      ``args["Fwd thread id"]`` (on backward ops: the
                            thread of their forward op), -1 when absent
 input_dims      object     ``args["Input Dims"]`` as a JSON string, only for
-                           matmul-like, convolution and attention cpu_ops
-                           and ``aten::embedding`` (SHAPE_OPS) and cpu_comm
+                           matmul-like, convolution, attention and
+                           memory-bound (elementwise, reduction, softmax,
+                           normalization) cpu_ops and ``aten::embedding``
+                           (SHAPE_OPS) and cpu_comm
                            rows (gloo collectives carry their tensor shapes
                            there); else None
 input_types     object     ``args["Input type"]`` as a JSON string, same rows
                            (and convolution ops, CONV_OPS)
 concrete_inputs object     ``args["Concrete Inputs"]`` as a JSON string, only
-                           for convolution and attention cpu_ops
-                           (CONCRETE_OPS: stride, padding, dilation,
-                           groups; is_causal); else None
+                           for convolution, attention, reduction, softmax
+                           and normalization cpu_ops (CONCRETE_OPS:
+                           stride, padding, dilation, groups; is_causal;
+                           the reduced dims; half_to_float; training);
+                           else None
 coll_name       category   collective name: ``args["Collective name"]``
                            (record_param_comms, comm kernels of newer
                            PyTorch), else the suffix of a ``gloo:*`` /
@@ -97,6 +101,12 @@ from analyzer.ingest.schema import (  # noqa: F401 - re-exported: the table sche
     MATMUL_OPS,
     CONV_OPS,
     ATTENTION_OPS,
+    UNARY_OPS,
+    BINARY_OPS,
+    REDUCTION_OPS,
+    SOFTMAX_OPS,
+    NORM_OPS,
+    MEMORY_BOUND_OPS,
     CONCRETE_OPS,
     FLOP_OPS,
     SHAPE_OPS,

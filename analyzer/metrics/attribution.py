@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
+
 from analyzer.metrics.launch import _parents
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import kernel_class
@@ -63,6 +64,9 @@ EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
 TOP_KERNELS_PER_OP = 5
 UNATTRIBUTED = "(unattributed)"
+# The convolution op every conv path dispatches through (aten::conv2d -> aten::convolution -> aten::_convolution
+# -> the backend's op).
+CONV_ENTRY = "aten::convolution"
 
 KERNEL_COLUMNS = (
     "name", "kind", "cls", "stream", "start_ns", "dur_ns", "launch_tid", "graph", "op", "backward",
@@ -397,10 +401,19 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     # A forward kernel launched anywhere under an attention op (its backend's inner ops: the flash kernel under
     # aten::_flash_attention_forward, a fill of its buffers) takes the innermost attention op's shapes: the
     # roofline times attention by its whole subtree, as TraceLens's SDPA rows do.
-    in_attention = _nearest(ops.parent, is_in(pd.Series(op_names), ATTENTION_OPS)) if n_ops else np.zeros(0, np.int64)
+    # Likewise a forward kernel under aten::convolution (the entry every conv1d/2d/3d and transposed path
+    # passes) takes its shapes, bias included: the backend's layout transforms and the bias add (an aten::add_
+    # under aten::_convolution) are the convolution's cost, as in TraceLens's CONV rows.
+    if n_ops:
+        names_s = pd.Series(op_names)
+        in_attention = _nearest(ops.parent, is_in(names_s, ATTENTION_OPS))
+        in_conv = _nearest(ops.parent, (names_s == CONV_ENTRY).to_numpy())
+    else:
+        in_attention = in_conv = np.zeros(0, np.int64)
     lift = (shape_pos >= 0) & ~k_back
     att = np.where(lift, _take(in_attention, shape_pos, -1), -1).astype(np.int64)
-    shape_pos = np.where(att >= 0, att, shape_pos)
+    conv = np.where(lift, _take(in_conv, shape_pos, -1), -1).astype(np.int64)
+    shape_pos = np.where(att >= 0, att, np.where(conv >= 0, conv, shape_pos))
     shape_rows = np.where(shape_pos >= 0, _take(ops.rows, shape_pos, -1), -1).astype(np.int64)
     k_module = np.where(k_back, _take(op_module_attr, op_pos), _take(mod_paths, mod_pos))
     dur = ev.end[dev_rows] - ev.start[dev_rows]

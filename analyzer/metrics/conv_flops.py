@@ -70,8 +70,23 @@ def _per_dim(v: object, n: int, what: str) -> list[int]:
     return ints
 
 
+# Position of output_padding (transposed convolutions only; their output's spatial size needs it).
+_OUTPUT_PADDING = {"aten::convolution": 7, "aten::_convolution": 7, "aten::cudnn_convolution_transpose": 3,
+                   "aten::conv_transpose1d": 5, "aten::conv_transpose2d": 5, "aten::conv_transpose3d": 5}
+
+
 def conv_flops(name: str, dims: list[list[int]], concrete: Sequence[str]) -> int:
     """FLOPs of a convolution op (see the module docstring); :class:`ShapeError` when the shapes do not fit."""
+    return conv_geometry(name, dims, concrete)[0]
+
+
+def conv_geometry(name: str, dims: list[list[int]], concrete: Sequence[str]) -> tuple[int, int]:
+    """``(FLOPs, output elements)`` of a convolution op; :class:`ShapeError` when the shapes do not fit.
+
+    The output is ``[N, C_out, out...]``; a transposed convolution's spatial
+    size is ``(in - 1) * stride - 2 * padding + dilation * (k - 1) +
+    output_padding + 1`` per dim (torch.nn.ConvTranspose2d's formula).
+    """
     if name not in CONV_SCHEMAS:
         raise ShapeError(f"not a convolution op: {name}")
     if len(dims) < 2 or not dims[0] or not dims[1]:
@@ -100,8 +115,15 @@ def conv_flops(name: str, dims: list[list[int]], concrete: Sequence[str]) -> int
             raise ShapeError(f"input channels {c_in} not divisible by groups {groups}")
         if pad == "same":
             raise ShapeError("padding='same' on a transposed convolution")
-        _per_dim(pad, n_sp, "padding")  # validated; FLOPs run over the input's spatial dims
-        return 2 * batch * math.prod(x[2:]) * c_in * math.prod(kernel) * (c_out // groups)
+        p = _per_dim(pad, n_sp, "padding")
+        i_op = _OUTPUT_PADDING.get(name)
+        op_ = _per_dim(_value(concrete, i_op, "0"), n_sp, "output_padding") if i_op is not None else [0] * n_sp
+        out = [(i - 1) * s - 2 * pp + d * (k - 1) + o + 1
+               for i, s, pp, d, k, o in zip(x[2:], stride, p, dilation, kernel, op_)]
+        if any(o < 1 for o in out):
+            raise ShapeError(f"transposed output spatial dims {out} from input {x} and weight {w}")
+        flops = 2 * batch * math.prod(x[2:]) * c_in * math.prod(kernel) * (c_out // groups)
+        return flops, batch * c_out * math.prod(out)
     c_out = w[0]
     if w[1] * groups != c_in:
         raise ShapeError(f"input channels {c_in} != weight dim 1 {w[1]} x groups {groups}")
@@ -116,4 +138,4 @@ def conv_flops(name: str, dims: list[list[int]], concrete: Sequence[str]) -> int
         out = [(i + 2 * pp - d * (k - 1) - 1) // s + 1 for i, pp, d, k, s in zip(x[2:], p, dilation, kernel, stride)]
     if any(s < 1 for s in stride) or any(o < 1 for o in out):
         raise ShapeError(f"output spatial dims {out} (stride {stride}) from input {x} and weight {w}")
-    return 2 * batch * math.prod(out) * c_out * math.prod(kernel) * w[1]
+    return 2 * batch * math.prod(out) * c_out * math.prod(kernel) * w[1], batch * c_out * math.prod(out)

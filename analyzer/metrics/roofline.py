@@ -5,33 +5,29 @@ backward, with one set of ``Input Dims`` / ``Input type``: the device time
 of the kernels attributed to it and the number of op calls that launched
 them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
 
-* ``flops``: FLOPs per call times calls. Forward: the matmul formulas of
-  :func:`analyzer.metrics.matmul_flops.flops_of` (``torch.utils.flop_counter``'s:
-  2 m k n per product; attention's Q K^T and P V), attention's discounted by
-  :func:`causal_fraction` when its Concrete Inputs say ``is_causal`` (the
-  row's ``causal``; unrecorded: unmasked, and a note says so). Backward rows (the kernels of
-  the op's autograd node): 2x the forward FLOPs for a GEMM (the input and
-  weight gradients are one product each of the forward's size) and 2.5x for
+* ``flops`` and ``bytes``: one forward call's FLOPs and bytes moved
+  (:func:`analyzer.metrics.op_models.per_call`, whose docstring defines each
+  family's model: GEMM, attention with its causal mask, convolution,
+  elementwise, reduction, softmax, normalization) times calls; ``family``
+  names the model. Backward rows (the kernels of the op's autograd node):
+  2x the forward FLOPs for a GEMM and a convolution (the input and weight
+  gradients are one product each of the forward's size) and 2.5x for
   attention (five products against the forward's two, FlashAttention-2,
-  Dao 2023, section 3.1).
-* ``bytes``: bytes moved per call times calls, each tensor read or written
-  once (TraceLens's GEMM model, ``TraceLens/PerfModel/perf_model.py``):
-  every tensor input (its element count times its dtype's size, bias
-  included) plus the output (GEMM: the product's m x n per batch, counted
-  once when ``mm``/``bmm`` record it as a third input, their ``out=`` form);
-  attention: query, key, value and the output (the query's shape with the
-  value's last dimension), no mask (TraceLens's SDPA model). Backward rows: 2x the
-  forward's (the gradient of every tensor read and written once more).
+  Dao 2023, section 3.1); bytes 2x. The memory-bound families have no
+  backward model (their gradient ops differ per op): their backward rows
+  are left out, and ``notes`` says how many.
 * ``flop_per_byte`` (arithmetic intensity), ``achieved_flops_per_s`` and
   ``achieved_bytes_per_s`` over the rows' device time (the sum of their
   kernels' durations, not the host op's wall time).
 * against the device's datasheet peaks (:mod:`analyzer.metrics.hardware`:
   dense FLOP/s of the row's dtype, HBM bandwidth): ``ridge_flop_per_byte``
   = peak FLOP/s / HBM bytes/s; ``bound`` is ``memory`` below the ridge and
-  ``compute`` at or above it; ``efficiency_pct`` = achieved FLOP/s over the
-  attainable min(peak FLOP/s, intensity x HBM bytes/s), which is achieved
-  FLOP/s over peak FLOP/s for a compute-bound row and achieved bytes/s over
-  the HBM bandwidth for a memory-bound one.
+  ``compute`` at or above it, and always ``memory`` for the memory-bound
+  families (:data:`MEMORY_FAMILIES`: at most a few FLOPs per byte, and
+  some, an int64 copy, have no FLOP peak at all); ``efficiency_pct`` is
+  achieved FLOP/s over peak FLOP/s for a compute-bound row and achieved
+  bytes/s over the HBM bandwidth for a memory-bound one (achieved FLOP/s
+  over the attainable min(peak FLOP/s, intensity x HBM bytes/s)).
 * TF32: an fp32 row's peak is the ``tf32`` one when any of its op's kernels
   (the attribution's ``op_kernels``, same op and direction) ran on TF32 tensor
   cores, which the kernel name says: ``tf32`` in it (cuBLAS/cuDNN ``xmma``
@@ -43,70 +39,37 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
   (the model's FLOPs or the peak table is wrong for that row), never passed
   silently.
 
-The models cover the ops the loader keeps shapes for (GEMM family,
-:data:`analyzer.ingest.tables.MATMUL_OPS`, and attention with its backends,
-``ATTENTION_OPS``, whose rows hold every forward kernel launched under them);
-a kernel attributed to an op without recorded shapes (elementwise ops, or a trace taken without ``record_shapes=True``)
-is not on the roofline, and :attr:`Roofline.modeled_device_ms` against
-:attr:`Roofline.shapes_device_ms` says how much of the device time is.
+The models cover the ops the loader keeps shapes for
+(:data:`analyzer.ingest.schema.SHAPE_OPS`: the GEMM family, convolution,
+attention with its backends, whose rows hold every forward kernel launched
+under them, and the memory-bound families); a kernel attributed to an op
+without recorded shapes (an op outside those families, or a trace taken
+without ``record_shapes=True``) is not on the roofline, and
+:attr:`Roofline.modeled_device_ms` against :attr:`Roofline.shapes_device_ms`
+says how much of the device time is.
 """
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analyzer.ingest.schema import ATTENTION_OPS
 from analyzer.metrics.hardware import datasheet_peak, hbm_peak
-from analyzer.metrics.matmul_flops import ShapeError, flops_of
+from analyzer.metrics.matmul_flops import ShapeError
+from analyzer.metrics.op_models import BACKWARD_BYTES, BACKWARD_FLOPS, CallCost, per_call
 from analyzer.metrics.taxonomy import kernel_precision
 from analyzer.metrics.text import text_map
 
-# Element size and the peak table's dtype key of each Kineto "Input type" spelling.
-_TYPES: dict[str, tuple[int, str | None]] = {
-    "c10::BFloat16": (2, "bf16"),
-    "c10::Half": (2, "fp16"),
-    "float": (4, "fp32"),
-    "double": (8, None),
-    "c10::Float8_e4m3fn": (1, "fp8"),
-    "c10::Float8_e5m2": (1, "fp8"),
-    "c10::Float8_e4m3fnuz": (1, "fp8"),
-    "c10::Float8_e5m2fnuz": (1, "fp8"),
-    "long int": (8, None),
-    "int": (4, None),
-    "short int": (2, None),
-    "signed char": (1, None),
-    "unsigned char": (1, None),
-    "bool": (1, None),
-}
-# Backward over forward (module docstring).
-_BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5}
-_BACKWARD_BYTES = 2.0
-_ATTENTION = "aten::scaled_dot_product_attention"
-# Position of ``is_causal`` among each attention op's arguments (its ``Concrete Inputs``), from the ATen schemas:
-# scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-# _scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask, *, scale) and
-# its _for_cpu twin (query, key, value, dropout_p, is_causal, *, attn_mask, scale);
-# _scaled_dot_product_efficient_attention / _cudnn_attention(query, key, value, attn_bias, compute_log_sumexp,
-# dropout_p, is_causal, ...).
-_CAUSAL_ARG = {
-    "aten::scaled_dot_product_attention": 5,
-    "aten::_scaled_dot_product_flash_attention": 4,
-    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
-    "aten::_scaled_dot_product_efficient_attention": 6,
-    "aten::_scaled_dot_product_cudnn_attention": 6,
-}
-# Where the first matrix operand sits (its last dimension is the product's inner dimension).
-_FIRST_MATRIX = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1, "aten::matmul": 0, "aten::linear": 0}
+# Families whose rows are memory-bound whatever their dtype: a FLOP or less per byte, far under any device's ridge.
+MEMORY_FAMILIES = frozenset({"elementwise", "reduction", "softmax", "normalization"})
 
-POINT_COLUMNS = ("op", "backward", "input_dims", "input_types", "concrete_inputs", "causal", "dtype", "calls", "device_ms", "flops", "bytes",
+POINT_COLUMNS = ("op", "family", "backward", "input_dims", "input_types", "concrete_inputs", "causal", "dtype", "calls", "device_ms", "flops", "bytes",
                  "flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s",
                  "ridge_flop_per_byte", "bound", "efficiency_pct")
-OP_COLUMNS = ("op", "backward", "dtype", "calls", "device_ms", "flops", "bytes", "flop_per_byte",
+OP_COLUMNS = ("op", "family", "backward", "dtype", "calls", "device_ms", "flops", "bytes", "flop_per_byte",
               "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s", "ridge_flop_per_byte",
               "bound", "efficiency_pct")
 ROOF_COLUMNS = ("dtype", "peak_flops_per_s", "ridge_flop_per_byte", "source")
@@ -150,102 +113,31 @@ def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
 
 
-def _numel(dims: object) -> int:
-    if not isinstance(dims, list) or not all(isinstance(d, int) for d in dims):
-        return 0
-    return math.prod(dims)
-
-
-def causal_fraction(seq_q: int, seq_k: int) -> float:
-    """Share of the ``seq_q x seq_k`` score matrix a causal mask keeps, as an area: PyTorch's ``is_causal``
-    mask is top-left aligned (query i sees keys 0..i), so ``seq_q / (2 seq_k)`` when ``seq_q <= seq_k``
-    and ``1 - seq_k / (2 seq_q)`` otherwise; 1/2 for a square matrix, the convention of FlashAttention's
-    and TraceLens's FLOP counts (module docstring)."""
-    if seq_q <= 0 or seq_k <= 0:
-        raise ShapeError(f"attention: empty sequence ({seq_q} x {seq_k})")
-    return seq_q / (2 * seq_k) if seq_q <= seq_k else 1.0 - seq_k / (2 * seq_q)
-
-
-def is_causal(op: str, concrete: list[Any] | None) -> bool | None:
-    """The ``is_causal`` argument of an attention op from its ``Concrete Inputs``; None: not recorded."""
-    i = _CAUSAL_ARG.get(op)
-    if i is None or not concrete or i >= len(concrete):
-        return None
-    text = str(concrete[i]).strip()
-    return True if text == "True" else False if text == "False" else None
-
-
-def _attention_per_call(op: str, dims: list[Any], types: list[Any],
-                        concrete: list[Any] | None) -> tuple[float, float, str | None, bool | None]:
-    if len(dims) < 3 or not all(isinstance(d, list) and d and all(isinstance(x, int) for x in d) for d in dims[:3]):
-        raise ShapeError(f"{op}: query, key and value shapes not recorded")
-    q, k, v = dims[0], dims[1], dims[2]
-    causal = is_causal(op, concrete)
-    flops = float(flops_of(_ATTENTION, [q, k, v]))  # ShapeError for shapes that do not fit
-    if causal:
-        flops *= causal_fraction(int(q[-2]), int(k[-2]))
-    elem, dtype = _TYPES.get(types[0], (0, None)) if types and isinstance(types[0], str) else (0, None)
-    if elem == 0:
-        raise ShapeError(f"{op}: unknown element type {types[0] if types else None!r}")
-    # Query, key, value read and the output (the query's shape with the value's last dimension) written once;
-    # a mask or bias tensor is not counted (TraceLens's SDPA model).
-    numel = _numel(q) + _numel(k) + _numel(v) + _numel(q[:-1]) * int(v[-1])
-    return flops, float(numel * elem), dtype, causal
-
-
-def per_call(op: str, dims: list[Any], types: list[Any],
-             concrete: list[Any] | None = None) -> tuple[float, float, str | None, bool | None]:
-    """(FLOPs, bytes, dtype key, causal) of one forward call of a modeled op; ShapeError when the dims do not fit.
-
-    GEMMs: every tensor input once at its dtype's size, plus the output at the
-    first input's size; attention (ATTENTION_OPS): query, key, value and
-    output, FLOPs discounted by :func:`causal_fraction` where ``concrete``
-    (the op's ``Concrete Inputs``) says ``is_causal`` (module docstring).
-    ``causal``: None for GEMMs and for attention without a recorded
-    ``is_causal``. Ops without a model raise ShapeError.
-    """
-    if op in ATTENTION_OPS:
-        return _attention_per_call(op, dims, types, concrete)
-    if op not in _FIRST_MATRIX:
-        raise ShapeError(f"{op}: no roofline model")
-    flops = float(flops_of(op, dims))  # raises ShapeError for shapes it cannot count
-    sizes = [_TYPES.get(t, (0, None)) if isinstance(t, str) else (0, None) for t in types]
-    tensors = [i for i, d in enumerate(dims) if isinstance(d, list) and d]
-    if not tensors:
-        raise ShapeError(f"{op}: no tensor inputs")
-    first = _FIRST_MATRIX[op]
-    a = dims[first]
-    k = int(a[-1])
-    out_numel = int(flops // (2 * k)) if k else 0
-    elem = sizes[first][0] if first < len(sizes) else 0
-    if elem == 0:
-        raise ShapeError(f"{op}: unknown element type {types[first] if first < len(types) else None!r}")
-    in_bytes = sum(_numel(dims[i]) * (sizes[i][0] if i < len(sizes) and sizes[i][0] else elem) for i in tensors)
-    # mm(a, b, out=c) / bmm(..., out=c) record the output as a third input: it is written once, not twice.
-    out_given = op in ("aten::mm", "aten::bmm") and len(dims) > 2 and _numel(dims[2]) == out_numel
-    dtype = sizes[first][1] if first < len(sizes) else None
-    return flops, float(in_bytes + (0 if out_given else out_numel * elem)), dtype, None
-
-
 def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
     seconds = frame["device_ms"].to_numpy(np.float64) / 1e3
     flops, nbytes = frame["flops"].to_numpy(np.float64), frame["bytes"].to_numpy(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        frame["flop_per_byte"] = np.where(nbytes > 0, flops / nbytes, np.nan)
-        frame["achieved_flops_per_s"] = np.where(seconds > 0, flops / seconds, np.nan)
-        frame["achieved_bytes_per_s"] = np.where(seconds > 0, nbytes / seconds, np.nan)
+        intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
+        achieved_f = np.where(seconds > 0, flops / seconds, np.nan)
+        achieved_b = np.where(seconds > 0, nbytes / seconds, np.nan)
+        frame["flop_per_byte"] = intensity
+        frame["achieved_flops_per_s"] = achieved_f
+        frame["achieved_bytes_per_s"] = achieved_b
         peak = frame["peak_flops_per_s"].to_numpy(np.float64)
         if hbm:
             ridge = peak / hbm
-            intensity = frame["flop_per_byte"].to_numpy(np.float64)
-            attainable = np.minimum(peak, intensity * hbm)
             frame["ridge_flop_per_byte"] = ridge
-            known = np.isfinite(ridge) & np.isfinite(intensity)
-            bound = np.where(intensity >= ridge, "compute", "memory").astype(object)
-            bound[~known] = None
+            memory_family = frame["family"].isin(MEMORY_FAMILIES).to_numpy()
+            compute = np.isfinite(ridge) & np.isfinite(intensity) & (intensity >= ridge) & ~memory_family
+            # A memory-bound family is memory-bound without a compute peak too (an int64 copy, a bool mask):
+            # its efficiency is the bytes/s against the HBM's, which needs no FLOP peak.
+            memory = (np.isfinite(ridge) & np.isfinite(intensity) & ~compute) | (memory_family & (nbytes > 0))
+            bound = np.full(len(frame), None, dtype=object)
+            bound[compute] = "compute"
+            bound[memory] = "memory"
             frame["bound"] = pd.Series(bound, index=frame.index)
-            frame["efficiency_pct"] = np.where(known & (attainable > 0),
-                                               100.0 * frame["achieved_flops_per_s"].to_numpy(np.float64) / attainable, np.nan)
+            frame["efficiency_pct"] = np.where(compute, 100.0 * achieved_f / peak,
+                                               np.where(memory, 100.0 * achieved_b / hbm, np.nan))
         else:
             frame["ridge_flop_per_byte"] = np.nan
             frame["bound"] = pd.Series([None] * len(frame), index=frame.index, dtype=object)
@@ -283,7 +175,8 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     rows = []
     tf32 = _tf32_ops(op_kernels)
     unfit: dict[str, int] = {}
-    cache: dict[tuple[str, str, str, str], tuple[float, float, str | None, bool | None] | None] = {}
+    cache: dict[tuple[str, str, str, str], CallCost | None] = {}
+    no_backward: dict[str, int] = {}
     # Summaries from before MAP_VERSION 10 have no concrete_inputs column: no is_causal known.
     concrete_col = shapes["concrete_inputs"] if "concrete_inputs" in shapes.columns else pd.Series("", index=shapes.index)
     uncausal: dict[str, int] = {}
@@ -301,23 +194,28 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
         if got is None:
             unfit[str(op)] = unfit.get(str(op), 0) + 1
             continue
-        f, b, dtype, causal = got
+        dtype = got.dtype
         if dtype == "fp32" and (str(op), bool(backward)) in tf32:
             dtype = "tf32"
-        attention = str(op) in ATTENTION_OPS
-        if attention and causal is None:
+        if got.family == "attention" and got.causal is None:
             uncausal[str(op)] = uncausal.get(str(op), 0) + 1
-        scale_f = _BACKWARD_FLOPS["attention" if attention else "gemm"] if backward else 1.0
-        scale_b = _BACKWARD_BYTES if backward else 1.0
-        rows.append({"op": str(op), "backward": bool(backward), "input_dims": str(dims_json),
+        if backward and got.family not in BACKWARD_FLOPS:
+            no_backward[str(op)] = no_backward.get(str(op), 0) + 1
+            continue
+        scale_f = BACKWARD_FLOPS[got.family] if backward else 1.0
+        scale_b = BACKWARD_BYTES if backward else 1.0
+        rows.append({"op": str(op), "family": got.family, "backward": bool(backward), "input_dims": str(dims_json),
                      "input_types": str(types_json) if types_json is not None else "",
-                     "concrete_inputs": str(concrete_json) if concrete_json is not None else "", "causal": causal,
+                     "concrete_inputs": str(concrete_json) if concrete_json is not None else "", "causal": got.causal,
                      "dtype": dtype,
                      "calls": int(calls), "device_ms": float(device_ms),
-                     "flops": f * scale_f * int(calls), "bytes": b * scale_b * int(calls)})
+                     "flops": got.flops * scale_f * int(calls), "bytes": got.bytes * scale_b * int(calls)})
     if uncausal:
         notes.append("attention without a recorded is_causal (no Concrete Inputs) counted unmasked, an upper bound "
                      "on its FLOPs: " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(uncausal.items())))
+    if no_backward:
+        notes.append("backward of memory-bound ops not on the roofline (no backward model: their gradient ops "
+                     "differ per op): " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(no_backward.items())))
     if unfit:
         notes.append("not on the roofline (no model, or shapes that do not fit the op): "
                      + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items())))
@@ -344,7 +242,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     points = _rates(points, hbm_bps)[list(POINT_COLUMNS)]
     points = points.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
     # Per op: sums, the dtype with the most device time, then the same rates over the sums.
-    grouped = points.groupby(["op", "backward"], sort=False)
+    grouped = points.groupby(["op", "family", "backward"], sort=False)
     ops = grouped[["calls", "device_ms", "flops", "bytes"]].sum().reset_index()
     main_dtype = (points.assign(d=points["dtype"].fillna(""))
                   .groupby(["op", "backward", "d"], sort=False)["device_ms"].sum().reset_index()

@@ -500,8 +500,9 @@ def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
     out = [f"Roofline per op (all ranks; {r.device_name or 'device unknown'}, {hbm}; modeled: {cover})",
            format_table(["op", "dir", "dtype", "calls", "device ms", "TFLOP/s", "TB/s", "FLOP/B", "ridge",
                          "bound", "eff %"], rows, left=(0, 1, 2, 9)),
-           "  eff %: achieved FLOP/s over min(peak FLOP/s, FLOP/B x HBM bandwidth); bound: memory below the ridge "
-           "point (peak FLOP/s / HBM bandwidth), else compute. GEMMs and SDPA only."]
+           "  eff %: achieved FLOP/s over peak FLOP/s (compute-bound) or TB/s over the HBM bandwidth (memory-bound); "
+           "bound: memory below the ridge point (peak FLOP/s / HBM bandwidth) and for elementwise, reduction, "
+           "softmax and normalization ops, else compute. Backward of memory-bound ops: not modeled."]
     return out + [f"  note: {n}" for n in r.notes]
 
 

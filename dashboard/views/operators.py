@@ -33,6 +33,7 @@ OPS_COLUMNS = {
     "host_ms": "host ms",
     "share_of_step_pct": "% of step",
     "n_kernels": "kernels",
+    "family": "roofline model",
     "achieved_tflops_per_s": "achieved TFLOP/s",
     "achieved_tb_per_s": "achieved TB/s",
     "flop_per_byte": "FLOP/byte",
@@ -95,13 +96,13 @@ def ops_view(ops: pd.DataFrame, rf: Roofline) -> pd.DataFrame:
     """The ops table with each op's roofline figures beside it (joined on op and direction)."""
     shown = _direction(ops)
     if len(rf.ops):
-        model = _rates_in_units(rf.ops)[["op", "backward", "achieved_tflops_per_s", "achieved_tb_per_s",
+        model = _rates_in_units(rf.ops)[["op", "backward", "family", "achieved_tflops_per_s", "achieved_tb_per_s",
                                          "flop_per_byte", "bound", "efficiency_pct"]]
         shown = shown.merge(model, on=["op", "backward"], how="left")
     else:
         for c in ("achieved_tflops_per_s", "achieved_tb_per_s", "flop_per_byte", "efficiency_pct"):
             shown[c] = float("nan")
-        shown["bound"] = None
+        shown["bound"] = shown["family"] = None
     shown["op"] = shown["op"].astype(str)
     return shown[[c for c in OPS_COLUMNS if c in shown.columns]].rename(columns=OPS_COLUMNS)
 
@@ -120,7 +121,7 @@ def shapes_view(shapes: pd.DataFrame, rf: Roofline, op: str, backward: bool) -> 
         pts["mb_per_call"] = pts["bytes"] / pts["calls"] / 1e6
         mine = mine.merge(pts[keys + ["gflops_per_call", "mb_per_call", "flop_per_byte", "achieved_tflops_per_s",
                                       "achieved_tb_per_s", "bound", "efficiency_pct"]], on=keys, how="left")
-    if not (mine["concrete_inputs"] != "").any():  # only convolution and attention ops have scalar arguments kept
+    if not (mine["concrete_inputs"] != "").any():  # only CONCRETE_OPS have their scalar arguments kept
         mine = mine.drop(columns=["concrete_inputs"])
     return mine[[c for c in SHAPE_COLUMNS if c in mine.columns]].rename(columns=SHAPE_COLUMNS)
 
