@@ -234,7 +234,7 @@ def _conv(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | None
 
 def _operands(op: str, dims: list[Any], types: list[Any], count: int) -> list[tuple[list[int], int]]:
     """The first ``count`` arguments as (shape, element size); a Scalar is ([], 0): passed by value."""
-    out = []
+    out: list[tuple[list[int], int]] = []
     for i in range(count):
         if i >= len(dims) or not _is_shape(dims[i]):
             raise ShapeError(f"{op}: argument {i} is not a tensor or scalar")
