@@ -9,6 +9,8 @@ TraceLens's FLOPs over its mean kernel time.
 from __future__ import annotations
 
 import ast
+import functools
+import gzip
 import json
 import math
 from pathlib import Path
@@ -275,14 +277,20 @@ WRAPPERS = {"aten::layer_norm", "aten::batch_norm", "aten::_batch_norm_impl_inde
 ELEM = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "long int": 8, "int": 4, "bool": 1}
 
 
+@functools.lru_cache(maxsize=2)
+def _raw_events(trace: Path) -> tuple[list, list]:
+    """A trace's raw events and its autograd nodes (tid, start, end), read once per trace."""
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    nodes = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("name", "").startswith("autograd::engine::evaluate_function:") and "dur" in e]
+    return events, nodes
+
+
 def _all_inside_backward(trace: Path, name: str, dims: list) -> bool:
     """Whether every call of ``name`` with ``dims`` runs inside an autograd node (an
     ``autograd::engine::evaluate_function:`` range on its thread): read from the raw trace, apart from ours."""
-    import gzip
-
-    events = json.load(gzip.open(trace))["traceEvents"]
-    nodes = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
-             if e.get("name", "").startswith("autograd::engine::evaluate_function:") and "dur" in e]
+    events, nodes = _raw_events(trace)
     calls = [e for e in events if e.get("cat") == "cpu_op" and e.get("name") == name
              and e.get("args", {}).get("Input Dims") == dims]
     return bool(calls) and all(any(t == c["tid"] and s <= c["ts"] and c["ts"] + c["dur"] <= f for t, s, f in nodes)

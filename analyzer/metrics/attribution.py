@@ -52,7 +52,6 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
-
 from analyzer.metrics.launch import _parents
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import kernel_class

@@ -93,6 +93,9 @@ TYPES: dict[str, tuple[int, str | None]] = {
 # have no backward model.
 BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5, "conv": 2.0}
 BACKWARD_BYTES = 2.0
+# Families whose rows are memory-bound whatever their dtype: a few FLOPs per byte at most, far under any
+# device's ridge (the roofline times them against the HBM).
+MEMORY_FAMILIES = frozenset({"elementwise", "reduction", "softmax", "normalization"})
 _ATTENTION = "aten::scaled_dot_product_attention"
 # Position of ``is_causal`` among each attention op's arguments (its ``Concrete Inputs``), from the ATen schemas:
 # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);

@@ -23,7 +23,7 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
   dense FLOP/s of the row's dtype, HBM bandwidth): ``ridge_flop_per_byte``
   = peak FLOP/s / HBM bytes/s; ``bound`` is ``memory`` below the ridge and
   ``compute`` at or above it, and always ``memory`` for the memory-bound
-  families (:data:`MEMORY_FAMILIES`: at most a few FLOPs per byte, and
+  families (:data:`analyzer.metrics.op_models.MEMORY_FAMILIES`: at most a few FLOPs per byte, and
   some, an int64 copy, have no FLOP peak at all); ``efficiency_pct`` is
   achieved FLOP/s over peak FLOP/s for a compute-bound row and achieved
   bytes/s over the HBM bandwidth for a memory-bound one (achieved FLOP/s
@@ -59,12 +59,9 @@ import pandas as pd
 
 from analyzer.metrics.hardware import datasheet_peak, hbm_peak
 from analyzer.metrics.matmul_flops import ShapeError
-from analyzer.metrics.op_models import BACKWARD_BYTES, BACKWARD_FLOPS, CallCost, per_call
+from analyzer.metrics.op_models import BACKWARD_BYTES, BACKWARD_FLOPS, MEMORY_FAMILIES, CallCost, per_call
 from analyzer.metrics.taxonomy import kernel_precision
 from analyzer.metrics.text import text_map
-
-# Families whose rows are memory-bound whatever their dtype: a FLOP or less per byte, far under any device's ridge.
-MEMORY_FAMILIES = frozenset({"elementwise", "reduction", "softmax", "normalization"})
 
 POINT_COLUMNS = ("op", "family", "backward", "input_dims", "input_types", "concrete_inputs", "causal", "dtype", "calls", "device_ms", "flops", "bytes",
                  "flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s",
