@@ -319,14 +319,18 @@ def _positive(text: str) -> float:
     return value
 
 
-def _package_version() -> str:
-    """The installed trainperf distribution's version (pyproject.toml), or "unknown" from a bare checkout."""
-    from importlib import metadata
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's version action, with the version looked up only when asked
+    (:func:`~analyzer.ingest.formats.package_version`; not on every command's parser build)."""
 
-    try:
-        return metadata.version("trainperf")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from analyzer.ingest.formats import package_version
+
+        print(f"{PROG} (trainperf) {package_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -366,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", default=False,
                         help="show the traceback of an unexpected error")
-    parser.add_argument("--version", action="version", version=f"{PROG} (trainperf) {_package_version()}")
+    parser.add_argument("--version", action=_VersionAction, help="show the program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("report", parents=[common, analysis], help="tables of one run; JSON and HTML reports",

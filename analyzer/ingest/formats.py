@@ -466,6 +466,21 @@ class RunSection(typing.TypedDict):
     goodput: dict[str, Any] | None  # reftrain runs with attempts only
 
 
+def package_version() -> str:
+    """The installed trainperf distribution's version (pyproject.toml), or "unknown" from a bare checkout.
+
+    importlib.metadata is imported here, not at the top: its import and the
+    lookup cost about 17 ms, which a command that never shows a version
+    (``--version``, a report's generator block) should not pay.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("trainperf")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class Generator(typing.TypedDict):
     """Who wrote the report, and when (the volatile part, REPORT_VOLATILE)."""
 

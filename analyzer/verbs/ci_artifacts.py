@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Sequence
 
 from analyzer.errors import AnalyzerError
+from analyzer.ingest.formats import package_version
 from analyzer.verbs.report import (
     _delta_rows,
     _growth_text,
@@ -34,7 +35,6 @@ from analyzer.verbs.report import (
     _html_table,
     _num,
     _pct,
-    _version,
     html_page,
     render_check_markdown,
 )
@@ -139,7 +139,7 @@ def _delta_sections(c: "Comparison", top: int) -> list[str]:
 
 
 def _generated() -> str:
-    return f"generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {_version()}"
+    return f"generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {package_version()}"
 
 
 def _compare_headline(c: "Comparison") -> str:

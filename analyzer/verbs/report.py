@@ -11,12 +11,11 @@ import html
 import math
 import re
 from datetime import datetime, timezone
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import pandas as pd
 
-from analyzer.ingest.formats import Generator, ReportDocument
+from analyzer.ingest.formats import Generator, ReportDocument, package_version
 from analyzer.jsontext import dumps_json  # noqa: F401 - part of this module's API
 from analyzer.jsontext import path_text
 from analyzer.verbs.suggest import report_suggestions, suggestions_text  # docs/suggestions.md
@@ -86,13 +85,6 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, left:
     return "\n".join([line(list(headers)), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def _version() -> str:
-    try:
-        return metadata.version("trainperf")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 # ----------------------------------------------------------------- report: JSON
 def report_json(a: "RunAnalysis") -> ReportDocument:
     """The versioned report: :meth:`RunAnalysis.to_json` plus the suggestions and a ``generator`` block."""
@@ -101,7 +93,7 @@ def report_json(a: "RunAnalysis") -> ReportDocument:
         suggestions=report_suggestions(a),
         generator=Generator(
             tool="analyzer",
-            version=_version(),
+            version=package_version(),
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ),
     )
@@ -706,7 +698,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
     body = [
         f"<h1>analyzer report</h1><p class=\"note\">{html.escape(path_text(a.path))}<br>{html.escape(_kind_text(a))}"
-        f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {_version()}</p>",
+        f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {package_version()}</p>",
         '<div class="headline">'
         f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
         f"<div>step time<b>{html.escape(step_text)}</b>{html.escape(step_note)}</div>"
