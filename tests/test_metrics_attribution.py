@@ -176,6 +176,10 @@ def test_gpu_annotation_time_and_run_tables(tmp_path):
     assert js["schema"] == "analyzer.attribution/1"
     assert js["ops"][0]["device_ms"] == 0.05 and js["ops"][0]["n_ranks"] == 2
     assert js["ops"][0]["share_of_step_pct"] == 2.5
+    # summed() is computed once per table, but each caller gets its own copy: an edit never reaches the next.
+    first = run.summed("ops")
+    first.loc[:, "device_ms"] = -1.0
+    assert run.summed("ops")["device_ms"].tolist() == [0.05]
 
 
 def test_no_kernels_cpu_only_still_has_host_tables(tmp_path):

@@ -119,6 +119,21 @@ def test_kernel_taxonomy_on_real_kernel_names(name: str, cls: str) -> None:
     assert classify_name(name) == cls
 
 
+def test_taxonomy_ignores_case_though_its_patterns_are_searched_without_re_ignorecase() -> None:
+    # The patterns are lower case and searched in the lower-cased name (taxonomy._PATTERNS says why):
+    # a name in any case must still classify, and the precision and collective regexes likewise.
+    from analyzer.metrics.taxonomy import classify_name, collective_kind_of, is_compiled, kernel_precision
+
+    for name, cls in TAXONOMY_CASES:
+        assert classify_name(name.upper()) == cls, name
+        assert classify_name(name.swapcase()) == cls, name
+    assert kernel_precision("AMPERE_TF32_S1688GEMM_128x128") == "tf32"
+    assert kernel_precision("sm90_xmma_gemm_E4M3E4M3_f32") == "fp8"
+    assert collective_kind_of("NCCLDEVKERNEL_ALLREDUCE_SUM_F32") == "all_reduce"
+    assert collective_kind_of("nccl:Reduce_Scatter") == "reduce_scatter"
+    assert is_compiled("Triton_poi_fused_add_0")
+
+
 def test_memcpy_memset_and_comm_come_from_the_kind_and_top_kernels_carry_the_class() -> None:
     from analyzer.metrics.taxonomy import kernel_class
 
