@@ -21,16 +21,6 @@ APP_PATH = Path(__file__).resolve().parent / "app.py"
 LOCALHOST = "127.0.0.1"
 
 
-
-def _package_version() -> str:
-    """The installed trainperf distribution's version, or "unknown" from a bare checkout."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("trainperf")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
 def free_port(host: str) -> int:
     """A TCP port the OS reports free on `host` right now (0-bind trick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -93,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the trainperf dashboard over a folder of runs (reftrain run "
         "directories and folders of PyTorch profiler traces).",
     )
-    parser.add_argument("--version", action="version", version=f"dashboard (trainperf) {_package_version()}")
+    from analyzer.ingest.formats import package_version  # the one version lookup of trainperf's commands
+
+    parser.add_argument("--version", action="version", version=f"dashboard (trainperf) {package_version()}")
     parser.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs (default: runs/)")
     parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
     parser.add_argument(

@@ -68,16 +68,6 @@ class _Parser(argparse.ArgumentParser):
         raise ReftrainError(f"{message} (see reftrain --help)")
 
 
-def _package_version() -> str:
-    """The installed trainperf distribution's version, or "unknown" from a bare checkout (issue 15)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("trainperf")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="reftrain",
@@ -85,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "every run writes a run directory (docs/rundir.md).",
         epilog="Config reference: docs/reftrain.md. Multi-node: torchrun --nnodes ... -m reftrain ...",
     )
-    p.add_argument("--version", action="version", version=f"reftrain (trainperf) {_package_version()}")
+    from analyzer.ingest.formats import package_version  # the one version lookup of trainperf's commands
+
+    p.add_argument("--version", action="version", version=f"reftrain (trainperf) {package_version()}")
     p.add_argument("--config", metavar="FILE", help="YAML or TOML config (e.g. RUN_DIR/config.yaml to repeat a run)")
     p.add_argument("--set", metavar="SECTION.KEY=VALUE", action="append", default=[],
                    help="override one config key; repeatable, applied last")

@@ -469,9 +469,10 @@ class RunSection(typing.TypedDict):
 def package_version() -> str:
     """The installed trainperf distribution's version (pyproject.toml), or "unknown" from a bare checkout.
 
-    importlib.metadata is imported here, not at the top: its import and the
-    lookup cost about 17 ms, which a command that never shows a version
-    (``--version``, a report's generator block) should not pay.
+    The one lookup behind every command's ``--version`` and the reports'
+    generator lines. importlib.metadata is imported here, not at the top:
+    its import and the lookup cost about 17 ms, which only a run that shows
+    the version should pay.
     """
     from importlib import metadata
 
