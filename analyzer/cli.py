@@ -460,12 +460,42 @@ def _apply_limits(args: argparse.Namespace) -> None:
         limits.apply(limits.from_options(*given))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``analyzer`` console script; returns the exit code."""
+def _without_arrow(args: argparse.Namespace) -> None:
+    """Keep pyarrow out of this process when the command cannot need it.
+
+    pandas imports pyarrow whenever it is installed (about 50 ms of a
+    0.6 s cold report) and then backs every text column with Arrow
+    strings, which are slower to build than Python ones for the short
+    tables of a rank summary. The analyzer's tables are numpy, categorical
+    and object columns, and its figures do not depend on how pandas stores
+    text (tests/test_cli_arrow.py compares the reports). A ``None`` entry
+    in ``sys.modules`` makes ``import pyarrow`` raise ImportError
+    (Python's documented way), so pandas takes its Python string storage.
+    Only the console script does this, for a process of its own that ends
+    with the command; never when pandas is already imported (a notebook
+    or a test calling :func:`main`), for ``export`` (Parquet and the
+    trackers' clients use Arrow) or for ``--engine ray`` (Ray's driver
+    imports it).
+    """
+    if args.command == "export" or getattr(args, "engine", "local") != "local":
+        return
+    if "pandas" in sys.modules or "pyarrow" in sys.modules:
+        return
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+
+
+def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
+    """Entry point of the ``analyzer`` console script; returns the exit code.
+
+    ``own_process``: the caller is :func:`console_main`, whose process ends
+    with this command (:func:`_without_arrow`).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors: argparse prints usage, exits 2
     if getattr(args, "ray_address", None) is not None and args.engine != "ray":
         parser.error("--ray-address needs --engine ray")
+    if own_process:
+        _without_arrow(args)
     _apply_limits(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
@@ -506,7 +536,7 @@ def console_main() -> None:
     file is written and closed and the parse workers are joined. So the
     streams are flushed and the process ends with ``os._exit``.
     """
-    code = main()
+    code = main(own_process=True)
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

@@ -15,8 +15,6 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import RunManifest
 from analyzer.verbs.suggest.engine import Suggestion, format_value
@@ -68,6 +66,8 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
         lines.append(f"# predicted ({p.scope}): step {p.step_time_ms_before:.1f} -> {p.step_time_ms_after:.1f} ms, "
                      f"throughput {p.gain:+.1%}")
     lines.append(f"# run it: reftrain --nproc {world} --config <this file>")
+    import yaml  # here, not at the top: every analyzer command imports this package, few emit (10 ms)
+
     return "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
 
 
@@ -76,6 +76,8 @@ def _run_config(ra: "RunAnalysis", manifest: RunManifest) -> dict:
     rel = manifest.files.config or "config.yaml"
     path = Path(ra.path) / rel if isinstance(ra.path, Path) else None
     if path is not None and path.is_file():
+        import yaml
+
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
