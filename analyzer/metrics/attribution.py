@@ -265,6 +265,14 @@ class _Events:
         return np.where((pc >= 0) & (tc >= 0), key, -1).astype(np.int64)
 
 
+def _name_codes(column: pd.Series) -> np.ndarray:
+    """Per row an integer that is equal exactly where the text is (-1: missing): the categorical's codes."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy().astype(np.int64)
+    codes, _ = pd.factorize(column)
+    return codes.astype(np.int64)
+
+
 def _object_names(column: pd.Series) -> np.ndarray:
     """A text column as an object array of str (None where missing), converting each distinct value once."""
     if isinstance(column.dtype, pd.CategoricalDtype):
@@ -403,10 +411,9 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     # Likewise a forward kernel under aten::convolution (the entry every conv1d/2d/3d and transposed path
     # passes) takes its shapes, bias included: the backend's layout transforms and the bias add (an aten::add_
     # under aten::_convolution) are the convolution's cost, as in TraceLens's CONV rows.
-    if n_ops:
-        names_s = pd.Series(op_names)
-        in_attention = _nearest(ops.parent, is_in(names_s, ATTENTION_OPS))
-        in_conv = _nearest(ops.parent, (names_s == CONV_ENTRY).to_numpy())
+    if n_ops:  # tested once per distinct name (the categorical), not once per op
+        in_attention = _nearest(ops.parent, is_in(events["name"], ATTENTION_OPS)[ops.rows])
+        in_conv = _nearest(ops.parent, is_in(events["name"], (CONV_ENTRY,))[ops.rows])
     else:
         in_attention = in_conv = np.zeros(0, np.int64)
     lift = (shape_pos >= 0) & ~k_back
@@ -419,6 +426,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     kernels = pd.DataFrame(
         {
             "name": _obj(ev.names[dev_rows], dev_index),
+            "name_code": _name_codes(events["name"])[dev_rows],  # the same name, as an integer (grouping)
             "kind": _obj(_object_names(events["kind"])[dev_rows], dev_index),
             "cls": kernel_class(events[["kind", "name"]].iloc[dev_rows]),
             "stream": events["stream"].to_numpy(np.int64)[dev_rows],
@@ -483,6 +491,16 @@ def _column_at(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarra
         vals = events[column].iloc[uniq].to_numpy(object)
         out[have] = np.array([None if v is None or v != v else v for v in vals], dtype=object)[inv]
     return out
+
+
+def _renumber(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense codes 0..n-1 for integer ``codes`` in order of first appearance (as ``pd.factorize`` numbers
+    them, so ties later broken by code fall as before) and the position of each value's first row."""
+    _, first, dense = np.unique(codes, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[by_first] = np.arange(len(first))
+    return rank[dense.reshape(-1)], first[by_first]
 
 
 def _starts_with(names: pd.Series, prefix: str) -> np.ndarray:
@@ -611,20 +629,13 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     else:
         ops_t = _empty(OPS_COLUMNS)
     # --- shapes (only ops whose shapes the loader keeps)
-    ks = k.loc[found & k["input_dims"].notna().to_numpy()]
-    if len(ks):
-        shapes = (ks.assign(dur=ks["dur_ns"] / 1e6, input_types=ks["input_types"].fillna(""),
-                            concrete_inputs=ks["concrete_inputs"].fillna(""))
-                  .groupby(["shape_op", "backward", "input_dims", "input_types", "concrete_inputs"], sort=False)
-                  .agg(calls=("shape_call", "nunique"), n_kernels=("dur", "size"), device_ms=("dur", "sum")).reset_index()
-                  .rename(columns={"shape_op": "op"})
-                  .sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True))
-    else:
-        shapes = _empty(SHAPES_COLUMNS)
+    with_shapes = np.flatnonzero(found & k["input_dims"].notna().to_numpy())
+    shapes = _shape_table(k, with_shapes) if len(with_shapes) else _empty(SHAPES_COLUMNS)
     # --- top kernels per op: (op row, kernel name) groups by codes and bincount, the largest per op row
     if found.any() and m:
         row = codes[k["attr_pos"].to_numpy(np.int64)[found]]
-        kname_codes, kname_values = pd.factorize(k["name"].to_numpy(object)[found])
+        kname_codes, kname_first = _renumber(k["name_code"].to_numpy(np.int64)[found])
+        kname_values = k["name"].to_numpy(object)[found][kname_first]
         group, inv = np.unique(row.astype(np.int64) * (len(kname_values) + 1) + kname_codes, return_inverse=True)
         g_ms = np.bincount(inv, weights=dur[found], minlength=len(group)) / 1e6
         g_n = np.bincount(inv, minlength=len(group))
@@ -671,6 +682,41 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
             if len(frame):
                 frame[c] = frame[c].astype("category")
     return AttributionTables(ops_t, shapes, modules, annotations, op_kernels, totals)
+
+
+def _shape_table(k: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """(op, backward, input dims, types, concrete inputs) rows of the kernels at positions ``rows``
+    (AttributionTables.shapes), groups in order of first appearance, then by device time.
+
+    Grouped by integer codes (one factorize per key column) rather than a five-key groupby: a few
+    thousand kernels, where pandas' groupby machinery cost more than the arithmetic. Device time is
+    summed in integer ns, then scaled: exact.
+    """
+    keys = [k["shape_op"].to_numpy(object)[rows], k["backward"].to_numpy(bool)[rows],
+            k["input_dims"].to_numpy(object)[rows],
+            k["input_types"].fillna("").to_numpy(object)[rows], k["concrete_inputs"].fillna("").to_numpy(object)[rows]]
+    group = np.zeros(len(rows), dtype=np.int64)
+    for values in keys:  # (group so far, next key) pairs renumbered: the codes stay below len(rows)
+        codes, uniq = pd.factorize(values)
+        group, _ = _renumber(group * (len(uniq) + 1) + codes)
+    n = int(group.max()) + 1
+    first = np.full(n, len(rows), dtype=np.int64)
+    np.minimum.at(first, group, np.arange(len(rows)))
+    dur_ns = k["dur_ns"].to_numpy(np.int64)[rows]
+    device_ns = np.zeros(n, dtype=np.int64)
+    np.add.at(device_ns, group, dur_ns)
+    # calls: distinct op instances (autograd nodes, backward) per group
+    call = k["shape_call"].to_numpy(np.int64)[rows] + 1  # op positions, -1 for none
+    width = int(call.max()) + 1
+    pairs = np.unique(group * width + call)
+    table = pd.DataFrame({
+        "op": keys[0][first], "backward": keys[1][first], "input_dims": keys[2][first],
+        "input_types": keys[3][first], "concrete_inputs": keys[4][first],
+        "calls": np.bincount(pairs // width, minlength=n).astype(np.int64),
+        "n_kernels": np.bincount(group, minlength=n).astype(np.int64),
+        "device_ms": device_ns / 1e6,
+    })
+    return table.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
 def _module_table(ka: KernelAttribution) -> pd.DataFrame:
