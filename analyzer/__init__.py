@@ -26,6 +26,9 @@ import importlib
 
 from analyzer.errors import AnalyzerError, TraceError
 
+# The trainperf distribution's version: pyproject.toml reads it from here (tool.setuptools.dynamic).
+__version__ = "0.1.0"
+
 _LAZY = {
     "analyze": "analyzer.api",
     "RunAnalysis": "analyzer.api",

@@ -5,6 +5,8 @@ column builder (events -> typed columns, parse.columns), and the file-level
 result they make together."""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +29,17 @@ def _doc() -> bytes:
 
 
 def _split(text: bytes, block: int, max_event_bytes: int | None = None) -> tuple[list, dict]:
+    # The splitter is fed the blocks of a real file (it reads it again for an error's line number).
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        f.write(text)
     got: list = []
-    s = Splitter(Path("t.json"), lambda events: got.extend((e.name, e.ts, e.dur) for e in events), max_event_bytes)
-    for i in range(0, len(text), block):
-        s.feed(text[i : i + block])
-    s.finish()
+    s = Splitter(Path(f.name), lambda events: got.extend((e.name, e.ts, e.dur) for e in events), max_event_bytes)
+    try:
+        for i in range(0, len(text), block):
+            s.feed(text[i : i + block])
+        s.finish()
+    finally:
+        os.unlink(f.name)
     return got, s.meta
 
 

@@ -33,6 +33,9 @@ class Splitter:
     block's last event and hands the decoder a memoryview, so the text is
     never copied to be parsed. ``on_events`` runs while that view is open
     (the events' raw ``Input Dims`` point into it) and must not keep them.
+
+    ``path`` is the file the blocks are read from (analyzer.ingest.parse.read):
+    an error's line number is counted by reading it again (``_newlines_before``).
     """
 
     def __init__(self, path: Path, on_events: Callable[[list], None], max_event_bytes: int | None = None) -> None:
@@ -45,7 +48,6 @@ class Splitter:
         self._buf = bytearray()
         self._lead = 0  # synthetic bytes at the front of _buf (the "[" in the body)
         self._buf_pos = 0  # absolute offset of _buf[_lead]
-        self._lines_before = 0  # newlines before _buf[_lead]
         self._state = "head"
         self._array_form = False
         self._retry_at = 0  # after a failed cut, wait until _buf is this long
@@ -67,7 +69,7 @@ class Splitter:
             "head": f"more than {_mib(self.max_event_bytes)} of JSON before traceEvents",
         }.get(self._state, f"a JSON document that cannot be read in parts, over {_mib(self.max_event_bytes)}")
         # The buffer starts where the unfinished piece starts.
-        raise _over_bound(self.path, f"{what} (from line {self._lines_before + 1})", "max_event_bytes")
+        raise _over_bound(self.path, f"{what} (from line {self._newlines_before() + 1})", "max_event_bytes")
 
     def finish(self) -> None:
         if self.total == 0:
@@ -132,7 +134,6 @@ class Splitter:
         raise TraceError(self.path, f"not a Kineto trace: the JSON is a {type(value).__name__}, not an object")
 
     def _enter_body(self, offset: int) -> None:
-        self._lines_before += self._buf.count(b"\n", 0, offset)
         self._buf_pos += offset
         self._buf = bytearray(b"[") + self._buf[offset:]
         self._lead = 1
@@ -166,7 +167,6 @@ class Splitter:
                 hi = end - 1
                 continue
             consumed = next_start - 1  # keep one byte to become the new "["
-            self._lines_before += buf.count(b"\n", self._lead, next_start)
             self._buf_pos += consumed - self._lead + 1
             del buf[:consumed]
             buf[0] = 0x5B
@@ -225,6 +225,26 @@ class Splitter:
         self._buf = bytearray()
         self.on_events(events)
 
+    def _newlines_before(self) -> int:
+        """Newlines in the text before ``_buf[_lead]`` (the text already consumed), for an error's line number.
+
+        Counted when an error needs it, by reading the file again up to that offset: counting
+        every consumed piece as it went cost 14 ms of a 54 MB parse, for messages that almost
+        never come. The file is read as the parse read it (analyzer.ingest.parse.read).
+        """
+        if self._buf_pos == 0:
+            return 0
+        from analyzer.ingest.parse.read import _read_blocks
+
+        count = seen = 0
+        for block in _read_blocks(self.path):
+            take = min(len(block), self._buf_pos - seen)
+            count += block.count(b"\n", 0, take)
+            seen += take
+            if seen >= self._buf_pos:
+                break
+        return count
+
     def _raise_json(self, reason: str, rel_pos: int) -> NoReturn:
         """One line: where the JSON breaks (line, column) and why.
 
@@ -233,7 +253,7 @@ class Splitter:
         buf, lead = self._buf, self._lead
         rel_pos = max(0, min(rel_pos, len(buf) - lead))
         at = lead + rel_pos
-        line = self._lines_before + buf.count(b"\n", lead, at) + 1
+        line = self._newlines_before() + buf.count(b"\n", lead, at) + 1
         line_start = buf.rfind(b"\n", lead, at)
         col = None if line_start < 0 and self._buf_pos else at - (line_start + 1 if line_start >= 0 else lead) + 1
         where = f"line {line}" + (f", column {col}" if col is not None else "")
