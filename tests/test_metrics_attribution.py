@@ -12,11 +12,13 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyzer.ingest.load import load_trace
-from analyzer.metrics.attribution import attribute, nest, rank_attribution, run_attribution
-from analyzer.metrics.launch import _parents
+from analyzer.metrics.attribution import attribute, rank_attribution, run_attribution
+from analyzer.metrics.launch import innermost_containing
+from analyzer.metrics.nesting import nest, stack_parents
 from synth import KinetoTrace
 
 MAIN, AUTOGRAD = 100, 200
@@ -209,12 +211,12 @@ def test_empty_events_give_empty_tables(tmp_path):
 def test_vectorized_nesting_equals_stack_walk(monkeypatch):
     """Random properly nested ranges on three threads (zero-length ones and equal starts included):
     the vectorized parents equal the stack walk's, without falling back to it."""
-    import analyzer.metrics.attribution as attribution_module
+    import analyzer.metrics.nesting as nesting_module
 
     def no_fallback(*_a):
         raise AssertionError("fell back to the stack walk on properly nested ranges")
 
-    monkeypatch.setattr(attribution_module, "_parents", no_fallback)
+    monkeypatch.setattr(nesting_module, "stack_parents", no_fallback)
     rng = np.random.default_rng(7)
     starts, ends, keys = [], [], []
 
@@ -237,7 +239,7 @@ def test_vectorized_nesting_equals_stack_walk(monkeypatch):
     order, parent, depth = nest(tkey, start, end)
     for key in range(3):
         rows = order[tkey[order] == key]
-        expected = _parents(start[rows], end[rows])
+        expected = stack_parents(start[rows], end[rows])
         got = parent[rows]
         assert np.array_equal(np.where(expected >= 0, rows[np.clip(expected, 0, None)], -1), got)
     assert len(start) > 500 and depth.max() >= 4 and (start == end).sum() > 20
@@ -248,6 +250,20 @@ def test_overlapping_ranges_fall_back_to_the_stack_walk():
     start, end = np.array([0, 5, 6]), np.array([10, 15, 7])  # 0..10 and 5..15 overlap without nesting
     _, parent, _ = nest(tkey, start, end)
     assert parent.tolist() == [-1, 0, 1]  # the stack's view: the later range is the inner one
+
+
+def test_innermost_containing_per_thread():
+    """The launch link's lookup: the innermost op open at each instant on the query's own thread (start
+    inclusive, end exclusive), the stack's view where ops overlap, -1 off every op and on a thread without ops."""
+    ops = pd.DataFrame({"pid": [1, 1, 1, 1, 2], "tid": [7, 7, 7, 7, 7],
+                        "start_ns": [0, 2, 5, 20, 0], "end_ns": [10, 4, 15, 30, 100]})
+    q_pid = np.array([1, 1, 1, 1, 1, 1, 2, 1, 3])
+    q_tid = np.array([7, 7, 7, 7, 7, 7, 7, 8, 7])
+    q_t = np.array([0, 3, 4, 6, 12, 17, 50, 3, 3])
+    got = innermost_containing(ops, q_pid, q_tid, q_t)
+    # t=4: op 1 ended (end exclusive) -> op 0; t=6: 0..10 and 5..15 overlap, the later is inner; t=12: only op 2;
+    # t=17: between ops; pid 2 has its own op; tid 8 and pid 3 have none.
+    assert got.tolist() == [0, 1, 0, 2, 2, -1, 4, -1, -1]
 
 
 # ---------------------------------------------------------------------------

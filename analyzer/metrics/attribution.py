@@ -40,8 +40,7 @@ contains its launch). Attributed + unattributed = all device time in the
 window, exactly (tests/test_metrics_attribution.py).
 
 Everything is vectorized: the host ranges of one thread nest like a call
-stack, and their parents are found with sorted arrays (:func:`nest`); only
-a thread whose ranges do not nest properly falls back to a stack walk.
+stack (analyzer.metrics.nesting).
 """
 from __future__ import annotations
 
@@ -52,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
-from analyzer.metrics.launch import _parents
+from analyzer.metrics.nesting import climb_same_name, innermost, nearest, nest, subtree_sum
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import kernel_class
 from analyzer.metrics.text import is_in, text_mask
@@ -71,140 +70,6 @@ KERNEL_COLUMNS = (
     "name", "kind", "cls", "stream", "start_ns", "dur_ns", "launch_tid", "graph", "op", "backward",
     "attributed_op", "module", "annotation", "shape_op", "input_dims", "input_types", "concrete_inputs",
 )
-
-
-# ---------------------------------------------------------------------------
-# Nesting of host ranges
-
-
-def nest(tkey: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Order, parent and depth of host ranges that nest per thread.
-
-    ``tkey`` identifies the thread (int), ``start``/``end`` in ns. Returns
-    ``order`` (positions sorted by thread, start, longest first), and
-    ``parent`` and ``depth`` indexed like the *inputs* (parent -1 at the top).
-    A range's parent is the innermost range of the same thread that is open
-    at its start (``start_p <= start < end_p``; a zero-length range has no
-    children). Vectorized: depth is the number of ranges open at a start,
-    the parent the last range before it one level up; a thread whose ranges
-    overlap without nesting is walked with a stack instead (the later range
-    is then the inner one while both are open, as
-    :func:`analyzer.metrics.launch.innermost_containing` does).
-    """
-    n = len(start)
-    parent = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    order = np.lexsort((-end, start, tkey))
-    if n == 0:
-        return order, parent, depth
-    tk = tkey[order]
-    bounds = np.flatnonzero(np.diff(tk)) + 1
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, n]):
-        rows = order[lo:hi]
-        s, e = start[rows], end[rows]
-        p, d = _nest_sorted(s, e)
-        parent[rows] = np.where(p >= 0, rows[np.clip(p, 0, None)], -1)
-        depth[rows] = d
-    return order, parent, depth
-
-
-def _nest_sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Parent (local positions) and depth of one thread's ranges, sorted by (start, -end)."""
-    m = len(s)
-    pos = e > s
-    # Ranges open at s_i: earlier ranges (positive length) not yet ended. Zero-length ranges never contain a start.
-    ends = np.sort(e[pos])
-    starts_pos = np.flatnonzero(pos)
-    n_started = np.searchsorted(starts_pos, np.arange(m), side="left")  # positive ranges before i in order
-    n_ended = np.searchsorted(ends, s, side="right")
-    d = n_started - n_ended
-    parent = np.full(m, -1, dtype=np.int64)
-    has = np.flatnonzero(d > 0)
-    proper = True
-    if len(has):
-        # The parent: the last positive-length range before i one level up (keys sort by depth, then position).
-        sorted_keys = np.sort(d[pos] * (m + 1) + starts_pos)
-        k = np.searchsorted(sorted_keys, (d[has] - 1) * (m + 1) + has, side="left") - 1
-        cand = sorted_keys[np.clip(k, 0, None)]
-        ok = (k >= 0) & (cand // (m + 1) == d[has] - 1)
-        par = cand % (m + 1)
-        # Proper nesting: the parent is open at the child's start and ends no earlier than the child.
-        proper = bool(ok.all()) and bool(np.all((e[par] > s[has]) & (e[par] >= e[has])))
-        parent[has] = np.where(ok, par, -1)
-    if not proper:
-        # Overlapping, not nested: the stack walk of analyzer.metrics.launch (its pop rule: end <= start).
-        parent = _parents(s, e)
-        d = np.zeros(m, dtype=np.int64)
-        for i in range(m):
-            if parent[i] >= 0:
-                d[i] = d[parent[i]] + 1
-    return parent, d
-
-
-def innermost(tkey: np.ndarray, start: np.ndarray, end: np.ndarray, order: np.ndarray, parent: np.ndarray,
-              q_tkey: np.ndarray, q_t: np.ndarray) -> np.ndarray:
-    """Position of the innermost range (of :func:`nest`'s inputs) open at each query instant on its thread; -1 for none."""
-    out = np.full(len(q_t), -1, dtype=np.int64)
-    if len(order) == 0 or len(q_t) == 0:
-        return out
-    tk, st = tkey[order], start[order]
-    # Sorted by (thread, start): one searchsorted over a combined key finds the last range started at or before t.
-    lo = np.searchsorted(tk, q_tkey, side="left")
-    hi = np.searchsorted(tk, q_tkey, side="right")
-    k = np.full(len(q_t), -1, dtype=np.int64)
-    have = hi > lo
-    if not have.any():
-        return out
-    # Within a thread's block [lo, hi) the starts are sorted: one searchsorted per thread.
-    for t_val in np.unique(q_tkey[have]):
-        qi = np.flatnonzero(have & (q_tkey == t_val))
-        a, b = lo[qi[0]], hi[qi[0]]
-        k[qi] = a + np.searchsorted(st[a:b], q_t[qi], side="right") - 1
-        k[qi[k[qi] < a]] = -1
-    cur = np.where(k >= 0, order[np.clip(k, 0, None)], -1)
-    # Walk up while the candidate has ended (nesting depth iterations at most).
-    while True:
-        open_ = cur >= 0
-        ended = open_ & (end[np.clip(cur, 0, None)] <= q_t)
-        if not ended.any():
-            break
-        cur[ended] = parent[cur[ended]]
-    return cur
-
-
-def _climb_same_name(parent: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """True where some enclosing range has the same key (the range is nested in its own kind)."""
-    nested = np.zeros(len(parent), dtype=bool)
-    anc = parent.copy()
-    live = anc >= 0
-    while live.any():
-        idx = np.flatnonzero(live)
-        nested[idx] |= key[anc[idx]] == key[idx]
-        anc[idx] = parent[anc[idx]]
-        live = anc >= 0
-    return nested
-
-
-def _nearest(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Nearest ancestor-or-self with ``flag`` (position), -1 for none: pointer jumping, log(depth) rounds."""
-    nxt = np.where(flag, np.arange(len(flag)), parent)
-    done = flag | (nxt < 0)
-    while not done.all():
-        idx = np.flatnonzero(~done)
-        nxt[idx] = nxt[nxt[idx]]
-        done[idx] = (nxt[idx] < 0) | flag[np.clip(nxt[idx], 0, None)]
-    return nxt
-
-
-def _subtree_sum(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """Sum of ``own`` over each range and every range nested in it (deepest level first)."""
-    total = own.astype(np.float64).copy()
-    if len(total) == 0:
-        return total
-    for level in range(int(depth.max()), 0, -1):
-        idx = np.flatnonzero((depth == level) & (parent >= 0))
-        np.add.at(total, parent[idx], total[idx])
-    return total
 
 
 # ---------------------------------------------------------------------------
@@ -339,7 +204,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     seq = events["seq_num"].to_numpy(np.int64)[ops.rows]
     fwd_tid = events["fwd_tid"].to_numpy(np.int64)[ops.rows]
     node = ((seq >= 0) & (fwd_tid > 0)) | _starts_with(events["name"], EVALUATE_PREFIX)[ops.rows]
-    nearest_node = _nearest(ops.parent, node)
+    nearest_node = nearest(ops.parent, node)
     backward = nearest_node >= 0
     # The outermost node around each op: each node's enclosing node, then the root of that forest.
     idx = np.arange(n_ops)
@@ -412,8 +277,8 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     # passes) takes its shapes, bias included: the backend's layout transforms and the bias add (an aten::add_
     # under aten::_convolution) are the convolution's cost, as in TraceLens's CONV rows.
     if n_ops:  # tested once per distinct name (the categorical), not once per op
-        in_attention = _nearest(ops.parent, is_in(events["name"], ATTENTION_OPS)[ops.rows])
-        in_conv = _nearest(ops.parent, is_in(events["name"], (CONV_ENTRY,))[ops.rows])
+        in_attention = nearest(ops.parent, is_in(events["name"], ATTENTION_OPS)[ops.rows])
+        in_conv = nearest(ops.parent, is_in(events["name"], (CONV_ENTRY,))[ops.rows])
     else:
         in_attention = in_conv = np.zeros(0, np.int64)
     lift = (shape_pos >= 0) & ~k_back
@@ -603,13 +468,13 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     own_ns = np.bincount(launched[launched >= 0], weights=dur[launched >= 0], minlength=n_ops)
     parent = o["parent"].to_numpy(np.int64)
     depth = o["depth"].to_numpy(np.int64)
-    incl_ns = _subtree_sum(parent, depth, own_ns)
+    incl_ns = subtree_sum(parent, depth, own_ns)
     key = o["key"].to_numpy(object)
     bwd = o["backward"].to_numpy(bool)
     # Rows: (key, backward). Instances inside a node other than the node itself keep their own name.
     key_codes, key_names = pd.factorize(key)
     codes, uniq_codes = pd.factorize(key_codes * 2 + bwd)
-    nested = _climb_same_name(parent, codes) if n_ops else np.zeros(0, bool)
+    nested = climb_same_name(parent, codes) if n_ops else np.zeros(0, bool)
     host_ns = (o["end_ns"] - o["start_ns"]).to_numpy(np.float64)
     top = ~nested
     m = len(uniq_codes)
@@ -730,7 +595,7 @@ def _module_table(ka: KernelAttribution) -> pd.DataFrame:
     if len(md):
         paths = md["path"].to_numpy(object)
         codes, _ = pd.factorize(paths)
-        top = ~_climb_same_name(md["parent"].to_numpy(np.int64), codes)
+        top = ~climb_same_name(md["parent"].to_numpy(np.int64), codes)
         d = (md["end_ns"] - md["start_ns"]).to_numpy(np.float64)
         fwd = pd.DataFrame({"module": paths, "backward": False, "calls": 1, "host_ns": np.where(top, d, 0.0)})
         frames.append(fwd)
@@ -768,14 +633,14 @@ def _module_table(ka: KernelAttribution) -> pd.DataFrame:
     parent = np.array([pos.get(("/".join(m.split("/")[:-1]), b), -1) if "/" in m else -1
                        for m, b in zip(table["module"], table["backward"])], dtype=np.int64)
     depth = table["depth"].to_numpy(np.int64)
-    incl = _subtree_sum(parent, depth, self_ns)
+    incl = subtree_sum(parent, depth, self_ns)
     # Backward host time is known per node's module (self); forward per module range (already inclusive).
     host_b_self = host_b.reindex(idx).fillna(0.0).to_numpy(np.float64) if len(host_b) else np.zeros(len(table))
     calls_b_self = calls_b.reindex(idx).fillna(0).to_numpy(np.float64) if len(calls_b) else np.zeros(len(table))
     host = host_fwd.reindex(idx).fillna(0.0).to_numpy(np.float64) if len(host_fwd) else np.zeros(len(table))
-    host = np.where(table["backward"].to_numpy(bool), _subtree_sum(parent, depth, host_b_self), host)
+    host = np.where(table["backward"].to_numpy(bool), subtree_sum(parent, depth, host_b_self), host)
     ncalls = calls.reindex(idx).fillna(0).to_numpy(np.float64) if len(calls) else np.zeros(len(table))
-    ncalls = np.where(table["backward"].to_numpy(bool), _subtree_sum(parent, depth, calls_b_self), ncalls)
+    ncalls = np.where(table["backward"].to_numpy(bool), subtree_sum(parent, depth, calls_b_self), ncalls)
     table["calls"] = ncalls.astype(np.int64)
     table["host_ms"] = host / 1e6
     table["device_self_ms"] = self_ns / 1e6
@@ -797,8 +662,8 @@ def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFra
     dur = k["dur_ns"].to_numpy(np.float64)
     own = np.bincount(pos[pos >= 0], weights=dur[pos >= 0], minlength=n)
     parent = an["parent"].to_numpy(np.int64)
-    incl = _subtree_sum(parent, an["depth"].to_numpy(np.int64), own)
-    top = ~_climb_same_name(parent, codes) if n else np.zeros(0, bool)
+    incl = subtree_sum(parent, an["depth"].to_numpy(np.int64), own)
+    top = ~climb_same_name(parent, codes) if n else np.zeros(0, bool)
     hd = (an["end_ns"] - an["start_ns"]).to_numpy(np.float64)
     m = len(uniq)
     host_t = pd.DataFrame({

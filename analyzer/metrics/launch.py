@@ -10,9 +10,7 @@ and it is the only link that survives multiple streams and asynchronous
 launches: time containment of the kernel itself would attribute it to
 whatever the host was doing when the GPU got round to it.
 
-Everything here is vectorized per thread; the only Python loop is the
-stack walk that finds each host op's parent, over the candidate ops (a few
-thousand at most), not over events.
+Everything here is vectorized (the nesting of host ops: analyzer.metrics.nesting).
 """
 from __future__ import annotations
 
@@ -20,22 +18,9 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.memo import per_table
+from analyzer.metrics.nesting import innermost, nest
 from analyzer.metrics.text import is_in
 from analyzer.ingest.tables import DEVICE_KINDS
-
-
-def _parents(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Parent index of each op of one thread, ops sorted by (start, longest first); -1 at the top."""
-    parent = np.full(len(start), -1, dtype=np.int64)
-    stack: list[int] = []
-    for i in range(len(start)):
-        s = start[i]
-        while stack and end[stack[-1]] <= s:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
 
 
 def innermost_containing(ops: pd.DataFrame, q_pid: np.ndarray, q_tid: np.ndarray, q_t: np.ndarray) -> np.ndarray:
@@ -44,39 +29,22 @@ def innermost_containing(ops: pd.DataFrame, q_pid: np.ndarray, q_tid: np.ndarray
     ``ops`` needs ``pid, tid, start_ns, end_ns``; an op contains ``t`` when
     ``start <= t < end``. Partially overlapping ops on one thread (not a
     proper nesting, seen in merged profiler windows) are treated as the stack
-    would see them: the later op is the inner one while both are open.
+    would see them: the later op is the inner one while both are open
+    (analyzer.metrics.nesting).
     """
     out = np.full(len(q_t), -1, dtype=np.int64)
     if ops.empty or len(q_t) == 0:
         return out
-    o_pid = ops["pid"].to_numpy(np.int64)
-    o_tid = ops["tid"].to_numpy(np.int64)
-    o_start = ops["start_ns"].to_numpy(np.int64)
-    o_end = ops["end_ns"].to_numpy(np.int64)
-    q_pid = np.asarray(q_pid, dtype=np.int64)
-    q_tid = np.asarray(q_tid, dtype=np.int64)
-    q_t = np.asarray(q_t, dtype=np.int64)
-    threads = pd.DataFrame({"pid": o_pid, "tid": o_tid}).drop_duplicates().to_numpy()
-    for pid, tid in threads:
-        rows = np.flatnonzero((o_pid == pid) & (o_tid == tid))
-        order = rows[np.lexsort((-o_end[rows], o_start[rows]))]
-        start, end = o_start[order], o_end[order]
-        parent = _parents(start, end)
-        queries = np.flatnonzero((q_pid == pid) & (q_tid == tid))
-        if queries.size == 0:
-            continue
-        t = q_t[queries]
-        k = np.searchsorted(start, t, side="right") - 1
-        # Walk up the stack while the candidate has already ended; depth is the nesting depth (small).
-        while True:
-            open_ = k >= 0
-            ended = open_ & (end[np.clip(k, 0, None)] <= t)
-            if not ended.any():
-                break
-            k[ended] = parent[k[ended]]
-        found = k >= 0
-        out[queries[found]] = order[k[found]]
-    return out
+    n = len(ops)
+    # One thread key over the ops' and the queries' (pid, tid) pairs together.
+    pid = np.concatenate([ops["pid"].to_numpy(np.int64), np.asarray(q_pid, dtype=np.int64)])
+    tid = np.concatenate([ops["tid"].to_numpy(np.int64), np.asarray(q_tid, dtype=np.int64)])
+    pc, _ = pd.factorize(pid)
+    tc, tids = pd.factorize(tid)
+    key = pc.astype(np.int64) * (len(tids) + 1) + tc
+    start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    order, parent, _ = nest(key[:n], start, end)
+    return innermost(key[:n], start, end, order, parent, key[n:], np.asarray(q_t, dtype=np.int64))
 
 
 @per_table  # five metrics of a rank ask for it (analyzer.metrics.memo)

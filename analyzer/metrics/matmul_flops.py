@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import union
+from analyzer.metrics.nesting import nearest, nest
 from analyzer.metrics.text import is_in, text_map, text_mask
 from analyzer.ingest.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
 
@@ -252,41 +253,18 @@ def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     return inside
 
 
-def _ancestors_counted(parent: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Per op: some matmul ancestor has usable shapes (then that ancestor's formula covers this op)."""
-    n = len(parent)
-    out = np.zeros(n, dtype=bool)
-    # Parents precede their children in the order _parent_positions returns them in.
-    for i in _topological(parent):
-        p = parent[i]
-        if p >= 0:
-            out[i] = valid[p] or out[p]
-    return out
-
-
-def _topological(parent: np.ndarray) -> list[int]:
-    """Op positions ordered so that every parent comes before its children."""
-    depth = np.zeros(len(parent), dtype=np.int64)
-    for i in range(len(parent)):
-        d, p = 0, parent[i]
-        while p >= 0:
-            d, p = d + 1, parent[p]
-        depth[i] = d
-    return list(np.argsort(depth, kind="stable"))
+def _below_flagged(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per op: some enclosing op (a strict ancestor) has ``flag``."""
+    near = nearest(parent, flag)  # the nearest flagged ancestor-or-self
+    return np.where(parent >= 0, near[np.clip(parent, 0, None)], -1) >= 0 if len(parent) else np.zeros(0, dtype=bool)
 
 
 def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
     """Position of each op's innermost enclosing matmul op on its thread (-1 at top level)."""
-    from analyzer.metrics.launch import _parents
-
-    parent = np.full(len(ops), -1, dtype=np.int64)
-    pid, tid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
-    start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
-    for p, t in pd.DataFrame({"p": pid, "t": tid}).drop_duplicates().to_numpy():
-        rows = np.flatnonzero((pid == p) & (tid == t))
-        order = rows[np.lexsort((-end[rows], start[rows]))]
-        local = _parents(start[order], end[order])
-        parent[order] = np.where(local >= 0, order[np.clip(local, 0, None)], -1)
+    pc, _ = pd.factorize(ops["pid"].to_numpy(np.int64))
+    tc, tids = pd.factorize(ops["tid"].to_numpy(np.int64))
+    _, parent, _ = nest(pc.astype(np.int64) * (len(tids) + 1) + tc, ops["start_ns"].to_numpy(np.int64),
+                        ops["end_ns"].to_numpy(np.int64))
     return parent
 
 
@@ -342,7 +320,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
             "parent": parent,
             "top_level": parent < 0,
             "leaf": ~has_child,
-            "counted": valid & ~_ancestors_counted(parent, valid),
+            "counted": valid & ~_below_flagged(parent, valid),
             "backward": _inside_backward(events, ops),
             "dtype": dtype.to_numpy(dtype=object),
         }
@@ -415,13 +393,7 @@ def charged_ops(ops: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     charged = np.zeros(len(ops), dtype=bool)
     acc = kernels["account"].to_numpy(np.int64)
     charged[acc[acc >= 0]] = True
-    parent = ops["parent"].to_numpy(np.int64)
-    inside = np.zeros(len(ops), dtype=bool)
-    for i in _topological(parent):
-        p = parent[i]
-        if p >= 0:
-            inside[i] = charged[p] or inside[p]
-    return charged & ~inside
+    return charged & ~_below_flagged(ops["parent"].to_numpy(np.int64), charged)
 
 
 def dominant_dtype(ops: pd.DataFrame) -> str | None:
