@@ -316,15 +316,19 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
         },
         index=dev_index,
     )
+    # Text columns as object arrays, as the kernels' (pandas 3 would convert 40k op names to its str dtype).
+    at = pd.RangeIndex(n_ops)
     ops_out = pd.DataFrame({
-        "name": op_names, "tid": events["tid"].to_numpy(np.int64)[ops.rows], "start_ns": ops.start, "end_ns": ops.end,
-        "parent": ops.parent, "depth": ops.depth, "backward": backward, "key": key, "node": outer,
-        "module": op_module_attr, "is_outer_node": is_outer_node,
-    })
-    mods_out = pd.DataFrame({"name": mods.names, "start_ns": mods.start, "end_ns": mods.end, "parent": mods.parent,
-                             "depth": mods.depth, "path": mod_paths})
-    annos_out = pd.DataFrame({"name": annos.names, "start_ns": annos.start, "end_ns": annos.end, "parent": annos.parent,
-                              "depth": annos.depth})
+        "name": _obj(op_names, at), "tid": events["tid"].to_numpy(np.int64)[ops.rows], "start_ns": ops.start,
+        "end_ns": ops.end, "parent": ops.parent, "depth": ops.depth, "backward": backward, "key": _obj(key, at),
+        "node": outer, "module": _obj(op_module_attr, at), "is_outer_node": is_outer_node,
+    }, index=at)
+    at = pd.RangeIndex(len(mods.rows))
+    mods_out = pd.DataFrame({"name": _obj(mods.names, at), "start_ns": mods.start, "end_ns": mods.end,
+                             "parent": mods.parent, "depth": mods.depth, "path": _obj(mod_paths, at)}, index=at)
+    at = pd.RangeIndex(len(annos.rows))
+    annos_out = pd.DataFrame({"name": _obj(annos.names, at), "start_ns": annos.start, "end_ns": annos.end,
+                              "parent": annos.parent, "depth": annos.depth}, index=at)
     tid_codes, tid_values = pd.factorize(ops_out["tid"].to_numpy(np.int64))
     main_tid = int(tid_values[np.bincount(tid_codes).argmax()]) if n_ops else None
     return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
@@ -557,9 +561,12 @@ def _shape_table(k: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     thousand kernels, where pandas' groupby machinery cost more than the arithmetic. Device time is
     summed in integer ns, then scaled: exact.
     """
+    def text(column: str) -> np.ndarray:  # the rows' values, "" where missing
+        values = k[column].to_numpy(object)[rows]
+        return np.where(pd.isna(values), "", values)
+
     keys = [k["shape_op"].to_numpy(object)[rows], k["backward"].to_numpy(bool)[rows],
-            k["input_dims"].to_numpy(object)[rows],
-            k["input_types"].fillna("").to_numpy(object)[rows], k["concrete_inputs"].fillna("").to_numpy(object)[rows]]
+            k["input_dims"].to_numpy(object)[rows], text("input_types"), text("concrete_inputs")]
     group = np.zeros(len(rows), dtype=np.int64)
     for values in keys:  # (group so far, next key) pairs renumbered: the codes stay below len(rows)
         codes, uniq = pd.factorize(values)
@@ -649,11 +656,15 @@ def _module_table(ka: KernelAttribution) -> pd.DataFrame:
 
 
 def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFrame:
-    """Per user annotation name: host ranges, the device time launched under them, and their GPU copies."""
+    """Per user annotation name: host ranges, the device time launched under them, and their GPU copies.
+
+    Numpy over codes (a rank has a few hundred annotation ranges; pandas' groupby and outer merge
+    cost more than the sums); GPU copies' time summed in integer ns, then scaled.
+    """
     k, an = ka.kernels, ka.annotations
-    gpu = events.loc[(events["cat"] == "gpu_user_annotation").to_numpy(), ["name", "start_ns", "end_ns"]]
-    gpu = gpu.loc[~_starts_with(gpu["name"], "ProfilerStep#")] if len(gpu) else gpu
-    if an.empty and gpu.empty:
+    gpu_rows = np.flatnonzero(is_in(events["cat"], ("gpu_user_annotation",))
+                              & ~_starts_with(events["name"], "ProfilerStep#"))
+    if an.empty and not len(gpu_rows):
         return _empty(ANNOTATIONS_COLUMNS)
     n = len(an)
     names = an["name"].to_numpy(object)
@@ -665,24 +676,25 @@ def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFra
     incl = subtree_sum(parent, an["depth"].to_numpy(np.int64), own)
     top = ~climb_same_name(parent, codes) if n else np.zeros(0, bool)
     hd = (an["end_ns"] - an["start_ns"]).to_numpy(np.float64)
-    m = len(uniq)
-    host_t = pd.DataFrame({
-        "name": list(uniq),
+    # Rows: the host ranges' names, then names only GPU copies carry.
+    g_names = _object_names(events["name"])[gpu_rows]
+    row_of = {name: i for i, name in enumerate(uniq)}
+    for name in g_names:
+        row_of.setdefault(name, len(row_of))
+    m = len(row_of)
+    g_code = np.fromiter((row_of[name] for name in g_names), dtype=np.int64, count=len(g_names))
+    g_ns = events["end_ns"].to_numpy(np.int64)[gpu_rows] - events["start_ns"].to_numpy(np.int64)[gpu_rows]
+    g_sum = np.zeros(m, dtype=np.int64)
+    np.add.at(g_sum, g_code, g_ns)
+    table = pd.DataFrame({
+        "name": pd.Series(list(row_of), dtype=object),
         "calls": np.bincount(codes, minlength=m).astype(np.int64),
         "host_ms": np.bincount(codes[top], weights=hd[top], minlength=m) / 1e6,
         "device_self_ms": np.bincount(codes, weights=own, minlength=m) / 1e6,
         "device_ms": np.bincount(codes[top], weights=incl[top], minlength=m) / 1e6,
+        "gpu_calls": np.bincount(g_code, minlength=m).astype(np.int64),
+        "gpu_ms": g_sum / 1e6,
     })
-    if len(gpu):
-        g = gpu.assign(name=_object_names(gpu["name"]), d=(gpu["end_ns"] - gpu["start_ns"]) / 1e6) \
-            .groupby("name").agg(gpu_calls=("d", "size"), gpu_ms=("d", "sum")).reset_index()
-        table = host_t.merge(g, on="name", how="outer")
-    else:
-        table = host_t.assign(gpu_calls=0, gpu_ms=0.0)
-    for c in ("calls", "gpu_calls"):
-        table[c] = table[c].fillna(0).astype(np.int64)
-    for c in ("host_ms", "device_self_ms", "device_ms", "gpu_ms"):
-        table[c] = table[c].fillna(0.0).astype(np.float64)
     return table.sort_values(["device_ms", "gpu_ms", "name"], ascending=[False, False, True],
                              kind="stable").reset_index(drop=True)[list(ANNOTATIONS_COLUMNS)]
 
