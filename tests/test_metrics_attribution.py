@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from analyzer.ingest.load import load_trace
-from analyzer.metrics.attribution import attribute, rank_attribution, run_attribution
+from analyzer.metrics.attribution import (RunAttribution, attribute, rank_attribution, run_attribution, sum_over_ranks,
+                                          sum_over_ranks_grouped)
 from analyzer.metrics.launch import innermost_containing
 from analyzer.metrics.nesting import nest, stack_parents
 from synth import KinetoTrace
@@ -280,6 +281,34 @@ def shared_dir() -> Path:
     if not (shared / "traces").is_dir():
         pytest.skip("../shared/traces is absent: the real-trace checks need it")
     return shared
+
+
+def test_one_rank_sum_equals_the_groupby(shared_dir):
+    """summed()'s one-rank shortcut (the rows as they are) equals the groupby over ranks, table by table:
+    same rows, order, values and dtypes, on every shared trace that has ops."""
+    from analyzer.metrics.windows import check_windows
+
+    checked = 0
+    for path in _real_traces(shared_dir):
+        try:
+            rt = load_trace(path)
+        except Exception:  # noqa: BLE001 - unreadable samples are the loader tests' business
+            continue
+        steps = check_windows(rt.events, rt.steps, rt.rank).steps[["step", "start_ns", "end_ns"]]
+        run = run_attribution({rt.rank: rank_attribution(rt.events, steps)})
+        for name, keys in RunAttribution.KEYS.items():
+            frame = getattr(run, name)
+            if frame.empty:
+                continue
+            fast, grouped = sum_over_ranks(frame, keys), sum_over_ranks_grouped(frame, keys)
+            # Text may come back as pandas' str dtype from the groupby's index and as object from the rows:
+            # the values must be equal, and every non-text column's dtype too.
+            pd.testing.assert_frame_equal(fast, grouped, check_exact=True, check_dtype=False, obj=f"{path.name} {name}")
+            for c in fast.columns:
+                if not pd.api.types.is_string_dtype(grouped[c]) and not isinstance(grouped[c].dtype, pd.CategoricalDtype):
+                    assert fast[c].dtype == grouped[c].dtype, (path.name, name, c)
+            checked += 1
+    assert checked >= 20
 
 
 def test_real_traces_sum_to_the_kernel_time(shared_dir):

@@ -411,11 +411,15 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
             f"{pct('graph_ms')} (attributed to the graph launch); inside an nn.Module range {pct('module_ms')}")
     ops = ops.sort_values(["host_ms", "op"], ascending=[False, True], kind="stable") if by_host else ops
     kernels = at.summed("op_kernels")
+    # Each op's kernels, largest first (ties in table order), gathered in one pass over the table.
+    by_op: dict[tuple[str, bool], list[tuple[float, str, int]]] = {}
+    for op, bwd, kernel, count, ms in zip(kernels["op"], kernels["backward"], kernels["kernel"], kernels["count"],
+                                         kernels["device_ms"]):
+        by_op.setdefault((str(op), bool(bwd)), []).append((float(ms), str(kernel), int(count)))
     rows = []
     for r in ops.head(top).itertuples(index=False):
-        mine = kernels.loc[(kernels["op"] == r.op) & (kernels["backward"] == r.backward)]
-        mine = mine.sort_values("device_ms", ascending=False).head(ATTRIBUTION_TOP_KERNELS)
-        names = "; ".join(f"{short_kernel_name(k, 40)} x{c}" for k, c in zip(mine["kernel"], mine["count"]))
+        mine = sorted(by_op.get((str(r.op), bool(r.backward)), []), key=lambda k: -k[0])[:ATTRIBUTION_TOP_KERNELS]
+        names = "; ".join(f"{short_kernel_name(k, 40)} x{c}" for _, k, c in mine)
         rows.append([short_kernel_name(r.op, 48), "bwd" if r.backward else "fwd", r.calls // n_ranks,
                      _num(r.device_ms / n_ranks, ".3f"), _num(r.device_inclusive_ms / n_ranks, ".3f"),
                      _num(r.host_ms / n_ranks, ".3f"), _num(r.share_of_step_pct), names or "-"])
