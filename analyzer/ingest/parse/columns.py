@@ -25,7 +25,7 @@ from analyzer.ingest.parse.classify import (
     wants_args,
 )
 from analyzer.ingest.parse.decode import _NO_ARGS, Args, Event
-from analyzer.ingest.schema import CONCRETE_OPS, CPU_COMM_RE, SHAPE_OPS, text_id
+from analyzer.ingest.schema import CONCRETE_OPS, text_id
 
 _PID, _TID = attrgetter("pid"), attrgetter("tid")
 _CORRELATION, _EXTERNAL_ID = attrgetter("correlation"), attrgetter("external_id")
@@ -73,6 +73,7 @@ class Columns:
         self.invalid = 0
         self.first_invalid: str | None = None
         self._wants_args: dict[str, bool] = {}
+        self._canonical_texts: dict[bytes, tuple[str, Any]] = {}  # raw argument text -> (compact text, value)
         self._gpu_cat: dict[str, bool] = {}
         # "[memory]" instant events as read: ts (trace unit), then the allocator fields (memory_columns checks them).
         self.memory_rows: list[tuple] = []
@@ -229,15 +230,15 @@ class Columns:
         sp = self.sparse
         # Copy the raw text out now: it points into the parse buffer.
         raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_old
-        dims = orjson.loads(bytes(raw_dims)) if len(raw_dims) else None
-        types = orjson.loads(bytes(a.input_types)) if len(a.input_types) else None
-        if name in SHAPE_OPS or CPU_COMM_RE.search(name):
-            if dims is not None:
-                sp["input_dims"][row] = orjson.dumps(dims).decode()
-            if types is not None:
-                sp["input_types"][row] = orjson.dumps(types).decode()
+        dims_text, dims = self._canonical(raw_dims)
+        types_text, types = self._canonical(a.input_types)
+        if self._wants_args[name]:  # name in SHAPE_OPS or a host collective (classify.wants_args)
+            if dims_text is not None:
+                sp["input_dims"][row] = dims_text
+            if types_text is not None:
+                sp["input_types"][row] = types_text
             if name in CONCRETE_OPS and len(a.concrete_inputs):
-                sp["concrete_inputs"][row] = orjson.dumps(orjson.loads(bytes(a.concrete_inputs))).decode()
+                sp["concrete_inputs"][row] = self._canonical(a.concrete_inputs)[0]
         coll = a.collective
         if coll is None and name.startswith(_COLL_ANNOTATION_PREFIXES):
             coll = name.split(":", 1)[1]
@@ -258,6 +259,19 @@ class Columns:
                 sp["msg_in_nelems"][row] = n
             if isinstance(types, list) and types and isinstance(types[0], str) and types[0]:
                 sp["msg_dtype"][row] = types[0]
+
+    def _canonical(self, raw: Any) -> tuple[str | None, Any]:
+        """A raw JSON argument as compact text (orjson's: the shape tables' keys) and its value; (None, None)
+        when absent. Once per distinct text: a trace repeats its layers' shapes every step (control's
+        19k shape arguments have a few hundred texts), and the value is only read, never changed."""
+        if not len(raw):
+            return None, None
+        key = bytes(raw)
+        hit = self._canonical_texts.get(key)
+        if hit is None:
+            value = orjson.loads(key)
+            hit = self._canonical_texts[key] = (orjson.dumps(value).decode(), value)
+        return hit
 
 
 def _codes(values: list, ids: dict[str, int]) -> np.ndarray:
