@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from analyzer.ingest.load import load_trace
-from analyzer.metrics.attribution import (RunAttribution, attribute, rank_attribution, run_attribution, sum_over_ranks,
-                                          sum_over_ranks_grouped)
+from analyzer.metrics.attribution import (RunAttribution, attribute, rank_attribution, run_attribution, _sum_over_ranks,
+                                          _sum_over_ranks_grouped)
 from analyzer.metrics.launch import innermost_containing
 from analyzer.metrics.nesting import nest, stack_parents
 from synth import KinetoTrace
@@ -300,7 +300,7 @@ def test_one_rank_sum_equals_the_groupby(shared_dir):
             frame = getattr(run, name)
             if frame.empty:
                 continue
-            fast, grouped = sum_over_ranks(frame, keys), sum_over_ranks_grouped(frame, keys)
+            fast, grouped = _sum_over_ranks(frame, keys), _sum_over_ranks_grouped(frame, keys)
             # Text may come back as pandas' str dtype from the groupby's index and as object from the rows:
             # the values must be equal, and every non-text column's dtype too.
             pd.testing.assert_frame_equal(fast, grouped, check_exact=True, check_dtype=False, obj=f"{path.name} {name}")

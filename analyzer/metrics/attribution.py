@@ -53,7 +53,7 @@ import pandas as pd
 from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
 from analyzer.metrics.nesting import climb_same_name, innermost, nearest, nest, subtree_sum
 from analyzer.metrics.overlap import hta_window
-from analyzer.metrics.taxonomy import kernel_class
+from analyzer.metrics.taxonomy import row_classes
 from analyzer.metrics.text import is_in, text_mask
 
 SCHEMA = "analyzer.attribution/1"
@@ -293,7 +293,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
             "name": _obj(ev.names[dev_rows], dev_index),
             "name_code": _name_codes(events["name"])[dev_rows],  # the same name, as an integer (grouping)
             "kind": _obj(_object_names(events["kind"])[dev_rows], dev_index),
-            "cls": kernel_class(events[["kind", "name"]].iloc[dev_rows]),
+            "cls": row_classes(events)[dev_rows],
             "stream": events["stream"].to_numpy(np.int64)[dev_rows],
             "start_ns": ev.start[dev_rows],
             "dur_ns": dur,
@@ -352,13 +352,12 @@ def _take(values: np.ndarray, pos: np.ndarray, missing: object = None) -> np.nda
 
 
 def _column_at(events: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
-    """An object column's values at ``rows`` (positions; -1: None), taking only the rows needed."""
+    """An object column's values at ``rows`` (positions; -1: None), missing values as None."""
     out = np.full(len(rows), None, dtype=object)
     have = rows >= 0
     if have.any():
-        uniq, inv = np.unique(rows[have], return_inverse=True)
-        vals = events[column].iloc[uniq].to_numpy(object)
-        out[have] = np.array([None if v is None or v != v else v for v in vals], dtype=object)[inv]
+        values = events[column].to_numpy(object)[rows[have]]
+        out[have] = np.where(pd.isna(values), None, values)
     return out
 
 
@@ -744,7 +743,7 @@ class RunAttribution:
         if frame.empty:
             empty: pd.DataFrame = frame.drop(columns=[c for c in ("rank", "share_of_step_pct", "share_of_device_pct") if c in frame.columns])
             return empty
-        out = sum_over_ranks(frame, keys)
+        out = _sum_over_ranks(frame, keys)
         if name == "modules":
             out.insert(2, "depth", out["module"].str.count("/").astype(np.int64))
             out = out.sort_values(["module", "backward"], kind="stable")
@@ -777,22 +776,22 @@ def _value_columns(frame: pd.DataFrame, keys: list[str]) -> list[str]:
     return [c for c in frame.columns if c not in keys and c not in ("rank", "depth") and not c.endswith("_pct")]
 
 
-def sum_over_ranks(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+def _sum_over_ranks(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """The per-rank rows of ``frame`` summed per key (keys first, then the values, then ``n_ranks``).
 
     One rank's rows are already one per key (rank_attribution groups them), so with a single rank the
     sum is the rows themselves: no groupby (each was 1-3 ms of a one-file report; equal to
-    :func:`sum_over_ranks_grouped`, tests/test_metrics_attribution.py).
+    :func:`_sum_over_ranks_grouped`, tests/test_metrics_attribution.py).
     """
     if frame["rank"].nunique() != 1:
-        return sum_over_ranks_grouped(frame, keys)
+        return _sum_over_ranks_grouped(frame, keys)
     out = frame[[*keys, *_value_columns(frame, keys)]].reset_index(drop=True)
     out["n_ranks"] = 1
     return out
 
 
-def sum_over_ranks_grouped(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """:func:`sum_over_ranks` by a groupby, for any number of ranks (rows in order of first appearance)."""
+def _sum_over_ranks_grouped(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """:func:`_sum_over_ranks` by a groupby, for any number of ranks (rows in order of first appearance)."""
     grouped = frame.groupby(keys, sort=False, dropna=False)
     out = grouped[_value_columns(frame, keys)].sum()
     out["n_ranks"] = grouped["rank"].nunique()

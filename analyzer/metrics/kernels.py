@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.overlap import hta_window
-from analyzer.metrics.taxonomy import collective_kinds, kernel_class
+from analyzer.metrics.taxonomy import collective_kinds, row_classes
 from analyzer.metrics.text import is_in
 from analyzer.ingest.tables import DEVICE_KINDS
 
@@ -46,7 +46,8 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     columns = ["name", "kind", "start_ns", "end_ns"]
     device = is_in(events["kind"], DEVICE_KINDS)
     if device.any():
-        source, sel = "device", events.loc[hta_window(events, steps), columns]
+        rows = hta_window(events, steps)
+        source, sel = "device", events.loc[rows, columns]
     else:
         source, sel = "host", events.loc[is_in(events["kind"], HOST_OP_KINDS), columns]
     if sel.empty:
@@ -55,7 +56,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     # Aggregate on the categorical codes with numpy: one bincount per statistic.
     codes, names = pd.factorize(sel["name"])
     kinds = sel["kind"].to_numpy()
-    classes = kernel_class(sel) if source == "device" else None
+    classes = row_classes(events)[rows] if source == "device" else None
     coll = _dominant_collective_kind(events, sel, codes, dur_ns) if source == "device" else None
     n = len(names)
     count = np.bincount(codes, minlength=n)

@@ -346,11 +346,12 @@ def flop_kernels(events: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     (``fp8``/``tf32`` when the kernel name says so, else None).
     """
     from analyzer.metrics.launch import launches, innermost_containing
-    from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_class, kernel_precision
+    from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_precision, row_classes
 
     # Classify the device rows only: names are tested once per distinct value among them.
-    device = events.loc[is_in(events["kind"], ("compute", "comm")), ["name", "kind", "start_ns", "end_ns"]]
-    cls = kernel_class(device)
+    rows = is_in(events["kind"], ("compute", "comm"))
+    device = events.loc[rows, ["name", "kind", "start_ns", "end_ns"]]
+    cls = row_classes(events)[rows]
     sel = is_in(pd.Series(cls, dtype=object), FLOP_CLASSES)
     k = device.loc[sel]
     link = launches(events)

@@ -225,6 +225,7 @@ METRICS: tuple[Metric, ...] = (
            step_times="metrics", arrivals="arrivals"),
     # taxonomy: kernel classes
     metric(taxonomy.kernel_class, events="events"),
+    metric(taxonomy.row_classes, events="events"),
     metric(taxonomy.collective_kinds, events="events"),
     # throughput
     metric(throughput.throughput, manifest="manifest", metrics="metrics"),
