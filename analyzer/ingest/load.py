@@ -180,26 +180,27 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     # Sparse columns: row numbers of the file order -> positions in the table.
     position = np.full(len(keep), -1, dtype=np.int64)
     position[order] = np.arange(n)
+    def scatter(col: str, values: np.ndarray, given: np.ndarray) -> np.ndarray:
+        """``values`` with the sparse column's entries (``given``, in its row order) at their table positions."""
+        sparse = parsed.sparse[col]
+        pos = position[np.fromiter(sparse, dtype=np.int64, count=len(sparse))]
+        kept = pos >= 0
+        values[pos[kept]] = given[kept]
+        return values
+
     for col in ("input_dims", "input_types", "concrete_inputs"):
-        values = np.full(n, None, dtype=object)
-        for row, v in parsed.sparse[col].items():
-            if position[row] >= 0:
-                values[position[row]] = v
+        given = np.empty(len(parsed.sparse[col]), dtype=object)
+        given[:] = list(parsed.sparse[col].values())
         # An explicit object Series: pandas 3 would infer its str dtype.
-        frame[col] = pd.Series(values, dtype=object, copy=False)
+        frame[col] = pd.Series(scatter(col, np.full(n, None, dtype=object), given), dtype=object, copy=False)
     for col in ("msg_in_nelems", "msg_out_nelems", "group_size"):
-        values = np.full(n, -1, dtype=np.int64)
-        for row, v in parsed.sparse[col].items():
-            if position[row] >= 0:
-                values[position[row]] = v
-        frame[col] = values
+        given = np.fromiter(parsed.sparse[col].values(), dtype=np.int64, count=len(parsed.sparse[col]))
+        frame[col] = scatter(col, np.full(n, -1, dtype=np.int64), given)
     for col in ("coll_name", "msg_dtype", "pg_name"):
         cats = sorted(set(parsed.sparse[col].values()))
         index = {c: i for i, c in enumerate(cats)}
-        codes = np.full(n, -1, dtype=np.int32)
-        for row, v in parsed.sparse[col].items():
-            if position[row] >= 0:
-                codes[position[row]] = index[v]
+        given = np.fromiter((index[v] for v in parsed.sparse[col].values()), dtype=np.int32, count=len(parsed.sparse[col]))
+        codes = scatter(col, np.full(n, -1, dtype=np.int32), given)
         frame[col] = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype="str"))
     events = pd.DataFrame({c: frame[c] for c in COLUMNS}, copy=False)
     return events, notes
@@ -229,14 +230,21 @@ def _kind_codes(cat_cats: list[str], cat_code: np.ndarray, names: list[str], nam
     """classify() once per distinct (cat, name) pair, not per row."""
     if len(cat_code) == 0:
         return np.empty(0, dtype=np.int8)
-    pair = cat_code.astype(np.int64) * max(len(names), 1) + name_code
-    uniq, inv = np.unique(pair, return_inverse=True)
+    width = max(len(names), 1)
+    pair = cat_code.astype(np.int64) * width + name_code
     kind_index = {k: i for i, k in enumerate(KINDS)}
-    per_pair = np.array(
-        [kind_index[classify(cat_cats[u // max(len(names), 1)], names[u % max(len(names), 1)])] for u in uniq],
-        dtype=np.int8,
-    )
-    return per_pair[inv]
+    size = len(cat_cats) * width
+    if size > 8 * len(pair):  # a sparse pair space: sort to find the pairs
+        uniq, inv = np.unique(pair, return_inverse=True)
+        per_pair = np.array([kind_index[classify(cat_cats[u // width], names[u % width])] for u in uniq], dtype=np.int8)
+        return per_pair[inv]
+    # The pairs that occur, by a table over every possible pair (linear; np.unique sorted 75k rows in 3 ms).
+    seen = np.zeros(size, dtype=bool)
+    seen[pair] = True
+    table = np.zeros(size, dtype=np.int8)
+    for u in np.flatnonzero(seen):
+        table[u] = kind_index[classify(cat_cats[u // width], names[u % width])]
+    return table[pair]
 
 
 def _processes_frame(processes: dict[int, dict[str, str]]) -> pd.DataFrame:

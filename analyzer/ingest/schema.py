@@ -17,7 +17,9 @@ KINDS = DEVICE_KINDS + HOST_KINDS
 
 # HTA matches "nccl" by prefix in places and misses ``ncclDevKernel_*``;
 # we match nccl/rccl anywhere, case-insensitively (issue: analyzer loading).
-COMM_KERNEL_RE = re.compile(r"nccl|rccl", re.IGNORECASE)
+# Searched in the lower-cased name (Python's re with IGNORECASE is several times slower on kernel
+# names of a few hundred characters; classify runs once per distinct (category, name) of every trace).
+COMM_KERNEL_RE = re.compile(r"nccl|rccl")
 # Host-side collective ops: c10d dispatcher ops, gloo/nccl annotations and
 # record_param_comms, the marker PyTorch emits around every collective.
 CPU_COMM_RE = re.compile(
@@ -165,7 +167,7 @@ def classify(cat: str, name: str) -> str:
             return "memcpy"
         if cat == "gpu_memset":
             return "memset"
-        return "comm" if COMM_KERNEL_RE.search(name) else "compute"
+        return "comm" if COMM_KERNEL_RE.search(name.lower()) else "compute"
     if CPU_COMM_RE.search(name):
         return "cpu_comm"
     if cat == "cpu_op":

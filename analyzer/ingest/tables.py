@@ -263,23 +263,28 @@ def steps_from_events(events: pd.DataFrame) -> pd.DataFrame:
     """
     names = events["name"]
     if isinstance(names.dtype, pd.CategoricalDtype):
-        # Match on the (few) categories, not on every row.
-        cats = names.cat.categories.astype(str)
-        step_names = cats[cats.str.match(_STEP_RE.pattern)]
-        mask = names.isin(step_names).to_numpy()
+        # Match on the (few) categories, then index by the codes, not on every row.
+        cats = names.cat.categories.tolist()
+        is_step = np.fromiter((_STEP_RE.match(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
+        codes = names.cat.codes.to_numpy()
+        mask = np.append(is_step, False)[np.where(codes >= 0, codes, len(cats))]
     else:
         mask = names.astype(str).str.match(_STEP_RE.pattern).to_numpy()
     if not mask.any():
         return empty_steps()
-    sel = events.loc[mask]
-    host = ~sel["kind"].isin(DEVICE_KINDS) & (sel["cat"].astype(str) != "gpu_user_annotation")
-    sel = sel.loc[host]
-    step = sel["name"].astype(str).str.slice(len("ProfilerStep#")).astype(np.int64)
+    # The few marker rows, on plain arrays (selecting them from the whole table copied every column).
+    rows = np.flatnonzero(mask)
+    kinds = events["kind"].to_numpy(object)[rows]
+    cats_at = events["cat"].to_numpy(object)[rows]
+    host = np.array([k not in DEVICE_KINDS and str(c) != "gpu_user_annotation" for k, c in zip(kinds, cats_at)],
+                    dtype=bool)
+    rows = rows[host]
     out = pd.DataFrame(
         {
-            "step": step.to_numpy(np.int64),
-            "start_ns": sel["start_ns"].to_numpy(np.int64),
-            "end_ns": sel["end_ns"].to_numpy(np.int64),
+            "step": np.array([int(str(n)[len("ProfilerStep#"):]) for n in events["name"].to_numpy(object)[rows]],
+                             dtype=np.int64),
+            "start_ns": events["start_ns"].to_numpy(np.int64)[rows],
+            "end_ns": events["end_ns"].to_numpy(np.int64)[rows],
         }
     )
     return out.drop_duplicates("step").sort_values("step").reset_index(drop=True)
