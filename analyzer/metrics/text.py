@@ -40,7 +40,8 @@ def _per_value(codes: np.ndarray, values: list[object], fn: Callable[[str], obje
         used = np.unique(codes[codes >= 0]) if len(codes) < len(values) else range(len(values))
     for i in used:
         table[i] = fn(str(values[i]))
-    return table[np.where(codes >= 0, codes, len(values))]
+    # A missing value's code is -1, which indexes the table's last entry: ``missing``.
+    return table[codes]
 
 
 def text_mask(column: pd.Series, keep: Callable[[str], bool]) -> np.ndarray:
