@@ -239,6 +239,9 @@ class Columns:
                 sp["input_types"][row] = types_text
             if name in CONCRETE_OPS and len(a.concrete_inputs):
                 sp["concrete_inputs"][row] = self._canonical(a.concrete_inputs)[0]
+        if (a.collective is None and a.in_nelems is None and a.out_nelems is None and a.group_size is None
+                and not name.startswith(_COLL_ANNOTATION_PREFIXES)):
+            return  # an op's shapes only (nearly every call): no message fields to keep
         coll = a.collective
         if coll is None and name.startswith(_COLL_ANNOTATION_PREFIXES):
             coll = name.split(":", 1)[1]
