@@ -255,8 +255,11 @@ def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
 
 def _below_flagged(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
     """Per op: some enclosing op (a strict ancestor) has ``flag``."""
+    if not len(parent):
+        return np.zeros(0, dtype=bool)
     near = nearest(parent, flag)  # the nearest flagged ancestor-or-self
-    return np.where(parent >= 0, near[np.clip(parent, 0, None)], -1) >= 0 if len(parent) else np.zeros(0, dtype=bool)
+    below: np.ndarray = np.where(parent >= 0, near[np.clip(parent, 0, None)], -1) >= 0
+    return below
 
 
 def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
@@ -394,7 +397,8 @@ def charged_ops(ops: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     charged = np.zeros(len(ops), dtype=bool)
     acc = kernels["account"].to_numpy(np.int64)
     charged[acc[acc >= 0]] = True
-    return charged & ~_below_flagged(ops["parent"].to_numpy(np.int64), charged)
+    counted: np.ndarray = charged & ~_below_flagged(ops["parent"].to_numpy(np.int64), charged)
+    return counted
 
 
 def dominant_dtype(ops: pd.DataFrame) -> str | None:

@@ -41,7 +41,8 @@ def _per_value(codes: np.ndarray, values: list[object], fn: Callable[[str], obje
     for i in used:
         table[i] = fn(str(values[i]))
     # A missing value's code is -1, which indexes the table's last entry: ``missing``.
-    return table[codes]
+    per_row: np.ndarray = table[codes]
+    return per_row
 
 
 def text_mask(column: pd.Series, keep: Callable[[str], bool]) -> np.ndarray:
