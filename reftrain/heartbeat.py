@@ -56,10 +56,17 @@ class Heartbeat:
         self.tmp = self.path.with_name(f".{self.path.name}.tmp")
         self.rank, self.attempt, self.pid = rank, attempt, os.getpid()
         stacks = Path(run_dir) / stacks_rel(rank, attempt)
-        stacks.parent.mkdir(parents=True, exist_ok=True)
         # Kept open for the life of the process: faulthandler writes to its descriptor
-        # from the signal handler, without the GIL.
-        self._stacks_file = open(stacks, "w")
+        # from the signal handler, without the GIL. Another rank's close() removes the folder
+        # when it is empty, which it may be between our mkdir and open: then make it again.
+        for tries_left in range(4, -1, -1):
+            stacks.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._stacks_file = open(stacks, "w")
+                break
+            except FileNotFoundError:
+                if not tries_left:
+                    raise
         faulthandler.register(STACK_SIGNAL, file=self._stacks_file, all_threads=True, chain=False)
 
     def beat(self, step: int, phase: str) -> None:

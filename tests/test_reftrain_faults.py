@@ -249,3 +249,27 @@ def test_find_hang_names_the_rank_that_is_behind() -> None:
     assert find_hang([done], now=104.0, timeout_s=3.0, alive=live) is None
     fresh = Beat(rank=1, attempt=1, pid=12, step=2, phase="start", time=103.5)
     assert find_hang([waiting, fresh], now=104.0, timeout_s=3.0, alive=live) is None
+
+
+def test_stack_file_survives_another_rank_removing_the_empty_folder(tmp_path: Path, monkeypatch) -> None:
+    """Rank 1's close() removes the attempt's stacks folder when it is empty; if that lands between
+    rank 0's mkdir and open (seen once in a clean-clone run), rank 0 makes the folder again instead of
+    failing with FileNotFoundError. The race is reproduced exactly: the folder goes right before the open."""
+    from reftrain import heartbeat
+
+    real_open = open
+    removed = []
+
+    def racing_open(path, *args, **kwargs):
+        if not removed and str(path).endswith("rank0.txt"):
+            removed.append(path)
+            Path(path).parent.rmdir()  # the other rank's close(), just before our open
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(heartbeat, "open", racing_open, raising=False)
+    hb = heartbeat.Heartbeat(tmp_path, rank=0, attempt=1)
+    try:
+        assert removed and (tmp_path / heartbeat.stacks_rel(0, 1)).is_file()
+    finally:
+        hb.close()
+    assert not (tmp_path / "stacks" / "attempt1").exists()  # nothing asked for: the empty file and folder go
