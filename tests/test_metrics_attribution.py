@@ -283,18 +283,23 @@ def shared_dir() -> Path:
     return shared
 
 
-def test_one_rank_sum_equals_the_groupby(shared_dir):
-    """summed()'s one-rank shortcut (the rows as they are) equals the groupby over ranks, table by table:
-    same rows, order, values and dtypes, on every shared trace that has ops."""
+def _real_ranks(shared: Path):
+    """(path, rank trace, checked step windows) of every shared trace the loader reads."""
     from analyzer.metrics.windows import check_windows
 
-    checked = 0
-    for path in _real_traces(shared_dir):
+    for path in _real_traces(shared):
         try:
             rt = load_trace(path)
         except Exception:  # noqa: BLE001 - unreadable samples are the loader tests' business
             continue
-        steps = check_windows(rt.events, rt.steps, rt.rank).steps[["step", "start_ns", "end_ns"]]
+        yield path, rt, check_windows(rt.events, rt.steps, rt.rank).steps[["step", "start_ns", "end_ns"]]
+
+
+def test_one_rank_sum_equals_the_groupby(shared_dir):
+    """summed()'s one-rank shortcut (the rows as they are) equals the groupby over ranks, table by table:
+    same rows, order, values and dtypes, on every shared trace that has ops."""
+    checked = 0
+    for path, rt, steps in _real_ranks(shared_dir):
         run = run_attribution({rt.rank: rank_attribution(rt.events, steps)})
         for name, keys in RunAttribution.KEYS.items():
             frame = getattr(run, name)
@@ -315,16 +320,10 @@ def test_real_traces_sum_to_the_kernel_time(shared_dir):
     """On every shared trace: op device times sum to the attributed time, attributed + unattributed to
     all device time in the window, the modules' self time to the time inside modules."""
     from analyzer.metrics.overlap import hta_window
-    from analyzer.metrics.windows import check_windows
     from analyzer.ingest.tables import DEVICE_KINDS
 
     checked = 0
-    for path in _real_traces(shared_dir):
-        try:
-            rt = load_trace(path)
-        except Exception:  # noqa: BLE001 - unreadable samples are the loader tests' business
-            continue
-        steps = check_windows(rt.events, rt.steps, rt.rank).steps[["step", "start_ns", "end_ns"]]
+    for path, rt, steps in _real_ranks(shared_dir):
         at = rank_attribution(rt.events, steps)
         t = at.totals
         window = hta_window(rt.events, steps) & rt.events["kind"].isin(DEVICE_KINDS).to_numpy()

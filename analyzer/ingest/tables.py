@@ -267,7 +267,7 @@ def steps_from_events(events: pd.DataFrame) -> pd.DataFrame:
         cats = names.cat.categories.tolist()
         is_step = np.fromiter((_STEP_RE.match(str(c)) is not None for c in cats), dtype=bool, count=len(cats))
         codes = names.cat.codes.to_numpy()
-        mask = np.append(is_step, False)[np.where(codes >= 0, codes, len(cats))]
+        mask = np.append(is_step, False)[codes]  # a missing name's code, -1, takes the appended False
     else:
         mask = names.astype(str).str.match(_STEP_RE.pattern).to_numpy()
     if not mask.any():

@@ -54,7 +54,7 @@ from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
 from analyzer.metrics.nesting import climb_same_name, innermost, nearest, nest, subtree_sum
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import row_classes
-from analyzer.metrics.text import is_in, text_mask
+from analyzer.metrics.text import is_in, text_codes, text_mask
 
 SCHEMA = "analyzer.attribution/1"
 MODULE_PREFIX = "nn.Module: "
@@ -128,14 +128,6 @@ class _Events:
         pc, tc = self.pids.get_indexer(pd.Index(pid)), self.tids.get_indexer(pd.Index(tid))
         key = self.threads.get_indexer(pd.Index(pc.astype(np.int64) * (len(self.tids) + 1) + tc))
         return np.where((pc >= 0) & (tc >= 0), key, -1).astype(np.int64)
-
-
-def _name_codes(column: pd.Series) -> np.ndarray:
-    """Per row an integer that is equal exactly where the text is (-1: missing): the categorical's codes."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        return column.cat.codes.to_numpy().astype(np.int64)
-    codes, _ = pd.factorize(column)
-    return codes.astype(np.int64)
 
 
 def _object_names(column: pd.Series) -> np.ndarray:
@@ -291,7 +283,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     kernels = pd.DataFrame(
         {
             "name": _obj(ev.names[dev_rows], dev_index),
-            "name_code": _name_codes(events["name"])[dev_rows],  # the same name, as an integer (grouping)
+            "name_code": text_codes(events["name"])[dev_rows],  # the same name, as an integer (grouping)
             "kind": _obj(_object_names(events["kind"])[dev_rows], dev_index),
             "cls": row_classes(events)[dev_rows],
             "stream": events["stream"].to_numpy(np.int64)[dev_rows],

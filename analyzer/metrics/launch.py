@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.memo import per_table
-from analyzer.metrics.nesting import innermost, nest
+from analyzer.metrics.nesting import innermost, nest, thread_keys
 from analyzer.metrics.text import is_in
 from analyzer.ingest.tables import DEVICE_KINDS
 
@@ -37,11 +37,8 @@ def innermost_containing(ops: pd.DataFrame, q_pid: np.ndarray, q_tid: np.ndarray
         return out
     n = len(ops)
     # One thread key over the ops' and the queries' (pid, tid) pairs together.
-    pid = np.concatenate([ops["pid"].to_numpy(np.int64), np.asarray(q_pid, dtype=np.int64)])
-    tid = np.concatenate([ops["tid"].to_numpy(np.int64), np.asarray(q_tid, dtype=np.int64)])
-    pc, _ = pd.factorize(pid)
-    tc, tids = pd.factorize(tid)
-    key = pc.astype(np.int64) * (len(tids) + 1) + tc
+    key = thread_keys(np.concatenate([ops["pid"].to_numpy(np.int64), np.asarray(q_pid, dtype=np.int64)]),
+                      np.concatenate([ops["tid"].to_numpy(np.int64), np.asarray(q_tid, dtype=np.int64)]))
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     order, parent, _ = nest(key[:n], start, end)
     return innermost(key[:n], start, end, order, parent, key[n:], np.asarray(q_t, dtype=np.int64))

@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.intervals import union
-from analyzer.metrics.nesting import nearest, nest
+from analyzer.metrics.nesting import below_flagged, nest, thread_keys
 from analyzer.metrics.text import is_in, text_map, text_mask
 from analyzer.ingest.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
 
@@ -253,21 +253,10 @@ def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     return inside
 
 
-def _below_flagged(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Per op: some enclosing op (a strict ancestor) has ``flag``."""
-    if not len(parent):
-        return np.zeros(0, dtype=bool)
-    near = nearest(parent, flag)  # the nearest flagged ancestor-or-self
-    below: np.ndarray = np.where(parent >= 0, near[np.clip(parent, 0, None)], -1) >= 0
-    return below
-
-
 def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
     """Position of each op's innermost enclosing matmul op on its thread (-1 at top level)."""
-    pc, _ = pd.factorize(ops["pid"].to_numpy(np.int64))
-    tc, tids = pd.factorize(ops["tid"].to_numpy(np.int64))
-    _, parent, _ = nest(pc.astype(np.int64) * (len(tids) + 1) + tc, ops["start_ns"].to_numpy(np.int64),
-                        ops["end_ns"].to_numpy(np.int64))
+    _, parent, _ = nest(thread_keys(ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)),
+                        ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64))
     return parent
 
 
@@ -323,7 +312,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
             "parent": parent,
             "top_level": parent < 0,
             "leaf": ~has_child,
-            "counted": valid & ~_below_flagged(parent, valid),
+            "counted": valid & ~below_flagged(parent, valid),
             "backward": _inside_backward(events, ops),
             "dtype": dtype.to_numpy(dtype=object),
         }
@@ -351,7 +340,7 @@ def flop_kernels(events: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     from analyzer.metrics.launch import launches, innermost_containing
     from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_precision, row_classes
 
-    # Classify the device rows only: names are tested once per distinct value among them.
+    # The device rows' classes: every row's, classified once per table (taxonomy.row_classes).
     rows = is_in(events["kind"], ("compute", "comm"))
     device = events.loc[rows, ["name", "kind", "start_ns", "end_ns"]]
     cls = row_classes(events)[rows]
@@ -397,7 +386,7 @@ def charged_ops(ops: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     charged = np.zeros(len(ops), dtype=bool)
     acc = kernels["account"].to_numpy(np.int64)
     charged[acc[acc >= 0]] = True
-    counted: np.ndarray = charged & ~_below_flagged(ops["parent"].to_numpy(np.int64), charged)
+    counted: np.ndarray = charged & ~below_flagged(ops["parent"].to_numpy(np.int64), charged)
     return counted
 
 

@@ -16,6 +16,15 @@ Pure functions over numpy arrays; positions index the caller's arrays.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+
+
+def thread_keys(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One integer per (pid, tid) pair, equal exactly where both are: the ``tkey`` of :func:`nest`."""
+    pc, _ = pd.factorize(np.asarray(pid, dtype=np.int64))
+    tc, tids = pd.factorize(np.asarray(tid, dtype=np.int64))
+    key: np.ndarray = pc.astype(np.int64) * (len(tids) + 1) + tc
+    return key
 
 
 def stack_parents(start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -159,3 +168,12 @@ def subtree_sum(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.nd
         idx = np.flatnonzero((depth == level) & (parent >= 0))
         np.add.at(total, parent[idx], total[idx])
     return total
+
+
+def below_flagged(parent: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per range: some enclosing range (a strict ancestor) has ``flag``."""
+    if not len(parent):
+        return np.zeros(0, dtype=bool)
+    near = nearest(parent, flag)  # the nearest flagged ancestor-or-self
+    below: np.ndarray = np.where(parent >= 0, near[np.clip(parent, 0, None)], -1) >= 0
+    return below

@@ -14,6 +14,15 @@ import numpy as np
 import pandas as pd
 
 
+def text_codes(column: pd.Series) -> np.ndarray:
+    """Per row an integer (int64) that is equal exactly where the text is, -1 where missing: the
+    categorical's codes, else a factorization (for grouping rows by text without the strings)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy().astype(np.int64)
+    codes, _ = pd.factorize(column)
+    return codes.astype(np.int64)
+
+
 def _codes_values(column: pd.Series) -> tuple[np.ndarray, list[object]]:
     """Per-row codes (-1: missing) and the distinct values as Python objects."""
     if isinstance(column.dtype, pd.CategoricalDtype):
