@@ -35,6 +35,7 @@ from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
 from analyzer.metrics.memory import RunMemory, run_memory
+from analyzer.metrics.frames import empty_frame
 from analyzer.metrics.idle import RunIdle, run_idle
 from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct
@@ -737,7 +738,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
 def top_kernels_empty() -> pd.DataFrame:
     from analyzer.metrics.kernels import COLUMNS
 
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+    return empty_frame(COLUMNS)
 
 
 def _concat_steps(tables: list[pd.DataFrame]) -> pd.DataFrame:

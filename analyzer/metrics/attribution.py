@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.frames import empty_frame
 from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
 from analyzer.metrics.nesting import climb_same_name, innermost, nearest, nest, subtree_sum
 from analyzer.metrics.overlap import hta_window
@@ -443,9 +444,6 @@ ANNOTATIONS_COLUMNS = ("name", "calls", "host_ms", "device_self_ms", "device_ms"
 OP_KERNELS_COLUMNS = ("op", "backward", "kernel", "cls", "count", "device_ms")
 
 
-def _empty(columns: tuple[str, ...] | list[str]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-
 
 def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTables:
     """The per-rank tables of :class:`AttributionTables` from one rank's events and step windows."""
@@ -487,10 +485,10 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         ops_t = ops_t.sort_values(["device_ms", "device_inclusive_ms", "op"], ascending=[False, False, True],
                                   kind="stable").reset_index(drop=True)
     else:
-        ops_t = _empty(OPS_COLUMNS)
+        ops_t = empty_frame(OPS_COLUMNS)
     # --- shapes (only ops whose shapes the loader keeps)
     with_shapes = np.flatnonzero(found & k["input_dims"].notna().to_numpy())
-    shapes = _shape_table(k, with_shapes) if len(with_shapes) else _empty(SHAPES_COLUMNS)
+    shapes = _shape_table(k, with_shapes) if len(with_shapes) else empty_frame(SHAPES_COLUMNS)
     # --- top kernels per op: (op row, kernel name) groups by codes and bincount, the largest per op row
     if found.any() and m:
         row = codes[k["attr_pos"].to_numpy(np.int64)[found]]
@@ -516,7 +514,7 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
             "device_ms": g_ms[keep],
         })
     else:
-        op_kernels = _empty(OP_KERNELS_COLUMNS)
+        op_kernels = empty_frame(OP_KERNELS_COLUMNS)
     modules = _module_table(ka)
     annotations = _annotation_table(ka, events)
     kb = k["backward"].to_numpy(bool)
@@ -604,7 +602,7 @@ def _module_table(ka: KernelAttribution) -> pd.DataFrame:
                                     "host_ns": (nodes["end_ns"] - nodes["start_ns"]).to_numpy(np.float64),
                                     "self_host": True}))
     if not frames and selfd.empty:
-        return _empty(MODULES_COLUMNS)
+        return empty_frame(MODULES_COLUMNS)
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["module", "backward", "calls", "host_ns"])
     if "self_host" not in rows.columns:
         rows["self_host"] = False
@@ -656,7 +654,7 @@ def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFra
     gpu_rows = np.flatnonzero(is_in(events["cat"], ("gpu_user_annotation",))
                               & ~_starts_with(events["name"], "ProfilerStep#"))
     if an.empty and not len(gpu_rows):
-        return _empty(ANNOTATIONS_COLUMNS)
+        return empty_frame(ANNOTATIONS_COLUMNS)
     n = len(an)
     names = an["name"].to_numpy(object)
     codes, uniq = pd.factorize(names) if n else (np.zeros(0, np.int64), np.array([], dtype=object))
@@ -816,7 +814,7 @@ def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttributio
                 f["share_of_device_pct"] = 100.0 * f["device_ms"] * 1e6 / device_ns if device_ns else np.nan
             frames.append(f)
         cols = ["rank", *columns] + (["share_of_step_pct", "share_of_device_pct"] if share else [])
-        return pd.concat(frames, ignore_index=True) if frames else _empty(cols)
+        return pd.concat(frames, ignore_index=True) if frames else empty_frame(cols)
 
     rows = []
     for rank, a in have.items():
@@ -828,7 +826,7 @@ def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttributio
             row[f"{label}_ms"] = t.get(key, 0) / 1e6
             row[f"{label}_pct"] = 100.0 * t.get(key, 0) / dev if dev else None
         rows.append(row)
-    totals = pd.DataFrame(rows, columns=list(TOTALS_COLUMNS)) if rows else _empty(TOTALS_COLUMNS)
+    totals = pd.DataFrame(rows, columns=list(TOTALS_COLUMNS)) if rows else empty_frame(TOTALS_COLUMNS)
     return RunAttribution(
         ops=cat("ops", OPS_COLUMNS, True),
         shapes=cat("shapes", SHAPES_COLUMNS, False),

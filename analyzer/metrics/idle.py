@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.frames import empty_frame
 from analyzer.ingest.tables import DEVICE_KINDS
 from analyzer.metrics.intervals import sweep, union
 from analyzer.metrics.launch import launches
@@ -504,11 +505,11 @@ def run_idle(parts: dict[int, IdleTables | None]) -> RunIdle:
     have = {r: t for r, t in sorted(parts.items()) if t is not None}
     ranks = pd.DataFrame([_rank_row(r, t) for r, t in have.items()], columns=list(RANK_COLUMNS))
     streams = [t.streams.assign(rank=r) for r, t in have.items() if len(t.streams)]
-    s = pd.concat(streams, ignore_index=True) if streams else pd.DataFrame({c: pd.Series(dtype=object) for c in ("rank", *STREAM_COLUMNS)})
+    s = pd.concat(streams, ignore_index=True) if streams else empty_frame(("rank", *STREAM_COLUMNS))
     s = pd.DataFrame({"rank": s["rank"], "stream": s["stream"], "idle_category": s["idle_category"],
                       "idle_ms": pd.to_numeric(s["idle_ns"]) / 1e6, "n_gaps": s["n_gaps"],
                       "idle_pct": 100.0 * pd.to_numeric(s["idle_ratio"])})
     syncs = [t.syncs.assign(rank=r) for r, t in have.items() if len(t.syncs)]
-    y = pd.concat(syncs, ignore_index=True) if syncs else pd.DataFrame({c: pd.Series(dtype=object) for c in ("rank", *SYNC_COLUMNS)})
+    y = pd.concat(syncs, ignore_index=True) if syncs else empty_frame(("rank", *SYNC_COLUMNS))
     y = pd.DataFrame({"rank": y["rank"], "name": y["name"], "calls": y["calls"], "host_ms": pd.to_numeric(y["host_ns"]) / 1e6})
     return RunIdle(ranks=ranks, streams=s, syncs=y)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.frames import empty_frame
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import collective_kinds, row_classes
 from analyzer.metrics.text import is_in
@@ -51,7 +52,7 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     else:
         source, sel = "host", events.loc[is_in(events["kind"], HOST_OP_KINDS), columns]
     if sel.empty:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+        return empty_frame(COLUMNS)
     dur_ns = (sel["end_ns"] - sel["start_ns"]).to_numpy(np.int64)
     # Aggregate on the categorical codes with numpy: one bincount per statistic.
     codes, names = pd.factorize(sel["name"])

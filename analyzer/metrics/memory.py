@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.frames import empty_frame
 from analyzer.ingest.tables import MEMORY_COLUMNS, memory_table
 
 SCHEMA = "analyzer.memory/1"
@@ -48,9 +49,6 @@ def empty_events() -> pd.DataFrame:
     return memory_table({})
 
 
-def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-
 
 def _devices(events: pd.DataFrame) -> list[str]:
     """Devices in a stable order: accelerators first (by name), then cpu."""
@@ -67,7 +65,7 @@ def step_peaks(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     before a window's end has no row for it. Empty without events or steps.
     """
     if events.empty or steps.empty:
-        return _empty(STEP_COLUMNS)
+        return empty_frame(STEP_COLUMNS)
     rows = []
     starts = steps["start_ns"].to_numpy(np.int64)
     ends = steps["end_ns"].to_numpy(np.int64)
@@ -84,7 +82,7 @@ def step_peaks(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             first = a - 1 if a > 0 else a  # the level at start (the last event before), else the first inside
             rows.append((int(step), device, int(alloc[first:b].max()), int(resv[first:b].max()), int(b - a)))
     if not rows:
-        return _empty(STEP_COLUMNS)
+        return empty_frame(STEP_COLUMNS)
     order = {d: i for i, d in enumerate(_devices(events))}
     out = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
     out["_d"] = out["device"].map(order)
@@ -102,7 +100,7 @@ def memory_timeline(events: pd.DataFrame, n_bins: int = TIMELINE_BINS) -> pd.Dat
     event time, one bin. Empty without events.
     """
     if events.empty:
-        return _empty(TIMELINE_COLUMNS)
+        return empty_frame(TIMELINE_COLUMNS)
     ts_all = events["ts_ns"].to_numpy(np.int64)
     t0, t1 = int(ts_all.min()), int(ts_all.max())
     n = 1 if t1 == t0 else max(1, int(n_bins))
@@ -171,10 +169,10 @@ def metrics_step_memory(metrics: pd.DataFrame | None) -> pd.DataFrame:
     of a restarted job keeps its last record.
     """
     if metrics is None or metrics.empty or not {"rank", "step", "mem_bytes"} <= set(metrics.columns):
-        return _empty(RUN_STEP_COLUMNS)
+        return empty_frame(RUN_STEP_COLUMNS)
     m = metrics.loc[pd.to_numeric(metrics["mem_bytes"], errors="coerce").notna()]
     if m.empty:
-        return _empty(RUN_STEP_COLUMNS)
+        return empty_frame(RUN_STEP_COLUMNS)
     if "attempt" in m.columns:
         m = m.sort_values("attempt", kind="stable")
     m = m.drop_duplicates(["rank", "step"], keep="last")
@@ -218,7 +216,7 @@ def trace_step_memory(parts: dict[int, RankMemory | None]) -> pd.DataFrame:
             "peak_reserved_bytes": g["peak_reserved_bytes"].max().to_numpy(np.float64), "profiled": True,
         }))
     if not frames:
-        return _empty(RUN_STEP_COLUMNS)
+        return empty_frame(RUN_STEP_COLUMNS)
     return pd.concat(frames, ignore_index=True)
 
 
@@ -246,7 +244,7 @@ def trace_rank_peaks(parts: dict[int, RankMemory | None]) -> pd.DataFrame:
             at = steps.loc[steps[col] == peak, "step"] if len(steps) else pd.Series(dtype=np.int64)
             row[col], row[step_col] = peak, (int(at.min()) if len(at) else None)
         rows.append(row)
-    return pd.DataFrame(rows, columns=list(RANK_COLUMNS)) if rows else _empty(RANK_COLUMNS)
+    return pd.DataFrame(rows, columns=list(RANK_COLUMNS)) if rows else empty_frame(RANK_COLUMNS)
 
 
 def rank_peaks(steps: pd.DataFrame) -> pd.DataFrame:
@@ -259,7 +257,7 @@ def rank_peaks(steps: pd.DataFrame) -> pd.DataFrame:
     every step was profiled. ``peak_*_step`` is the first step reaching it.
     """
     if steps.empty:
-        return _empty(RANK_COLUMNS)
+        return empty_frame(RANK_COLUMNS)
     rows = []
     for rank in sorted(int(r) for r in steps["rank"].unique()):
         s = steps.loc[steps["rank"] == rank]
@@ -295,10 +293,10 @@ class RunMemory:
     run's peak, the max over ranks (the rank closest to running out).
     """
 
-    steps: pd.DataFrame = field(default_factory=lambda: _empty(RUN_STEP_COLUMNS))
-    ranks: pd.DataFrame = field(default_factory=lambda: _empty(RANK_COLUMNS))
-    timeline: pd.DataFrame = field(default_factory=lambda: _empty(("rank", *TIMELINE_COLUMNS)))
-    trace_peaks: pd.DataFrame = field(default_factory=lambda: _empty(("rank", "device", "peak_allocated_bytes",
+    steps: pd.DataFrame = field(default_factory=lambda: empty_frame(RUN_STEP_COLUMNS))
+    ranks: pd.DataFrame = field(default_factory=lambda: empty_frame(RANK_COLUMNS))
+    timeline: pd.DataFrame = field(default_factory=lambda: empty_frame(("rank", *TIMELINE_COLUMNS)))
+    trace_peaks: pd.DataFrame = field(default_factory=lambda: empty_frame(("rank", "device", "peak_allocated_bytes",
                                                                         "peak_reserved_bytes", "n_events")))
     source: str | None = None
 
@@ -328,7 +326,7 @@ class RunMemory:
         """Per (source, step): the max over ranks of both peaks and the rank holding the allocated one."""
         s = self.steps
         if s.empty:
-            return _empty(("step", "source", "peak_allocated_bytes", "peak_reserved_bytes", "rank", "n_ranks"))
+            return empty_frame(("step", "source", "peak_allocated_bytes", "peak_reserved_bytes", "rank", "n_ranks"))
         alloc = pd.to_numeric(s["peak_allocated_bytes"], errors="coerce")
         s = s.assign(_a=alloc.fillna(-1.0))
         idx = s.groupby(["source", "step"], sort=True)["_a"].idxmax()
@@ -376,13 +374,13 @@ def run_memory(metrics: pd.DataFrame | None, parts: dict[int, RankMemory | None]
     from_metrics = metrics_step_memory(metrics)
     from_trace = trace_step_memory(parts)
     steps = pd.concat([t for t in (from_metrics, from_trace) if not t.empty], ignore_index=True) \
-        if not (from_metrics.empty and from_trace.empty) else _empty(RUN_STEP_COLUMNS)
+        if not (from_metrics.empty and from_trace.empty) else empty_frame(RUN_STEP_COLUMNS)
     trace_ranks = trace_rank_peaks(parts)
     source = "metrics" if not from_metrics.empty else "trace" if not trace_ranks.empty else None
     ranks = rank_peaks(from_metrics) if source == "metrics" else trace_ranks
     timelines = [rm.timeline.assign(rank=r) for r, rm in sorted(parts.items()) if rm is not None and not rm.timeline.empty]
     timeline = (pd.concat(timelines, ignore_index=True)[["rank", *TIMELINE_COLUMNS]] if timelines
-                else _empty(("rank", *TIMELINE_COLUMNS)))
+                else empty_frame(("rank", *TIMELINE_COLUMNS)))
     peaks = [rm.peaks.assign(rank=r) for r, rm in sorted(parts.items()) if rm is not None and not rm.peaks.empty]
     trace_peaks = (pd.concat(peaks, ignore_index=True)[["rank", "device", "peak_allocated_bytes", "peak_reserved_bytes",
                                                          "n_events"]] if peaks else RunMemory().trace_peaks)

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.frames import empty_frame
 from analyzer.metrics.hardware import datasheet_peak, hbm_peak
 from analyzer.metrics.matmul_flops import ShapeError
 from analyzer.metrics.op_models import BACKWARD_BYTES, BACKWARD_FLOPS, MEMORY_FAMILIES, CallCost, per_call
@@ -105,9 +106,6 @@ class Roofline:
                 "shapes_device_ms": self.shapes_device_ms, "modeled_device_ms": self.modeled_device_ms,
                 "ops": self.ops.to_dict("records"), "roofs": self.roofs.to_dict("records"), "notes": list(self.notes)}
 
-
-def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
 
 
 def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
@@ -165,7 +163,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     if not len(shapes):
         notes.append("no device kernels attributed to ops with recorded input shapes (a CPU-only trace, "
                      "or one taken without record_shapes=True)")
-        return Roofline(_empty(POINT_COLUMNS), _empty(OP_COLUMNS), _empty(ROOF_COLUMNS), device_name,
+        return Roofline(empty_frame(POINT_COLUMNS), empty_frame(OP_COLUMNS), empty_frame(ROOF_COLUMNS), device_name,
                         None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source, 0.0, 0.0, notes)
     if "calls" not in shapes.columns:
         raise ValueError("the shapes table has no calls column (a rank summary from before MAP_VERSION 7)")
@@ -230,7 +228,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
         notes.append(f"no datasheet peaks for '{device_name}' in the peak table (analyzer.metrics.hardware): "
                      "no bound or efficiency")
     if not rows:
-        return Roofline(_empty(POINT_COLUMNS), _empty(OP_COLUMNS), pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
+        return Roofline(empty_frame(POINT_COLUMNS), empty_frame(OP_COLUMNS), pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
                         device_name, None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source,
                         total_ms, 0.0, notes)
     points = pd.DataFrame(rows)
