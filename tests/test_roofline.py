@@ -365,3 +365,26 @@ def test_memory_bound_and_conv_rows_match_tracelens(sample):
                 assert theirs_us * 0.98 <= ours_us <= theirs_us * 1.02 + extra, key
             compared += 1
     assert compared > 0
+
+
+def test_per_op_rows_sum_the_shapes_and_take_the_dtype_of_most_device_time():
+    # aten::mm in bf16 at two shapes (0.3 + 0.2 ms) and in fp32 at one (0.4 ms): the op's row has the three
+    # shapes' sums and dtype bf16 (0.5 ms against 0.4). mm of (m, k) x (k, n) is 2 m k n FLOPs a call and
+    # (m k + k n + m n) elements moved: 2, 3 and 1 calls.
+    def mm(m, k, n, dtype, calls, ms):
+        return ("aten::mm", False, _dims([[m, k], [k, n]]), json.dumps([dtype, dtype]), calls, calls, ms)
+
+    rows = [mm(64, 128, 256, BF16, 2, 0.3), mm(32, 64, 128, BF16, 3, 0.2), mm(128, 128, 128, "float", 1, 0.4)]
+    rf = roofline(_shapes(rows), H100)
+    assert len(rf.points) == 3 and len(rf.ops) == 1
+    op = rf.ops.iloc[0]
+    assert op["dtype"] == "bf16" and op["calls"] == 6
+    assert op["device_ms"] == math.fsum([0.4, 0.3, 0.2])
+    assert op["flops"] == 2 * (2 * 64 * 128 * 256) + 3 * (2 * 32 * 64 * 128) + 2 * 128 ** 3
+    assert op["bytes"] == (2 * 2 * (64 * 128 + 128 * 256 + 64 * 256) + 3 * 2 * (32 * 64 + 64 * 128 + 32 * 128)
+                           + 4 * 3 * 128 ** 2)
+    # Equal device time in either dtype: the dtype of the op's first point (points by device time, then
+    # op, then the shapes table's order).
+    pair = [mm(64, 128, 256, BF16, 1, 0.5), mm(128, 128, 128, "float", 1, 0.5)]
+    assert roofline(_shapes(pair), H100).ops.iloc[0]["dtype"] == "bf16"
+    assert roofline(_shapes(pair[::-1]), H100).ops.iloc[0]["dtype"] == "fp32"
