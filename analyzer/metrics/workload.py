@@ -194,13 +194,17 @@ def _tokens(events: pd.DataFrame, backward: np.ndarray, w_start: np.ndarray, w_e
         rows = np.flatnonzero(is_in(names, (op,)) & ~backward & events["input_dims"].notna().to_numpy())
         if rows.size == 0:
             continue
-        sel = events.iloc[rows]
-        win = _window_of(sel["start_ns"].to_numpy(np.int64), w_start, w_end)
+        start = events["start_ns"].to_numpy(np.int64)[rows]
+        dims_text = events["input_dims"].to_numpy(object)[rows]
+        win = _window_of(start, w_start, w_end)
+        # The rows by window, then start (lexsort is stable: ties in table order); one selection and
+        # sort per window of the frame cost 0.3 ms a step.
+        order = np.lexsort((start, win))
         for k in range(n):
             if not np.isnan(tokens[k]):
                 continue
-            mine = sel.loc[win == k].sort_values("start_ns", kind="stable")
-            calls = [d for d in (_dims(x) for x in mine["input_dims"]) if d and len(d) >= 2]
+            mine = order[win[order] == k]
+            calls = [d for d in (_dims(x) for x in dims_text[mine]) if d and len(d) >= 2]
             if op == EMBEDDING_OP:
                 calls = [d for d in calls if _shape(d[0]) and _shape(d[1])]
                 if not calls:
