@@ -60,7 +60,7 @@ def _existing(path_text: str) -> Path:
     return path
 
 
-def start_parsing(paths: Sequence[Path], cache: bool) -> ParseJobs | None:
+def start_parsing(paths: Sequence[Path], cache: bool, import_parser: bool = False) -> ParseJobs | None:
     """Start parsing the traces of ``paths`` that have no cache entry, in
     worker processes (which also write the entries), before the caller
     imports pandas.
@@ -69,6 +69,8 @@ def start_parsing(paths: Sequence[Path], cache: bool) -> ParseJobs | None:
     to parse, so the two run side by side. The analysis takes the results
     from the returned jobs (``analyze(..., jobs=)``); a file the analysis
     turns out not to read is parsed for nothing, never wrongly.
+    ``import_parser``: import the parser (numpy, msgspec) here first, for
+    the forked workers to inherit (:func:`_one_blas_thread` says when).
     """
     from analyzer.ingest.cache import TraceCache
     from analyzer.ingest.locate import trace_files_of, trace_window
@@ -88,6 +90,9 @@ def start_parsing(paths: Sequence[Path], cache: bool) -> ParseJobs | None:
     if not todo:
         return None
     from analyzer.ingest.jobs import ParseJobs, usable_cpus  # multiprocessing.pool: ~0.05 s, only when there is work
+
+    if import_parser:
+        import analyzer.ingest.parse  # noqa: F401  (numpy starts no threads here: _one_blas_thread)
 
     if one_file_units and map_in_workers(len(todo), usable_cpus()):
         from analyzer.engines import parse_and_map
@@ -287,7 +292,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _parsing(paths: Sequence[Path], args: argparse.Namespace) -> Iterator[ParseJobs | None]:
     """:func:`start_parsing`, closed (workers joined) when the block ends."""
     # On Ray the map tasks parse where they run; parsing here first would do their work on this machine.
-    jobs = start_parsing(paths, cache=not args.no_cache) if args.engine == "local" else None
+    jobs = (start_parsing(paths, cache=not args.no_cache, import_parser=getattr(args, "import_parser", False))
+            if args.engine == "local" else None)
     try:
         yield jobs
     finally:
@@ -484,11 +490,35 @@ def _without_arrow(args: argparse.Namespace) -> None:
     sys.modules["pyarrow"] = None  # type: ignore[assignment]
 
 
+def _one_blas_thread(args: argparse.Namespace) -> None:
+    """Let this process import the parser before it forks the parse workers.
+
+    Importing numpy starts OpenBLAS's thread pool, and a process with
+    threads does not fork its workers (analyzer/ingest/jobs.py): so far each
+    worker imported numpy and the parser itself (~50 ms, on the critical
+    path of a cold report, and again in every worker). With OpenBLAS held
+    to one thread (``OPENBLAS_NUM_THREADS=1``, read at numpy's import)
+    numpy starts none, :func:`start_parsing` imports the parser here and the
+    forked workers inherit it: a cold report of trace_diff/control took
+    0.45 s instead of 0.50. The analysis does no BLAS work that threads
+    would speed up (a few least-squares fits of a handful of points). Only
+    the console script, for a process of its own that ends with the
+    command, and only when numpy is not imported yet; a user's own
+    ``OPENBLAS_NUM_THREADS`` is kept (with more than one thread the workers
+    import the parser themselves, as before). Not for ``--engine ray``,
+    whose tasks parse where they run.
+    """
+    if getattr(args, "engine", "local") != "local" or "numpy" in sys.modules:
+        return
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    args.import_parser = os.environ["OPENBLAS_NUM_THREADS"] == "1"
+
+
 def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
     """Entry point of the ``analyzer`` console script; returns the exit code.
 
     ``own_process``: the caller is :func:`console_main`, whose process ends
-    with this command (:func:`_without_arrow`).
+    with this command (:func:`_without_arrow`, :func:`_one_blas_thread`).
     """
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors: argparse prints usage, exits 2
@@ -496,6 +526,7 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
         parser.error("--ray-address needs --engine ray")
     if own_process:
         _without_arrow(args)
+        _one_blas_thread(args)
     _apply_limits(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -7,7 +7,9 @@ neither numpy nor pandas, so that the workers can be forked from a process
 that has no threads yet: numpy's import starts OpenBLAS's thread pool, and
 a process with threads is only forked when nothing else is possible
 (forkserver otherwise, which costs a fresh interpreter per worker). Each
-worker imports :mod:`analyzer.ingest.parse` (numpy, msgspec) itself.
+worker imports :mod:`analyzer.ingest.parse` (numpy, msgspec) itself, unless
+the parent imported it with OpenBLAS held to one thread, so still without
+threads (the console script: analyzer.cli._one_blas_thread).
 
 How workers start (:func:`start_method`, docs/loading.md):
 
