@@ -128,6 +128,7 @@ def test_taxonomy_ignores_case_though_its_patterns_are_searched_without_re_ignor
         assert classify_name(name.upper()) == cls, name
         assert classify_name(name.swapcase()) == cls, name
     assert kernel_precision("AMPERE_TF32_S1688GEMM_128x128") == "tf32"
+    assert kernel_precision("void cutlass::Kernel<CUTLASS_80_TENSOROP_S1688GEMM_128x128_32x3_nn_align4>") == "tf32"
     assert kernel_precision("sm90_xmma_gemm_E4M3E4M3_f32") == "fp8"
     assert collective_kind_of("NCCLDEVKERNEL_ALLREDUCE_SUM_F32") == "all_reduce"
     assert collective_kind_of("nccl:Reduce_Scatter") == "reduce_scatter"
@@ -226,3 +227,25 @@ def test_top_kernels_name_the_collective_kind_the_host_called() -> None:
     kinds = dict(zip(table["name"], table["coll_kind"]))
     assert kinds["ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"] == "all_to_all"  # the name says send_recv
     assert kinds["volta_sgemm_128x64_nn"] is None
+
+
+@pytest.mark.parametrize("name, precision", [
+    # fp32 operands on the TF32 MMA shape (trace_diff/control's CUTLASS SGEMMs), and names that say tf32
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4::Params)", "tf32"),
+    ("ampere_tf32_s1688gemm_tf32_128x128_16x4_nn", "tf32"),
+    ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4", "tf32"),
+    ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4>(Params)", "tf32"),
+    # 16-bit operands with fp32 accumulation ("s"): bf16/fp16, not TF32 (the H100 samples' timesformer and
+    # bert-small GEMMs; a Turing fp16 GEMM)
+    ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1>(cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1::Params)", None),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2>(cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2::Params)", None),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_256x64_32x4_nhwc_align8>(Params)", None),
+    ("turing_fp16_s1688gemm_fp16_256x128_ldg8_f2f_nn", None),
+    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", None),
+    ("ampere_sgemm_128x64_nn", None),
+    ("sm90_xmma_gemm_e4m3e4m3_f32_f32_tn_n_tilesize128x128x64", "fp8"),
+])
+def test_kernel_precision_tells_tf32_from_16_bit_operands(name: str, precision: str | None) -> None:
+    from analyzer.metrics.taxonomy import kernel_precision
+
+    assert kernel_precision(name) == precision

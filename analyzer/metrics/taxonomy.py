@@ -95,8 +95,13 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # Inductor-generated kernels: already fused by torch.compile.
 _COMPILED_RE = re.compile(r"^triton_")
-# TF32 tensor-core GEMMs/convolutions (cuBLAS/CUTLASS/cuDNN names say tf32; sm80 tensor-op SGEMMs s1688/s16816).
-TF32_KERNEL_RE = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|s1688gemm|s16816gemm")
+# TF32 tensor-core GEMMs/convolutions: cuBLAS/CUTLASS/cuDNN names that say tf32, or an sm80+ tensor-op SGEMM
+# of the TF32 MMA shape m16n8k8 (s1688) with fp32 operands. The same s1688 names carry 16-bit operands too
+# (cutlass_75_tensorop_bf16_s1688gemm_bf16_..., turing_fp16_s1688gemm_fp16_...: fp32 accumulation, "s"), and
+# s16816 is the MMA shape of 16-bit operands only (cutlass_80_tensorop_bf16_s16816gemm_bf16_...): neither is TF32.
+TF32_KERNEL_RE = re.compile(r"tf32")
+TF32_SHAPE_RE = re.compile(r"tensorop_s1688|s1688gemm")
+HALF_OPERANDS_RE = re.compile(r"bf16|fp16|f16|half")
 # FP8 GEMMs and attention: e4m3/e5m2 in cuBLASLt/CUTLASS/TRT-LLM names, hipBLASLt "F8" data types.
 FP8_KERNEL_RE = re.compile(r"e4m3|e5m2|fp8|f8f8|_f8_|float8")
 
@@ -150,7 +155,7 @@ def kernel_precision(name: str) -> str | None:
     lowered = name.lower()
     if FP8_KERNEL_RE.search(lowered):
         return "fp8"
-    if TF32_KERNEL_RE.search(lowered):
+    if TF32_KERNEL_RE.search(lowered) or (TF32_SHAPE_RE.search(lowered) and not HALF_OPERANDS_RE.search(lowered)):
         return "tf32"
     return None
 
