@@ -388,3 +388,27 @@ def test_per_op_rows_sum_the_shapes_and_take_the_dtype_of_most_device_time():
     pair = [mm(64, 128, 256, BF16, 1, 0.5), mm(128, 128, 128, "float", 1, 0.5)]
     assert roofline(_shapes(pair), H100).ops.iloc[0]["dtype"] == "bf16"
     assert roofline(_shapes(pair[::-1]), H100).ops.iloc[0]["dtype"] == "fp32"
+
+
+def test_double_rows_say_fp64_and_rows_without_a_type_show_a_dash():
+    # A double add over 2^10 elements: dtype fp64 (the one element-type table, analyzer.metrics.dtypes), no
+    # fp64 peak in the table, memory-bound against the HBM all the same. A row whose types are unknown to the
+    # table (an int64 copy) has no dtype: None in the per-op row, "-" in the text, never "nan".
+    from analyzer.verbs.report import roofline_lines
+
+    n = 1 << 10
+    add = ("aten::add", False, _dims([[n], [n], []]), json.dumps(["double", "double", "Scalar"]), "", 3, 3, 0.01)
+    icopy = ("aten::copy_", False, _dims([[n], [n]]), json.dumps(["long int"] * 2), "", 2, 2, 0.02)
+    rf = roofline(_shapes([add, icopy], concrete=True), H100)
+    ops = rf.ops.set_index("op")
+    assert ops.loc["aten::add", "dtype"] == "fp64" and math.isnan(ops.loc["aten::add", "peak_flops_per_s"])
+    assert ops.loc["aten::add", "bound"] == "memory"
+    assert ops.loc["aten::copy_", "dtype"] is None
+
+    class Run:  # what roofline_lines reads of a RunAnalysis
+        def roofline(self):
+            return rf
+
+    text = "\n".join(roofline_lines(Run()))  # type: ignore[arg-type]
+    copy_line = next(line for line in text.splitlines() if line.startswith("aten::copy_"))
+    assert copy_line.split()[2] == "-"

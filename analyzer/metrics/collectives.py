@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.text import text_map
-from analyzer.metrics.stragglers import _DTYPE_BYTES, _busbw_factor
+from analyzer.metrics.dtypes import MESSAGE_DTYPE_BYTES
+from analyzer.metrics.stragglers import _busbw_factor
 
 COLUMNS = ("kind", "start_ns", "duration_ns", "size_bytes", "group_size", "dtype", "algbw_gbps", "busbw_gbps", "protocol")
 
@@ -79,7 +80,7 @@ def collective_table(events: pd.DataFrame) -> pd.DataFrame:
         out_nelems[idx] = src["msg_out_nelems"].to_numpy(np.int64)
         group[idx] = src["group_size"].to_numpy(np.int64)
         dtype[idx] = src["msg_dtype"].astype(object).to_numpy()
-    elem = text_map(pd.Series(dtype), lambda d: _DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
+    elem = text_map(pd.Series(dtype), lambda d: MESSAGE_DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
     n = group.astype(np.float64)
     size = np.where(nelems >= 0, nelems * elem, np.nan)
     # nccl-tests' S for all_gather is the gathered (output) size.

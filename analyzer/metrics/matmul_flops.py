@@ -53,6 +53,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from analyzer.metrics.dtypes import FLOAT_KEYS
 from analyzer.metrics.intervals import union
 from analyzer.metrics.nesting import below_flagged, nest, thread_keys
 from analyzer.metrics.text import is_in, text_map, text_mask
@@ -61,15 +62,6 @@ from analyzer.ingest.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 
 # Backward regions: every autograd node runs inside one of these ranges.
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 
-# Input-type spellings in Kineto's "Input type" -> dtype family of the peak table.
-_DTYPES = {
-    "c10::BFloat16": "bf16",
-    "c10::Half": "fp16",
-    "float": "fp32",
-    "double": "fp64",
-    "c10::Float8_e4m3fn": "fp8",
-    "c10::Float8_e5m2": "fp8",
-}
 
 
 class ShapeError(ValueError):
@@ -228,8 +220,8 @@ def _dtype_of(types_json: str | None) -> str | None:
     except (TypeError, json.JSONDecodeError):
         return None
     for t in types:
-        if isinstance(t, str) and t in _DTYPES:
-            return _DTYPES[t]
+        if isinstance(t, str) and t in FLOAT_KEYS:
+            return FLOAT_KEYS[t]
     return None
 
 

@@ -70,25 +70,9 @@ from analyzer.ingest.schema import (
     UNARY_OPS,
 )
 from analyzer.metrics.conv_flops import conv_geometry
+from analyzer.metrics.dtypes import INPUT_TYPES
 from analyzer.metrics.matmul_flops import ShapeError, flops_of
 
-# Element size and the peak table's dtype key of each Kineto "Input type" spelling.
-TYPES: dict[str, tuple[int, str | None]] = {
-    "c10::BFloat16": (2, "bf16"),
-    "c10::Half": (2, "fp16"),
-    "float": (4, "fp32"),
-    "double": (8, None),
-    "c10::Float8_e4m3fn": (1, "fp8"),
-    "c10::Float8_e5m2": (1, "fp8"),
-    "c10::Float8_e4m3fnuz": (1, "fp8"),
-    "c10::Float8_e5m2fnuz": (1, "fp8"),
-    "long int": (8, None),
-    "int": (4, None),
-    "short int": (2, None),
-    "signed char": (1, None),
-    "unsigned char": (1, None),
-    "bool": (1, None),
-}
 # Backward over forward FLOPs per family (module docstring); bytes: BACKWARD_BYTES. Families without an entry
 # have no backward model.
 BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5, "conv": 2.0}
@@ -181,7 +165,7 @@ def is_causal(op: str, concrete: list[Any] | None) -> bool | None:
 
 def _size(types: list[Any], i: int) -> tuple[int, str | None]:
     t = types[i] if i < len(types) else None
-    return TYPES.get(t, (0, None)) if isinstance(t, str) else (0, None)
+    return INPUT_TYPES.get(t, (0, None)) if isinstance(t, str) else (0, None)
 
 
 def _first_size(op: str, types: list[Any], i: int = 0) -> tuple[int, str | None]:
@@ -266,8 +250,8 @@ def _broadcast(a: list[int], b: list[int]) -> list[int]:
 def _dtype_key(types: list[Any]) -> str | None:
     """The peak table's key of the first floating tensor argument (the op's compute precision)."""
     for t in types:
-        if isinstance(t, str) and TYPES.get(t, (0, None))[1]:
-            return TYPES[t][1]
+        if isinstance(t, str) and INPUT_TYPES.get(t, (0, None))[1]:
+            return INPUT_TYPES[t][1]
     return None
 
 

@@ -159,7 +159,9 @@ def _per_op(points: pd.DataFrame) -> pd.DataFrame:
         ms_.append(ms)
         flops_.append(flops)
         bytes_.append(nbytes)
-        dtype_ms.setdefault((op, bool(backward)), {}).setdefault(dtype or None, []).append(ms)
+        # A point without a dtype holds NaN (pandas' missing text): None here, so the text shows "-".
+        key = dtype if isinstance(dtype, str) and dtype else None
+        dtype_ms.setdefault((op, bool(backward)), {}).setdefault(key, []).append(ms)
     main_dtype = {}
     for key, by_dtype in dtype_ms.items():
         totals = {d: math.fsum(v) for d, v in by_dtype.items()}

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.jsontext import jsonable
+from analyzer.metrics.dtypes import MESSAGE_DTYPE_BYTES
 from analyzer.metrics.taxonomy import collective_kind_of as collective_kind, collective_kinds
 from analyzer.metrics.text import text_map, text_mask
 
@@ -202,14 +203,6 @@ def _empty_arrivals() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="object" if c in ("key", "kind") else "int64") for c in ARRIVAL_COLUMNS})
 
 
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8,
-    "c10::Half": 2, "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
-    "long int": 8, "Long": 8, "int64": 8, "int": 4, "Int": 4, "int32": 4, "signed char": 1, "Byte": 1,
-    "unsigned char": 1, "Char": 1, "int8": 1, "uint8": 1, "bool": 1, "Bool": 1,
-}
-
-
 def _step_of(times_ns: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     """Index of the last ProfilerStep starting at or before each time (its step number), -1 before the first."""
     if steps.empty:
@@ -274,7 +267,7 @@ def rank_arrivals(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> tuple
     if source.startswith("device"):
         kind = collective_kinds(events).loc[sel.index].to_numpy(object)
     nelems = sel["msg_in_nelems"].to_numpy(np.int64)
-    elem_bytes = text_map(sel["msg_dtype"], lambda d: _DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
+    elem_bytes = text_map(sel["msg_dtype"], lambda d: MESSAGE_DTYPE_BYTES.get(d, np.nan), np.nan).astype(np.float64)
     order = pd.Series(group).groupby(group).cumcount().to_numpy()
     start = sel["start_ns"].to_numpy(np.int64)
     frame = pd.DataFrame(

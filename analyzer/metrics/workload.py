@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.tables import DEVICE_KINDS, FLOP_OPS, MATMUL_OPS
+from analyzer.metrics.dtypes import INPUT_TYPES
 from analyzer.metrics.intervals import union
 from analyzer.metrics.launch import launches
 from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_class
@@ -64,9 +65,6 @@ from analyzer.metrics.text import is_in, text_mask
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 EMBEDDING_OP = "aten::embedding"
 REENTRANT_NODE = "CheckpointFunctionBackward"
-# Bytes per element of Kineto's "Input type" spellings.
-ELEMENT_BYTES = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "c10::Float8_e4m3fn": 1,
-                 "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1}
 
 COLUMNS = {
     "step": np.int64, "tokens": np.float64, "tokens_source": object, "recompute_ranges": np.int64,
@@ -133,7 +131,7 @@ def _element_bytes(types: object) -> int | None:
     t = _dims(types)
     if not t:
         return None
-    return ELEMENT_BYTES.get(t[0]) if isinstance(t[0], str) else None
+    return INPUT_TYPES[t[0]][0] if isinstance(t[0], str) and t[0] in INPUT_TYPES else None
 
 
 def _window_of(t: np.ndarray, w_start: np.ndarray, w_end: np.ndarray) -> np.ndarray:
