@@ -160,9 +160,9 @@ def _per_op(points: pd.DataFrame) -> pd.DataFrame:
         flops_.append(flops)
         bytes_.append(nbytes)
         # A point without a dtype holds NaN (pandas' missing text): None here, so the text shows "-".
-        key = dtype if isinstance(dtype, str) and dtype else None
-        dtype_ms.setdefault((op, bool(backward)), {}).setdefault(key, []).append(ms)
-    main_dtype = {}
+        dtype_key = dtype if isinstance(dtype, str) and dtype else None
+        dtype_ms.setdefault((op, bool(backward)), {}).setdefault(dtype_key, []).append(ms)
+    main_dtype: dict[tuple[str, bool], str | None] = {}
     for key, by_dtype in dtype_ms.items():
         totals = {d: math.fsum(v) for d, v in by_dtype.items()}
         main_dtype[key] = max(totals, key=totals.__getitem__)  # max() keeps the first of equal totals

@@ -114,7 +114,7 @@ def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits
             in_member = True
         try:
             block = d.decompress(data, size)
-        except zlib.error as exc:
+        except zlib.error as exc:  # type: ignore[misc]  # isal's stub types error as an instance; it is the class
             raise TraceError(path, f"corrupt gzip data after {out_bytes / _MB:.1f} MB ({exc})") from None
         if d.eof:
             # Everything after this member. Not unused_data + unconsumed_tail:
