@@ -444,7 +444,6 @@ ANNOTATIONS_COLUMNS = ("name", "calls", "host_ms", "device_self_ms", "device_ms"
 OP_KERNELS_COLUMNS = ("op", "backward", "kernel", "cls", "count", "device_ms")
 
 
-
 def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTables:
     """The per-rank tables of :class:`AttributionTables` from one rank's events and step windows."""
     ka = attribute(events, steps)

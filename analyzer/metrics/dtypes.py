@@ -7,6 +7,8 @@ and collective message sizes (analyzer.metrics.stragglers, collectives).
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 # Kineto's "Input type" spellings (the C++ type names ATen records) -> (bytes per element, the peak table's
 # dtype key; None: no peak, integer and boolean tensors).
 INPUT_TYPES: dict[str, tuple[int, str | None]] = {
@@ -28,6 +30,15 @@ INPUT_TYPES: dict[str, tuple[int, str | None]] = {
 
 # The peak table's dtype key of each floating "Input type".
 FLOAT_KEYS: dict[str, str] = {t: key for t, (_, key) in INPUT_TYPES.items() if key is not None}
+
+
+def float_key(types: Iterable[object]) -> str | None:
+    """The peak table's dtype key of the first floating type among an op's "Input type" list (its compute
+    precision); None when no argument is a floating tensor."""
+    for t in types:
+        if isinstance(t, str) and t in FLOAT_KEYS:
+            return FLOAT_KEYS[t]
+    return None
 
 # A collective message's dtype as the trace names it -> bytes per element: record_param_comms' ``dtype``
 # (c10::ScalarType names: Float, BFloat16, Long, ...), torch/numpy names, and the "Input type" spellings

@@ -53,7 +53,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analyzer.metrics.dtypes import FLOAT_KEYS
+from analyzer.metrics.dtypes import float_key
 from analyzer.metrics.intervals import union
 from analyzer.metrics.nesting import below_flagged, nest, thread_keys
 from analyzer.metrics.text import is_in, text_map, text_mask
@@ -61,7 +61,6 @@ from analyzer.ingest.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 
 
 # Backward regions: every autograd node runs inside one of these ranges.
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
-
 
 
 class ShapeError(ValueError):
@@ -219,10 +218,7 @@ def _dtype_of(types_json: str | None) -> str | None:
         types = json.loads(types_json)
     except (TypeError, json.JSONDecodeError):
         return None
-    for t in types:
-        if isinstance(t, str) and t in FLOAT_KEYS:
-            return FLOAT_KEYS[t]
-    return None
+    return float_key(types) if isinstance(types, list) else None
 
 
 def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:

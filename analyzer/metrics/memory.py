@@ -49,7 +49,6 @@ def empty_events() -> pd.DataFrame:
     return memory_table({})
 
 
-
 def _devices(events: pd.DataFrame) -> list[str]:
     """Devices in a stable order: accelerators first (by name), then cpu."""
     return sorted(events["device"].astype(str).unique(), key=lambda d: (d == "cpu", d))

@@ -70,7 +70,7 @@ from analyzer.ingest.schema import (
     UNARY_OPS,
 )
 from analyzer.metrics.conv_flops import conv_geometry
-from analyzer.metrics.dtypes import INPUT_TYPES
+from analyzer.metrics.dtypes import INPUT_TYPES, float_key
 from analyzer.metrics.matmul_flops import ShapeError, flops_of
 
 # Backward over forward FLOPs per family (module docstring); bytes: BACKWARD_BYTES. Families without an entry
@@ -247,14 +247,6 @@ def _broadcast(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def _dtype_key(types: list[Any]) -> str | None:
-    """The peak table's key of the first floating tensor argument (the op's compute precision)."""
-    for t in types:
-        if isinstance(t, str) and INPUT_TYPES.get(t, (0, None))[1]:
-            return INPUT_TYPES[t][1]
-    return None
-
-
 def _elementwise(op: str, dims: list[Any], types: list[Any]) -> CallCost:
     binary = op in BINARY_OPS or (op == "aten::pow" and len(dims) > 1 and _is_shape(dims[1]) and bool(dims[1])
                                   and (types[1] if len(types) > 1 else None) != "Scalar")
@@ -264,17 +256,17 @@ def _elementwise(op: str, dims: list[Any], types: list[Any]) -> CallCost:
         n_out = numel(out)
         e_out = max(ea if a else 0, eb if b else 0) or max(ea, eb)  # dimensioned tensors decide the promotion
         nbytes = (numel(a) * ea if ea else 0) + (numel(b) * eb if eb else 0) + n_out * e_out
-        return CallCost(float(n_out), float(nbytes), _dtype_key(types), None, "elementwise")
+        return CallCost(float(n_out), float(nbytes), float_key(types), None, "elementwise")
     if op == "aten::copy_":  # copy_(self: destination, src): each at its own dtype
         (dst, e_dst), (src, e_src) = _operands(op, dims, types, 2)
         n = numel(dst)
-        return CallCost(float(n), float(n * e_dst + numel(src) * e_src), _dtype_key(types[1:2]) or _dtype_key(types),
+        return CallCost(float(n), float(n * e_dst + numel(src) * e_src), float_key(types[1:2]) or float_key(types),
                         None, "elementwise")
     ((x, e),) = _operands(op, dims, types, 1)
     if not e:
         raise ShapeError(f"{op}: no tensor input")
     n = numel(x)
-    return CallCost(float(n), float(2 * n * e), _dtype_key(types), None, "elementwise")
+    return CallCost(float(n), float(2 * n * e), float_key(types), None, "elementwise")
 
 
 def _reduced_dims(op: str, shape: list[int], concrete: list[Any] | None) -> list[int]:
@@ -304,7 +296,7 @@ def _reduction(op: str, dims: list[Any], types: list[Any], concrete: list[Any] |
     n_in = numel(x)
     n_out = math.prod(d for i, d in enumerate(x) if i not in reduced)
     e_out = 8 if op in _INDEX_OUTPUT else e
-    return CallCost(float(n_in), float(n_in * e + n_out * e_out), _dtype_key(types), None, "reduction")
+    return CallCost(float(n_in), float(n_in * e + n_out * e_out), float_key(types), None, "reduction")
 
 
 def _softmax(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | None) -> CallCost:
@@ -313,7 +305,7 @@ def _softmax(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | N
         raise ShapeError(f"{op}: no tensor input")
     n = numel(x)
     half_to_float = op in ("aten::_softmax", "aten::_log_softmax") and _flag(concrete, 2) is True
-    return CallCost(float(5 * n), float(n * (e + (4 if half_to_float else e))), _dtype_key(types), None, "softmax")
+    return CallCost(float(5 * n), float(n * (e + (4 if half_to_float else e))), float_key(types), None, "softmax")
 
 
 def _normalization(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | None) -> CallCost:
@@ -335,7 +327,7 @@ def _normalization(op: str, dims: list[Any], types: list[Any], concrete: list[An
             per_elem = 2  # inference: normalize with the running statistics, no statistics pass
         stats = 2 * sum(tensor(i) for i in _BATCH_NORM_STATS)  # running mean and variance, read and written
     flops = n * (per_elem + (1 if w_bytes else 0) + (1 if b_bytes else 0))
-    return CallCost(float(flops), float(2 * n * e + w_bytes + b_bytes + stats), _dtype_key(types), None,
+    return CallCost(float(flops), float(2 * n * e + w_bytes + b_bytes + stats), float_key(types), None,
                     "normalization")
 
 

@@ -108,7 +108,6 @@ class Roofline:
                 "ops": self.ops.to_dict("records"), "roofs": self.roofs.to_dict("records"), "notes": list(self.notes)}
 
 
-
 def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
     seconds = frame["device_ms"].to_numpy(np.float64) / 1e3
     flops, nbytes = frame["flops"].to_numpy(np.float64), frame["bytes"].to_numpy(np.float64)
