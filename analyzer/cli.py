@@ -262,7 +262,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         cand = _analyze(cand_path, args, jobs)
         bases = [_analyze(b, args, jobs) for b in base_paths]
     outcome = check(bases, cand, max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile,
-                    cpu_time=not args.no_cpu_time, min_goodput=args.min_goodput,
+                    cpu_time=not args.no_cpu_time, machine_speed=not args.no_machine_speed,
+                    min_goodput=args.min_goodput,
                     max_memory_growth=args.max_memory_growth)
     explanation = outcome.explanation
     from analyzer.verbs import ci_artifacts
@@ -429,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "neighbours; 0.5 = median)")
     p.add_argument("--no-cpu-time", action="store_true",
                    help="CPU runs: do not require CPU time per step to confirm a wall-clock regression")
+    p.add_argument("--no-machine-speed", action="store_true",
+                   help="CPU runs with reftrain's machine-speed canary: do not withdraw a verdict that the machine's "
+                   "own speed change explains (docs/ci.md)")
     p.add_argument("--min-goodput", type=_fraction, default=None, metavar="G",
                    help="also fail (exit 1) when the candidate's goodput, productive step time / wall time, is "
                    "below G (0-1; reftrain run directories only; docs/ci.md)")

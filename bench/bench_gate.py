@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/bench_gate.py --quick                 # 2 cells x 3 trials, ~2 minutes idle
     .venv/bin/python bench/bench_gate.py                         # the docs/ci.md table, <= 30 minutes
+    # 20 no-change and 20 slow25 pairs beside two busy loops, runs kept, then gated at 57 and 197 steady
+    # steps (what --steps 60 and --steps 200 give):
+    .venv/bin/python bench/bench_gate.py --steps 200 --cases none,slow25 --loads 2 --trials 20 --budget-min 40 \
+        --out bench/out/gate200 --json bench/out/gate200.json
+    .venv/bin/python bench/bench_gate.py --reuse bench/out/gate200.json --lengths 57,197
 
 For each load condition (0, 1 or 2 background processes that each keep one
 core busy, started and stopped by this script), the bench trains baseline
@@ -33,6 +38,12 @@ serves the `--block` candidates on both sides of it, so a trial costs
 1 + 1/block runs. The candidate's own step-time change (median step time
 over the baselines') is measured too, so the table shows what each case
 really did.
+
+Runs trained by reftrain carry the machine-speed canary (docs/ci.md,
+"Machine speed"); each trial records what the gate saw of it
+(`machine_slowdown`, `adjusted_drop`), and `--reuse` records the verdict
+with and without it (`verdict_without_canary`), so one set of runs shows
+what the canary changed.
 
 Printed per cell (case x load): trials, how often the gate said
 regression, inconclusive and pass (and unusable: exit 2), the achieved
@@ -198,6 +209,8 @@ def gate(cand: Path, baselines: list[Path], check_args: list[str]) -> dict:
     return {"exit": code, "verdict": VERDICTS.get(code, f"exit {code}"), "drop": doc.get("drop"),
             "noise": doc.get("noise"), "noise_source": doc.get("noise_source"), "p_value": doc.get("p_value"),
             "cpu_drop": (doc.get("cpu_time") or {}).get("drop"), "cpu_noise": (doc.get("cpu_time") or {}).get("noise"),
+            "machine_slowdown": (doc.get("machine_speed") or {}).get("slowdown"),
+            "adjusted_drop": (doc.get("machine_speed") or {}).get("adjusted_drop"),
             "error": stderr.getvalue().strip().splitlines()[-1] if code == 2 and stderr.getvalue().strip() else None}
 
 
@@ -290,7 +303,7 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
         print(f"   time budget for this load spent ({len(queue)} trials not run)", flush=True)
 
 
-def _check_config(check_args: list[str]) -> tuple[object, bool]:
+def _check_config(check_args: list[str]) -> tuple[object, bool, bool]:
     """The gate's knobs from ``--check-args`` (the subset of ``analyzer check``'s flags that reach the statistic)."""
     from analyzer.verbs.check import CheckConfig
 
@@ -299,8 +312,15 @@ def _check_config(check_args: list[str]) -> tuple[object, bool]:
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--quantile", type=float, default=0.25)
     p.add_argument("--no-cpu-time", action="store_true")
+    p.add_argument("--no-machine-speed", action="store_true")
     a = p.parse_args(check_args)
-    return CheckConfig(max_drop=a.max_mfu_drop, alpha=a.alpha, quantile=a.quantile), not a.no_cpu_time
+    return CheckConfig(max_drop=a.max_mfu_drop, alpha=a.alpha, quantile=a.quantile), not a.no_cpu_time, \
+        not a.no_machine_speed
+
+
+def _probes_of(canary, steps):
+    """A run's canary probes up to the last of its (cut) steady steps; None without a canary."""
+    return None if canary is None else canary.through(int(steps.steps[-1]))
 
 
 def reuse(args: argparse.Namespace) -> int:
@@ -315,10 +335,10 @@ def reuse(args: argparse.Namespace) -> int:
     """
     from analyzer.api import analyze
     from analyzer.errors import AnalyzerError
-    from analyzer.verbs.check import cpu_samples, gate_samples, run_samples
+    from analyzer.verbs.check import canary_samples, cpu_samples, gate_samples, machine_speed_verdict, run_samples
 
     doc = json.loads(args.reuse.read_text())
-    config, use_cpu = _check_config(args.check_args.split())
+    config, use_cpu, use_canary = _check_config(args.check_args.split())
     analyzed: dict[str, object] = {}
 
     def run(path: str):
@@ -337,16 +357,26 @@ def reuse(args: argparse.Namespace) -> int:
             base_s, cand_s, _ = run_samples(bases[0], cand, *bases[1:])
             cpu_b = [cpu_samples(b, "baseline") for b in bases] if use_cpu else []
             cpu_c = cpu_samples(cand, "candidate") if use_cpu else None
+            canary_b = [canary_samples(b, "baseline") for b in bases] if use_canary else []
+            canary_c = canary_samples(cand, "candidate") if use_canary else None
             for n in lengths:
                 cut = (lambda s: s.head(n)) if n else (lambda s: s)
+                machine = None
                 try:
                     result, _ = gate_samples([cut(b) for b in base_s], cut(cand_s), config,
                                              [cut(c) if c is not None else None for c in cpu_b],
                                              cut(cpu_c) if cpu_c is not None else None)
+                    before = result.verdict
+                    if use_canary:
+                        result, machine = machine_speed_verdict(
+                            result, [_probes_of(c, cut(s)) for c, s in zip(canary_b, base_s)], _probes_of(canary_c, cut(cand_s)))
                     verdict, drop, noise = result.verdict, result.drop, result.noise
                 except AnalyzerError:
-                    verdict, drop, noise = "unusable", None, None
-                cells[n].trials.append({**t, "verdict": verdict, "drop": drop, "noise": noise})
+                    verdict, drop, noise, before = "unusable", None, None, "unusable"
+                cells[n].trials.append({**t, "verdict": verdict, "drop": drop, "noise": noise,
+                                        "verdict_without_canary": before,
+                                        "machine_slowdown": machine.slowdown if machine else None,
+                                        "adjusted_drop": machine.adjusted_drop if machine else None})
     for n in lengths:
         print(f"\n== {'each run cut to its first ' + str(n) + ' steady steps' if n else 'whole runs'} "
               f"(re-gated from {args.reuse})")

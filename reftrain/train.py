@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from analyzer.ingest import formats as fmt
 from reftrain import checkpoint, data, flops, manifest, parallel
+from reftrain.canary import Canary
 from reftrain.clock import align_clocks
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
@@ -305,8 +306,10 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     wall_start = time.perf_counter()
     try:
         with profiler, Preemption(env.rank, device) as preemption:
+            # The machine-speed canary on CPU runs, where the steps' work is host CPU time (docs/ci.md).
+            canary = Canary(start_step, t.steps - 1) if device.type == "cpu" else None
             step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector,
-                                profiler, peak, fpt)
+                                profiler, peak, fpt, canary)
             stopped_by = _loop(cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption,
                                trackers)
         timer.flush(wait=True)
@@ -363,8 +366,10 @@ class TrainStep:
 
     def __init__(self, cfg: Config, env: parallel.DistEnv, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  batches, timer: CollectiveTimer, writer: JsonlWriter, injector: Injector,
-                 profiler: StepProfiler, peak: flops.PeakFlops, fpt: flops.FlopsPerToken) -> None:
+                 profiler: StepProfiler, peak: flops.PeakFlops, fpt: flops.FlopsPerToken,
+                 canary: Canary | None = None) -> None:
         self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
+        self.canary = canary
         self.batches = batches
         self.timer, self.writer, self.injector, self.profiler = timer, writer, injector, profiler
         self.peak, self.fpt = peak, fpt
@@ -378,6 +383,9 @@ class TrainStep:
         cfg, env, model, pt = self.cfg, self.env, self.model, self.phases
         t, p, device = cfg.train, cfg.parallel, env.device
         ddp = p.strategy == "ddp"
+        canary_ms = canary_cpu_ms = None
+        if self.canary is not None and self.canary.due(step) and not self.profiler.collecting(step):
+            canary_ms, canary_cpu_ms = self.canary.probe()  # before the step's clocks start
         self.timer.set_step(step)
         lr = lr_at(step, cfg)
         for group in self.optimizer.param_groups:
@@ -457,6 +465,8 @@ class TrainStep:
             # Slowdown on CPU: CPU time of forward + backward's own work and of the injected work.
             compute_cpu_ms=self.injector.compute_cpu_ms if self.injector.compute_cpu_ms else None,
             injected_cpu_ms=self.injector.injected_cpu_ms if self.injector.compute_cpu_ms else None,
+            canary_ms=canary_ms,
+            canary_cpu_ms=canary_cpu_ms,
             time_ns=time.time_ns(),
             attempt=restart_count(),  # which torchelastic attempt ran it (a restart runs steps again)
         ).to_json()

@@ -5,6 +5,7 @@ generators, so every verdict here is the same on any machine under any load.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -305,6 +306,7 @@ def _run(
     world_size: int = 2,
     flops_per_step: float | None = None,
     cpu_ms: list[float] | None = None,
+    canary_ms: dict[int, float] | None = None,
 ):
     """A RunAnalysis with only what the gate reads: manifest, MFU steps, metrics."""
     from pathlib import Path
@@ -324,7 +326,9 @@ def _run(
     )
     metrics = pd.DataFrame(
         [{"rank": r, "step": s, "step_time_ms": 100.0, "tokens_per_s": t, "profiled": False,
-          **({"cpu_ms": cpu_ms[s] * (1.0 if r == 0 else 0.5)} if cpu_ms is not None else {})}
+          **({"cpu_ms": cpu_ms[s] * (1.0 if r == 0 else 0.5)} if cpu_ms is not None else {}),
+          # The canary on the steps given, rank 1's probe 20 % slower (the gate takes the mean over ranks).
+          **({"canary_ms": canary_ms[s] * (1.0 if r == 0 else 1.2)} if canary_ms and s in canary_ms else {})}
          for s, t in enumerate(tokens_per_s) for r in range(2)]
     )
     manifest = {
@@ -492,3 +496,76 @@ def test_several_baselines_through_check():
     outcome = check([_run(mfu=a), _run(mfu=[0.8 * m for m in a])], _run(mfu=[0.85 * m for m in a]))
     assert outcome.result.n_baselines == 2 and outcome.result.verdict == "inconclusive"
     assert "2 baselines" in outcome.explanation and "Inconclusive, too noisy" in outcome.explanation
+
+
+def _probed(ms: float, n_steps: int = 12, every: int = 3) -> dict[int, float]:
+    """Canary probes of ``ms`` on rank 0 (rank 1: 1.2 ms per ms, so a mean of 1.1 ms) on every 3rd step."""
+    return {s: ms for s in range(0, n_steps, every)}
+
+
+def test_canary_samples_are_probes_per_second_of_the_mean_over_ranks():
+    from analyzer.verbs.check import canary_samples
+
+    samples = canary_samples(_run(mfu=[0.2] * 12, canary_ms=_probed(2.0)), "baseline")
+    assert samples.metric == "canary_probes_per_s"
+    assert list(samples.steps) == [0, 3, 6, 9]
+    assert samples.values == pytest.approx([1000 / 2.2] * 4)  # mean of 2.0 and 2.4 ms
+    assert canary_samples(_run(mfu=[0.2] * 12), "older run") is None
+
+
+def test_a_slower_machine_that_explains_the_drop_makes_a_regression_inconclusive():
+    from analyzer.verbs.check import check
+
+    base_mfu = list(np.linspace(0.199, 0.201, 12))
+    slow_mfu = [0.8 * m for m in base_mfu]  # steps 25 % longer: drop 20 %
+    base = _run(mfu=base_mfu, canary_ms=_probed(2.0))
+    # The candidate's machine ran the fixed probe 25 % slower too: all of the drop is the machine's.
+    outcome = check(base, _run(mfu=slow_mfu, canary_ms=_probed(2.5)))
+    ms = outcome.machine
+    assert ms.base_probe_ms == pytest.approx(2.2) and ms.cand_probe_ms == pytest.approx(2.75)
+    assert ms.slowdown == pytest.approx(0.25) and ms.adjusted_drop == pytest.approx(0.0, abs=1e-3)
+    assert outcome.result.drop == pytest.approx(0.2, abs=1e-3) and outcome.verdict == "inconclusive"
+    assert outcome.result.notes[-1].startswith("inconclusive: the machine was 25% slower during the candidate's run")
+    assert outcome.to_json()["machine_speed"]["slowdown"] == pytest.approx(0.25)
+    assert "the candidate's machine was 25.0% slower" in outcome.explanation
+    # The machine 10 % slower: 1.25 / 1.10 = 13.6 % longer steps remain, a 12 % drop, still beyond 5 %.
+    partly = check(base, _run(mfu=slow_mfu, canary_ms=_probed(2.2)))
+    assert partly.machine.adjusted_drop == pytest.approx(1 - 1.1 * 0.8, abs=1e-3)
+    assert partly.verdict == "regression"
+    # Turned off, or any run without the canary (older runs, traces): gated as before.
+    assert check(base, _run(mfu=slow_mfu, canary_ms=_probed(2.5)), machine_speed=False).verdict == "regression"
+    older = check(base, _run(mfu=slow_mfu))
+    assert older.machine is None and older.verdict == "regression" and older.to_json()["machine_speed"] is None
+
+
+def test_a_faster_machine_that_may_hide_a_regression_makes_a_pass_inconclusive():
+    from analyzer.verbs.check import check
+
+    mfu = list(np.linspace(0.199, 0.201, 12))
+    base = _run(mfu=mfu, canary_ms=_probed(2.0))
+    # Same step times, but the probe ran 20 % faster: the code did 1 / 0.8 = 25 % more per step.
+    hidden = check(base, _run(mfu=mfu, canary_ms=_probed(1.6)))
+    assert hidden.machine.slowdown == pytest.approx(-0.2) and hidden.machine.adjusted_drop == pytest.approx(0.2)
+    assert hidden.verdict == "inconclusive"
+    assert "the machine was 20% faster during the candidate's run" in hidden.result.notes[-1]
+    # The machine 4 % faster: the adjusted drop of 4 % is within 5 %; the pass stands.
+    assert check(base, _run(mfu=mfu, canary_ms=_probed(1.92))).verdict == "pass"
+    # A slower machine never turns a pass into anything else.
+    assert check(base, _run(mfu=mfu, canary_ms=_probed(3.0))).verdict == "pass"
+
+
+def test_machine_speed_needs_enough_probes_in_every_run():
+    from analyzer.verbs.check import CheckConfig, check_samples, machine_speed_verdict
+
+    base, slow = _samples(np.linspace(0.199, 0.201, 12)), _samples(0.8 * np.linspace(0.199, 0.201, 12))
+    result = check_samples(base, slow, CheckConfig())
+    assert result.verdict == "regression"
+    probes = lambda ms, n: _samples([1000 / ms] * n, metric="canary_probes_per_s")  # noqa: E731
+    # Two probes in the candidate: too few to say how fast its machine was; the verdict stands.
+    assert machine_speed_verdict(result, [probes(2.0, 4)], probes(2.5, 2)) == (result, None)
+    assert machine_speed_verdict(result, [probes(2.0, 4), None], probes(2.5, 4)) == (result, None)
+    withdrawn, ms = machine_speed_verdict(result, [probes(2.0, 3), probes(2.0, 5)], probes(2.5, 3))
+    assert withdrawn.verdict == "inconclusive" and ms.n_base == 8 and ms.n_cand == 3
+    # An inconclusive verdict is never changed by the canary.
+    noisy = dataclasses.replace(result, verdict="inconclusive")
+    assert machine_speed_verdict(noisy, [probes(2.0, 4)], probes(1.0, 4))[0].verdict == "inconclusive"

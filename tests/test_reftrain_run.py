@@ -145,10 +145,24 @@ def test_metrics(ddp_run: Path) -> None:
         lines = (ddp_run / "metrics" / f"rank{rank}.jsonl").read_bytes().splitlines()
         order = [f.name for f in dataclasses.fields(MetricsLine) if f.name != "extra"]
         for line, r in zip(lines, recs):
-            assert list(r) == order
+            # The canary's fields are written on the steps it probed only (test_canary_probes_between_steps).
+            assert list(r) == [k for k in order if k in r] and set(order) - set(r) <= {"canary_ms", "canary_cpu_ms"}
             assert orjson.dumps(MetricsLine.from_json(r).to_json()) == line
         assert recs[-1]["loss"] < recs[0]["loss"]  # it learns the synthetic bigrams
         assert recs[0]["loss"] == pytest.approx(6.24, abs=0.1)  # ~ln(512) at initialization
+
+
+def test_canary_probes_between_steps(ddp_run: Path) -> None:
+    """The machine-speed canary (reftrain/canary.py) ran before the first and the last step (0 and 5;
+    every 5th step from 0 is 5 too), and never inside the profiler window (steps 1-3)."""
+    for rank in (0, 1):
+        recs = read_jsonl(ddp_run / "metrics" / f"rank{rank}.jsonl")
+        probed = [r for r in recs if "canary_ms" in r]
+        assert [r["step"] for r in probed] == [0, 5]
+        for r in probed:
+            # A fixed probe of about a millisecond; its thread's CPU time cannot exceed its wall time.
+            assert 0 < r["canary_cpu_ms"] <= r["canary_ms"] + 0.05 and r["canary_ms"] < 1000
+        assert all("canary_cpu_ms" not in r for r in recs if r["step"] not in (0, 5))
 
 
 def test_collectives_line_up_across_ranks(ddp_run: Path) -> None:

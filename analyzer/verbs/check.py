@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
     from analyzer.verbs.compare import Comparison, Delta
 
-Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s"]
+Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s", "canary_probes_per_s"]
 Verdict = Literal["pass", "regression", "inconclusive"]
 # The word ``analyzer check`` prints for each verdict (the step statistic's and the overall one alike).
 VERDICT_LABELS: dict[str, str] = {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}
@@ -64,6 +64,7 @@ METRIC_LABELS: dict[str, str] = {
     "tokens_per_s": "throughput (tokens/s per rank)",
     "steps_per_s": "throughput (steps/s)",
     "cpu_steps_per_s": "steps per CPU-second (busiest rank)",
+    "canary_probes_per_s": "machine-speed canary probes per second",
 }
 # A drop this close to the threshold counts as *at* the threshold: relative
 # drops are computed in floating point ((1.0 - 0.95) / 1.0 is 0.0500000000000000444).
@@ -112,6 +113,13 @@ class StepSamples:
         if n >= len(self.values):
             return self
         return replace(self, values=self.values[:n], steps=self.steps[:n], source=f"{self.source}, first {n} steps")
+
+    def through(self, step: int) -> "StepSamples":
+        """The values of steps up to ``step`` (the canary's probes of a run cut by :meth:`head`)."""
+        keep = self.steps <= step
+        if keep.all():
+            return self
+        return replace(self, values=self.values[keep], steps=self.steps[keep], source=f"{self.source}, through step {step}")
 
 
 @dataclass(frozen=True)
@@ -540,6 +548,7 @@ class GateOutcome:
     samples: tuple[list[StepSamples], StepSamples] | None = None
     goodput: GoodputGate | None = None  # ``--min-goodput``, else None
     memory: MemoryGate | None = None  # ``--max-memory-growth``, else None
+    machine: "MachineSpeed | None" = None  # the machine-speed canary of every run, else None
 
     @property
     def verdict(self) -> Verdict:
@@ -581,6 +590,7 @@ class GateOutcome:
         out["verdict"] = self.verdict
         out["goodput"] = None if self.goodput is None else self.goodput.to_json()
         out["memory"] = None if self.memory is None else self.memory.to_json()
+        out["machine_speed"] = None if self.machine is None else self.machine.to_json()
         return out
 
 
@@ -709,6 +719,34 @@ def run_samples(
     return samples[:-1], samples[-1], notes
 
 
+def _steady_per_step(a: "RunAnalysis", column: str, reduce: str, sparse: bool = False) -> pd.Series | None:
+    """``column`` of a CPU run directory's steady-state records, one value per step (``reduce`` over ranks).
+
+    Steady as in :func:`samples_from_metrics` (steps >= warmup, outside
+    profiler windows). ``sparse``: the field is on some steps only, and the
+    steps without it are dropped; otherwise a step without it means the run
+    has none. None for trace folders, GPU runs and runs whose records lack
+    the field, or when a value is not a positive finite number.
+    """
+    manifest = a.run_manifest
+    if a.kind != "reftrain" or manifest.hw.device_type != "cpu":
+        return None
+    m = a.metrics
+    if m is None or column not in m.columns or len(m) == 0:
+        return None
+    warmup, profiled = manifest.warmup_steps or 0, manifest.profiled_steps
+    keep = (m["step"] >= warmup) & ~m["step"].isin(profiled)
+    if "profiled" in m.columns:
+        keep &= ~m["profiled"].fillna(False).astype(bool)
+    values = pd.to_numeric(m.loc[keep, column], errors="coerce")
+    per_step = values.groupby(m.loc[keep, "step"], sort=True).agg(reduce)
+    if sparse:
+        per_step = per_step.dropna()
+    if per_step.empty or not np.all(np.isfinite(per_step.to_numpy())) or (per_step <= 0).any():
+        return None
+    return per_step
+
+
 def cpu_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
     """Steps per CPU-second of a CPU run directory, or None when it has no CPU times.
 
@@ -719,26 +757,37 @@ def cpu_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
     None for trace folders, GPU runs (their work is not host CPU time) and
     runs written before reftrain recorded ``cpu_ms``.
     """
-    manifest = a.run_manifest
-    if a.kind != "reftrain" or manifest.hw.device_type != "cpu":
-        return None
-    m = a.metrics
-    if m is None or "cpu_ms" not in m.columns or len(m) == 0:
-        return None
-    warmup, profiled = manifest.warmup_steps or 0, manifest.profiled_steps
-    keep = (m["step"] >= warmup) & ~m["step"].isin(profiled)
-    if "profiled" in m.columns:
-        keep &= ~m["profiled"].fillna(False).astype(bool)
-    cpu_ms = pd.to_numeric(m.loc[keep, "cpu_ms"], errors="coerce")
-    per_step = cpu_ms.groupby(m.loc[keep, "step"], sort=True).max()
-    if per_step.empty or not np.all(np.isfinite(per_step.to_numpy())) or (per_step <= 0).any():
+    per_step = _steady_per_step(a, "cpu_ms", "max")
+    if per_step is None:
         return None
     return StepSamples(
         metric="cpu_steps_per_s",
         values=1000.0 / per_step.to_numpy(dtype=np.float64),
         steps=per_step.index.to_numpy(dtype=np.int64),
         source=f"{label}: metrics cpu_ms, busiest rank, {len(per_step)} step(s)",
-        n_ranks=int(m["rank"].nunique()),
+        n_ranks=int(a.metrics["rank"].nunique()),
+    )
+
+
+def canary_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
+    """The machine-speed canary of a CPU run directory as probes per second, or None without it.
+
+    From the metrics records' ``canary_ms`` (the wall time of reftrain's
+    fixed compute probe, run before the step on the first, every 5th and
+    the last step; reftrain/canary.py), steady-state steps as in
+    :func:`samples_from_metrics`; one value per probed step, ``1000 /
+    canary_ms`` of the mean over ranks (the ranks probe at the same moment).
+    None for trace folders, GPU runs and runs recorded without the canary.
+    """
+    per_step = _steady_per_step(a, "canary_ms", "mean", sparse=True)
+    if per_step is None:
+        return None
+    return StepSamples(
+        metric="canary_probes_per_s",
+        values=1000.0 / per_step.to_numpy(dtype=np.float64),
+        steps=per_step.index.to_numpy(dtype=np.int64),
+        source=f"{label}: metrics canary_ms, mean over ranks, {len(per_step)} probe(s)",
+        n_ranks=int(a.metrics["rank"].nunique()),
     )
 
 
@@ -825,6 +874,76 @@ def gate_samples(
     return cpu_time_confirm(cpu_time_veto(result, cpu_result), cpu_result), cpu_result
 
 
+# Each run needs this many canary probes for its machine-speed statistic to mean anything.
+_MIN_PROBES = 3
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    """How fast the machine was during the candidate's run against the baselines', from the canary.
+
+    ``base_probe_ms``, ``cand_probe_ms``: the gate's quantile (the fast
+    ``quantile`` of the probes, as for steps) of the fixed probe's wall
+    time, baselines pooled. ``slowdown = cand_probe_ms / base_probe_ms - 1``:
+    +0.2 means the candidate's machine was 20 % slower, -0.2 faster.
+    ``adjusted_drop``: the step statistic's drop with the machine's change
+    taken out, ``1 - (cand_probe_ms / base_probe_ms) * (1 - drop)`` (the
+    candidate's step time divided by the machine's slowdown).
+    """
+
+    base_probe_ms: float
+    cand_probe_ms: float
+    slowdown: float
+    adjusted_drop: float
+    n_base: int  # probes, all baselines
+    n_cand: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def machine_speed_verdict(
+    result: CheckResult, base: Sequence[StepSamples | None], cand: StepSamples | None
+) -> tuple[CheckResult, MachineSpeed | None]:
+    """The step verdict checked against the machine's speed during each run (docs/ci.md "Machine speed").
+
+    ``base``, ``cand``: :func:`canary_samples` of each run. Applies only when
+    every run has at least ``_MIN_PROBES`` probes; otherwise the verdict is
+    returned as it is, with None. With the candidate's step time divided by
+    how much slower its machine was (:attr:`MachineSpeed.adjusted_drop`):
+
+    * a regression whose adjusted drop is within the threshold becomes
+      inconclusive: the machine being slower explains the drop;
+    * a pass whose adjusted drop is beyond the threshold becomes
+      inconclusive: a faster machine may be hiding a regression.
+
+    Never the other way: the canary can only withdraw a verdict, so it
+    cannot add a false alarm, and a run without it is gated as before.
+    """
+    if cand is None or not base or any(b is None or len(b.values) < _MIN_PROBES for b in base):
+        return result, None
+    if len(cand.values) < _MIN_PROBES:
+        return result, None
+    pooled = np.concatenate([b.values for b in base if b is not None])
+    base_ms = 1000.0 / fast_quantile(pooled, result.quantile)
+    cand_ms = 1000.0 / fast_quantile(cand.values, result.quantile)
+    ratio = cand_ms / base_ms
+    machine = MachineSpeed(base_probe_ms=base_ms, cand_probe_ms=cand_ms, slowdown=ratio - 1.0,
+                           adjusted_drop=1.0 - ratio * (1.0 - result.drop), n_base=len(pooled), n_cand=len(cand.values))
+    beyond = machine.adjusted_drop - result.max_drop > _DROP_ROUNDING
+    probe = f"canary probe {base_ms:.3g} -> {cand_ms:.3g} ms"
+    if result.regression and not beyond:
+        note = (f"inconclusive: the machine was {machine.slowdown:.0%} slower during the candidate's run ({probe}); "
+                f"with that taken out the drop is {machine.adjusted_drop:+.1%}, within {result.max_drop:.1%}: rerun")
+    elif result.verdict == "pass" and beyond:
+        note = (f"inconclusive: the machine was {-machine.slowdown:.0%} faster during the candidate's run ({probe}); "
+                f"with that taken out the drop is {machine.adjusted_drop:+.1%}, beyond {result.max_drop:.1%}: "
+                "the faster machine may hide a regression; rerun")
+    else:
+        return result, machine
+    return replace(result, verdict="inconclusive", notes=[*result.notes, note]), machine
+
+
 def injected_notes(label: str, manifest: RunManifest) -> list[str]:
     """What reftrain injected into a run on purpose (run.json ``inject``), as notes for the explanation."""
     inject = manifest.inject or Inject()
@@ -850,6 +969,7 @@ def check(
     alpha: float = 0.05,
     quantile: float = 0.25,
     cpu_time: bool = True,
+    machine_speed: bool = True,
     min_goodput: float | None = None,
     max_memory_growth: float | None = None,
 ) -> GateOutcome:
@@ -866,6 +986,9 @@ def check(
     is inconclusive (:func:`cpu_time_veto`), while one that only the wall
     clock's own noise held back and CPU time confirms is a regression
     (:func:`cpu_time_confirm`); ``cpu_time=False`` turns both off.
+    Runs that all carry reftrain's machine-speed canary then have the
+    verdict checked against how fast the machine was during each
+    (:func:`machine_speed_verdict`); ``machine_speed=False`` turns it off.
 
     ``min_goodput`` adds the goodput floor (:func:`goodput_gate`): a
     candidate below it is a regression (:attr:`GateOutcome.verdict`).
@@ -890,12 +1013,17 @@ def check(
         cpu_base = [cpu_samples(b, "baseline" if len(bases) == 1 else f"baseline {i + 1}") for i, b in enumerate(bases)]
         cpu_cand = cpu_samples(candidate, "candidate")
     result, cpu_result = gate_samples(base_samples, cand_samples, config, cpu_base, cpu_cand)
+    machine = None
+    if machine_speed:
+        labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
+        result, machine = machine_speed_verdict(result, [canary_samples(b, lb) for b, lb in zip(bases, labels)],
+                                                canary_samples(candidate, "candidate"))
     if candidate.kind == "reftrain":
         notes += injected_notes("candidate", candidate.run_manifest)
         for i, b in enumerate(bases):
             notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.run_manifest)
     return GateOutcome(result=result, comparison=compare(bases[0], candidate), notes=notes + sample_notes, cpu=cpu_result,
-                       samples=(base_samples, cand_samples), goodput=gp_gate, memory=mem_gate)
+                       samples=(base_samples, cand_samples), goodput=gp_gate, memory=mem_gate, machine=machine)
 
 
 def _value_text(metric: str, value: float) -> str:
@@ -969,6 +1097,11 @@ def explain(outcome: GateOutcome) -> str:
     if outcome.cpu is not None:
         k = outcome.cpu
         text += f" CPU time: {k.statistic_label} drop {k.drop:+.1%} (p = {k.p_value:.2g}, noise {k.noise:.1%})."
+    if outcome.machine is not None:
+        ms = outcome.machine
+        text += (f" Machine speed (canary probe {ms.base_probe_ms:.3g} -> {ms.cand_probe_ms:.3g} ms): the candidate's "
+                 f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; the drop with that "
+                 f"taken out is {ms.adjusted_drop:+.1%}.")
     st = c.step_time
     if st.base is not None and st.cand is not None:
         text += f" Mean step time {st.base:.1f} -> {st.cand:.1f} ms ({st.delta:+.1f} ms"
