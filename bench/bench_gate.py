@@ -104,6 +104,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the runs' own length)")
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",") if x]
+    if args.out is not None:
+        args.out = args.out.resolve()  # reftrain runs with the runs folder as its working directory
     # --quick only fills what was not given.
     quick = {"trials": 3, "cases": "none,slow25", "loads": "0"}
     full = {"trials": 20, "cases": ",".join(CASES), "loads": "0,1,2"}
