@@ -18,9 +18,14 @@ that drift of the machine hits every case alike:
 - `none`: the same configuration (no change: every regression is a false alarm);
 - `slow5`, `slow10`, `slow25`: `--inject-slowdown F` with F chosen so that
   the step gets 5, 10 or 25 % longer: F = 1 + s / c, with c the median
-  share of forward + backward's own CPU work (`compute_cpu_ms`) in the step
-  time, measured by a calibration run (`--inject-slowdown 1.0001`, not
-  used as a baseline) at the start of each load condition. The injection
+  share of forward + backward's own CPU work (`compute_cpu_ms`) in the
+  step's CPU time (`cpu_ms`), measured by a calibration run
+  (`--inject-slowdown 1.0001`, not used as a baseline) at the start of each
+  load condition. A share of CPU time, not of wall time: on a busy machine
+  a process gets a fraction of a core, so each CPU millisecond added costs
+  more than a millisecond of wall time, in proportion to the step's other
+  CPU work (sized by the share of wall time, a "25 %" slowdown measured
+  +110 to +140 % step time beside two busy loops at a load average of 11). The injection
   multiplies that CPU work by F (reftrain/inject.py); the phases' wall time
   also holds waits for the other rank (the gradient all-reduce ends inside
   backward), which it does not multiply, so sizing from the phases' wall
@@ -183,14 +188,14 @@ def median_step_ms(run: Path) -> float:
 
 
 def compute_share(run: Path) -> float:
-    """Median over steady (rank, step) records of forward + backward's own CPU work over step time.
+    """Median over steady (rank, step) records of forward + backward's own CPU work over the step's CPU time.
 
     `compute_cpu_ms` is recorded only when a slowdown is injected, hence the calibration run.
     """
     recs = steady_records(run)
     if not all(r.get("compute_cpu_ms") for r in recs):
         raise SystemExit(f"bench_gate: {run} has no compute_cpu_ms (train it with --inject-slowdown)")
-    return statistics.median(r["compute_cpu_ms"] / r["step_time_ms"] for r in recs)
+    return statistics.median(r["compute_cpu_ms"] / r["cpu_ms"] for r in recs)
 
 
 def gate(cand: Path, baselines: list[Path], check_args: list[str]) -> dict:
@@ -268,7 +273,7 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
     bases = [train(runs_dir, "base0", args.steps, [])]
     step_ms = median_step_ms(bases[0])
     print(f"   first baseline: median step {step_ms:.1f} ms; forward+backward's own CPU work "
-          f"{100 * share:.0f}% of a step (calibration run)", flush=True)
+          f"{100 * share:.0f}% of a step's CPU time (calibration run)", flush=True)
     mine = []
     for case in args.cases:
         if case in SLOWER:
