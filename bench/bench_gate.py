@@ -216,8 +216,7 @@ def gate(cand: Path, baselines: list[Path], check_args: list[str]) -> dict:
     return {"exit": code, "verdict": VERDICTS.get(code, f"exit {code}"), "drop": doc.get("drop"),
             "noise": doc.get("noise"), "noise_source": doc.get("noise_source"), "p_value": doc.get("p_value"),
             "cpu_drop": (doc.get("cpu_time") or {}).get("drop"), "cpu_noise": (doc.get("cpu_time") or {}).get("noise"),
-            "machine_slowdown": (doc.get("machine_speed") or {}).get("slowdown"),
-            "adjusted_drop": (doc.get("machine_speed") or {}).get("adjusted_drop"),
+            "machine": doc.get("machine_speed"),
             "error": stderr.getvalue().strip().splitlines()[-1] if code == 2 and stderr.getvalue().strip() else None}
 
 
@@ -325,9 +324,9 @@ def _check_config(check_args: list[str]) -> tuple[object, bool, bool]:
         not a.no_machine_speed
 
 
-def _probes_of(canary, steps):
+def _probes_of(probes, steps):
     """A run's canary probes up to the last of its (cut) steady steps; None without a canary."""
-    return None if canary is None else canary.through(int(steps.steps[-1]))
+    return None if probes is None else probes.through(int(steps.steps[-1]))
 
 
 def reuse(args: argparse.Namespace) -> int:
@@ -342,7 +341,7 @@ def reuse(args: argparse.Namespace) -> int:
     """
     from analyzer.api import analyze
     from analyzer.errors import AnalyzerError
-    from analyzer.verbs.check import canary_samples, cpu_samples, gate_samples, machine_speed_verdict, run_samples
+    from analyzer.verbs.check import cpu_samples, gate_samples, machine_speed_gate, run_probes, run_samples
 
     doc = json.loads(args.reuse.read_text())
     config, use_cpu, use_canary = _check_config(args.check_args.split())
@@ -364,26 +363,25 @@ def reuse(args: argparse.Namespace) -> int:
             base_s, cand_s, _ = run_samples(bases[0], cand, *bases[1:])
             cpu_b = [cpu_samples(b, "baseline") for b in bases] if use_cpu else []
             cpu_c = cpu_samples(cand, "candidate") if use_cpu else None
-            canary_b = [canary_samples(b, "baseline") for b in bases] if use_canary else []
-            canary_c = canary_samples(cand, "candidate") if use_canary else None
+            probes_b = [run_probes(b, "baseline") for b in bases] if use_canary else []
+            probes_c = run_probes(cand, "candidate") if use_canary else None
             for n in lengths:
                 cut = (lambda s: s.head(n)) if n else (lambda s: s)
-                machine = None
+                bases_n, cand_n = [cut(b) for b in base_s], cut(cand_s)
+                cpu_b_n = [cut(c) if c is not None else None for c in cpu_b]
+                cpu_c_n = cut(cpu_c) if cpu_c is not None else None
                 try:
-                    result, _ = gate_samples([cut(b) for b in base_s], cut(cand_s), config,
-                                             [cut(c) if c is not None else None for c in cpu_b],
-                                             cut(cpu_c) if cpu_c is not None else None)
-                    before = result.verdict
-                    if use_canary:
-                        result, machine = machine_speed_verdict(
-                            result, [_probes_of(c, cut(s)) for c, s in zip(canary_b, base_s)], _probes_of(canary_c, cut(cand_s)))
+                    before = gate_samples(bases_n, cand_n, config, cpu_b_n, cpu_c_n)[0].verdict
+                    # The canary's probes of the same steps: those up to each run's last kept step.
+                    result, _, machine = machine_speed_gate(
+                        bases_n, cand_n, config, cpu_b_n, cpu_c_n,
+                        [_probes_of(p, s) for p, s in zip(probes_b, bases_n)], _probes_of(probes_c, cand_n))
                     verdict, drop, noise = result.verdict, result.drop, result.noise
                 except AnalyzerError:
-                    verdict, drop, noise, before = "unusable", None, None, "unusable"
+                    verdict, drop, noise, before, machine = "unusable", None, None, "unusable", None
                 cells[n].trials.append({**t, "verdict": verdict, "drop": drop, "noise": noise,
                                         "verdict_without_canary": before,
-                                        "machine_slowdown": machine.slowdown if machine else None,
-                                        "adjusted_drop": machine.adjusted_drop if machine else None})
+                                        "machine": machine.to_json() if machine else None})
     for n in lengths:
         print(f"\n== {'each run cut to its first ' + str(n) + ' steady steps' if n else 'whole runs'} "
               f"(re-gated from {args.reuse})")

@@ -5,7 +5,6 @@ generators, so every verdict here is the same on any machine under any load.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -328,7 +327,8 @@ def _run(
         [{"rank": r, "step": s, "step_time_ms": 100.0, "tokens_per_s": t, "profiled": False,
           **({"cpu_ms": cpu_ms[s] * (1.0 if r == 0 else 0.5)} if cpu_ms is not None else {}),
           # The canary on the steps given, rank 1's probe 20 % slower (the gate takes the mean over ranks).
-          **({"canary_ms": canary_ms[s] * (1.0 if r == 0 else 1.2)} if canary_ms and s in canary_ms else {})}
+          **({"canary_ms": canary_ms[s] * (1.0 if r == 0 else 1.2), "canary_cpu_ms": canary_ms[s] * 0.9}
+             if canary_ms and s in canary_ms else {})}
          for s, t in enumerate(tokens_per_s) for r in range(2)]
     )
     manifest = {
@@ -503,14 +503,16 @@ def _probed(ms: float, n_steps: int = 12, every: int = 3) -> dict[int, float]:
     return {s: ms for s in range(0, n_steps, every)}
 
 
-def test_canary_samples_are_probes_per_second_of_the_mean_over_ranks():
-    from analyzer.verbs.check import canary_samples
+def test_run_probes_are_probes_per_second_of_the_mean_over_ranks():
+    from analyzer.verbs.check import run_probes
 
-    samples = canary_samples(_run(mfu=[0.2] * 12, canary_ms=_probed(2.0)), "baseline")
-    assert samples.metric == "canary_probes_per_s"
-    assert list(samples.steps) == [0, 3, 6, 9]
-    assert samples.values == pytest.approx([1000 / 2.2] * 4)  # mean of 2.0 and 2.4 ms
-    assert canary_samples(_run(mfu=[0.2] * 12), "older run") is None
+    probes = run_probes(_run(mfu=[0.2] * 12, canary_ms=_probed(2.0)), "baseline")
+    assert probes.wall.metric == probes.cpu.metric == "canary_probes_per_s"
+    assert list(probes.wall.steps) == list(probes.cpu.steps) == [0, 3, 6, 9]
+    assert probes.wall.values == pytest.approx([1000 / 2.2] * 4)  # mean of 2.0 and 2.4 ms
+    assert probes.cpu.values == pytest.approx([1000 / 1.8] * 4)
+    assert list(probes.through(6).wall.steps) == list(probes.through(7).cpu.steps) == [0, 3, 6]
+    assert run_probes(_run(mfu=[0.2] * 12), "older run") is None
 
 
 def test_a_slower_machine_that_explains_the_drop_makes_a_regression_inconclusive():
@@ -555,17 +557,53 @@ def test_a_faster_machine_that_may_hide_a_regression_makes_a_pass_inconclusive()
 
 
 def test_machine_speed_needs_enough_probes_in_every_run():
-    from analyzer.verbs.check import CheckConfig, check_samples, machine_speed_verdict
+    from analyzer.verbs.check import CheckConfig, Probes, machine_speed_gate
 
     base, slow = _samples(np.linspace(0.199, 0.201, 12)), _samples(0.8 * np.linspace(0.199, 0.201, 12))
-    result = check_samples(base, slow, CheckConfig())
-    assert result.verdict == "regression"
-    probes = lambda ms, n: _samples([1000 / ms] * n, metric="canary_probes_per_s")  # noqa: E731
+    config = CheckConfig()
+
+    def probes(ms: float, n: int) -> Probes:
+        return Probes(*[_samples([1000 / ms] * n, metric="canary_probes_per_s")] * 2)
+
+    result, _, machine = machine_speed_gate([base], slow, config)
+    assert result.verdict == "regression" and machine is None
     # Two probes in the candidate: too few to say how fast its machine was; the verdict stands.
-    assert machine_speed_verdict(result, [probes(2.0, 4)], probes(2.5, 2)) == (result, None)
-    assert machine_speed_verdict(result, [probes(2.0, 4), None], probes(2.5, 4)) == (result, None)
-    withdrawn, ms = machine_speed_verdict(result, [probes(2.0, 3), probes(2.0, 5)], probes(2.5, 3))
+    assert machine_speed_gate([base], slow, config, (), None, [probes(2.0, 4)], probes(2.5, 2))[0] == result
+    assert machine_speed_gate([base, base], slow, config, (), None, [probes(2.0, 4), None], probes(2.5, 4))[2] is None
+    withdrawn, _, ms = machine_speed_gate([base, base], slow, config, (), None, [probes(2.0, 3), probes(2.0, 5)],
+                                          probes(2.5, 3))
     assert withdrawn.verdict == "inconclusive" and ms.n_base == 8 and ms.n_cand == 3
-    # An inconclusive verdict is never changed by the canary.
-    noisy = dataclasses.replace(result, verdict="inconclusive")
-    assert machine_speed_verdict(noisy, [probes(2.0, 4)], probes(1.0, 4))[0].verdict == "inconclusive"
+    assert ms.cpu_slowdown == pytest.approx(0.25) and ms.adjusted_cpu_drop is None and ms.adjusted_verdict == "pass"
+
+
+def test_the_canary_also_takes_the_machine_out_of_the_cpu_time_confirmation():
+    """bench_gate's first false alarm beside two busy loops (2026-12-07, 200 steps): the wall clock too
+    noisy, CPU time per step up, so CPU time confirmed a drop; the probe's CPU time had grown too."""
+    from analyzer.verbs.check import CheckConfig, Probes, check_samples, machine_speed_gate
+
+    jitter = np.linspace(0.999, 1.001, 12)
+    base = _samples(0.2 * jitter)
+    # Wall clock: steps 25 % longer in the candidate's first half, 150 % in its second: the fast
+    # quartile drops 20 % (p tiny), but the candidate's halves differ by 50 %: too noisy alone.
+    cand = _samples(np.concatenate([0.16 * jitter[:6], 0.08 * jitter[6:]]))
+    cpu_base = _samples(100 * jitter, metric="cpu_steps_per_s")
+    cpu_cand = _samples(80 * jitter, metric="cpu_steps_per_s")  # 25 % more CPU time per step, steadily
+    config = CheckConfig()
+    raw = check_samples([base], cand, config)
+    assert raw.verdict == "inconclusive" and raw.exceeds_threshold and raw.significant
+    assert raw.drop == pytest.approx(0.2, abs=2e-3) and raw.noise == pytest.approx(0.5, abs=2e-3)
+
+    def probes(ms: float) -> Probes:
+        return Probes(*[_samples([1000 / ms] * 4, metric="canary_probes_per_s")] * 2)
+
+    # The probe's CPU time 25 % longer as well: the work per step did not grow, the machine slowed.
+    result, cpu, ms = machine_speed_gate([base], cand, config, [cpu_base], cpu_cand, [probes(1.0)], probes(1.25))
+    assert cpu.regression and ms.adjusted_cpu_drop == pytest.approx(0.0, abs=2e-3)
+    assert ms.adjusted_verdict == "inconclusive" and result.verdict == "inconclusive"
+    assert "the machine was 25% slower" in result.notes[-1]
+    # The same steps with the probe unchanged: CPU time confirms, a regression.
+    confirmed, _, ms = machine_speed_gate([base], cand, config, [cpu_base], cpu_cand, [probes(1.0)], probes(1.0))
+    assert confirmed.verdict == "regression" and ms.adjusted_verdict == "regression"
+    # An inconclusive verdict is never changed by the canary, whatever it says.
+    noisy, _, _ = machine_speed_gate([base], cand, config, (), None, [probes(1.0)], probes(0.5))
+    assert noisy.verdict == "inconclusive" and noisy.notes == raw.notes

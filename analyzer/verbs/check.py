@@ -769,26 +769,30 @@ def cpu_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
     )
 
 
-def canary_samples(a: "RunAnalysis", label: str) -> StepSamples | None:
+def run_probes(a: "RunAnalysis", label: str) -> Probes | None:
     """The machine-speed canary of a CPU run directory as probes per second, or None without it.
 
-    From the metrics records' ``canary_ms`` (the wall time of reftrain's
-    fixed compute probe, run before the step on the first, every 5th and
-    the last step; reftrain/canary.py), steady-state steps as in
-    :func:`samples_from_metrics`; one value per probed step, ``1000 /
-    canary_ms`` of the mean over ranks (the ranks probe at the same moment).
-    None for trace folders, GPU runs and runs recorded without the canary.
+    From the metrics records' ``canary_ms`` and ``canary_cpu_ms`` (the wall
+    and CPU time of reftrain's fixed compute probe, run before the step on
+    the first, every 5th and the last step; reftrain/canary.py),
+    steady-state steps as in :func:`samples_from_metrics`; one value per
+    probed step, ``1000 / ms`` of the mean over ranks (the ranks probe at
+    the same moment). None for trace folders, GPU runs and runs recorded
+    without the canary.
     """
-    per_step = _steady_per_step(a, "canary_ms", "mean", sparse=True)
-    if per_step is None:
-        return None
-    return StepSamples(
-        metric="canary_probes_per_s",
-        values=1000.0 / per_step.to_numpy(dtype=np.float64),
-        steps=per_step.index.to_numpy(dtype=np.int64),
-        source=f"{label}: metrics canary_ms, mean over ranks, {len(per_step)} probe(s)",
-        n_ranks=int(a.metrics["rank"].nunique()),
-    )
+    found = []
+    for column in ("canary_ms", "canary_cpu_ms"):
+        per_step = _steady_per_step(a, column, "mean", sparse=True)
+        if per_step is None:
+            return None
+        found.append(StepSamples(
+            metric="canary_probes_per_s",
+            values=1000.0 / per_step.to_numpy(dtype=np.float64),
+            steps=per_step.index.to_numpy(dtype=np.int64),
+            source=f"{label}: metrics {column}, mean over ranks, {len(per_step)} probe(s)",
+            n_ranks=int(a.metrics["rank"].nunique()),
+        ))
+    return Probes(wall=found[0], cpu=found[1])
 
 
 def cpu_time_veto(result: CheckResult, cpu: CheckResult) -> CheckResult:
@@ -879,22 +883,41 @@ _MIN_PROBES = 3
 
 
 @dataclass(frozen=True)
+class Probes:
+    """One run's machine-speed canary: probes per second of wall time and of the probing thread's CPU time."""
+
+    wall: StepSamples
+    cpu: StepSamples
+
+    def through(self, step: int) -> "Probes":
+        """The probes up to ``step`` (a run cut by :meth:`StepSamples.head`)."""
+        return Probes(wall=self.wall.through(step), cpu=self.cpu.through(step))
+
+
+@dataclass(frozen=True)
 class MachineSpeed:
     """How fast the machine was during the candidate's run against the baselines', from the canary.
 
-    ``base_probe_ms``, ``cand_probe_ms``: the gate's quantile (the fast
-    ``quantile`` of the probes, as for steps) of the fixed probe's wall
-    time, baselines pooled. ``slowdown = cand_probe_ms / base_probe_ms - 1``:
-    +0.2 means the candidate's machine was 20 % slower, -0.2 faster.
-    ``adjusted_drop``: the step statistic's drop with the machine's change
-    taken out, ``1 - (cand_probe_ms / base_probe_ms) * (1 - drop)`` (the
-    candidate's step time divided by the machine's slowdown).
+    ``*_probe_ms``: the gate's quantile (the fast ``quantile`` of the
+    probes, as for steps) of the fixed probe's wall time, baselines pooled;
+    ``*_probe_cpu_ms`` the same of its CPU time. ``slowdown = cand / base -
+    1`` of the wall times (+0.2: the candidate's machine was 20 % slower),
+    ``cpu_slowdown`` of the CPU times. ``adjusted_drop``,
+    ``adjusted_cpu_drop``: the step statistic's and the CPU-time
+    statistic's drops with the machine's change taken out (the candidate's
+    values multiplied by ``1 + slowdown``, resp. ``1 + cpu_slowdown``);
+    ``adjusted_verdict``: the gate's verdict on those values.
     """
 
     base_probe_ms: float
     cand_probe_ms: float
     slowdown: float
+    base_probe_cpu_ms: float
+    cand_probe_cpu_ms: float
+    cpu_slowdown: float
     adjusted_drop: float
+    adjusted_cpu_drop: float | None
+    adjusted_verdict: Verdict
     n_base: int  # probes, all baselines
     n_cand: int
 
@@ -902,46 +925,70 @@ class MachineSpeed:
         return asdict(self)
 
 
-def machine_speed_verdict(
-    result: CheckResult, base: Sequence[StepSamples | None], cand: StepSamples | None
-) -> tuple[CheckResult, MachineSpeed | None]:
-    """The step verdict checked against the machine's speed during each run (docs/ci.md "Machine speed").
+def _probe_ms(base: Sequence[StepSamples], cand: StepSamples, quantile: float) -> tuple[float, float]:
+    pooled = np.concatenate([b.values for b in base])
+    return 1000.0 / fast_quantile(pooled, quantile), 1000.0 / fast_quantile(cand.values, quantile)
 
-    ``base``, ``cand``: :func:`canary_samples` of each run. Applies only when
-    every run has at least ``_MIN_PROBES`` probes; otherwise the verdict is
-    returned as it is, with None. With the candidate's step time divided by
-    how much slower its machine was (:attr:`MachineSpeed.adjusted_drop`):
 
-    * a regression whose adjusted drop is within the threshold becomes
-      inconclusive: the machine being slower explains the drop;
-    * a pass whose adjusted drop is beyond the threshold becomes
-      inconclusive: a faster machine may be hiding a regression.
+def _scaled(s: StepSamples, factor: float) -> StepSamples:
+    return replace(s, values=s.values * factor, source=f"{s.source}, x{factor:.4g} for the machine's speed")
+
+
+def machine_speed_gate(
+    base: Sequence[StepSamples],
+    cand: StepSamples,
+    config: CheckConfig,
+    cpu_base: Sequence[StepSamples | None] = (),
+    cpu_cand: StepSamples | None = None,
+    probes_base: Sequence[Probes | None] = (),
+    probes_cand: Probes | None = None,
+) -> tuple[CheckResult, CheckResult | None, MachineSpeed | None]:
+    """:func:`gate_samples`, then the verdict checked against the machine's speed (docs/ci.md "Machine speed").
+
+    ``probes_*``: :func:`run_probes` of each run. Applies only when every
+    run has at least ``_MIN_PROBES`` probes; otherwise the verdict of
+    :func:`gate_samples` is returned as it is, with None. The gate runs
+    again with the candidate's values put on the baselines' machine speed
+    (its wall-clock values multiplied by its probe's wall-time ratio, its
+    CPU-time values by the probe's CPU-time ratio); then
+
+    * a regression that is no regression there becomes inconclusive: the
+      machine being slower explains it;
+    * a pass that is no pass there becomes inconclusive: a faster machine
+      may be hiding a regression.
 
     Never the other way: the canary can only withdraw a verdict, so it
     cannot add a false alarm, and a run without it is gated as before.
     """
-    if cand is None or not base or any(b is None or len(b.values) < _MIN_PROBES for b in base):
-        return result, None
-    if len(cand.values) < _MIN_PROBES:
-        return result, None
-    pooled = np.concatenate([b.values for b in base if b is not None])
-    base_ms = 1000.0 / fast_quantile(pooled, result.quantile)
-    cand_ms = 1000.0 / fast_quantile(cand.values, result.quantile)
-    ratio = cand_ms / base_ms
-    machine = MachineSpeed(base_probe_ms=base_ms, cand_probe_ms=cand_ms, slowdown=ratio - 1.0,
-                           adjusted_drop=1.0 - ratio * (1.0 - result.drop), n_base=len(pooled), n_cand=len(cand.values))
-    beyond = machine.adjusted_drop - result.max_drop > _DROP_ROUNDING
-    probe = f"canary probe {base_ms:.3g} -> {cand_ms:.3g} ms"
-    if result.regression and not beyond:
+    result, cpu_result = gate_samples(base, cand, config, cpu_base, cpu_cand)
+    runs = [*probes_base, probes_cand]
+    if not probes_base or any(p is None or len(p.wall.values) < _MIN_PROBES for p in runs):
+        return result, cpu_result, None
+    known = [p for p in probes_base if p is not None]
+    assert probes_cand is not None  # checked above with the others; for the type checker
+    base_ms, cand_ms = _probe_ms([p.wall for p in known], probes_cand.wall, config.quantile)
+    base_cpu, cand_cpu = _probe_ms([p.cpu for p in known], probes_cand.cpu, config.quantile)
+    adjusted, adjusted_cpu = gate_samples(base, _scaled(cand, cand_ms / base_ms), config, cpu_base,
+                                          None if cpu_cand is None else _scaled(cpu_cand, cand_cpu / base_cpu))
+    machine = MachineSpeed(
+        base_probe_ms=base_ms, cand_probe_ms=cand_ms, slowdown=cand_ms / base_ms - 1.0,
+        base_probe_cpu_ms=base_cpu, cand_probe_cpu_ms=cand_cpu, cpu_slowdown=cand_cpu / base_cpu - 1.0,
+        adjusted_drop=adjusted.drop, adjusted_cpu_drop=None if adjusted_cpu is None else adjusted_cpu.drop,
+        adjusted_verdict=adjusted.verdict, n_base=sum(len(p.wall.values) for p in known),
+        n_cand=len(probes_cand.wall.values),
+    )
+    probe = f"canary probe {base_ms:.3g} -> {cand_ms:.3g} ms, CPU {base_cpu:.3g} -> {cand_cpu:.3g} ms"
+    cpu_text = "" if adjusted_cpu is None else f", the CPU-time drop {adjusted_cpu.drop:+.1%}"
+    taken_out = f"with that taken out the drop is {adjusted.drop:+.1%}{cpu_text}, and the gate says {adjusted.verdict}"
+    if result.regression and not adjusted.regression:
         note = (f"inconclusive: the machine was {machine.slowdown:.0%} slower during the candidate's run ({probe}); "
-                f"with that taken out the drop is {machine.adjusted_drop:+.1%}, within {result.max_drop:.1%}: rerun")
-    elif result.verdict == "pass" and beyond:
+                f"{taken_out}: rerun")
+    elif result.verdict == "pass" and adjusted.verdict != "pass":
         note = (f"inconclusive: the machine was {-machine.slowdown:.0%} faster during the candidate's run ({probe}); "
-                f"with that taken out the drop is {machine.adjusted_drop:+.1%}, beyond {result.max_drop:.1%}: "
-                "the faster machine may hide a regression; rerun")
+                f"{taken_out}: the faster machine may hide a regression; rerun")
     else:
-        return result, machine
-    return replace(result, verdict="inconclusive", notes=[*result.notes, note]), machine
+        return result, cpu_result, machine
+    return replace(result, verdict="inconclusive", notes=[*result.notes, note]), cpu_result, machine
 
 
 def injected_notes(label: str, manifest: RunManifest) -> list[str]:
@@ -988,7 +1035,7 @@ def check(
     (:func:`cpu_time_confirm`); ``cpu_time=False`` turns both off.
     Runs that all carry reftrain's machine-speed canary then have the
     verdict checked against how fast the machine was during each
-    (:func:`machine_speed_verdict`); ``machine_speed=False`` turns it off.
+    (:func:`machine_speed_gate`); ``machine_speed=False`` turns it off.
 
     ``min_goodput`` adds the goodput floor (:func:`goodput_gate`): a
     candidate below it is a regression (:attr:`GateOutcome.verdict`).
@@ -1012,12 +1059,14 @@ def check(
     if cpu_time:
         cpu_base = [cpu_samples(b, "baseline" if len(bases) == 1 else f"baseline {i + 1}") for i, b in enumerate(bases)]
         cpu_cand = cpu_samples(candidate, "candidate")
-    result, cpu_result = gate_samples(base_samples, cand_samples, config, cpu_base, cpu_cand)
-    machine = None
+    probes_base: list[Probes | None] = []
+    probes_cand = None
     if machine_speed:
         labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
-        result, machine = machine_speed_verdict(result, [canary_samples(b, lb) for b, lb in zip(bases, labels)],
-                                                canary_samples(candidate, "candidate"))
+        probes_base = [run_probes(b, label) for b, label in zip(bases, labels)]
+        probes_cand = run_probes(candidate, "candidate")
+    result, cpu_result, machine = machine_speed_gate(base_samples, cand_samples, config, cpu_base, cpu_cand,
+                                                     probes_base, probes_cand)
     if candidate.kind == "reftrain":
         notes += injected_notes("candidate", candidate.run_manifest)
         for i, b in enumerate(bases):
@@ -1100,8 +1149,8 @@ def explain(outcome: GateOutcome) -> str:
     if outcome.machine is not None:
         ms = outcome.machine
         text += (f" Machine speed (canary probe {ms.base_probe_ms:.3g} -> {ms.cand_probe_ms:.3g} ms): the candidate's "
-                 f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; the drop with that "
-                 f"taken out is {ms.adjusted_drop:+.1%}.")
+                 f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; with that taken "
+                 f"out the drop is {ms.adjusted_drop:+.1%} ({ms.adjusted_verdict}).")
     st = c.step_time
     if st.base is not None and st.cand is not None:
         text += f" Mean step time {st.base:.1f} -> {st.cand:.1f} ms ({st.delta:+.1f} ms"
