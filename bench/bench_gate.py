@@ -104,6 +104,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse", type=Path, metavar="FILE",
                    help="train nothing: re-gate the trials of an earlier --json FILE (its runs kept with --out) "
                         "with the current gate, at each of --lengths")
+    p.add_argument("--baseline-checks", action="store_true",
+                   help="with --reuse: also gate each baseline that has one on either side against those two, as "
+                        "further no-change checks (case `none-base`; three runs apart instead of one or two)")
     p.add_argument("--lengths", default="",
                    help="with --reuse: comma-separated numbers of steady steps per run, each run cut to its first N "
                         "(default: the runs' own length)")
@@ -235,6 +238,9 @@ class Cell:
         return {
             "case": self.case, "load": self.load, "trials": n, "inject": " ".join(self.inject),
             **{v: self.count(v) for v in ("regression", "inconclusive", "pass", "unusable")},
+            # --reuse: the same trials gated without the machine-speed canary.
+            "regression_without_canary": sum(t.get("verdict_without_canary") == "regression" for t in self.trials),
+            "pass_without_canary": sum(t.get("verdict_without_canary") == "pass" for t in self.trials),
             "step_change_median": statistics.median(t["step_change"] for t in self.trials) if n else None,
             "wall_s_per_trial": statistics.fmean(t["wall_s"] for t in self.trials) if n else None,
         }
@@ -242,7 +248,7 @@ class Cell:
 
 def print_table(cells: list[Cell]) -> None:
     print(f"\n{'case':<10} {'load':>4} {'trials':>6} {'regression':>11} {'inconclusive':>13} {'pass':>6} "
-          f"{'unusable':>8} {'step change':>11} {'s/trial':>8}  inject")
+          f"{'unusable':>8} {'step change':>11} {'s/trial':>8}  inject  [without canary: regression, pass]")
     for cell in cells:
         r = cell.row()
         if not r["trials"]:
@@ -252,7 +258,9 @@ def print_table(cells: list[Cell]) -> None:
         pct = lambda k: f"{r[k]:>3} {100 * r[k] / n:3.0f}%"  # noqa: E731
         print(f"{r['case']:<10} {r['load']:>4} {n:>6} {pct('regression'):>11} {pct('inconclusive'):>13} "
               f"{r['pass']:>6} {r['unusable']:>8} {100 * r['step_change_median']:+10.1f}% "
-              f"{r['wall_s_per_trial']:8.1f}  {r['inject']}", flush=True)
+              f"{r['wall_s_per_trial']:8.1f}  {r['inject']}"
+              + (f"  [{r['regression_without_canary']}, {r['pass_without_canary']}]"
+                 if any("verdict_without_canary" in t for t in cell.trials) else ""), flush=True)
 
 
 def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, check_args: list[str],
@@ -324,6 +332,31 @@ def _check_config(check_args: list[str]) -> tuple[object, bool, bool]:
         not a.no_machine_speed
 
 
+def baseline_checks(cells: list[dict]) -> list[dict]:
+    """No-change checks from the baselines alone: each gated against the baselines trained before and after it.
+
+    Per load, the baselines in training order (as the trials name them);
+    every one but the first and last becomes a candidate. They are the same
+    configuration trained beside the same load, but three runs apart from
+    their neighbours (the block's candidates ran between), not one or two.
+    """
+    out = []
+    for load in sorted({c["load"] for c in cells}):
+        order: list[str] = []
+        for cell in cells:
+            for t in cell["trials"] if cell["load"] == load else []:
+                order += [b for b in t["baselines"] if b not in order]
+        order.sort(key=lambda path: int(Path(path).name.removeprefix("base")))
+        trials = []
+        for i in range(1, len(order) - 1):
+            neighbours = [order[i - 1], order[i + 1]]
+            ref_ms = statistics.median(median_step_ms(Path(b)) for b in neighbours)
+            trials.append({"trial": i, "candidate": order[i], "baselines": neighbours,
+                           "step_change": median_step_ms(Path(order[i])) / ref_ms - 1, "wall_s": 0.0})
+        out.append({"case": "none-base", "load": load, "inject": [], "trials": trials})
+    return out
+
+
 def _probes_of(probes, steps):
     """A run's canary probes up to the last of its (cut) steady steps; None without a canary."""
     return None if probes is None else probes.through(int(steps.steps[-1]))
@@ -354,6 +387,8 @@ def reuse(args: argparse.Namespace) -> int:
 
     lengths = args.lengths or [0]
     tables: dict[int, list[Cell]] = {n: [] for n in lengths}
+    if args.baseline_checks:
+        doc["trials"] += baseline_checks(doc["trials"])
     for cell_doc in doc["trials"]:
         cells = {n: Cell(cell_doc["case"], cell_doc["load"], cell_doc["inject"].split() if isinstance(cell_doc["inject"], str) else cell_doc["inject"]) for n in lengths}
         for n in lengths:
