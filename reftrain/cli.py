@@ -450,7 +450,7 @@ def _failure_text(rank: int, failure) -> str:
         message = message.get("message", "")
     message = next((line.strip() for line in str(message or "").splitlines() if line.strip()), "")  # one line
     if message and not message.startswith("To enable traceback") and not message.startswith("Signal "):
-        return message if message.startswith(f"rank {rank}") else f"rank {rank}: {message}"
+        return message
     if failure.exitcode < 0:
         return f"rank {rank} was killed by {failure.signal_name()}"
     return f"rank {rank} exited with status {failure.exitcode}"
@@ -458,16 +458,13 @@ def _failure_text(rank: int, failure) -> str:
 
 def failure_order(failures: Mapping[int, object], exit_time) -> list[int]:
     """The failed ranks, first failure first: by the exit time the launcher saw
-    (`exit_time(pid)`, None when unknown), a rank with an error message of its
-    own before one without among equal times, then by rank.
+    (`exit_time(pid)`, None when unknown), then by rank.
 
-    A rank whose exit time is unknown comes after those known (it was not
-    seen exiting: the launcher knows no more than torchelastic's report)."""
-    def key(rank: int) -> tuple[bool, float, bool, int]:
-        failure = failures[rank]
-        t = exit_time(failure.pid)  # type: ignore[attr-defined]
-        bare = _failure_text(rank, failure).startswith((f"rank {rank} exited", f"rank {rank} was killed"))
-        return (t is None, t if t is not None else 0.0, bare, rank)
+    A rank whose exit time is unknown (not seen exiting: no pidfds, or reaped
+    before the launcher saw it) comes after those known."""
+    def key(rank: int) -> tuple[bool, float, int]:
+        t = exit_time(failures[rank].pid)  # type: ignore[attr-defined]
+        return (t is None, t if t is not None else 0.0, rank)
 
     return sorted(failures, key=key)
 
@@ -476,4 +473,4 @@ def _first_failure(exc, exit_time) -> tuple[str, list[str]]:
     """(the first failing rank's error, the other failed ranks' errors in order)."""
     ranks = failure_order(exc.failures, exit_time)
     texts = [_failure_text(r, exc.failures[r]) for r in ranks]
-    return texts[0], texts[1:]
+    return texts[0], [t if t.startswith(f"rank {r}") else f"rank {r}: {t}" for r, t in zip(ranks[1:], texts[1:])]

@@ -107,3 +107,50 @@ def test_a_users_own_config_file_keeps_its_faults(tmp_path) -> None:
     path.write_text("fault:\n  hang_rank: 1\n  hang_step: 3\n")
     cfg, notes = _build("--config", str(path))
     assert (cfg.fault.hang_rank, cfg.fault.hang_step, notes) == (1, 3, [])
+
+
+# ---------------------------------------------------------------------------
+# The first failure: the rank whose process exited first
+# ---------------------------------------------------------------------------
+
+class _Failure:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+def test_failure_order_is_exit_order_then_rank() -> None:
+    failures = {0: _Failure(100), 1: _Failure(101), 2: _Failure(102), 3: _Failure(103)}
+    times = {100: 5.25, 101: 5.0, 103: 5.25}  # rank 2's exit was not seen
+    assert cli.failure_order(failures, times.get) == [1, 0, 3, 2]
+    assert cli.failure_order(failures, lambda pid: None) == [0, 1, 2, 3]
+
+
+def test_exit_times_follow_the_order_children_exit(tmp_path) -> None:
+    """Two real children; the second is killed only once the first's exit was recorded, so the
+    order is fixed by construction, not by timing."""
+    import subprocess
+    import sys
+    import time
+
+    from reftrain.exits import ExitTimes
+
+    watcher = ExitTimes(interval_s=0.01)
+    assert watcher.supported, "this test needs Linux pidfds"
+    watcher.start()
+    first = subprocess.Popen([sys.executable, "-c", "pass"])
+    second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        deadline = time.monotonic() + 60
+        while watcher.exit_time(first.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watcher.exit_time(first.pid) is not None and watcher.exit_time(second.pid) is None
+        killed_at = time.time()
+        second.kill()
+        while watcher.exit_time(second.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watcher.exit_time(first.pid) < killed_at <= watcher.exit_time(second.pid)
+    finally:
+        watcher.stop()
+        second.kill()
+        first.wait()
+        second.wait()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reftrain import checkpoint
+from reftrain.exits import children
 
 pytestmark = pytest.mark.slow
 
@@ -260,16 +261,6 @@ def test_ranks_do_not_outlive_a_killed_launcher(runs: Path) -> None:
         assert_no_rank_left(run)
     assert not left, f"processes {left} outlived their launcher by 5 s"
     assert manifest(run)["status"] == "running"  # nobody saw the end: never `completed`
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            out += [int(c) for c in task.read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 # ---------------------------------------------------------------------------
