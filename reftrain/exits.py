@@ -38,7 +38,7 @@ class ExitTimes(threading.Thread):
     dies within one interval may be reaped unseen: no time for it).
     """
 
-    def __init__(self, interval_s: float = 0.05) -> None:
+    def __init__(self, interval_s: float = 0.1) -> None:
         super().__init__(name="reftrain-exit-times", daemon=True)
         self.interval_s = interval_s
         self.times: dict[int, float] = {}

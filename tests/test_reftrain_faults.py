@@ -165,6 +165,41 @@ def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path, preempt_base
     assert losses(run) | losses(runs / f"resumed_w{workers}") == preempt_baseline
 
 
+def test_a_step_longer_than_the_grace_period_is_killed_and_recorded_failed(runs: Path) -> None:
+    """preemption.grace_s=1 and steps that sleep 6 s in the data source (in the rank: no workers):
+    the SIGTERM lands at the start of step 1 (both ranks' heartbeats say so), the step cannot end
+    within the grace period, whatever the load (a sleep is never shorter), and the agent kills
+    the ranks: no checkpoint at the stop, the run and its attempt closed `failed` with the reason."""
+    name = "grace_exceeded"
+    run = runs / name
+    proc = subprocess.Popen(command(runs, name, "--steps", "3", "--set", "data.delay_ms=6000",
+                                    "--set", "preemption.grace_s=1"),
+                            cwd=runs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            beats = [json.loads(f.read_text()) for f in (run / "heartbeat").glob("rank*.json")] \
+                if (run / "heartbeat").is_dir() else []
+            if len(beats) == 2 and all((b["step"], b["phase"]) == (1, "start") for b in beats):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        assert_no_rank_left(run)
+    assert proc.returncode == 130, err[-2000:]
+    m = manifest(run)
+    assert m["status"] == "failed" and m["error"].startswith("stopped by SIGTERM: the ranks saved no checkpoint")
+    assert m["error"].endswith("latest checkpoint: none") and "preemption.grace_s=1 s" in m["error"]
+    (a,) = m["attempts"]
+    assert (a["status"], a["cause"], a["exit_codes"]) == ("failed", m["error"], None) and a["end_time"]
+    assert not (run / "checkpoints").exists()
+
+
 # ---------------------------------------------------------------------------
 # Hang: the watchdog names the hung rank within the timeout plus 10 s, with stacks
 # ---------------------------------------------------------------------------
