@@ -18,6 +18,7 @@ torchelastic's per-rank error file and the launcher prints the first one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -30,12 +31,14 @@ from pathlib import Path
 from typing import Mapping
 
 from reftrain import checkpoint, manifest
-from reftrain.config import (Config, apply_set, from_dict, load_file, merge_dict, resolve, set_value, to_yaml,
-                             tracker_names)
+from reftrain.config import (Config, FaultConfig, apply_set, from_dict, load_file, merge_dict, resolve, set_value,
+                             to_yaml, tracker_names)
 from reftrain.errors import ReftrainError
+from reftrain.exits import ExitTimes
 
 _ENV_LAUNCHED = "REFTRAIN_LAUNCHED"  # set by our launcher for its ranks
 _ENV_COMMAND = "REFTRAIN_COMMAND"  # the user's command line, JSON, for the manifest
+_ENV_LAUNCHER_PID = "REFTRAIN_LAUNCHER_PID"  # the launcher's pid: its ranks die with it (reftrain/lifeline.py)
 
 # Convenience flags: each sets one config key (applied before --set).
 _FLAG_KEYS = {
@@ -103,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--crash-rank", type=int, metavar="R", help="fault injection: rank R dies at --crash-step (fault.crash_rank)")
     p.add_argument("--crash-step", type=int, metavar="S", help="the step at whose start --crash-rank dies (fault.crash_step)")
     p.add_argument("--crash-in-save", action="store_true",
-                   help="die inside the checkpoint save after step S instead (fault.crash_in_save)")
+                   help="die instead inside the save of checkpoint stepS, the state after S steps; S must be a "
+                        "multiple of --checkpoint-every (fault.crash_in_save)")
     p.add_argument("--hang-rank", type=int, metavar="R",
                    help="fault injection: rank R stops making progress at --hang-step (fault.hang_rank)")
     p.add_argument("--hang-step", type=int, metavar="S", help="the step at whose start --hang-rank hangs (fault.hang_step)")
@@ -121,18 +125,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Config, Path | None, Path | None]:
-    """(resolved config, checkpoint to resume from, the run it belongs to) from the command line."""
+def build_config(args: argparse.Namespace, world_size: int | None,
+                 notes: list[str] | None = None) -> tuple[Config, Path | None, Path | None]:
+    """(resolved config, checkpoint to resume from, the run it belongs to) from the command line.
+
+    Lines to tell the user (faults of a repeated run not repeated) are appended to `notes`."""
     resume_ckpt = resumed_run = None
+    notes = [] if notes is None else notes
     if sum(bool(x) for x in (args.config, args.resume, args.demo)) > 1:
         raise ReftrainError("--config, --resume and --demo are exclusive: each supplies the base config")
     if args.resume:
         resumed_run, resume_ckpt = checkpoint.find_checkpoint(Path(args.resume))
         cfg = from_dict(load_file(resumed_run / "config.yaml"), str(resumed_run / "config.yaml"))
         _world_from_manifest(cfg, resumed_run / "config.yaml")
+        notes += _disarm_faults(cfg, f"--resume {args.resume}")
     elif args.config:
         cfg = merge_dict(Config(), load_file(args.config), args.config)
         _world_from_manifest(cfg, Path(args.config))
+        if _in_run_dir(Path(args.config)):
+            notes += _disarm_faults(cfg, f"--config {args.config}")
     else:
         cfg = Config()
         if args.demo:
@@ -149,6 +160,24 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> tuple[Conf
     for assignment in args.set:
         apply_set(cfg, assignment)
     return resolve(cfg, world_size), resume_ckpt, resumed_run
+
+
+def _in_run_dir(config_path: Path) -> bool:
+    """Whether a config file is a run's saved config.yaml (a run.json beside it)."""
+    return config_path.name == "config.yaml" and (config_path.parent / "run.json").is_file()
+
+
+def _disarm_faults(cfg: Config, source: str) -> list[str]:
+    """Clear the fault injection a run's saved config records; a note naming it, or none.
+
+    A repeated or resumed run continues the training, not its test of a
+    failure: flags and --set on this command line can inject faults again."""
+    armed = {k: v for k, v in dataclasses.asdict(cfg.fault).items() if v not in (None, False)}
+    if not armed:
+        return []
+    cfg.fault = FaultConfig()
+    keys = ", ".join(f"fault.{k}={v}" for k, v in armed.items())
+    return [f"{source}: the run's fault injection ({keys}) is not repeated; pass the flags again to inject it"]
 
 
 def _world_from_manifest(cfg: Config, config_path: Path) -> None:
@@ -230,14 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ReftrainError("--max-restarts is the launcher's: under torchrun pass torchrun --max-restarts N")
         # The world size can come from the config itself (a repeated run), so
         # the config is built first and checked against the world after.
-        cfg, resume, resumed_run = build_config(args, None)
+        notes: list[str] = []
+        cfg, resume, resumed_run = build_config(args, None, notes)
         plan = plan_launch(args.nproc, cfg, os.environ, args.print_config)
         resolve(cfg, plan.world_size)
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
         if not in_rank or os.environ.get("RANK") == "0":
-            for note in plan.notes:
+            for note in [*notes, *plan.notes]:
                 print(f"reftrain: note: {note}", file=sys.stderr, flush=True)
         _require_torch()
         from reftrain.trackers import require as require_trackers
@@ -273,6 +303,10 @@ def _require_torch() -> None:
 
 def _attached_rank(args: argparse.Namespace) -> int:
     """A rank started by `reftrain --nproc`: config and run directory come from the launcher."""
+    from reftrain.lifeline import die_with_parent
+
+    launcher = os.environ.get(_ENV_LAUNCHER_PID, "")
+    die_with_parent(int(launcher) if launcher.isdigit() else None)  # never outlive the launcher
     from reftrain import train
 
     run_dir = Path(args.attach)
@@ -335,25 +369,31 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
     # gloo rendezvous read the dead attempt's keys (docs/reftrain.md, "Restarts").
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[_ENV_COMMAND] = json.dumps(command)
+    os.environ[_ENV_LAUNCHER_PID] = str(os.getpid())
     # torchrun would set 1 thread per rank and warn; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
+    # On SIGTERM/SIGINT the agent signals each rank and waits --shutdown-timeout seconds
+    # before SIGKILL: the grace period in which the ranks finish their step and save.
     launch_args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                                       f"--shutdown-timeout={cfg.preemption.grace_s}",
                                        "--module", "reftrain", *child])
     watchdog = _start_watchdog(cfg, run_dir, nproc)
+    exits = ExitTimes()
+    exits.start()
     try:
         torchrun.run(launch_args)
     except ChildFailedError as exc:
-        message = _first_failure(exc)
-        if watchdog is not None and watchdog.hangs:
-            message = watchdog.hangs[-1].describe()
+        message, secondary = _first_failure(exc, exits.exit_time)
+        if watchdog is not None and watchdog.hangs:  # the watchdog killed every rank: the hang is the cause
+            message, secondary = watchdog.hangs[-1].describe(), []
         done = manifest.read_manifest(run_dir)
         if done is not None and done.status == "completed":
             # Every rank got through the end of training; one died on its way out
             # (after the final checkpoint and run.json): the job is done, not failed.
             print(f"reftrain: note: the run completed; a rank then exited abnormally ({message})", file=sys.stderr)
             return 0
-        manifest.mark_failed(run_dir, message, command, nproc)
+        manifest.mark_failed(run_dir, message, command, nproc, secondary, launcher=True)
         manifest.close_attempt(run_dir, "failed", message, [exc.failures[r].exitcode if r in exc.failures else 0
                                                           for r in range(nproc)])
         raise ReftrainError(message) from None
@@ -363,10 +403,17 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
             # The ranks finished their step, saved and recorded it (reftrain/preemption.py).
             print(f"reftrain: {exc.sigval.name}: run {done.status}; {run_dir}", file=sys.stderr)
             return 0
-        manifest.mark_failed(run_dir, "interrupted", command, nproc)
-        print(f"reftrain: interrupted (signal {exc.sigval.name}); {run_dir} is marked failed", file=sys.stderr)
+        latest = checkpoint.latest_checkpoint(run_dir)
+        message = (f"stopped by {exc.sigval.name}: the ranks saved no checkpoint at the stop (a rank failed, "
+                   f"the step and its save took longer than preemption.grace_s={cfg.preemption.grace_s} s and the "
+                   f"ranks were killed, or the signal came before training began); latest checkpoint: "
+                   f"{latest.relative_to(run_dir) if latest is not None else 'none'}")
+        manifest.mark_failed(run_dir, message, command, nproc)
+        manifest.close_attempt(run_dir, "failed", message, None)
+        print(f"reftrain: {message}; {run_dir} is marked failed", file=sys.stderr)
         return 130
     finally:
+        exits.stop()
         if watchdog is not None:
             watchdog.stop()
     return 0
@@ -396,14 +443,34 @@ def _start_watchdog(cfg: Config, run_dir: Path, nproc: int):
     return dog
 
 
-def _first_failure(exc) -> str:
-    """The message of the lowest rank that reported one; else the first failure's exit description."""
-    for rank in sorted(exc.failures):
-        failure = exc.failures[rank]
-        message = failure.message
-        if isinstance(message, dict):  # torchelastic's @record format
-            message = message.get("message", "")
-        if message and not str(message).startswith("To enable traceback") and "Signal" not in str(message):
-            return str(message)
-    rank, failure = exc.get_first_failure()
+def _failure_text(rank: int, failure) -> str:
+    """One rank's failure in one line: its own error message, else how its process ended."""
+    message = failure.message
+    if isinstance(message, dict):  # torchelastic's @record format
+        message = message.get("message", "")
+    message = next((line.strip() for line in str(message or "").splitlines() if line.strip()), "")  # one line
+    if message and not message.startswith("To enable traceback") and not message.startswith("Signal "):
+        return message
+    if failure.exitcode < 0:
+        return f"rank {rank} was killed by {failure.signal_name()}"
     return f"rank {rank} exited with status {failure.exitcode}"
+
+
+def failure_order(failures: Mapping[int, object], exit_time) -> list[int]:
+    """The failed ranks, first failure first: by the exit time the launcher saw
+    (`exit_time(pid)`, None when unknown), then by rank.
+
+    A rank whose exit time is unknown (not seen exiting: no pidfds, or reaped
+    before the launcher saw it) comes after those known."""
+    def key(rank: int) -> tuple[bool, float, int]:
+        t = exit_time(failures[rank].pid)  # type: ignore[attr-defined]
+        return (t is None, t if t is not None else 0.0, rank)
+
+    return sorted(failures, key=key)
+
+
+def _first_failure(exc, exit_time) -> tuple[str, list[str]]:
+    """(the first failing rank's error, the other failed ranks' errors in order)."""
+    ranks = failure_order(exc.failures, exit_time)
+    texts = [_failure_text(r, exc.failures[r]) for r in ranks]
+    return texts[0], [t if t.startswith(f"rank {r}") else f"rank {r}: {t}" for r, t in zip(ranks[1:], texts[1:])]

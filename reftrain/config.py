@@ -136,8 +136,9 @@ class FaultConfig:
     crash_rank: int | None = _opt(None, "rank that dies (os._exit(17)) at the start of fault.crash_step")
     crash_step: int | None = _opt(None, "global step at whose start fault.crash_rank dies "
                                         "(train.steps: after the last step and its checkpoint)")
-    crash_in_save: bool = _opt(False, "die inside the checkpoint save of step crash_step instead "
-                                      "(after DCP wrote the data, before the rename that publishes it)")
+    crash_in_save: bool = _opt(False, "die instead inside the save of checkpoint step{crash_step}, the state after "
+                                      "crash_step steps (after DCP wrote the data, before the rename that publishes "
+                                      "it); crash_step must be a save step (a multiple of train.checkpoint_every)")
     hang_rank: int | None = _opt(None, "rank that stops (sleeps forever, in Python) at the start of fault.hang_step")
     hang_step: int | None = _opt(None, "global step at whose start fault.hang_rank hangs")
 
@@ -148,6 +149,15 @@ class CheckpointConfig:
 
     async_save: bool = _opt(False, "torch.distributed.checkpoint.async_save: the loop stalls only to stage a copy; "
                                    "the write runs in a background thread and is published when it completes")
+
+
+@dataclass
+class PreemptionConfig:
+    """Stopping on SIGTERM/SIGINT (reftrain/preemption.py, docs/reftrain.md "Preemption")."""
+
+    grace_s: int = _opt(20, "under reftrain --nproc: seconds the ranks get to finish their step and save after "
+                            "a SIGTERM/SIGINT before the launcher kills them; keep it below the scheduler's own "
+                            "(Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s by default)")
 
 
 @dataclass
@@ -204,6 +214,7 @@ class Config:
     inject: InjectConfig = field(default_factory=InjectConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -390,6 +401,18 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         _positive("fault.crash_step", fl.crash_step, allow_zero=True)
         if world_size is not None and fl.crash_rank >= world_size:
             raise ReftrainError(f"config: fault.crash_rank={fl.crash_rank} but the world has {world_size} ranks")
+        if fl.crash_step > t.steps:
+            raise ReftrainError(f"config: fault.crash_step={fl.crash_step} cannot fire: the run ends at "
+                                f"train.steps={t.steps}")
+        every = t.checkpoint_every
+        if fl.crash_in_save and (not every or fl.crash_step % every or fl.crash_step == 0):
+            saves = f"train.checkpoint_every={every} saves steps {every}, {2 * every}, ..." if every else \
+                "train.checkpoint_every=0 saves none"
+            raise ReftrainError(f"config: fault.crash_in_save: no checkpoint is saved at fault.crash_step="
+                                f"{fl.crash_step} ({saves}), so the crash could never fire")
+    elif fl.crash_in_save:
+        raise ReftrainError("config: fault.crash_in_save needs fault.crash_rank and fault.crash_step "
+                            "(--crash-rank R --crash-step S --crash-in-save)")
     if (fl.hang_rank is None) != (fl.hang_step is None):
         raise ReftrainError("config: fault.hang_rank and fault.hang_step go together (--hang-rank R --hang-step S)")
     if fl.hang_rank is not None:
@@ -397,7 +420,11 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         _positive("fault.hang_step", fl.hang_step, allow_zero=True)
         if world_size is not None and fl.hang_rank >= world_size:
             raise ReftrainError(f"config: fault.hang_rank={fl.hang_rank} but the world has {world_size} ranks")
+        if fl.hang_step > t.steps:
+            raise ReftrainError(f"config: fault.hang_step={fl.hang_step} cannot fire: the run ends at "
+                                f"train.steps={t.steps}")
     _positive("parallel.timeout_s", cfg.parallel.timeout_s)
+    _positive("preemption.grace_s", cfg.preemption.grace_s)
     _positive("watchdog.timeout_s", cfg.watchdog.timeout_s)
     _positive("watchdog.interval_s", cfg.watchdog.interval_s)
     for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "d_ff"):

@@ -7,9 +7,16 @@ tokens whatever the world size, the number of workers or where a resumed run
 starts. Each dataset item is a whole micro-batch (the DataLoader runs with
 batch_size=None), so workers do real work per item and a slow source shows
 up as real data-wait time.
+
+Loader workers ignore SIGTERM and SIGINT (see :func:`build_loader`): a stop
+is the training process's to decide, and it shuts its workers down itself.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -19,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from reftrain.config import Config, check_token_file
 from reftrain.errors import ReftrainError
+from reftrain.lifeline import die_with_parent
 
 # Synthetic text: each token follows its predecessor through a fixed random
 # permutation of the vocabulary (a "bigram" the model can learn) except with
@@ -114,15 +122,59 @@ def build_dataset(cfg: Config, rank: int) -> Dataset:
     return TokenFile(Path(d.path), t.seed, rank, t.micro_batch_size, m.seq_len, m.vocab_size, length, d.delay_ms)
 
 
+# The signals a scheduler or Ctrl-C sends to stop a job (reftrain/preemption.py handles them in the rank).
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def _shield_worker(rank_pid: int, worker_id: int) -> None:
+    """A loader worker's first act: ignore the stop signals, then let them through again.
+
+    torchelastic's agent forwards a SIGTERM to each rank's whole process group
+    (``os.killpg``), and Slurm signals every process of a job step, so the
+    workers get it too. A worker killed by it makes the rank's next batch fail
+    ("DataLoader worker (pid ...) exited unexpectedly") before the rank can
+    finish its step and save. The signals are blocked in the rank while the
+    workers fork (:func:`_stop_signals_blocked`), so none is lost or fatal
+    before this runs; one that arrived in between is discarded when ignored.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    die_with_parent(rank_pid)  # a worker whose rank is gone has nobody to feed
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """Hold SIGTERM/SIGINT pending in this thread (the workers fork from it and inherit the mask).
+
+    On leaving, a signal that arrived meanwhile is delivered to the rank's own handler."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class ShieldedLoader(DataLoader):
+    """A DataLoader whose worker processes start shielded from the stop signals (:func:`_shield_worker`)."""
+
+    def __iter__(self):
+        if self.num_workers == 0:
+            return super().__iter__()
+        with _stop_signals_blocked():  # the workers fork here (persistent_workers is off)
+            return super().__iter__()
+
+
 def build_loader(cfg: Config, rank: int, start_step: int, device_type: str) -> DataLoader:
     """A DataLoader yielding this rank's micro-batches from `start_step` to the end, in order.
 
-    pin_memory applies on CUDA only (there is nothing to pin for on CPU).
+    pin_memory applies on CUDA only (there is nothing to pin for on CPU). Its
+    workers ignore SIGTERM and SIGINT and die with the rank (:func:`_shield_worker`).
     """
     d, t = cfg.data, cfg.train
     dataset = build_dataset(cfg, rank)
     sampler = _Range(start_step * t.grad_accum, t.steps * t.grad_accum)
-    return DataLoader(
+    return ShieldedLoader(
         dataset,
         batch_size=None,
         sampler=sampler,
@@ -130,6 +182,7 @@ def build_loader(cfg: Config, rank: int, start_step: int, device_type: str) -> D
         pin_memory=d.pin_memory and device_type == "cuda",
         prefetch_factor=d.prefetch_factor if d.num_workers > 0 else None,
         persistent_workers=False,
+        worker_init_fn=functools.partial(_shield_worker, os.getpid()) if d.num_workers > 0 else None,
     )
 
 

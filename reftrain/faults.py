@@ -6,7 +6,10 @@ making progress (a Python sleep loop, so its stack dump shows where): the
 other ranks then block in the next collective, as behind a deadlock or a
 stuck device. Faults fire in the first
 attempt of a job only (torchelastic's TORCHELASTIC_RESTART_COUNT is 0), so
-that `--max-restarts` can bring the job to its end.
+that `--max-restarts` can bring the job to its end. A run's saved config
+records its faults, but `--resume` and `--config` of a run's config.yaml
+do not repeat them (reftrain/cli.py): a repeated run that crashed on
+purpose would crash again.
 """
 from __future__ import annotations
 
@@ -51,9 +54,21 @@ class Faults:
             hang_forever()
 
     def in_save(self, step: int) -> None:
-        """Called inside a checkpoint save after the data is written, before it is published."""
-        if self.crash_save_step is not None and step == self.crash_save_step + 1:
-            self._die(f"inside the checkpoint save after step {step - 1}")
+        """Called inside the save of checkpoints/step{step} after the data is written, before it is published."""
+        if self.crash_save_step is not None and step == self.crash_save_step:
+            self._die(f"inside the save of checkpoint step{step}")
+
+    def unreachable(self, start_step: int) -> list[str]:
+        """Why a configured fault cannot fire in a run that starts at `start_step` (one line each).
+
+        The config check refuses faults past the end of the run (reftrain/config.py);
+        where the run starts is known only once a resumed checkpoint is loaded."""
+        out = []
+        for key, step in (("fault.crash_step", self.crash_step), ("fault.crash_step", self.crash_save_step),
+                          ("fault.hang_step", self.hang_step)):
+            if step is not None and step < start_step:
+                out.append(f"{key}={step} cannot fire: this run starts at step {start_step}")
+        return out
 
 
 def hang_forever() -> None:

@@ -13,11 +13,16 @@ The watchdog runs in `reftrain --nproc`'s launcher process (beside the
 torchelastic agent), so it works whichever rank is stuck. Every
 `watchdog.interval_s` it reads the beats of the live ranks of the newest
 attempt; when one is older than `watchdog.timeout_s`, the job is stalled:
-it asks every live rank for its stacks, names the rank that is behind (the
-least progress by (step, phase), then the oldest beat: the ranks waiting
-for it have gone on to the collective it never reached), records the hang
-in run.json, prints one line, and kills the attempt's ranks, so the agent
-restarts the job (--max-restarts) or ends it. Torch-free: the launcher runs it.
+it asks every live rank for its stacks, names the rank that stopped making
+progress, records the hang in run.json, prints one line, and kills the
+attempt's ranks, so the agent restarts the job (--max-restarts) or ends it.
+The rank named is a frozen process if there is one (stopped, /proc state T:
+it cannot run at all, while the others wait for it in a collective, often
+in the same step and phase), else the one with the least progress by
+(step, phase), then the oldest beat (the ranks waiting for it have gone on
+to the collective it never reached). A frozen process cannot write its
+stacks (the signal stays pending); its stacks file then says so.
+Torch-free: the launcher runs it.
 """
 from __future__ import annotations
 
@@ -112,12 +117,14 @@ class Hang:
     stalled_s: float  # now minus the hung rank's last beat
     detected_time: float  # time.time() at detection
     beats: tuple[Beat, ...]
+    frozen: bool = False  # the hung rank's process is stopped (SIGSTOP, a debugger): it cannot run at all
 
     def describe(self) -> str:
         where = {"end": f"after step {self.step}", "start": f"in step {self.step}",
                  "setup": "after set-up", "checkpoint": f"in the checkpoint save after step {self.step}"}
+        state = "; its process is stopped (state T)" if self.frozen else ""
         return (f"hang: rank {self.rank} made no progress for {self.stalled_s:.1f} s "
-                f"(last heartbeat {where.get(self.phase, self.phase)}, attempt {self.attempt})")
+                f"(last heartbeat {where.get(self.phase, self.phase)}, attempt {self.attempt}{state})")
 
 
 def read_beats(run_dir: Path, world_size: int) -> list[Beat]:
@@ -133,6 +140,19 @@ def read_beats(run_dir: Path, world_size: int) -> list[Beat]:
     return out
 
 
+def _state(pid: int) -> str:
+    """The process state letter of /proc/PID/stat (R, S, D, T, t, Z, ...); '' when unreadable."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _frozen(pid: int) -> bool:
+    """Stopped by a signal (T) or a tracer (t): the process runs no code, not even a signal handler."""
+    return _state(pid) in ("T", "t")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -140,15 +160,14 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a dead child the agent has not reaped yet is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return _state(pid) != "Z"  # a dead child the agent has not reaped yet is not alive
 
 
-def find_hang(beats: list[Beat], now: float, timeout_s: float, alive: Callable[[int], bool] = _alive) -> Hang | None:
+def find_hang(beats: list[Beat], now: float, timeout_s: float, alive: Callable[[int], bool] = _alive,
+              frozen: Callable[[int], bool] = _frozen) -> Hang | None:
     """A hang among the beats, or None. Pure apart from `alive` (a dead rank is a crash,
-    the agent's business, not a hang; a finished rank is not waited for)."""
+    the agent's business, not a hang; a finished rank is not waited for) and `frozen`
+    (a stopped process is the one behind, whatever its last beat says)."""
     live = [b for b in beats if b.phase != "done" and alive(b.pid)]
     if not live:
         return None
@@ -156,8 +175,10 @@ def find_hang(beats: list[Beat], now: float, timeout_s: float, alive: Callable[[
     live = [b for b in live if b.attempt == attempt]
     if not any(now - b.time > timeout_s for b in live):
         return None
-    behind = min(live, key=lambda b: (b.progress, b.time))
-    return Hang(behind.rank, attempt, behind.step, behind.phase, now - behind.time, now, tuple(live))
+    stopped = {b.rank for b in live if frozen(b.pid)}
+    behind = min(live, key=lambda b: (b.rank not in stopped, b.progress, b.time))
+    return Hang(behind.rank, attempt, behind.step, behind.phase, now - behind.time, now, tuple(live),
+                behind.rank in stopped)
 
 
 class Watchdog(threading.Thread):
@@ -190,14 +211,40 @@ class Watchdog(threading.Thread):
         for b in hang.beats:
             _signal(b.pid, STACK_SIGNAL)
         # faulthandler writes from the signal handler at once; a short wait lets it finish.
-        deadline = time.time() + 2.0
-        while time.time() < deadline and not all((self.run_dir / f).stat().st_size > 0 for f in files
-                                                 if (self.run_dir / f).exists()):
+        deadline = time.time() + STACKS_WAIT_S
+        while time.time() < deadline and not all(_size(self.run_dir / f) > 0 for f in files):
             time.sleep(0.05)
         time.sleep(0.2)
+        for b, rel in zip(hang.beats, files):
+            if _size(self.run_dir / rel) == 0:  # no answer: say why instead of leaving an empty file
+                (self.run_dir / rel).write_text(_no_stacks(b.rank, b.pid))
         self.on_hang(hang, files)
         for b in hang.beats:  # end the attempt: the agent sees dead ranks and restarts or stops
             _signal(b.pid, signal.SIGKILL)
+
+
+STACKS_WAIT_S = 2.0  # how long the ranks get to write their stacks (faulthandler answers in microseconds)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _no_stacks(rank: int, pid: int) -> str:
+    """The stacks file's text for a rank that did not answer the stack request."""
+    state = _state(pid)
+    why = {"T": "its process is stopped (state T, e.g. SIGSTOP): a stopped process runs no code, so it cannot "
+                "dump its stack; the request stays pending until it is continued",
+           "t": "its process is stopped by a tracer (state t): it cannot dump its stack until the tracer lets it run",
+           "D": "its process is in uninterruptible sleep (state D, inside the kernel, e.g. a device or file-system "
+                "call): it cannot run the signal handler until the call returns",
+           "Z": "its process has exited", "": "its process has exited"}.get(
+        state, f"its process (state {state}) did not run the signal handler in time")
+    return (f"no Python stacks: rank {rank} (pid {pid}) did not answer SIGUSR1 within {STACKS_WAIT_S:.0f} s; "
+            f"{why}.\n")
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -98,23 +98,29 @@ def read_manifest(run_dir: Path) -> RunManifest | None:
     return RunManifest.from_json(data) if isinstance(data, dict) else None
 
 
-def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int | None) -> None:
-    """Record a failure in run.json (the launcher does this when ranks died before rank 0 could).
+def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int | None,
+                secondary: list[str] | None = None, launcher: bool = False) -> None:
+    """Record a failure in run.json (rank 0 on its own error; the launcher when the job ends).
 
     Keeps everything rank 0 wrote; a run that failed before rank 0 wrote
-    anything gets a minimal manifest with the config and the error.
+    anything gets a minimal manifest with the config and the error. A run
+    already ended stays as it is, except that the launcher's verdict
+    (`launcher`: it saw every rank, and which failed first) replaces a
+    failure rank 0 recorded: rank 0's own error is often only the
+    consequence of another rank's death. `secondary`: the other ranks' errors.
     """
     run_dir = Path(run_dir)
     data = read_manifest(run_dir)
     if data is None:  # the fields rank 0 would have filled stay null
         data = RunManifest(run_id=run_dir.name, command=list(command), config=saved_config_dict(run_dir),
                            world_size=world_size, files=empty_files())
-    elif data.status != "running":
+    elif data.status != "running" and not (launcher and data.status == "failed"):
         return
     # What is on disk now, whatever rank 0 last recorded (a save may have
     # completed after its last write of run.json).
     data.files.checkpoints = complete_checkpoints(run_dir)
     data.status, data.end_time, data.error = "failed", utc_now(), error
+    data.secondary_errors = list(secondary) if secondary else None
     write_json(run_dir / "run.json", data)
 
 
@@ -204,8 +210,9 @@ def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[
     return out
 
 
-def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: list[int]) -> None:
-    """The launcher's record of how the last attempt ended (the ranks could not write it)."""
+def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: list[int] | None) -> None:
+    """The launcher's record of how the last attempt ended (the ranks could not write it);
+    `exit_codes` None when the launcher does not know them (ranks killed on a signal)."""
     data = read_manifest(Path(run_dir))
     if data is None or not data.attempts:
         return
@@ -213,7 +220,7 @@ def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: lis
     if last.status == "running":
         last.status, last.end_time, last.cause = status, utc_now(), cause
     if last.status in ("running", status, "hung"):  # a hung attempt keeps the watchdog's cause, gets the codes
-        last.exit_codes = list(exit_codes)
+        last.exit_codes = None if exit_codes is None else list(exit_codes)
         write_json(Path(run_dir) / "run.json", data)
 
 

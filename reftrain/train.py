@@ -231,6 +231,8 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     telemetry = _start_telemetry(cfg, env, run_dir)
     injector = Injector(cfg, env.rank, device)
     faults = Faults(cfg.fault, env.rank)
+    for line in faults.unreachable(start_step):  # a resumed run can start past the step of a fault
+        print(f"reftrain: warning: rank {env.rank}: {line}", file=sys.stderr, flush=True)
 
     # run.json: the one typed definition of the manifest (analyzer.ingest.formats, docs/rundir.md).
     man = fmt.RunManifest(

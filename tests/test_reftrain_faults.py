@@ -8,6 +8,7 @@ against bounds far beyond any load (see each test).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reftrain import checkpoint
+from reftrain.exits import children
 
 pytestmark = pytest.mark.slow
 
@@ -105,22 +107,37 @@ def runs(tmp_path_factory) -> Path:
 PREEMPT = ["--steps", "40", "--set", "data.delay_ms=40"]
 
 
-def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path) -> None:
+@pytest.fixture(scope="module")
+def preempt_baseline(runs: Path) -> dict[tuple[int, int], float]:
     must_succeed(reftrain(runs, "preempt_baseline", *PREEMPT))
     baseline = losses(runs / "preempt_baseline")
     assert len(baseline) == 80
+    return baseline
 
-    run = runs / "preempted"
-    proc = subprocess.Popen(command(runs, "preempted", *PREEMPT), cwd=runs, stdout=subprocess.PIPE,
+
+def wait_for_steps(proc: subprocess.Popen, run: Path, steps: int) -> None:
+    """Until rank 0 has recorded `steps` steps (the job still running), within TIMEOUT_S."""
+    first = run / "metrics" / "rank0.jsonl"
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if first.is_file() and len(first.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    raise AssertionError(f"{run.name}: {steps} steps not recorded within {TIMEOUT_S} s")
+
+
+# DataLoader workers get the SIGTERM too (the agent signals each rank's process group);
+# with workers they used to die first and fail the rank ("DataLoader worker exited unexpectedly").
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path, preempt_baseline: dict, workers: int) -> None:
+    name = f"preempted_w{workers}"
+    run = runs / name
+    loader = ["--set", f"data.num_workers={workers}"]
+    proc = subprocess.Popen(command(runs, name, *PREEMPT, *loader), cwd=runs, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        first = run / "metrics" / "rank0.jsonl"
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if first.is_file() and len(first.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the run ended before it could be preempted"
+        wait_for_steps(proc, run, 3)
         os.kill(proc.pid, signal.SIGTERM)  # the launcher, as a scheduler would: the agent forwards it
         out, err = proc.communicate(timeout=TIMEOUT_S)
     finally:
@@ -130,9 +147,10 @@ def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path) -> None:
         assert_no_rank_left(run)
     assert proc.returncode == 0, f"{proc.returncode}\n{out[-2000:]}\n{err[-2000:]}"
     m = manifest(run)
-    assert m["status"] == "preempted" and len(m["attempts"]) == 1
+    assert m["status"] == "preempted" and len(m["attempts"]) == 1 and m["end_time"]
     a = m["attempts"][0]
     assert a["status"] == "preempted" and "SIGTERM" in a["cause"] and a["exit_codes"] == [0, 0]
+    assert a["end_time"] == m["end_time"]  # the attempt is closed with the run
     done = {s for (_, s) in losses(run)}
     k = max(done) + 1
     assert done == set(range(k)) and 3 <= k < 40  # stopped at a step boundary, mid-way
@@ -140,11 +158,46 @@ def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path) -> None:
     assert [s["step"] for s in m["checkpoint_saves"]] == [k]
     assert "preempted" in out
 
-    must_succeed(reftrain(runs, "resumed", "--resume", str(run)))
-    r = manifest(runs / "resumed")
+    must_succeed(reftrain(runs, f"resumed_w{workers}", "--resume", str(run), *loader))
+    r = manifest(runs / f"resumed_w{workers}")
     assert r["status"] == "completed" and r["start_step"] == k
     # Exact equality, not a tolerance: same data (a function of seed, rank, step), same state.
-    assert losses(run) | losses(runs / "resumed") == baseline
+    assert losses(run) | losses(runs / f"resumed_w{workers}") == preempt_baseline
+
+
+def test_a_step_longer_than_the_grace_period_is_killed_and_recorded_failed(runs: Path) -> None:
+    """preemption.grace_s=1 and steps that sleep 6 s in the data source (in the rank: no workers):
+    the SIGTERM lands at the start of step 1 (both ranks' heartbeats say so), the step cannot end
+    within the grace period, whatever the load (a sleep is never shorter), and the agent kills
+    the ranks: no checkpoint at the stop, the run and its attempt closed `failed` with the reason."""
+    name = "grace_exceeded"
+    run = runs / name
+    proc = subprocess.Popen(command(runs, name, "--steps", "3", "--set", "data.delay_ms=6000",
+                                    "--set", "preemption.grace_s=1"),
+                            cwd=runs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            beats = [json.loads(f.read_text()) for f in (run / "heartbeat").glob("rank*.json")] \
+                if (run / "heartbeat").is_dir() else []
+            if len(beats) == 2 and all((b["step"], b["phase"]) == (1, "start") for b in beats):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        assert_no_rank_left(run)
+    assert proc.returncode == 130, err[-2000:]
+    m = manifest(run)
+    assert m["status"] == "failed" and m["error"].startswith("stopped by SIGTERM: the ranks saved no checkpoint")
+    assert m["error"].endswith("latest checkpoint: none") and "preemption.grace_s=1 s" in m["error"]
+    (a,) = m["attempts"]
+    assert (a["status"], a["cause"], a["exit_codes"]) == ("failed", m["error"], None) and a["end_time"]
+    assert not (run / "checkpoints").exists()
 
 
 # ---------------------------------------------------------------------------
@@ -177,6 +230,72 @@ def test_a_hung_rank_is_named_with_every_ranks_stacks(runs: Path) -> None:
     stacks1 = (run / "stacks" / "rank1.txt").read_text()
     assert "hang_forever" in stacks1 and "step_start" in stacks1  # where rank 1 stopped
     assert "_loop" in (run / "stacks" / "rank0.txt").read_text()  # rank 0: waiting in its step
+
+
+def test_a_frozen_rank_is_named_and_its_missing_stacks_explained(runs: Path) -> None:
+    """SIGSTOP on rank 1 mid-run: rank 0 then waits in a collective, often in the same step and
+    phase, so the heartbeats alone cannot tell them apart; the stopped process is the one named.
+    A stopped process cannot dump its stacks: its file says so instead of being empty."""
+    name = "frozen"
+    run = runs / name
+    proc = subprocess.Popen(command(runs, name, "--steps", "400", "--set", "data.delay_ms=20",
+                                    "--set", f"watchdog.timeout_s={HANG_TIMEOUT_S}", "--set", "watchdog.interval_s=0.5"),
+                            cwd=runs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stopped = None
+    try:
+        wait_for_steps(proc, run, 3)
+        stopped = json.loads((run / "heartbeat" / "rank1.json").read_text())["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if stopped is not None and alive(stopped):
+            os.kill(stopped, signal.SIGCONT)  # a stopped process left behind would take its SIGKILL only now
+        assert_no_rank_left(run)
+    assert proc.returncode == 1, err[-2000:]
+    m = manifest(run)
+    (hang,) = m["hangs"]
+    assert hang["rank"] == 1 and m["error"].startswith("hang: rank 1 made no progress")
+    assert "its process is stopped (state T)" in m["error"]
+    assert "hang: rank 1" in err
+    frozen = (run / "stacks" / "rank1.txt").read_text()
+    assert frozen.startswith(f"no Python stacks: rank 1 (pid {stopped}) did not answer SIGUSR1")
+    assert "stopped (state T" in frozen
+    assert "_loop" in (run / "stacks" / "rank0.txt").read_text()  # rank 0 answered: waiting in its step
+
+
+# ---------------------------------------------------------------------------
+# The launcher's death ends the ranks; the first rank to fail is the run's error
+# ---------------------------------------------------------------------------
+
+def test_ranks_do_not_outlive_a_killed_launcher(runs: Path) -> None:
+    """SIGKILL to the launcher (a scheduler past its grace period, the OOM killer): the ranks and their
+    DataLoader workers get the kernel's parent-death SIGKILL, so none trains on unsupervised and the
+    run is never recorded completed. 5 s is the bound asked for; the kernel signals at once."""
+    name = "launcher_killed"
+    run = runs / name
+    proc = subprocess.Popen(command(runs, name, *PREEMPT, "--set", "data.num_workers=1"), cwd=runs,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for_steps(proc, run, 3)
+        ranks = rank_pids(run)
+        workers = [c for pid in ranks for c in children(pid)]
+        assert len(ranks) == 2 and len(workers) == 2
+        proc.kill()
+        proc.communicate()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(alive(p) for p in ranks + workers):
+            time.sleep(0.05)
+        left = [p for p in ranks + workers if alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        assert_no_rank_left(run)
+    assert not left, f"processes {left} outlived their launcher by 5 s"
+    assert manifest(run)["status"] == "running"  # nobody saw the end: never `completed`
 
 
 # ---------------------------------------------------------------------------
@@ -230,17 +349,25 @@ def test_an_async_save_in_flight_is_never_published(tmp_path: Path) -> None:
 
 def test_find_hang_names_the_rank_that_is_behind() -> None:
     """The watchdog's rule on hand-made beats (no processes): exact answers."""
-    from reftrain.heartbeat import Beat, find_hang
+    from reftrain.heartbeat import Beat
+    from reftrain.heartbeat import find_hang as find_hang_of
 
     live = lambda pid: pid != 99  # noqa: E731 - pid 99 has exited
+    find_hang = functools.partial(find_hang_of, frozen=lambda pid: False)
     waiting = Beat(rank=0, attempt=0, pid=10, step=3, phase="start", time=100.0)  # in step 3's collective
     behind = Beat(rank=1, attempt=0, pid=11, step=2, phase="end", time=100.5)  # never started step 3
     assert find_hang([waiting, behind], now=102.0, timeout_s=3.0, alive=live) is None  # not stale yet
     hang = find_hang([waiting, behind], now=104.0, timeout_s=3.0, alive=live)
-    assert (hang.rank, hang.step, hang.phase, hang.stalled_s) == (1, 2, "end", 3.5)
+    assert (hang.rank, hang.step, hang.phase, hang.stalled_s, hang.frozen) == (1, 2, "end", 3.5, False)
     # Same progress: the older beat is the one behind.
     tie = Beat(rank=1, attempt=0, pid=11, step=3, phase="start", time=99.0)
     assert find_hang([waiting, tie], now=104.0, timeout_s=3.0, alive=live).rank == 1
+    # A stopped process is behind whatever its beat says: here it started step 3 after rank 0
+    # and froze there, while rank 0 waits for it in that step's collective (same step and phase).
+    frozen_later = Beat(rank=1, attempt=0, pid=11, step=3, phase="start", time=100.2)
+    hang = find_hang_of([waiting, frozen_later], now=104.0, timeout_s=3.0, alive=live, frozen=lambda pid: pid == 11)
+    assert (hang.rank, hang.frozen, round(hang.stalled_s, 6)) == (1, True, 3.8)
+    assert hang.describe().endswith("(last heartbeat in step 3, attempt 0; its process is stopped (state T))")
     # A dead rank is a crash (the agent restarts), a finished one is not waited for,
     # and an earlier attempt's beats do not count once a newer attempt beats.
     dead = Beat(rank=1, attempt=0, pid=99, step=2, phase="end", time=50.0)

@@ -349,7 +349,10 @@ class RunManifest(Record):
     attempts: list[Attempt] = field(default_factory=list)
     checkpoint_saves: list[CheckpointSave] | None = _omit_none()
     hangs: list[HangReport] | None = _omit_none()
-    error: str | None = _omit_none()  # only when failed: the one-line reason
+    error: str | None = _omit_none()  # only when failed: the one-line reason (the first rank to fail)
+    # Only when failed with several ranks failing: the other ranks' errors, in the order their processes
+    # exited, each "rank R: ..." (mostly consequences of the first, e.g. gloo's "Connection reset by peer").
+    secondary_errors: list[str] | None = _omit_none()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
