@@ -41,9 +41,10 @@ PROG = "analyzer"
 
 
 def _say(kind: str, message: str) -> None:
-    """One line on stderr: ``analyzer: <kind>: <message>`` (newlines folded)."""
-    text = " ".join(str(message).split())
-    print(f"{PROG}: {kind}: {text}" if kind else f"{PROG}: {text}", file=sys.stderr)
+    """One line on stderr: ``analyzer: <kind>: <message>`` (analyzer.verbs.printable.say)."""
+    from analyzer.verbs.printable import say
+
+    say(kind, message, PROG)
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -116,10 +117,11 @@ def map_in_workers(n_files: int, cpus: int) -> bool:
 def _analyze(path: Path, args: argparse.Namespace, jobs: ParseJobs | None, messages: list[tuple[str, str]] | None = None):
     """Analyze one run; report its skipped files and warnings on stderr (and in ``messages``)."""
     from analyzer.api import analyze
+    from analyzer.verbs.printable import run_messages
 
     analysis = analyze(path, peak_flops=args.peak_flops, cache=not args.no_cache, jobs=jobs,
                        engine=args.engine, ray_address=args.ray_address)
-    lines = [("skipped", str(e)) for e in analysis.errors] + [("warning", str(w)) for w in analysis.warnings]
+    lines = run_messages(analysis)
     for kind, message in lines:
         _say(kind, message)
     if messages is not None:

@@ -10,6 +10,10 @@ run opens from its rank summaries (docs/loading.md). The cache key is the run's 
 so an unchanged run is parsed once per server and switching pages is
 instant, while a rewritten file is picked up on the next rerun.
 
+Before anything of a run is read, :meth:`RunEntry.refusal` checks that no
+path below it links outside RUNS_DIR (dashboard/boundary.py); a refused run
+reads as its one-line error, and nothing of it reaches the analyzer.
+
 ``st.cache_resource`` (not ``cache_data``) holds the results: they are large
 read-only tables that ``cache_data`` would pickle and copy on every hit.
 Pages must not mutate them. A failure is cached too (as :class:`Loaded` with
@@ -74,6 +78,9 @@ def _analysis(path: str, key: str) -> Loaded:
 
 def analysis(run: RunEntry) -> Loaded:
     """``analyzer.api.analyze`` of a run: a RunAnalysis, or its error."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
     return _analysis(str(run.path), run_key(run))
 
 
@@ -89,6 +96,9 @@ def _run_dir(path: str, key: str) -> Loaded:
 
 def run_dir(run: RunEntry) -> Loaded:
     """``analyzer.ingest.rundir.read_run_dir`` of a reftrain run (manifest, metrics, telemetry)."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
     return _run_dir(str(run.path), run_key(run))
 
 
@@ -102,7 +112,12 @@ def _throughput(path: str, key: str) -> Any:
 
 
 def throughput(run: RunEntry):
-    """``analyzer.metrics.throughput.throughput`` of a run (tokens/s, all ranks)."""
+    """``analyzer.metrics.throughput.throughput`` of a run (tokens/s, all ranks); its empty result
+    for a refused run."""
+    if run.refusal():
+        from analyzer.metrics.throughput import throughput as empty
+
+        return empty(None, None)
     return _throughput(str(run.path), run_key(run))
 
 
@@ -111,10 +126,12 @@ def trace_windows(run: RunEntry) -> dict[str, list[Path]]:
 
     A reftrain run can hold several windows (``rank{R}.step{N}``), far apart
     in time; a timeline shows one window at a time. Keys are ``"step N"``
-    (the window's last step) or ``"all traces"`` for a trace folder.
+    (the window's last step) or ``"all traces"`` for a trace folder; none for a refused run.
     """
     from analyzer.ingest.locate import run_trace_files, trace_window
 
+    if run.refusal():
+        return {}
     windows: dict[str, list[Path]] = {}
     # A reftrain run's traces as the analyzer finds them (traces/ and traces/step{N}/, docs/rundir.md).
     files = sorted(run_trace_files(run.path)) if run.kind == "reftrain" else trace_files(run)
@@ -140,6 +157,9 @@ def _traces(files: tuple[str, ...], key: str) -> Loaded:
 
 def traces(run: RunEntry, files: list[Path]) -> Loaded:
     """``analyzer.ingest.load.load_traces`` of some of a run's trace files (one window)."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
     return _traces(tuple(str(f) for f in files), run_key(run))
 
 
@@ -162,6 +182,9 @@ def _overview(path: str, key: str, window: int | None, n_bins: int) -> Loaded:
 def timeline_overview(run: RunEntry, window: int | None, n_bins: int) -> Loaded:
     """``RunAnalysis.timeline_overview``: one profiler window's rank-by-time occupancy, from the
     rank summaries (no events read), as ``(Overview, notes)``."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
     return _overview(str(run.path), run_key(run), window, n_bins)
 
 
@@ -180,6 +203,9 @@ def _window(files: tuple[str, ...], key: str, origins: tuple[tuple[int, int], ..
 def timeline_window(run: RunEntry, files: list[Path], ov, span_ns: tuple[int, int], max_events: int) -> Loaded:
     """``analyzer.metrics.timeline.select_window`` over some ranks' trace files of one window
     (only those files are read), aligned as `ov`."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
     origins = tuple(sorted(ov.origins.items()))
     return _window(tuple(str(f) for f in files), run_key(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
 
@@ -216,6 +242,9 @@ def _compared(base_path: str, base_key: str, cand_path: str, cand_key: str) -> L
 
 def compared(base: RunEntry, cand: RunEntry) -> Loaded:
     """Comparison and CI-gate outcome from `base` to `cand` (cached on both runs' files)."""
+    refused = base.refusal() or cand.refusal()
+    if refused:
+        return Loaded(None, refused)
     return _compared(str(base.path), run_key(base), str(cand.path), run_key(cand))
 
 
@@ -234,6 +263,9 @@ def _suggestions(path: str, key: str) -> Loaded:
 
 def suggestions(run: RunEntry) -> Loaded:
     """``analyzer.verbs.suggest.report_suggestions``: the ranked suggestion entries of a run."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
     return _suggestions(str(run.path), run_key(run))
 
 
@@ -246,20 +278,28 @@ def _curves(path: str, key: str) -> Any:
 
 
 def curves(run: RunEntry):
-    """``analyzer.metrics.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks)."""
+    """``analyzer.metrics.curves.training_curves`` of a run (per-step loss, lr, ..., all ranks); its
+    empty result for a refused run."""
+    if run.refusal():
+        from analyzer.metrics.curves import training_curves
+
+        return training_curves(None, None)
     return _curves(str(run.path), run_key(run))
 
 
 @st.cache_resource(max_entries=4, show_spinner="Gating consecutive runs...")
-def _history(root: str, by: str, key: tuple[str, ...]) -> Loaded:
+def _history(root: str, by: str, paths: tuple[str, ...], key: tuple[str, ...]) -> Loaded:
     from analyzer.verbs.history import history
 
     try:
-        return Loaded(history(Path(root), by))  # type: ignore[arg-type]
+        return Loaded(history(Path(root), by, [Path(p) for p in paths]))  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - see _fail
         return _fail(f"history({root})", exc)
 
 
-def history(root: Path, runs: list[RunEntry], by: str) -> Loaded:
-    """``analyzer.verbs.history.history`` of the runs folder (cached on every run's files)."""
-    return _history(str(root), by, tuple(run_key(r) for r in runs))
+def history(root: Path, runs: list[RunEntry], by: str) -> tuple[Loaded, list[str]]:
+    """``analyzer.verbs.history.history`` of the runs directly in the runs folder (cached on every
+    run's files), and the one-line refusal of each run left out because it links outside the folder."""
+    refusals = [r.refusal() for r in runs]
+    kept = tuple(r for r, why in zip(runs, refusals) if why is None and "/" not in r.name and r.name != ".")
+    return _history(str(root), by, tuple(str(r.path) for r in kept), tuple(run_key(r) for r in kept)), [w for w in refusals if w]

@@ -10,6 +10,7 @@ subfolders are not searched again.
 Run names are paths relative to RUNS_DIR in POSIX form (``"."`` for RUNS_DIR
 itself). A name coming from a URL is only accepted if it is one of the
 discovered names and resolves below RUNS_DIR: nothing else is ever read.
+Whether a path lies below RUNS_DIR is :func:`dashboard.boundary.inside`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
+
+from dashboard.boundary import inside, run_refusal
 
 MANIFEST = "run.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -41,6 +44,11 @@ class RunEntry:
     name: str
     path: Path  # absolute, symlinks resolved
     kind: RunKind
+    root: Path  # RUNS_DIR, resolved: the boundary of everything read for this run
+
+    def refusal(self) -> str | None:
+        """One line saying why nothing of this run is read (a path below it links outside RUNS_DIR), or None."""
+        return run_refusal(self.root, self.path, self.name)
 
 
 def _is_trace_file(entry: os.DirEntry) -> bool:
@@ -76,7 +84,7 @@ def discover_runs(runs_dir: Path) -> list[RunEntry]:
         kind = classify_dir(path)
         if kind is not None:
             rel = path.relative_to(root).as_posix() if path != root else "."
-            found.setdefault(rel, RunEntry(name=rel, path=path, kind=kind))
+            found.setdefault(rel, RunEntry(name=rel, path=path, kind=kind, root=root))
             return
         if depth >= MAX_DEPTH:
             return
@@ -87,10 +95,12 @@ def discover_runs(runs_dir: Path) -> list[RunEntry]:
         for child in children:
             if child.name.startswith(".") or not child.is_dir():
                 continue
-            real = Path(child.path).resolve()
-            if not real.is_relative_to(root) or real == root:
+            if not inside(root, Path(child.path)):
                 continue
-            visit(root / real.relative_to(root), depth + 1)
+            real = Path(child.path).resolve()
+            if real == root:
+                continue
+            visit(real, depth + 1)
 
     visit(root, 0)
     return [found[name] for name in sorted(found)]
@@ -110,7 +120,7 @@ def resolve_run(runs: list[RunEntry], root: Path, name: str) -> RunEntry:
     check_run_name(name)
     for run in runs:
         if run.name == name:
-            if not run.path.resolve().is_relative_to(root.resolve()):
+            if not inside(root, run.path):
                 raise RunLookupError(f"run name {name!r} refused: it resolves outside the runs directory")
             return run
     raise RunLookupError(f"no run named {name!r} in {root}")
@@ -118,10 +128,9 @@ def resolve_run(runs: list[RunEntry], root: Path, name: str) -> RunEntry:
 
 def safe_file(root: Path, path: Path) -> Path:
     """`path` with symlinks resolved, if it is a regular file below `root`."""
-    real = path.resolve()
-    if not real.is_relative_to(root.resolve()) or not real.is_file():
+    if not inside(root, path) or not path.resolve().is_file():
         raise RunLookupError(f"{path.name}: not a file below the runs directory")
-    return real
+    return path.resolve()
 
 
 def fingerprint(run: RunEntry) -> tuple[tuple[str, int, int], ...]:
@@ -141,6 +150,8 @@ def fingerprint(run: RunEntry) -> tuple[tuple[str, int, int], ...]:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
+            if entry.is_symlink() and not inside(run.root, Path(entry.path)):
+                continue  # never read; a run holding one is refused (RunEntry.refusal)
             if entry.is_dir():
                 if depth < 1 and entry.name not in _FINGERPRINT_SKIP:
                     walk(Path(entry.path), depth + 1)
@@ -153,10 +164,14 @@ def fingerprint(run: RunEntry) -> tuple[tuple[str, int, int], ...]:
 
 
 def trace_files(run: RunEntry) -> list[Path]:
-    """The run's Kineto trace files (``traces/`` of a reftrain run, else the folder)."""
+    """The run's Kineto trace files (``traces/`` of a reftrain run, else the folder), those
+    whose real path lies below RUNS_DIR."""
     folder = run.path / "traces" if run.kind == "reftrain" else run.path
+    if not inside(run.root, folder):
+        return []
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return []
-    return [Path(e.path) for e in entries if _is_trace_file(e)]
+    return [Path(e.path) for e in entries
+            if (not e.is_symlink() or inside(run.root, Path(e.path))) and _is_trace_file(e)]

@@ -14,6 +14,7 @@ tests must not touch the repository's examples.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -189,3 +190,59 @@ def write_many_rank_traces(folder: Path, world: int = MANY_WORLD, straggler: int
             t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", start, base + 8_000 - start, stream=20,
                      args=t.comm_args("allreduce", 1 << 20), launch_us=start - 100)
         t.write(folder / f"rank{rank}.pt.trace.json.gz")
+
+
+# Runs that link outside the runs folder (docs/dashboard.md, "The runs folder is the boundary").
+# Every outside file holds a marker that must appear nowhere on any page.
+OUTSIDE_MARKER = "OUTSIDE_SECRET_5d1e"
+PASSWD = Path("/etc/passwd")
+LINKED_RUNS = {
+    "link-trace": "rank1.pt.trace.json.gz",  # a trace folder whose rank 1 is an outside trace
+    "link-passwd": "rank1.json",  # a trace folder whose rank 1 is /etc/passwd
+    "link-manifest": "run.json",  # a reftrain run whose run.json is an outside JSON file
+    "link-metrics": "metrics/rank0.jsonl",  # a reftrain run whose metrics file is outside
+    "link-subfolder": "traces",  # a reftrain run whose traces folder is outside
+    "link-deep": "checkpoints/step4/extra",  # a folder three levels down
+}
+
+
+def build_linked_runs(runs: Path, outside: Path) -> dict[str, Path]:
+    """The runs of :data:`LINKED_RUNS` in `runs` (the value: the path below the run that links out),
+    linking into `outside` (made here) and to /etc/passwd; returns the outside file each run's link reaches."""
+    from synth import KinetoTrace
+
+    outside.mkdir(parents=True)
+    secret = KinetoTrace(rank=1, world_size=2)
+    secret.step(3, 100, 1000)
+    secret.kernel(f"{OUTSIDE_MARKER}_kernel", 100, 600, launch_us=80)
+    secret.write(outside / "secret.pt.trace.json.gz")
+    (outside / "secret.json").write_text(json.dumps({"schema": "reftrain.run/1", f"{OUTSIDE_MARKER}_key": OUTSIDE_MARKER}))
+    (outside / "metrics").mkdir()
+    (outside / "metrics" / "rank0.jsonl").write_text(json.dumps({"step": 1, f"{OUTSIDE_MARKER}_metric": 1.0}) + "\n")
+    (outside / "traces").mkdir()
+    secret.write(outside / "traces" / "rank1.step7.json.gz")
+    (outside / "notes.json").write_text(json.dumps({OUTSIDE_MARKER: 1}))
+
+    for name in ("link-trace", "link-passwd"):
+        write_gpu_traces(runs / name)
+        (runs / name / "rank1.pt.trace.json.gz").unlink()
+    (runs / "link-trace" / "rank1.pt.trace.json.gz").symlink_to(outside / "secret.pt.trace.json.gz")
+    (runs / "link-passwd" / "rank1.json").symlink_to(PASSWD)
+    for name in ("link-manifest", "link-metrics", "link-subfolder", "link-deep"):
+        shutil.copytree(EXAMPLES / GOOD_RUN, runs / name, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    (runs / "link-manifest" / "run.json").unlink()
+    (runs / "link-manifest" / "run.json").symlink_to(outside / "secret.json")
+    (runs / "link-metrics" / "metrics" / "rank0.jsonl").unlink()
+    (runs / "link-metrics" / "metrics" / "rank0.jsonl").symlink_to(outside / "metrics" / "rank0.jsonl")
+    shutil.rmtree(runs / "link-subfolder" / "traces")
+    (runs / "link-subfolder" / "traces").symlink_to(outside / "traces")
+    (runs / "link-deep" / "checkpoints" / "step4").mkdir(parents=True)
+    (runs / "link-deep" / "checkpoints" / "step4" / "extra").symlink_to(outside)
+    return {
+        "link-trace": outside / "secret.pt.trace.json.gz",
+        "link-passwd": PASSWD,
+        "link-manifest": outside / "secret.json",
+        "link-metrics": outside / "metrics" / "rank0.jsonl",
+        "link-subfolder": outside / "traces" / "rank1.step7.json.gz",
+        "link-deep": outside / "notes.json",
+    }

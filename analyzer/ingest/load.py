@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest import cache as trace_cache
-from analyzer.errors import TraceError
+from analyzer.errors import AnalyzerError, TraceError
 from analyzer.ingest.jobs import ParseJobs, parse_file, usable_cpus
 from analyzer.ingest.locate import find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
 from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
@@ -92,10 +92,16 @@ class FileFacts:
     notes: list[str]
     steps: pd.DataFrame  # step, start_ns, end_ns
     world_size: int | None
+    # Which run the file belongs to (:func:`_check_one_run`): RankTrace's properties of the same names.
+    device_kind: str = "CPU-only"
+    job: dict[str, str] = field(default_factory=dict)
+    first_ns: int | None = None
+    last_ns: int | None = None
 
     @classmethod
     def of(cls, rt: RankTrace) -> FileFacts:
-        return cls(rt.path, rt.rank, rt.rank_source, list(rt.notes), rt.steps, rt.world_size)
+        return cls(rt.path, rt.rank, rt.rank_source, list(rt.notes), rt.steps, rt.world_size,
+                   rt.device_kind, rt.job, rt.first_ns, rt.last_ns)
 
 
 _Loaded = TypeVar("_Loaded", RankTrace, FileFacts)
@@ -135,7 +141,16 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
         json_bytes=parsed.json_bytes,
         notes=notes,
         memory=memory_table(parsed.memory),
+        clock_origin_ns=_clock_origin_ns(parsed.meta.get("baseTimeNanoseconds")),
     )
+
+
+def _clock_origin_ns(value: object) -> int:
+    """A trace's ``baseTimeNanoseconds`` as an int (Kineto writes a number; 0 when absent or not one)."""
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[str]]:
@@ -463,7 +478,11 @@ def assemble(files: list[Path], loaded: Mapping[Path, _Loaded]) -> tuple[dict[in
     by rank, and the set-level warnings, in this order: each file's notes, a
     rank assumed 0, a duplicated rank (the file sorting last is kept), a rank
     without ProfilerStep markers, differing step counts, ranks missing
-    against ``world_size``."""
+    against ``world_size``, ranks far apart in time.
+
+    Raises AnalyzerError when the kept ranks are traces of different runs
+    (:func:`_check_one_run`: a device type or a distributed job identity
+    that differs)."""
     warnings: list[str] = []
     multi = len(files) > 1
     by_rank: dict[int, list[_Loaded]] = {}
@@ -493,7 +512,65 @@ def assemble(files: list[Path], loaded: Mapping[Path, _Loaded]) -> tuple[dict[in
             )
     _check_step_counts(ranks, warnings)
     _check_world(ranks, warnings)
+    _check_one_run(ranks, warnings)
     return ranks, warnings
+
+
+# Ranks of one job record the same profiler steps (the schedule counts steps, and each step's
+# collectives keep the ranks within a step of each other), so their first events lie within about
+# one trace span of each other, plus the hosts' clock offset (NTP: milliseconds). Twice the longest
+# rank's span, and at least 10 s for short windows and drifting clocks, is "far apart"; a second
+# launch of a job restarts its processes, loads and warms up before its window, and lands further off.
+FAR_APART_SPANS = 2.0
+FAR_APART_MIN_NS = 10 * 10**9
+
+
+def _check_one_run(ranks: Mapping[int, _Loaded], warnings: list[str]) -> None:
+    """Refuse traces of different runs analyzed as one (docs/loading.md, "One run").
+
+    An error when the kept ranks disagree on the device type (GPU or CPU-only)
+    or on a field of the job identity their traces record
+    (:func:`analyzer.ingest.tables.job_identity`; a field compared only
+    among the files that have it); a warning when their first events lie
+    further apart than :data:`FAR_APART_SPANS` x the longest rank's span (at
+    least :data:`FAR_APART_MIN_NS`): the clocks of different hosts can
+    disagree, so time alone does not prove two runs.
+    """
+    files = [ranks[r] for r in sorted(ranks)]
+    if len(files) < 2:
+        return
+    differ = ["device type"] if len({rt.device_kind for rt in files}) > 1 else []
+    for key in sorted({k for rt in files for k in rt.job}):
+        if len({rt.job[key] for rt in files if key in rt.job}) > 1:
+            differ.append(key)
+    if differ:
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for rt in files:
+            values = tuple(rt.device_kind if k == "device type" else f"{k} {rt.job.get(k, 'not recorded')}" for k in differ)
+            groups.setdefault(values, []).append(rt.path.name)
+        described = "; ".join(f"{_first_names(names)}: {', '.join(values)}" for values, names in groups.items())
+        raise AnalyzerError(
+            f"traces of different runs: {described}. Ranks of one run share these; analyze each run's traces on its own"
+        )
+    timed = sorted((rt for rt in files if rt.first_ns is not None and rt.last_ns is not None), key=lambda rt: rt.first_ns)
+    if len(timed) < 2:
+        return
+    longest_ns = max(rt.last_ns - rt.first_ns for rt in timed)
+    allowed_ns = max(FAR_APART_SPANS * longest_ns, FAR_APART_MIN_NS)
+    earliest, latest = timed[0], timed[-1]
+    gap_ns = latest.first_ns - earliest.first_ns
+    if gap_ns > allowed_ns:
+        warnings.append(
+            f"{latest.path.name} starts {gap_ns / 1e9:,.1f} s after {earliest.path.name}, further apart than "
+            f"{allowed_ns / 1e9:,.1f} s ({FAR_APART_SPANS:g}x the longest rank's trace, at least "
+            f"{FAR_APART_MIN_NS / 1e9:g} s): traces of different runs? Ranks of one run record the same steps"
+        )
+
+
+def _first_names(names: list[str], shown: int = 3) -> str:
+    """``a, b, c and 5 more``."""
+    head = ", ".join(names[:shown])
+    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _check_step_counts(ranks: Mapping[int, _Loaded], warnings: list[str]) -> None:

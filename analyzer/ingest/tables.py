@@ -245,11 +245,54 @@ class RankTrace:
     notes: list = field(default_factory=list)
     # [memory] instant events (profile_memory=True): memory_table's columns; empty without them.
     memory: pd.DataFrame = field(default_factory=lambda: memory_table({}))
+    # The trace's baseTimeNanoseconds: the Unix time (ns) its event times count from; 0 when it has
+    # none (older traces, whose times are Unix times already).
+    clock_origin_ns: int = 0
 
     @property
     def world_size(self) -> int | None:
         ws = self.distributed_info.get("world_size")
         return int(ws) if ws is not None else None
+
+    @property
+    def device_kind(self) -> str:
+        """``"GPU"`` when the trace has device events or device properties, else ``"CPU-only"``."""
+        return "GPU" if self.has_device or self.device_properties else "CPU-only"
+
+    @property
+    def job(self) -> dict[str, str]:
+        """The distributed job's identity: :func:`job_identity` of ``distributed_info``."""
+        return job_identity(self.distributed_info)
+
+    @property
+    def first_ns(self) -> int | None:
+        """The first event's start, ns since the Unix epoch; None without events."""
+        return None if self.events.empty else int(self.events["start_ns"].min()) + self.clock_origin_ns
+
+    @property
+    def last_ns(self) -> int | None:
+        """The last event's end, ns since the Unix epoch; None without events."""
+        return None if self.events.empty else int(self.events["end_ns"].max()) + self.clock_origin_ns
+
+
+# distributedInfo keys the ranks of one job share (PyTorch's profiler writes backend, world_size and
+# pg_config; master_addr/master_port only when a user adds them). Not pg_count, nor the other
+# process groups' configs: a rank lists only the groups it belongs to.
+_JOB_KEYS = ("backend", "world_size", "master_addr", "master_port")
+
+
+def job_identity(distributed_info: dict) -> dict[str, str]:
+    """What every rank of one distributed job records alike in ``distributedInfo``: backend,
+    world_size, the default process group's backend_config and size, and master_addr/master_port
+    where present; values as text, keys absent from the trace left out."""
+    out = {k: str(distributed_info[k]) for k in _JOB_KEYS if distributed_info.get(k) is not None}
+    pgs = distributed_info.get("pg_config")
+    default = next((pg for pg in pgs if isinstance(pg, dict) and pg.get("pg_name") == "0"), None) if isinstance(pgs, list) else None
+    if default is not None:
+        for key in ("backend_config", "pg_size"):
+            if default.get(key) is not None:
+                out[f"default pg {key}"] = str(default[key])
+    return out
 
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")

@@ -50,6 +50,7 @@ import pandas as pd
 from analyzer.verbs.compare import candidate_peak_scale, labelled
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Inject, RunManifest
+from analyzer.verbs.printable import printable
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -1098,6 +1099,7 @@ def short_kernel_name(name: str, max_chars: int = KERNEL_NAME_MAX_CHARS) -> str:
     The function's qualified name and the start of its template arguments,
     which tell e.g. one CUTLASS GEMM from another, are what remains.
     """
+    name = printable(name, one_line=True)
     if len(name) <= max_chars:
         return name
     text = name[5:] if name.startswith("void ") else name

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import package_version
+from analyzer.verbs.printable import printable
 from analyzer.verbs.report import (
     _delta_rows,
     _growth_text,
@@ -309,7 +310,7 @@ def _escape_property(text: str) -> str:
 
 def workflow_command(kind: Literal["error", "warning", "notice"], title: str, message: str) -> str:
     """One GitHub Actions workflow command line, e.g. ``::error title=T::message``."""
-    return f"::{kind} title={_escape_property(title)}::{_escape_data(message)}"
+    return printable(f"::{kind} title={_escape_property(title)}::{_escape_data(message)}")
 
 
 def on_github_actions() -> bool:

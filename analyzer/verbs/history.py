@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Git
+from analyzer.verbs.printable import printable
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -68,8 +69,9 @@ def _sha(a: "RunAnalysis") -> str | None:
     return git.sha if git is not None else None
 
 
-def history(runs_dir: Path, by: Order = "time") -> History:
-    """The history of the reftrain runs directly under ``runs_dir`` (see module doc)."""
+def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = None) -> History:
+    """The history of the reftrain runs directly under ``runs_dir`` (see module doc); ``runs``: the
+    run folders to consider instead of every folder there (a caller that vets what it reads)."""
     from analyzer.api import analyze
     from analyzer.verbs.check import check, explain
     from analyzer.ingest.locate import is_run_dir
@@ -80,7 +82,8 @@ def history(runs_dir: Path, by: Order = "time") -> History:
     if not runs_dir.is_dir():
         raise AnalyzerError(f"{runs_dir}: not a folder of runs")
     analyzed, skipped = [], []
-    for path in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    folders = runs if runs is not None else [p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    for path in sorted(folders):
         if not is_run_dir(path):
             skipped.append(f"{path.name}: not a reftrain run directory (no run.json)")
             continue
@@ -142,7 +145,7 @@ def history_text(h: History) -> str:
                                      "change point"], rows, left=(0, 1, 2, 7, 8))]
     out += [f"  {p.run}: gate cannot judge: {p.verdict_error}" for p in h.points if p.verdict_error]
     out += [f"  skipped {s}" for s in h.skipped]
-    return "\n".join(out)
+    return printable("\n".join(out))
 
 
 def history_html(h: History) -> str:

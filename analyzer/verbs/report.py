@@ -18,6 +18,7 @@ import pandas as pd
 from analyzer.ingest.formats import Generator, ReportDocument, package_version
 from analyzer.jsontext import dumps_json  # noqa: F401 - part of this module's API
 from analyzer.jsontext import path_text
+from analyzer.verbs.printable import printable
 from analyzer.verbs.suggest import report_suggestions, suggestions_text  # docs/suggestions.md
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def short_kernel_name(name: str, width: int = KERNEL_NAME_WIDTH) -> str:
     and stays), then elides the middle so that both the start and the
     distinguishing template arguments at the end remain.
     """
-    text = name.strip()
+    text = printable(name.strip(), one_line=True)
     if text.startswith("void "):
         text = text[5:]
     text = text.replace("(anonymous namespace)::", "")
@@ -72,8 +73,9 @@ def short_kernel_name(name: str, width: int = KERNEL_NAME_WIDTH) -> str:
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, left: Sequence[int] = ()) -> str:
-    """A plain-text table; columns right-aligned except the indices in ``left``."""
-    rows = [[str(c) for c in row] for row in rows]
+    """A plain-text table; columns right-aligned except the indices in ``left``; control
+    characters and newlines in a cell escaped (:func:`~analyzer.verbs.printable.printable`)."""
+    rows = [[printable(str(c), one_line=True) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row)]
@@ -349,7 +351,7 @@ def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
             for k in kernels.itertuples(index=False)
         ]
         out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
-    return "\n".join(out).rstrip() + "\n"
+    return printable("\n".join(out).rstrip() + "\n")
 
 
 def _mib(v) -> str:
@@ -819,7 +821,7 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
         out.append("Per-rank median step time")
         out.append(format_table(["rank", "base ms", "cand ms", "delta ms", "delta %"], _delta_rows(c.ranks), left=(0,)))
     out += [f"note: {n}" for n in c.notes]
-    return "\n".join(out).rstrip() + "\n"
+    return printable("\n".join(out).rstrip() + "\n")
 
 
 # ----------------------------------------------------------------- check
@@ -830,7 +832,7 @@ def render_check_text(outcome: "GateOutcome", explanation: str) -> str:
     lines.append(f"baseline:  {r.base_source}")
     lines.append(f"candidate: {r.cand_source}")
     lines += [f"note: {n}" for n in r.notes]
-    return "\n".join(lines).rstrip() + "\n"
+    return printable("\n".join(lines).rstrip() + "\n")
 
 
 def _md_escape(text: str) -> str:
@@ -887,4 +889,4 @@ def render_check_markdown(outcome: "GateOutcome", explanation: str, *, top: int 
         lines += ["", f"**Peak memory** ({_md_escape(c.memory_source + _growth_text(c))})", "",
                   "| | base MiB | cand MiB | delta MiB | delta % |", "|---|---:|---:|---:|---:|"]
         lines += [f"| {_md_escape(row[0])} | " + " | ".join(row[1:]) + " |" for row in _delta_rows(c.memory, ".1f")]
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines) + "\n")

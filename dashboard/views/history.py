@@ -23,7 +23,9 @@ def render() -> None:
     by = left.radio("Order", ["time", "commit"], horizontal=True, key="history_by",
                     help="commit: the latest run of each git commit")
     metric = right.selectbox("Metric", list(METRICS), key="history_metric", format_func=lambda m: METRICS[m][0])
-    loaded = history(state.runs_root(), runs, by)
+    loaded, refused = history(state.runs_root(), runs, by)
+    for line in refused:
+        st.caption(plain(line))
     if loaded.value is None:
         st.error(plain(loaded.error or "history failed"))
         return

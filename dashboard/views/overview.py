@@ -12,7 +12,7 @@ from analyzer.api import RunAnalysis
 from analyzer.metrics.mfu import MfuResult
 from dashboard import state
 from dashboard.data import curves, suggestions, throughput
-from dashboard.discover import RunEntry, safe_file, trace_files
+from dashboard.discover import RunEntry, RunLookupError, safe_file, trace_files
 from dashboard.text import plain
 from dashboard.ui import (
     FEW_RANKS,
@@ -497,9 +497,14 @@ def downloads(run: RunEntry) -> None:
         name = st.selectbox(f"Trace file ({len(files):,}; type to find one)", names, key="download_pick")
         files = [files[names.index(name)]]
     for i, path in enumerate(files):
-        real = safe_file(root, path)
+        try:
+            real = safe_file(root, path)
+            size = real.stat().st_size
+        except (RunLookupError, OSError) as exc:  # removed or re-linked since the listing: say so, keep the page
+            st.caption(plain(f"{path.name}: not offered: {exc}"))
+            continue
         st.download_button(
-            f"{plain(path.name)} ({real.stat().st_size / 2**20:.1f} MiB)",
+            f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
             data=lambda real=real: real.read_bytes(),
             file_name=path.name,
             mime="application/gzip" if path.name.endswith(".gz") else "application/json",

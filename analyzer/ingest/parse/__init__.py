@@ -119,8 +119,8 @@ class ParsedTrace:
     ``external_id``. ``sparse`` maps column -> {row: value} for the few
     rows that carry matmul shapes or collective details. ``meta`` holds the
     document's top-level ``distributedInfo``, ``deviceProperties`` (an
-    older era's ``computeProperties`` under that name) and
-    ``displayTimeUnit``. ``notes``: one sentence per oddity the parse
+    older era's ``computeProperties`` under that name), ``displayTimeUnit``
+    and ``baseTimeNanoseconds``. ``notes``: one sentence per oddity the parse
     coped with (events dropped for bad times, a ns time unit), reported as
     the file's warnings. ``memory``: the ``[memory]`` instant events of a
     trace taken with ``profile_memory=True``, as int64 columns

@@ -78,10 +78,11 @@ class _Doc(msgspec.Struct):
     deviceProperties: Any = None
     computeProperties: Any = None  # the TensorBoard-plugin era's deviceProperties
     displayTimeUnit: Any = None
+    baseTimeNanoseconds: Any = None  # the Unix time, ns, that event times count from (Kineto since 2023)
 
 
 # Top-level keys kept from a document (see ParsedTrace.meta).
-_META_KEYS = ("distributedInfo", "deviceProperties", "computeProperties", "displayTimeUnit")
+_META_KEYS = ("distributedInfo", "deviceProperties", "computeProperties", "displayTimeUnit", "baseTimeNanoseconds")
 
 
 _NO_ARGS = Args()

@@ -59,6 +59,7 @@ def run_suggest(args: argparse.Namespace) -> int:
     """Analyze PATH, print the ranked suggestions, write --json / --emit-config; returns the exit code (0)."""
     from analyzer.api import analyze
     from analyzer.jsontext import dumps_json
+    from analyzer.verbs.printable import run_messages, say
     from analyzer.verbs.suggest.emit import emit_config
     from analyzer.verbs.suggest.facts import run_facts
     from analyzer.verbs.suggest.render import render_text
@@ -70,8 +71,8 @@ def run_suggest(args: argparse.Namespace) -> int:
     ra = analyze(path, peak_flops=getattr(args, "peak_flops", None), cache=not getattr(args, "no_cache", False),
                  jobs=getattr(args, "parse_jobs", None), engine=getattr(args, "engine", "local"),
                  ray_address=getattr(args, "ray_address", None))
-    for error in ra.errors:
-        print(f"analyzer: skipped: {error}", file=sys.stderr)
+    for kind, message in run_messages(ra):  # what `analyzer report` says about the same input
+        say(kind, message)
     suggestions = suggest(ra)
     facts = run_facts(ra)
     config_path, nproc = facts.config_path, facts.world_size

@@ -5,6 +5,7 @@ import math
 from typing import Any, Sequence
 
 from analyzer.verbs.suggest.engine import Suggestion
+from analyzer.verbs.printable import printable
 
 
 def _fmt(value: Any) -> str:
@@ -85,7 +86,7 @@ def render_text(suggestions: Sequence[Suggestion], config_path: str | None = Non
             out.append(f"    coverage: {coverage_text(s.coverage)}")
         for note in s.notes:
             out.append(f"    note: {note}")
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n")
 
 
 def render_markdown(suggestions: Sequence[Suggestion], config_path: str | None = None) -> str:
@@ -97,7 +98,7 @@ def render_markdown(suggestions: Sequence[Suggestion], config_path: str | None =
         change = " ".join(s.change.set_args()) or s.change.advice
         change = change.replace("|", "\\|")
         rows.append(f"| {i} | `{s.rule}` | `{change}` | {prediction_text(s)} | {s.confidence} |")
-    return "\n".join(rows) + "\n"
+    return printable("\n".join(rows) + "\n")
 
 
 def suggestions_text(ra) -> str:
