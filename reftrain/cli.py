@@ -29,7 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from reftrain import checkpoint, manifest
+from recorder import manifest
+from reftrain import checkpoint
 from reftrain.config import (Config, apply_set, from_dict, load_file, merge_dict, resolve, set_value, to_yaml,
                              tracker_names)
 from reftrain.errors import ReftrainError
@@ -376,7 +377,7 @@ def _start_watchdog(cfg: Config, run_dir: Path, nproc: int):
     """The launcher's hang watchdog over the ranks' heartbeat files (reftrain/heartbeat.py), or None."""
     if not cfg.watchdog.enabled:
         return None
-    from reftrain import heartbeat
+    from recorder import heartbeat
     from analyzer.ingest.formats import HangReport
 
     timeout_s = cfg.watchdog.timeout_s

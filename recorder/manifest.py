@@ -17,7 +17,7 @@ from pathlib import Path
 from analyzer.ingest.formats import (FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, HangReport, RunManifest,
                                      attempt_folder, records_file)
 from reftrain.config import Config, to_yaml
-from reftrain.errors import ReftrainError
+from recorder.errors import RecorderError
 
 SCHEMA = RUN_SCHEMA
 SCHEMAS = FAMILY_SCHEMAS
@@ -46,11 +46,11 @@ def create_run_dir(cfg: Config, world_size: int) -> Path:
     try:
         runs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ReftrainError(f"run.runs_dir: cannot create {runs}: {exc.strerror or exc}") from None
+        raise RecorderError(f"run.runs_dir: cannot create {runs}: {exc.strerror or exc}") from None
     if not runs.is_dir():
-        raise ReftrainError(f"run.runs_dir: {runs} is not a directory")
+        raise RecorderError(f"run.runs_dir: {runs} is not a directory")
     if not os.access(runs, os.W_OK | os.X_OK):
-        raise ReftrainError(f"run.runs_dir: {runs} is not writable")
+        raise RecorderError(f"run.runs_dir: {runs} is not writable")
     explicit = cfg.run.name is not None
     base = cfg.run.name or default_run_name(cfg, world_size)
     for attempt in range(1, 100):
@@ -60,13 +60,13 @@ def create_run_dir(cfg: Config, world_size: int) -> Path:
             break
         except FileExistsError:
             if explicit:
-                raise ReftrainError(
+                raise RecorderError(
                     f"run directory {path} already exists; reftrain never overwrites a run (choose another --run-name)"
                 ) from None
         except OSError as exc:
-            raise ReftrainError(f"run.runs_dir: cannot create {path}: {exc.strerror or exc}") from None
+            raise RecorderError(f"run.runs_dir: cannot create {path}: {exc.strerror or exc}") from None
     else:
-        raise ReftrainError(f"run.runs_dir: {runs}: too many runs named {base}-N")
+        raise RecorderError(f"run.runs_dir: {runs}: too many runs named {base}-N")
     saved = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=None))
     (path / "config.yaml").write_text(to_yaml(saved))
     return path

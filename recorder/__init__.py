@@ -1,0 +1,1 @@
+"""Record any PyTorch training loop into a run directory (docs/record.md, docs/rundir.md)."""
