@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from analyzer.ingest import formats as fmt
 from recorder import manifest
-from reftrain import checkpoint, data, flops, parallel
+from reftrain import checkpoint, data, flops, parallel, rundir
 from recorder.clock import align_clocks
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
@@ -63,7 +63,7 @@ def _agree_on_run_dir(cfg: Config, run_dir: Path | None, env: parallel.DistEnv) 
     box: list = [None]
     if env.rank == 0:
         try:
-            box[0] = ("ok", str(manifest.create_run_dir(cfg, env.world_size)))
+            box[0] = ("ok", str(rundir.create_run_dir(cfg, env.world_size)))
         except ReftrainError as exc:
             box[0] = ("error", str(exc))
     dist.broadcast_object_list(box, src=0)
