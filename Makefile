@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	# Bytecode for the project's own modules, as pip writes it for installed
 	# wheels: an editable install has none until a first import writes it,
 	# and never where PYTHONDONTWRITEBYTECODE is set (~0.1 s per analyzer run).
-	$(BIN)/python -m compileall -q analyzer reftrain dashboard
+	$(BIN)/python -m compileall -q analyzer recorder reftrain dashboard
 	touch $(STAMP)
 
 demo: $(STAMP)

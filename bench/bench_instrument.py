@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
+from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
                                  untimed_collectives)
 
 WORLD = 2

@@ -21,20 +21,21 @@ import torch
 import torch.distributed as dist
 
 from analyzer.ingest import formats as fmt
-from reftrain import checkpoint, data, flops, manifest, parallel
-from reftrain.clock import align_clocks
+from recorder import manifest
+from reftrain import checkpoint, data, flops, parallel, rundir
+from recorder.clock import align_clocks
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
 from reftrain.faults import Faults, restart_count
-from reftrain.heartbeat import Heartbeat
-from reftrain.hardware import describe_hardware, git_state
+from recorder.heartbeat import Heartbeat
+from recorder.hardware import describe_hardware, git_state
 from reftrain.inject import Injector
-from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
+from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
                                  untimed_collectives, untimed_group)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
-from reftrain.preemption import Preemption
-from reftrain.profiling import StepProfiler
-from reftrain.telemetry import GpuTelemetry, nvml_index_of
+from recorder.preemption import Preemption
+from recorder.profiling import StepProfiler
+from recorder.telemetry import GpuTelemetry, nvml_index_of
 from reftrain.trackers import Trackers, run_summary
 
 PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
@@ -62,7 +63,7 @@ def _agree_on_run_dir(cfg: Config, run_dir: Path | None, env: parallel.DistEnv) 
     box: list = [None]
     if env.rank == 0:
         try:
-            box[0] = ("ok", str(manifest.create_run_dir(cfg, env.world_size)))
+            box[0] = ("ok", str(rundir.create_run_dir(cfg, env.world_size)))
         except ReftrainError as exc:
             box[0] = ("error", str(exc))
     dist.broadcast_object_list(box, src=0)

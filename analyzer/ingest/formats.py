@@ -350,6 +350,8 @@ class RunManifest(Record):
     checkpoint_saves: list[CheckpointSave] | None = _omit_none()
     hangs: list[HangReport] | None = _omit_none()
     error: str | None = _omit_none()  # only when failed: the one-line reason
+    # Runs written by the recorder: how its collectives were timed ("none: ..." with the reason).
+    collective_timing: str | None = _omit_none()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

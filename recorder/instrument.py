@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from reftrain.errors import ReftrainError
+from recorder.errors import RecorderError
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 _WRITE_BUFFER_BYTES = 1 << 20
@@ -62,7 +62,7 @@ class JsonlWriter:
     """Buffered JSON-lines file: one JSON object per line.
 
     The file is created exclusively: an existing file is never overwritten
-    (raises `ReftrainError`). Parent directories are created. Non-finite floats
+    (raises `RecorderError`). Parent directories are created. Non-finite floats
     (NaN, inf) are written as `null`, since JSON has no representation for them.
     Not thread-safe: write from one thread (or serialize calls yourself).
     """
@@ -74,18 +74,18 @@ class JsonlWriter:
             # "x": exclusive create, so two runs can never append into one file.
             self._file: IO[bytes] | None = open(self.path, "xb", buffering=_WRITE_BUFFER_BYTES)
         except FileExistsError:
-            raise ReftrainError(f"{self.path}: already exists; refusing to overwrite") from None
+            raise RecorderError(f"{self.path}: already exists; refusing to overwrite") from None
         except OSError as exc:
-            raise ReftrainError(f"{self.path}: cannot create file: {exc.strerror or exc}") from None
+            raise RecorderError(f"{self.path}: cannot create file: {exc.strerror or exc}") from None
 
     def write(self, record: dict) -> None:
         """Append one record (a dict of JSON-serializable values, numpy/torch scalars allowed)."""
         if self._file is None:
-            raise ReftrainError(f"{self.path}: write after close")
+            raise RecorderError(f"{self.path}: write after close")
         try:
             line = orjson.dumps(record, default=_json_default, option=_ORJSON_OPTS)
         except TypeError as exc:
-            raise ReftrainError(f"{self.path}: cannot serialize record: {exc}") from None
+            raise RecorderError(f"{self.path}: cannot serialize record: {exc}") from None
         self._file.write(line)
 
     def flush(self) -> None:
@@ -375,7 +375,7 @@ class CollectiveTimer:
         """Wrap torch.distributed's collective functions so every call is timed."""
         global _INSTALLED
         if _INSTALLED is not None:
-            raise ReftrainError("a CollectiveTimer is already installed in this process")
+            raise RecorderError("a CollectiveTimer is already installed in this process")
         for name, (kind, payload_param) in _COLLECTIVES.items():
             original = getattr(c10d, name, None)
             if original is None:  # older torch without this function
@@ -590,7 +590,7 @@ class PhaseTimer:
     def end_step(self) -> dict[str, float]:
         """{"step_time_ms": ..., "<phase>_ms": ...} for this step (CUDA: one synchronize)."""
         if self._step_start_ns is None:
-            raise ReftrainError("PhaseTimer.end_step called without start_step")
+            raise RecorderError("PhaseTimer.end_step called without start_step")
         if self._cuda:
             torch.cuda.synchronize(self._device)
         end_ns = time.perf_counter_ns()

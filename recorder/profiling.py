@@ -19,12 +19,27 @@ import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from analyzer.ingest.formats import trace_file, trace_window_dir
-from reftrain.config import ProfileConfig
+
+
+class ProfileOptions(Protocol):
+    """What StepProfiler reads from its options (reftrain's `profile` config section, the
+    recorder's ProfileSchedule): the torch.profiler schedule and what to record."""
+
+    enabled: bool
+    wait: int
+    warmup: int
+    active: int
+    repeat: int
+    record_shapes: bool
+    memory: bool
+    with_stack: bool
+
 
 _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
@@ -69,7 +84,7 @@ class StepProfiler:
     end of every step. A disabled profiler is a no-op with the same interface.
     """
 
-    def __init__(self, cfg: ProfileConfig, rank: int, traces_dir: Path, device: torch.device,
+    def __init__(self, cfg: ProfileOptions, rank: int, traces_dir: Path, device: torch.device,
                  start_step: int) -> None:
         self.cfg = cfg
         self.rank = rank
