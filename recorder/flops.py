@@ -43,6 +43,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+from analyzer.ingest import formats as fmt
+
 aten = torch.ops.aten
 
 SOURCE = "FlopCounterMode"
@@ -139,35 +141,22 @@ class StepFlops:
         return self.hardware / self.tokens if self.tokens else None
 
     @property
-    def source(self) -> str:
-        """One line naming the measurement, for run.json's ``flops.source``."""
+    def detail(self) -> str:
+        """One line naming the measurement, for run.json's ``flops.detail``."""
         where = f"step {self.step}" if self.step is not None else "one step"
-        return f"{SOURCE} (torch {self.torch_version}), {where}, forward + backward"
+        return (f"torch.utils.flop_counter.{SOURCE} (torch {self.torch_version}) over {where} on rank 0: "
+                "forward + backward; recompute and the optimizer step apart")
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "hardware": self.hardware,
-            "recompute": self.recompute,
-            "optimizer": self.optimizer,
-            "by_op": dict(self.by_op),
-            "tokens": self.tokens,
-            "step": self.step,
-            "torch_version": self.torch_version,
-            "added_formulas": list(self.added_formulas),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StepFlops:
-        return cls(
-            model=int(data["model"]),
-            recompute=int(data.get("recompute") or 0),
-            optimizer=int(data.get("optimizer") or 0),
-            by_op={str(k): int(v) for k, v in (data.get("by_op") or {}).items()},
-            tokens=data.get("tokens"),
-            step=data.get("step"),
-            torch_version=str(data.get("torch_version") or ""),
-            added_formulas=[str(x) for x in data.get("added_formulas") or []],
+    def to_manifest(self) -> fmt.Flops:
+        """run.json's ``flops`` (docs/rundir.md): per token when the step's tokens are known."""
+        return fmt.Flops(
+            per_token=self.per_token,
+            per_token_hardware=self.per_token_hardware,
+            source="measured",
+            detail=self.detail,
+            measured=fmt.MeasuredFlops(model=self.model, hardware=self.hardware, recompute=self.recompute,
+                                       optimizer=self.optimizer, tokens=self.tokens, step=self.step,
+                                       by_op=dict(self.by_op), added_formulas=list(self.added_formulas)),
         )
 
 

@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from analyzer.ingest import formats as fmt
-from recorder import manifest
+from recorder import manifest, peak
 from recorder.clock import align_clocks
 from recorder.errors import RecorderError
+from recorder.flops import StepFlopCounter
 from recorder.hardware import describe_hardware, git_state
 from recorder.heartbeat import Heartbeat
 from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
@@ -186,6 +187,8 @@ class Recorder:
         self.tokens_per_step: int | None = None
         self.profiled_steps: list[int] = []
         self._preempt_signal: int | None = None
+        # Without FLOPs given, the first step runs under a FLOP counter (recorder.flops).
+        self._flop_counter: StepFlopCounter | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
         self.profiler.__enter__()
@@ -293,18 +296,27 @@ class Recorder:
         return everyone
 
     def _peak(self, given: float | None) -> fmt.PeakFlops | None:
-        """The given peak, else the datasheet's for a known GPU; None (MFU withheld) otherwise."""
+        """The given peak, else the datasheet's for a known GPU, else an fp32 (TF32 where CUDA allows it)
+        matmul measured on every rank at once, the max over ranks (as reftrain measures it: on a shared
+        CPU the ranks share cores, as they will while training)."""
         if given is not None:
             return fmt.PeakFlops(per_s=float(given), source="override", detail="recorder.open(peak_flops_per_s=...)",
                                  dtype=None)
+        dtype = peak.peak_dtype("fp32", self.device.type, bool(torch.backends.cuda.matmul.allow_tf32))
         if self.device.type == "cuda":
-            from analyzer.metrics.hardware import datasheet_peak
-
-            dtype = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-            found = datasheet_peak(torch.cuda.get_device_name(self.device), dtype)
+            found = peak.table_peak(torch.cuda.get_device_name(self.device), dtype)
             if found is not None:
-                return fmt.PeakFlops(per_s=found.per_s, source="table", detail=found.detail, dtype=dtype)
-        return None
+                return fmt.PeakFlops.from_json(found.to_manifest())
+        measured = peak.measure_matmul_peak(self.device, dtype)
+        per_s, detail = measured.per_s, measured.detail
+        if self.place.distributed and self.all_ranks and self.place.world_size > 1:
+            value = torch.tensor([per_s], dtype=torch.float64,
+                                 device=self.device if self.place.backend == "nccl" else "cpu")
+            with untimed_collectives():  # not training communication
+                torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+            per_s = float(value.item())
+            detail += f", max over {self.place.world_size} ranks measuring at once"
+        return fmt.PeakFlops(per_s=per_s, source="measured", detail=detail, dtype=dtype)
 
     def _first_manifest(self, config: Any, hardware: list[dict], telemetry_note: str | None) -> fmt.RunManifest:
         hw0 = hardware[0]
@@ -421,6 +433,8 @@ class Recorder:
         self._compute_start_ns = None
         self._cpu_start_s = time.process_time()
         self.phases.start_step()
+        if self.flops is None and self.step_index == self.start_step:
+            self._flop_counter = StepFlopCounter().__enter__()
 
     def step_end(self, tokens: int | None = None, loss: Any = None, lr: float | None = None,
                  grad_norm: Any = None) -> None:
@@ -434,9 +448,13 @@ class Recorder:
             _say(f"step_end without step_start (step {self.step_index}): ignored")
             return
         self._close_open_phases()
+        step = self.step_index
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            self.set_flops(self._flop_counter.result(tokens=tokens, step=step).to_manifest())
+            self._flop_counter = None
         times = self.phases.end_step()
         self._in_step = False
-        step = self.step_index
         boundary = self._boundary_ns if self._boundary_ns is not None else self._step_start_ns
         compute_start = self._compute_start_ns if self._compute_start_ns is not None else self._step_start_ns
         step_time_ms = times["step_time_ms"] + (self._step_start_ns - boundary) / 1e6
@@ -506,6 +524,9 @@ class Recorder:
     def _in_step_failed(self) -> None:
         """The user's step raised: close the open phases so the step's hooks leave no state behind."""
         self._close_open_phases()
+        if self._flop_counter is not None:  # the counted step failed: no FLOPs from it
+            self._flop_counter.__exit__(None, None, None)
+            self._flop_counter = None
         if self._in_step:
             self.phases.end_step()
             self._in_step = False

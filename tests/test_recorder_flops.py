@@ -41,7 +41,10 @@ def test_plain_step_counts_forward_and_backward():
     assert (result.recompute, result.optimizer) == (0, 0)
     assert result.by_op == {"aten.mm": 5 * LINEAR}
     assert result.per_token == 5 * LINEAR / B
-    assert StepFlops.from_json(result.to_json()) == result
+    saved = result.to_manifest()
+    assert (saved.source, saved.per_token, saved.per_token_hardware) == ("measured", 5 * LINEAR / B, 5 * LINEAR / B)
+    assert saved.measured is not None and saved.measured.to_json()["model"] == 5 * LINEAR
+    assert saved.source_text.startswith("measured: torch.utils.flop_counter.FlopCounterMode")
 
 
 @pytest.mark.parametrize(
