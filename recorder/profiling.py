@@ -91,6 +91,7 @@ class StepProfiler:
         self.traces_dir = Path(traces_dir)
         self.start_step = start_step
         self.traces: list[str] = []  # files written, relative to traces_dir
+        self.errors: list[str] = []  # one line per window that could not be written
         self._finished_step = start_step - 1
         self._prof: torch.profiler.profile | None = None
         if not cfg.enabled:
@@ -122,9 +123,22 @@ class StepProfiler:
         return self.action(step) in _COLLECTING
 
     def _write_trace(self, prof: torch.profiler.profile) -> None:
-        (self.traces_dir / trace_window_dir(self._finished_step)).mkdir(parents=True, exist_ok=True)
         name = trace_file(self._finished_step, self.rank)  # step{N}/rank{R}.pt.trace.json.gz
-        prof.export_chrome_trace(str(self.traces_dir / name))  # torch gzips a .gz path
+        path = self.traces_dir / name
+        try:
+            (self.traces_dir / trace_window_dir(self._finished_step)).mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))  # torch gzips a .gz path
+        except (OSError, RuntimeError) as exc:  # RuntimeError: Kineto's own write of its temporary file
+            # A window that cannot be written (disk full, read-only folder) costs that window, never the
+            # run: one line, no half-written file left for a reader to trip on, training goes on.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+            self.errors.append(f"{path}: cannot write the profiler trace: {reason}")
+            print(f"rank {self.rank}: {self.errors[-1]}", file=sys.stderr, flush=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # the folder itself is unwritable: nothing was left in it either
+            return
         self.traces.append(name)
 
     def step_done(self, step: int) -> None:

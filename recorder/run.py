@@ -146,7 +146,15 @@ class Recorder:
         self._meeting = Meeting(meet_timeout_s) if self.place.distributed and self.place.world_size > 1 else None
         # False when some rank never opened the recorder: no collective may then be issued.
         self.all_ranks = self._meeting is None
-        self.run_dir = self._agree_on_run_dir(Path(runs_dir), name, config, model)
+        run_dir = self._agree_on_run_dir(Path(runs_dir), name, config, model)
+        # False on a rank whose rank 0 never opened the recorder: there is no run to record into,
+        # and every call is then a no-op, so the user's training goes on.
+        self.recording = run_dir is not None
+        if run_dir is None:
+            _say(f"rank {self.place.rank}: rank 0 did not open the recorder within {meet_timeout_s:.0f} s: "
+                 "not recording (call recorder.open on every rank)")
+            return
+        self.run_dir = run_dir
         self._everyone_here()
         rank = self.place.rank
         sub = fmt.attempt_folder(self.attempt)
@@ -155,8 +163,9 @@ class Recorder:
         self._metrics_rel = fmt.records_file("metrics", rank, self.attempt)
         self._colls_rel = fmt.records_file("collectives", rank, self.attempt)
         self._metrics = JsonlWriter(self.run_dir / self._metrics_rel)
-        # A process that is not part of a distributed job issues no collectives: no file for them.
-        self._colls = JsonlWriter(self.run_dir / self._colls_rel) if self.place.distributed else None
+        # Collectives are timed only when every rank records (see _time_collectives); else no file for them.
+        timed = self.place.distributed and self.all_ranks
+        self._colls = JsonlWriter(self.run_dir / self._colls_rel) if timed else None
         self.timer = CollectiveTimer(self._colls or _NO_RECORDS, rank, self.device)
         self.collective_timing = self._time_collectives(model)
         self.phases = PhaseTimer(self.device, PHASES)
@@ -196,8 +205,10 @@ class Recorder:
 
     # -- set-up ---------------------------------------------------------------
 
-    def _agree_on_run_dir(self, runs_dir: Path, name: str | None, config: Any, model: torch.nn.Module | None) -> Path:
-        """Rank 0 creates (or, in a restarted attempt, reopens) the directory; the others read its path."""
+    def _agree_on_run_dir(self, runs_dir: Path, name: str | None, config: Any,
+                          model: torch.nn.Module | None) -> Path | None:
+        """Rank 0 creates (or, in a restarted attempt, reopens) the directory; the others read its path
+        (None when rank 0 did not post it within the timeout)."""
         place = self.place
         if place.world_size > 1 and not place.distributed:
             raise RecorderError(f"recorder.open: WORLD_SIZE={place.world_size} but torch.distributed is not "
@@ -210,10 +221,7 @@ class Recorder:
             return path
         assert self._meeting is not None
         found = self._meeting.wait("run_dir")
-        if found is None:
-            raise RecorderError(f"recorder.open on rank {place.rank}: rank 0 did not open the recorder within "
-                                f"{self._meeting.timeout_s:.0f} s; call recorder.open on every rank")
-        return Path(found)
+        return None if found is None else Path(found)
 
     def _create_run_dir(self, runs_dir: Path, name: str | None, config: Any, model: torch.nn.Module | None) -> Path:
         import yaml
@@ -417,6 +425,8 @@ class Recorder:
     def step_start(self) -> None:
         """Mark the start of a training step (after the batch is in hand, or before: the forward
         pass's start is the compute's start when the model was given)."""
+        if not self.recording:
+            return
         if self.closed:
             _say("step_start after close: ignored")
             return
@@ -441,6 +451,8 @@ class Recorder:
         """Mark the end of the step: writes its metrics record. `tokens`: tokens this rank processed in
         the step; `loss` a float or a 0-d tensor (read with .item()); `lr` defaults to the optimizer's
         first parameter group's; `grad_norm` as returned by clip_grad_norm_."""
+        if not self.recording:
+            return
         if self.closed:
             _say("step_end after close: ignored")
             return
@@ -517,7 +529,8 @@ class Recorder:
         try:
             yield mark
         except BaseException:
-            self._in_step_failed()
+            if self.recording:
+                self._in_step_failed()
             raise
         self.step_end(tokens=mark.tokens, loss=mark.loss, lr=mark.lr, grad_norm=mark.grad_norm)
 
@@ -550,6 +563,8 @@ class Recorder:
         """Model FLOPs per token for MFU (run.json `flops`), e.g. counted on the first step; the
         following steps' records carry MFU."""
         self.flops = flops
+        if not self.recording:
+            return
         self._man.flops = flops
         if self.place.rank == 0:
             self._write_manifest()
@@ -559,6 +574,9 @@ class Recorder:
     @contextmanager
     def saving(self) -> Iterator[None]:
         """Wrap a checkpoint save: its wall time is the loop's stall (run.json `checkpoint_saves`)."""
+        if not self.recording:
+            yield
+            return
         step = self.step_index  # the save holds the state after this many steps
         self.heartbeat.beat(step - 1, "checkpoint")
         t0 = time.perf_counter()
@@ -624,7 +642,7 @@ class Recorder:
         `status` is `completed` (the default), `failed` (with `error`, one line) or `preempted`.
         Closing twice is harmless.
         """
-        if self.closed:
+        if self.closed or not self.recording:
             return
         self.closed = True
         status = status or ("failed" if error else "completed")
@@ -712,6 +730,8 @@ class Recorder:
     def fail(self, exc: BaseException) -> None:
         """Close the run as failed with `exc` as its one-line error; this rank's error is written to
         run.json at once, so the first failing rank's error is the run's even when others are killed."""
+        if self.closed or not self.recording:
+            return
         message = "interrupted" if isinstance(exc, KeyboardInterrupt) else (
             f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__)
         where = _where(exc)
