@@ -196,7 +196,8 @@ class StepFlopCounter:
 
     ``c.result(tokens=..., step=...)`` is the :class:`StepFlops`. Every
     optimizer's ``step`` is recognised through torch's global optimizer
-    hooks, installed only inside the block. Counting the same block twice
+    hooks, installed only inside the block; a closure passed to ``step`` counts
+    as the model's. Counting the same block twice
     gives the same numbers: the counts restart on every entry.
     """
 
@@ -207,8 +208,25 @@ class StepFlopCounter:
     def __enter__(self) -> StepFlopCounter:
         counter = _PhaseCounter()
 
-        def pre(*_: Any) -> None:
+        def pre(optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
             counter.in_optimizer += 1
+            # A closure (Lightning passes one; LBFGS needs one) runs the forward and backward inside
+            # Optimizer.step: they are model FLOPs, so the counter leaves the optimizer phase for it.
+            # args are step's own: (the optimizer, closure?)
+            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+            if closure is None:
+                return None
+
+            def model_closure() -> Any:
+                counter.in_optimizer -= 1
+                try:
+                    return closure()
+                finally:
+                    counter.in_optimizer += 1
+
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": model_closure}
+            return (args[0], model_closure, *args[2:]), kwargs
 
         def post(*_: Any) -> None:
             counter.in_optimizer -= 1

@@ -463,8 +463,13 @@ class Recorder:
         step = self.step_index
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)
-            self.set_flops(self._flop_counter.result(tokens=tokens, step=step).to_manifest())
+            counted = self._flop_counter.result(tokens=tokens, step=step)
             self._flop_counter = None
+            if counted.model > 0:
+                self.set_flops(counted.to_manifest())
+            else:  # MFU 0 would be wrong, not small: the loop's ops ran elsewhere or not at all
+                _say(f"step {step} ran no operation with a FLOP formula (matmul, convolution, attention): "
+                     "MFU withheld; pass flops= to recorder.open to give them")
         times = self.phases.end_step()
         self._in_step = False
         boundary = self._boundary_ns if self._boundary_ns is not None else self._step_start_ns

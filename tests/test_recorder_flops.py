@@ -102,6 +102,24 @@ def test_optimizer_flops_are_apart():
     assert result.hardware == result.model
 
 
+def test_a_closure_run_by_the_optimizer_is_the_models():
+    """Lightning runs forward and backward in a closure that Optimizer.step calls."""
+    l1, l2 = _mlp()
+    opt = torch.optim.SGD(list(l1.parameters()) + list(l2.parameters()), lr=0.1)
+    x = torch.randn(B, D)
+
+    def closure():
+        opt.zero_grad()
+        loss = l2(torch.relu(l1(x))).sum()
+        loss.backward()
+        return loss
+
+    result = _count(lambda: opt.step(closure))
+    assert (result.model, result.optimizer) == (5 * LINEAR, 0)
+    result = _count(lambda: opt.step(closure=closure))
+    assert (result.model, result.optimizer) == (5 * LINEAR, 0)
+
+
 def _attention_step(q, k, v):
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
