@@ -9,7 +9,7 @@ loop. No FLOP count is given: the recorder counts the first step with
 torch's FlopCounterMode (docs/record.md, "Model FLOPs").
 
 `--slowdown F` makes every step do F times its own CPU work again (busy
-matmuls in the loop's thread after the optimizer step), a stand-in for a
+elementwise work in the loop's thread after the optimizer step), a stand-in for a
 regression: `analyzer check` fails such a run against runs without it
 (docs/record.md, "Examples").
 """
@@ -72,11 +72,12 @@ def batches(batch_size: int, seq_len: int, vocab: int, seed: int):
 
 
 def burn_cpu(seconds: float) -> None:
-    """Busy matmuls in this thread for `seconds` of its CPU time (load, not a sleep)."""
+    """Busy elementwise work in this thread for `seconds` of its CPU time: load, not a sleep, and no
+    matmul, so the model's FLOPs (counted on the first step) stay the same."""
     a = torch.full((32, 32), 0.5)
     end = time.thread_time() + seconds
     while time.thread_time() < end:
-        a @ a
+        torch.sin(a, out=a)
 
 
 def main() -> None:

@@ -245,7 +245,7 @@ class Flops(Record):
     formula: str | None = None
     hardware_formula: str | None = None
     terms: dict[str, Any] | None = None  # N, N_blocks, L, H, Q, T
-    # measured | given (absent: the formula above): where per_token came from, and in words
+    # "measured" (absent: the formula above, or a count given to recorder.open): where per_token came from
     source: str | None = _omit_none()
     detail: str | None = _omit_none()
     measured: MeasuredFlops | None = _omit_none()
@@ -253,7 +253,7 @@ class Flops(Record):
 
     @property
     def source_text(self) -> str | None:
-        """Where ``per_token`` came from, in one line: ``measured: ...``, ``formula: ...``, ``given: ...``."""
+        """Where ``per_token`` came from, in one line: ``measured: <detail>`` or ``formula: <formula>``."""
         if self.per_token is None:
             return None
         if self.source:
