@@ -134,6 +134,17 @@ def test_hf_trainer(runs: Path) -> None:
 
 
 @pytest.mark.slow
+def test_hf_trainer_under_torchrun_two_processes(runs: Path) -> None:
+    pytest.importorskip("transformers", reason="pip install 'trainperf[integrations]'")
+    run = run_example("hf_trainer.py", runs, "--steps", "12", nproc=2)
+    manifest = json.loads((run / "run.json").read_text())
+    # each process's share of the Trainer's token count (summed over processes)
+    assert manifest["world_size"] == 2 and manifest["tokens_per_step"] == 2 * 8 * 64
+    assert sorted(manifest["files"]["metrics"]) == ["metrics/rank0.jsonl", "metrics/rank1.jsonl"]
+    check_measured_flops(run)
+
+
+@pytest.mark.slow
 def test_gate_passes_twins_and_fails_the_slowdown(runs: Path) -> None:
     """`analyzer check`: a second run of the example is no regression against the first; one with
     --slowdown 0.25 is one.
