@@ -125,3 +125,12 @@ def test_the_loop_in_docs_record_md_runs_as_written(tmp_path, monkeypatch):
     assert man.status == "completed" and man.steps == 4 and man.tokens_per_step == 32
     assert [r.step for r in _lines(run_dir / "metrics/rank0.jsonl")] == [0, 1, 2, 3]
     assert analyze(run_dir, cache=False).errors == []
+
+
+def test_reftrains_launcher_imports_the_recorder_without_torch():
+    """reftrain's command line validates a config before any rank starts, without torch; it uses
+    the recorder's torch-free modules (manifest, heartbeat, ranks), so importing them must not import torch."""
+    code = ("import sys, reftrain.cli, recorder, recorder.manifest, recorder.heartbeat, recorder.ranks; "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
