@@ -19,7 +19,10 @@ Step time is rank 0's host wall time per optimizer step. Reported: median
 step time per variant over all measured steps, overhead = median_instr /
 median_plain - 1, and the median over step pairs of instrumented/plain - 1
 (the two steps of a pair run back to back, so it is robust to load drift on a
-shared machine). Also reported: the host cost of the instrumentation calls
+shared machine); the same paired median of rank 0's process CPU time per step
+(`time.process_time`, all threads): on a machine whose cores are shared, time
+spent descheduled is wall time but not CPU time, so this figure is the work the
+instrumentation adds, far less disturbed by neighbours. Also reported: the host cost of the instrumentation calls
 alone, timed in a tight loop, as a share of the plain step: a low-noise
 floor for the overhead (it leaves out the hook's future callback and the
 effects on caches and scheduling, which the paired measurement includes).
@@ -208,22 +211,25 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
     run = {"plain": lambda b: plain_step(plain, opt_plain, b, set_to_none), "instrumented": instr.step}
     times_ms: dict[str, list[float]] = {"plain": [], "instrumented": []}
     pair_ratios = []
+    cpu_pair_ratios = []
     # Steps alternate A B / B A: the two steps of a pair see the same machine
     # load, so the paired ratio cancels drift that a busy machine adds.
     for i in range(args.warmup_steps + args.steps):
         batch = batches[i % len(batches)]
         order = ("plain", "instrumented") if i % 2 == 0 else ("instrumented", "plain")
-        pair = {}
+        pair, cpu = {}, {}
         for variant in order:
             with untimed_collectives():  # the bench's own sync is not a training collective
                 dist.barrier()  # both ranks start the step together
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             run[variant](batch)
             pair[variant] = (time.perf_counter() - t0) * 1e3
+            cpu[variant] = time.process_time() - c0
         if i >= args.warmup_steps:
             for variant, ms in pair.items():
                 times_ms[variant].append(ms)
             pair_ratios.append(pair["instrumented"] / pair["plain"])
+            cpu_pair_ratios.append(cpu["instrumented"] / cpu["plain"])
     if args.against == "reftrain":
         instr.timer.uninstall()
     instr.close()
@@ -241,6 +247,7 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
             "median_step_ms_plain": round(med_plain, 3), "median_step_ms_instrumented": round(med_instr, 3),
             "overhead_ratio": round(med_instr / med_plain - 1, 4),
             "median_paired_overhead_ratio": round(statistics.median(pair_ratios) - 1, 4),
+            "median_paired_cpu_overhead_ratio": round(statistics.median(cpu_pair_ratios) - 1, 4),
             "collective_records_rank0": n_records,
             "host_cost_us_per_step": round(step_us + collectives_us, 2),
         }
@@ -252,6 +259,8 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
         print(f"median step time  {args.against:<12} {med_instr:8.3f} ms")
         print(f"overhead (median step)         {100 * result['overhead_ratio']:+.2f} %")
         print(f"overhead (median of pairs)     {100 * result['median_paired_overhead_ratio']:+.2f} %")
+        print(f"CPU-time overhead (pairs)      {100 * result['median_paired_cpu_overhead_ratio']:+.2f} %  "
+              "(rank 0's process CPU time per step: the work added, whatever the neighbours' load)")
         print(f"host cost of the calls alone   {step_us:.0f} us (phases, memory, metrics) + {collectives_us:.0f} us "
               f"({buckets} collective records, flush) per step = {100 * host_share:.3f} % of the plain step")
         if args.json:

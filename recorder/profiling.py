@@ -31,14 +31,22 @@ class ProfileOptions(Protocol):
     """What StepProfiler reads from its options (reftrain's `profile` config section, the
     recorder's ProfileSchedule): the torch.profiler schedule and what to record."""
 
-    enabled: bool
-    wait: int
-    warmup: int
-    active: int
-    repeat: int
-    record_shapes: bool
-    memory: bool
-    with_stack: bool
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def wait(self) -> int: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    @property
+    def repeat(self) -> int: ...
+    @property
+    def record_shapes(self) -> bool: ...
+    @property
+    def memory(self) -> bool: ...
+    @property
+    def with_stack(self) -> bool: ...
 
 
 _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)

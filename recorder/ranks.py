@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
+# torch is imported where it is used: reftrain's launcher reads the restart count without it.
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class Place:
 def this_place() -> Place:
     """The rank and world size from torch.distributed when it is initialized, else from the
     environment torchrun sets (RANK, WORLD_SIZE), else a single process."""
+    import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         return Place(dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), True)
     rank = _env_int("RANK", 0)
@@ -79,6 +81,8 @@ class Meeting:
 
     def wait(self, key: str, timeout_s: float | None = None) -> Any:
         """The value posted under `key`, or None when it did not come within the timeout."""
+        import torch.distributed as dist
+
         full = self.prefix + key
         try:
             self._store.wait([full], timedelta(seconds=self.timeout_s if timeout_s is None else timeout_s))

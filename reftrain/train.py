@@ -34,6 +34,7 @@ from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_
                                  untimed_collectives, untimed_group)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from recorder.preemption import Preemption
+from recorder.ranks import max_restarts
 from recorder.profiling import StepProfiler
 from recorder.telemetry import GpuTelemetry, nvml_index_of
 from reftrain.trackers import Trackers, run_summary
@@ -270,7 +271,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         telemetry_note=telemetry.note,
         files=manifest.files_listing(run_dir, []),
         schemas=dict(manifest.SCHEMAS),
-        max_restarts=_max_restarts(),
+        max_restarts=max_restarts(),
         attempts=[],
     )
     if env.rank == 0:
@@ -577,14 +578,6 @@ class Saver:
             manifest.record_checkpoint_save(self.run_dir, p.step, p.stall_s, restart_count(), "async", complete_s)
         _say(self.env, f"  checkpoint {p.path.relative_to(self.run_dir.parent)} published "
                        f"{complete_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)")
-
-
-def _max_restarts() -> int | None:
-    """The job's --max-restarts (torchelastic's TORCHELASTIC_MAX_RESTARTS; None outside torchelastic)."""
-    import os
-
-    value = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
-    return int(value) if value and value.isdigit() else None
 
 
 # ---------------------------------------------------------------------------

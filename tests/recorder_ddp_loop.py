@@ -1,6 +1,6 @@
 """A 2-rank DDP loop on gloo recorded with the recorder, for tests/test_recorder_ranks.py.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/recorder_ddp_loop.py RUNS MODE
+    PYTHONPATH=. python -m torch.distributed.run --nproc-per-node 2 tests/recorder_ddp_loop.py RUNS MODE
 
 MODE: `all` (every rank records), `rank0-only` / `rank1-only` (one rank opens the
 recorder, the other trains without it), `rank1-fails` (rank 1's loop raises at step 2).
@@ -14,11 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import recorder  # noqa: E402
-from recorder import ProfileSchedule  # noqa: E402
-from tests.recorder_loops import TOKENS, TinyLM, batch  # noqa: E402
+import recorder
+from recorder import ProfileSchedule
+from tests.recorder_loops import TOKENS, TinyLM, batch
 
 STEPS = 5
 

@@ -95,3 +95,42 @@ def test_every_analyzer_command_reads_it(run_dir, tmp_path, verb):
         assert "MFU:" in done.stdout and "source: manifest" in done.stdout
     if verb == ["history"]:
         assert "plain" in done.stdout
+
+
+def test_the_loop_in_docs_record_md_runs_as_written(tmp_path, monkeypatch):
+    """docs/record.md's first example, executed with a tiny model: what it tells a user to add works."""
+    import re
+
+    import torch
+
+    from tests.recorder_loops import TinyLM, batch
+
+    text = (REPO / "docs" / "record.md").read_text()
+    example = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = TinyLM()
+    names = {
+        "cfg": {"lr": 0.1},
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "loader": [batch(gen) for _ in range(4)],
+        "loss_fn": lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()),
+        "torch": torch,
+    }
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "docs/record.md", "exec"), names)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    man = RunManifest.from_json(json.loads((run_dir / "run.json").read_text()))
+    assert man.status == "completed" and man.steps == 4 and man.tokens_per_step == 32
+    assert [r.step for r in _lines(run_dir / "metrics/rank0.jsonl")] == [0, 1, 2, 3]
+    assert analyze(run_dir, cache=False).errors == []
+
+
+def test_reftrains_launcher_imports_the_recorder_without_torch():
+    """reftrain's command line validates a config before any rank starts, without torch; it uses
+    the recorder's torch-free modules (manifest, heartbeat, ranks), so importing them must not import torch."""
+    code = ("import sys, reftrain.cli, recorder, recorder.manifest, recorder.heartbeat, recorder.ranks; "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
