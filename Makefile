@@ -17,11 +17,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e '.[train,dashboard,dev,trackers,ray]'
+	$(BIN)/pip install --quiet -e '.[train,dashboard,dev,trackers,ray,integrations]'
 	# Bytecode for the project's own modules, as pip writes it for installed
 	# wheels: an editable install has none until a first import writes it,
 	# and never where PYTHONDONTWRITEBYTECODE is set (~0.1 s per analyzer run).
-	$(BIN)/python -m compileall -q analyzer reftrain dashboard
+	$(BIN)/python -m compileall -q analyzer recorder reftrain dashboard
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,19 +1,28 @@
-"""Overhead of reftrain's always-on instrumentation layer, plain DDP vs instrumented DDP.
+"""Overhead of always-on instrumentation: plain DDP vs reftrain's instrumented step, or vs the recorder.
 
 Two gloo ranks on CPU train the same model on the same batches in two variants,
 interleaved in alternating order (A B, B A, ...) so machine load drifts hit both:
 
   plain         DDP with its built-in C++ all-reduce, nothing else.
-  instrumented  DDP + CollectiveTimer comm hook (and torch.distributed wrappers
-                installed) + PhaseTimer around data/forward/backward/optimizer
-                + per-step metrics JSONL record + collective flush + RSS read:
-                what reftrain does on every step outside profiler windows.
+  instrumented  (--against reftrain, the default) DDP + CollectiveTimer comm hook
+                (and torch.distributed wrappers installed) + PhaseTimer around
+                data/forward/backward/optimizer + per-step metrics JSONL record +
+                collective flush + RSS read: what reftrain does on every step
+                outside profiler windows.
+  recorder      (--against recorder) the same plain loop with `recorder.open(...)`
+                and `with rec.step(tokens=N) as s: ...; s.loss = loss` around each
+                step: the recorder's hooks, comm hook, metrics record, heartbeats
+                and its per-step preemption agreement (profiler windows off: the
+                profiled steps are slower by design and left out of steady state).
 
 Step time is rank 0's host wall time per optimizer step. Reported: median
 step time per variant over all measured steps, overhead = median_instr /
 median_plain - 1, and the median over step pairs of instrumented/plain - 1
 (the two steps of a pair run back to back, so it is robust to load drift on a
-shared machine). Also reported: the host cost of the instrumentation calls
+shared machine); the same paired median of rank 0's process CPU time per step
+(`time.process_time`, all threads): on a machine whose cores are shared, time
+spent descheduled is wall time but not CPU time, so this figure is the work the
+instrumentation adds, far less disturbed by neighbours. Also reported: the host cost of the instrumentation calls
 alone, timed in a tight loop, as a share of the plain step: a low-noise
 floor for the overhead (it leaves out the hook's future callback and the
 effects on caches and scheduling, which the paired measurement includes).
@@ -35,7 +44,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
+from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
                                  untimed_collectives)
 
 WORLD = 2
@@ -115,6 +124,29 @@ class Instrumented:
         self.metrics.close()
 
 
+class Recorded:
+    """The plain loop with the recorder around each step (what docs/record.md tells a user to add)."""
+
+    def __init__(self, model, opt, out: Path, tokens_per_step: int, set_to_none: bool) -> None:
+        import recorder
+
+        self.model, self.opt, self.set_to_none, self.tokens = model, opt, set_to_none, tokens_per_step
+        self.rec = recorder.open(out, name="bench", model=model, optimizer=opt,
+                                 profile=recorder.ProfileSchedule(enabled=False))
+
+    def step(self, batch) -> None:
+        with self.rec.step(tokens=self.tokens) as s:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=self.set_to_none)
+            s.loss = loss
+
+    def close(self) -> None:
+        self.rec.close()
+
+
 def host_cost_us(tmp: Path, rank: int, collectives_per_step: int, repeats: int = 2000) -> tuple[float, float]:
     """Host time of the instrumentation calls alone, in a tight loop: (phases + memory +
     metrics record per step, collective bookkeeping per step), both in microseconds.
@@ -167,54 +199,68 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
     gen = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen))
                for _ in range(8)]
-    instr = Instrumented(instr_model, opt_instr, rank, Path(tmp) / "run", tokens_per_step=args.batch,
+    if args.against == "recorder":
+        instr = Recorded(instr_model, opt_instr, Path(tmp) / "runs", tokens_per_step=args.batch,
                          set_to_none=set_to_none)
-    instr.timer.install()
+        colls_file = instr.rec.run_dir / "collectives" / f"rank{rank}.jsonl"
+    else:
+        instr = Instrumented(instr_model, opt_instr, rank, Path(tmp) / "run", tokens_per_step=args.batch,
+                             set_to_none=set_to_none)
+        instr.timer.install()
+        colls_file = Path(tmp) / "run" / "collectives" / f"rank{rank}.jsonl"
     run = {"plain": lambda b: plain_step(plain, opt_plain, b, set_to_none), "instrumented": instr.step}
     times_ms: dict[str, list[float]] = {"plain": [], "instrumented": []}
     pair_ratios = []
+    cpu_pair_ratios = []
     # Steps alternate A B / B A: the two steps of a pair see the same machine
     # load, so the paired ratio cancels drift that a busy machine adds.
     for i in range(args.warmup_steps + args.steps):
         batch = batches[i % len(batches)]
         order = ("plain", "instrumented") if i % 2 == 0 else ("instrumented", "plain")
-        pair = {}
+        pair, cpu = {}, {}
         for variant in order:
             with untimed_collectives():  # the bench's own sync is not a training collective
                 dist.barrier()  # both ranks start the step together
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             run[variant](batch)
             pair[variant] = (time.perf_counter() - t0) * 1e3
+            cpu[variant] = time.process_time() - c0
         if i >= args.warmup_steps:
             for variant, ms in pair.items():
                 times_ms[variant].append(ms)
             pair_ratios.append(pair["instrumented"] / pair["plain"])
-    instr.timer.uninstall()
+            cpu_pair_ratios.append(cpu["instrumented"] / cpu["plain"])
+    if args.against == "reftrain":
+        instr.timer.uninstall()
     instr.close()
-    n_records = sum(1 for _ in open(Path(tmp) / "run" / "collectives" / f"rank{rank}.jsonl"))
+    n_records = sum(1 for _ in open(colls_file))
     buckets = len(plain._get_ddp_logging_data().get("rebuilt_bucket_sizes", "").split(","))
     step_us, collectives_us = host_cost_us(Path(tmp), rank, collectives_per_step=buckets)
     if rank == 0:
         med_plain = statistics.median(times_ms["plain"])
         med_instr = statistics.median(times_ms["instrumented"])
         result = {
+            "against": args.against,
             "world_size": WORLD, "params": sum(p.numel() for p in plain.parameters()),
             "buckets": buckets,
             "steps_per_variant": args.steps,
             "median_step_ms_plain": round(med_plain, 3), "median_step_ms_instrumented": round(med_instr, 3),
             "overhead_ratio": round(med_instr / med_plain - 1, 4),
             "median_paired_overhead_ratio": round(statistics.median(pair_ratios) - 1, 4),
+            "median_paired_cpu_overhead_ratio": round(statistics.median(cpu_pair_ratios) - 1, 4),
             "collective_records_rank0": n_records,
             "host_cost_us_per_step": round(step_us + collectives_us, 2),
         }
         host_share = (step_us + collectives_us) / (med_plain * 1e3)
         print(f"model: {result['params'] / 1e6:.2f} M params, {result['buckets']} DDP buckets, "
               f"batch {args.batch}, gradient_as_bucket_view={args.grad_as_bucket_view}, "
-              f"{WORLD} ranks gloo, {args.steps} steps per variant, alternating")
+              f"{WORLD} ranks gloo, {args.steps} steps per variant, alternating; plain vs {args.against}")
         print(f"median step time  plain        {med_plain:8.3f} ms")
-        print(f"median step time  instrumented {med_instr:8.3f} ms")
+        print(f"median step time  {args.against:<12} {med_instr:8.3f} ms")
         print(f"overhead (median step)         {100 * result['overhead_ratio']:+.2f} %")
         print(f"overhead (median of pairs)     {100 * result['median_paired_overhead_ratio']:+.2f} %")
+        print(f"CPU-time overhead (pairs)      {100 * result['median_paired_cpu_overhead_ratio']:+.2f} %  "
+              "(rank 0's process CPU time per step: the work added, whatever the neighbours' load)")
         print(f"host cost of the calls alone   {step_us:.0f} us (phases, memory, metrics) + {collectives_us:.0f} us "
               f"({buckets} collective records, flush) per step = {100 * host_share:.3f} % of the plain step")
         if args.json:
@@ -236,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--grad-as-bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True in both variants (zero_grad keeps grads)")
+    p.add_argument("--against", choices=("reftrain", "recorder"), default="reftrain",
+                   help="what plain DDP is compared with: reftrain's instrumented step, or the recorder in a plain loop")
     p.add_argument("--json", help="also write the result as JSON here")
     args = p.parse_args(argv)
     if args.quick:

@@ -72,9 +72,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from reftrain import data, flops, parallel
     from reftrain.config import Config, ProfileConfig, apply_set, resolve
-    from reftrain.instrument import CollectiveTimer, JsonlWriter, untimed_collectives
+    from recorder.instrument import CollectiveTimer, JsonlWriter, untimed_collectives
     from reftrain.model import Transformer, block_parameter_count, parameter_counts
-    from reftrain.profiling import StepProfiler
+    from recorder.profiling import StepProfiler
     from reftrain.inject import Injector
     from reftrain.train import TrainStep, _optimizer, lr_at
 

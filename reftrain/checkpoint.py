@@ -106,7 +106,7 @@ def save(run_dir: Path, step: int, model, optimizer, before_publish=None) -> Pat
 
 def _publish(run_dir: Path, tmp: Path, path: Path) -> None:
     """Rank 0: make a fully written `.step{K}.tmp` the checkpoint `step{K}` (fsync, rename, fsync)."""
-    from reftrain import manifest
+    from recorder import manifest
 
     _fsync_dir(tmp)
     os.replace(tmp, path)

@@ -30,7 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from reftrain import checkpoint, manifest
+from recorder import manifest
+from reftrain import checkpoint, rundir
 from reftrain.config import (Config, FaultConfig, apply_set, from_dict, load_file, merge_dict, resolve, set_value,
                              to_yaml, tracker_names)
 from reftrain.errors import ReftrainError
@@ -352,7 +353,7 @@ def _fail(message: str, launched: bool, in_rank: bool) -> int:
 def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str],
             max_restarts: int = 0) -> int:
     """Create the run directory and start `nproc` local ranks through torch.distributed.run."""
-    run_dir = manifest.create_run_dir(cfg, nproc)
+    run_dir = rundir.create_run_dir(cfg, nproc)
     import torch.distributed.run as torchrun  # the implementation of the torchrun command
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -423,7 +424,7 @@ def _start_watchdog(cfg: Config, run_dir: Path, nproc: int):
     """The launcher's hang watchdog over the ranks' heartbeat files (reftrain/heartbeat.py), or None."""
     if not cfg.watchdog.enabled:
         return None
-    from reftrain import heartbeat
+    from recorder import heartbeat
     from analyzer.ingest.formats import HangReport
 
     timeout_s = cfg.watchdog.timeout_s

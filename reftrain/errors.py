@@ -1,5 +1,6 @@
 """Project exceptions for the trainer: the CLI prints the message as one line."""
+from recorder.errors import RecorderError
 
-
-class ReftrainError(Exception):
-    """A user-actionable problem (bad config, missing data file, ...)."""
+# One class for the trainer and the recorder it writes its runs with, so the CLI's one
+# `except` turns either's problem into one line.
+ReftrainError = RecorderError

@@ -17,17 +17,12 @@ import os
 import sys
 import time
 
+from recorder.ranks import restart_count
 from reftrain.config import FaultConfig
 
 CRASH_EXIT_CODE = 17  # an exit status no other failure of ours uses: tests and run.json can tell it apart
 
 
-def restart_count() -> int:
-    """Which attempt of the job this process belongs to (0 = the first; torchelastic sets it)."""
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
 
 
 class Faults:

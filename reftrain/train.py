@@ -21,21 +21,23 @@ import torch
 import torch.distributed as dist
 
 from analyzer.ingest import formats as fmt
-from reftrain import checkpoint, data, flops, manifest, parallel
+from recorder import manifest
+from recorder.clock import align_clocks
+from reftrain import checkpoint, data, flops, parallel, rundir
 from reftrain.canary import Canary
-from reftrain.clock import align_clocks
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
 from reftrain.faults import Faults, restart_count
-from reftrain.heartbeat import Heartbeat
-from reftrain.hardware import describe_hardware, git_state
+from recorder.heartbeat import Heartbeat
+from recorder.hardware import describe_hardware, git_state
 from reftrain.inject import Injector
-from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
+from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
                                  untimed_collectives, untimed_group)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
-from reftrain.preemption import Preemption
-from reftrain.profiling import StepProfiler
-from reftrain.telemetry import GpuTelemetry, nvml_index_of
+from recorder.preemption import Preemption
+from recorder.ranks import max_restarts
+from recorder.profiling import StepProfiler
+from recorder.telemetry import GpuTelemetry, nvml_index_of
 from reftrain.trackers import Trackers, run_summary
 
 PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
@@ -63,7 +65,7 @@ def _agree_on_run_dir(cfg: Config, run_dir: Path | None, env: parallel.DistEnv) 
     box: list = [None]
     if env.rank == 0:
         try:
-            box[0] = ("ok", str(manifest.create_run_dir(cfg, env.world_size)))
+            box[0] = ("ok", str(rundir.create_run_dir(cfg, env.world_size)))
         except ReftrainError as exc:
             box[0] = ("error", str(exc))
     dist.broadcast_object_list(box, src=0)
@@ -272,7 +274,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         telemetry_note=telemetry.note,
         files=manifest.files_listing(run_dir, []),
         schemas=dict(manifest.SCHEMAS),
-        max_restarts=_max_restarts(),
+        max_restarts=max_restarts(),
         attempts=[],
     )
     if env.rank == 0:
@@ -588,14 +590,6 @@ class Saver:
             manifest.record_checkpoint_save(self.run_dir, p.step, p.stall_s, restart_count(), "async", complete_s)
         _say(self.env, f"  checkpoint {p.path.relative_to(self.run_dir.parent)} published "
                        f"{complete_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)")
-
-
-def _max_restarts() -> int | None:
-    """The job's --max-restarts (torchelastic's TORCHELASTIC_MAX_RESTARTS; None outside torchelastic)."""
-    import os
-
-    value = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
-    return int(value) if value and value.isdigit() else None
 
 
 # ---------------------------------------------------------------------------

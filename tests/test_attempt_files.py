@@ -1,4 +1,4 @@
-"""reftrain.manifest.earlier_attempt_files: what the attempts before a restart left on disk.
+"""recorder.manifest.earlier_attempt_files: what the attempts before a restart left on disk.
 
 A job restarted twice (attempt 2 running) must list the traces of attempts 0 and 1; the
 glob of attempt 1 (traces/attempt1/*/...) used to be filtered by the rule meant for attempt
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analyzer.ingest.formats import attempt_folder, records_file, trace_file
-from reftrain import manifest
+from recorder import manifest
 
 
 def _touch(path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reftrain import manifest
+from recorder import manifest
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Tests for reftrain.instrument and reftrain.clock.
+"""Tests for recorder.instrument and recorder.clock.
 
 The distributed behaviour is checked on real 2-process gloo groups: one spawn
 (module fixture) runs DDP with and without the timing hook, FSDP2, explicit
@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.multiprocessing as mp
 
-from reftrain.clock import align_clocks, estimate_offsets
+from recorder.clock import align_clocks, estimate_offsets
 from reftrain.errors import ReftrainError
-from reftrain.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
+from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
                                  untimed_collectives)
 
 WORLD = 2

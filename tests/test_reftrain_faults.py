@@ -349,8 +349,8 @@ def test_an_async_save_in_flight_is_never_published(tmp_path: Path) -> None:
 
 def test_find_hang_names_the_rank_that_is_behind() -> None:
     """The watchdog's rule on hand-made beats (no processes): exact answers."""
-    from reftrain.heartbeat import Beat
-    from reftrain.heartbeat import find_hang as find_hang_of
+    from recorder.heartbeat import Beat
+    from recorder.heartbeat import find_hang as find_hang_of
 
     live = lambda pid: pid != 99  # noqa: E731 - pid 99 has exited
     find_hang = functools.partial(find_hang_of, frozen=lambda pid: False)
@@ -382,7 +382,7 @@ def test_stack_file_survives_another_rank_removing_the_empty_folder(tmp_path: Pa
     """Rank 1's close() removes the attempt's stacks folder when it is empty; if that lands between
     rank 0's mkdir and open (seen once in a clean-clone run), rank 0 makes the folder again instead of
     failing with FileNotFoundError. The race is reproduced exactly: the folder goes right before the open."""
-    from reftrain import heartbeat
+    from recorder import heartbeat
 
     real_open = open
     removed = []

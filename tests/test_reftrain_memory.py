@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from analyzer.api import analyze  # noqa: E402
 from reftrain.config import Config, apply_set, from_dict, resolve  # noqa: E402
 from reftrain.model import Transformer  # noqa: E402
-from reftrain.profiling import StepProfiler  # noqa: E402
+from recorder.profiling import StepProfiler  # noqa: E402
 from test_memory import _raw_memory_peaks  # noqa: E402
 
 

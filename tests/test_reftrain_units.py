@@ -16,7 +16,7 @@ from reftrain.config import (
 from reftrain.data import SYNTHETIC_NOISE, SyntheticTokens, build_loader, check_batch
 from reftrain.errors import ReftrainError
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
-from reftrain.profiling import StepProfiler
+from recorder.profiling import StepProfiler
 from reftrain.canary import Canary
 from reftrain.inject import Injector
 from reftrain.train import lr_at

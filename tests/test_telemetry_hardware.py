@@ -1,4 +1,4 @@
-"""Tests for reftrain.telemetry (NVML sampling, with a stand-in NVML) and reftrain.hardware."""
+"""Tests for recorder.telemetry (NVML sampling, with a stand-in NVML) and recorder.hardware."""
 from __future__ import annotations
 
 import json
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from reftrain.errors import ReftrainError
-from reftrain.hardware import describe_hardware, git_state
-from reftrain.telemetry import (THROTTLE_REASON_BITS, GpuTelemetry, decode_throttle_reasons,
+from recorder.hardware import describe_hardware, git_state
+from recorder.telemetry import (THROTTLE_REASON_BITS, GpuTelemetry, decode_throttle_reasons,
                                 nvml_index_of, sample)
 
 

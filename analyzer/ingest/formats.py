@@ -216,15 +216,49 @@ class Params(Record):
 
 
 @dataclass
+class MeasuredFlops(Record):
+    """One training step counted by torch's FlopCounterMode (recorder.flops, docs/record.md "Model FLOPs").
+
+    FLOPs of that step on rank 0: ``model`` (forward + backward as written),
+    ``recompute`` (activation checkpointing's and the fused attention
+    backward's), ``hardware`` (their sum), ``optimizer`` (inside
+    ``Optimizer.step``; in neither).
+    """
+
+    model: int | None = None
+    hardware: int | None = None
+    recompute: int | None = None
+    optimizer: int | None = None
+    tokens: int | None = None  # of the counted step on rank 0
+    step: int | None = None
+    by_op: dict[str, Any] | None = None  # model FLOPs per aten op
+    added_formulas: list[str] = field(default_factory=list)  # ops counted with formulas torch lacks
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Flops(Record):
-    """Model FLOPs per token (PaLM 6N + 12LHQT, docs/mfu.md)."""
+    """Model FLOPs per token: PaLM's formula (reftrain, 6N + 12LHQT, docs/mfu.md) or measured (the recorder)."""
 
     per_token: float | None = None
     per_token_hardware: float | None = None
     formula: str | None = None
     hardware_formula: str | None = None
     terms: dict[str, Any] | None = None  # N, N_blocks, L, H, Q, T
+    # "measured" (absent: the formula above, or a count given to recorder.open): where per_token came from
+    source: str | None = _omit_none()
+    detail: str | None = _omit_none()
+    measured: MeasuredFlops | None = _omit_none()
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source_text(self) -> str | None:
+        """Where ``per_token`` came from, in one line: ``measured: <detail>`` or ``formula: <formula>``."""
+        if self.per_token is None:
+            return None
+        if self.source:
+            return f"{self.source}: {self.detail}" if self.detail else self.source
+        return f"formula: {self.formula}" if self.formula else None
 
 
 @dataclass
@@ -353,6 +387,8 @@ class RunManifest(Record):
     # Only when failed with several ranks failing: the other ranks' errors, in the order their processes
     # exited, each "rank R: ..." (mostly consequences of the first, e.g. gloo's "Connection reset by peer").
     secondary_errors: list[str] | None = _omit_none()
+    # Runs written by the recorder: how its collectives were timed ("none: ..." with the reason).
+    collective_timing: str | None = _omit_none()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

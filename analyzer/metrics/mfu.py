@@ -104,6 +104,9 @@ class MfuResult:
     reason: str | None = None
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: pd.Series(dtype="float64") for c in STEP_COLUMNS}))
     step_time_source: str | None = None
+    # Manifest source: where the model FLOPs came from (``measured: ...`` by
+    # FlopCounterMode, ``formula: ...``), run.json's ``flops`` (docs/rundir.md).
+    flops_source: str | None = None
     peak_flops_per_s: float | None = None
     peak_source: str | None = None
     peak_detail: str | None = None
@@ -129,6 +132,7 @@ class MfuResult:
             "hfu_median": jsonable(self.hfu_median),
             "reason": self.reason,
             "step_time_source": self.step_time_source,
+            "flops_source": self.flops_source,
             "peak_flops_per_s": jsonable(self.peak_flops_per_s),
             "peak_source": self.peak_source,
             "peak_detail": self.peak_detail,
@@ -249,6 +253,7 @@ def mfu_from_manifest(
             f"metrics JSONL: per-rank step_time_ms, mean over ranks of per-rank MFU, {len(steps)} steady-state step(s) "
             f"(warmup < {warmup} and {len(set(profiled))} profiled step(s) excluded)"
         ),
+        flops_source=man.model_flops.source_text,
         peak_flops_per_s=float(peak),
         peak_source="argument" if peak_flops is not None else str(man.peak.source or "manifest"),
         peak_detail="peak_flops argument" if peak_flops is not None else man.peak.detail,

@@ -149,6 +149,8 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
         f"[source: {m.source}]",
         f"  peak {peak} per device ({m.peak_source}: {m.peak_detail})" + (f", dtype {m.dtype}" if m.dtype else ""),
     ]
+    if m.flops_source:
+        lines.append(f"  model FLOPs: {m.flops_source}")
     if m.step_time_source:
         lines.append(f"  step time: {m.step_time_source}")
     lines += [f"  note: {n}" for n in m.notes]

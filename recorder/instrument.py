@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from reftrain.errors import ReftrainError
+from recorder.errors import RecorderError
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 _WRITE_BUFFER_BYTES = 1 << 20
@@ -62,7 +62,7 @@ class JsonlWriter:
     """Buffered JSON-lines file: one JSON object per line.
 
     The file is created exclusively: an existing file is never overwritten
-    (raises `ReftrainError`). Parent directories are created. Non-finite floats
+    (raises `RecorderError`). Parent directories are created. Non-finite floats
     (NaN, inf) are written as `null`, since JSON has no representation for them.
     Not thread-safe: write from one thread (or serialize calls yourself).
     """
@@ -74,18 +74,18 @@ class JsonlWriter:
             # "x": exclusive create, so two runs can never append into one file.
             self._file: IO[bytes] | None = open(self.path, "xb", buffering=_WRITE_BUFFER_BYTES)
         except FileExistsError:
-            raise ReftrainError(f"{self.path}: already exists; refusing to overwrite") from None
+            raise RecorderError(f"{self.path}: already exists; refusing to overwrite") from None
         except OSError as exc:
-            raise ReftrainError(f"{self.path}: cannot create file: {exc.strerror or exc}") from None
+            raise RecorderError(f"{self.path}: cannot create file: {exc.strerror or exc}") from None
 
     def write(self, record: dict) -> None:
         """Append one record (a dict of JSON-serializable values, numpy/torch scalars allowed)."""
         if self._file is None:
-            raise ReftrainError(f"{self.path}: write after close")
+            raise RecorderError(f"{self.path}: write after close")
         try:
             line = orjson.dumps(record, default=_json_default, option=_ORJSON_OPTS)
         except TypeError as exc:
-            raise ReftrainError(f"{self.path}: cannot serialize record: {exc}") from None
+            raise RecorderError(f"{self.path}: cannot serialize record: {exc}") from None
         self._file.write(line)
 
     def flush(self) -> None:
@@ -336,30 +336,29 @@ class CollectiveTimer:
     # -- DDP --------------------------------------------------------------
 
     def ddp_comm_hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """DDP comm hook: average the bucket by all-reduce (DDP's default numerics), timed.
+        """DDP comm hook: average the bucket by one all-reduce with `ReduceOp.AVG`, timed.
 
         Without a hook DDP's reducer copies each gradient into the bucket as
-        `grad * (1 / world_size)` (reducer.cpp, `at::mul_out` with a wrapped
-        scalar) and all-reduces with SUM; with a hook it copies the gradient
-        unscaled and leaves the averaging to the hook. Multiplying by the same
-        reciprocal here reproduces the default bit for bit (torch's own
-        `allreduce_hook` divides instead). One case differs in the last bit:
-        with `gradient_as_bucket_view=True` and gradients kept between steps
-        (`zero_grad(set_to_none=False)`) the default path divides in place,
-        and x * (1/n) != x / n can happen when n is not a power of two.
-
-        Cost: the scaling is a separate pass over the bucket (the default
-        fuses it into the copy), about one elementwise pass over all
-        gradients per step; negligible on GPU, measurable on CPU with few
-        tokens per step (bench/bench_instrument.py).
+        `grad * (1 / world_size)` (reducer.cpp, `at::mul_out`: the scaling is fused
+        into the copy) and all-reduces with SUM; with a hook it copies the
+        gradient unscaled and leaves the averaging to the hook. Scaling the
+        bucket here would be a separate pass over every gradient per step (torch's
+        own `allreduce_hook` divides before its SUM), measurable on CPU with few
+        tokens per step (bench/bench_instrument.py). AVG folds the division into
+        the reduction itself (gloo and NCCL both have it); backends without AVG
+        divide first, as `allreduce_hook` does. The result equals DDP's default
+        average up to the last bit (sum-then-divide instead of scale-then-sum).
         """
         group = state if state is not None else dist.group.WORLD
         buffer = bucket.buffer()
-        buffer.mul_(1.0 / group.size())
+        op = self._average_op(group)
+        if op is None:
+            buffer.div_(group.size())
+            op = dist.ReduceOp.SUM
         nbytes, dtype = _payload_bytes_dtype(buffer)
         rec = self._begin("all_reduce", nbytes, dtype, group)
         with untimed_collectives():  # an installed all_reduce wrapper must not record it again
-            fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+            fut = dist.all_reduce(buffer, op=op, group=group, async_op=True).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             self._end_now(rec)
@@ -369,13 +368,18 @@ class CollectiveTimer:
         rec.future = out
         return out
 
+    def _average_op(self, group: Any) -> Any:
+        """`ReduceOp.AVG` where the group's backend has it (gloo, NCCL), else None."""
+        backend = str(dist.get_backend(group)).lower()
+        return dist.ReduceOp.AVG if backend in ("gloo", "nccl") else None
+
     # -- torch.distributed wrapping ----------------------------------------
 
     def install(self) -> None:
         """Wrap torch.distributed's collective functions so every call is timed."""
         global _INSTALLED
         if _INSTALLED is not None:
-            raise ReftrainError("a CollectiveTimer is already installed in this process")
+            raise RecorderError("a CollectiveTimer is already installed in this process")
         for name, (kind, payload_param) in _COLLECTIVES.items():
             original = getattr(c10d, name, None)
             if original is None:  # older torch without this function
@@ -590,7 +594,7 @@ class PhaseTimer:
     def end_step(self) -> dict[str, float]:
         """{"step_time_ms": ..., "<phase>_ms": ...} for this step (CUDA: one synchronize)."""
         if self._step_start_ns is None:
-            raise ReftrainError("PhaseTimer.end_step called without start_step")
+            raise RecorderError("PhaseTimer.end_step called without start_step")
         if self._cuda:
             torch.cuda.synchronize(self._device)
         end_ns = time.perf_counter_ns()

@@ -2,7 +2,7 @@
 
 The manifest is :class:`analyzer.ingest.formats.RunManifest`, the one typed
 definition its readers (the analyzer, the dashboard) use too. Torch-free, so
-the command line can create and fail run directories before any rank starts.
+reftrain's command line can create and fail run directories before any rank starts.
 """
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import dataclasses
 import json
 import os
 import re
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from analyzer.ingest.formats import (FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, HangReport, RunManifest,
                                      attempt_folder, records_file)
-from reftrain.config import Config, to_yaml
-from reftrain.errors import ReftrainError
+from recorder.errors import RecorderError
 
 SCHEMA = RUN_SCHEMA
 SCHEMAS = FAMILY_SCHEMAS
@@ -28,47 +26,39 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def default_run_name(cfg: Config, world_size: int) -> str:
-    """`YYYYmmdd-HHMMSS-<preset>-<strategy>-w<world>` (local time)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{cfg.model.preset}-{cfg.parallel.strategy}-w{world_size}"
+def create_run_dir(runs_dir: Path, name: str, explicit: bool, config_yaml: str, *, runs_label: str = "runs_dir",
+                   writer: str = "the recorder", name_option: str = "name=") -> Path:
+    """Create RUNS_DIR/<name>/ and write config.yaml (`config_yaml`, the text); never reuses a directory.
 
-
-def create_run_dir(cfg: Config, world_size: int) -> Path:
-    """Create RUNS_DIR/<name>/ and write config.yaml; never reuses an existing directory.
-
-    An explicit `run.name` that exists is an error. A generated name that
-    exists (two runs in the same second) gets a `-2`, `-3`, ... suffix.
-    config.yaml stores `run.name: null`, so `reftrain --config` on it
-    repeats the run into a new directory.
+    An `explicit` name (the user's) that exists is an error. A generated name that
+    exists (two runs in the same second) gets a `-2`, `-3`, ... suffix. Errors name
+    the runs folder by `runs_label`, the writer and the option that names a run as the
+    caller's user knows them.
     """
-    runs = Path(cfg.run.runs_dir)
+    runs = Path(runs_dir)
     try:
         runs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ReftrainError(f"run.runs_dir: cannot create {runs}: {exc.strerror or exc}") from None
+        raise RecorderError(f"{runs_label}: cannot create {runs}: {exc.strerror or exc}") from None
     if not runs.is_dir():
-        raise ReftrainError(f"run.runs_dir: {runs} is not a directory")
+        raise RecorderError(f"{runs_label}: {runs} is not a directory")
     if not os.access(runs, os.W_OK | os.X_OK):
-        raise ReftrainError(f"run.runs_dir: {runs} is not writable")
-    explicit = cfg.run.name is not None
-    base = cfg.run.name or default_run_name(cfg, world_size)
+        raise RecorderError(f"{runs_label}: {runs} is not writable")
     for attempt in range(1, 100):
-        path = runs / (base if attempt == 1 else f"{base}-{attempt}")
+        path = runs / (name if attempt == 1 else f"{name}-{attempt}")
         try:
             path.mkdir()
             break
         except FileExistsError:
             if explicit:
-                raise ReftrainError(
-                    f"run directory {path} already exists; reftrain never overwrites a run (choose another --run-name)"
+                raise RecorderError(
+                    f"run directory {path} already exists; {writer} never overwrites a run (choose another {name_option})"
                 ) from None
         except OSError as exc:
-            raise ReftrainError(f"run.runs_dir: cannot create {path}: {exc.strerror or exc}") from None
+            raise RecorderError(f"{runs_label}: cannot create {path}: {exc.strerror or exc}") from None
     else:
-        raise ReftrainError(f"run.runs_dir: {runs}: too many runs named {base}-N")
-    saved = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=None))
-    (path / "config.yaml").write_text(to_yaml(saved))
+        raise RecorderError(f"{runs_label}: {runs}: too many runs named {name}-N")
+    (path / "config.yaml").write_text(config_yaml)
     return path
 
 

@@ -19,12 +19,35 @@ import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from analyzer.ingest.formats import trace_file, trace_window_dir
-from reftrain.config import ProfileConfig
+
+
+class ProfileOptions(Protocol):
+    """What StepProfiler reads from its options (reftrain's `profile` config section, the
+    recorder's ProfileSchedule): the torch.profiler schedule and what to record."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def wait(self) -> int: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    @property
+    def repeat(self) -> int: ...
+    @property
+    def record_shapes(self) -> bool: ...
+    @property
+    def memory(self) -> bool: ...
+    @property
+    def with_stack(self) -> bool: ...
+
 
 _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
@@ -69,13 +92,14 @@ class StepProfiler:
     end of every step. A disabled profiler is a no-op with the same interface.
     """
 
-    def __init__(self, cfg: ProfileConfig, rank: int, traces_dir: Path, device: torch.device,
+    def __init__(self, cfg: ProfileOptions, rank: int, traces_dir: Path, device: torch.device,
                  start_step: int) -> None:
         self.cfg = cfg
         self.rank = rank
         self.traces_dir = Path(traces_dir)
         self.start_step = start_step
         self.traces: list[str] = []  # files written, relative to traces_dir
+        self.errors: list[str] = []  # one line per window that could not be written
         self._finished_step = start_step - 1
         self._prof: torch.profiler.profile | None = None
         if not cfg.enabled:
@@ -107,9 +131,22 @@ class StepProfiler:
         return self.action(step) in _COLLECTING
 
     def _write_trace(self, prof: torch.profiler.profile) -> None:
-        (self.traces_dir / trace_window_dir(self._finished_step)).mkdir(parents=True, exist_ok=True)
         name = trace_file(self._finished_step, self.rank)  # step{N}/rank{R}.pt.trace.json.gz
-        prof.export_chrome_trace(str(self.traces_dir / name))  # torch gzips a .gz path
+        path = self.traces_dir / name
+        try:
+            (self.traces_dir / trace_window_dir(self._finished_step)).mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))  # torch gzips a .gz path
+        except (OSError, RuntimeError) as exc:  # RuntimeError: Kineto's own write of its temporary file
+            # A window that cannot be written (disk full, read-only folder) costs that window, never the
+            # run: one line, no half-written file left for a reader to trip on, training goes on.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+            self.errors.append(f"{path}: cannot write the profiler trace: {reason}")
+            print(f"rank {self.rank}: {self.errors[-1]}", file=sys.stderr, flush=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # the folder itself is unwritable: nothing was left in it either
+            return
         self.traces.append(name)
 
     def step_done(self, step: int) -> None:

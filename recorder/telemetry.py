@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from reftrain.errors import ReftrainError
-from reftrain.instrument import JsonlWriter
+from recorder.errors import RecorderError
+from recorder.instrument import JsonlWriter
 
 # Bits of nvmlClocksEventReasons / nvmlClocksThrottleReasons (nvml.h; the
 # values of pynvml's nvmlClocksEventReason* and nvmlClocksThrottleReason*
@@ -103,7 +103,7 @@ def nvml_index_of(device: torch.device, nvml: ModuleType | None = None) -> int:
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        raise ReftrainError(f"NVML unavailable: {exc}") from None
+        raise RecorderError(f"NVML unavailable: {exc}") from None
     try:
         for index in range(nvml.nvmlDeviceGetCount()):
             nvml_uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
@@ -113,7 +113,7 @@ def nvml_index_of(device: torch.device, nvml: ModuleType | None = None) -> int:
                 return index
     finally:
         nvml.nvmlShutdown()
-    raise ReftrainError(f"{device}: no NVML device has UUID {uuid}")
+    raise RecorderError(f"{device}: no NVML device has UUID {uuid}")
 
 
 class GpuTelemetry:
@@ -129,7 +129,7 @@ class GpuTelemetry:
     def __init__(self, path: Path, gpu_index: int, interval_ms: int = 500,
                  nvml: ModuleType | None = None) -> None:
         if interval_ms <= 0:
-            raise ReftrainError(f"telemetry interval must be positive, got {interval_ms} ms")
+            raise RecorderError(f"telemetry interval must be positive, got {interval_ms} ms")
         self.path = Path(path)
         self.gpu_index = gpu_index
         self.interval_ms = interval_ms
@@ -163,13 +163,13 @@ class GpuTelemetry:
     def start(self) -> None:
         """Initialize NVML, open the output file and start sampling."""
         if self._thread is not None:
-            raise ReftrainError("GpuTelemetry already started")
+            raise RecorderError("GpuTelemetry already started")
         nvml = self._nvml
         try:
             nvml.nvmlInit()
             handle = nvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
         except nvml.NVMLError as exc:
-            raise ReftrainError(f"NVML: cannot open GPU {self.gpu_index}: {exc}") from None
+            raise RecorderError(f"NVML: cannot open GPU {self.gpu_index}: {exc}") from None
         self._writer = JsonlWriter(self.path)
         self._thread = threading.Thread(target=self._run, args=(handle,),
                                          name=f"gpu-telemetry-{self.gpu_index}", daemon=True)

@@ -17,7 +17,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from reftrain.instrument import untimed_collectives
+from recorder.instrument import untimed_collectives
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from reftrain.instrument import untimed_collectives
+from recorder.instrument import untimed_collectives
 
 
 @dataclass

@@ -1,0 +1,842 @@
+"""The recorder: one object that a training loop opens, marks each step on, and closes.
+
+It writes the run directory of docs/rundir.md (the format reftrain writes and
+the analyzer, the dashboard and the trackers read): run.json, config.yaml,
+metrics/rank{R}.jsonl, collectives/rank{R}.jsonl, telemetry/gpu{R}.jsonl on
+GPUs, traces/step{N}/rank{R}.pt.trace.json.gz, heartbeat/rank{R}.json.
+docs/record.md says what each measurement is.
+
+Failure policy: the recorder must never be why a training run dies or loses
+what it wrote. A problem with the recorder's own files (a trace that cannot
+be written, a rank that never opened the recorder) is one line on stderr and
+the run goes on; a mistake in how the loop marks steps is one line and the
+mark is ignored; an exception in the user's loop marks the run failed and
+propagates unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from analyzer.ingest import formats as fmt
+from recorder import manifest, peak
+from recorder.clock import align_clocks
+from recorder.errors import RecorderError
+from recorder.flops import StepFlopCounter
+from recorder.hardware import describe_hardware, git_state
+from recorder.heartbeat import Heartbeat
+from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
+                                 untimed_collectives)
+from recorder.profiling import StepProfiler
+from recorder.ranks import Meeting, Place, max_restarts, restart_count, this_place
+from recorder.telemetry import GpuTelemetry, nvml_index_of
+
+PHASES = ("forward", "backward", "optimizer")
+# How long open() and close() wait for the other ranks (their keys on the store).
+MEET_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProfileSchedule:
+    """When torch.profiler records (torch.profiler.schedule's terms, counted from the first step).
+
+    The default is one small window: steps 6 and 7 are traced (after 5 idle
+    steps and 1 warm-up step), written to traces/step7/rank{R}.pt.trace.json.gz.
+    Those steps run slower and are left out of steady-state statistics.
+    """
+
+    enabled: bool = True
+    wait: int = 5
+    warmup: int = 1
+    active: int = 2
+    repeat: int = 1  # windows; 0 = until the end
+    record_shapes: bool = True  # the analyzer's FLOP count from the trace needs the shapes
+    memory: bool = False
+    with_stack: bool = False
+
+
+def _say(text: str) -> None:
+    print(f"recorder: {text}", file=sys.stderr, flush=True)
+
+
+def _yaml_safe(value: Any) -> Any:
+    """The user's config as plain YAML values: dataclasses and namespaces as dicts, the rest as text."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    elif hasattr(value, "__dict__") and not isinstance(value, (dict, list, tuple, str, int, float, bool)):
+        value = vars(value)
+    if isinstance(value, dict):
+        return {str(k): _yaml_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_yaml_safe(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _default_name(model: torch.nn.Module | None, world_size: int) -> str:
+    """`YYYYmmdd-HHMMSS-<model class>-w<world>`; under torchelastic the rendezvous id replaces
+    the time, so that every attempt of a restarted job writes into the same directory."""
+    what = type(model).__name__.lower() if model is not None else "run"
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        what = type(model.module).__name__.lower()
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    if job and job != "none" and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        return f"{what}-{job}-w{world_size}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{what}-w{world_size}"
+
+
+def _param_counts(model: torch.nn.Module | None) -> fmt.Params | None:
+    """Total parameters, those of nn.Embedding modules, and the rest (non-embedding)."""
+    if model is None:
+        return None
+    total = sum(p.numel() for p in model.parameters())
+    embedding = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    return fmt.Params(total=total, non_embedding=total - embedding, embedding=embedding)
+
+
+class Step:
+    """What `Recorder.step()` yields: set `loss` (and `lr`, `grad_norm`) inside the block."""
+
+    __slots__ = ("tokens", "loss", "lr", "grad_norm")
+
+    def __init__(self, tokens: int | None) -> None:
+        self.tokens = tokens
+        self.loss: Any = None
+        self.lr: float | None = None
+        self.grad_norm: Any = None
+
+
+class Recorder:
+    """An open run directory that one rank records into. Make it with `recorder.open(...)`.
+
+    Per step, either `with rec.step(tokens=N) as s: ...; s.loss = loss`, or
+    `rec.step_start()` ... `rec.step_end(tokens=N, loss=loss)`. Checkpoint saves
+    go in `with rec.saving(): ...`. `rec.close()` ends the run (also at the end of
+    a `with recorder.open(...) as rec:` block, failed when the block raised).
+    """
+
+    def __init__(self, runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
+                 model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+                 steps: int | None = None, warmup_steps: int = 3, flops: fmt.Flops | None = None,
+                 peak_flops_per_s: float | None = None, profile: ProfileSchedule | None = None,
+                 device: torch.device | str | None = None, telemetry_interval_ms: int = 100,
+                 on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
+        self.place: Place = this_place()
+        self.attempt = restart_count()
+        self.model, self.optimizer = model, optimizer
+        self.warmup_steps, self.steps_planned = warmup_steps, steps
+        self.on_preempt = on_preempt
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.flops = flops
+        self.closed = False
+        self.status: str | None = None
+        self._start_time = manifest.utc_now()
+        self._meeting = Meeting(meet_timeout_s) if self.place.distributed and self.place.world_size > 1 else None
+        # False when some rank never opened the recorder: no collective may then be issued.
+        self.all_ranks = self._meeting is None
+        run_dir = self._agree_on_run_dir(Path(runs_dir), name, config, model)
+        # False on a rank whose rank 0 never opened the recorder: there is no run to record into,
+        # and every call is then a no-op, so the user's training goes on.
+        self.recording = run_dir is not None
+        if run_dir is None:
+            _say(f"rank {self.place.rank}: rank 0 did not open the recorder within {meet_timeout_s:.0f} s: "
+                 "not recording (call recorder.open on every rank)")
+            return
+        self.run_dir = run_dir
+        self._everyone_here()
+        rank = self.place.rank
+        sub = fmt.attempt_folder(self.attempt)
+        self.step_index = self._first_step()
+        self.start_step = self.step_index
+        self._metrics_rel = fmt.records_file("metrics", rank, self.attempt)
+        self._colls_rel = fmt.records_file("collectives", rank, self.attempt)
+        self._metrics = JsonlWriter(self.run_dir / self._metrics_rel)
+        # Collectives are timed only when every rank records (see _time_collectives); else no file for them.
+        timed = self.place.distributed and self.all_ranks
+        self._colls = JsonlWriter(self.run_dir / self._colls_rel) if timed else None
+        self.timer = CollectiveTimer(self._colls or _NO_RECORDS, rank, self.device)
+        self.collective_timing = self._time_collectives(model)
+        self.phases = PhaseTimer(self.device, PHASES)
+        self.heartbeat = Heartbeat(self.run_dir, rank, self.attempt)
+        self.profiler = StepProfiler(profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device,
+                                     self.step_index)
+        self._telemetry, self._telemetry_files, telemetry_note = self._start_telemetry(telemetry_interval_ms)
+        self._hooks: list[Any] = []
+        self._hook_model(model, optimizer)
+        self._clock = align_clocks().to_dict() if self.all_ranks else \
+            {"offsets_ns": [0], "uncertainty_ns": None, "method": "not aligned: not every rank opened the recorder"}
+        hardware = self._gather_hardware()
+        self.peak = self._peak(peak_flops_per_s)
+        self._man = self._first_manifest(config, hardware, telemetry_note)
+        if rank == 0:
+            self._write_manifest()
+        # Per-step state.
+        self._in_step = False
+        self._boundary_ns: int | None = None  # end of the last step or save: the next step's time starts here
+        self._step_start_ns = 0
+        self._compute_start_ns: int | None = None
+        self._cpu_start_s = 0.0
+        self._fwd: Any = None
+        self._opt: Any = None
+        self._bwd: Any = None
+        self.records_written = 0
+        self.last_step: int | None = None
+        self.tokens_per_step: int | None = None
+        self.profiled_steps: list[int] = []
+        self._preempt_signal: int | None = None
+        # Without FLOPs given, the first step runs under a FLOP counter (recorder.flops).
+        self._flop_counter: StepFlopCounter | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._install_signal_handlers()
+        self.profiler.__enter__()
+        self.heartbeat.beat(self.step_index, "setup")
+
+    # -- set-up ---------------------------------------------------------------
+
+    def _agree_on_run_dir(self, runs_dir: Path, name: str | None, config: Any,
+                          model: torch.nn.Module | None) -> Path | None:
+        """Rank 0 creates (or, in a restarted attempt, reopens) the directory; the others read its path
+        (None when rank 0 did not post it within the timeout)."""
+        place = self.place
+        if place.world_size > 1 and not place.distributed:
+            raise RecorderError(f"recorder.open: WORLD_SIZE={place.world_size} but torch.distributed is not "
+                                "initialized; call torch.distributed.init_process_group before recorder.open "
+                                "(the ranks agree on the run directory through it)")
+        if place.rank == 0:
+            path = self._create_run_dir(runs_dir, name, config, model)
+            if self._meeting is not None:
+                self._meeting.post("run_dir", str(path))
+            return path
+        assert self._meeting is not None
+        found = self._meeting.wait("run_dir")
+        return None if found is None else Path(found)
+
+    def _create_run_dir(self, runs_dir: Path, name: str | None, config: Any, model: torch.nn.Module | None) -> Path:
+        import yaml
+
+        base = name or _default_name(model, self.place.world_size)
+        if self.attempt > 0 and (runs_dir / base / "run.json").is_file():
+            return runs_dir / base  # torchelastic restarted the job: the attempts share the directory
+        text = yaml.safe_dump(_yaml_safe(config if config is not None else {}), sort_keys=False,
+                              default_flow_style=False)
+        return manifest.create_run_dir(runs_dir, base, explicit=name is not None, config_yaml=text)
+
+    def _everyone_here(self) -> None:
+        """Rank 0 learns whether every rank opened the recorder (and tells them), within the timeout."""
+        meeting = self._meeting
+        if meeting is None:
+            return
+        rank, world = self.place.rank, self.place.world_size
+        meeting.post(f"open/{rank}", True)
+        if rank == 0:
+            missing = [r for r in range(1, world) if meeting.wait(f"open/{r}") is None]
+            if missing:
+                _say(f"rank(s) {', '.join(map(str, missing))} of {world} did not open the recorder within "
+                     f"{meeting.timeout_s:.0f} s: recording the ranks that did (call recorder.open on every rank)")
+            meeting.post("all_ranks", not missing)
+            self.all_ranks = not missing
+        else:
+            self.all_ranks = bool(meeting.wait("all_ranks", timeout_s=2 * meeting.timeout_s))
+
+    def _first_step(self) -> int:
+        """0, or in a restarted attempt the step the user's resumed loop starts at (set by `resume_from`)."""
+        return 0
+
+    def _time_collectives(self, model: torch.nn.Module | None) -> str:
+        """Install the collective timer; returns run.json's `collective_timing`."""
+        if not (self.place.distributed and self.all_ranks):
+            return "none: not a distributed run" if not self.place.distributed else \
+                "none: not every rank opened the recorder"
+        what = []
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model.register_comm_hook(None, self.timer.ddp_comm_hook)
+            what.append("DDP comm hook (averaging all-reduce per gradient bucket)")
+        try:
+            self.timer.install()
+            what.append("torch.distributed collective functions wrapped")
+        except RecorderError as exc:  # another timer is installed in this process (a second recorder)
+            _say(f"collective timing: {exc}")
+        return "; ".join(what) or "none"
+
+    def _start_telemetry(self, interval_ms: int) -> tuple[GpuTelemetry | None, list[str], str | None]:
+        if self.device.type != "cuda":
+            return None, [], "CPU run: no GPU to sample (metrics hold each step's process CPU time, cpu_ms)"
+        ok, reason = GpuTelemetry.available()
+        if not ok:
+            return None, [], reason
+        rel = fmt.records_file("telemetry", self.place.rank)
+        try:
+            sampler = GpuTelemetry(self.run_dir / rel, nvml_index_of(self.device), interval_ms)
+            sampler.start()
+        except RecorderError as exc:
+            return None, [], str(exc)
+        return sampler, [rel], None
+
+    def _hook_model(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> None:
+        """Forward and backward times from hooks on the model's root module; optimizer time from the
+        optimizer's step hooks. Nothing about the model's computation changes."""
+        if model is not None:
+            self._hooks.append(model.register_forward_pre_hook(self._forward_start))
+            self._hooks.append(model.register_forward_hook(self._forward_end))
+        if optimizer is not None:
+            self._hooks.append(optimizer.register_step_pre_hook(self._optimizer_start))
+            self._hooks.append(optimizer.register_step_post_hook(self._optimizer_end))
+
+    def _gather_hardware(self) -> list[dict]:
+        mine = describe_hardware(self.device)
+        if not self.all_ranks or not self.place.distributed:
+            return [mine]
+        everyone: list = [None] * self.place.world_size
+        with untimed_collectives():
+            torch.distributed.all_gather_object(everyone, mine)
+        return everyone
+
+    def _peak(self, given: float | None) -> fmt.PeakFlops | None:
+        """The given peak, else the datasheet's for a known GPU, else an fp32 (TF32 where CUDA allows it)
+        matmul measured on every rank at once, the max over ranks (as reftrain measures it: on a shared
+        CPU the ranks share cores, as they will while training)."""
+        if given is not None:
+            return fmt.PeakFlops(per_s=float(given), source="override", detail="recorder.open(peak_flops_per_s=...)",
+                                 dtype=None)
+        dtype = peak.peak_dtype("fp32", self.device.type, bool(torch.backends.cuda.matmul.allow_tf32))
+        if self.device.type == "cuda":
+            found = peak.table_peak(torch.cuda.get_device_name(self.device), dtype)
+            if found is not None:
+                return fmt.PeakFlops.from_json(found.to_manifest())
+        measured = peak.measure_matmul_peak(self.device, dtype)
+        per_s, detail = measured.per_s, measured.detail
+        if self.place.distributed and self.all_ranks and self.place.world_size > 1:
+            value = torch.tensor([per_s], dtype=torch.float64,
+                                 device=self.device if self.place.backend == "nccl" else "cpu")
+            with untimed_collectives():  # not training communication
+                torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+            per_s = float(value.item())
+            detail += f", max over {self.place.world_size} ranks measuring at once"
+        return fmt.PeakFlops(per_s=per_s, source="measured", detail=detail, dtype=dtype)
+
+    def _first_manifest(self, config: Any, hardware: list[dict], telemetry_note: str | None) -> fmt.RunManifest:
+        hw0 = hardware[0]
+        argv0 = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else Path.cwd()
+        man = fmt.RunManifest(
+            schema=manifest.SCHEMA,
+            run_id=self.run_dir.name,
+            status="running",
+            start_time=self._start_time,
+            end_time=None,
+            git=fmt.Git.from_json(git_state(argv0)),
+            command=list(sys.argv),
+            config=manifest.saved_config_dict(self.run_dir),
+            world_size=self.place.world_size,
+            backend=self.place.backend,
+            hardware=fmt.Hardware(
+                device_type=self.device.type,
+                device_names=[h["device_name"] for h in hardware],
+                device_memory_bytes=min((h["device_memory_bytes"] for h in hardware if h["device_memory_bytes"]),
+                                        default=None),
+                cpu_model=hw0["cpu_model"], cpu_cores=hw0["cpu_cores"], cpu_cores_usable=hw0["cpu_cores_usable"],
+                hostnames=[h["hostname"] for h in hardware],
+            ),
+            torch_version=torch.__version__,
+            params=_param_counts(self.model),
+            flops=self.flops,
+            peak_flops=self.peak,
+            tokens_per_step=None,
+            steps=self.steps_planned,
+            start_step=self.step_index,
+            warmup_steps=self.warmup_steps,
+            profiled_steps=[],
+            clock=fmt.Clock.from_json(self._clock),
+            inject=fmt.Inject(),
+            resumed_from=None,
+            telemetry_note=telemetry_note,
+            files=manifest.files_listing(self.run_dir, []),
+            schemas=dict(manifest.SCHEMAS),
+            max_restarts=max_restarts(),
+            attempts=manifest.attempts_so_far(self.run_dir, self.attempt, self._start_time, self.step_index),
+            collective_timing=self.collective_timing,
+        )
+        if self.attempt > 0:  # the first attempt's start, and what earlier attempts recorded
+            previous = manifest.read_manifest(self.run_dir) or fmt.RunManifest()
+            man.start_time = previous.start_time or self._start_time
+            man.checkpoint_saves = previous.checkpoint_saves
+            man.hangs = previous.hangs
+        return man
+
+    def _write_manifest(self) -> None:
+        try:
+            manifest.write_json(self.run_dir / "run.json", self._man)
+        except OSError as exc:
+            _say(f"{self.run_dir / 'run.json'}: cannot write: {exc.strerror or exc}")
+
+    # -- hooks ----------------------------------------------------------------
+
+    def _forward_start(self, module: Any, args: Any) -> None:
+        if not self._in_step or self._fwd is not None:
+            return
+        if self._compute_start_ns is None:
+            self._compute_start_ns = time.perf_counter_ns()
+        self._fwd = self.phases.phase("forward").__enter__()
+
+    def _forward_end(self, module: Any, args: Any, output: Any) -> None:
+        if self._fwd is None:
+            return
+        self._fwd.__exit__(None, None, None)
+        self._fwd = None
+        if torch.is_grad_enabled():
+            tensor = _first_grad_tensor(output)
+            if tensor is not None:
+                tensor.register_hook(self._backward_start)
+
+    def _backward_start(self, grad: Any) -> None:
+        # The gradient has reached the model's output: backward through the model starts. The
+        # engine runs the queued callback when this backward pass has finished.
+        if self._in_step and self._bwd is None:
+            self._bwd = self.phases.phase("backward").__enter__()
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+
+    def _backward_end(self) -> None:
+        if self._bwd is not None:
+            self._bwd.__exit__(None, None, None)
+            self._bwd = None
+
+    def _optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._in_step and self._opt is None:
+            self._opt = self.phases.phase("optimizer").__enter__()
+
+    def _optimizer_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._opt is not None:
+            self._opt.__exit__(None, None, None)
+            self._opt = None
+
+    # -- the steps ------------------------------------------------------------
+
+    def step_start(self) -> None:
+        """Mark the start of a training step (after the batch is in hand, or before: the forward
+        pass's start is the compute's start when the model was given)."""
+        if not self.recording:
+            return
+        if self.closed:
+            _say("step_start after close: ignored")
+            return
+        if self._in_step:
+            _say(f"step_start called twice for step {self.step_index} (no step_end between): the second is ignored")
+            return
+        self._in_step = True
+        self.timer.set_step(self.step_index)
+        self.heartbeat.beat(self.step_index, "start")
+        now = time.perf_counter_ns()
+        if self._boundary_ns is None:
+            self._boundary_ns = now
+        self._step_start_ns = now
+        self._compute_start_ns = None
+        self._cpu_start_s = time.process_time()
+        self.phases.start_step()
+        if self.flops is None and self.step_index == self.start_step:
+            self._flop_counter = StepFlopCounter().__enter__()
+
+    def step_end(self, tokens: int | None = None, loss: Any = None, lr: float | None = None,
+                 grad_norm: Any = None) -> None:
+        """Mark the end of the step: writes its metrics record. `tokens`: tokens this rank processed in
+        the step; `loss` a float or a 0-d tensor (read with .item()); `lr` defaults to the optimizer's
+        first parameter group's; `grad_norm` as returned by clip_grad_norm_."""
+        if not self.recording:
+            return
+        if self.closed:
+            _say("step_end after close: ignored")
+            return
+        if not self._in_step:
+            _say(f"step_end without step_start (step {self.step_index}): ignored")
+            return
+        self._close_open_phases()
+        step = self.step_index
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            counted = self._flop_counter.result(tokens=tokens, step=step)
+            self._flop_counter = None
+            if counted.model > 0:
+                self.set_flops(counted.to_manifest())
+            else:  # MFU 0 would be wrong, not small: the loop's ops ran elsewhere or not at all
+                _say(f"step {step} ran no operation with a FLOP formula (matmul, convolution, attention): "
+                     "MFU withheld; pass flops= to recorder.open to give them")
+        times = self.phases.end_step()
+        self._in_step = False
+        boundary = self._boundary_ns if self._boundary_ns is not None else self._step_start_ns
+        compute_start = self._compute_start_ns if self._compute_start_ns is not None else self._step_start_ns
+        step_time_ms = times["step_time_ms"] + (self._step_start_ns - boundary) / 1e6
+        cpu_ms = (time.process_time() - self._cpu_start_s) * 1e3
+        mem_reserved = peak_reserved_bytes(self.device)
+        mem_bytes, mem_kind = process_memory_bytes(self.device, reset_peak=True)
+        if lr is None and self.optimizer is not None and self.optimizer.param_groups:
+            lr = self.optimizer.param_groups[0].get("lr")
+        step_s = step_time_ms / 1e3
+        profiled = self.profiler.collecting(step)
+        record = fmt.MetricsLine(
+            step=step,
+            rank=self.place.rank,
+            loss=_number(loss),
+            step_time_ms=step_time_ms,
+            cpu_ms=cpu_ms,
+            data_wait_ms=(compute_start - boundary) / 1e6,
+            forward_ms=times["forward_ms"],
+            backward_ms=times["backward_ms"],
+            optimizer_ms=times["optimizer_ms"],
+            grad_sync_ms=0.0,
+            comm_ms=self.timer.step_comm_ms(step),
+            tokens=tokens,
+            tokens_per_s=tokens / step_s if tokens is not None and step_s > 0 else None,
+            mfu=self._mfu(tokens, step_s, "per_token"),
+            hfu=self._mfu(tokens, step_s, "per_token_hardware"),
+            mem_bytes=mem_bytes,
+            mem_kind=mem_kind,
+            mem_reserved_bytes=mem_reserved,
+            profiled=profiled,
+            lr=None if lr is None else float(lr),
+            grad_norm=_number(grad_norm),
+            time_ns=time.time_ns(),
+            attempt=self.attempt,
+        ).to_json()
+        self._metrics.write(record)
+        self._metrics.flush()
+        self.timer.flush()
+        self.records_written += 1
+        self.last_step = step
+        if profiled:
+            self.profiled_steps.append(step)
+        if tokens is not None and self.tokens_per_step is None:
+            # Every rank is taken to process as many tokens as this one (data parallelism).
+            self.tokens_per_step = tokens * self.place.world_size
+            if self.place.rank == 0:
+                self._man.tokens_per_step = self.tokens_per_step
+                self._write_manifest()
+        self.heartbeat.beat(step, "end")
+        self.profiler.step_done(step)
+        self.step_index = step + 1
+        self._boundary_ns = time.perf_counter_ns()
+        self._check_preemption()
+
+    @contextmanager
+    def step(self, tokens: int | None = None) -> Iterator[Step]:
+        """One training step: `with rec.step(tokens=N) as s: ...; s.loss = loss`."""
+        self.step_start()
+        mark = Step(tokens)
+        try:
+            yield mark
+        except BaseException:
+            if self.recording:
+                self._in_step_failed()
+            raise
+        self.step_end(tokens=mark.tokens, loss=mark.loss, lr=mark.lr, grad_norm=mark.grad_norm)
+
+    def _in_step_failed(self) -> None:
+        """The user's step raised: close the open phases so the step's hooks leave no state behind."""
+        self._close_open_phases()
+        if self._flop_counter is not None:  # the counted step failed: no FLOPs from it
+            self._flop_counter.__exit__(None, None, None)
+            self._flop_counter = None
+        if self._in_step:
+            self.phases.end_step()
+            self._in_step = False
+
+    def _close_open_phases(self) -> None:
+        for attr in ("_fwd", "_bwd", "_opt"):
+            ctx = getattr(self, attr)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+                setattr(self, attr, None)
+
+    def _mfu(self, tokens: int | None, step_s: float, field: str) -> float | None:
+        per_token = getattr(self.flops, field, None) if self.flops is not None else None
+        if field == "per_token_hardware" and per_token is None and self.flops is not None:
+            per_token = self.flops.per_token
+        if tokens is None or per_token is None or self.peak is None or not self.peak.per_s or step_s <= 0:
+            return None
+        return tokens * per_token / (step_s * self.peak.per_s)
+
+    def set_flops(self, flops: fmt.Flops) -> None:
+        """Model FLOPs per token for MFU (run.json `flops`), e.g. counted on the first step; the
+        following steps' records carry MFU."""
+        self.flops = flops
+        if not self.recording:
+            return
+        self._man.flops = flops
+        if self.place.rank == 0:
+            self._write_manifest()
+
+    # -- checkpoints ----------------------------------------------------------
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Wrap a checkpoint save: its wall time is the loop's stall (run.json `checkpoint_saves`)."""
+        if not self.recording:
+            yield
+            return
+        step = self.step_index  # the save holds the state after this many steps
+        self.heartbeat.beat(step - 1, "checkpoint")
+        t0 = time.perf_counter()
+        with untimed_collectives():  # checkpoint I/O is not training communication
+            yield
+        stall_s = time.perf_counter() - t0
+        self._boundary_ns = time.perf_counter_ns()  # the next step's time starts after the save
+        if self.place.rank == 0:
+            try:
+                manifest.record_checkpoint_save(self.run_dir, step, stall_s, self.attempt)
+            except OSError as exc:
+                _say(f"{self.run_dir / 'run.json'}: cannot record the checkpoint save: {exc.strerror or exc}")
+            else:
+                self._man.checkpoint_saves = (manifest.read_manifest(self.run_dir) or self._man).checkpoint_saves
+
+    # -- preemption -----------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
+            return
+        for sig in (signal.SIGTERM,):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._preempt_signal is None:
+            _say(f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after this step"
+                 + (" with the final checkpoint" if self.on_preempt is not None else ""))
+        self._preempt_signal = signum
+
+    def _check_preemption(self) -> None:
+        """After each step: the ranks agree whether any got SIGTERM; then save, close as preempted, exit 0."""
+        signum = self._preempt_signal or 0
+        if self.place.distributed and self.all_ranks and self.place.world_size > 1:
+            flag = torch.tensor([float(signum)], device=self.device if self.place.backend == "nccl" else "cpu")
+            with untimed_collectives():  # not training communication
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            signum = int(flag.item())
+        if not signum:
+            return
+        name = signal.Signals(signum).name
+        done = self.step_index
+        if self.on_preempt is not None:
+            with self.saving():
+                self.on_preempt(done)
+            cause = f"preempted: {name} received; stopped after step {done - 1} with the final checkpoint hook's save"
+        else:
+            cause = f"preempted: {name} received; stopped after step {done - 1} (no final checkpoint hook registered)"
+        self.close(status="preempted", cause=cause)
+        raise SystemExit(0)
+
+    # -- the end --------------------------------------------------------------
+
+    def close(self, status: str | None = None, error: str | None = None, cause: str | None = None) -> None:
+        """End the run: flush and close this rank's files; rank 0 writes run.json's final state.
+
+        `status` is `completed` (the default), `failed` (with `error`, one line) or `preempted`.
+        Closing twice is harmless.
+        """
+        if self.closed or not self.recording:
+            return
+        self.closed = True
+        status = status or ("failed" if error else "completed")
+        if status not in ("completed", "failed", "preempted"):
+            _say(f"close(status={status!r}): not one of completed, failed, preempted; recorded as failed")
+            error, status = error or f"closed with status {status!r}", "failed"
+        self.status = status
+        if self._in_step:
+            self._in_step_failed()
+        for handle in self._hooks:
+            handle.remove()
+        self._restore_signal_handlers()
+        errors: list[str] = []
+        for what, stop in (("profiler", lambda: self.profiler.__exit__(None, None, None)),
+                           ("collectives", lambda: self.timer.flush(wait=status == "completed")),
+                           ("heartbeat", lambda: self.heartbeat.beat(self.last_step if self.last_step is not None
+                                                                     else self.start_step, "done")),
+                           ("heartbeat", self.heartbeat.close),
+                           ("timer", self.timer.uninstall),
+                           ("metrics", self._metrics.close),
+                           ("collectives", self._colls.close if self._colls is not None else lambda: None)):
+            try:
+                stop()
+            except (OSError, RecorderError, RuntimeError) as exc:
+                errors.append(f"{what}: {exc}")
+        if self._telemetry is not None:
+            self._telemetry.stop()
+            if self._telemetry.error:
+                errors.append(self._telemetry.error)
+        for line in errors:
+            _say(f"rank {self.place.rank}: {line}")
+        mine = {"metrics": [self._metrics_rel], "collectives": [self._colls_rel] if self._colls is not None else [],
+                "telemetry": self._telemetry_files,
+                "traces": [f"traces/{fmt.attempt_folder(self.attempt)}{name}" for name in self.profiler.traces],
+                "status": status, "error": error, "time_ns": time.time_ns(),
+                "profiled_steps": self.profiled_steps}
+        everyone = self._gather_at_close(mine)
+        if self.place.rank == 0:
+            self._final_manifest(everyone, status, error, cause)
+
+    def _gather_at_close(self, mine: dict) -> list[dict]:
+        """Every rank's files and ending, through the store (never a collective: a rank may have died)."""
+        meeting, rank = self._meeting, self.place.rank
+        if meeting is None or not self.all_ranks:
+            return [mine]
+        meeting.post(f"close/{rank}", mine)
+        if rank != 0:
+            return [mine]
+        everyone = [mine]
+        for r in range(1, self.place.world_size):
+            theirs = meeting.wait(f"close/{r}")
+            if theirs is None:
+                _say(f"rank {r} did not close the recorder within {meeting.timeout_s:.0f} s: "
+                     "its files are listed from disk")
+                theirs = _files_on_disk(self.run_dir, r, self.attempt)
+            everyone.append(theirs)
+        return everyone
+
+    def _final_manifest(self, everyone: list[dict], status: str, error: str | None, cause: str | None) -> None:
+        on_disk = manifest.read_manifest(self.run_dir)
+        man = self._man
+        if on_disk is not None:
+            man.checkpoint_saves, man.hangs = on_disk.checkpoint_saves, on_disk.hangs
+            if on_disk.status == "failed":  # another rank failed first and said so
+                status, error = "failed", on_disk.error
+        failed = sorted((e["time_ns"], r, e["error"]) for r, e in enumerate(everyone) if e.get("status") == "failed")
+        if status != "failed" and failed:
+            status = "failed"
+        if failed and error is None:
+            _, first, first_error = failed[0]
+            error = f"rank {first}: {first_error}" if self.place.world_size > 1 else first_error
+        man.status, man.end_time = status, manifest.utc_now()
+        man.error = error if status == "failed" else None
+        earlier = manifest.earlier_attempt_files(self.run_dir, self.attempt, self.place.world_size)
+        man.files = manifest.files_listing(self.run_dir, [earlier, *everyone])
+        man.profiled_steps = sorted(set(s for e in everyone for s in e.get("profiled_steps", [])))
+        if man.steps is None and self.last_step is not None:
+            man.steps = self.last_step + 1
+        if man.attempts:
+            last = man.attempts[-1]
+            last.end_time, last.status, last.cause = man.end_time, status, cause or (error if status == "failed"
+                                                                                     else None)
+        self._write_manifest()
+
+    def fail(self, exc: BaseException) -> None:
+        """Close the run as failed with `exc` as its one-line error; this rank's error is written to
+        run.json at once, so the first failing rank's error is the run's even when others are killed."""
+        if self.closed or not self.recording:
+            return
+        message = "interrupted" if isinstance(exc, KeyboardInterrupt) else (
+            f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__)
+        where = _where(exc)
+        if where:
+            message += f" ({where})"
+        if self.place.rank != 0 or not self.all_ranks:
+            try:
+                manifest.mark_failed(self.run_dir, f"rank {self.place.rank}: {message}", list(sys.argv),
+                                     self.place.world_size)
+            except OSError as exc2:
+                _say(f"{self.run_dir / 'run.json'}: cannot mark failed: {exc2.strerror or exc2}")
+        self.close(status="failed", error=message)
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or (isinstance(exc, SystemExit) and self.closed):
+            self.close()
+        else:
+            self.fail(exc)
+
+
+class _NoRecords:
+    """The collective timer's writer in a process without collectives: nothing is ever written."""
+
+    def write(self, record: dict) -> None:
+        raise RecorderError("a collective was recorded in a process without torch.distributed")
+
+    def flush(self) -> None:
+        pass
+
+
+_NO_RECORDS: Any = _NoRecords()
+
+
+def _where(exc: BaseException) -> str:
+    """`file:line` of the innermost frame that raised, for the one-line error."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"{Path(last.filename).name}:{last.lineno}"
+
+
+def _files_on_disk(run_dir: Path, rank: int, attempt: int) -> dict:
+    out: dict = {"status": None, "error": None, "time_ns": time.time_ns()}
+    for family in ("metrics", "collectives"):
+        rel = fmt.records_file(family, rank, attempt)
+        out[family] = [rel] if (run_dir / rel).is_file() else []
+    return out
+
+
+def _number(value: Any) -> float | None:
+    """A float from a Python number or a one-element tensor; None for None or a non-finite value."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.detach().item()
+    value = float(value)
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def _first_grad_tensor(output: Any) -> torch.Tensor | None:
+    """The model output's first tensor that requires grad (a tensor, a tuple/list, a dict, or an object
+    with a `loss`/`logits` attribute such as transformers' ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.requires_grad else None
+    if isinstance(output, dict):
+        items = list(output.values())
+    elif isinstance(output, (list, tuple)):
+        items = list(output)
+    else:
+        items = [getattr(output, name, None) for name in ("loss", "logits")]
+    for item in items:
+        if isinstance(item, torch.Tensor) and item.requires_grad:
+            return item
+    return None
+
+
+def _model_device(model: torch.nn.Module | None) -> torch.device:
+    if model is not None:
+        for p in model.parameters():
+            return p.device
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def open(runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
+         model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+         **options: Any) -> Recorder:
+    """Open a run directory under `runs_dir` and start recording this rank (docs/record.md).
+
+    `name`: the directory's name (default `YYYYmmdd-HHMMSS-<model class>-w<world size>`; an
+    existing name is an error, a run is never overwritten). `config`: the user's configuration
+    (a dict, a dataclass or a namespace), saved as config.yaml and in run.json. `model` (the
+    module the loop calls, DDP-wrapped or not) gives forward/backward times, parameter counts and
+    a DDP comm hook for collective timing; `optimizer` the optimizer's time and the learning rate.
+    Keyword options: `steps`, `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
+    `peak_flops_per_s`, `profile` (ProfileSchedule; one small window by default), `device`,
+    `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
+    run: the final checkpoint), `meet_timeout_s`. Every rank of a distributed job calls it.
+    """
+    return Recorder(runs_dir, name, config, model, optimizer, **options)
