@@ -24,6 +24,8 @@ from analyzer.ingest import cache as trace_cache
 from analyzer.errors import TraceError
 from analyzer.ingest.jobs import ParseJobs, parse_file, usable_cpus
 from analyzer.ingest.locate import find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
+from analyzer.ingest.graph_capture import SPLICED_THREAD_NAME, SPLICED_TID, capture_folder, load_captures, splice_replays
+from analyzer.ingest.strays import stray_mask
 from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
     ParsedTrace,
     _resolve_rank,
@@ -121,6 +123,10 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
     props = props if isinstance(props, list) else []
     resolved, source = _resolve_rank(dist, parsed.path, rank)
     events, notes = _build_events(parsed, resolved)
+    threads = _threads_frame(parsed.threads)
+    captures = capture_folder(parsed.path)
+    if captures is not None:
+        events, threads = _with_captured_ops(events, threads, captures, notes)
     return RankTrace(
         rank=resolved,
         path=parsed.path,
@@ -131,11 +137,28 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
         has_device=bool(events["kind"].isin(DEVICE_KINDS).any()),
         rank_source=source,
         processes=_processes_frame(parsed.processes),
-        threads=_threads_frame(parsed.threads),
+        threads=threads,
         json_bytes=parsed.json_bytes,
         notes=notes,
         memory=memory_table(parsed.memory),
     )
+
+
+def _with_captured_ops(
+    events: pd.DataFrame, threads: pd.DataFrame, folder: Path, notes: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Graph replays linked to the ops of the capture traces in ``folder``
+    (:mod:`analyzer.ingest.graph_capture`); the notes go to ``notes``."""
+    graphs, capture_notes = load_captures(folder, parse_trace)
+    notes.extend(capture_notes)
+    spliced, splice_notes = splice_replays(events, graphs)
+    notes.extend(splice_notes)
+    if spliced is not events:
+        pids = sorted(set(spliced.loc[spliced["tid"] == SPLICED_TID, "pid"].tolist()))
+        extra = pd.DataFrame({"pid": np.array(pids, dtype=np.int64), "tid": np.full(len(pids), SPLICED_TID, dtype=np.int64),
+                              "name": pd.Series([SPLICED_THREAD_NAME] * len(pids), dtype=object)})
+        threads = pd.concat([threads, extra], ignore_index=True)
+    return spliced, threads
 
 
 def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[str]]:
@@ -153,9 +176,19 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     # Stable sort by start: ties keep file order.
     order = np.flatnonzero(keep)
     order = order[np.argsort(ts[order], kind="stable")]
-    n = len(order)
     start = ts[order]
     end = start + dur[order]
+    stray = stray_mask(start, end)
+    if stray is not None:
+        first = order[np.flatnonzero(stray)[0]]
+        notes.append(
+            f"{int(stray.sum())} events dropped whose times lie far outside the rest of the rank's events "
+            f"(over max(10x the span of the middle 90 % of starts, 60 s) away; first: "
+            f"{parsed.names[parts['name'][first]]!r} at ts {ts[first] / 1e9:.6g} s, "
+            f"the median start being {np.median(start) / 1e9:.6g} s)"
+        )
+        order, start, end = order[~stray], start[~stray], end[~stray]
+    n = len(order)
     del ts, dur
 
     def column(key: str) -> np.ndarray:
