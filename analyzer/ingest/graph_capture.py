@@ -26,7 +26,8 @@ call stacks (``nn.Module: MergedColumnParallelLinear`` and so on).
 table: for every graph launch whose kernel names equal, in order, the
 launches of one captured graph, it adds the captured ops (``cpu_op`` rows
 enclosing a launch) and one launch call per kernel on a thread of their
-own, and gives each replayed kernel its launch's correlation id. Every
+own (named ``hipLaunchKernel (captured)`` and so on: not calls made at
+replay time), and gives each replayed kernel its launch's correlation id. Every
 analysis that follows launches to ops (FLOPs, roofline, op attribution)
 then sees the replayed kernels' ops and shapes. The added rows keep the
 capture's nesting and order but not its durations: they are laid out, in
@@ -55,6 +56,7 @@ DETAILS_FILE = "execution_details.json"
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
 SPLICED_THREAD_NAME = "ops captured into CUDA graphs (capture_traces/), laid out inside their replay's launch"
 SPLICED_TID = text_id(SPLICED_THREAD_NAME)
+CAPTURED_SUFFIX = " (captured)"
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,9 @@ def _laid_out(graph: CapturedGraph, launch: pd.Series, ids: np.ndarray) -> pd.Da
     launch's process, each distinct capture time mapped, in order, to a point inside the launch call."""
     ops, calls = graph.ops.copy(), graph.launches.copy()
     calls["correlation"] = ids
+    # Renamed so that launch statistics and sync rules, which go by the runtime call's name, do not take
+    # these laid-out rows for calls the host made at replay time: the replay had one call, the graph launch.
+    calls["name"] = calls["name"].cat.remove_unused_categories().cat.rename_categories(lambda n: f"{n}{CAPTURED_SUFFIX}")
     points = np.unique(np.concatenate([ops["start_ns"], ops["end_ns"], calls["start_ns"], calls["end_ns"]]).astype(np.int64))
     lo, hi = int(launch["start_ns"]), int(launch["end_ns"])
     step = max(1, (hi - lo) // (len(points) + 1))
@@ -257,14 +262,23 @@ def _laid_out(graph: CapturedGraph, launch: pd.Series, ids: np.ndarray) -> pd.Da
 def _concat_sorted(events: pd.DataFrame, added: list[pd.DataFrame]) -> pd.DataFrame:
     """Rows of ``events`` and ``added`` in one table, categories unified, sorted by start (stable)."""
     frames = [events] + added
-    cats = {c: pd.api.types.union_categoricals([f[c] for f in frames]).categories
-            for c in events.columns if isinstance(events[c].dtype, pd.CategoricalDtype) and c != "kind"}
+    categorical = [c for c in events.columns if isinstance(events[c].dtype, pd.CategoricalDtype) and c != "kind"]
+
+    def values(f: pd.DataFrame, c: str) -> list[Any]:
+        col = f[c]
+        return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col.dropna()))
+
+    cats = {c: pd.Index(list(dict.fromkeys(v for f in frames for v in values(f, c))), dtype=events[c].cat.categories.dtype)
+            for c in categorical}
     unified = []
     for f in frames:
         f = f.copy(deep=False)
-        for c, values in cats.items():
-            f[c] = f[c].cat.set_categories(values)
+        for c, index in cats.items():
+            col = f[c]
+            f[c] = col.cat.set_categories(index) if isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col, categories=index)
+        f["kind"] = pd.Categorical(f["kind"].astype(object), categories=events["kind"].cat.categories)
         unified.append(f)
     out = pd.concat(unified, ignore_index=True)
     order = np.argsort(out["start_ns"].to_numpy(np.int64), kind="stable")
-    return out.iloc[order].reset_index(drop=True).astype({c: events[c].dtype for c in events.columns if c not in cats})
+    plain = {c: events[c].dtype for c in events.columns if c not in cats and c != "kind"}
+    return out.iloc[order].reset_index(drop=True).astype(plain)
