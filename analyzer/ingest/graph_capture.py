@@ -203,6 +203,7 @@ def splice_replays(events: pd.DataFrame, graphs: Sequence[CapturedGraph]) -> tup
     if not len(launches):
         return events, []
     kernel_rows = np.flatnonzero((kind == "compute") | (kind == "comm"))
+    starts = events["start_ns"].to_numpy(np.int64)
     by_sequence = {g.kernels: g for g in graphs}
     next_corr = int(corr.max()) + 1
     new_corr = corr.copy()
@@ -215,7 +216,7 @@ def splice_replays(events: pd.DataFrame, graphs: Sequence[CapturedGraph]) -> tup
             continue
         graph = by_sequence.get(tuple(names.iloc[replayed]))
         if graph is None:
-            unmapped.append(f"{len(replayed)} kernels launched at ts {events['start_ns'].iat[row] / 1e9:.6f} s")
+            unmapped.append(f"{len(replayed)} kernels launched at ts {starts[row] / 1e9:.6f} s")
             continue
         ids = np.arange(next_corr, next_corr + len(replayed), dtype=np.int64)
         next_corr += len(replayed)
