@@ -126,3 +126,31 @@ def test_sglang_decode_replay_charges_every_gemm_as_tracelens() -> None:
     tl_gflops = sum(float(r["GFLOPS_first"]) * int(r["name_count"])
                     for r in csv.DictReader(open(SGLANG / "perf_csvs" / "GEMM.csv")) if r["name"].startswith("aten::"))
     assert charged["flops"].sum() / 1e9 == pytest.approx(tl_gflops, rel=1e-12)
+
+
+def test_cached_analysis_sees_capture_traces_added_later(tmp_path: Path) -> None:
+    """Rank summaries are cached per trace; capture traces added beside it afterwards change the result."""
+    from analyzer.api import analyze
+
+    _replay(tmp_path)
+    before = analyze(tmp_path / "decode.json.gz").attribution.ops
+    assert before["op"].iloc[0] == "hipGraphLaunch"
+    _capture(tmp_path, [NORM, GEMM, NORM])
+    after = analyze(tmp_path / "decode.json.gz").attribution.ops
+    assert after.set_index("op").loc["aten::mm", "device_ms"] == pytest.approx(0.040)
+
+
+def test_cached_report_sees_capture_traces_added_later(tmp_path: Path) -> None:
+    """`analyzer report` reuses a finished report while its inputs are unchanged; capture traces count as inputs."""
+    from analyzer.cli import main
+
+    trace = _replay(tmp_path)
+
+    def top_op(name: str) -> str:
+        out = tmp_path / name
+        assert main(["report", str(trace), "--json", str(out)]) == 0
+        return json.loads(out.read_text())["attribution"]["ops"][0]["op"]
+
+    assert top_op("before.json") == "hipGraphLaunch"
+    _capture(tmp_path, [NORM, GEMM, NORM])
+    assert top_op("after.json") == "aten::mm"

@@ -49,10 +49,9 @@ import msgspec
 import pandas as pd
 
 from analyzer.errors import TraceError
+from analyzer.ingest.locate import DETAILS_FILE
 from analyzer.ingest.schema import text_id
 
-CAPTURE_DIR = "capture_traces"
-DETAILS_FILE = "execution_details.json"
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
 SPLICED_THREAD_NAME = "ops captured into CUDA graphs (capture_traces/), laid out inside their replay's launch"
 SPLICED_TID = text_id(SPLICED_THREAD_NAME)
@@ -76,12 +75,6 @@ class CapturedGraph:
     kernels: tuple[str, ...]
     launches: pd.DataFrame
     ops: pd.DataFrame
-
-
-def capture_folder(trace: Path) -> Path | None:
-    """The ``capture_traces/`` folder beside ``trace`` when it holds an ``execution_details.json``."""
-    folder = Path(trace).parent / CAPTURE_DIR
-    return folder if (folder / DETAILS_FILE).is_file() else None
 
 
 def execution_details(folder: Path) -> list[dict[str, Any]]:

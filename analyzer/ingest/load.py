@@ -23,8 +23,8 @@ import pandas as pd
 from analyzer.ingest import cache as trace_cache
 from analyzer.errors import TraceError
 from analyzer.ingest.jobs import ParseJobs, parse_file, usable_cpus
-from analyzer.ingest.locate import find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
-from analyzer.ingest.graph_capture import SPLICED_THREAD_NAME, SPLICED_TID, capture_folder, load_captures, splice_replays
+from analyzer.ingest.locate import capture_folder, find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
+from analyzer.ingest.graph_capture import SPLICED_THREAD_NAME, SPLICED_TID, load_captures, splice_replays
 from analyzer.ingest.strays import stray_mask
 from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
     ParsedTrace,
