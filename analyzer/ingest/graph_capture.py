@@ -185,6 +185,32 @@ def load_captures(folder: Path, load: Callable[[Path], Any]) -> tuple[list[Captu
     return graphs, notes
 
 
+def replay_kernels(events: pd.DataFrame) -> tuple[np.ndarray, int]:
+    """(rows of the kernels run by graph replays, number of graph launches that ran kernels).
+
+    Cheap when the trace has no graph launch: the name categories are checked first."""
+    names = events["name"]
+    if not names.cat.categories.isin(list(GRAPH_LAUNCHES)).any():
+        return np.empty(0, dtype=np.int64), 0
+    kind = events["kind"].astype(str).to_numpy(object)
+    corr = events["correlation"].to_numpy(np.int64)
+    launch = ((kind == "runtime") | (kind == "other")) & names.isin(GRAPH_LAUNCHES).to_numpy() & (corr >= 0)
+    kernel = (kind == "compute") | (kind == "comm")
+    replayed = np.flatnonzero(kernel & np.isin(corr, corr[launch]))
+    return replayed, int(len(np.intersect1d(corr[launch], corr[replayed])))
+
+
+def uncovered_replays_note(events: pd.DataFrame, rows: np.ndarray, n_launches: int, why: str) -> str:
+    """The warning for replayed kernels left without ops: their time and share of the GPU kernel time."""
+    dur = (events["end_ns"] - events["start_ns"]).to_numpy(np.int64)
+    kind = events["kind"].astype(str).to_numpy(object)
+    total = int(dur[(kind == "compute") | (kind == "comm")].sum())
+    replayed = int(dur[rows].sum())
+    share = 100.0 * replayed / total if total else 0.0
+    return (f"CUDA-graph replays: {replayed / 1e6:.3f} ms of kernels ({share:.1f} % of the GPU kernel time) from "
+            f"{n_launches} graph launches {why}: no ops, shapes or FLOPs for them")
+
+
 def splice_replays(events: pd.DataFrame, graphs: Sequence[CapturedGraph]) -> tuple[pd.DataFrame, list[str]]:
     """``events`` with every graph replay that matches a captured graph linked to its captured ops
     (module docstring), and notes: how many replays were mapped, and each replay left unmapped."""
@@ -222,8 +248,9 @@ def splice_replays(events: pd.DataFrame, graphs: Sequence[CapturedGraph]) -> tup
         notes.append(f"{mapped} graph replays mapped to the ops captured in {', '.join(sources)} (capture_traces/)")
     if unmapped:
         shown = "; ".join(unmapped[:3]) + (f"; {len(unmapped) - 3} more" if len(unmapped) > 3 else "")
-        notes.append(f"{len(unmapped)} graph replays match no captured graph (kernel names in order), their kernels have "
-                     f"no ops or FLOPs: {shown}")
+        left = kernel_rows[np.isin(new_corr[kernel_rows], corr[launches])]
+        notes.append(uncovered_replays_note(events, left, len(unmapped),
+                                            f"whose kernels match no captured graph (kernel names in order; {shown})"))
     if not added:
         return events, notes
     out = events.copy()

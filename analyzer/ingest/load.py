@@ -24,7 +24,14 @@ from analyzer.ingest import cache as trace_cache
 from analyzer.errors import TraceError
 from analyzer.ingest.jobs import ParseJobs, parse_file, usable_cpus
 from analyzer.ingest.locate import capture_folder, find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
-from analyzer.ingest.graph_capture import SPLICED_THREAD_NAME, SPLICED_TID, load_captures, splice_replays
+from analyzer.ingest.graph_capture import (
+    SPLICED_THREAD_NAME,
+    SPLICED_TID,
+    load_captures,
+    replay_kernels,
+    splice_replays,
+    uncovered_replays_note,
+)
 from analyzer.ingest.strays import stray_mask
 from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
     ParsedTrace,
@@ -127,6 +134,11 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
     captures = capture_folder(parsed.path)
     if captures is not None:
         events, threads = _with_captured_ops(events, threads, captures, notes)
+    else:
+        replayed, n_launches = replay_kernels(events)
+        if len(replayed):
+            notes.append(uncovered_replays_note(events, replayed, n_launches, "and no capture traces beside the trace "
+                                                "(capture_traces/ with execution_details.json)"))
     return RankTrace(
         rank=resolved,
         path=parsed.path,
