@@ -16,7 +16,9 @@ Where: beside the parse cache entries of the unit's files (the same folder,
 The key hashes the unit's parse-cache entry names, in order (each already
 names its file's absolute path, identity and content fingerprint, and
 :data:`~analyzer.ingest.cache.LOADER_VERSION`: docs/loading.md, "Cache"),
-and :data:`~analyzer.rankmap.MAP_VERSION`; any change to a file, to the
+and :data:`~analyzer.rankmap.MAP_VERSION`, and the files of a
+``capture_traces/`` folder beside a trace (:mod:`analyzer.ingest.graph_capture`);
+any change to a file, to the
 parser or to what the map computes gives a new name, and writing a new
 summary deletes the older ones of the same files. Only units whose every
 file loaded are stored (a bad file is read again, and reported again).
@@ -58,6 +60,7 @@ from analyzer.metrics.memory import RankMemory
 from analyzer.metrics.mfu import RankFlops
 from analyzer.metrics.overlap import OverlapResult
 from analyzer.metrics.timeline import TimelineGrid
+from analyzer.ingest.locate import capture_fingerprint
 from analyzer.rankmap import MAP_VERSION, MapUnit, RankPart, UnitResult
 
 SUFFIX = ".rank"
@@ -101,7 +104,9 @@ def entry_for(unit: MapUnit) -> Path | None:
         return None
     first = unit.files[0]
     paths_hash = hashlib.sha1(orjson.dumps([str(f.path.absolute()) for f in unit.files])).hexdigest()[:10]
-    key_hash = hashlib.sha1(orjson.dumps([[e.name for e in entries], MAP_VERSION])).hexdigest()[:16]
+    # Capture traces beside a trace change its events (graph replays mapped to captured ops): part of the key.
+    captures = [capture_fingerprint(f.path.parent) for f in unit.files]
+    key_hash = hashlib.sha1(orjson.dumps([[e.name for e in entries], MAP_VERSION, captures])).hexdigest()[:16]
     return entries[0].parent / f"{first.path.name}.{paths_hash}.{key_hash}{SUFFIX}"
 
 

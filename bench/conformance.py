@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+from collections import Counter
 import json
 import math
 import sys
@@ -54,7 +55,6 @@ from analyzer.metrics.kernels import top_kernels  # noqa: E402
 from analyzer.metrics.matmul_flops import ShapeError, flop_kernels, flops_of, matmul_ops  # noqa: E402
 from analyzer.metrics.mfu import charged_ops  # noqa: E402
 from analyzer.metrics.overlap import SPAN_PARTS, kernel_utilization, span_breakdown  # noqa: E402
-from analyzer.metrics.text import text_mask  # noqa: E402
 
 BREAKDOWN_BOUND_PP = 0.5
 KERNEL_BOUND_PCT = 0.1
@@ -88,16 +88,28 @@ class Row:
         return self.diff is not None and abs(self.diff) <= self.bound
 
 
+# The report folders TraceLens writes beside a trace: its perf report, the same report taken with
+# activation-checkpointing recompute told apart (rows flagged ``is_recompute``), or ``perf_csvs/``.
+REPORT_SUFFIXES = ("_perf_report_csvs", "_recompute_perf_report_csvs")
+
+
 def tracelens_samples(root: Path) -> list[tuple[Path, Path]]:
-    """(trace, report folder) for every TraceLens sample with a gpu_timeline.csv beside it."""
+    """(trace, report folder) for every TraceLens report with a gpu_timeline.csv beside a trace: each of
+    ``X_perf_report_csvs/`` and ``X_recompute_perf_report_csvs/`` (a trace may have both), else ``perf_csvs/``."""
     out = []
     for trace in sorted(root.rglob("*.json.gz")):
         base = str(trace)[: -len(".json.gz")]
-        for rep in (Path(base + "_perf_report_csvs"), trace.parent / "perf_csvs"):
-            if (rep / "gpu_timeline.csv").exists():
-                out.append((trace, rep))
-                break
+        reports = [Path(base + suffix) for suffix in REPORT_SUFFIXES if (Path(base + suffix) / "gpu_timeline.csv").exists()]
+        if not reports and (trace.parent / "perf_csvs" / "gpu_timeline.csv").exists():
+            reports = [trace.parent / "perf_csvs"]
+        out += [(trace, rep) for rep in reports]
     return out
+
+
+def sample_label(root: Path, trace: Path, rep: Path) -> str:
+    """The trace's path under ``root`` without ``.json.gz``; a recompute report says so."""
+    label = str(trace.relative_to(root)).removesuffix(".json.gz")
+    return label + " (recompute report)" if rep.name.endswith(REPORT_SUFFIXES[1]) else label
 
 
 def _gpu_timeline(rep: Path) -> dict[str, float]:
@@ -120,8 +132,44 @@ def _kernel_summary(rep: Path) -> dict[str, float] | None:
     return totals
 
 
+# Custom ops that wrap a GEMM: their implementation calls aten::mm/addmm, which the trace records inside
+# them (sglang_decode's capture trace: every aiter::gemm_a16w16 encloses an aten::mm of its M, N, K, 144
+# of 144). TraceLens's GEMM.csv lists the wrapper and the aten op each with the product's FLOPs (every
+# aiter::gemm_a16w16 row there has an aten::mm twin of the same B, M, N, K and count): summing both counts
+# the product twice. The aten row is kept, the op that launches the kernel and the one our count charges;
+# a wrapper row without a twin is kept with TraceLens's FLOPs (nothing else counts that product).
+GEMM_WRAPPERS = frozenset({"aiter::gemm_a16w16", "vllm::rocm_unquantized_gemm"})
+
+
+def _gemm_key(row: dict) -> tuple:
+    return tuple(row.get(f"param: {k}") for k in ("B", "M", "N", "K")) + (row.get("name_count"),)
+
+
+def is_recompute(row: dict) -> bool:
+    """A row of a recompute report's per-op tables that TraceLens flags as recomputed forward."""
+    return str(row.get("is_recompute", "False")) == "True"
+
+
+def gemm_rows(rep: Path) -> tuple[list[dict], list[dict]]:
+    """GEMM.csv's rows: (rows counted, wrapper rows left out as duplicates of their aten twin; see GEMM_WRAPPERS)."""
+    rows = list(csv.DictReader(open(rep / "GEMM.csv")))
+    twins = Counter(_gemm_key(r) + (is_recompute(r),) for r in rows if r["name"] not in GEMM_WRAPPERS)
+    kept, dropped = [], []
+    for r in rows:
+        key = _gemm_key(r) + (is_recompute(r),)
+        if r["name"] in GEMM_WRAPPERS and twins[key] > 0:
+            twins[key] -= 1
+            dropped.append(r)
+        else:
+            kept.append(r)
+    return kept, dropped
+
+
 def tracelens_gemm_flops(row: dict) -> float:
-    """FLOPs of a GEMM.csv row by our formula plus TraceLens's bias term (M*N when the op has a bias)."""
+    """FLOPs of a GEMM.csv row by our formula plus TraceLens's bias term (M*N when the op has a bias);
+    a wrapper op (GEMM_WRAPPERS) without an aten twin: TraceLens's own figure."""
+    if row["name"] in GEMM_WRAPPERS:
+        return float(row["GFLOPS_first"]) * 1e9
     dims = ast.literal_eval(row["Input Dims_first"])
     flops = float(flops_of(row["name"], dims))
     if row.get("param: bias") == "True":
@@ -156,9 +204,9 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
                         worst[:40]))
     gemm = rep / "GEMM.csv"
     if gemm.exists():
-        gemm_rows = list(csv.DictReader(open(gemm)))
+        counted_rows, wrappers = gemm_rows(rep)
         worst_rel, worst_row, unmodelled = 0.0, None, []
-        for r in gemm_rows:
+        for r in counted_rows:
             try:
                 mine = tracelens_gemm_flops(r)
             except ShapeError as e:
@@ -168,8 +216,11 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
             if worst_row is None or rel > worst_rel:
                 worst_rel, worst_row = rel, (mine / 1e9, float(r["GFLOPS_first"]), r["name"])
         if worst_row:
-            rows.append(Row(label, f"GEMM GFLOPs/op, worst of {len(gemm_rows) - len(unmodelled)} rows", worst_row[0], worst_row[1],
-                            "%rel", 1e-6, worst_row[2] + (f"; not modelled: {'; '.join(unmodelled)}" if unmodelled else "")))
+            dedup = f"; {len(wrappers)} wrapper rows ({', '.join(sorted({r['name'] for r in wrappers}))}) left out: " \
+                    "their aten twin is the same product" if wrappers else ""
+            rows.append(Row(label, f"GEMM GFLOPs/op, worst of {len(counted_rows) - len(unmodelled)} rows", worst_row[0],
+                            worst_row[1], "%rel", 1e-6,
+                            worst_row[2] + (f"; not modelled: {'; '.join(unmodelled)}" if unmodelled else "") + dedup))
     conv = rep / "CONV_fwd.csv"
     if conv.exists():
         from analyzer.metrics.conv_flops import conv_flops
@@ -183,38 +234,61 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
         charged = charged_ops(ops, kernels)
         covered = float(kernels.loc[kernels["account"] >= 0, "dur_ns"].sum())
         total = float(kernels["dur_ns"].sum())
-        graph = bool(text_mask(ev["name"], lambda n: "GraphLaunch" in n).any())
         counts = ops.loc[charged].groupby(["name", "input_dims"]).size()
         # TraceLens writes Input Dims with spaces after commas, the loader keeps Kineto's JSON text: compare parsed.
         ours_counts = {(n, json.dumps(json.loads(d))): int(c) for (n, d), c in counts.items()}
         same = sum(ours_counts.get((r["name"], json.dumps(ast.literal_eval(r["Input Dims_first"])))) == int(r["name_count"])
-                   for r in gemm_rows)
-        # CUDA-graph replays: TraceLens maps replayed kernels to the ops of a separate capture trace, which we do not read.
-        rows.append(Row(label, "GEMM ops charged as TraceLens counts them", float(same), float(len(gemm_rows)), "n",
-                        None if graph else 0, "CUDA-graph replay: no ops with shapes around the launches" if graph else ""))
+                   for r in counted_rows)
+        # CUDA-graph replays are mapped through capture_traces/ like TraceLens does (docs/loading.md).
+        rows.append(Row(label, "GEMM ops charged as TraceLens counts them", float(same), float(len(counted_rows)), "n", 0))
         rows.append(Row(label, "FLOP coverage % (ours only)", 100.0 * covered / total if total else None, None, "pp", None,
                         "share of GEMM/attention/conv kernel time with known FLOPs"))
     return rows
 
 
-def tracelens_step_flops(rep: Path, causal_full: bool) -> float | None:
-    """FLOPs TraceLens charges the trace's GEMM and SDPA ops (GFLOPS_first x name_count), bias terms taken out.
+# TraceLens's per-category tables holding FLOPs, besides GEMM.csv: attention and convolution, forward and backward.
+SDPA_TABLES = ("SDPA_fwd.csv", "SDPA_bwd.csv")
+CONV_TABLES = ("CONV_fwd.csv", "CONV_bwd.csv")
 
-    ``causal_full``: count a causal SDPA op's FLOPs in full (torch's FLOP
-    counter and ours) rather than halved (TraceLens). None without GEMM.csv.
+
+def _table(rep: Path, name: str) -> list[dict]:
+    path = rep / name
+    return list(csv.DictReader(open(path))) if path.exists() else []
+
+
+def tracelens_step_flops(rep: Path, causal_full: bool, *, recompute: bool = False) -> float | None:
+    """FLOPs TraceLens charges the trace's GEMM, SDPA and convolution ops (``GFLOPS_first x name_count``).
+
+    GEMM rows by our formula, i.e. without TraceLens's bias term, and without
+    the wrapper rows that repeat their aten op's product (GEMM_WRAPPERS);
+    SDPA and convolution rows as TraceLens writes them. ``causal_full``:
+    count a causal SDPA op's FLOPs in full (torch's FLOP counter and ours)
+    rather than halved (TraceLens). ``recompute``: include the rows a
+    recompute report flags as recomputed forward (hardware FLOPs); without
+    it, model FLOPs. None without GEMM.csv.
     """
     if not (rep / "GEMM.csv").exists():
         return None
-    total = 0.0
-    for r in csv.DictReader(open(rep / "GEMM.csv")):
-        if r["name"].startswith("aiter::"):
-            continue
-        total += float(flops_of(r["name"], ast.literal_eval(r["Input Dims_first"]))) * int(r["name_count"])
-    sdpa = rep / "SDPA_fwd.csv"
-    for r in csv.DictReader(open(sdpa)) if sdpa.exists() else []:
-        scale = 2.0 if causal_full and r["param: causal"] == "True" else 1.0
-        total += scale * float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"])
+
+    def counted(r: dict) -> bool:
+        return recompute or not is_recompute(r)
+
+    total = sum(tracelens_gemm_flops_unbiased(r) * int(r["name_count"]) for r in gemm_rows(rep)[0] if counted(r))
+    for name in SDPA_TABLES:
+        for r in _table(rep, name):
+            if counted(r):
+                scale = 2.0 if causal_full and r.get("param: causal") == "True" else 1.0
+                total += scale * float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"])
+    for name in CONV_TABLES:
+        total += sum(float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"]) for r in _table(rep, name) if counted(r))
     return total
+
+
+def tracelens_gemm_flops_unbiased(row: dict) -> float:
+    """A GEMM.csv row's FLOPs without the bias term (torch's FLOP counter's and our convention)."""
+    if row["name"] in GEMM_WRAPPERS:
+        return float(row["GFLOPS_first"]) * 1e9
+    return float(flops_of(row["name"], ast.literal_eval(row["Input Dims_first"])))
 
 
 def report_rows(trace: Path, rep: Path, label: str, span: dict[str, float], ref: dict[str, float]) -> list[Row]:
@@ -233,14 +307,19 @@ def report_rows(trace: Path, rep: Path, label: str, span: dict[str, float], ref:
     worst = max(SPAN_PARTS, key=lambda p: abs(r.gpu_timeline.get(p, math.nan) - span.get(p, math.nan)))
     rows = [Row(label, "report whole-trace timeline, worst part %", r.gpu_timeline.get(worst), span.get(worst), "pp", 1e-9,
                 f"{worst}: equals the rows above")]
-    if a.mfu.source == "trace-shapes" and (rep / "SDPA_fwd.csv").exists():
+    if a.mfu.source == "trace-shapes" and (rep / "GEMM.csv").exists():
         # Causal attention: TraceLens halves the S x S FLOPs, torch's FLOP counter and we count them in full.
         mine, halved, full = float(a.mfu.flops_per_step), tracelens_step_flops(rep, False), tracelens_step_flops(rep, True)
         causal = abs(full - halved) > 0
-        rows.append(Row(label, "report GEMM+attention GFLOPs/step", mine / 1e9, halved / 1e9, "%rel", None if causal else 1e-6,
+        parts = "GEMM+attention+conv" if any((rep / t).exists() for t in CONV_TABLES) else "GEMM+attention"
+        rows.append(Row(label, f"report {parts} GFLOPs/step", mine / 1e9, halved / 1e9, "%rel", None if causal else 1e-6,
                         "definitional: causal SDPA counted in full (TraceLens halves it)" if causal else "no causal attention"))
         if causal:
-            rows.append(Row(label, "report GEMM+attention GFLOPs/step (causal in full)", mine / 1e9, full / 1e9, "%rel", 1e-6))
+            rows.append(Row(label, f"report {parts} GFLOPs/step (causal in full)", mine / 1e9, full / 1e9, "%rel", 1e-6))
+        hardware = tracelens_step_flops(rep, True, recompute=True)
+        if hardware != full:
+            rows.append(Row(label, "TraceLens hardware GFLOPs/step (recompute rows included)", None, hardware / 1e9, "%rel",
+                            None, "reference only: the report's MFU counts model FLOPs, recompute apart"))
     b = r.breakdown
     if not b:
         rows.append(Row(label, "report per-step breakdown", None, None, "pp", None,
@@ -313,7 +392,7 @@ def all_rows(shared: Path) -> list[Row]:
     root = shared / "traces" / "tracelens-samples"
     rows: list[Row] = []
     for trace, rep in tracelens_samples(root):
-        rows += trace_rows(trace, rep, str(trace.relative_to(root)).removesuffix(".json.gz"))
+        rows += trace_rows(trace, rep, sample_label(root, trace, rep))
     return rows + kineto_rows(shared)
 
 

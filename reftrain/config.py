@@ -72,6 +72,9 @@ class TrainConfig:
     dtype: str = _opt("fp32", "compute dtype: fp32, or bf16 (autocast for DDP, FSDP2 mixed precision)", ("fp32", "bf16"))
     tf32: bool = _opt(True, "CUDA only: fp32 matmuls on TF32 tensor cores (the peak FLOPs follow)")
     compile: bool = _opt(False, "torch.compile each transformer block")
+    compile_backend: str = _opt("inductor", "torch.compile backend: inductor generates kernels; aot_eager traces and "
+                                "partitions the same graphs without generating code (seconds instead of minutes on a CPU)",
+                                ("inductor", "aot_eager"))
     activation_checkpointing: bool = _opt(False, "recompute each block's activations in backward")
     seed: int = _opt(1234, "seed for initialization and the synthetic data")
     device: str = _opt("auto", "auto = cuda when available, else cpu", ("auto", "cpu", "cuda"))

@@ -113,10 +113,10 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         model.blocks[i] = checkpoint_wrapper(block)
 
 
-def apply_compile(model: Transformer) -> None:
-    """torch.compile each block in place (keeps module types, so DDP/FSDP2 wrap as usual)."""
+def apply_compile(model: Transformer, backend: str = "inductor") -> None:
+    """torch.compile each block in place with ``backend`` (keeps module types, so DDP/FSDP2 wrap as usual)."""
     for block in model.blocks:
-        block.compile()
+        block.compile(backend=backend)
 
 
 def apply_ddp(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:

@@ -200,7 +200,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     if t.activation_checkpointing:
         parallel.apply_activation_checkpointing(model)
     if t.compile:
-        parallel.apply_compile(model)
+        parallel.apply_compile(model, t.compile_backend)
     ddp = cfg.parallel.strategy == "ddp"
     model = parallel.apply_ddp(model, cfg, env) if ddp else parallel.apply_fsdp(model, cfg, env)
     optimizer = _optimizer(model, cfg)

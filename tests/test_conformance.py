@@ -7,8 +7,11 @@ reason when ``../shared`` is absent (users' clones do not have it).
 """
 from __future__ import annotations
 
+import ast
+import csv
 import importlib.util
 import json
+import shutil
 import sys
 
 import pytest
@@ -92,15 +95,11 @@ def test_definitional_differences_and_their_size() -> None:
 
 def test_gemm_flops_per_row_equal_tracelens_with_its_bias_term(bench) -> None:
     """Every GEMM.csv row: our formula plus M*N for a biased op is TraceLens's GFLOPS_first, to the FLOP."""
-    import csv
-
     n = 0
     for _, rep in bench.tracelens_samples(TRACELENS):
         if not (rep / "GEMM.csv").exists():
             continue
-        for row in csv.DictReader(open(rep / "GEMM.csv")):
-            if row["name"].startswith("aiter::"):
-                continue  # aiter's GEMM op is not a matmul-like aten op (docs/conformance.md)
+        for row in bench.gemm_rows(rep)[0]:
             assert bench.tracelens_gemm_flops(row) == pytest.approx(float(row["GFLOPS_first"]) * 1e9, rel=1e-12, abs=1.0)
             n += 1
     assert n >= 25
@@ -110,11 +109,13 @@ def test_compiled_and_graph_traces_report_their_flop_coverage() -> None:
     """MFU from shapes on a torch.compile trace and on CUDA-graph replays says how much it could see.
 
     torch.compile: the three ``aten::mm`` with shapes are charged; the rest of
-    the GEMM/attention time runs in compiled code. SGLang decode: every GEMM
-    and attention kernel is a graph replay, launched by no op with shapes.
+    the GEMM/attention time runs in compiled code. SGLang decode: the graph
+    replay's kernels are mapped to the ops of ``capture_traces/`` (all 145
+    GEMMs, as TraceLens); the 72 paged-attention kernels (0.269 of the time)
+    have no FLOP formula and stay uncovered.
     """
     for rel, coverage, charged in (("torch_compile_triton/trace.json.gz", 0.685521, 7),
-                                   ("inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz", 0.0, 0)):
+                                   ("inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz", 0.730994, 145)):
         ev = load_trace(TRACELENS / rel).events
         ops = matmul_ops(ev)
         k = flop_kernels(ev, ops)
@@ -191,3 +192,61 @@ def test_report_flops_per_step_are_tracelens_gemm_and_sdpa_with_causal_attention
         assert halved.ours - halved.reference == pytest.approx(24 * 4 * 16 * 16 * 559 * 559 * 64 / 2 / 1e9, rel=1e-9)
     for gpu in ("h100", "mi300"):  # BERT: no causal attention, equal as is
         assert abs(by[(f"{gpu}/gaunernst_bert-small-uncased__1016001", "report GEMM+attention GFLOPs/step")].diff) <= 1e-6
+
+
+TIMESFORMER = TRACELENS / "h100" / "facebook_timesformer-base-finetuned-k400__1016002_perf_report_csvs"
+SGLANG_CSVS = TRACELENS / "inference" / "sglang_decode" / "perf_csvs"
+
+
+def test_step_flops_reference_counts_convolutions(bench, rows) -> None:
+    """TimeSformer's patch embedding is a convolution (CONV_fwd.csv: 29.595 GFLOPs, once): TraceLens's model
+    FLOPs are GEMM.csv's plus that, and the report's FLOPs per step equal them."""
+    gemm = sum(float(bench.flops_of(r["name"], ast.literal_eval(r["Input Dims_first"]))) * int(r["name_count"])
+               for r in csv.DictReader(open(TIMESFORMER / "GEMM.csv")))
+    conv = sum(float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"]) for r in csv.DictReader(open(TIMESFORMER / "CONV_fwd.csv")))
+    assert conv == pytest.approx(29.595009024e9, rel=1e-12)
+    assert bench.tracelens_step_flops(TIMESFORMER, False) == pytest.approx(gemm + conv, rel=1e-12)
+    row = {r.metric: r for r in rows if r.trace == "h100/facebook_timesformer-base-finetuned-k400__1016002"}[
+        "report GEMM+attention+conv GFLOPs/step"]
+    assert row.ours == pytest.approx(8977.1033, abs=1e-4) and abs(row.diff) <= 1e-6
+
+
+def test_wrapper_gemm_rows_are_counted_once(bench, tmp_path) -> None:
+    """SGLang's GEMM.csv lists aiter::gemm_a16w16 and the aten::mm inside it with the same product: the four
+    wrapper rows are left out, the model FLOPs are the aten::mm rows' 484.358 GFLOPs (not twice 444.53 + 39.83).
+    A wrapper row without an aten twin is kept with TraceLens's own FLOPs."""
+    kept, dropped = bench.gemm_rows(SGLANG_CSVS)
+    assert [r["name"] for r in dropped] == ["aiter::gemm_a16w16"] * 4 and {r["name"] for r in kept} == {"aten::mm"}
+    assert bench.tracelens_step_flops(SGLANG_CSVS, False) / 1e9 == pytest.approx(484.35822592, rel=1e-12)
+    lines = (SGLANG_CSVS / "GEMM.csv").read_text().splitlines()
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    # Header and the first aiter row only: no aten::mm twin.
+    (lone / "GEMM.csv").write_text("\n".join(lines[:2]) + "\n")
+    kept, dropped = bench.gemm_rows(lone)
+    assert [r["name"] for r in kept] == ["aiter::gemm_a16w16"] and dropped == []
+    assert bench.tracelens_step_flops(lone, False) == pytest.approx(6.442450944e9 * 36, rel=1e-12)
+
+
+def test_recompute_report_is_found_and_its_recompute_rows_kept_apart(bench, tmp_path) -> None:
+    """A trace whose TraceLens report is ``X_recompute_perf_report_csvs/`` is checked (it was skipped), and
+    rows flagged ``is_recompute`` count to the hardware FLOPs only."""
+    root = tmp_path / "samples"
+    (root / "ac").mkdir(parents=True)
+    src = TRACELENS / "h100" / "gaunernst_bert-small-uncased__1016001"
+    shutil.copy(str(src) + ".json.gz", root / "ac" / "bert.json.gz")
+    rep = root / "ac" / "bert_recompute_perf_report_csvs"
+    shutil.copytree(str(src) + "_perf_report_csvs", rep)
+    lines = (rep / "GEMM.csv").read_text().splitlines()
+    # The last GEMM row once more, flagged as recomputed (its forward run again in backward).
+    (rep / "GEMM.csv").write_text("\n".join([lines[0] + ",is_recompute"] + [ln + ",False" for ln in lines[1:]]
+                                            + [lines[-1] + ",True"]) + "\n")
+    assert bench.tracelens_samples(root) == [(root / "ac" / "bert.json.gz", rep)]
+    assert bench.sample_label(root, root / "ac" / "bert.json.gz", rep) == "ac/bert (recompute report)"
+    last = list(csv.DictReader(open(rep / "GEMM.csv")))[-1]
+    extra = bench.tracelens_gemm_flops_unbiased(last) * int(last["name_count"])
+    model, hardware = bench.tracelens_step_flops(rep, True), bench.tracelens_step_flops(rep, True, recompute=True)
+    assert model == pytest.approx(8.1921e9, rel=1e-4) and hardware - model == pytest.approx(extra, rel=1e-12) and extra > 0
+    by = {r.metric: r for r in bench.trace_rows(root / "ac" / "bert.json.gz", rep, "ac/bert (recompute report)")}
+    assert abs(by["report GEMM+attention GFLOPs/step"].diff) <= 1e-6
+    assert by["TraceLens hardware GFLOPs/step (recompute rows included)"].reference == pytest.approx(hardware / 1e9)

@@ -23,7 +23,16 @@ import pandas as pd
 from analyzer.ingest import cache as trace_cache
 from analyzer.errors import AnalyzerError, TraceError
 from analyzer.ingest.jobs import ParseJobs, parse_file, usable_cpus
-from analyzer.ingest.locate import find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
+from analyzer.ingest.locate import capture_folder, find_trace_files, scan_trace_files  # noqa: F401 - find_trace_files is part of this module's API
+from analyzer.ingest.graph_capture import (
+    SPLICED_THREAD_NAME,
+    SPLICED_TID,
+    load_captures,
+    replay_kernels,
+    splice_replays,
+    uncovered_replays_note,
+)
+from analyzer.ingest.strays import stray_mask
 from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
     ParsedTrace,
     _resolve_rank,
@@ -127,6 +136,15 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
     props = props if isinstance(props, list) else []
     resolved, source = _resolve_rank(dist, parsed.path, rank)
     events, notes = _build_events(parsed, resolved)
+    threads = _threads_frame(parsed.threads)
+    captures = capture_folder(parsed.path)
+    if captures is not None:
+        events, threads = _with_captured_ops(events, threads, captures, notes)
+    else:
+        replayed, n_launches = replay_kernels(events)
+        if len(replayed):
+            notes.append(uncovered_replays_note(events, replayed, n_launches, "and no capture traces beside the trace "
+                                                "(capture_traces/ with execution_details.json)"))
     return RankTrace(
         rank=resolved,
         path=parsed.path,
@@ -137,7 +155,7 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
         has_device=bool(events["kind"].isin(DEVICE_KINDS).any()),
         rank_source=source,
         processes=_processes_frame(parsed.processes),
-        threads=_threads_frame(parsed.threads),
+        threads=threads,
         json_bytes=parsed.json_bytes,
         notes=notes,
         memory=memory_table(parsed.memory),
@@ -151,6 +169,23 @@ def _clock_origin_ns(value: object) -> int:
         return int(value) if value is not None and not isinstance(value, bool) else 0
     except (TypeError, ValueError):
         return 0
+
+
+def _with_captured_ops(
+    events: pd.DataFrame, threads: pd.DataFrame, folder: Path, notes: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Graph replays linked to the ops of the capture traces in ``folder``
+    (:mod:`analyzer.ingest.graph_capture`); the notes go to ``notes``."""
+    graphs, capture_notes = load_captures(folder, parse_trace)
+    notes.extend(capture_notes)
+    spliced, splice_notes = splice_replays(events, graphs)
+    notes.extend(splice_notes)
+    if spliced is not events:
+        pids = sorted(set(spliced.loc[spliced["tid"] == SPLICED_TID, "pid"].tolist()))
+        extra = pd.DataFrame({"pid": np.array(pids, dtype=np.int64), "tid": np.full(len(pids), SPLICED_TID, dtype=np.int64),
+                              "name": pd.Series([SPLICED_THREAD_NAME] * len(pids), dtype=object)})
+        threads = pd.concat([threads, extra], ignore_index=True)
+    return spliced, threads
 
 
 def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[str]]:
@@ -168,9 +203,19 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     # Stable sort by start: ties keep file order.
     order = np.flatnonzero(keep)
     order = order[np.argsort(ts[order], kind="stable")]
-    n = len(order)
     start = ts[order]
     end = start + dur[order]
+    stray = stray_mask(start, end)
+    if stray is not None:
+        first = order[np.flatnonzero(stray)[0]]
+        notes.append(
+            f"{int(stray.sum())} events dropped whose times lie far outside the rest of the rank's events "
+            f"(over max(10x the span of the middle 90 % of starts, 60 s) away; first: "
+            f"{parsed.names[parts['name'][first]]!r} at ts {ts[first] / 1e9:.6g} s, "
+            f"the median start being {np.median(start) / 1e9:.6g} s)"
+        )
+        order, start, end = order[~stray], start[~stray], end[~stray]
+    n = len(order)
     del ts, dur
 
     def column(key: str) -> np.ndarray:

@@ -6,12 +6,14 @@ pandas is imported (analyzer/ingest/jobs.py says why).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -273,3 +275,28 @@ def trace_files_of(path: Path) -> list[Path]:
         return find_trace_files(path)
     except (AnalyzerError, OSError):
         return []
+
+
+# CUDA/HIP graph capture traces beside a replay trace, in TraceLens's layout (analyzer.ingest.graph_capture).
+CAPTURE_DIR = "capture_traces"
+DETAILS_FILE = "execution_details.json"
+
+
+def capture_folder(trace: Path) -> Path | None:
+    """The ``capture_traces/`` folder beside ``trace`` when it holds an ``execution_details.json``."""
+    folder = Path(trace).parent / CAPTURE_DIR
+    return folder if (folder / DETAILS_FILE).is_file() else None
+
+
+def capture_fingerprint(traces_folder: Path) -> list[list[Any]]:
+    """[name, size, mtime_ns] of every file in the capture folder of the traces in ``traces_folder`` ([]
+    without one): what a cache of results derived from those traces must also key on."""
+    folder = Path(traces_folder) / CAPTURE_DIR
+    if not (folder / DETAILS_FILE).is_file():
+        return []
+    out: list[list[Any]] = []
+    for p in sorted(folder.iterdir()):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            out.append([p.name, st.st_size, st.st_mtime_ns])
+    return out

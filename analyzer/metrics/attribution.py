@@ -10,7 +10,9 @@ memcpy, memset) in the rank's analysis window (the kernels table's,
    replay carries the correlation id of its ``cudaGraphLaunch``: such kernels
    are attributed to the graph launch (``graph`` True): the launch call is
    their op (``cudaGraphLaunch``, the ops around it its stack), since the
-   ops that captured the graph ran long before.
+   ops that captured the graph ran long before; when capture traces sit
+   beside the trace, the loader links them to the captured ops instead
+   (:mod:`analyzer.ingest.graph_capture`), and they stay ``graph``.
 2. **op**: the innermost host op (``cpu_op``/``cpu_comm``) containing the
    launch call's start *on the launch call's own thread* (kernels launched
    from other threads, e.g. the autograd engine's, are found on theirs);
@@ -52,6 +54,7 @@ import pandas as pd
 
 from analyzer.metrics.frames import empty_frame
 from analyzer.ingest.tables import ATTENTION_OPS, DEVICE_KINDS
+from analyzer.ingest.graph_capture import GRAPH_LAUNCHES, SPLICED_TID
 from analyzer.metrics.nesting import climb_same_name, innermost, nearest, nest, subtree_sum
 from analyzer.metrics.overlap import hta_window
 from analyzer.metrics.taxonomy import row_classes
@@ -60,7 +63,6 @@ from analyzer.metrics.text import is_in, text_codes, text_mask
 SCHEMA = "analyzer.attribution/1"
 MODULE_PREFIX = "nn.Module: "
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
-GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch"})
 TOP_KERNELS_PER_OP = 5
 UNATTRIBUTED = "(unattributed)"
 # The convolution op every conv path dispatches through (aten::conv2d -> aten::convolution -> aten::_convolution
@@ -251,7 +253,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     l_pid = lk["pid"].fillna(-1).to_numpy(np.int64)
     l_tid = lk["tid"].fillna(-1).to_numpy(np.int64)
     l_t = lk["start_ns"].fillna(-1).to_numpy(np.int64)
-    graph = has_launch & np.isin(_launch_names(events, dev_rows, ev.names), list(GRAPH_LAUNCHES))
+    graph = has_launch & (np.isin(_launch_names(events, dev_rows, ev.names), list(GRAPH_LAUNCHES)) | (l_tid == SPLICED_TID))
     q_tkey = np.full(len(dev_rows), -1, dtype=np.int64)
     q_tkey[has_launch] = ev.key_of(l_pid[has_launch], l_tid[has_launch])
     op_pos = np.where(has_launch, ops.at(q_tkey, l_t), -1)

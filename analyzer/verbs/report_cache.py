@@ -42,7 +42,8 @@ from typing import Any, Sequence, cast
 import orjson
 
 from analyzer.ingest.formats import REPORT_TOP_LEVEL, ReportDocument
-from analyzer.ingest.locate import CACHE_DIRNAME, file_key, is_run_dir, usable_cache_dir, user_cache_dir
+
+from analyzer.ingest.locate import CACHE_DIRNAME, CAPTURE_DIR, capture_fingerprint, file_key, is_run_dir, usable_cache_dir, user_cache_dir
 
 # Bump when the entry's layout changes.
 REPORT_CACHE_VERSION = 2  # 2: inputs keyed on file_key (ctime, inode, fingerprint)
@@ -139,10 +140,12 @@ def _folder_for(path: Path) -> Path | None:
 
 
 def _input_fingerprint(path: Path, skip: set[Path]) -> list[list]:
-    """[relative path, *file_key] of every file the analysis may read."""
+    """[relative path, *file_key] of every file the analysis may read (with the
+    ``capture_traces/`` beside the traces: analyzer.ingest.graph_capture)."""
+    captures = [[CAPTURE_DIR, *c] for c in capture_fingerprint(path if path.is_dir() else path.parent)]
     if not path.is_dir():
-        return [[path.name, *file_key(path)]]
-    out: list[list] = []
+        return [[path.name, *file_key(path)], *captures]
+    out: list[list] = captures
     if is_run_dir(path):
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -150,7 +153,7 @@ def _input_fingerprint(path: Path, skip: set[Path]) -> list[list]:
                 if Path(root, name) not in skip:
                     _add(out, Path(root) / name, path)
     else:
-        with os.scandir(path) as it:
+        with os.scandir(path) as it:  # capture_traces/ is in ``captures`` above
             for e in sorted(it, key=lambda e: e.name):
                 if not e.name.startswith(".") and not e.is_dir() and Path(e.path) not in skip:
                     _add(out, Path(e.path), path)

@@ -36,6 +36,7 @@ alone:
                     each piece given to ``decode`` as it arrives
 ``classify``        which events become rows, valid times, what a row keeps
 ``columns``         events -> typed numpy columns (``Columns``)
+``units``           the time unit, decided from the raw columns
 ``__init__``        one file end to end: :func:`parse_columns` ->
                     :class:`ParsedTrace`; the rank of a file
 =================== ========================================================
@@ -55,10 +56,11 @@ from analyzer.errors import TraceError
 from analyzer.ingest.limits import ParseLimits
 from analyzer.ingest.limits import current as current_limits
 from analyzer.ingest.parse.classify import MAX_TIME_NS, complete_events, raw_times
-from analyzer.ingest.parse.columns import Columns, time_unit_ns, to_ns
+from analyzer.ingest.parse.columns import Columns, to_ns
 from analyzer.ingest.parse.decode import _META_KEYS, Event, decode_events
 from analyzer.ingest.parse.read import BLOCK_BYTES, _read_blocks
 from analyzer.ingest.parse.split import Splitter
+from analyzer.ingest.parse.units import UnitDecision, decide, gather, time_unit_ns
 from analyzer.ingest.schema import canonical_category
 
 __all__ = [
@@ -149,6 +151,17 @@ class ParsedTrace:
         return len(self.columns["ts_ns"])
 
 
+def _time_unit(cols: Columns, display_time_unit: Any) -> UnitDecision:
+    """The unit of the raw times, from the columns before conversion
+    (:mod:`analyzer.ingest.parse.units`): a few numpy passes over arrays."""
+    kernel_cats = [i for c, i in cols.cat_ids.items() if canonical_category(c) == "kernel"]
+    host_cats = [i for c, i in cols.cat_ids.items() if canonical_category(c) == "cpu_op"]
+    steps = [i for n, i in cols.name_ids.items() if n.startswith("ProfilerStep#")]
+    parts = cols.parts
+    evidence = gather(parts["ts"], parts["dur"], parts["cat"], parts["name"], kernel_cats, host_cats, steps)
+    return decide(display_time_unit, evidence)
+
+
 def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
     """Parse one Kineto trace file (``.json`` or ``.json.gz``) into columns.
 
@@ -190,7 +203,8 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
     if "deviceProperties" not in meta and "computeProperties" in meta:
         meta["deviceProperties"] = meta["computeProperties"]
     meta.pop("computeProperties", None)
-    unit_ns = time_unit_ns(meta.get("displayTimeUnit"))
+    unit = _time_unit(cols, meta.get("displayTimeUnit"))
+    unit_ns = unit.unit_ns
     columns = cols.finish(unit_ns)
     if cols.rows == 0:
         if cols.invalid:
@@ -211,8 +225,8 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
             f"{cols.invalid} complete events dropped for a missing or invalid ts/dur (ts and dur must be "
             f"finite numbers >= 0 whose end fits int64 ns; first: {cols.first_invalid})"
         )
-    if unit_ns == 1:
-        notes.append('timestamps read as nanoseconds (the trace says "displayTimeUnit": "ns")')
+    if unit.note:
+        notes.append(unit.note)
     memory = cols.memory_columns(unit_ns)
     if cols.memory_invalid:
         notes.append(f"{cols.memory_invalid} [memory] events dropped for a missing or invalid ts or allocator total")

@@ -404,10 +404,3 @@ def to_ns(raw: np.ndarray, unit_ns: int) -> tuple[np.ndarray, np.ndarray | None]
 
 def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
-
-
-def time_unit_ns(display_time_unit: Any) -> int:
-    """ns per unit of ``ts``/``dur``: 1 when the document says
-    ``"displayTimeUnit": "ns"``, else 1000 (µs, the Chrome trace format's
-    unit, which Kineto writes; its ``"ms"`` is a display hint)."""
-    return 1 if isinstance(display_time_unit, str) and display_time_unit.strip().lower() == "ns" else 1000
