@@ -99,8 +99,9 @@ def test_backward_estimated_as_twice_forward_when_backward_has_no_shapes() -> No
         ]
     )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
-    assert rf.backward == "estimated-2x-forward"
+    assert rf.backward == "estimated" and rf.families == (("gemm", "estimated"),)
     assert rf.steps["flops"].tolist() == [3 * 2 * 8 * 16 * 32]
+    assert rf.steps["estimated_bwd_flops"].tolist() == [2 * 2 * 8 * 16 * 32]
     assert rf.dtype == "bf16"
 
 
