@@ -43,7 +43,7 @@ import pandas as pd
 
 from analyzer.metrics.dtypes import float_key
 from analyzer.metrics.nesting import below_flagged, nest, thread_keys
-from analyzer.metrics.passes import backward_ranges, in_backward, inside, recompute_ranges
+from analyzer.metrics.passes import backward_ranges, in_backward, inside, recompute_ranges, stopped_recompute
 from analyzer.metrics.text import is_in, text_map
 from analyzer.metrics.flop_table import FLOP_TABLE, ShapeError, flops_of, op_flops
 from analyzer.ingest.tables import FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
@@ -76,23 +76,27 @@ def _dtype_of(types_json: str | None) -> str | None:
     return float_key(types) if isinstance(types, list) else None
 
 
-def _passes(events: pd.DataFrame, ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``ops``: (backward, recompute) from :mod:`analyzer.metrics.passes`.
+def _passes(events: pd.DataFrame, ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of ``ops``: (backward, recompute, stopped) from :mod:`analyzer.metrics.passes`.
 
     Backward: a backward op of the table (``convolution_backward``, an SDPA
     backward) or an op inside a backward range that is not recompute.
     Recompute: an op inside a recomputed forward op's range (itself included).
+    Stopped: a recompute op that early stopping cut off before it computed.
     """
     pid, tid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
     start = ops["start_ns"].to_numpy(np.int64)
-    bw_ranges = backward_ranges(events)
-    if not bw_ranges:
-        return np.array([FLOP_TABLE[n].backward for n in ops["name"]], dtype=bool), np.zeros(len(ops), dtype=bool)
-    inside_bw = inside(bw_ranges, pid, tid, start)
-    rec_ranges = recompute_ranges(events, in_backward(events))
-    rec = inside(rec_ranges, pid, tid, start) if rec_ranges else np.zeros(len(ops), dtype=bool)
     table_bw = np.array([FLOP_TABLE[n].backward for n in ops["name"]], dtype=bool)
-    return (table_bw | inside_bw) & ~rec, rec
+    none = np.zeros(len(ops), dtype=bool)
+    if not backward_ranges(events):
+        return table_bw, none, none
+    bw_rows = in_backward(events)
+    inside_bw = inside(backward_ranges(events), pid, tid, start)
+    rec_ranges = recompute_ranges(events, bw_rows)
+    rec = inside(rec_ranges, pid, tid, start) if rec_ranges else none
+    stop_ranges = stopped_recompute(events, bw_rows, FLOP_OPS) if rec_ranges else {}
+    stopped = inside(stop_ranges, pid, tid, start) if stop_ranges else none
+    return (table_bw | inside_bw) & ~rec, rec, stopped
 
 
 def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
@@ -115,7 +119,9 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     ``family`` (the FLOP table's: gemm, conv, attention), ``backward`` (a
     backward op of the table, or inside an autograd backward range and not
     recompute), ``recompute`` (a forward op run during backward, or inside
-    one: activation checkpointing), ``dtype`` (bf16, fp16,
+    one: activation checkpointing), ``stopped`` (a recompute op that
+    checkpointing's early stop cut off before it computed: no FLOPs),
+    ``dtype`` (bf16, fp16,
     fp32, fp64, fp8 or None).
     """
     rows = is_in(events["name"], FLOP_OPS) & (events["kind"] == "cpu_op").to_numpy()
@@ -127,7 +133,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     if ops.empty:
         return ops.assign(
             flops=np.float64(0), shape_error=None, parent=np.int64(-1), top_level=True, leaf=True, counted=True,
-            family=None, backward=False, recompute=False, dtype=None,
+            family=None, backward=False, recompute=False, stopped=False, dtype=None,
         ).drop(columns=["input_types", "concrete_inputs"])
     # Formulas once per distinct (name, dims, scalar arguments) triple.
     keys = ops[["name", "input_dims", "concrete_inputs"]].astype(object).fillna("")
@@ -141,7 +147,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     type_lookup = {t: _dtype_of(t) for t in types.dropna().unique()}
     dtype = types.map(lambda t: type_lookup.get(t) if t is not None else None)
     parent = _parent_positions(ops)
-    backward, recompute = _passes(events, ops)
+    backward, recompute, stopped = _passes(events, ops)
     valid = ~np.isnan(flops)
     has_child = np.zeros(len(ops), dtype=bool)
     has_child[parent[parent >= 0]] = True
@@ -162,6 +168,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
             "family": [FLOP_TABLE[n].family for n in ops["name"]],
             "backward": backward,
             "recompute": recompute,
+            "stopped": stopped,
             "dtype": dtype.to_numpy(dtype=object),
         }
     )

@@ -46,7 +46,8 @@ checkpointing). Per family (gemm, attention, conv):
   with a note.
 
 Model FLOPs (MFU) are forward plus backward; hardware FLOPs (HFU) add the
-recomputed forward.
+recomputed forward (less the op that non-reentrant checkpointing's early
+stop cuts off before it computes, :func:`analyzer.metrics.passes.stopped_recompute`).
 
 FLOP coverage: the share of GEMM/attention/conv time whose FLOPs are known:
 kernel time where kernels link to their launching ops, else the total time
@@ -389,6 +390,7 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     flops = top["flops"].to_numpy(np.float64)
     bwd = top["backward"].to_numpy(bool)
     rec = top["recompute"].to_numpy(bool)
+    flops = np.where(top["stopped"].to_numpy(bool), 0.0, flops)  # cut off by checkpointing's early stop
     fam = top["family"].to_numpy(object)
     fused = _fused_backward(ops)[counted]
 
