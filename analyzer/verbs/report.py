@@ -22,6 +22,7 @@ from analyzer.verbs.suggest import report_suggestions, suggestions_text  # docs/
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+    from analyzer.metrics.mfu import MfuResult
     from analyzer.verbs.check import GateOutcome
     from analyzer.verbs.compare import Comparison, Delta
 
@@ -138,7 +139,7 @@ def _host_ops(a: "RunAnalysis") -> bool:
 def _mfu_lines(a: "RunAnalysis") -> list[str]:
     m = a.mfu
     if m.source == "none" or m.median is None:
-        return [f"MFU: none ({m.reason})"]
+        return [f"MFU: none ({m.reason})"] + _flop_lines(m)
     peak = f"{m.peak_flops_per_s / 1e12:.3g} TFLOP/s" if m.peak_flops_per_s else "?"
     # A lower bound (FLOP coverage under COVERAGE_MIN) says so in the headline, with its coverage.
     bound = f">= {_pct(m.median, 2)} (lower bound: FLOP coverage {_pct(m.flop_coverage, 1)})" if m.lower_bound else _pct(m.median, 2)
@@ -149,8 +150,19 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
     ]
     if m.step_time_source:
         lines.append(f"  step time: {m.step_time_source}")
-    lines += [f"  note: {n}" for n in m.notes]
-    return lines
+    return lines + _flop_lines(m)
+
+
+def _flop_lines(m: "MfuResult") -> list[str]:
+    """FLOPs per device per step, model (MFU) and hardware (HFU), each family's backward, and the notes."""
+    lines = []
+    if m.flops_per_step is not None:
+        hw = m.hardware_flops_per_step if m.hardware_flops_per_step is not None else m.flops_per_step
+        lines.append(f"  FLOPs per device per step: model {m.flops_per_step / 1e9:,.4g} GFLOP (MFU), "
+                     f"hardware {hw / 1e9:,.4g} GFLOP (HFU, with recompute)")
+    if m.backward_families:
+        lines.append("  backward per family: " + ", ".join(f"{f} {mode}" for f, mode in m.backward_families.items()))
+    return lines + [f"  note: {n}" for n in m.notes]
 
 
 def _goodput_lines(a: "RunAnalysis") -> list[str]:
