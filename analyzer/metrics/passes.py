@@ -119,7 +119,8 @@ def stopped_recompute(events: pd.DataFrame, backward: np.ndarray, flop_ops: froz
     reentrant = events.loc[text_mask(names, lambda n: n.endswith(REENTRANT_NODE)), ["pid", "tid", "start_ns"]]
     ops = events.loc[rec, ["name", "pid", "tid", "start_ns", "end_ns"]]
     out: Ranges = {}
-    for (p, q), g in ops.groupby(["pid", "tid"], sort=False):
+    for pair, g in ops.groupby(["pid", "tid"], sort=False):
+        p, q = np.asarray(pair, dtype=np.int64)  # a two-column groupby's keys are (pid, tid) pairs
         key = (int(p), int(q))
         if key not in bw:
             continue
