@@ -8,15 +8,15 @@ reads too.
 Shapes are validated as the op itself would check them (inner dimensions
 equal, batch dims and bias broadcastable, operands of the rank the op
 needs): a trace has been seen recording ``aten::linear`` with x=[2048,160,606]
-and w=[2048,3906], which the old count took as 8.13e11 FLOPs where the
-``aten::addmm`` inside it (``[[3906],[2048,512],[512,3906]]``) does 8.19e9.
+and w=[2048,3906], which an unvalidated count takes as 8.13e11 FLOPs where
+the ``aten::addmm`` inside it (``[[3906],[2048,512],[512,3906]]``) does 8.19e9.
 
 Each product is counted once, two ways (:func:`flop_kernels` says which
 applies, see :mod:`analyzer.metrics.mfu`):
 
 * **kernel attribution** (device traces whose kernels link to their
   launches): each GEMM/attention/convolution kernel is charged to the
-  innermost matmul-like op around its launch that has usable shapes;
+  innermost table op around its launch that has usable shapes;
   an op counts once however many kernels it launched, and an op inside a
   charged op does not count again;
 * **host ops only** (no linked kernels): the outermost ops with usable
@@ -49,8 +49,6 @@ from analyzer.metrics.flop_table import FLOP_TABLE, ShapeError, flops_of, op_flo
 from analyzer.ingest.tables import FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
 
 __all__ = ["ShapeError", "flops_of", "matmul_ops", "flop_kernels", "charged_ops", "dominant_dtype"]
-
-# Backward regions: every autograd node runs inside one of these ranges.
 
 
 def _flops_or_error(name: str, dims_json: str | None, concrete_json: str | None = None) -> tuple[float, str | None]:
