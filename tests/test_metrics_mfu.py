@@ -531,3 +531,20 @@ def test_host_op_coverage_labels_a_lower_bound() -> None:
     result = mfu_from_trace_shapes([rf], {0: None}, peak_flops=1e12)
     assert result.flop_coverage == pytest.approx(0.4) and result.lower_bound
     assert result.notes[0].startswith("lower bound: FLOPs known for only 40.0% of GEMM/attention/conv host op time")
+
+
+def test_example_run_trace_shapes_count_attention_backward() -> None:
+    """The committed example run (4 layers, d 256, d_ff 1024, vocab 4096 tied, 4 x 128 tokens per rank): its CPU
+    traces record SDPA's CPU flash forward and backward. Trace shapes give 6 N T for the matmuls plus attention
+    forward 4 T S d per layer at 1 + 2.5 (torch's backward convention): 13,824,425,984 FLOPs per device per step,
+    exactly. Without the CPU flash backward the count was 13.15 GFLOP, 4 % under the manifest's 13.70 (PaLM's
+    12 L H Q T counts attention backward 2x: the 0.9 % left between them)."""
+    repo = Path(__file__).resolve().parents[1]
+    from analyzer.api import analyze
+
+    run = analyze(sorted((repo / "traces" / "example-ddp-w2" / "traces").glob("rank*.json.gz")), cache=False)
+    n, t, d, seq, layers = 4 * (4 * 256 * 256 + 2 * 256 * 1024) + 256 * 4096, 4 * 128, 256, 128, 4
+    expected = 6 * n * t + layers * 4 * t * seq * d * 3.5
+    assert run.mfu.backward_families == {"gemm": "recorded", "attention": "recorded"}
+    assert run.mfu.flops_per_step == expected == 13_824_425_984
+    assert run.mfu.hardware_flops_per_step == expected and run.mfu.flop_coverage == 1.0
