@@ -95,6 +95,7 @@ def test_backward_estimated_as_twice_forward_when_backward_has_no_shapes() -> No
     events = events_from_records(
         [
             op("aten::linear", 10, 100, [[8, 16], [32, 16], [32]], ["c10::BFloat16"] * 3),
+            op("aten::addmm", 20, 90, [[32], [8, 16], [16, 32], [], []], ["c10::BFloat16"] * 3),
             op("autograd::engine::evaluate_function: AddmmBackward0", 300, 600, tid=2),
         ]
     )

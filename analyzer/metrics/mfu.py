@@ -392,7 +392,8 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     rec = top["recompute"].to_numpy(bool)
     flops = np.where(top["stopped"].to_numpy(bool), 0.0, flops)  # cut off by checkpointing's early stop
     fam = top["family"].to_numpy(object)
-    fused = _fused_backward(ops)[counted]
+    # GEMM ops nest (linear > addmm): only another family's op with GEMMs inside has its backward among the GEMMs'.
+    fused = _fused_backward(ops)[counted] | (fam == "gemm")
 
     def per_step(rows: np.ndarray) -> np.ndarray:
         return np.bincount(k[in_step & rows], weights=flops[in_step & rows], minlength=len(lo))
