@@ -47,10 +47,10 @@ from analyzer.metrics.windows import check_windows
 from analyzer.metrics.workload import rank_workload
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 11  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12);
+MAP_VERSION = 12  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12);
 # 8: calls per op shape (issue 11 item 7); 9: tokens and recompute per window (issue 18); 10: attention's backend
 # ops in the shapes table, with their concrete inputs (issue 11 item 3); 11: the memory-bound families' shapes
-# (issue 11 item 3)
+# (issue 11 item 3); 12: FLOPs per family and pass (backward, recompute), host-time FLOP coverage
 TOP_KERNELS_PER_RANK = 50
 
 

@@ -215,3 +215,17 @@ def test_step_time_is_each_runs_headline() -> None:
     c = compare(base, cand)
     assert (c.step_time_median.base, c.step_time_median.cand) == (50.0, 60.0)
     assert any("compared over both runs' profiled windows" in n for n in c.notes)
+
+
+def test_compare_shows_each_runs_hfu_beside_the_mfu() -> None:
+    """A checkpointed candidate: its HFU (hardware FLOPs, recompute included) is reported apart from its MFU."""
+    from analyzer.verbs.report import render_compare_text
+
+    base = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
+    cand = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
+    base.mfu = MfuResult("trace-shapes", median=0.40, hfu_median=0.40)
+    cand.mfu = MfuResult("trace-shapes", median=0.30, hfu_median=0.39)
+    c = compare(base, cand)
+    assert (c.mfu.base_hfu, c.mfu.cand_hfu) == (0.40, 0.39)
+    assert (c.to_json()["mfu"]["base_hfu"], c.to_json()["mfu"]["cand_hfu"]) == (0.40, 0.39)
+    assert "HFU (with recompute): 40.00% -> 39.00%" in render_compare_text(c)

@@ -182,6 +182,7 @@ def test_runs_page_rows_show_analyzer_numbers_and_errors(open_page, runs_dir, an
     good = analyses[GOOD_RUN]
     row = table.loc[GOOD_RUN]
     assert row["MFU"] == good.mfu.median
+    assert row["HFU"] == good.mfu.hfu_median  # the analyzer's, as the overview shows it
     assert row["MFU source"] == "manifest"
     assert row["tokens/s"] == throughput(good.manifest, good.metrics).median
     assert row["world size"] == 2 and row["steps"] == 12 and row["status"] == "completed"

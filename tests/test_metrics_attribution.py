@@ -435,7 +435,7 @@ def test_attention_kernels_take_the_backend_ops_shapes(tmp_path):
     """A forward kernel anywhere under an attention op counts, in the shapes table, to the innermost one
     (TraceLens's SDPA rows): the flash kernel of aten::_flash_attention_forward and the fill launched by
     aten::fill_ both land on aten::_scaled_dot_product_flash_attention, one call; the ops table still counts
-    each kernel to its innermost op. The roofline then halves the causal FLOPs."""
+    each kernel to its innermost op. The roofline counts the causal call in full (the FLOP table's convention)."""
     from analyzer.metrics.roofline import roofline
 
     t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
@@ -462,5 +462,30 @@ def test_attention_kernels_take_the_backend_ops_shapes(tmp_path):
         "aten::_scaled_dot_product_flash_attention", False, 1, 2, pytest.approx(0.064))
     assert row.concrete_inputs == '["","","","0.","True","False","0.125"]'
     p = roofline(at.shapes, "NVIDIA H100 80GB HBM3").points.iloc[0]
-    assert bool(p["causal"]) is True and p["flops"] == 2 * (2 * 4) * 256 * 256 * (64 + 64) / 2  # 2 B H L S (E + Ev)
+    assert bool(p["causal"]) is True and p["flops"] == 2 * (2 * 4) * 256 * 256 * (64 + 64)  # 2 B H L S (E + Ev)
     assert p["achieved_flops_per_s"] == pytest.approx(p["flops"] / 64e-6)
+
+
+def test_recomputed_forward_kernels_count_to_their_forward_op_marked_recompute(tmp_path):
+    """Activation checkpointing runs forward ops inside a backward node: their kernels count to those ops,
+    named "(recompute)", with their shapes; the node's backward keeps only its own kernels."""
+    t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
+    t.step(1, 0, 1000)
+    t.cpu_op("aten::relu_", 10, 20, tid=MAIN, args={"Sequence number": 3, "Fwd thread id": 0})
+    t.kernel("vectorized_elementwise_kernel<threshold>", 40, 5, launch_us=12)
+    t.cpu_op("autograd::engine::evaluate_function: ReluBackward0", 400, 200, tid=AUTOGRAD,
+             args={"Sequence number": 3, "Fwd thread id": 1})
+    t.cpu_op("ReluBackward0", 405, 190, tid=AUTOGRAD, args={"Sequence number": 3, "Fwd thread id": 1})
+    # The recomputed convolution: a forward op (Fwd thread id 0, a new sequence number) inside the node.
+    t.cpu_op("aten::convolution", 410, 100, tid=AUTOGRAD, args={"Sequence number": 11, "Fwd thread id": 0},
+             input_dims=[[2, 4, 8, 8], [6, 4, 3, 3], [], [], [], [], [], [], []], input_types=["float"] * 2)
+    t.kernel("implicit_convolve_sgemm", 420, 300, launch_us=415)
+    _runtime_tid(t, 415, AUTOGRAD)
+    t.cpu_op("aten::threshold_backward", 520, 50, tid=AUTOGRAD)
+    t.kernel("vectorized_elementwise_kernel<threshold_backward>", 730, 7, launch_us=525)
+    _runtime_tid(t, 525, AUTOGRAD)
+    events, steps = _load(t, tmp_path)
+    ops = rank_attribution(events, steps).ops.set_index(["op", "backward"])
+    assert ops.loc[("aten::convolution (recompute)", False), "device_ms"] == pytest.approx(0.3)
+    assert ops.loc[("aten::relu_", True), "device_ms"] == pytest.approx(0.007)
+    assert ops.loc[("aten::relu_", False), "device_ms"] == pytest.approx(0.005)

@@ -54,8 +54,9 @@ if TYPE_CHECKING:
 # 4: concrete_inputs of convolution ops; 5: seq_num and fwd_tid of autograd ops; 6: [memory] events;
 # 7: input shapes of aten::embedding; 8: shapes and concrete_inputs of attention's backend ops;
 # 9: shapes of the memory-bound families, concrete_inputs of reductions, softmax and normalization;
-# 10: baseTimeNanoseconds kept in the document's metadata; 11: the time unit decided from the events, the header a hint).
-LOADER_VERSION = 11
+# 10: baseTimeNanoseconds kept in the document's metadata; 11: the time unit decided from the events, the header a hint;
+# 12: shapes and concrete_inputs of the FLOP table's backward, grouped-GEMM and backend ops).
+LOADER_VERSION = 12
 ENTRY_SUFFIX = ".npz"
 # Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
 _ENTRY_SUFFIXES = (".npz", ".parquet")

@@ -25,6 +25,9 @@ COMM_KERNEL_RE = re.compile(r"nccl|rccl")
 CPU_COMM_RE = re.compile(
     r"^(c10d::|record_param_comms$|gloo:|nccl:|c10d_functional::)", re.IGNORECASE
 )
+# The op names of the FLOP table (analyzer.metrics.flop_table holds their formulas; a test holds the two
+# equal). The loader keeps these ops' shapes and scalar arguments. GEMMs, with scaled (fp8) and grouped (MoE)
+# matmuls; the outer scaled_dot_product_attention is here too, as the MFU's first FLOP op.
 MATMUL_OPS = frozenset(
     {
         "aten::mm",
@@ -33,12 +36,15 @@ MATMUL_OPS = frozenset(
         "aten::baddbmm",
         "aten::matmul",
         "aten::linear",
+        "aten::_scaled_mm",
+        "aten::_grouped_mm",
+        "aten::_scaled_grouped_mm",
         "aten::scaled_dot_product_attention",
     }
 )
 # Convolution ops whose FLOPs need their scalar arguments (stride, padding,
-# dilation, groups, transposed) from ``Concrete Inputs``
-# (analyzer.metrics.conv_flops.CONV_SCHEMAS holds each one's argument positions).
+# dilation, groups, transposed) from ``Concrete Inputs``; the backend ops
+# (cudnn, miopen, mkldnn) count when no outer op records them.
 CONV_OPS = frozenset(
     {
         "aten::convolution",
@@ -51,13 +57,23 @@ CONV_OPS = frozenset(
         "aten::conv_transpose1d",
         "aten::conv_transpose2d",
         "aten::conv_transpose3d",
+        "aten::mkldnn_convolution",
+        "aten::miopen_convolution",
+        "aten::miopen_depthwise_convolution",
+        "aten::miopen_convolution_transpose",
+        "aten::_slow_conv2d_forward",
     }
 )
-# The FLOP counter's ops.
-FLOP_OPS = MATMUL_OPS | CONV_OPS
+# Convolution gradients (their ``output_mask`` says which of input and weight gradient they compute).
+CONV_BACKWARD_OPS = frozenset(
+    f"aten::{n}" for n in (
+        "convolution_backward", "convolution_backward_overrideable", "cudnn_convolution_backward",
+        "cudnn_convolution_transpose_backward", "miopen_convolution_backward",
+        "miopen_convolution_transpose_backward", "miopen_depthwise_convolution_backward",
+    )
+)
 # Scaled-dot-product attention and the backend ops it dispatches to, which launch its kernels (a kernel
-# counts to the innermost op: analyzer.metrics.attribution). Their ``Concrete Inputs`` carry ``is_causal``
-# (analyzer.metrics.roofline). Not FLOP_OPS: the MFU counts the outer aten::scaled_dot_product_attention.
+# counts to the innermost op: analyzer.metrics.attribution). Their ``Concrete Inputs`` carry ``is_causal``.
 ATTENTION_OPS = frozenset(
     {
         "aten::scaled_dot_product_attention",
@@ -67,6 +83,20 @@ ATTENTION_OPS = frozenset(
         "aten::_scaled_dot_product_cudnn_attention",
     }
 )
+# Attention ops below (or instead of) those: the math backend (bmm and softmax ops inside it) and the
+# kernels' own entry points, which compiled graphs call with no SDPA op around them. In the FLOP table; the
+# kernel attribution keeps the SDPA op above them, as TraceLens's SDPA rows do.
+ATTENTION_INNER_OPS = frozenset(
+    {"aten::_scaled_dot_product_attention_math", "aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
+)
+ATTENTION_BACKWARD_OPS = frozenset(
+    f"aten::{n}" for n in (
+        "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+        "_flash_attention_backward", "_efficient_attention_backward",
+    )
+)
+FLOP_OPS = MATMUL_OPS | CONV_OPS | CONV_BACKWARD_OPS | ATTENTION_OPS | ATTENTION_INNER_OPS | ATTENTION_BACKWARD_OPS
 # The memory-bound families the roofline models (analyzer.metrics.op_models): the ATen ops that launch their
 # kernels (aten::gelu's kernel, aten::copy_'s for .to()/.contiguous()/clone, aten::native_layer_norm's under
 # aten::layer_norm).
@@ -98,11 +128,11 @@ NORM_OPS = frozenset(
 MEMORY_BOUND_OPS = UNARY_OPS | BINARY_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
 # Host ops whose ``Concrete Inputs`` (scalar arguments) the loader keeps: convolution geometry, is_causal,
 # the reduced dims, softmax's half_to_float, batch norm's training flag.
-CONCRETE_OPS = CONV_OPS | ATTENTION_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
+CONCRETE_OPS = CONV_OPS | CONV_BACKWARD_OPS | ATTENTION_OPS | ATTENTION_INNER_OPS | ATTENTION_BACKWARD_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
 # Host ops whose shapes the loader keeps: the FLOP counter's ops, attention's backends and the memory-bound
 # families (the roofline), and the embedding, whose token ids give the tokens per step of a foreign trace
 # (analyzer.metrics.workload).
-SHAPE_OPS = FLOP_OPS | ATTENTION_OPS | MEMORY_BOUND_OPS | frozenset({"aten::embedding"})
+SHAPE_OPS = FLOP_OPS | MEMORY_BOUND_OPS | frozenset({"aten::embedding"})
 # Event categories of older format eras, lower-cased, -> today's category
 # (docs/metrics.md, "Event categories"). The TensorBoard-plugin era of the
 # PyTorch profiler (1.8-1.9, Kineto's early ChromeTraceLogger) wrote

@@ -27,7 +27,11 @@ memcpy, memset) in the rank's analysis window (the kernels table's,
    outermost of them (the call that created the node: ``aten::linear``
    around ``aten::t`` for ``TBackward0``, a custom ``autograd.Function``
    around the ops inside it); when none is in the trace, the node's own
-   name without ``autograd::engine::evaluate_function: ``.
+   name without ``autograd::engine::evaluate_function: ``. A forward op
+   run inside a node (``Fwd thread id`` 0: recomputed by activation
+   checkpointing, :mod:`analyzer.metrics.passes`) and the ops under it are
+   not backward: their kernels count to that op, reported as
+   ``NAME (recompute)`` with its own shapes.
 4. **module**: the innermost ``nn.Module: NAME`` range (``python_function``
    from ``with_stack``/``with_modules``, or a ``record_function`` range so
    named, as reftrain writes) containing the launch (backward: containing
@@ -65,6 +69,7 @@ MODULE_PREFIX = "nn.Module: "
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 TOP_KERNELS_PER_OP = 5
 UNATTRIBUTED = "(unattributed)"
+RECOMPUTE_SUFFIX = " (recompute)"
 # The convolution op every conv path dispatches through (aten::conv2d -> aten::convolution -> aten::_convolution
 # -> the backend's op).
 CONV_ENTRY = "aten::convolution"
@@ -200,7 +205,12 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     fwd_tid = events["fwd_tid"].to_numpy(np.int64)[ops.rows]
     node = ((seq >= 0) & (fwd_tid > 0)) | _starts_with(events["name"], EVALUATE_PREFIX)[ops.rows]
     nearest_node = nearest(ops.parent, node)
-    backward = nearest_node >= 0
+    # Recompute (activation checkpointing): a forward op (Fwd thread id 0) run inside a node, and the ops under
+    # it, are forward work reported as their own op marked RECOMPUTE_SUFFIX, not as the node's backward.
+    in_node = nearest_node >= 0
+    recomputed = nearest(ops.parent, in_node & (seq >= 0) & (fwd_tid == 0) & ~node
+                         & ~_starts_with(events["name"], "autograd::")[ops.rows]) >= 0
+    backward = in_node & ~recomputed
     # The outermost node around each op: each node's enclosing node, then the root of that forest.
     idx = np.arange(n_ops)
     par = ops.parent
@@ -232,6 +242,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
         lacking = fwd_of_node[first_outer] < 0
         fwd_of_node[first_outer[lacking]] = fwd_of_node[inner[first[lacking]]]
     key = op_names.copy()
+    key[recomputed] = np.array([f"{n}{RECOMPUTE_SUFFIX}" for n in op_names[recomputed]], dtype=object)
     on = np.flatnonzero(is_outer_node)
     if len(on):
         f = fwd_of_node[on]

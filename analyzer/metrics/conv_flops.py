@@ -26,10 +26,11 @@ import ast
 import math
 from typing import Sequence
 
-from analyzer.metrics.matmul_flops import ShapeError
+from analyzer.metrics.shapes import ShapeError
 
-# Per op: positions of (stride, padding, dilation, transposed, groups) in its schema; None: fixed by the op.
-CONV_SCHEMAS: dict[str, tuple[int, int, int, int | bool, int]] = {
+# Per op: positions of (stride, padding, dilation, transposed, groups) in its schema; a bool: fixed by the op;
+# dilation or groups None: the op has none (1).
+CONV_SCHEMAS: dict[str, tuple[int, int, int | None, int | bool, int | None]] = {
     # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     "aten::convolution": (3, 4, 5, 6, 8),
     # _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, ...)
@@ -46,11 +47,20 @@ CONV_SCHEMAS: dict[str, tuple[int, int, int, int | bool, int]] = {
     "aten::conv_transpose1d": (3, 4, 7, True, 6),
     "aten::conv_transpose2d": (3, 4, 7, True, 6),
     "aten::conv_transpose3d": (3, 4, 7, True, 6),
+    # mkldnn_convolution / miopen_convolution / miopen_depthwise_convolution(input, weight, bias, padding,
+    # stride, dilation, groups, ...)
+    "aten::mkldnn_convolution": (4, 3, 5, False, 6),
+    "aten::miopen_convolution": (4, 3, 5, False, 6),
+    "aten::miopen_depthwise_convolution": (4, 3, 5, False, 6),
+    # miopen_convolution_transpose(input, weight, bias, padding, output_padding, stride, dilation, groups, ...)
+    "aten::miopen_convolution_transpose": (5, 3, 6, True, 7),
+    # _slow_conv2d_forward(input, weight, kernel_size, bias, stride, padding)
+    "aten::_slow_conv2d_forward": (4, 5, None, False, None),
 }
 
 
-def _value(concrete: Sequence[str], i: int, default: str) -> object:
-    text = concrete[i] if i < len(concrete) else ""
+def _value(concrete: Sequence[str], i: int | None, default: str) -> object:
+    text = concrete[i] if i is not None and i < len(concrete) else ""
     text = text.strip() if isinstance(text, str) else str(text)
     if text == "":
         text = default
@@ -72,6 +82,7 @@ def _per_dim(v: object, n: int, what: str) -> list[int]:
 
 # Position of output_padding (transposed convolutions only; their output's spatial size needs it).
 _OUTPUT_PADDING = {"aten::convolution": 7, "aten::_convolution": 7, "aten::cudnn_convolution_transpose": 3,
+                   "aten::miopen_convolution_transpose": 4,
                    "aten::conv_transpose1d": 5, "aten::conv_transpose2d": 5, "aten::conv_transpose3d": 5}
 
 

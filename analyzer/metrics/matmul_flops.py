@@ -1,209 +1,62 @@
-"""FLOPs of matmul-like host ops from the shapes the profiler recorded.
+"""FLOPs of the FLOP table's host ops (GEMM, convolution, attention) from the shapes the profiler recorded.
 
-Used for MFU on traces that come without a manifest (docs/metrics.md,
-"MFU from trace shapes"). One multiply-accumulate is 2 FLOPs; the formulas
-follow ``torch.utils.flop_counter`` (bias additions and softmax are not
-counted):
-
-==================================== ==========================================
-op (``args["Input Dims"]``)          FLOPs
-==================================== ==========================================
-mm(A[m,k], B[k,n])                   2 m k n
-addmm(bias, A[m,k], B[k,n])          2 m k n
-bmm(A[b,m,k], B[b,k,n])              2 b m k n
-baddbmm(C, A[b,m,k], B[b,k,n])       2 b m k n
-matmul(A[...,m,k], B[...,k,n])       2 prod(broadcast batch) m k n (1-D operands
-                                     as in ``torch.matmul``)
-linear(X[...,k], W[n,k], bias)       2 prod(X[:-1]) k n
-scaled_dot_product_attention(        2 prod(Q[:-2]) L S E + 2 prod(Q[:-2]) L S Ev
-  Q[...,L,E], K[...,S,E], V[...,S,Ev])  (Q K^T and P V; a causal mask is not
-                                     discounted, as in torch's counter)
-==================================== ==========================================
+Used for MFU and HFU on traces that come without a manifest
+(docs/metrics.md, "MFU from trace shapes"). The formulas, one per op, are
+the FLOP table's (:mod:`analyzer.metrics.flop_table`), which the roofline
+reads too.
 
 Shapes are validated as the op itself would check them (inner dimensions
 equal, batch dims and bias broadcastable, operands of the rank the op
 needs): a trace has been seen recording ``aten::linear`` with x=[2048,160,606]
-and w=[2048,3906], which the old count took as 8.13e11 FLOPs where the
-``aten::addmm`` inside it (``[[3906],[2048,512],[512,3906]]``) does 8.19e9.
+and w=[2048,3906], which an unvalidated count takes as 8.13e11 FLOPs where
+the ``aten::addmm`` inside it (``[[3906],[2048,512],[512,3906]]``) does 8.19e9.
 
 Each product is counted once, two ways (:func:`flop_kernels` says which
 applies, see :mod:`analyzer.metrics.mfu`):
 
 * **kernel attribution** (device traces whose kernels link to their
   launches): each GEMM/attention/convolution kernel is charged to the
-  innermost matmul-like op around its launch that has usable shapes;
+  innermost table op around its launch that has usable shapes;
   an op counts once however many kernels it launched, and an op inside a
   charged op does not count again;
 * **host ops only** (no linked kernels): the outermost ops with usable
   shapes count (``aten::linear`` covers the ``aten::addmm`` or
   ``aten::matmul`` inside it); an op with inconsistent shapes falls back to
-  its children. Backward matmuls (the ``aten::mm`` calls under
-  ``autograd::engine::evaluate_function: AddmmBackward0``) are top-level
-  matmul ops of their own and count as recorded.
+  its children. Backward ops (the ``aten::mm`` calls under
+  ``autograd::engine::evaluate_function: AddmmBackward0``,
+  ``aten::convolution_backward``, an SDPA backward) are top-level ops of
+  their own and count as recorded.
+
+Each op is in one pass (:mod:`analyzer.metrics.passes`): forward, backward,
+or recompute (a forward op run during backward by activation
+checkpointing), so the MFU counts model FLOPs and the HFU adds recompute.
 
 Shapes repeat every step, so formulas run once per distinct
-``(name, Input Dims)`` pair, not once per event.
+``(name, Input Dims, Concrete Inputs)`` triple, not once per event.
 """
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from analyzer.metrics.dtypes import float_key
-from analyzer.metrics.intervals import union
 from analyzer.metrics.nesting import below_flagged, nest, thread_keys
-from analyzer.metrics.text import is_in, text_map, text_mask
-from analyzer.ingest.tables import CONV_OPS, FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
+from analyzer.metrics.passes import backward_ranges, in_backward, inside, recompute_ranges, stopped_recompute
+from analyzer.metrics.text import is_in, text_map
+from analyzer.metrics.flop_table import FLOP_TABLE, ShapeError, flops_of, op_flops
+from analyzer.ingest.tables import FLOP_OPS, MATMUL_OPS  # noqa: F401 - MATMUL_OPS re-exported
 
-# Backward regions: every autograd node runs inside one of these ranges.
-BACKWARD_PREFIX = "autograd::engine::evaluate_function"
-
-
-class ShapeError(ValueError):
-    """The recorded dims do not fit the op (wrong rank, inner dimensions disagree, batch not broadcastable)."""
-
-
-def _prod(dims: list[int]) -> int:
-    return math.prod(int(d) for d in dims)
-
-
-def _shape(dims: object, ndim: int | None = None, what: str = "operand") -> list[int]:
-    """A recorded shape as a list of non-negative ints, optionally of exactly ``ndim`` dims."""
-    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
-        raise ShapeError(f"{what} is not a shape: {dims!r}")
-    if ndim is not None and len(dims) != ndim:
-        raise ShapeError(f"{what} has {len(dims)} dims, needs {ndim}: {dims}")
-    return dims
-
-
-def _inner(k1: int, k2: int, a: list[int], b: list[int]) -> None:
-    if k1 != k2:
-        raise ShapeError(f"inner dimensions disagree: {a} x {b}")
-
-
-def _broadcast(a: list[int], b: list[int]) -> list[int]:
-    """Broadcast shape of two batch shapes (torch/numpy rules: right-aligned, equal or 1)."""
-    width = max(len(a), len(b))
-    a = [1] * (width - len(a)) + list(a)
-    b = [1] * (width - len(b)) + list(b)
-    out = []
-    for x, y in zip(a, b):
-        if x != y and x != 1 and y != 1:
-            raise ShapeError(f"batch dims do not broadcast: {a} vs {b}")
-        out.append(max(x, y))
-    return out
-
-
-def _bias_fits(bias: object, out: list[int]) -> None:
-    """An additive operand (bias, baddbmm's input) must broadcast to the output shape."""
-    if bias is None or bias == []:
-        return  # absent (None) or a scalar / undefined optional
-    shape = _shape(bias, what="bias")
-    if len(shape) > len(out) or _broadcast(shape, out) != list(out):
-        raise ShapeError(f"bias {shape} does not broadcast to the output {out}")
-
-
-def _matmul(a: object, b: object) -> int:
-    """FLOPs of torch.matmul(a, b) for the shapes it accepts (broadcast batch dims)."""
-    a, b = _shape(a, what="input"), _shape(b, what="other")
-    if len(a) == 0 or len(b) == 0:
-        raise ShapeError("scalar operand")
-    if len(a) == 1 and len(b) == 1:
-        _inner(a[0], b[0], a, b)
-        return 2 * a[0]
-    if len(b) == 1:  # [..., m, k] @ [k]
-        _inner(a[-1], b[0], a, b)
-        return 2 * _prod(a[:-1]) * a[-1]
-    if len(a) == 1:  # [k] @ [..., k, n]
-        _inner(a[0], b[-2], a, b)
-        return 2 * _prod(b[:-2]) * b[-2] * b[-1]
-    m, k, n = a[-2], a[-1], b[-1]
-    _inner(k, b[-2], a, b)
-    batch = _prod(_broadcast(a[:-2], b[:-2]))
-    return 2 * batch * m * k * n
-
-
-def _arg(dims: Sequence[object], i: int) -> object:
-    return dims[i] if i < len(dims) else None
-
-
-def flops_of(name: str, dims: list[list[int]]) -> int:
-    """FLOPs of one matmul-like op from its recorded input dims (see module table).
-
-    Validates the shapes as the op itself would: 2-D/3-D operands where the
-    op needs them, inner dimensions equal, batch dims and bias broadcastable.
-    Raises :class:`ShapeError` (a ValueError) when the dims do not fit the op;
-    callers then count the op's children instead, or the op as unknown.
-    """
-    if not isinstance(dims, list):
-        raise ShapeError(f"Input Dims is not a list: {dims!r}")
-    if name == "aten::mm":
-        (m, k), (k2, n) = _shape(_arg(dims, 0), 2, "self"), _shape(_arg(dims, 1), 2, "mat2")
-        _inner(k, k2, dims[0], dims[1])
-        return 2 * m * k * n
-    if name == "aten::addmm":
-        (m, k), (k2, n) = _shape(_arg(dims, 1), 2, "mat1"), _shape(_arg(dims, 2), 2, "mat2")
-        _inner(k, k2, dims[1], dims[2])
-        _bias_fits(dims[0], [m, n])
-        return 2 * m * k * n
-    if name == "aten::bmm":
-        (b, m, k), (b2, k2, n) = _shape(_arg(dims, 0), 3, "self"), _shape(_arg(dims, 1), 3, "mat2")
-        _inner(k, k2, dims[0], dims[1])
-        if b != b2:
-            raise ShapeError(f"bmm batch sizes disagree: {dims[0]} x {dims[1]}")
-        return 2 * b * m * k * n
-    if name == "aten::baddbmm":
-        (b, m, k), (b2, k2, n) = _shape(_arg(dims, 1), 3, "batch1"), _shape(_arg(dims, 2), 3, "batch2")
-        _inner(k, k2, dims[1], dims[2])
-        if b != b2:
-            raise ShapeError(f"baddbmm batch sizes disagree: {dims[1]} x {dims[2]}")
-        _bias_fits(dims[0], [b, m, n])
-        return 2 * b * m * k * n
-    if name == "aten::matmul":
-        return _matmul(_arg(dims, 0), _arg(dims, 1))
-    if name == "aten::linear":
-        x, w = _shape(_arg(dims, 0), what="input"), _shape(_arg(dims, 1), 2, "weight")
-        if len(x) == 0:
-            raise ShapeError("linear input is a scalar")
-        n, k = w
-        _inner(x[-1], k, x, w)
-        _bias_fits(_arg(dims, 2), [*x[:-1], n])
-        return 2 * _prod(x[:-1]) * k * n
-    if name == "aten::scaled_dot_product_attention":
-        q, key, v = (_shape(_arg(dims, i), what=w) for i, w in enumerate(("query", "key", "value")))
-        if len(q) < 2 or len(key) < 2 or len(v) < 2:
-            raise ShapeError("attention needs [..., L, E] operands")
-        _inner(q[-1], key[-1], q, key)
-        if key[-2] != v[-2]:
-            raise ShapeError(f"key and value lengths disagree: {key} vs {v}")
-        # Query's batch and heads: with grouped-query attention (enable_gqa) keys
-        # and values have fewer heads than the query, so they are not broadcast.
-        batch = _prod(q[:-2])
-        seq_q, seq_k = q[-2], key[-2]
-        return 2 * batch * seq_q * seq_k * q[-1] + 2 * batch * seq_q * seq_k * v[-1]
-    raise ShapeError(f"not a matmul-like op: {name}")
+__all__ = ["ShapeError", "flops_of", "matmul_ops", "flop_kernels", "charged_ops", "dominant_dtype"]
 
 
 def _flops_or_error(name: str, dims_json: str | None, concrete_json: str | None = None) -> tuple[float, str | None]:
-    """(FLOPs, None) for usable dims; (NaN, why) for missing or inconsistent ones.
-
-    Convolution ops (CONV_OPS) also need their ``Concrete Inputs``
-    (:func:`analyzer.metrics.conv_flops.conv_flops`).
-    """
+    """(FLOPs, None) for usable dims; (NaN, why) for missing or inconsistent ones (:func:`op_flops`)."""
     if dims_json is None:
         return float("nan"), "no recorded shapes"
     try:
-        if name in CONV_OPS:
-            from analyzer.metrics.conv_flops import conv_flops
-
-            if concrete_json is None:
-                return float("nan"), "no recorded Concrete Inputs (stride, padding, dilation, groups)"
-            return float(conv_flops(name, json.loads(dims_json), json.loads(concrete_json))), None
-        return float(flops_of(name, json.loads(dims_json))), None
+        return float(op_flops(name, json.loads(dims_json), json.loads(concrete_json) if concrete_json else None)), None
     except ShapeError as e:
         return float("nan"), str(e)
     except (ValueError, TypeError, IndexError, KeyError) as e:  # json.JSONDecodeError is a ValueError
@@ -221,24 +74,27 @@ def _dtype_of(types_json: str | None) -> str | None:
     return float_key(types) if isinstance(types, list) else None
 
 
-def _inside_backward(events: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
-    """Per row of ``ops``: its start lies inside a backward range on the same thread."""
-    bw = events.loc[text_mask(events["name"], lambda n: n.startswith(BACKWARD_PREFIX)), ["pid", "tid", "start_ns", "end_ns"]]
-    inside = np.zeros(len(ops), dtype=bool)
-    if bw.empty:
-        return inside
-    op_keys = ops[["pid", "tid"]].to_numpy()
-    op_start = ops["start_ns"].to_numpy(np.int64)
-    # One pass per thread that ran backward code (a handful), not per event.
-    for (pid, tid), ranges in bw.groupby(["pid", "tid"], sort=False):
-        s, e = union(ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64))
-        rows = np.flatnonzero((op_keys[:, 0] == pid) & (op_keys[:, 1] == tid))
-        if rows.size == 0:
-            continue
-        k = np.searchsorted(s, op_start[rows], side="right") - 1
-        ok = k >= 0
-        inside[rows[ok]] = op_start[rows[ok]] < e[k[ok]]
-    return inside
+def _passes(events: pd.DataFrame, ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of ``ops``: (backward, recompute, stopped) from :mod:`analyzer.metrics.passes`.
+
+    Backward: a backward op of the table (``convolution_backward``, an SDPA
+    backward) or an op inside a backward range that is not recompute.
+    Recompute: an op inside a recomputed forward op's range (itself included).
+    Stopped: a recompute op that early stopping cut off before it computed.
+    """
+    pid, tid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
+    start = ops["start_ns"].to_numpy(np.int64)
+    table_bw = np.array([FLOP_TABLE[n].backward for n in ops["name"]], dtype=bool)
+    none = np.zeros(len(ops), dtype=bool)
+    if not backward_ranges(events):
+        return table_bw, none, none
+    bw_rows = in_backward(events)
+    inside_bw = inside(backward_ranges(events), pid, tid, start)
+    rec_ranges = recompute_ranges(events, bw_rows)
+    rec = inside(rec_ranges, pid, tid, start) if rec_ranges else none
+    stop_ranges = stopped_recompute(events, bw_rows, FLOP_OPS) if rec_ranges else {}
+    stopped = inside(stop_ranges, pid, tid, start) if stop_ranges else none
+    return (table_bw | inside_bw) & ~rec, rec, stopped
 
 
 def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
@@ -258,7 +114,12 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     (contains no other matmul-like op), ``counted`` (usable shapes and no
     enclosing op with usable shapes: the ops whose FLOPs a host-only count
     adds up; an op with inconsistent shapes falls back to its children),
-    ``backward`` (inside an autograd backward range), ``dtype`` (bf16, fp16,
+    ``family`` (the FLOP table's: gemm, conv, attention), ``backward`` (a
+    backward op of the table, or inside an autograd backward range and not
+    recompute), ``recompute`` (a forward op run during backward, or inside
+    one: activation checkpointing), ``stopped`` (a recompute op that
+    checkpointing's early stop cut off before it computed: no FLOPs),
+    ``dtype`` (bf16, fp16,
     fp32, fp64, fp8 or None).
     """
     rows = is_in(events["name"], FLOP_OPS) & (events["kind"] == "cpu_op").to_numpy()
@@ -270,7 +131,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     if ops.empty:
         return ops.assign(
             flops=np.float64(0), shape_error=None, parent=np.int64(-1), top_level=True, leaf=True, counted=True,
-            backward=False, dtype=None,
+            family=None, backward=False, recompute=False, stopped=False, dtype=None,
         ).drop(columns=["input_types", "concrete_inputs"])
     # Formulas once per distinct (name, dims, scalar arguments) triple.
     keys = ops[["name", "input_dims", "concrete_inputs"]].astype(object).fillna("")
@@ -284,6 +145,7 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     type_lookup = {t: _dtype_of(t) for t in types.dropna().unique()}
     dtype = types.map(lambda t: type_lookup.get(t) if t is not None else None)
     parent = _parent_positions(ops)
+    backward, recompute, stopped = _passes(events, ops)
     valid = ~np.isnan(flops)
     has_child = np.zeros(len(ops), dtype=bool)
     has_child[parent[parent >= 0]] = True
@@ -301,7 +163,10 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
             "top_level": parent < 0,
             "leaf": ~has_child,
             "counted": valid & ~below_flagged(parent, valid),
-            "backward": _inside_backward(events, ops),
+            "family": [FLOP_TABLE[n].family for n in ops["name"]],
+            "backward": backward,
+            "recompute": recompute,
+            "stopped": stopped,
             "dtype": dtype.to_numpy(dtype=object),
         }
     )

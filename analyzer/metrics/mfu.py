@@ -21,28 +21,40 @@ own ``mfu`` field, summarized the same way, is reported beside it
 (``logged_median``) as a check.
 
 ``trace-shapes`` (any Kineto trace with ``record_shapes=True``). Per rank and
-ProfilerStep window, the FLOPs of the matmul-like ops that start in the
-window, validated and each product counted once (:mod:`analyzer.metrics.matmul_flops`:
-kernels charged to the op that launched them, else outermost usable host ops), over the window length and
-a peak from the ``peak_flops`` argument or the datasheet table
-(:mod:`analyzer.metrics.hardware`) by the device name in ``deviceProperties``
-and the dtype carrying most matmul FLOPs. Backward:
+ProfilerStep window, the FLOPs of the FLOP table's ops (GEMM, attention,
+convolution; :mod:`analyzer.metrics.flop_table`) that start in the window,
+validated and each product counted once (:mod:`analyzer.metrics.matmul_flops`:
+kernels charged to the op that launched them, else outermost usable host
+ops), over the window length and a peak from the ``peak_flops`` argument or
+the datasheet table (:mod:`analyzer.metrics.hardware`) by the device name in
+``deviceProperties`` and the dtype carrying most matmul FLOPs.
 
-* the trace has autograd backward ranges with matmuls in them: counted as
-  recorded (``aten::mm`` under ``AddmmBackward0`` etc.);
-* it has backward ranges but no matmul inside any (backward not recorded
-  with shapes): backward estimated as 2x forward, i.e. ``3 * forward``
-  (the usual 1:2 forward:backward matmul ratio, PaLM appendix B);
-* it has no backward at all (inference, or forward-only profile): forward
-  only, with a note.
+Each counted op is in one pass (:mod:`analyzer.metrics.passes`): forward,
+backward, or recompute (a forward op run during backward: activation
+checkpointing). Per family (gemm, attention, conv):
 
-FLOP coverage: the share of GEMM/attention/conv kernel time whose FLOPs are
-known; under ``COVERAGE_MIN`` the result is a lower bound (``lower_bound``),
-labelled so, and no suggestion rule reads it.
+* the trace has backward (autograd ranges of any era, or the table's
+  backward ops) and the family has recorded backward ops: counted as
+  recorded (``aten::mm`` under ``AddmmBackward0``,
+  ``aten::convolution_backward``, an SDPA backend's backward);
+* backward but none of this family's: estimated as
+  :data:`analyzer.metrics.flop_table.BACKWARD_RATIO` x its forward (2x
+  GEMM and convolution, 2.5x attention), named per family in the notes
+  (attention run as bmm ops, the math backend, is not estimated again: its
+  bmm backward is recorded);
+* no backward at all (inference, or forward-only profile): forward only,
+  with a note.
 
-Recorded ops include any activation recompute, so on this source HFU = MFU
-(the model/hardware split cannot be recovered from a trace). A step's value
-is the mean over ranks; the run value the median over steps.
+Model FLOPs (MFU) are forward plus backward; hardware FLOPs (HFU) add the
+recomputed forward (less the op that non-reentrant checkpointing's early
+stop cuts off before it computes, :func:`analyzer.metrics.passes.stopped_recompute`).
+
+FLOP coverage: the share of GEMM/attention/conv time whose FLOPs are known:
+kernel time where kernels link to their launching ops, else the total time
+of the outermost FLOP-table host ops (CPU traces); under ``COVERAGE_MIN``
+(99 %) the result is a lower bound (``lower_bound``), labelled so, and no
+suggestion rule reads it. A step's value is the mean over ranks; the run
+value the median over steps.
 """
 from __future__ import annotations
 
@@ -53,8 +65,10 @@ import numpy as np
 import pandas as pd
 
 from analyzer.jsontext import jsonable
-from analyzer.metrics.matmul_flops import BACKWARD_PREFIX, charged_ops, dominant_dtype, flop_kernels, matmul_ops
-from analyzer.metrics.text import is_in, text_mask
+from analyzer.metrics.flop_table import BACKWARD_RATIO
+from analyzer.metrics.matmul_flops import charged_ops, dominant_dtype, flop_kernels, matmul_ops
+from analyzer.metrics.passes import backward_ranges
+from analyzer.metrics.text import is_in
 from analyzer.metrics.hardware import datasheet_peak
 from analyzer.ingest.formats import RunManifest
 from analyzer.ingest.tables import DEVICE_KINDS
@@ -113,7 +127,8 @@ class MfuResult:
     dtype: str | None = None
     flops_per_step: float | None = None
     logged_median: float | None = None
-    backward: str | None = None  # "recorded" | "estimated-2x-forward" | "absent"
+    # "recorded" | "estimated" | "partly-estimated" | "mixed" | "absent"; per family in backward_families
+    backward: str | None = None
     notes: list[str] = field(default_factory=list)
     # Trace shapes only: share of GEMM/attention/conv kernel time whose FLOPs
     # are known (None when kernels do not link to their ops), whether that
@@ -123,6 +138,10 @@ class MfuResult:
     lower_bound: bool = False
     inconsistent_ops: list[dict[str, Any]] = field(default_factory=list)
     attribution: str | None = None
+    # Trace shapes: each FLOP family's backward mode (recorded | estimated | absent | mixed) and the median
+    # hardware FLOPs per device per step (model plus activation recompute).
+    backward_families: dict[str, str] = field(default_factory=dict)
+    hardware_flops_per_step: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (NaN becomes None); ``steps`` as a list of records."""
@@ -145,6 +164,8 @@ class MfuResult:
             "lower_bound": self.lower_bound,
             "inconsistent_ops": list(self.inconsistent_ops),
             "attribution": self.attribution,
+            "backward_families": dict(self.backward_families),
+            "hardware_flops_per_step": jsonable(self.hardware_flops_per_step),
             "steps": [{k: jsonable(v) for k, v in row.items()} for row in self.steps.to_dict("records")],
         }
 
@@ -259,17 +280,18 @@ def mfu_from_manifest(
         peak_detail="peak_flops argument" if peak_flops is not None else man.peak.detail,
         dtype=man.peak.dtype,
         flops_per_step=flops,
+        hardware_flops_per_step=hw_flops,
         logged_median=logged,
         backward="recorded",
         notes=notes,
     )
 
 
-# FLOP coverage under this share of GEMM/attention/convolution kernel time:
-# MFU from shapes is a lower bound (compiled regions, CUDA graphs, no
-# record_shapes) and no suggestion is built on it. A tenth of the matmul time
-# unaccounted for moves MFU by more than most what-ifs predict.
-COVERAGE_MIN = 0.90
+# FLOP coverage under this share of GEMM/attention/convolution time: MFU from
+# shapes is a lower bound (compiled regions, CUDA graphs, no record_shapes,
+# ops outside the FLOP table) and no suggestion is built on it.
+COVERAGE_MIN = 0.99
+FAMILIES = ("gemm", "attention", "conv")
 
 
 @dataclass(frozen=True)
@@ -285,8 +307,10 @@ class RankFlops:
     """
 
     rank: int
-    steps: pd.DataFrame  # step, step_time_ms, flops, recorded_fwd_flops, recorded_bwd_flops
-    backward: str  # "recorded" | "estimated-2x-forward" | "absent"
+    # step, step_time_ms, flops (model), hardware_flops (model + recompute), recorded_fwd_flops,
+    # recorded_bwd_flops, estimated_bwd_flops, recompute_flops
+    steps: pd.DataFrame
+    backward: str  # "recorded" | "estimated" | "partly-estimated" | "mixed" | "absent"
     n_ops: int  # matmul-like ops in the trace
     n_unknown_shapes: int  # of those, ops whose shapes are missing or inconsistent
     dtype: str | None
@@ -295,13 +319,17 @@ class RankFlops:
     flop_kernel_ns: int = 0
     covered_kernel_ns: int = 0
     inconsistent: tuple[dict[str, Any], ...] = ()
+    families: tuple[tuple[str, str], ...] = ()  # (family, backward mode) per family with FLOPs
+    flop_host_ns: int = 0  # total time of the outermost FLOP-table host ops
+    covered_host_ns: int = 0  # of it, the ops whose FLOPs count
 
     @property
     def coverage(self) -> float | None:
-        """Share of GEMM/attention/conv kernel time whose FLOPs are known; None when not measurable."""
-        if self.attribution != "kernels" or self.flop_kernel_ns <= 0:
-            return None
-        return self.covered_kernel_ns / self.flop_kernel_ns
+        """Share of GEMM/attention/conv time whose FLOPs are known: kernel time when kernels link to their
+        ops, else host op time; None when the rank has no such time."""
+        if self.attribution == "kernels":
+            return self.covered_kernel_ns / self.flop_kernel_ns if self.flop_kernel_ns > 0 else None
+        return self.covered_host_ns / self.flop_host_ns if self.flop_host_ns > 0 else None
 
 
 def _kernel_dtype(ops: pd.DataFrame, kernels: pd.DataFrame) -> str | None:
@@ -334,14 +362,31 @@ def _inconsistent(ops: pd.DataFrame) -> tuple[dict[str, Any], ...]:
                  for (n, d, e), c in zip(grouped.index.tolist(), grouped.to_numpy()))
 
 
+def _fused_backward(ops: pd.DataFrame) -> np.ndarray:
+    """Per op: no GEMM op runs inside it, so its backward is one op of its own family (an SDPA backend's).
+
+    The math SDPA backend runs as bmm/matmul ops whose backward is recorded
+    as GEMM backward; estimating attention backward for it would count that
+    work twice.
+    """
+    parent = ops["parent"].to_numpy(np.int64)
+    has_gemm = np.zeros(len(ops), dtype=bool)
+    up = parent[(ops["family"] == "gemm").to_numpy(bool)]
+    while up.size:
+        up = up[up >= 0]
+        has_gemm[up] = True
+        up = parent[up]
+    return ~has_gemm
+
+
 def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> RankFlops:
-    """Model FLOPs per ProfilerStep window of one rank from matmul shapes (see module doc)."""
+    """Model and hardware FLOPs per ProfilerStep window of one rank from op shapes (see module doc)."""
     ops = matmul_ops(events)
     kernels = flop_kernels(events, ops)
     linked = bool(kernels["linked"].any())
     counted = charged_ops(ops, kernels) if linked else ops["counted"].to_numpy(bool)
     top = ops.loc[counted]
-    has_backward = bool(text_mask(events["name"], lambda n: n.startswith(BACKWARD_PREFIX)).any())
+    has_backward = bool(backward_ranges(events)) or bool(ops["backward"].any())
     lo = steps["start_ns"].to_numpy(np.int64)
     hi = steps["end_ns"].to_numpy(np.int64)
     start = top["start_ns"].to_numpy(np.int64)
@@ -349,22 +394,44 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     in_step = (k >= 0) & (start < hi[np.clip(k, 0, None)]) if len(lo) else np.zeros(len(top), dtype=bool)
     flops = top["flops"].to_numpy(np.float64)
     bwd = top["backward"].to_numpy(bool)
-    fwd_per_step = np.bincount(k[in_step & ~bwd], weights=flops[in_step & ~bwd], minlength=len(lo))
-    bwd_per_step = np.bincount(k[in_step & bwd], weights=flops[in_step & bwd], minlength=len(lo))
-    model: np.ndarray
-    if not has_backward:
-        mode, model = "absent", fwd_per_step
-    elif bwd_per_step.sum() == 0:
-        mode, model = "estimated-2x-forward", 3.0 * fwd_per_step
-    else:
-        mode, model = "recorded", fwd_per_step + bwd_per_step
+    rec = top["recompute"].to_numpy(bool)
+    flops = np.where(top["stopped"].to_numpy(bool), 0.0, flops)  # cut off by checkpointing's early stop
+    fam = top["family"].to_numpy(object)
+    # GEMM ops nest (linear > addmm): only another family's op with GEMMs inside has its backward among the GEMMs'.
+    fused = _fused_backward(ops)[counted] | (fam == "gemm")
+
+    def per_step(rows: np.ndarray) -> np.ndarray:
+        return np.bincount(k[in_step & rows], weights=flops[in_step & rows], minlength=len(lo))
+
+    n = len(lo)
+    fwd_total, bwd_total, est_total, rec_total = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    modes: list[tuple[str, str]] = []
+    for family in FAMILIES:
+        mine = fam == family
+        fwd, back, again = per_step(mine & ~bwd & ~rec), per_step(mine & bwd), per_step(mine & rec)
+        fwd_total += fwd
+        bwd_total += back
+        rec_total += again
+        if not (fwd.any() or back.any()):
+            continue
+        if not has_backward:
+            modes.append((family, "absent"))
+        elif back.any():
+            modes.append((family, "recorded"))
+        else:
+            modes.append((family, "estimated"))
+            est_total += BACKWARD_RATIO[family] * per_step(mine & ~bwd & ~rec & fused)
+    model = fwd_total + bwd_total + est_total
     table = pd.DataFrame(
         {
             "step": steps["step"].to_numpy(np.int64),
             "step_time_ms": (hi - lo) / 1e6,
             "flops": model,
-            "recorded_fwd_flops": fwd_per_step,
-            "recorded_bwd_flops": bwd_per_step,
+            "hardware_flops": model + rec_total,
+            "recorded_fwd_flops": fwd_total,
+            "recorded_bwd_flops": bwd_total,
+            "estimated_bwd_flops": est_total,
+            "recompute_flops": rec_total,
         }
     )
     if linked:
@@ -378,12 +445,27 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
             dtype = "fp8"
     dur = kernels["dur_ns"].to_numpy(np.int64)
     covered = int(dur[kernels["account"].to_numpy(np.int64) >= 0].sum())
+    # Host time: the outermost table ops (their total time) against the counted ones inside them.
+    host_dur = (ops["end_ns"] - ops["start_ns"]).to_numpy(np.int64)
     return RankFlops(
-        rank, table, mode, int(len(ops)), int(ops["flops"].isna().sum()), dtype,
+        rank, table, _overall_mode(modes), int(len(ops)), int(ops["flops"].isna().sum()), dtype,
         n_counted=int(counted.sum()),
         attribution="kernels" if linked else "host-ops",
         flop_kernel_ns=int(dur.sum()), covered_kernel_ns=covered, inconsistent=_inconsistent(ops),
+        families=tuple(modes),
+        flop_host_ns=int(host_dur[ops["top_level"].to_numpy(bool)].sum()),
+        covered_host_ns=int(host_dur[ops["counted"].to_numpy(bool)].sum()),
     )
+
+
+def _overall_mode(modes: Sequence[tuple[str, str]]) -> str:
+    """One word for the families' backward modes: all alike, or ``partly-estimated``."""
+    kinds = {m for _, m in modes}
+    if not kinds:
+        return "absent"
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "partly-estimated" if "estimated" in kinds else "mixed"
 
 
 def device_name_of(events: pd.DataFrame, device_properties: Sequence[Mapping[str, Any]]) -> str | None:
@@ -418,7 +500,7 @@ def mfu_from_trace_shapes(
     if n_known == 0:
         why = "no matmul-like ops in the trace" if n_ops == 0 else "matmul-like ops lack usable shapes"
         if coverage is not None:
-            why += f" (FLOP coverage {coverage:.1%} of GEMM/attention/conv kernel time)"
+            why += f" (FLOP coverage {coverage:.1%} of GEMM/attention/conv {_time_kind(ranks)})"
         return MfuResult("none", reason=f"{why} (profile with record_shapes=True, or give a run directory)", **coverage_fields)
     dtypes = [r.dtype for r in ranks if r.dtype]
     dtype = max(set(dtypes), key=dtypes.count) if dtypes else None
@@ -446,7 +528,8 @@ def mfu_from_trace_shapes(
     seconds = table["step_time_ms"].to_numpy() / 1e3
     table["achieved_tflops_per_s"] = table["flops"].to_numpy() / seconds / 1e12
     table["mfu"] = table["flops"] / (seconds * peak.per_s) if peak else np.nan
-    averaged = ["step_time_ms", "flops", "achieved_tflops_per_s", "mfu"]
+    table["hfu"] = table["hardware_flops"] / (seconds * peak.per_s) if peak else np.nan
+    averaged = ["step_time_ms", "flops", "hardware_flops", "achieved_tflops_per_s", "mfu", "hfu"]
     if len(ranks) == 1 and table["step"].is_unique:
         # One rank, one row per step: the mean over ranks is the row (the groupby cost 4 ms of a one-file report).
         steps = table.sort_values("step", kind="stable")[["step", *averaged]].reset_index(drop=True)
@@ -455,14 +538,18 @@ def mfu_from_trace_shapes(
         per_step = table.groupby("step", sort=True).agg(
             n_ranks=("rank", "nunique"), **{c: (c, "mean") for c in averaged})
         steps = per_step.reset_index()
-    steps["hardware_flops"] = steps["flops"]
-    steps["hfu"] = steps["mfu"]
     steps = steps[list(STEP_COLUMNS)]
     modes = sorted({r.backward for r in ranks})
     backward = modes[0] if len(modes) == 1 else "mixed"
-    if backward == "estimated-2x-forward":
-        notes.append("backward ranges have no matmul shapes: backward FLOPs estimated as 2x forward")
-    elif backward == "absent":
+    families: dict[str, str] = {}
+    for r in ranks:
+        for family, mode in r.families:
+            families[family] = mode if families.get(family, mode) == mode else "mixed"
+    estimated = [f for f, m in families.items() if m == "estimated"]
+    if estimated:
+        notes.append("no recorded backward op for " + ", ".join(
+            f"{f} (backward estimated as {BACKWARD_RATIO[f]:g}x its forward)" for f in estimated))
+    if backward == "absent":
         notes.append("no autograd backward in the trace: forward FLOPs only (inference or forward-only profile)")
     unknown = sum(r.n_unknown_shapes for r in ranks)
     if unknown:
@@ -471,12 +558,19 @@ def mfu_from_trace_shapes(
         notes.append(f"{sum(i['count'] for i in inconsistent)} matmul-like op(s) recorded shapes that do not fit the op "
                      f"(e.g. {inconsistent[0]['name']} {inconsistent[0]['input_dims']}: {inconsistent[0]['reason']}); listed in inconsistent_ops")
     if coverage is not None:
-        notes.append(f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv kernel time whose FLOPs are known")
+        notes.append(f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv {_time_kind(ranks)} whose FLOPs "
+                     "are known")
     if lower_bound:
-        notes.insert(0, f"lower bound: FLOPs known for only {coverage:.1%} of GEMM/attention/conv kernel time "
+        notes.insert(0, f"lower bound: FLOPs known for only {coverage:.1%} of GEMM/attention/conv {_time_kind(ranks)} "
                         f"(< {COVERAGE_MIN:.0%}: compiled regions, CUDA graphs or record_shapes off); no suggestion uses it")
-    notes.append("trace shapes count every recorded matmul, recompute included: HFU = MFU on this source")
+    recompute = float(np.nansum(steps["hardware_flops"] - steps["flops"]))
+    if recompute > 0:
+        notes.append(f"activation recompute: forward ops run again in backward add "
+                     f"{float((steps['hardware_flops'] / steps['flops']).median()) - 1:.1%} to the model FLOPs "
+                     "(counted in the HFU, not the MFU)")
     common: dict[str, Any] = dict(
+        backward_families=families,
+        hardware_flops_per_step=float(steps["hardware_flops"].median()),
         **coverage_fields,
         steps=steps,
         step_time_source="ProfilerStep windows (mean over ranks)",
@@ -498,11 +592,21 @@ def mfu_from_trace_shapes(
     )
 
 
+def _time_kind(ranks: Sequence[RankFlops]) -> str:
+    kinds = sorted({"kernel time" if r.attribution == "kernels" else "host op time" for r in ranks})
+    return " and ".join(kinds)
+
+
 def flop_coverage(ranks: Sequence[RankFlops]) -> float | None:
-    """Covered over all GEMM/attention/conv kernel time of the ranks whose kernels link to ops; None when none do."""
-    measurable = [r for r in ranks if r.coverage is not None]
-    total = sum(r.flop_kernel_ns for r in measurable)
-    return sum(r.covered_kernel_ns for r in measurable) / total if total > 0 else None
+    """Covered over all GEMM/attention/conv time of the ranks (kernel time where kernels link to their ops, host
+    op time elsewhere; :attr:`RankFlops.coverage`); None when no rank has any."""
+    total = covered = 0
+    for r in ranks:
+        if r.attribution == "kernels":
+            total, covered = total + r.flop_kernel_ns, covered + r.covered_kernel_ns
+        else:
+            total, covered = total + r.flop_host_ns, covered + r.covered_host_ns
+    return covered / total if total > 0 else None
 
 
 def rank_step_mfu(step_table: pd.DataFrame, flops_per_step: float, peak_flops_per_s: float) -> np.ndarray:

@@ -11,15 +11,15 @@ minimum traffic, so achieved bytes/s is a lower bound on the real one.
 
 Families (``CallCost.family``):
 
-* ``gemm`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``, ``linear``):
-  torch's flop counter (2 m k n per product); bytes every tensor input plus
-  the output (TraceLens's GEMM model).
-* ``attention`` (ATTENTION_OPS): 2 B H L S (E + Ev), times
-  :func:`causal_fraction` when ``is_causal``; bytes query, key, value and
-  output (TraceLens's SDPA model: no mask tensor).
-* ``conv`` (CONV_OPS): torch's conv formula
-  (:func:`analyzer.metrics.conv_flops.conv_geometry`); bytes input, weight,
-  bias and output (TraceLens's CONV model leaves the bias out).
+* ``gemm`` (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``, ``linear``,
+  ``_scaled_mm``), ``attention`` (ATTENTION_OPS) and ``conv`` (CONV_OPS):
+  FLOPs from the FLOP table (:mod:`analyzer.metrics.flop_table`, which the
+  MFU reads too: causal attention counted in full, as torch's counter
+  does; TraceLens halves a square causal call, :func:`causal_fraction`
+  converts); bytes every tensor input plus the output for a GEMM
+  (TraceLens's GEMM model), query, key, value and output for attention
+  (TraceLens's SDPA model: no mask tensor), input, weight, bias and output
+  for a convolution (TraceLens's CONV model leaves the bias out).
 * ``elementwise``: unary ops (UNARY_OPS, and ``pow`` with a scalar
   exponent) one FLOP per output element, bytes input plus output (a
   ``copy_``'s source and destination at their own dtypes); binary ops
@@ -48,11 +48,11 @@ Families (``CallCost.family``):
   channels' worth, for every norm); the input and output traffic is the
   same (docs/metrics.md, "Roofline").
 
-Backward: a GEMM's and a convolution's gradients are two products of the
-forward's size (2x FLOPs), attention's five against two (2.5x,
-FlashAttention-2); bytes 2x. The memory-bound families' backward ops vary
-too much per op to scale (:data:`BACKWARD_FLOPS` has no entry for them), so
-the roofline leaves their backward rows out and says so.
+Backward: the FLOP table's ratios (:data:`BACKWARD_FLOPS`: a GEMM's and a
+convolution's gradients are two products of the forward's size, 2x FLOPs;
+attention's five against two, 2.5x); bytes 2x. The memory-bound families'
+backward ops vary too much per op to scale (no entry for them), so the
+roofline leaves their backward rows out and says so.
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ import math
 from typing import Any, NamedTuple
 
 from analyzer.ingest.schema import (
+    ATTENTION_INNER_OPS,
     ATTENTION_OPS,
     BINARY_OPS,
     CONV_OPS,
@@ -71,31 +72,21 @@ from analyzer.ingest.schema import (
 )
 from analyzer.metrics.conv_flops import conv_geometry
 from analyzer.metrics.dtypes import INPUT_TYPES, float_key
-from analyzer.metrics.matmul_flops import ShapeError, flops_of
+from analyzer.metrics.flop_table import BACKWARD_RATIO, ShapeError, causal_fraction, flops_of, is_causal, op_flops
 
-# Backward over forward FLOPs per family (module docstring); bytes: BACKWARD_BYTES. Families without an entry
+__all__ = ["BACKWARD_BYTES", "BACKWARD_FLOPS", "MEMORY_FAMILIES", "CallCost", "causal_fraction", "is_causal",
+           "numel", "per_call"]
+
+# Backward over forward FLOPs per family (the FLOP table's); bytes: BACKWARD_BYTES. Families without an entry
 # have no backward model.
-BACKWARD_FLOPS = {"gemm": 2.0, "attention": 2.5, "conv": 2.0}
+BACKWARD_FLOPS = BACKWARD_RATIO
 BACKWARD_BYTES = 2.0
 # Families whose rows are memory-bound whatever their dtype: a few FLOPs per byte at most, far under any
 # device's ridge (the roofline times them against the HBM).
 MEMORY_FAMILIES = frozenset({"elementwise", "reduction", "softmax", "normalization"})
-_ATTENTION = "aten::scaled_dot_product_attention"
-# Position of ``is_causal`` among each attention op's arguments (its ``Concrete Inputs``), from the ATen schemas:
-# scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-# _scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask, *, scale) and
-# its _for_cpu twin (query, key, value, dropout_p, is_causal, *, attn_mask, scale);
-# _scaled_dot_product_efficient_attention / _cudnn_attention(query, key, value, attn_bias, compute_log_sumexp,
-# dropout_p, is_causal, ...).
-_CAUSAL_ARG = {
-    "aten::scaled_dot_product_attention": 5,
-    "aten::_scaled_dot_product_flash_attention": 4,
-    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
-    "aten::_scaled_dot_product_efficient_attention": 6,
-    "aten::_scaled_dot_product_cudnn_attention": 6,
-}
 # Where the first matrix operand sits (its last dimension is the product's inner dimension).
-_FIRST_MATRIX = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1, "aten::matmul": 0, "aten::linear": 0}
+_FIRST_MATRIX = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1, "aten::matmul": 0, "aten::linear": 0,
+                 "aten::_scaled_mm": 0}
 # Position of a reduction's ``dim`` argument: sum.dim_IntList(self, dim, keepdim, dtype), mean, amax, amin,
 # argmax, max.dim, logsumexp, var.correction(self, dim, ...), std; linalg_vector_norm(self, ord, dim, ...) and
 # norm.ScalarOpt_dim(self, p, dim, ...).
@@ -141,26 +132,11 @@ def numel(dims: object) -> int:
     return math.prod(dims)
 
 
-def causal_fraction(seq_q: int, seq_k: int) -> float:
-    """Share of the ``seq_q x seq_k`` score matrix a causal mask keeps, as an area: PyTorch's ``is_causal``
-    mask is top-left aligned (query i sees keys 0..i), so ``seq_q / (2 seq_k)`` when ``seq_q <= seq_k``
-    and ``1 - seq_k / (2 seq_q)`` otherwise; 1/2 for a square matrix, the convention of FlashAttention's
-    and TraceLens's FLOP counts."""
-    if seq_q <= 0 or seq_k <= 0:
-        raise ShapeError(f"attention: empty sequence ({seq_q} x {seq_k})")
-    return seq_q / (2 * seq_k) if seq_q <= seq_k else 1.0 - seq_k / (2 * seq_q)
-
-
 def _flag(concrete: list[Any] | None, i: int | None) -> bool | None:
     if i is None or not concrete or i >= len(concrete):
         return None
     text = str(concrete[i]).strip()
     return True if text == "True" else False if text == "False" else None
-
-
-def is_causal(op: str, concrete: list[Any] | None) -> bool | None:
-    """The ``is_causal`` argument of an attention op from its ``Concrete Inputs``; None: not recorded."""
-    return _flag(concrete, _CAUSAL_ARG.get(op))
 
 
 def _size(types: list[Any], i: int) -> tuple[int, str | None]:
@@ -199,9 +175,7 @@ def _attention(op: str, dims: list[Any], types: list[Any], concrete: list[Any] |
         raise ShapeError(f"{op}: query, key and value shapes not recorded")
     q, k, v = dims[0], dims[1], dims[2]
     causal = is_causal(op, concrete)
-    flops = float(flops_of(_ATTENTION, [q, k, v]))  # ShapeError for shapes that do not fit
-    if causal:
-        flops *= causal_fraction(int(q[-2]), int(k[-2]))
+    flops = float(op_flops(op, dims, concrete))  # ShapeError for shapes that do not fit
     elem, dtype = _first_size(op, types)
     # Query, key, value read and the output (the query's shape with the value's last dimension) written once.
     n = numel(q) + numel(k) + numel(v) + numel(q[:-1]) * int(v[-1])
@@ -211,7 +185,7 @@ def _attention(op: str, dims: list[Any], types: list[Any], concrete: list[Any] |
 def _conv(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | None) -> CallCost:
     if concrete is None:
         raise ShapeError(f"{op}: no recorded Concrete Inputs (stride, padding, dilation, groups)")
-    flops, out_numel = conv_geometry(op, dims, concrete)
+    flops, out_numel = op_flops(op, dims, concrete), conv_geometry(op, dims, concrete)[1]
     elem, dtype = _first_size(op, types)
     bias = dims[2] if len(dims) > 2 and _is_shape(dims[2]) and dims[2] and op not in (
         "aten::cudnn_convolution", "aten::cudnn_convolution_transpose") else []
@@ -337,7 +311,7 @@ def per_call(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | N
     Inputs as lists (``concrete`` None: not recorded)."""
     if op in _FIRST_MATRIX:
         return _gemm(op, dims, types)
-    if op in ATTENTION_OPS:
+    if op in ATTENTION_OPS or op in ATTENTION_INNER_OPS:
         return _attention(op, dims, types, concrete)
     if op in CONV_OPS:
         return _conv(op, dims, types, concrete)

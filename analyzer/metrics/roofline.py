@@ -7,7 +7,7 @@ them, :mod:`analyzer.metrics.attribution`) whose op has a model here:
 
 * ``flops`` and ``bytes``: one forward call's FLOPs and bytes moved
   (:func:`analyzer.metrics.op_models.per_call`, whose docstring defines each
-  family's model: GEMM, attention with its causal mask, convolution,
+  family's model: GEMM, attention (causal counted in full), convolution,
   elementwise, reduction, softmax, normalization) times calls; ``family``
   names the model. Backward rows (the kernels of the op's autograd node):
   2x the forward FLOPs for a GEMM and a convolution (the input and weight
@@ -210,7 +210,7 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     no_backward: dict[str, int] = {}
     # Summaries from before MAP_VERSION 10 have no concrete_inputs column: no is_causal known.
     concrete_col = shapes["concrete_inputs"] if "concrete_inputs" in shapes.columns else pd.Series("", index=shapes.index)
-    uncausal: dict[str, int] = {}
+    causal_calls: dict[str, int] = {}
     for op, backward, dims_json, types_json, concrete_json, calls, device_ms in zip(
             shapes["op"], shapes["backward"], shapes["input_dims"], shapes["input_types"], concrete_col,
             shapes["calls"], shapes["device_ms"]):
@@ -228,8 +228,8 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
         dtype = got.dtype
         if dtype == "fp32" and (str(op), bool(backward)) in tf32:
             dtype = "tf32"
-        if got.family == "attention" and got.causal is None:
-            uncausal[str(op)] = uncausal.get(str(op), 0) + 1
+        if got.family == "attention" and got.causal:
+            causal_calls[str(op)] = causal_calls.get(str(op), 0) + int(calls)
         if backward and got.family not in BACKWARD_FLOPS:
             no_backward[str(op)] = no_backward.get(str(op), 0) + 1
             continue
@@ -241,9 +241,10 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
                      "dtype": dtype,
                      "calls": int(calls), "device_ms": float(device_ms),
                      "flops": got.flops * scale_f * int(calls), "bytes": got.bytes * scale_b * int(calls)})
-    if uncausal:
-        notes.append("attention without a recorded is_causal (no Concrete Inputs) counted unmasked, an upper bound "
-                     "on its FLOPs: " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(uncausal.items())))
+    if causal_calls:
+        notes.append("causal attention counted in full, as torch's FlopCounterMode and the MFU count it (TraceLens "
+                     "counts the unmasked half of a square score matrix): " + ", ".join(
+                         f"{op} ({n} call(s))" for op, n in sorted(causal_calls.items())))
     if no_backward:
         notes.append("backward of memory-bound ops not on the roofline (no backward model: their gradient ops "
                      "differ per op): " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(no_backward.items())))

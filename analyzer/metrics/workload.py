@@ -15,16 +15,9 @@ the first ``aten::linear`` of the window with a 3-D input ``[batch, seq,
 hidden]`` gives ``batch x seq`` (one micro-batch: later forwards are not
 told apart from the model's other layers). Otherwise NaN.
 
-**Recompute** (activation checkpointing): an op that records an autograd
-node (a ``Sequence number`` and ``Fwd thread id`` 0, which PyTorch writes
-on forward ops only; ops of a backward node carry neither) and starts
-inside an ``autograd::engine::evaluate_function: ...`` range on its thread
-is a forward op run during backward: recompute. That holds for both of
-``torch.utils.checkpoint``'s implementations (checked on torch 2.13 CPU
-traces): the reentrant one runs it inside ``CheckpointFunctionBackward``
-(its forward is the ``CheckpointFunction`` op), the non-reentrant one (the
-default, and ``checkpoint_wrapper``'s) inside whichever backward node first
-unpacks a saved tensor, with no range of its own. Per window:
+**Recompute** (activation checkpointing): a forward op run during backward
+(:func:`analyzer.metrics.passes.recompute_ops` defines it for both of
+``torch.utils.checkpoint``'s implementations). Per window:
 
 * ``recompute_ranges``: disjoint host ranges the outermost recompute ops cover;
 * ``recompute_host_ms``: their union;
@@ -57,12 +50,11 @@ import pandas as pd
 
 from analyzer.ingest.tables import DEVICE_KINDS, FLOP_OPS, MATMUL_OPS
 from analyzer.metrics.dtypes import INPUT_TYPES
-from analyzer.metrics.intervals import union
 from analyzer.metrics.launch import launches
+from analyzer.metrics.passes import in_backward, inside, recompute_ops, thread_ranges
 from analyzer.metrics.taxonomy import FLOP_CLASSES, kernel_class
 from analyzer.metrics.text import is_in, text_mask
 
-BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 EMBEDDING_OP = "aten::embedding"
 REENTRANT_NODE = "CheckpointFunctionBackward"
 
@@ -141,28 +133,6 @@ def _window_of(t: np.ndarray, w_start: np.ndarray, w_end: np.ndarray) -> np.ndar
     return np.where(ok, k, -1)
 
 
-def _inside(ranges: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]], pid: np.ndarray, tid: np.ndarray,
-            t: np.ndarray) -> np.ndarray:
-    """Per instant: inside one of its thread's disjoint ranges."""
-    out = np.zeros(len(t), dtype=bool)
-    for (p, q), (s, e) in ranges.items():
-        rows = np.flatnonzero((pid == p) & (tid == q))
-        if rows.size == 0 or s.size == 0:
-            continue
-        k = np.searchsorted(s, t[rows], side="right") - 1
-        ok = k >= 0
-        out[rows[ok]] = t[rows[ok]] < e[k[ok]]
-    return out
-
-
-def _per_thread_union(frame: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    out = {}
-    for key, g in frame.groupby(["pid", "tid"], sort=False):
-        p, q = np.asarray(key, dtype=np.int64)  # a two-column groupby's keys are (pid, tid) pairs
-        out[(int(p), int(q))] = union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-    return out
-
-
 def _outermost(frame: pd.DataFrame) -> np.ndarray:
     """Per row of ``frame``: no other row of the same thread contains it (ops nest like a call stack)."""
     out = np.ones(len(frame), dtype=bool)
@@ -233,21 +203,15 @@ def rank_workload(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     out["recompute_out_bytes"] = np.zeros(n)
 
     names = events["name"]
-    pid, tid = events["pid"].to_numpy(np.int64), events["tid"].to_numpy(np.int64)
-    start = events["start_ns"].to_numpy(np.int64)
-    is_bw = text_mask(names, lambda s: s.startswith(BACKWARD_PREFIX))
-    bw_ranges = _per_thread_union(events.loc[is_bw, ["pid", "tid", "start_ns", "end_ns"]])
-    in_backward = _inside(bw_ranges, pid, tid, start) if bw_ranges else np.zeros(len(events), dtype=bool)
+    backward = in_backward(events)
 
-    tokens, sources = _tokens(events, in_backward, w_start, w_end)
+    tokens, sources = _tokens(events, backward, w_start, w_end)
     out["tokens"], out["tokens_source"] = tokens, np.array(sources, dtype=object)
 
-    cpu_op = is_in(events["kind"], ("cpu_op",))
-    fwd = (events["seq_num"].to_numpy(np.int64) >= 0) & (events["fwd_tid"].to_numpy(np.int64) == 0)
-    rec = cpu_op & fwd & in_backward & ~text_mask(names, lambda s: s.startswith("autograd::"))
+    rec = recompute_ops(events, backward)
     if rec.any():
         ops = events.loc[rec, ["name", "pid", "tid", "start_ns", "end_ns", "input_dims", "input_types"]]
-        rec_ranges = _per_thread_union(ops)
+        rec_ranges = thread_ranges(ops)
         op_win = _window_of(ops["start_ns"].to_numpy(np.int64), w_start, w_end)
         for (p, q), (s, e) in rec_ranges.items():
             win = _window_of(s, w_start, w_end)
@@ -264,9 +228,9 @@ def rank_workload(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         if device.any():
             link = launches(events)
             link = link.loc[link.index.isin(events.index[device])]
-            inside = _inside(rec_ranges, link["pid"].to_numpy(np.int64), link["tid"].to_numpy(np.int64),
-                             link["start_ns"].to_numpy(np.int64))
-            link = link.loc[inside]
+            launched = inside(rec_ranges, link["pid"].to_numpy(np.int64), link["tid"].to_numpy(np.int64),
+                              link["start_ns"].to_numpy(np.int64))
+            link = link.loc[launched]
             dur = (events.loc[link.index, "end_ns"] - events.loc[link.index, "start_ns"]).to_numpy(np.float64) / 1e6
             cls = kernel_class(events.loc[link.index])
             flop = np.isin(cls.astype(str), list(FLOP_CLASSES))
@@ -277,7 +241,7 @@ def rank_workload(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         else:
             out["recompute_device_ms"] = out["recompute_host_ms"].copy()
             flop_ops = ops.loc[is_in(ops["name"], FLOP_OPS)]
-            for (p, q), (s, e) in _per_thread_union(flop_ops).items():
+            for (p, q), (s, e) in thread_ranges(flop_ops).items():
                 win = _window_of(s, w_start, w_end)
                 for k in range(n):
                     out["recompute_flop_ms"][k] += float((e[win == k] - s[win == k]).sum()) / 1e6

@@ -116,6 +116,8 @@ class MfuDelta:
     base_source: str
     cand_source: str
     cand_on_base_peak: float | None = None  # the candidate on the baseline's measured peak; None when not rescaled
+    base_hfu: float | None = None  # each run's HFU (hardware FLOPs: with activation recompute), as its report shows it
+    cand_hfu: float | None = None
 
     @property
     def cand_comparable(self) -> float | None:
@@ -503,7 +505,8 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
         notes.append(f"different ranks: baseline {sorted(base_ranks)}, candidate {sorted(cand_ranks)}")
     scale, scale_note = candidate_peak_scale(base, cand)
     rescaled = None if cand.mfu.median is None or scale == 1.0 else cand.mfu.median * scale
-    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source, rescaled)
+    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source, rescaled,
+                   base.mfu.hfu_median, cand.mfu.hfu_median)
     if scale_note:
         notes.append(scale_note)
     if base.mfu.source != cand.mfu.source:

@@ -23,6 +23,7 @@ from analyzer.verbs.suggest import report_suggestions, suggestions_text  # docs/
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+    from analyzer.metrics.mfu import MfuResult
     from analyzer.verbs.check import GateOutcome
     from analyzer.verbs.compare import Comparison, Delta
 
@@ -140,7 +141,7 @@ def _host_ops(a: "RunAnalysis") -> bool:
 def _mfu_lines(a: "RunAnalysis") -> list[str]:
     m = a.mfu
     if m.source == "none" or m.median is None:
-        return [f"MFU: none ({m.reason})"]
+        return [f"MFU: none ({m.reason})"] + _flop_lines(m)
     peak = f"{m.peak_flops_per_s / 1e12:.3g} TFLOP/s" if m.peak_flops_per_s else "?"
     # A lower bound (FLOP coverage under COVERAGE_MIN) says so in the headline, with its coverage.
     bound = f">= {_pct(m.median, 2)} (lower bound: FLOP coverage {_pct(m.flop_coverage, 1)})" if m.lower_bound else _pct(m.median, 2)
@@ -153,8 +154,19 @@ def _mfu_lines(a: "RunAnalysis") -> list[str]:
         lines.append(f"  model FLOPs: {m.flops_source}")
     if m.step_time_source:
         lines.append(f"  step time: {m.step_time_source}")
-    lines += [f"  note: {n}" for n in m.notes]
-    return lines
+    return lines + _flop_lines(m)
+
+
+def _flop_lines(m: "MfuResult") -> list[str]:
+    """FLOPs per device per step, model (MFU) and hardware (HFU), each family's backward, and the notes."""
+    lines = []
+    if m.flops_per_step is not None:
+        hw = m.hardware_flops_per_step if m.hardware_flops_per_step is not None else m.flops_per_step
+        lines.append(f"  FLOPs per device per step: model {m.flops_per_step / 1e9:,.4g} GFLOP (MFU), "
+                     f"hardware {hw / 1e9:,.4g} GFLOP (HFU, with recompute)")
+    if m.backward_families:
+        lines.append("  backward per family: " + ", ".join(f"{f} {mode}" for f, mode in m.backward_families.items()))
+    return lines + [f"  note: {n}" for n in m.notes]
 
 
 def _goodput_lines(a: "RunAnalysis") -> list[str]:
@@ -258,10 +270,16 @@ def warning_lines(a: "RunAnalysis") -> list[str]:
     m = a.mfu
     if m.lower_bound and m.flop_coverage is not None:
         lines.append(f"MFU from shapes is a lower bound: FLOP coverage {_pct(m.flop_coverage, 1)} of GEMM/attention/conv "
-                     "kernel time; no suggestion uses it")
-    elif m.source == "none" and m.flop_coverage is not None:
-        lines.append(f"MFU withheld: FLOP coverage {_pct(m.flop_coverage, 1)} of GEMM/attention/conv kernel time")
+                     f"{_coverage_time(m)}; no suggestion uses it")
+    elif m.source == "none" and m.flop_coverage is not None and m.flop_coverage < 1.0:
+        lines.append(f"MFU withheld: FLOP coverage {_pct(m.flop_coverage, 1)} of GEMM/attention/conv {_coverage_time(m)}")
     return [" ".join(line.split()) for line in lines]  # one line each, whatever the message held
+
+
+def _coverage_time(m: "MfuResult") -> str:
+    """What the FLOP coverage is a share of: kernel time where kernels link to their ops, else host op time."""
+    return "kernel time" if m.attribution == "kernels" else "host op time" if m.attribution == "host-ops" else \
+        "kernel and host op time"
 
 
 def render_text(a: "RunAnalysis", *, top: int = 10) -> str:
@@ -588,7 +606,9 @@ def _charts(a: "RunAnalysis", top: int) -> dict[str, str]:
     if a.mfu.source != "none" and len(a.mfu.steps):
         fig = go.Figure()
         fig.add_scatter(name="MFU", x=a.mfu.steps["step"], y=100 * a.mfu.steps["mfu"], mode="lines+markers")
-        fig.update_layout(title=f"MFU per step ({a.mfu.source})", xaxis_title="step", yaxis_title="% of peak")
+        fig.add_scatter(name="HFU (with recompute)", x=a.mfu.steps["step"], y=100 * a.mfu.steps["hfu"],
+                        mode="lines+markers")
+        fig.update_layout(title=f"MFU and HFU per step ({a.mfu.source})", xaxis_title="step", yaxis_title="% of peak")
         _integer_steps(fig, a.mfu.steps["step"])
         charts["mfu"] = _figure_html(fig)
     if any(r.comm_comp_overlap_pct is not None or r.idle_pct is not None for r in a.ranks):
@@ -699,6 +719,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
     """A self-contained HTML report of one run: headline, tables and plotly charts."""
     m = a.mfu
     mfu_text = _pct(m.median, 2) if m.source != "none" else "none"
+    hfu_text = _pct(m.hfu_median, 2) if m.source != "none" else "none"
     st = a.step_time
     step_text = f"{_num(st.ms, '.2f')} ms" if st.ms is not None else "-"
     step_note = st.label + (f"; profiled windows {_num(st.profiled_ms, '.2f')} ms"
@@ -709,6 +730,7 @@ def render_html(a: "RunAnalysis", *, top: int = 15) -> str:
         f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {package_version()}</p>",
         '<div class="headline">'
         f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
+        f"<div>HFU<b>{html.escape(hfu_text)}</b>with recompute</div>"
         f"<div>step time<b>{html.escape(step_text)}</b>{html.escape(step_note)}</div>"
         f"<div>stragglers<b>{html.escape(flagged)}</b></div></div>",
     ]
@@ -792,6 +814,9 @@ def render_compare_text(c: "Comparison", *, top: int = 10) -> str:
         )
     else:
         out.append(f"MFU: {_pct(m.base, 2) if m.base is not None else 'none'} -> {_pct(m.cand, 2) if m.cand is not None else 'none'}")
+    if m.base_hfu is not None or m.cand_hfu is not None:
+        out.append(f"HFU (with recompute): {_pct(m.base_hfu, 2) if m.base_hfu is not None else 'none'} -> "
+                   f"{_pct(m.cand_hfu, 2) if m.cand_hfu is not None else 'none'}")
     st, sm = c.step_time, c.step_time_median
     out.append(
         f"Step time: {_num(sm.base, '.2f')} -> {_num(sm.cand, '.2f')} ms ({_num(sm.delta, '+.2f')} ms, "

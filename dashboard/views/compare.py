@@ -139,6 +139,7 @@ def render() -> None:
     cols = st.columns(4)
     # Each run's own MFU and step time, the figures its overview and the runs table show.
     cols[0].metric("MFU baseline", fmt_pct(c.mfu.base))
+    cols[0].caption(f"HFU (with recompute) {fmt_pct(c.mfu.base_hfu)} → {fmt_pct(c.mfu.cand_hfu)}")
     cols[1].metric(
         "MFU candidate",
         fmt_pct(c.mfu.cand),

@@ -23,6 +23,7 @@ COLUMNS = (
     "status",
     "error",
     "MFU",
+    "HFU",
     "MFU source",
     "step time (ms)",
     "tokens/s",
@@ -76,6 +77,7 @@ def run_row(run: RunEntry) -> dict[str, Any]:
             "params": params,
             "tokens/s": tp.median,
             "MFU": ra.mfu.median,
+            "HFU": ra.mfu.hfu_median,  # hardware FLOPs: activation recompute included
             # The lower-bound label travels with the source (docs/mfu.md, FLOP coverage).
             "MFU source": ra.mfu.source + (f", lower bound (FLOP coverage {100 * ra.mfu.flop_coverage:.1f}%)"
                                            if ra.mfu.lower_bound and ra.mfu.flop_coverage is not None
@@ -142,6 +144,8 @@ def render() -> None:
             "step time (ms)": st.column_config.NumberColumn(
                 "step time (ms)", format="%.1f", help="the run's headline step time (analyzer; docs/metrics.md)"),
             "MFU": st.column_config.NumberColumn("MFU", format="percent", help="median over steps (analyzer)"),
+            "HFU": st.column_config.NumberColumn(
+                "HFU", format="percent", help="hardware FLOPs utilization: MFU plus activation recompute (analyzer)"),
             "world size": st.column_config.NumberColumn("world size", format="%d"),
             "steps": st.column_config.NumberColumn("steps", format="%d"),
         },
