@@ -42,6 +42,8 @@ from recorder.ranks import Meeting, Place, max_restarts, restart_count, this_pla
 from recorder.telemetry import GpuTelemetry, nvml_index_of
 
 PHASES = ("forward", "backward", "optimizer")
+# The heartbeat file is rewritten at most this often (seconds) by a background thread.
+BEAT_EVERY_S = 0.5
 # How long open() and close() wait for the other ranks (their keys on the store).
 MEET_TIMEOUT_S = 60.0
 
@@ -103,6 +105,52 @@ def _param_counts(model: torch.nn.Module | None) -> fmt.Params | None:
     total = sum(p.numel() for p in model.parameters())
     embedding = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
     return fmt.Params(total=total, non_embedding=total - embedding, embedding=embedding)
+
+
+class _Beats:
+    """This rank's heartbeat written behind the loop: a step's start and end only note the progress
+    and its time (no file I/O on the loop's thread); a thread writes the latest note every
+    BEAT_EVERY_S, so the file lags the loop by at most that, and a rank blocked in a collective
+    leaves its last progress with the time it was reached, which is what the hang watchdog reads.
+    Set-up, checkpoint and done are written at once."""
+
+    def __init__(self, heartbeat: Heartbeat) -> None:
+        import threading
+
+        self.heartbeat = heartbeat
+        self.latest: tuple[int, str, float] | None = None
+        self._written: tuple[int, str, float] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="recorder-heartbeat", daemon=True)
+        self._thread.start()
+
+    def note(self, step: int, phase: str) -> None:
+        self.latest = (step, phase, time.time())
+
+    def now(self, step: int, phase: str) -> None:
+        self.note(step, phase)
+        self._write()
+
+    def _run(self) -> None:
+        while not self._stop.wait(BEAT_EVERY_S):
+            try:
+                self._write()
+            except OSError as exc:  # a full disk must not end the run; the watchdog then sees an old beat
+                _say(f"{self.heartbeat.path}: cannot write the heartbeat: {exc.strerror or exc}")
+                return
+
+    def _write(self) -> None:
+        with self._lock:
+            latest = self.latest
+            if latest is not None and latest is not self._written:
+                self.heartbeat.beat(*latest[:2], at=latest[2])
+                self._written = latest
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.heartbeat.close()
 
 
 class Step:
@@ -168,7 +216,7 @@ class Recorder:
         self.timer = CollectiveTimer(self._colls or _NO_RECORDS, rank, self.device)
         self.collective_timing = self._time_collectives(model)
         self.phases = PhaseTimer(self.device, PHASES)
-        self.heartbeat = Heartbeat(self.run_dir, rank, self.attempt)
+        self.heartbeat = _Beats(Heartbeat(self.run_dir, rank, self.attempt))
         self.profiler = StepProfiler(profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device,
                                      self.step_index)
         self._telemetry, self._telemetry_files, telemetry_note = self._start_telemetry(telemetry_interval_ms)
@@ -198,7 +246,7 @@ class Recorder:
         self._previous_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
         self.profiler.__enter__()
-        self.heartbeat.beat(self.step_index, "setup")
+        self.heartbeat.now(self.step_index, "setup")
 
     # -- set-up ---------------------------------------------------------------
 
@@ -258,8 +306,16 @@ class Recorder:
                 "none: not every rank opened the recorder"
         what = []
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model.register_comm_hook(None, self.timer.ddp_comm_hook)
-            what.append("DDP comm hook (averaging all-reduce per gradient bucket)")
+            own = model._get_ddp_logging_data().get("comm_hook")
+            if own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
+                what.append(f"not DDP's bucket all-reduces (the model has its own comm hook, {own})")
+            else:
+                try:
+                    model.register_comm_hook(None, self.timer.ddp_comm_hook)
+                    what.append("DDP comm hook (averaging all-reduce per gradient bucket)")
+                except RuntimeError as exc:  # DDP refused it (e.g. registered after the first step)
+                    what.append(f"not DDP's bucket all-reduces (DDP refused the comm hook: "
+                                f"{str(exc).splitlines()[0]})")
         try:
             self.timer.install()
             what.append("torch.distributed collective functions wrapped")
@@ -423,7 +479,7 @@ class Recorder:
             return
         self._in_step = True
         self.timer.set_step(self.step_index)
-        self.heartbeat.beat(self.step_index, "start")
+        self.heartbeat.note(self.step_index, "start")
         now = time.perf_counter_ns()
         if self._boundary_ns is None:
             self._boundary_ns = now
@@ -497,7 +553,7 @@ class Recorder:
             if self.place.rank == 0:
                 self._man.tokens_per_step = self.tokens_per_step
                 self._write_manifest()
-        self.heartbeat.beat(step, "end")
+        self.heartbeat.note(step, "end")
         self.profiler.step_done(step)
         self.step_index = step + 1
         self._boundary_ns = time.perf_counter_ns()
@@ -557,7 +613,7 @@ class Recorder:
             yield
             return
         step = self.step_index  # the save holds the state after this many steps
-        self.heartbeat.beat(step - 1, "checkpoint")
+        self.heartbeat.now(step - 1, "checkpoint")
         t0 = time.perf_counter()
         with untimed_collectives():  # checkpoint I/O is not training communication
             yield
@@ -637,8 +693,8 @@ class Recorder:
         errors: list[str] = []
         for what, stop in (("profiler", lambda: self.profiler.__exit__(None, None, None)),
                            ("collectives", lambda: self.timer.flush(wait=status == "completed")),
-                           ("heartbeat", lambda: self.heartbeat.beat(self.last_step if self.last_step is not None
-                                                                     else self.start_step, "done")),
+                           ("heartbeat", lambda: self.heartbeat.now(self.last_step if self.last_step is not None
+                                                                    else self.start_step, "done")),
                            ("heartbeat", self.heartbeat.close),
                            ("timer", self.timer.uninstall),
                            ("metrics", self._metrics.close),

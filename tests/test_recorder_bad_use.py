@@ -177,3 +177,25 @@ def test_a_restarted_attempt_writes_its_own_files_into_the_same_run(tmp_path, mo
     assert _steps(first.run_dir, "metrics/attempt1/rank0.jsonl") == [0, 1]
     good = analyze(first.run_dir, cache=False).goodput()
     assert good.attempts == 2
+
+
+def test_a_ddp_model_with_its_own_comm_hook_keeps_it(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DDP(torch.nn.Linear(4, 4))
+        model.register_comm_hook(dist.group.WORLD, allreduce_hook)
+        with recorder.open(tmp_path, name="own-hook", model=model, profile=ProfileSchedule(enabled=False)) as rec:
+            with rec.step(tokens=4) as s:
+                s.loss = model(torch.ones(2, 4)).sum()
+                s.loss.backward()
+        man = _manifest(rec.run_dir)
+        assert man.status == "completed"
+        assert man.collective_timing == ("not DDP's bucket all-reduces (the model has its own comm hook, allreduce_hook); "
+                                         "torch.distributed collective functions wrapped")
+        assert model._get_ddp_logging_data().get("comm_hook") == "allreduce_hook"
+    finally:
+        dist.destroy_process_group()
