@@ -176,7 +176,8 @@ class Recorder:
 
     def __init__(self, runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
                  model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
-                 steps: int | None = None, warmup_steps: int = 3, flops: fmt.Flops | None = None,
+                 steps: int | None = None, start_step: int = 0, warmup_steps: int = 3,
+                 flops: fmt.Flops | None = None,
                  peak_flops_per_s: float | None = None, profile: ProfileSchedule | None = None,
                  device: torch.device | str | None = None, telemetry_interval_ms: int = 100,
                  on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
@@ -205,8 +206,8 @@ class Recorder:
         self._everyone_here()
         rank = self.place.rank
         sub = fmt.attempt_folder(self.attempt)
-        self.step_index = self._first_step()
-        self.start_step = self.step_index
+        self.step_index = start_step
+        self.start_step = start_step
         self._metrics_rel = fmt.records_file("metrics", rank, self.attempt)
         self._colls_rel = fmt.records_file("collectives", rank, self.attempt)
         self._metrics = JsonlWriter(self.run_dir / self._metrics_rel)
@@ -294,10 +295,6 @@ class Recorder:
             self.all_ranks = not missing
         else:
             self.all_ranks = bool(meeting.wait("all_ranks", timeout_s=2 * meeting.timeout_s))
-
-    def _first_step(self) -> int:
-        """0, or in a restarted attempt the step the user's resumed loop starts at (set by `resume_from`)."""
-        return 0
 
     def _time_collectives(self, model: torch.nn.Module | None) -> str:
         """Install the collective timer; returns run.json's `collective_timing`."""
@@ -864,7 +861,8 @@ def open(runs_dir: str | os.PathLike[str], name: str | None = None, config: Any 
     (a dict, a dataclass or a namespace), saved as config.yaml and in run.json. `model` (the
     module the loop calls, DDP-wrapped or not) gives forward/backward times, parameter counts and
     a DDP comm hook for collective timing; `optimizer` the optimizer's time and the learning rate.
-    Keyword options: `steps`, `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
+    Keyword options: `steps`, `start_step` (the first step's index: a loop resumed from a checkpoint
+    after K steps passes K), `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
     `peak_flops_per_s`, `profile` (ProfileSchedule; one small window by default), `device`,
     `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
     run: the final checkpoint), `meet_timeout_s`. Every rank of a distributed job calls it.

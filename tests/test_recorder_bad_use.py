@@ -168,15 +168,17 @@ def test_a_restarted_attempt_writes_its_own_files_into_the_same_run(tmp_path, mo
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     first = train(tmp_path, 3, profile=ProfileSchedule(enabled=False))
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    second = train(tmp_path, 2, profile=ProfileSchedule(enabled=False))
+    # The restarted loop resumes from a checkpoint taken after 2 steps and runs steps 2 and 3.
+    second = train(tmp_path, 2, start_step=2, profile=ProfileSchedule(enabled=False))
     assert second.run_dir == first.run_dir
     man = _manifest(first.run_dir)
-    assert [(a.attempt, a.status) for a in man.attempts] == [(0, "completed"), (1, "completed")]
+    assert [(a.attempt, a.status, a.resumed_from_step) for a in man.attempts] == [(0, "completed", 0),
+                                                                                (1, "completed", 2)]
     assert man.max_restarts == 2
     assert man.files.metrics == ["metrics/rank0.jsonl", "metrics/attempt1/rank0.jsonl"]
-    assert _steps(first.run_dir, "metrics/attempt1/rank0.jsonl") == [0, 1]
+    assert _steps(first.run_dir, "metrics/attempt1/rank0.jsonl") == [2, 3]
     good = analyze(first.run_dir, cache=False).goodput()
-    assert good.attempts == 2
+    assert good.attempts == 2 and good.recomputed_steps == 1  # step 2 ran in both attempts
 
 
 def test_a_ddp_model_with_its_own_comm_hook_keeps_it(tmp_path):
