@@ -240,6 +240,7 @@ class Recorder:
         self._opt: Any = None
         self._bwd: Any = None
         self.records_written = 0
+        self._write_failed = False
         self.last_step: int | None = None
         self.tokens_per_step: int | None = None
         self.profiled_steps: list[int] = []
@@ -537,9 +538,7 @@ class Recorder:
             time_ns=time.time_ns(),
             attempt=self.attempt,
         ).to_json()
-        self._metrics.write(record)
-        self._metrics.flush()
-        self.timer.flush()
+        self._write_records(record)
         self.records_written += 1
         self.last_step = step
         if profiled:
@@ -555,6 +554,20 @@ class Recorder:
         self.step_index = step + 1
         self._boundary_ns = time.perf_counter_ns()
         self._check_preemption()
+
+    def _write_records(self, record: dict) -> None:
+        """Append the step's metrics line and the completed collectives. A write that fails (disk
+        full) is one line, once; the records are then dropped and training goes on."""
+        if self._write_failed:
+            return
+        try:
+            self._metrics.write(record)
+            self._metrics.flush()
+            self.timer.flush()
+        except OSError as exc:
+            self._write_failed = True
+            _say(f"rank {self.place.rank}: {self.run_dir / self._metrics_rel}: cannot write the step records "
+                 f"from step {record['step']} on: {exc.strerror or exc}; training goes on unrecorded")
 
     @contextmanager
     def step(self, tokens: int | None = None) -> Iterator[Step]:

@@ -201,3 +201,27 @@ def test_a_ddp_model_with_its_own_comm_hook_keeps_it(tmp_path):
         assert model._get_ddp_logging_data().get("comm_hook") == "allreduce_hook"
     finally:
         dist.destroy_process_group()
+
+
+def test_a_full_disk_under_the_step_records_is_one_line_and_training_goes_on(tmp_path, capsys, monkeypatch):
+    from recorder.instrument import JsonlWriter
+
+    real_flush = JsonlWriter.flush
+    trained: list[int] = []
+
+    def disk_full_from_step_2(self):
+        if self.path.name == "rank0.jsonl" and self.path.parent.name == "metrics" and len(trained) > 2:
+            raise OSError(28, "No space left on device")
+        real_flush(self)
+
+    def count(rec, i):
+        trained.append(i)
+
+    monkeypatch.setattr(JsonlWriter, "flush", disk_full_from_step_2)
+    rec = train(tmp_path, 5, on_step=count, profile=ProfileSchedule(enabled=False))
+    assert trained == [0, 1, 2, 3, 4]  # every step of the user's loop ran
+    assert _recorder_lines(capsys.readouterr().err) == [
+        f"recorder: rank 0: {rec.run_dir / 'metrics/rank0.jsonl'}: cannot write the step records from step 2 on: "
+        "No space left on device; training goes on unrecorded"]
+    monkeypatch.setattr(JsonlWriter, "flush", real_flush)
+    assert _manifest(rec.run_dir).status == "completed"
