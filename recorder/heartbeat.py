@@ -74,9 +74,10 @@ class Heartbeat:
                     raise
         faulthandler.register(STACK_SIGNAL, file=self._stacks_file, all_threads=True, chain=False)
 
-    def beat(self, step: int, phase: str) -> None:
+    def beat(self, step: int, phase: str, at: float | None = None) -> None:
+        """Write the rank's progress: `step`, `phase`, and when it was reached (`at`, Unix seconds; now by default)."""
         record = {"schema": SCHEMA, "rank": self.rank, "attempt": self.attempt, "pid": self.pid,
-                  "step": step, "phase": phase, "time": time.time()}
+                  "step": step, "phase": phase, "time": time.time() if at is None else at}
         self.tmp.write_text(json.dumps(record))
         os.replace(self.tmp, self.path)
 

@@ -43,6 +43,8 @@ from recorder.ranks import Meeting, Place, max_restarts, restart_count, this_pla
 from recorder.telemetry import GpuTelemetry, nvml_index_of
 
 PHASES = ("forward", "backward", "optimizer")
+# The heartbeat file is rewritten at most this often (seconds) by a background thread.
+BEAT_EVERY_S = 0.5
 # How long open() and close() wait for the other ranks (their keys on the store).
 MEET_TIMEOUT_S = 60.0
 
@@ -106,6 +108,52 @@ def _param_counts(model: torch.nn.Module | None) -> fmt.Params | None:
     return fmt.Params(total=total, non_embedding=total - embedding, embedding=embedding)
 
 
+class _Beats:
+    """This rank's heartbeat written behind the loop: a step's start and end only note the progress
+    and its time (no file I/O on the loop's thread); a thread writes the latest note every
+    BEAT_EVERY_S, so the file lags the loop by at most that, and a rank blocked in a collective
+    leaves its last progress with the time it was reached, which is what the hang watchdog reads.
+    Set-up, checkpoint and done are written at once."""
+
+    def __init__(self, heartbeat: Heartbeat) -> None:
+        import threading
+
+        self.heartbeat = heartbeat
+        self.latest: tuple[int, str, float] | None = None
+        self._written: tuple[int, str, float] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="recorder-heartbeat", daemon=True)
+        self._thread.start()
+
+    def note(self, step: int, phase: str) -> None:
+        self.latest = (step, phase, time.time())
+
+    def now(self, step: int, phase: str) -> None:
+        self.note(step, phase)
+        self._write()
+
+    def _run(self) -> None:
+        while not self._stop.wait(BEAT_EVERY_S):
+            try:
+                self._write()
+            except OSError as exc:  # a full disk must not end the run; the watchdog then sees an old beat
+                _say(f"{self.heartbeat.path}: cannot write the heartbeat: {exc.strerror or exc}")
+                return
+
+    def _write(self) -> None:
+        with self._lock:
+            latest = self.latest
+            if latest is not None and latest is not self._written:
+                self.heartbeat.beat(*latest[:2], at=latest[2])
+                self._written = latest
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.heartbeat.close()
+
+
 class Step:
     """What `Recorder.step()` yields: set `loss` (and `lr`, `grad_norm`) inside the block."""
 
@@ -129,7 +177,8 @@ class Recorder:
 
     def __init__(self, runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
                  model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
-                 steps: int | None = None, warmup_steps: int = 3, flops: fmt.Flops | None = None,
+                 steps: int | None = None, start_step: int = 0, warmup_steps: int = 3,
+                 flops: fmt.Flops | None = None,
                  peak_flops_per_s: float | None = None, profile: ProfileSchedule | None = None,
                  device: torch.device | str | None = None, telemetry_interval_ms: int = 100,
                  on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
@@ -158,8 +207,8 @@ class Recorder:
         self._everyone_here()
         rank = self.place.rank
         sub = fmt.attempt_folder(self.attempt)
-        self.step_index = self._first_step()
-        self.start_step = self.step_index
+        self.step_index = start_step
+        self.start_step = start_step
         self._metrics_rel = fmt.records_file("metrics", rank, self.attempt)
         self._colls_rel = fmt.records_file("collectives", rank, self.attempt)
         self._metrics = JsonlWriter(self.run_dir / self._metrics_rel)
@@ -169,7 +218,7 @@ class Recorder:
         self.timer = CollectiveTimer(self._colls or _NO_RECORDS, rank, self.device)
         self.collective_timing = self._time_collectives(model)
         self.phases = PhaseTimer(self.device, PHASES)
-        self.heartbeat = Heartbeat(self.run_dir, rank, self.attempt)
+        self.heartbeat = _Beats(Heartbeat(self.run_dir, rank, self.attempt))
         self.profiler = StepProfiler(profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device,
                                      self.step_index)
         self._telemetry, self._telemetry_files, telemetry_note = self._start_telemetry(telemetry_interval_ms)
@@ -192,6 +241,7 @@ class Recorder:
         self._opt: Any = None
         self._bwd: Any = None
         self.records_written = 0
+        self._write_failed = False
         self.last_step: int | None = None
         self.tokens_per_step: int | None = None
         self.profiled_steps: list[int] = []
@@ -201,7 +251,7 @@ class Recorder:
         self._previous_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
         self.profiler.__enter__()
-        self.heartbeat.beat(self.step_index, "setup")
+        self.heartbeat.now(self.step_index, "setup")
 
     # -- set-up ---------------------------------------------------------------
 
@@ -250,10 +300,6 @@ class Recorder:
         else:
             self.all_ranks = bool(meeting.wait("all_ranks", timeout_s=2 * meeting.timeout_s))
 
-    def _first_step(self) -> int:
-        """0, or in a restarted attempt the step the user's resumed loop starts at (set by `resume_from`)."""
-        return 0
-
     def _time_collectives(self, model: torch.nn.Module | None) -> str:
         """Install the collective timer; returns run.json's `collective_timing`."""
         if not (self.place.distributed and self.all_ranks):
@@ -261,8 +307,16 @@ class Recorder:
                 "none: not every rank opened the recorder"
         what = []
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model.register_comm_hook(None, self.timer.ddp_comm_hook)
-            what.append("DDP comm hook (averaging all-reduce per gradient bucket)")
+            own = model._get_ddp_logging_data().get("comm_hook")
+            if own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
+                what.append(f"not DDP's bucket all-reduces (the model has its own comm hook, {own})")
+            else:
+                try:
+                    model.register_comm_hook(None, self.timer.ddp_comm_hook)
+                    what.append("DDP comm hook (averaging all-reduce per gradient bucket)")
+                except RuntimeError as exc:  # DDP refused it (e.g. registered after the first step)
+                    what.append(f"not DDP's bucket all-reduces (DDP refused the comm hook: "
+                                f"{str(exc).splitlines()[0]})")
         try:
             self.timer.install()
             what.append("torch.distributed collective functions wrapped")
@@ -435,7 +489,7 @@ class Recorder:
             return
         self._in_step = True
         self.timer.set_step(self.step_index)
-        self.heartbeat.beat(self.step_index, "start")
+        self.heartbeat.note(self.step_index, "start")
         now = time.perf_counter_ns()
         if self._boundary_ns is None:
             self._boundary_ns = now
@@ -507,9 +561,7 @@ class Recorder:
             time_ns=time.time_ns(),
             attempt=self.attempt,
         ).to_json()
-        self._metrics.write(record)
-        self._metrics.flush()
-        self.timer.flush()
+        self._write_records(record)
         self.records_written += 1
         self.last_step = step
         if profiled:
@@ -520,11 +572,25 @@ class Recorder:
             if self.place.rank == 0:
                 self._man.tokens_per_step = self.tokens_per_step
                 self._write_manifest()
-        self.heartbeat.beat(step, "end")
+        self.heartbeat.note(step, "end")
         self.profiler.step_done(step)
         self.step_index = step + 1
         self._boundary_ns = time.perf_counter_ns()
         self._check_preemption()
+
+    def _write_records(self, record: dict) -> None:
+        """Append the step's metrics line and the completed collectives. A write that fails (disk
+        full) is one line, once; the records are then dropped and training goes on."""
+        if self._write_failed:
+            return
+        try:
+            self._metrics.write(record)
+            self._metrics.flush()
+            self.timer.flush()
+        except OSError as exc:
+            self._write_failed = True
+            _say(f"rank {self.place.rank}: {self.run_dir / self._metrics_rel}: cannot write the step records "
+                 f"from step {record['step']} on: {exc.strerror or exc}; training goes on unrecorded")
 
     @contextmanager
     def step(self, tokens: int | None = None) -> Iterator[Step]:
@@ -583,7 +649,7 @@ class Recorder:
             yield
             return
         step = self.step_index  # the save holds the state after this many steps
-        self.heartbeat.beat(step - 1, "checkpoint")
+        self.heartbeat.now(step - 1, "checkpoint")
         t0 = time.perf_counter()
         with untimed_collectives():  # checkpoint I/O is not training communication
             yield
@@ -663,8 +729,8 @@ class Recorder:
         errors: list[str] = []
         for what, stop in (("profiler", lambda: self.profiler.__exit__(None, None, None)),
                            ("collectives", lambda: self.timer.flush(wait=status == "completed")),
-                           ("heartbeat", lambda: self.heartbeat.beat(self.last_step if self.last_step is not None
-                                                                     else self.start_step, "done")),
+                           ("heartbeat", lambda: self.heartbeat.now(self.last_step if self.last_step is not None
+                                                                    else self.start_step, "done")),
                            ("heartbeat", self.heartbeat.close),
                            ("timer", self.timer.uninstall),
                            ("metrics", self._metrics.close),
@@ -834,7 +900,8 @@ def open(runs_dir: str | os.PathLike[str], name: str | None = None, config: Any 
     (a dict, a dataclass or a namespace), saved as config.yaml and in run.json. `model` (the
     module the loop calls, DDP-wrapped or not) gives forward/backward times, parameter counts and
     a DDP comm hook for collective timing; `optimizer` the optimizer's time and the learning rate.
-    Keyword options: `steps`, `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
+    Keyword options: `steps`, `start_step` (the first step's index: a loop resumed from a checkpoint
+    after K steps passes K), `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
     `peak_flops_per_s`, `profile` (ProfileSchedule; one small window by default), `device`,
     `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
     run: the final checkpoint), `meet_timeout_s`. Every rank of a distributed job calls it.

@@ -168,12 +168,60 @@ def test_a_restarted_attempt_writes_its_own_files_into_the_same_run(tmp_path, mo
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     first = train(tmp_path, 3, profile=ProfileSchedule(enabled=False))
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    second = train(tmp_path, 2, profile=ProfileSchedule(enabled=False))
+    # The restarted loop resumes from a checkpoint taken after 2 steps and runs steps 2 and 3.
+    second = train(tmp_path, 2, start_step=2, profile=ProfileSchedule(enabled=False))
     assert second.run_dir == first.run_dir
     man = _manifest(first.run_dir)
-    assert [(a.attempt, a.status) for a in man.attempts] == [(0, "completed"), (1, "completed")]
+    assert [(a.attempt, a.status, a.resumed_from_step) for a in man.attempts] == [(0, "completed", 0),
+                                                                                (1, "completed", 2)]
     assert man.max_restarts == 2
     assert man.files.metrics == ["metrics/rank0.jsonl", "metrics/attempt1/rank0.jsonl"]
-    assert _steps(first.run_dir, "metrics/attempt1/rank0.jsonl") == [0, 1]
+    assert _steps(first.run_dir, "metrics/attempt1/rank0.jsonl") == [2, 3]
     good = analyze(first.run_dir, cache=False).goodput()
-    assert good.attempts == 2
+    assert good.attempts == 2 and good.recomputed_steps == 1  # step 2 ran in both attempts
+
+
+def test_a_ddp_model_with_its_own_comm_hook_keeps_it(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DDP(torch.nn.Linear(4, 4))
+        model.register_comm_hook(dist.group.WORLD, allreduce_hook)
+        with recorder.open(tmp_path, name="own-hook", model=model, profile=ProfileSchedule(enabled=False)) as rec:
+            with rec.step(tokens=4) as s:
+                s.loss = model(torch.ones(2, 4)).sum()
+                s.loss.backward()
+        man = _manifest(rec.run_dir)
+        assert man.status == "completed"
+        assert man.collective_timing == ("not DDP's bucket all-reduces (the model has its own comm hook, allreduce_hook); "
+                                         "torch.distributed collective functions wrapped")
+        assert model._get_ddp_logging_data().get("comm_hook") == "allreduce_hook"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_full_disk_under_the_step_records_is_one_line_and_training_goes_on(tmp_path, capsys, monkeypatch):
+    from recorder.instrument import JsonlWriter
+
+    real_flush = JsonlWriter.flush
+    trained: list[int] = []
+
+    def disk_full_from_step_2(self):
+        if self.path.name == "rank0.jsonl" and self.path.parent.name == "metrics" and len(trained) > 2:
+            raise OSError(28, "No space left on device")
+        real_flush(self)
+
+    def count(rec, i):
+        trained.append(i)
+
+    monkeypatch.setattr(JsonlWriter, "flush", disk_full_from_step_2)
+    rec = train(tmp_path, 5, on_step=count, profile=ProfileSchedule(enabled=False))
+    assert trained == [0, 1, 2, 3, 4]  # every step of the user's loop ran
+    assert _recorder_lines(capsys.readouterr().err) == [
+        f"recorder: rank 0: {rec.run_dir / 'metrics/rank0.jsonl'}: cannot write the step records from step 2 on: "
+        "No space left on device; training goes on unrecorded"]
+    monkeypatch.setattr(JsonlWriter, "flush", real_flush)
+    assert _manifest(rec.run_dir).status == "completed"
