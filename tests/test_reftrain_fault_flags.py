@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reftrain import cli, faults, manifest
+from reftrain import cli, faults, rundir
 from reftrain.config import Config, apply_set, resolve
 from reftrain.errors import ReftrainError
 
@@ -75,7 +75,7 @@ def _fault_injected_run(tmp_path):
     """A run directory as a fault-injected run leaves it: config.yaml, run.json, one checkpoint."""
     cfg = tiny("fault.crash_rank=1", "fault.crash_step=4", "fault.crash_in_save=true",
                f"run.runs_dir={tmp_path}", "run.name=crashed")
-    run = manifest.create_run_dir(cfg, 2)
+    run = rundir.create_run_dir(cfg, 2)
     (run / "run.json").write_text("{}")
     (run / "checkpoints" / "step2").mkdir(parents=True)
     (run / "checkpoints" / "step2" / ".metadata").write_bytes(b"")
