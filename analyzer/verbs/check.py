@@ -33,6 +33,10 @@ Definitions (also in docs/ci.md, with the reasons for each choice):
   max_drop (a drop beyond the threshold that the noise cannot tell from
   chance); else ``pass``. The smallest drop the gate could flag on these
   runs, ``max(max_drop, noise)``, is reported as ``min_detectable_drop``.
+* **Machine speed** (CPU runs with reftrain's canary, a fixed compute probe
+  timed between steps): the gate runs again with the candidate's values
+  put on the baselines' machine speed; a regression or a pass that does
+  not survive that becomes inconclusive (:func:`machine_speed_gate`).
 
 Deterministic (the same runs always give the same verdict): no resampling,
 no seed.
