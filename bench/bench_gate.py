@@ -45,10 +45,10 @@ over the baselines') is measured too, so the table shows what each case
 really did.
 
 Runs trained by reftrain carry the machine-speed canary (docs/ci.md,
-"Machine speed"); each trial records what the gate saw of it
-(`machine_slowdown`, `adjusted_drop`), and `--reuse` records the verdict
-with and without it (`verdict_without_canary`), so one set of runs shows
-what the canary changed.
+"Machine speed"); each trial records what the gate saw of it (`machine`:
+the check JSON's `machine_speed`), and `--reuse` records the verdict with
+and without it (`verdict_without_canary`, and the table's last column), so
+one set of runs shows what the canary changed.
 
 Printed per cell (case x load): trials, how often the gate said
 regression, inconclusive and pass (and unusable: exit 2), the achieved

@@ -33,6 +33,10 @@ Definitions (also in docs/ci.md, with the reasons for each choice):
   max_drop (a drop beyond the threshold that the noise cannot tell from
   chance); else ``pass``. The smallest drop the gate could flag on these
   runs, ``max(max_drop, noise)``, is reported as ``min_detectable_drop``.
+* **Machine speed** (CPU runs with reftrain's canary, a fixed compute probe
+  timed between steps): the gate runs again with the candidate's values
+  put on the baselines' machine speed; a regression or a pass that does
+  not survive that becomes inconclusive (:func:`machine_speed_gate`).
 
 Deterministic (the same runs always give the same verdict): no resampling,
 no seed.
@@ -978,7 +982,7 @@ def machine_speed_gate(
         adjusted_verdict=adjusted.verdict, n_base=sum(len(p.wall.values) for p in known),
         n_cand=len(probes_cand.wall.values),
     )
-    probe = f"canary probe {base_ms:.3g} -> {cand_ms:.3g} ms, CPU {base_cpu:.3g} -> {cand_cpu:.3g} ms"
+    probe = f"canary probe {base_ms:.3f} -> {cand_ms:.3f} ms, CPU {base_cpu:.3f} -> {cand_cpu:.3f} ms"
     cpu_text = "" if adjusted_cpu is None else f", the CPU-time drop {adjusted_cpu.drop:+.1%}"
     taken_out = f"with that taken out the drop is {adjusted.drop:+.1%}{cpu_text}, and the gate says {adjusted.verdict}"
     if result.regression and not adjusted.regression:
@@ -1150,7 +1154,7 @@ def explain(outcome: GateOutcome) -> str:
         text += f" CPU time: {k.statistic_label} drop {k.drop:+.1%} (p = {k.p_value:.2g}, noise {k.noise:.1%})."
     if outcome.machine is not None:
         ms = outcome.machine
-        text += (f" Machine speed (canary probe {ms.base_probe_ms:.3g} -> {ms.cand_probe_ms:.3g} ms): the candidate's "
+        text += (f" Machine speed (canary probe {ms.base_probe_ms:.3f} -> {ms.cand_probe_ms:.3f} ms): the candidate's "
                  f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; with that taken "
                  f"out the drop is {ms.adjusted_drop:+.1%} ({ms.adjusted_verdict}).")
     st = c.step_time
