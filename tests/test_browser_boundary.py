@@ -64,6 +64,7 @@ def test_a_linked_run_is_refused_in_one_line(server, page, name):  # noqa: F811 
         assert "\n" not in line.strip() and LINKED_RUNS[name] in line, line
         assert page.locator('[data-testid="stException"]').count() == 0
         _assert_nothing_outside(page, f"{view} of {name}")
+        page.wait_for_load_state("networkidle")
     # Nothing else below the refusal: no downloads section, no charts.
     assert page.get_by_text("Raw traces").count() == 0
     assert page.problems() == []

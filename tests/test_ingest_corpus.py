@@ -305,8 +305,6 @@ def test_one_corrupt_metrics_line_does_not_disable_the_gate(tmp_path: Path) -> N
         ({"step": True}, "step True is not an integer"),
         ({"step_time_ms": 0}, "step_time_ms 0 is outside (0, 8.64e+07]"),
         ({"step_time_ms": "fast"}, "step_time_ms 'fast' is not a number"),
-        ({"mfu": 1e308}, "mfu 1e+308 is outside (0, 10]"),
-        ({"mfu": -0.1}, "mfu -0.1 is outside (0, 10]"),
         ({"tokens": -5}, "tokens -5 is outside [0, 9.22337e+18]"),
         ({"comm_ms": -1.0}, "comm_ms -1.0 is outside [0, 8.64e+07]"),
     ],
@@ -317,6 +315,29 @@ def test_metrics_ranges(tmp_path: Path, bad: dict, first: str) -> None:
     rd = read_run_dir(_metrics_run(tmp_path / "run", [bad, bad]))
     assert len(rd.metrics) == 54
     assert rd.warnings == [f"metrics/rank0.jsonl: 2 lines with out-of-range values dropped (first: line 11, {first})"]
+
+
+@pytest.mark.parametrize(
+    "bad, first",
+    [
+        ({"mfu": 1e308}, "mfu 1e+308 is outside (0, 10]"),
+        ({"mfu": -0.1}, "mfu -0.1 is outside (0, 10]"),
+        ({"hfu": 640.0}, "hfu 640.0 is outside (0, 10]"),
+        ({"tokens_per_s": -5.0}, "tokens_per_s -5.0 is outside [0, 1e+15]"),
+    ],
+)
+def test_a_derived_ratio_out_of_range_is_withheld_and_the_step_kept(tmp_path: Path, bad: dict, first: str) -> None:
+    """A peak measured 1000x low (a CPU peak taken on a loaded machine) puts
+    every line's mfu above 10: dropping those lines lost every step of the
+    run. The ratio is withheld (null), the two steps stay."""
+    from analyzer.ingest.rundir import read_run_dir
+
+    rd = read_run_dir(_metrics_run(tmp_path / "run", [bad, bad]))
+    assert len(rd.metrics) == 56 and rd.metrics["step"].tolist().count(99) == 2
+    field = next(iter(bad))
+    assert rd.metrics.loc[rd.metrics["step"] == 99, field].isna().all()
+    assert rd.metrics.loc[rd.metrics["step"] != 99, field].notna().all()
+    assert rd.warnings == [f"metrics/rank0.jsonl: {field} withheld on 2 lines, steps kept (first: line 11, {first})"]
 
 
 def test_integral_floats_are_integers(tmp_path: Path) -> None:

@@ -237,6 +237,23 @@ def test_manifest_mfu_none_reasons() -> None:
     assert override.peak_source == "argument"
 
 
+def test_hfu_above_the_peak_says_the_peak_is_wrong() -> None:
+    """8192 tokens x 2.0e9 hardware FLOPs / 2 ranks in 100 ms is 8.2e13 FLOP/s:
+    a peak of 1e13 (a CPU peak measured on a loaded machine) gives HFU 819 %,
+    which no device achieves; the result says so instead of passing it as a
+    fraction of the hardware's peak. At the true peak (1e14): 81.9 %, no note."""
+    metrics = metrics_table({0: (100, 100), 1: (100, 100)})
+    low = mfu_from_manifest(manifest(warmup_steps=0, profiled_steps=[],
+                                     peak_flops={"per_s": 1e13, "source": "measured", "detail": "cpu matmul", "dtype": "fp32"}),
+                            metrics)
+    assert low.hfu_median == pytest.approx(8.192)
+    assert [n for n in low.notes if "above 100 %" in n] == [
+        "HFU 819.2% is above 100 %: the peak (1e+13 FLOP/s, cpu matmul) is below the rate the steps achieved, so MFU "
+        "and HFU here are not fractions of the hardware's peak (pass the real peak with --peak-flops)"]
+    right = mfu_from_manifest(manifest(warmup_steps=0, profiled_steps=[]), metrics)
+    assert right.hfu_median == pytest.approx(0.8192) and not [n for n in right.notes if "above 100 %" in n]
+
+
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
 def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
     """A real profiled forward+backward: our count from the trace equals torch's FlopCounterMode."""

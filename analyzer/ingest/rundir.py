@@ -86,26 +86,33 @@ METRICS_RANGES: dict[str, tuple[str, float, float, bool]] = {
     "mfu": ("float", 0.0, 10.0, False),
     "hfu": ("float", 0.0, 10.0, False),
 }
+# Ratios the writer derived from the step's own fields and from run.json (a
+# peak, a FLOP count): out of range, they say the derivation was wrong (a CPU
+# peak measured on a loaded machine reads 1000x low), not that the step is.
+# Such a value is withheld (null) and the step kept; any other field out of
+# range drops the line.
+DERIVED_FIELDS = frozenset({"tokens_per_s", "mfu", "hfu"})
 
 
-def _out_of_range(rec: dict, ranges: dict[str, tuple[str, float, float, bool]]) -> str | None:
-    """The first field of ``rec`` outside its range, described; None when all fit."""
+def _out_of_range(rec: dict, ranges: dict[str, tuple[str, float, float, bool]],
+                  skip: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+    """The first field of ``rec`` (not in ``skip``) outside its range, as (field, description); None when all fit."""
     for name, (kind, low, high, low_inclusive) in ranges.items():
         v = rec.get(name)
-        if v is None:
+        if v is None or name in skip:
             continue
         if kind == "int":
             # An integral float (4e8, as json.dumps writes a float count) is an
             # integer; 1e308 is one too, and fails the int64 range below.
             if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
-                return f"{name} {_show(v)} is not an integer"
+                return name, f"{name} {_show(v)} is not an integer"
         elif isinstance(v, bool) or not isinstance(v, (int, float)):
-            return f"{name} {_show(v)} is not a number"
+            return name, f"{name} {_show(v)} is not a number"
         elif not math.isfinite(v):
-            return f"{name} {_show(v)} is not finite"
+            return name, f"{name} {_show(v)} is not finite"
         if v > high or v < low or (v == low and not low_inclusive):
             bracket = "[" if low_inclusive else "("
-            return f"{name} {_show(v)} is outside {bracket}{low:g}, {high:g}]"
+            return name, f"{name} {_show(v)} is outside {bracket}{low:g}, {high:g}]"
     return None
 
 
@@ -241,7 +248,8 @@ def _read_jsonl(
     """Records of one JSON-lines file; bad lines are skipped and reported
     (a torn last line is what a killed writer leaves behind), and with
     ``ranges`` records with a value out of range are dropped and counted
-    in one warning."""
+    in one warning (a derived ratio, :data:`DERIVED_FIELDS`, is withheld
+    instead and the record kept, counted in a warning per field)."""
     reason = unusable_reason(root / rel)
     if reason is not None:  # a FIFO would block the read for ever
         errors.append(f"{rel}: {reason}; not read")
@@ -254,6 +262,7 @@ def _read_jsonl(
     records = []
     bad: list[tuple[int, str]] = []
     out_of_range: list[tuple[int, str]] = []
+    withheld: dict[str, list[tuple[int, str]]] = {}
     lines = raw.split(b"\n")
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -266,16 +275,26 @@ def _read_jsonl(
         if not isinstance(rec, dict):
             bad.append((i, f"a {type(rec).__name__}, not an object"))
             continue
-        problem = _out_of_range(rec, ranges) if ranges else None
-        if problem is not None:
-            out_of_range.append((i, problem))
-            continue
+        if ranges:
+            problem = _out_of_range(rec, ranges, DERIVED_FIELDS)
+            if problem is not None:
+                out_of_range.append((i, problem[1]))
+                continue
+            while (derived := _out_of_range(rec, {k: ranges[k] for k in DERIVED_FIELDS if k in ranges})) is not None:
+                withheld.setdefault(derived[0], []).append((i, derived[1]))
+                rec[derived[0]] = None
         records.append(rec)
     if out_of_range:
         first_line, first = out_of_range[0]
         n = len(out_of_range)
         warnings.append(
             f"{rel}: {n} line{'s' if n > 1 else ''} with out-of-range values dropped (first: line {first_line}, {first})"
+        )
+    for name, found in sorted(withheld.items()):
+        first_line, first = found[0]
+        n = len(found)
+        warnings.append(
+            f"{rel}: {name} withheld on {n} line{'s' if n > 1 else ''}, steps kept (first: line {first_line}, {first})"
         )
     if bad:
         last_line = max(i for i, line in enumerate(lines, 1) if line.strip())

@@ -265,10 +265,19 @@ def mfu_from_manifest(
     if logged and peak_flops is None:
         rel = (float(steps["mfu"].median()) - logged) / logged
         notes.append(f"reftrain's logged MFU over the same steps: {logged:.4f} ({rel:+.2%} relative)")
+    hfu_median = float(steps["hfu"].median())
+    if hfu_median > 1.0:
+        # No device runs above its peak: the peak is what is wrong (a CPU peak
+        # measured while other processes held the cores reads far low).
+        notes.append(
+            f"HFU {hfu_median:.1%} is above 100 %: the peak ({float(peak):.4g} FLOP/s, "
+            f"{man.peak.detail or man.peak.source or 'run.json'}) is below the rate the steps achieved, so MFU and HFU "
+            "here are not fractions of the hardware's peak (pass the real peak with --peak-flops)"
+        )
     return MfuResult(
         "manifest",
         median=float(steps["mfu"].median()),
-        hfu_median=float(steps["hfu"].median()),
+        hfu_median=hfu_median,
         steps=steps,
         step_time_source=(
             f"metrics JSONL: per-rank step_time_ms, mean over ranks of per-rank MFU, {len(steps)} steady-state step(s) "
