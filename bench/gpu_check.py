@@ -210,8 +210,9 @@ def flop_counter_flops(config: dict[str, Any]) -> tuple[float, float]:
     """torch's FlopCounterMode over one optimizer step (forward and backward of every micro-batch) of the
     run's model: (its total, the same with attention backward at PaLM's 2x forward; see :func:`palm_attention`)."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+    from torch.utils.flop_counter import FlopCounterMode
 
+    from recorder.flops import ADDED_FORMULAS
     from reftrain.config import from_dict
     from reftrain.model import Transformer
 
@@ -221,18 +222,9 @@ def flop_counter_flops(config: dict[str, Any]) -> tuple[float, float]:
     m = cfg.model
     assert m.vocab_size is not None and m.seq_len is not None  # resolved in run.json
     idx = torch.randint(0, m.vocab_size, (cfg.train.micro_batch_size, m.seq_len), device=device)
-    aten = torch.ops.aten
-    # torch's counter has no formula for SDPA's CPU flash kernels (the path SDPA takes on a CPU): the same
-    # formulas as the CUDA flash kernels' (4*B*H*S*S*D forward, twice that backward; causal not halved).
-    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-        return int(sdpa_flop_count(q, k, v))
-
-    def backward(grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-        return int(sdpa_backward_flop_count(grad, q, k, v))
-
-    cpu_flash = {aten._scaled_dot_product_flash_attention_for_cpu: forward,
-                 aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
-    with FlopCounterMode(display=False, custom_mapping=cpu_flash) as counter:
+    # torch's counter has no formula for SDPA's CPU flash kernels (the path SDPA takes on a CPU): the
+    # recorder's, torch's own SDPA counts (causal not halved).
+    with FlopCounterMode(display=False, custom_mapping=ADDED_FORMULAS) as counter:
         for _ in range(cfg.train.grad_accum):
             model(idx, idx).backward()
     total = float(counter.get_total_flops())
