@@ -9,6 +9,7 @@ made it (docs/architecture.md, "Golden files").
 """
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,22 @@ def hta_samples() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.skip(f"real HTA sample traces not found at {SHARED_TRACES} (only in the project's CI and dev machines)")
     return SHARED_TRACES
+
+
+_GUARDED_SIGNALS = tuple(s for s in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, s))
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Fail a test that leaves a signal handler installed in the pytest process.
+
+    A leaked Python SIGTERM handler is inherited by every process the suite
+    forks later, which then survive ``terminate()`` while blocked in a write:
+    the analyzer's parse pool waited forever on such a worker in CI.
+    """
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _GUARDED_SIGNALS}
+    yield
+    leaked = [name for name in _GUARDED_SIGNALS if signal.getsignal(getattr(signal, name)) is not before[name]]
+    for name in leaked:
+        signal.signal(getattr(signal, name), before[name])
+    assert not leaked, f"the test left its own handler for {', '.join(leaked)} installed (restored now)"

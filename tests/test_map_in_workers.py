@@ -145,3 +145,28 @@ def test_a_worker_that_dies_costs_its_file_only(folder: Path, monkeypatch) -> No
                 got[f.name] = str(err)
     assert got == {"killer.json.gz": "killer.json.gz: the parse worker died (killed by SIGKILL (out of memory?))",
                    "rank0.json.gz": 0, "rank1.json.gz": 1, "rank2.json.gz": 2, "rank3.json.gz": 3}
+
+
+def _sigterm_disposition(path, entry):
+    import signal
+
+    return signal.getsignal(signal.SIGTERM)
+
+
+def test_workers_take_sigterm_by_default_whatever_the_parent_installed(folder: Path, monkeypatch) -> None:
+    """A training job's recorder installs a Python SIGTERM handler; forked parse workers must not inherit it.
+
+    A worker running such a handler survived the pool's terminate() while blocked
+    writing a result nobody read, and the suite waited on it forever.
+    """
+    import signal
+
+    monkeypatch.setattr(jobs, "start_method", lambda: "fork")
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        files = sorted(folder.glob("*.json.gz"))[:2]
+        with jobs.ParseJobs(files, workers=2, task=_sigterm_disposition) as pending:
+            got = [pending.take(f) for f in files]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [signal.SIG_DFL, signal.SIG_DFL]

@@ -126,7 +126,7 @@ class ParseJobs:
         # The parse bounds (analyzer/ingest/limits.py) travel in the environment; a
         # forkserver's children have the server's, so hand them over.
         self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(self.method),
-                                         initializer=limits.use_environment, initargs=(limits.environment(),))
+                                         initializer=_start_worker, initargs=(limits.environment(),))
         for f in files:
             self._pending[f] = self._pool.submit(task, named[f], self._entries.get(f))
 
@@ -191,11 +191,13 @@ class ParseJobs:
         if pool is None:
             return
         # ProcessPoolExecutor.shutdown waits for running tasks (and Python
-        # 3.11 has no terminate_workers()): stop the processes first.
+        # 3.11 has no terminate_workers()): stop the processes first. SIGKILL,
+        # not SIGTERM: a worker blocked writing a result nobody reads (the
+        # pool broke while it parsed) must die even if it runs a handler.
         processes = list((getattr(pool, "_processes", None) or {}).values())
         for proc in processes:
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()
         pool.shutdown(wait=True, cancel_futures=True)
         for proc in processes:
             proc.join()
@@ -207,9 +209,20 @@ class ParseJobs:
         self.close()
 
 
-def _parse_to_pipe(conn, path: Path, entry: Path | None, limits_env: dict | None = None, task: Task = parse_file) -> None:
+def _start_worker(limits_env: dict[str, str | None] | None) -> None:
+    """A worker's first act: the parent's parse bounds, and SIGTERM's default action.
+
+    A forked worker inherits the parent's Python signal handlers (a training
+    job's recorder installs one for SIGTERM); under one of those a worker
+    would outlive the scheduler's SIGTERM that was meant to end it.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if limits_env is not None:
         limits.use_environment(limits_env)
+
+
+def _parse_to_pipe(conn, path: Path, entry: Path | None, limits_env: dict | None = None, task: Task = parse_file) -> None:
+    _start_worker(limits_env)
     try:
         result = (True, task(path, entry))
     except TraceError as err:
