@@ -13,6 +13,7 @@ import gzip
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +41,14 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'trainperf[ray]')")
+    # ray.init() installs its own SIGTERM handler in the driver and ray.shutdown()
+    # leaves it there: put the suite's back, or every process forked later inherits it.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     yield ray
     if ray.is_initialized():
         ray.shutdown()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 def _bad_and_good(tmp_path: Path) -> Path:
