@@ -1,8 +1,8 @@
-"""Caches that cannot go stale (issue 17, item 4).
+"""Caches that cannot go stale.
 
-The defect: both caches keyed on path, size and mtime, so a trace edited
-in place with its size kept and its mtime set back (``touch -d``, ``cp -p``,
-a restore) replayed the old numbers with no warning. Each test here makes
+The hazard: a cache keyed on path, size and mtime alone replays the old
+numbers with no warning for a trace edited in place with its size kept and
+its mtime set back (``touch -d``, ``cp -p``, a restore). Each test here makes
 exactly that edit, restores the mtime to the nanosecond with ``os.utime``,
 and requires the new numbers.
 """

@@ -167,7 +167,7 @@ def test_fp8_has_its_own_peak_and_none_where_no_fp8_units() -> None:
 
 
 def test_analyzer_never_imports_reftrain() -> None:
-    """The peak table lives in the analyzer; reftrain imports it (issue 16: one import direction)."""
+    """The peak table lives in the analyzer; reftrain imports it: one import direction."""
     import subprocess
     import sys
 
@@ -306,7 +306,7 @@ def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------
-# FLOPs counted once, validated, with coverage (issue 10, items 2-3)
+# FLOPs counted once, validated, with coverage
 # ---------------------------------------------------------------------------
 
 # The shapes an NCCL training trace recorded: an aten::linear whose input and
