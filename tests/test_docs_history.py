@@ -84,3 +84,31 @@ def test_no_module_cites_an_issue_number() -> None:
 def test_the_pending_modules_cite_no_issue_number() -> None:
     offenders = _offenders(sorted(PENDING & set(_modules())))
     assert not offenders, f"comments or docstrings citing an issue number (file: lines): {offenders}"
+
+
+# `docs/<name>.md, "Heading"` or `docs/<name>.md "Heading"` in code and docs: the reader is sent to a
+# section, so the section must exist when the docs are reorganized.
+DOC_SECTION = re.compile(r'docs/(\w+)\.md,?\s*\(?"([^"\n]+)"')
+
+
+def _section_names(doc: Path) -> list[str]:
+    """A doc's headings, bold run-in labels (``**A metric.**``) and code spans, lower-cased."""
+    text = doc.read_text(encoding="utf-8")
+    names = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    names += re.findall(r"\*\*([^*]+)\*\*", text) + re.findall(r"`([^`]+)`", text)
+    return [n.lower() for n in names]
+
+
+def test_every_named_doc_section_exists() -> None:
+    sections = {d.stem: _section_names(d) for d in (REPO / "docs").glob("*.md")}
+    if not sections:
+        pytest.skip("docs/ is not in this checkout")
+    files = [p for pkg in (*PACKAGES, "tests", "bench", "docs") for p in (REPO / pkg).rglob("*")
+             if p.suffix in (".py", ".md") and "golden" not in p.parts and "results" not in p.parts]
+    missing = []
+    for f in files:
+        for m in DOC_SECTION.finditer(f.read_text(encoding="utf-8")):
+            doc, name = m.group(1), m.group(2).lower()
+            if not any(name in s for s in sections.get(doc, [])):
+                missing.append(f"{f.relative_to(REPO)}: docs/{doc}.md, {m.group(2)!r}")
+    assert not missing, "references to doc sections that do not exist:\n" + "\n".join(missing)
