@@ -54,7 +54,7 @@ The browser is Debian's chromium driven by Playwright (headless), like the
 e2e test, with a persistent profile in a fresh folder per input and state
 (HTTP and V8 code caches on disk, as in a user's browser); ``--incognito``
 uses Playwright's incognito contexts instead. Neither the server start
-nor the browser start is timed. Goal (issue 4): under 3 s cold and under 1 s
+nor the browser start is timed. Goal: under 3 s cold and under 1 s
 warm on a 2-core machine.
 
     .venv/bin/python bench/bench_dashboard.py [--repeat 3] [--incognito] [--trace FILE] [--no-1024] [--json bench/out/dashboard.json]

@@ -1,4 +1,4 @@
-"""Suggestions on traces this project did not produce (issue 18 item 4).
+"""Suggestions on traces this project did not produce.
 
 For every trace file under the shared traces folder (each file read as its
 own run): the device/host breakdown's parts (share of the step), the top three

@@ -309,8 +309,8 @@ def test_real_slow_rank_run_the_fast_rank_waits_at_the_all_reduce() -> None:
     """traces/example-ddp-w2-slow-rank1: 2 CPU ranks, rank 1 delayed 300 ms in forward every step.
 
     In step 6 rank 0 issues its all-reduce about 361 ms before rank 1 and its
-    training thread blocks at the end of backward(); that wait used to count
-    as rank 0's backward (1184 ms, more than the slow rank's 895 ms).
+    training thread blocks at the end of backward(); that wait is not rank 0's
+    backward (counted as backward it would be 1184 ms, more than the slow rank's 895 ms).
     """
     if not EXAMPLE_SLOW.is_dir():
         pytest.skip(f"{EXAMPLE_SLOW} not in this checkout")

@@ -1,11 +1,11 @@
-"""``analyze()`` from plain scripts, guarded or not (issue 13).
+"""``analyze()`` from plain scripts, guarded or not.
 
-The defect: ``analyze()`` at the top level of a script without an
+The hazard: ``analyze()`` at the top level of a script without an
 ``if __name__ == "__main__":`` guard, on a folder of several files over
-8 MB (so the parse runs in worker processes), hung with repeated
+8 MB (so the parse runs in worker processes), can hang with repeated
 "bootstrapping phase" tracebacks: importing the analyzer starts numpy's
-threads, so workers started with forkserver, which imports the main
-script again in each worker, which called ``analyze()`` again. Each test
+threads, so workers start with forkserver, which imports the main
+script again in each worker, which calls ``analyze()`` again. Each test
 runs a real script in a subprocess with a timeout and checks its numbers.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """recorder.manifest.earlier_attempt_files: what the attempts before a restart left on disk.
 
-A job restarted twice (attempt 2 running) must list the traces of attempts 0 and 1; the
-glob of attempt 1 (traces/attempt1/*/...) used to be filtered by the rule meant for attempt
-0's glob (skip traces/attempt*/), so every trace of attempt 1 and later was left out of
+A job restarted twice (attempt 2 running) must list the traces of attempts 0 and 1: the
+glob of attempt 1 (traces/attempt1/*/...) must not be filtered by the rule meant for attempt
+0's glob (skip traces/attempt*/), which would leave every trace of attempt 1 and later out of
 run.json's files.traces. Files only; nothing is timed.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dashboard's History page in a real browser (issue 15 item 3): ten runs, one of them
+"""The dashboard's History page in a real browser: ten runs, one of them
 with an injected slow rank, and the change points marked where the gate finds them.
 
 The runs are copies of the two example runs moved in time (tests/test_history.py's

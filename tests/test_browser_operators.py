@@ -1,4 +1,4 @@
-"""The Operators and Modules pages in a real browser (issue 11 item 7): the
+"""The Operators and Modules pages in a real browser: the
 `dashboard` server over the synthetic two-rank H100 trace with shapes, modules
 and a backward pass (tests/test_dashboard_operators.py), headless Chromium.
 

@@ -1,4 +1,4 @@
-"""The HTML report in a real browser (issue 15 item 6): it fits a 1,280 px window, and its
+"""The HTML report in a real browser: it fits a 1,280 px window, and its
 stragglers and suggestions are tables, not preformatted text.
 
 `analyzer report --html` of the example run with a slowed rank (a flagged straggler and

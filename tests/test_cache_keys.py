@@ -1,8 +1,8 @@
-"""Caches that cannot go stale (issue 17, item 4).
+"""Caches that cannot go stale.
 
-The defect: both caches keyed on path, size and mtime, so a trace edited
-in place with its size kept and its mtime set back (``touch -d``, ``cp -p``,
-a restore) replayed the old numbers with no warning. Each test here makes
+The hazard: a cache keyed on path, size and mtime alone replays the old
+numbers with no warning for a trace edited in place with its size kept and
+its mtime set back (``touch -d``, ``cp -p``, a restore). Each test here makes
 exactly that edit, restores the mtime to the nanosecond with ``os.utime``,
 and requires the new numbers.
 """
@@ -57,7 +57,7 @@ def test_parse_cache_misses_an_in_place_edit_with_the_mtime_restored(tmp_path: P
     assert _sgemm_total_us(folder, cache) == 600.0  # a hit: same numbers
     assert len(list(cache.glob("rank0.json.*.npz"))) == 1
     _edit_keeping_size_and_mtime(trace, _trace(500))
-    assert _sgemm_total_us(folder, cache) == 1500.0  # the old code replayed 600.0
+    assert _sgemm_total_us(folder, cache) == 1500.0  # a cache keyed on mtime would replay 600.0
     assert len(list(cache.glob("rank0.json.*.npz"))) == 1  # the stale entry was replaced, not kept
 
 
@@ -80,7 +80,7 @@ def test_report_cache_misses_an_in_place_edit_with_the_mtime_restored(tmp_path: 
     assert list((folder / locate.CACHE_DIRNAME).glob("report.*.json"))
     _edit_keeping_size_and_mtime(trace, _trace(500))
     after = report()
-    assert after != before  # the old code replayed `before`
+    assert after != before  # a cache keyed on mtime would replay `before`
     assert after == report("--no-cache")  # and it is what a fresh analysis gives
 
 

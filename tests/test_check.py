@@ -69,8 +69,8 @@ def test_ten_percent_slower_with_low_noise_fails():
 
 
 def test_ten_percent_slower_but_interleaved_is_inconclusive_not_pass():
-    # The old gate's defect (issue 9): a drop beyond the threshold that the
-    # test could not confirm was a PASS. It is now "inconclusive".
+    # A drop beyond the threshold that the test cannot confirm is
+    # "inconclusive", never a PASS.
     base = [0.20, 0.30, 0.40, 0.50, 0.60]
     cand = [0.9 * v for v in (0.40, 0.20, 0.60, 0.30, 0.50)]
     result = check_samples(_samples(base), _samples(cand))

@@ -1,9 +1,8 @@
-"""run.json lists the complete checkpoints on disk however the run ended (issue 17, item 6).
+"""run.json lists the complete checkpoints on disk however the run ended.
 
-The defect: a run killed at step 432 with 21 complete checkpoints recorded
-``files.checkpoints: []``, because the list was only written when the run
-completed. Now each save rewrites it as it completes, and the launcher's
-``mark_failed`` lists what is on disk.
+A run killed at step 432 with 21 complete checkpoints must not record
+``files.checkpoints: []``: each save rewrites the list as it completes, and
+the launcher's ``mark_failed`` lists what is on disk.
 """
 from __future__ import annotations
 

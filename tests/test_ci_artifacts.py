@@ -1,4 +1,4 @@
-"""CI artifacts of `analyzer check` and `compare` (analyzer/verbs/ci_artifacts.py; docs/ci.md; issue 15).
+"""CI artifacts of `analyzer check` and `compare` (analyzer/verbs/ci_artifacts.py; docs/ci.md).
 
 On synthetic trace folders with exact timings (tests/test_compare.py's write_run: the
 candidate's steps are 1.2 ms instead of 1.0 ms, MFU 20.00 % -> 16.67 %) and a drifting

@@ -314,8 +314,8 @@ def _analyzer(*argv: str) -> subprocess.CompletedProcess:
 def reftrain_runs(tmp_path_factory) -> dict[str, Path]:
     """A clean 2-rank run (profiled) and one with every rank's forward and backward 6x slower (not profiled).
 
-    Why 6x: this test must pass on any machine under any load (issue 9: a
-    1.5x injection once measured +17.5 % under load and the gate passed it).
+    Why 6x: this test must pass on any machine under any load (a 1.5x
+    injection measured +17.5 % under load, which the gate may pass).
     Forward + backward are about 3/4 of a tiny CPU step, so 6x makes the
     step about 4-5x longer (an 80 % drop). The gate calls a drop no larger
     than the runs' own split-half noise inconclusive; 3x (a ~60 % drop) was

@@ -1,4 +1,4 @@
-"""compare() and check's paragraph name what got slower by op and by module (issue 11 item 6).
+"""compare() and check's paragraph name what got slower by op and by module.
 
 A synthetic GPU run with exact answers (tests/synth.py): one block with an
 attention and an MLP module; the candidate's attention backward GEMM is

@@ -1,5 +1,5 @@
 """The analyzer installs and runs without torch, the dashboard's libraries or
-the test tools (issue 13: dependencies split by use).
+the test tools: dependencies are split by use.
 
 A fresh virtual environment per test would cost a minute of installs, so the
 "not installed" state is simulated: a meta-path finder in a subprocess makes

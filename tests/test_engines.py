@@ -1,4 +1,4 @@
-"""The per-rank map on both engines (analyzer/engines.py, docs/loading.md "Engines"; issue 12 item 2).
+"""The per-rank map on both engines (analyzer/engines.py, docs/loading.md "Engines").
 
 The report must not depend on where the map ran: the same folders are
 analyzed on the local engine and on a local Ray instance and their whole

@@ -1,4 +1,4 @@
-"""A run directory's file names have one definition each (issue 16 item 5), in
+"""A run directory's file names have one definition each, in
 analyzer.ingest.formats: the names reftrain writes are the names the readers match."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the loader (issue 13, item 6).
+"""Property-based fuzzing of the loader.
 
 The property: whatever the bytes of a file named like a trace, loading a
 folder that holds it next to a good rank never raises, names that file in

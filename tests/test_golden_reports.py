@@ -1,4 +1,4 @@
-"""Golden reports (issue 16 item 6): the whole JSON report of a few fixed inputs,
+"""Golden reports: the whole JSON report of a few fixed inputs,
 checked in under ``tests/golden/`` and compared whole.
 
 The document is the one ``analyzer report --json`` writes (``analyze`` ->

@@ -1,4 +1,4 @@
-"""Cross-check the idle-time breakdown and the kernel launch statistics against HTA (issue 11 item 4).
+"""Cross-check the idle-time breakdown and the kernel launch statistics against HTA.
 
 HTA (traceinsight) runs here on the shared real GPU traces with
 ``include_last_profiler_step=True``, the window of our figures

@@ -1,7 +1,7 @@
-"""A bad-input corpus over every verb (issue 17, item 7; issue 13, item 6).
+"""A bad-input corpus over every verb.
 
 Generated at test time (a few MB on disk): every hostile or broken input
-of issue 17 (multi-member gzip, a gzip bomb, a 1 GiB string in a 1 MB
+the readers must survive (multi-member gzip, a gzip bomb, a 1 GiB string in a 1 MB
 gzip, 100,000-deep nesting in three places, ts/dur 1e308 and strings, NaN,
 metrics lines out of range, a FIFO, a socket, a device, symlink loops)
 plus truncated, zero-byte, invalid JSON and wrong types.

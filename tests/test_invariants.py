@@ -1,4 +1,4 @@
-"""Invariants over the registries (issue 16 item 6), not over hand-picked members.
+"""Invariants over the registries, not over hand-picked members.
 
 * Every suggestion rule (``analyzer.verbs.suggest.engine.RULES``, filled by the
   rule modules as they are imported) returns None on empty facts, and none

@@ -1,4 +1,4 @@
-"""analyzer.jsontext: the one JSON sanitizer of every ``to_json`` (issue 16 item 5), the one text
+"""analyzer.jsontext: the one JSON sanitizer of every ``to_json``, the one text
 of a document's input, and the writer."""
 from __future__ import annotations
 

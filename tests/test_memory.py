@@ -1,4 +1,4 @@
-"""Peak memory per step and rank, and the memory timeline (analyzer.metrics.memory; issue 11 item 5).
+"""Peak memory per step and rank, and the memory timeline (analyzer.metrics.memory).
 
 Exact answers on synthetic ``[memory]`` events (tests/synth.py) and on hand-made
 metrics records; the parse of real ``profile_memory=True`` traces against a

@@ -1,5 +1,5 @@
 """reftrain's model names its blocks, attention and MLP as module ranges; the analyzer's module tree shows
-each block's forward and backward (issue 11 item 3). A real torch.profiler trace of two training steps
+each block's forward and backward. A real torch.profiler trace of two training steps
 of the tiny model on CPU, read by the analyzer."""
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_memcpy_memset_and_comm_come_from_the_kind_and_top_kernels_carry_the_cla
 
 
 def test_collective_kind_from_host_annotation_before_kernel_name() -> None:
-    """NCCL runs all_to_all as SendRecv kernels: the host range names the collective (issue 10, item 6)."""
+    """NCCL runs all_to_all as SendRecv kernels: the host range names the collective."""
     from analyzer.metrics.taxonomy import collective_kinds
 
     def host(name, s, e, **kw):
@@ -175,7 +175,7 @@ def test_collective_kind_from_host_annotation_before_kernel_name() -> None:
 
 
 def test_kernel_totals_use_the_analysis_window_of_overlap_and_idle() -> None:
-    """Two steps: a kernel launched after the last step ends (profiler flushing) is not in the totals (issue 10, item 7)."""
+    """Two steps: a kernel launched after the last step ends (profiler flushing) is not in the totals."""
     def ev(cat, name, s, e, corr=-1, tid=1):
         return {"rank": 0, "cat": cat, "name": name, "pid": 0 if cat == "kernel" else 1, "tid": tid,
                 "start_ns": s, "end_ns": e, "correlation": corr}
@@ -188,7 +188,7 @@ def test_kernel_totals_use_the_analysis_window_of_overlap_and_idle() -> None:
     ])
     steps = pd.DataFrame({"step": [1, 2], "start_ns": [0, 100], "end_ns": [100, 200]})
     table = top_kernels(events, steps, 0)
-    assert table["count"].tolist() == [2]  # old code: 3 (every device event)
+    assert table["count"].tolist() == [2]  # 3 with the kernel launched after the last step
     assert table["total_ms"].tolist() == [80 / 1e6]
 
 

@@ -167,7 +167,7 @@ def test_fp8_has_its_own_peak_and_none_where_no_fp8_units() -> None:
 
 
 def test_analyzer_never_imports_reftrain() -> None:
-    """The peak table lives in the analyzer; reftrain imports it (issue 16: one import direction)."""
+    """The peak table lives in the analyzer; reftrain imports it: one import direction."""
     import subprocess
     import sys
 
@@ -306,7 +306,7 @@ def test_trace_shape_flops_match_torch_flop_counter(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------
-# FLOPs counted once, validated, with coverage (issue 10, items 2-3)
+# FLOPs counted once, validated, with coverage
 # ---------------------------------------------------------------------------
 
 # The shapes an NCCL training trace recorded: an aten::linear whose input and
@@ -338,7 +338,7 @@ def test_inconsistent_linear_is_not_counted_its_addmm_is_and_it_is_listed() -> N
     # Host-only (no kernels): the linear falls back to its child.
     rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
     assert rf.attribution == "host-ops"
-    assert rf.steps["flops"].tolist() == [ADDMM_FLOPS]  # old code: 2*2048*160*606*2048 = 8.13e11
+    assert rf.steps["flops"].tolist() == [ADDMM_FLOPS]  # the inconsistent linear, counted from its shapes, would give 2*2048*160*606*2048 = 8.13e11
     assert [(i["name"], i["count"]) for i in rf.inconsistent] == [("aten::linear", 1)]
     # Kernel attribution: the GEMM launched inside the addmm is charged to it, once.
     records += [launch(5, 30), kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 5, 200, 400),

@@ -1,4 +1,4 @@
-"""Jupyter summaries: RunAnalysis._repr_html_ and Comparison._repr_html_ (issue 15 item 5)."""
+"""Jupyter summaries: RunAnalysis._repr_html_ and Comparison._repr_html_."""
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,4 @@
-"""Format eras (issue 10, items 1 and 4): the TensorBoard-plugin era's
+"""Format eras: the TensorBoard-plugin era's
 categories and ``computeProperties``, and ``displayTimeUnit: "ns"``."""
 from __future__ import annotations
 

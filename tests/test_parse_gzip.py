@@ -1,4 +1,4 @@
-"""Reading trace files as a bounded stream (issue 17, item 1).
+"""Reading trace files as a bounded stream.
 
 Multi-member gzip files are read like ``gzip -dc`` reads them; a file over a
 bound (decompressed size, longest JSON piece) is one error naming the flag

@@ -1,4 +1,4 @@
-"""Each stage of reading events, alone (issue 16, item 4): reading the
+"""Each stage of reading events, alone: reading the
 bytes (analyzer.ingest.parse.read), the splitter (JSON text -> decoded event
 lists, parse.split and parse.decode), the row rules (parse.classify), the
 column builder (events -> typed columns, parse.columns), and the file-level

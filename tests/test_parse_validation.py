@@ -1,5 +1,4 @@
-"""Hostile nesting and out-of-range values at the parse edge (issue 17,
-items 2 and 3): each is one file's error or one warning, never a
+"""Hostile nesting and out-of-range values at the parse edge: each is one file's error or one warning, never a
 traceback, a RecursionError or a numpy warning."""
 from __future__ import annotations
 

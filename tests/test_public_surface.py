@@ -1,4 +1,4 @@
-"""The public surface, frozen in one checked-in snapshot (issue 16 item 6), so that a change to it
+"""The public surface, frozen in one checked-in snapshot, so that a change to it
 is deliberate: ``tests/golden/public_surface.json`` holds
 
 * ``api``: ``analyzer.__all__``, and for each of its names and each public name

@@ -1,4 +1,4 @@
-"""The rank-summary cache (analyzer/rankcache.py; docs/loading.md "Cache"; issue 12 item 1).
+"""The rank-summary cache (analyzer/rankcache.py; docs/loading.md "Cache").
 
 A second analysis of unchanged traces must give the same whole report
 without running the per-rank map (nothing reads a trace); a changed file, a

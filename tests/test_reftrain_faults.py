@@ -128,7 +128,7 @@ def wait_for_steps(proc: subprocess.Popen, run: Path, steps: int) -> None:
 
 
 # DataLoader workers get the SIGTERM too (the agent signals each rank's process group);
-# with workers they used to die first and fail the rank ("DataLoader worker exited unexpectedly").
+# they must not die first and fail the rank ("DataLoader worker exited unexpectedly").
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path, preempt_baseline: dict, workers: int) -> None:
     name = f"preempted_w{workers}"

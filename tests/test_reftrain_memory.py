@@ -1,5 +1,5 @@
-"""reftrain's `profile.memory` switch: torch.profiler records [memory] events that the analyzer reads
-(issue 11 item 5). Three training steps of the tiny model on CPU (one profiler warm-up, two recorded),
+"""reftrain's `profile.memory` switch: torch.profiler records [memory] events that the analyzer reads.
+Three training steps of the tiny model on CPU (one profiler warm-up, two recorded),
 in this process, through reftrain's own StepProfiler; the analyzer's peaks equal a plain JSON read
 of the same trace."""
 from __future__ import annotations

@@ -181,7 +181,7 @@ def test_closing_unfinished_jobs_stops_the_workers(tmp_path: Path) -> None:
 
 
 def test_nothing_a_worker_does_ends_the_analysis(run: Path, monkeypatch) -> None:
-    """Issue 17: a RecursionError in a worker made every verb exit 3. Now an
+    """A RecursionError in a worker does not make every verb exit 3: an
     exception is that file's error, and a worker that dies (the OOM killer's
     SIGKILL) costs only the file that killed it: the others, whose pool broke
     with it, are parsed again one by one."""

@@ -33,9 +33,11 @@ def _dims(d) -> str:
 
 
 def _shapes(rows, concrete: bool = False) -> pd.DataFrame:
-    """A shapes table as the attribution's (``concrete``: rows carry a concrete_inputs value; else a summary
-    from before MAP_VERSION 10, without the column)."""
-    keys = ["op", "backward", "input_dims", "input_types"] + (["concrete_inputs"] if concrete else [])
+    """A shapes table as the attribution's (``concrete``: rows carry a concrete_inputs value; else
+    they leave it out and get "", the value of an op recorded without concrete inputs)."""
+    if not concrete:
+        rows = [(*row[:4], "", *row[4:]) for row in rows]
+    keys = ["op", "backward", "input_dims", "input_types", "concrete_inputs"]
     return pd.DataFrame(rows, columns=keys + ["calls", "n_kernels", "device_ms"])
 
 

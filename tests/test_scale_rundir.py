@@ -1,5 +1,5 @@
 """A reftrain run directory of 1,024 ranks, generated from a real 2-rank run,
-read by the analyzer (issue 12 item 5).
+read by the analyzer.
 
 Many gloo ranks cannot run on 2 cores, so the files a 1,024-rank run would
 write are generated from traces/example-ddp-w2 (a real 2-rank reftrain run):

@@ -313,7 +313,7 @@ def test_lower_bound_mfu_is_reported_with_its_coverage_and_never_fed_to_a_rule(t
 
 
 def test_a_step_window_past_the_trace_is_clipped_flagged_and_never_fed_to_a_rule(tmp_path):
-    """Issue 10, item 5: a ProfilerStep ending 13 s after the last event was taken as a 13.3 s step."""
+    """A ProfilerStep ending 13 s after the last event is clipped to the trace, never taken as a 13.3 s step."""
     t = KinetoTrace(rank=0, world_size=1, distributed=False)
     for s, dur in ((1, 10_000), (2, 13_336_000)):  # us: the second marker runs 13.3 s past its 10 ms of work
         base = (s - 1) * 10_000

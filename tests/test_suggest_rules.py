@@ -275,7 +275,7 @@ def test_launch_bound_grows_the_batch_while_the_device_idles():
 
 
 def test_launch_bound_scales_all_to_all_with_the_batch():
-    """Issue 10 item 6: an embedding job's all-to-all grows with the batch; the what-if must not hold it constant."""
+    """An embedding job's all-to-all grows with the batch; the what-if must not hold it constant."""
     ks = KernelFacts(n_per_step=100, gemm_ms_per_step=1.0, kernel_ms_per_step=4.0, short_share=0.1, mean_us=40.0,
                      comm_ms_per_step=2.0, batch_comm_ms_per_step=2.0)  # every collective an all-to-all
     f = trace_facts(shares={"idle": 0.5, "compute": 0.2, "exposed_comm": 0.3}, kernels=ks)

@@ -1,4 +1,4 @@
-"""One synthetic job written in every format era, with exact answers (tests/synth.py, issue 10).
+"""One synthetic job written in every format era, with exact answers (tests/synth.py).
 
 Each step of 1000 us holds: a consistent ``aten::linear`` -> ``aten::addmm``
 with its GEMM (200 us), the same with the linear's shapes inconsistent

@@ -1,4 +1,4 @@
-"""Both trace layouts of a reftrain run directory (docs/rundir.md, "Traces").
+"""Both trace layouts of a reftrain run directory (docs/rundir.md, the `traces/` rows of the layout).
 
 New runs write one folder per profiler window, ``traces/step{N}/rank{R}.pt.trace.json.gz``;
 older runs (and the examples under traces/ in the repository) hold

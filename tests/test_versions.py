@@ -1,4 +1,4 @@
-"""Every command answers --version with the installed trainperf version (issue 15, item 6)."""
+"""Every command answers --version with the installed trainperf version."""
 from __future__ import annotations
 
 from importlib import metadata

@@ -57,10 +57,10 @@ TELEMETRY_COLUMNS: dict[str, str] = {
     "temp_c": "float64",
     "throttle_reasons": "object",
 }
-# Ranges of the metrics fields that enter a table (issue 17): a line with a
-# value outside them is dropped and counted, not averaged in. One corrupt
-# line (step 1e308, step_time_ms -5, mfu 1e308) otherwise added a step and
-# made `check` fail on "MFU must be positive", disabling the CI gate.
+# Ranges of the metrics fields that enter a table: a line with a value
+# outside them is dropped and counted, not averaged in. Otherwise one corrupt
+# line (step 1e308, step_time_ms -5, mfu 1e308) would add a step and make
+# `check` fail on "MFU must be positive", disabling the CI gate.
 # Absent or null fields are not checked (older writers omit some).
 _INT64_MAX = 2**63 - 1
 _DAY_MS = 86_400_000.0  # no step lasts a day; a larger value is corruption

@@ -2,7 +2,7 @@
 
 The one peak table of the project: the analyzer rates trace MFU against it
 and reftrain (``reftrain.flops``) imports it from here, so data flows one
-way (reftrain -> analyzer, never back; docs/mfu.md, "Peak table").
+way (reftrain -> analyzer, never back; docs/mfu.md, "The peak").
 
 Dtype keys: ``bf16`` and ``fp16`` (16-bit tensor-core math), ``fp8``
 (e4m3/e5m2 tensor cores), ``tf32`` (fp32 matmuls on tensor cores), ``fp32``

@@ -1,7 +1,7 @@
 """FLOPs of the FLOP table's host ops (GEMM, convolution, attention) from the shapes the profiler recorded.
 
 Used for MFU and HFU on traces that come without a manifest
-(docs/metrics.md, "MFU from trace shapes"). The formulas, one per op, are
+(docs/metrics.md, "Source `trace-shapes`"). The formulas, one per op, are
 the FLOP table's (:mod:`analyzer.metrics.flop_table`), which the roofline
 reads too.
 

@@ -201,18 +201,14 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
                      "or one taken without record_shapes=True)")
         return Roofline(empty_frame(POINT_COLUMNS), empty_frame(OP_COLUMNS), empty_frame(ROOF_COLUMNS), device_name,
                         None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source, 0.0, 0.0, notes)
-    if "calls" not in shapes.columns:
-        raise ValueError("the shapes table has no calls column (a rank summary from before MAP_VERSION 7)")
     rows = []
     tf32 = _tf32_ops(op_kernels)
     unfit: dict[str, int] = {}
     cache: dict[tuple[str, str, str, str], CallCost | None] = {}
     no_backward: dict[str, int] = {}
-    # Summaries from before MAP_VERSION 10 have no concrete_inputs column: no is_causal known.
-    concrete_col = shapes["concrete_inputs"] if "concrete_inputs" in shapes.columns else pd.Series("", index=shapes.index)
     causal_calls: dict[str, int] = {}
     for op, backward, dims_json, types_json, concrete_json, calls, device_ms in zip(
-            shapes["op"], shapes["backward"], shapes["input_dims"], shapes["input_types"], concrete_col,
+            shapes["op"], shapes["backward"], shapes["input_dims"], shapes["input_types"], shapes["concrete_inputs"],
             shapes["calls"], shapes["device_ms"]):
         key = (str(op), str(dims_json), str(types_json), str(concrete_json))
         if key not in cache:

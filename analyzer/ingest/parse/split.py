@@ -1,6 +1,6 @@
 """Stage 2 of reading a trace, the streaming half: a file's text is cut at
 event boundaries into blocks that :func:`analyzer.ingest.parse.decode.decode_events`
-decodes one at a time (docs/loading.md, "Reading one file")."""
+decodes one at a time (docs/loading.md, "Speed and memory")."""
 from __future__ import annotations
 
 import re
