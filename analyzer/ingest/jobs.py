@@ -25,7 +25,7 @@ How workers start (:func:`start_method`, docs/loading.md):
   worker, which calls ``analyze()`` again before it has finished
   bootstrapping ("An attempt has been made to start a new process before
   the current process has finished its bootstrapping phase"): the pool
-  restarted its dying workers for ever (issue 13). Also from a daemonic
+  restarted its dying workers for ever. Also from a daemonic
   process (a worker of the caller's own pool), which may not have children.
 
 Whatever a worker raises, or a worker that dies (killed by the kernel's OOM

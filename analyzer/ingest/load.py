@@ -434,7 +434,7 @@ def load_traces(
 
 def _add_rank(loaded: dict[Path, RankTrace], result: TraceSet, f: Path, parsed: ParsedTrace) -> None:
     """Build the rank's tables; a failure there is this file's error line,
-    not the end of the analysis (issue 17: nothing one file does ends it)."""
+    not the end of the analysis: nothing one file does ends it."""
     try:
         loaded[f] = rank_trace(parsed)
     except TraceError as err:

@@ -57,7 +57,7 @@ TELEMETRY_COLUMNS: dict[str, str] = {
     "temp_c": "float64",
     "throttle_reasons": "object",
 }
-# Ranges of the metrics fields that enter a table (issue 17): a line with a
+# Ranges of the metrics fields that enter a table: a line with a
 # value outside them is dropped and counted, not averaged in. One corrupt
 # line (step 1e308, step_time_ms -5, mfu 1e308) otherwise added a step and
 # made `check` fail on "MFU must be positive", disabling the CI gate.

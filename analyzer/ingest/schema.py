@@ -16,7 +16,7 @@ HOST_KINDS = ("cpu_op", "cpu_comm", "annotation", "runtime", "other")
 KINDS = DEVICE_KINDS + HOST_KINDS
 
 # HTA matches "nccl" by prefix in places and misses ``ncclDevKernel_*``;
-# we match nccl/rccl anywhere, case-insensitively (issue: analyzer loading).
+# we match nccl/rccl anywhere, case-insensitively.
 # Searched in the lower-cased name (Python's re with IGNORECASE is several times slower on kernel
 # names of a few hundred characters; classify runs once per distinct (category, name) of every trace).
 COMM_KERNEL_RE = re.compile(r"nccl|rccl")

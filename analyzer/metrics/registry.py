@@ -136,7 +136,7 @@ def metric(fn: Callable[..., Any], params: Mapping[str, Any] | None = None, echo
 
 
 METRICS: tuple[Metric, ...] = (
-    # attribution: kernels to ops, modules and annotations (issue 11)
+    # attribution: kernels to ops, modules and annotations
     metric(attribution.attribute, events="events", steps="steps"),
     metric(attribution.rank_attribution, events="events", steps="steps"),
     metric(attribution.run_attribution, parts="rank_attribution"),
@@ -162,7 +162,7 @@ METRICS: tuple[Metric, ...] = (
     metric(curves.report_html, manifest="manifest", metrics="metrics"),
     # goodput
     metric(goodput.goodput, manifest="manifest", metrics="metrics"),
-    # idle: why the GPU is idle (issue 11 item 4)
+    # idle: why the GPU is idle
     metric(idle.window_device, events="events", steps="steps"),
     metric(idle.stream_idle, dev="window_device"),
     metric(idle.device_gaps, dev="window_device"),
@@ -189,7 +189,7 @@ METRICS: tuple[Metric, ...] = (
     metric(matmul_flops.flop_kernels, events="events", ops="matmul_ops"),
     metric(matmul_flops.charged_ops, ops="matmul_ops", kernels="flop_kernels"),
     metric(matmul_flops.dominant_dtype, ops="matmul_ops"),
-    # memory: peaks per step and rank, the timeline (issue 11 item 5)
+    # memory: peaks per step and rank, the timeline
     metric(memory.step_peaks, events="memory_events", steps="steps"),
     metric(memory.memory_timeline, events="memory_events"),
     metric(memory.rank_memory, events="memory_events", steps="steps"),
@@ -206,7 +206,7 @@ METRICS: tuple[Metric, ...] = (
     metric(mfu.mfu_from_trace_shapes, ranks="rank_flops", device_names="device_names"),
     metric(mfu.flop_coverage, ranks="rank_flops"),
     metric(mfu.rank_step_mfu, params={"flops_per_step": 1e9, "peak_flops_per_s": 1e12}, step_table="step_table"),
-    # roofline: per-op efficiency (issue 11)
+    # roofline: per-op efficiency
     metric(roofline.roofline, shapes="op_shapes"),
     # overlap (HTA's definitions)
     metric(overlap.hta_window, events="events", steps="steps"),
@@ -256,7 +256,7 @@ METRICS: tuple[Metric, ...] = (
     # windows: ProfilerStep windows and their checks
     metric(windows.events_extent, events="events"),
     metric(windows.check_windows, params={"rank": 0}, events="events", steps="steps"),
-    # workload: tokens from input shapes, activation recompute (issue 18)
+    # workload: tokens from input shapes, activation recompute
     metric(workload.rank_workload, events="events", steps="steps"),
 )
 

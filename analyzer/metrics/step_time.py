@@ -1,8 +1,8 @@
 """The run's step time: one definition, used by every surface (docs/metrics.md, "Step time").
 
 Two step times exist for a reftrain run, and they differ: the profiler slows
-the steps it records (issue 13's run: 60.5 ms steady, about 83 ms profiled),
-and each surface used to pick one of them.
+the steps it records (in one reftrain CPU run: 60.5 ms steady, about 83 ms
+profiled); every surface takes its step time from here.
 
 * **steady-state** (``steady_ms``): over the steady-state steps of the
   metrics records (``metrics/rank*.jsonl``; warm-up and profiled steps left

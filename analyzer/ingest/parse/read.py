@@ -119,7 +119,7 @@ def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits
         if d.eof:
             # Everything after this member. Not unused_data + unconsumed_tail:
             # on Python 3.11 both hold the bytes after the member, and
-            # joining them decompressed the next member twice (issue 17).
+            # joining them decompresses the next member twice.
             data = d.unused_data
             in_member = False
         else:
