@@ -1,7 +1,7 @@
 """The import contracts of pyproject.toml ([tool.importlinter]; docs/architecture.md) hold, and catch a wrong import.
 
 `make lint` runs them before the tests; here they run on the tree as it is, and on a
-copy of the three packages with one deliberately wrong import each, which must
+copy of the four packages with one deliberately wrong import each, which must
 break the named contract and name the offending line.
 """
 from __future__ import annotations
