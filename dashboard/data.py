@@ -25,12 +25,15 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import streamlit as st
 
 from analyzer.errors import AnalyzerError
 from dashboard.discover import RunEntry, fingerprint, trace_files
+
+if TYPE_CHECKING:
+    from analyzer.metrics.breakdown import Source
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -189,7 +192,7 @@ def timeline_overview(run: RunEntry, window: int | None, n_bins: int) -> Loaded:
 
 
 @st.cache_data(max_entries=_MAX_TABLES, show_spinner="Selecting events...")
-def _window(files: tuple[str, ...], key: str, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: str) -> Loaded:
+def _window(files: tuple[str, ...], key: str, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: Source) -> Loaded:
     from analyzer.metrics.timeline import select_window
 
     loaded = _traces(files, key)
@@ -250,7 +253,7 @@ def compared(base: RunEntry, cand: RunEntry) -> Loaded:
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Finding suggestions...")
 def _suggestions(path: str, key: str) -> Loaded:
-    from analyzer.verbs.suggest import report_suggestions
+    from analyzer.verbs.suggest.run import report_suggestions
 
     loaded = _analysis(path, key)
     if loaded.value is None:

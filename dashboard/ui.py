@@ -7,7 +7,7 @@ headline has one value per rank, the page shows the value or the range
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeGuard
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -22,7 +22,7 @@ NA = "n/a"
 PLOTLY_CONFIG = {"displaylogo": False}
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: object) -> TypeGuard[float]:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(float(x))
 
 
@@ -111,6 +111,7 @@ def run_header(run: RunEntry) -> Loaded:
         st.error(plain(loaded.error))
         return loaded
     ra = loaded.value
+    assert ra is not None  # a Loaded without an error holds its value
     for err in ra.errors:
         st.error(plain(err))
     if ra.warnings:

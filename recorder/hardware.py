@@ -40,6 +40,7 @@ def describe_hardware(device: torch.device) -> dict:
         memory = int(torch.cuda.get_device_properties(device).total_memory)
     else:
         device_name, memory = model, None
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -189,14 +189,14 @@ def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[
                     out[family].append(rel)
         pattern = f"traces/{attempt_folder(k)}*/*.json*"
         for p in sorted(run_dir.glob(pattern)):
-            rel = p.relative_to(run_dir)
+            trace_rel = p.relative_to(run_dir)
             # traces/<window>/... for the first attempt, traces/attempt<k>/<window>/... after a restart.
             # Only the first attempt's glob also matches later attempts' folders (traces/attempt<j>/...),
             # so only there are they skipped; a later attempt's own folder is named attempt<k>.
-            window = rel.parts[2] if k else rel.parts[1]
+            window = trace_rel.parts[2] if k else trace_rel.parts[1]
             if window.startswith(".") or (k == 0 and window.startswith("attempt")):
                 continue
-            out["traces"].append(str(rel))
+            out["traces"].append(str(trace_rel))
     return out
 
 

@@ -170,18 +170,18 @@ class GpuTelemetry:
             handle = nvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
         except nvml.NVMLError as exc:
             raise RecorderError(f"NVML: cannot open GPU {self.gpu_index}: {exc}") from None
-        self._writer = JsonlWriter(self.path)
-        self._thread = threading.Thread(target=self._run, args=(handle,),
+        self._writer = writer = JsonlWriter(self.path)
+        self._thread = threading.Thread(target=self._run, args=(handle, writer),
                                          name=f"gpu-telemetry-{self.gpu_index}", daemon=True)
         self._thread.start()
 
-    def _run(self, handle: Any) -> None:
+    def _run(self, handle: Any, writer: JsonlWriter) -> None:
         interval_s = self.interval_ms / 1000.0
         next_s = time.monotonic()
         try:
             while not self._stop.is_set():
-                self._writer.write(sample(self._nvml, handle))
-                self._writer.flush()  # one small write per interval; keeps data on a crash
+                writer.write(sample(self._nvml, handle))
+                writer.flush()  # one small write per interval; keeps data on a crash
                 self.samples += 1
                 next_s += interval_s
                 self._stop.wait(max(0.0, next_s - time.monotonic()))
@@ -195,5 +195,6 @@ class GpuTelemetry:
         self._stop.set()
         self._thread.join()
         self._thread = None
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
         self._nvml.nvmlShutdown()

@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reftrain.errors import ReftrainError
 
@@ -123,7 +125,7 @@ class PendingSave:
     step: int
     tmp: Path
     path: Path
-    future: object  # concurrent.futures.Future of DCP's Metadata
+    future: Future[Any]  # of DCP's Metadata
     started_s: float  # time.perf_counter() when the save began
     stall_s: float  # the loop's wait inside async_save (barrier, state dict, staging copy, plan)
 
@@ -152,8 +154,10 @@ def save_async(run_dir: Path, step: int, model, optimizer, process_group) -> Pen
     if dist.is_initialized():
         dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    future = dcp.async_save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}},
-                            checkpoint_id=str(tmp), process_group=process_group)
+    response = dcp.async_save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}},
+                              checkpoint_id=str(tmp), process_group=process_group)
+    # A future of the write; DCP answers with an AsyncSaveResponse only when given an async stager.
+    future = response if isinstance(response, Future) else response.upload_completion
     return PendingSave(step, tmp, path, future, t0, time.perf_counter() - t0)
 
 
@@ -183,7 +187,7 @@ def load(path: Path, model, optimizer) -> int:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "trainer": {"step": -1}}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "trainer": {"step": -1}}
     try:
         dcp.load(state, checkpoint_id=str(path))
     except Exception as exc:  # noqa: BLE001 - DCP raises CheckpointException with per-rank tracebacks

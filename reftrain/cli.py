@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, NoReturn
 
 from recorder import manifest
 from reftrain import checkpoint, rundir
@@ -68,7 +68,7 @@ _DEMO = {"train.device": "cpu", "profile.enabled": True}
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + error
+    def error(self, message: str) -> NoReturn:  # one line instead of usage + error
         raise ReftrainError(f"{message} (see reftrain --help)")
 
 

@@ -55,6 +55,29 @@ class ModelConfig:
     tie_embeddings: bool | None = _opt(None, "share the token embedding with the output projection")
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's sizes once :func:`resolve` filled :class:`ModelConfig` from its preset: none is None."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    seq_len: int
+    vocab_size: int
+    mlp: str
+    d_ff: int
+    tie_embeddings: bool
+
+
+def model_shape(m: ModelConfig) -> ModelShape:
+    """The sizes of a resolved model config; ReftrainError naming a field still left to the preset."""
+    values = {f.name: getattr(m, f.name) for f in dataclasses.fields(ModelShape)}
+    unset = [name for name, value in values.items() if value is None]
+    if unset:
+        raise ReftrainError(f"config: model.{unset[0]} is not set (resolve() fills it from model.preset={m.preset})")
+    return ModelShape(**values)
+
+
 @dataclass
 class DataConfig:
     path: str | None = _opt(None, "flat uint16 token file (nanoGPT .bin); null = deterministic synthetic stream")
@@ -382,6 +405,7 @@ def resolve(cfg: Config, world_size: int | None = None) -> Config:
         if getattr(m, key) is None:
             setattr(m, key, value)
     if m.d_ff is None:
+        assert m.d_model is not None  # every preset sets it
         m.d_ff = 4 * m.d_model if m.mlp == "gelu" else _round_up(8 * m.d_model // 3, 64)
     if world_size is not None:  # the world the run really has; config.yaml keeps it so --config repeats it
         cfg.parallel.world_size = world_size
@@ -399,7 +423,7 @@ def _validate(cfg: Config, world_size: int | None) -> None:
     fl = cfg.fault
     if (fl.crash_rank is None) != (fl.crash_step is None):
         raise ReftrainError("config: fault.crash_rank and fault.crash_step go together (--crash-rank R --crash-step S)")
-    if fl.crash_rank is not None:
+    if fl.crash_rank is not None and fl.crash_step is not None:
         _positive("fault.crash_rank", fl.crash_rank, allow_zero=True)
         _positive("fault.crash_step", fl.crash_step, allow_zero=True)
         if world_size is not None and fl.crash_rank >= world_size:
@@ -418,7 +442,7 @@ def _validate(cfg: Config, world_size: int | None) -> None:
                             "(--crash-rank R --crash-step S --crash-in-save)")
     if (fl.hang_rank is None) != (fl.hang_step is None):
         raise ReftrainError("config: fault.hang_rank and fault.hang_step go together (--hang-rank R --hang-step S)")
-    if fl.hang_rank is not None:
+    if fl.hang_rank is not None and fl.hang_step is not None:
         _positive("fault.hang_rank", fl.hang_rank, allow_zero=True)
         _positive("fault.hang_step", fl.hang_step, allow_zero=True)
         if world_size is not None and fl.hang_rank >= world_size:
@@ -432,9 +456,10 @@ def _validate(cfg: Config, world_size: int | None) -> None:
     _positive("watchdog.interval_s", cfg.watchdog.interval_s)
     for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "d_ff"):
         _positive(f"model.{name}", getattr(m, name))
-    if m.d_model % m.n_heads:
+    shape = model_shape(m)
+    if shape.d_model % shape.n_heads:
         raise ReftrainError(
-            f"config: model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}"
+            f"config: model.d_model={shape.d_model} is not divisible by model.n_heads={shape.n_heads}"
         )
     for name in ("steps", "micro_batch_size", "grad_accum"):
         _positive(f"train.{name}", getattr(t, name))
@@ -466,7 +491,7 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         _positive("run.peak_flops", cfg.run.peak_flops)
     if (inj.slow_rank is None) != (inj.delay_ms is None):
         raise ReftrainError("config: inject.slow_rank and inject.delay_ms go together (--inject-slow-rank R --inject-delay-ms D)")
-    if inj.slow_rank is not None:
+    if inj.slow_rank is not None and inj.delay_ms is not None:
         _positive("inject.slow_rank", inj.slow_rank, allow_zero=True)
         _positive("inject.delay_ms", inj.delay_ms, allow_zero=True)
         if world_size is not None and inj.slow_rank >= world_size:
@@ -477,7 +502,7 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         raise ReftrainError(f"config: run.name={cfg.run.name!r} must be a plain directory name")
     tracker_names(cfg.log.trackers, "config: log.trackers")
     if d.path is not None:
-        check_token_file(Path(d.path), m.seq_len)
+        check_token_file(Path(d.path), shape.seq_len)
 
 
 def tracker_names(text: str, origin: str) -> list[str]:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from reftrain.config import Config, check_token_file
+from reftrain.config import Config, check_token_file, model_shape
 from reftrain.errors import ReftrainError
 from reftrain.lifeline import die_with_parent
 
@@ -115,7 +115,7 @@ class _Range(torch.utils.data.Sampler[int]):
 
 def build_dataset(cfg: Config, rank: int) -> Dataset:
     """The dataset of this rank's micro-batches for the whole run (cfg resolved)."""
-    m, t, d = cfg.model, cfg.train, cfg.data
+    m, t, d = model_shape(cfg.model), cfg.train, cfg.data
     length = t.steps * t.grad_accum
     if d.path is None:
         return SyntheticTokens(t.seed, rank, t.micro_batch_size, m.seq_len, m.vocab_size, length, d.delay_ms)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from reftrain.config import ModelConfig
+from reftrain.config import ModelConfig, ModelShape, model_shape
 
 
 class Attention(nn.Module):
@@ -66,7 +66,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelShape) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.d_model, bias=False)
         self.attn = Attention(cfg.d_model, cfg.n_heads)
@@ -86,9 +86,9 @@ class Transformer(nn.Module):
     `forward(idx, targets)` returns the mean next-token cross-entropy (fp32).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = model_shape(config)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))

@@ -29,7 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Literal, Mapping, Protocol, TypeGuard, get_args
 from urllib.parse import urlparse
 
 import yaml
@@ -234,7 +234,7 @@ class _TensorBoard:
 # Weights & Biases
 # ---------------------------------------------------------------------------
 
-def wandb_logged_in(environ: dict[str, str] | None = None) -> bool:
+def wandb_logged_in(environ: Mapping[str, str] | None = None) -> bool:
     """Whether W&B has a login here: WANDB_API_KEY, or a netrc entry for the W&B host (what `wandb login` writes)."""
     env = os.environ if environ is None else environ
     if env.get("WANDB_API_KEY"):
@@ -247,12 +247,29 @@ def wandb_logged_in(environ: dict[str, str] | None = None) -> bool:
         return False
 
 
-def wandb_mode(log: LogConfig, environ: dict[str, str] | None = None) -> str:
-    """The W&B mode the run uses: log.wandb_mode, or for `auto` $WANDB_MODE, else online with a login, else offline."""
+WandbMode = Literal["online", "offline", "disabled", "shared"]
+# W&B's older names, which its settings still accept for $WANDB_MODE.
+_WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
+def _is_wandb_mode(mode: str) -> TypeGuard[WandbMode]:
+    return mode in get_args(WandbMode)
+
+
+def wandb_mode(log: LogConfig, environ: Mapping[str, str] | None = None) -> WandbMode:
+    """The W&B mode the run uses: log.wandb_mode, or for `auto` $WANDB_MODE, else online with a login, else offline.
+
+    ReftrainError for a $WANDB_MODE that W&B does not know."""
     env = os.environ if environ is None else environ
     if log.wandb_mode != "auto":
-        return log.wandb_mode
-    return env.get("WANDB_MODE") or ("online" if wandb_logged_in(env) else "offline")
+        mode = log.wandb_mode
+    else:
+        mode = env.get("WANDB_MODE") or ("online" if wandb_logged_in(env) else "offline")
+    mode = _WANDB_MODE_ALIASES.get(mode, mode)
+    if not _is_wandb_mode(mode):
+        raise ReftrainError(f"W&B mode {mode!r} ($WANDB_MODE or log.wandb_mode): expected one of "
+                            f"{', '.join(get_args(WandbMode))}")
+    return mode
 
 
 def wandb_run_id(run_id: str) -> str:

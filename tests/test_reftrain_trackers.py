@@ -24,6 +24,7 @@ import yaml
 
 from reftrain import cli
 from reftrain.config import LogConfig
+from reftrain.errors import ReftrainError
 from reftrain import trackers as trk
 
 STEPS = 4
@@ -254,6 +255,15 @@ def test_wandb_mode(tmp_path) -> None:
     assert trk.wandb_mode(auto, {"NETRC": str(netrc_file), "WANDB_BASE_URL": "https://wandb.example.com"}) == "offline"
     assert trk.wandb_mode(LogConfig(wandb_mode="offline"), {"WANDB_API_KEY": "k"}) == "offline"
     assert trk.wandb_run_id("a:b/c#d") == "a-b-c-d"
+
+
+def test_wandb_mode_from_the_environment_is_one_wandb_knows(tmp_path) -> None:
+    none = {"NETRC": str(tmp_path / "absent")}
+    # W&B's older names for offline and online.
+    assert trk.wandb_mode(LogConfig(), {**none, "WANDB_MODE": "dryrun"}) == "offline"
+    assert trk.wandb_mode(LogConfig(), {**none, "WANDB_MODE": "run"}) == "online"
+    with pytest.raises(ReftrainError, match=r"W&B mode 'offlne' .*expected one of online, offline, disabled, shared"):
+        trk.wandb_mode(LogConfig(), {**none, "WANDB_MODE": "offlne"})
 
 
 def test_mlflow_uri(tmp_path) -> None:

@@ -32,6 +32,16 @@ def tiny(**sets: object) -> Config:
     return resolve(cfg)
 
 
+def test_the_model_takes_its_sizes_from_the_resolved_config() -> None:
+    cfg = Config()
+    apply_set(cfg, "model.preset=tiny")
+    apply_set(cfg, "model.d_model=128")
+    with pytest.raises(ReftrainError, match=r"model\.n_layers is not set \(resolve\(\) fills it from model\.preset=tiny\)"):
+        Transformer(cfg.model)
+    model = Transformer(resolve(cfg).model)
+    assert (model.cfg.d_model, model.cfg.n_layers, model.cfg.d_ff) == (128, 2, 512)  # d_ff = 4 * d_model (gelu)
+
+
 # ---------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------

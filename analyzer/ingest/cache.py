@@ -174,7 +174,7 @@ def _write(entry: Path, parsed: ParsedTrace) -> None:
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, **members)  # uncompressed: zlib would cost 10x the write time for a 5 MB entry
+            np.savez(f, allow_pickle=False, **members)  # uncompressed: zlib would cost 10x the write time for a 5 MB entry
         os.replace(tmp, entry)
     finally:
         if tmp.exists():

@@ -42,12 +42,15 @@ import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence, cast
 
 from analyzer.ingest import limits
 from analyzer.errors import TraceError
 
 if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
+
     from analyzer.ingest.parse import ParsedTrace
 
 
@@ -165,7 +168,9 @@ class ParseJobs:
         named = self._named[path]
         if method is None:
             return self.task(named, self._entries.get(path))
-        context = multiprocessing.get_context(method)
+        # typeshed types get_context() of a union of method names as BaseContext, which has
+        # no Process; each of the three concrete contexts has one.
+        context = cast("ForkContext | ForkServerContext | SpawnContext", multiprocessing.get_context(method))
         receive, send = context.Pipe(duplex=False)
         proc = context.Process(target=_parse_to_pipe,
                                args=(send, named, self._entries.get(path), limits.environment(), self.task),
@@ -255,7 +260,7 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def start_method() -> str | None:
+def start_method() -> Literal["fork", "forkserver", "spawn"] | None:
     """How parse workers start here: "fork", "forkserver" or "spawn", or
     None for parsing in this process (the module docstring says when)."""
     if multiprocessing.current_process().daemon:
@@ -301,7 +306,7 @@ def main_reimport_safe() -> bool:
     main_file = getattr(main, "__file__", None)
     if main_file is None:
         return True
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
             return _under_main_guard(Path(main_file), frame.f_lineno)

@@ -165,9 +165,11 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
 
 def _clock_origin_ns(value: object) -> int:
     """A trace's ``baseTimeNanoseconds`` as an int (Kineto writes a number; 0 when absent or not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return 0
     try:
-        return int(value) if value is not None and not isinstance(value, bool) else 0
-    except (TypeError, ValueError):
+        return int(value)
+    except ValueError:
         return 0
 
 
@@ -229,7 +231,7 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
         "rank": np.full(n, rank, dtype=np.int32),
         "cat": _compact_categorical(cat_code, cat_list),
         "name": _compact_categorical(name_code, name_list),
-        "kind": pd.Categorical.from_codes(_kind_codes(cat_list, cat_code, name_list, name_code), categories=list(KINDS)),
+        "kind": pd.Categorical.from_codes(_kind_codes(cat_list, cat_code, name_list, name_code), categories=pd.Index(KINDS)),
     }
     del cat_code, name_code
     for key in ("pid", "tid", "stream"):
@@ -405,21 +407,22 @@ def load_traces(
                 _add_rank(loaded, result, f, parsed)
             if bar:
                 bar.update(1)
-        for f, entry in hits:
-            try:
-                parsed = store.read(entry, f)
-            except trace_cache.CacheEntryError as exc:
-                result.warnings.append(str(exc))
+        if store is not None:  # hits come from the store only
+            for f, entry in hits:
                 try:
-                    parsed = parse_file(f, entry)
-                except TraceError as err:
-                    result.errors.append(err)
-                    continue
-                if parsed.cache_warning:
-                    result.warnings.append(parsed.cache_warning)
-            _add_rank(loaded, result, f, parsed)
-            if bar:
-                bar.update(1)
+                    parsed = store.read(entry, f)
+                except trace_cache.CacheEntryError as exc:
+                    result.warnings.append(str(exc))
+                    try:
+                        parsed = parse_file(f, entry)
+                    except TraceError as err:
+                        result.errors.append(err)
+                        continue
+                    if parsed.cache_warning:
+                        result.warnings.append(parsed.cache_warning)
+                _add_rank(loaded, result, f, parsed)
+                if bar:
+                    bar.update(1)
     finally:
         if bar:
             bar.close()
@@ -597,16 +600,18 @@ def _check_one_run(ranks: Mapping[int, _Loaded], warnings: list[str]) -> None:
         raise AnalyzerError(
             f"traces of different runs: {described}. Ranks of one run share these; analyze each run's traces on its own"
         )
-    timed = sorted((rt for rt in files if rt.first_ns is not None and rt.last_ns is not None), key=lambda rt: rt.first_ns)
+    # (first_ns, last_ns, file name) of each rank whose trace has a time span, earliest first.
+    timed = sorted(((rt.first_ns, rt.last_ns, rt.path.name) for rt in files
+                    if rt.first_ns is not None and rt.last_ns is not None), key=lambda span: span[0])
     if len(timed) < 2:
         return
-    longest_ns = max(rt.last_ns - rt.first_ns for rt in timed)
+    longest_ns = max(last_ns - first_ns for first_ns, last_ns, _ in timed)
     allowed_ns = max(FAR_APART_SPANS * longest_ns, FAR_APART_MIN_NS)
-    earliest, latest = timed[0], timed[-1]
-    gap_ns = latest.first_ns - earliest.first_ns
+    (earliest_ns, _, earliest_name), (latest_ns, _, latest_name) = timed[0], timed[-1]
+    gap_ns = latest_ns - earliest_ns
     if gap_ns > allowed_ns:
         warnings.append(
-            f"{latest.path.name} starts {gap_ns / 1e9:,.1f} s after {earliest.path.name}, further apart than "
+            f"{latest_name} starts {gap_ns / 1e9:,.1f} s after {earliest_name}, further apart than "
             f"{allowed_ns / 1e9:,.1f} s ({FAR_APART_SPANS:g}x the longest rank's trace, at least "
             f"{FAR_APART_MIN_NS / 1e9:g} s): traces of different runs? Ranks of one run record the same steps"
         )

@@ -299,11 +299,11 @@ def _read_jsonl(
     if bad:
         last_line = max(i for i, line in enumerate(lines, 1) if line.strip())
         torn = len(bad) == 1 and bad[0][0] == last_line
-        first = bad[0]
+        bad_line, bad_reason = bad[0]
         if torn:
-            errors.append(f"{rel}: last line {first[0]} is incomplete ({first[1]}; run killed while writing?); {len(records)} records read")
+            errors.append(f"{rel}: last line {bad_line} is incomplete ({bad_reason}; run killed while writing?); {len(records)} records read")
         else:
-            errors.append(f"{rel}: {len(bad)} unreadable lines skipped (first: line {first[0]}, {first[1]}); {len(records)} records read")
+            errors.append(f"{rel}: {len(bad)} unreadable lines skipped (first: line {bad_line}, {bad_reason}); {len(records)} records read")
     if not records:
         if not bad and not out_of_range:
             errors.append(f"{rel}: empty")

@@ -151,7 +151,7 @@ def events_from_records(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     for col, dtype in COLUMNS.items():
         if dtype == "int64" or dtype == "int32":
-            frame[col] = frame[col].fillna(_INT_DEFAULT).astype(dtype)
+            frame[col] = frame[col].fillna(_INT_DEFAULT).astype(np.dtype(dtype))
         elif col == "kind":
             frame[col] = pd.Categorical(frame[col], categories=list(KINDS))
         elif dtype == "category":

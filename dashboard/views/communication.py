@@ -102,7 +102,7 @@ def render() -> None:
                 x=rows["bytes"],
                 y=rows["duration_ms"],
                 mode="markers",
-                name=html_text(kind),
+                name=html_text(str(kind)),
                 hovertext=[f"step {s}" for s in rows["step"]],
             )
         fig.update_layout(title="Size and duration", xaxis_title="bytes", yaxis_title="duration (ms)", xaxis_type="log")
@@ -110,7 +110,7 @@ def render() -> None:
     with right:
         fig = go.Figure()
         for kind, rows in coll.groupby("kind", sort=True):
-            fig.add_scatter(x=rows.index, y=rows["skew_ms"], mode="markers", name=html_text(kind))
+            fig.add_scatter(x=rows.index, y=rows["skew_ms"], mode="markers", name=html_text(str(kind)))
         fig.update_layout(title="Arrival skew per collective", xaxis_title="collective (in order of arrival)", yaxis_title="skew (ms)")
         show_chart(fig, key="coll_skew")
     shown = coll[[c for c in COLLECTIVE_COLUMNS if c in coll.columns]].rename(columns=COLLECTIVE_COLUMNS)

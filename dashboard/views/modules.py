@@ -43,9 +43,9 @@ def icicle_rows(modules: pd.DataFrame, value: str, max_depth: int) -> pd.DataFra
     left: dict[str, float] = {}
     next_free: dict[str, float] = {}
     out = []
-    for r in rows.itertuples(index=False):
-        path = str(r.module)
-        width = float(getattr(r, value))
+    for r in rows.to_dict("records"):
+        path = str(r["module"])
+        width = float(r[value])
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
         if parent and parent not in left:
             continue  # a parent not drawn (zero time): its subtree has no place either
@@ -54,11 +54,11 @@ def icicle_rows(modules: pd.DataFrame, value: str, max_depth: int) -> pd.DataFra
         if width <= 0:
             continue
         left[path] = x0
-        out.append({"module": path, "name": path.rsplit("/", 1)[-1], "depth": int(r.depth), "depth_end": int(r.depth) + 1,
-                    "x0": x0, "x1": x0 + width, "value_ms": width, "top": path.split("/")[min(1, int(r.depth))],
-                    "calls": int(r.calls), "device_ms": float(r.device_ms), "device_self_ms": float(r.device_self_ms),
-                    "host_ms": float(r.host_ms),
-                    "share_of_step_pct": float(r.share_of_step_pct) if "share_of_step_pct" in modules.columns else None})
+        out.append({"module": path, "name": path.rsplit("/", 1)[-1], "depth": int(r["depth"]), "depth_end": int(r["depth"]) + 1,
+                    "x0": x0, "x1": x0 + width, "value_ms": width, "top": path.split("/")[min(1, int(r["depth"]))],
+                    "calls": int(r["calls"]), "device_ms": float(r["device_ms"]), "device_self_ms": float(r["device_self_ms"]),
+                    "host_ms": float(r["host_ms"]),
+                    "share_of_step_pct": float(r["share_of_step_pct"]) if "share_of_step_pct" in modules.columns else None})
     return pd.DataFrame(out, columns=["module", "name", "depth", "depth_end", "x0", "x1", "value_ms", "top", "calls",
                                       "device_ms", "device_self_ms", "host_ms", "share_of_step_pct"])
 

@@ -244,9 +244,10 @@ def render() -> None:
 def attribution_caption(rows: pd.DataFrame) -> str:
     """Attributed and unattributed device time of the rank (or each rank), as the analyzer gives them."""
     parts = []
-    for r in rows.itertuples(index=False):
-        parts.append(f"rank {r.rank}: {fmt_ms(r.device_ms)} device time, {fmt_pct_points(r.attributed_pct)} attributed "
-                     f"to ops, {fmt_pct_points(r.unattributed_pct)} unattributed")
+    for rank, device_ms, attributed_pct, unattributed_pct in zip(
+            rows["rank"], rows["device_ms"], rows["attributed_pct"], rows["unattributed_pct"]):
+        parts.append(f"rank {rank}: {fmt_ms(device_ms)} device time, {fmt_pct_points(attributed_pct)} attributed "
+                     f"to ops, {fmt_pct_points(unattributed_pct)} unattributed")
     return "; ".join(parts[:8]) + (f"; … ({len(parts)} ranks)" if len(parts) > 8 else "")
 
 

@@ -505,7 +505,7 @@ def downloads(run: RunEntry) -> None:
             continue
         st.download_button(
             f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
-            data=lambda real=real: real.read_bytes(),
+            data=real.read_bytes,
             file_name=path.name,
             mime="application/gzip" if path.name.endswith(".gz") else "application/json",
             on_click="ignore",

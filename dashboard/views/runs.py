@@ -63,6 +63,7 @@ def run_row(run: RunEntry) -> dict[str, Any]:
         row.update(status="error", error=loaded.error, date=_trace_date(run))
         return row
     ra = loaded.value
+    assert ra is not None  # a Loaded without an error holds its value
     has_manifest, manifest = bool(ra.manifest), ra.run_manifest
     params = manifest.params.total if manifest.params else None
     model_config = (manifest.config or {}).get("model")

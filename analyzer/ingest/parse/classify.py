@@ -104,9 +104,12 @@ def valid_times(xs: list[Event]) -> TimedRows:
     durs = list(map(_DUR, xs))
     ts, ts_ok = raw_times(tss)
     dur, dur_ok = raw_times(durs)
-    if ts_ok is None and dur_ok is None:
-        return TimedRows(xs, ts, dur)
-    ok = ts_ok if dur_ok is None else dur_ok if ts_ok is None else ts_ok & dur_ok
+    if ts_ok is None:
+        if dur_ok is None:
+            return TimedRows(xs, ts, dur)
+        ok = dur_ok
+    else:
+        ok = ts_ok if dur_ok is None else ts_ok & dur_ok
     bad = np.flatnonzero(~ok)
     no_time = sum(1 for i in bad if tss[i] is None or durs[i] is None)
     first = int(bad[0])
@@ -146,9 +149,8 @@ def drop_trace_span(
     if "Trace" not in cats:
         return xs, cats, names, ts, dur
     keep = [c != "Trace" for c in cats]
-    xs, cats, names = (list(compress(col, keep)) for col in (xs, cats, names))
     mask = np.array(keep, dtype=bool)
-    return xs, cats, names, ts[mask], dur[mask]
+    return list(compress(xs, keep)), list(compress(cats, keep)), list(compress(names, keep)), ts[mask], dur[mask]
 
 
 def on_gpu_timeline(cats: list[str], known: dict[str, bool]) -> dict[str, bool]:

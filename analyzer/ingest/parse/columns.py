@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import orjson
@@ -353,7 +353,7 @@ def _plain_memory_columns(rows: list[tuple]) -> list[np.ndarray] | None:
     return out
 
 
-def _is_number(v: object) -> bool:
+def _is_number(v: object) -> TypeGuard[int | float]:
     return (type(v) is int or type(v) is float) and v == v and abs(v) != float("inf")
 
 
@@ -362,9 +362,12 @@ def _int_or(v: object, default: int) -> int:
 
 
 def _int_or_default(v: object) -> int:
+    # A decoded JSON value: a list, an object or null has no integer value.
+    if not isinstance(v, (int, float, str)):
+        return -1
     try:
         return int(v)
-    except (TypeError, ValueError, OverflowError):
+    except (ValueError, OverflowError):
         return -1
 
 
@@ -389,11 +392,10 @@ def to_ns(raw: np.ndarray, unit_ns: int) -> tuple[np.ndarray, np.ndarray | None]
     product ``ts * 1000`` losing the low digits of large timestamps; floats
     in ns are rounded to the ns.
     """
-    over = raw > MAX_TIME_NS // unit_ns
-    if over.any():
+    too_large = raw > MAX_TIME_NS // unit_ns
+    over = too_large if too_large.any() else None
+    if over is not None:
         raw = np.where(over, 0, raw)
-    else:
-        over = None
     if raw.dtype.kind in "iu":
         return raw.astype(np.int64) * unit_ns, over
     if unit_ns == 1:

@@ -149,17 +149,17 @@ class Splitter:
             end, next_start = cut
             saved = buf[end]
             buf[end] = 0x5D  # "]" over the separator
+            failure: tuple[str, int] | None = None
             with memoryview(buf) as whole, whole[: end + 1] as chunk:
                 try:
                     events = decode_events(chunk)
                 except msgspec.DecodeError as exc:
-                    events = None
-                    reason, pos = _json_error(exc, end + 1)
+                    failure = _json_error(exc, end + 1)
                 else:
                     self.on_events(events)
                     del events
-                    events = True
-            if events is None:
+            if failure is not None:
+                reason, pos = failure
                 buf[end] = saved
                 if pos < end:
                     # It failed before the cut: a real syntax error.
@@ -179,6 +179,7 @@ class Splitter:
     def _parse_last(self) -> None:
         # The rest of the array, its "]", and the remaining top-level
         # members; re-opening the object makes that one valid document.
+        doc: bytes | bytearray
         if self._array_form:
             doc, lead = self._buf, self._lead
         else:
