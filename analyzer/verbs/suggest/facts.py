@@ -51,6 +51,7 @@ import pandas as pd
 from analyzer.ingest.formats import RunManifest
 from analyzer.metrics.mfu import steady_state
 from analyzer.metrics.taxonomy import FUSABLE_CLASSES, classify_name, is_compiled, kernel_precision
+from analyzer.verbs.suggest.memo import memo_of
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -745,12 +746,13 @@ def _trace_step_time(steps: pd.DataFrame) -> tuple[float | None, int]:
 def run_facts(ra: "RunAnalysis") -> RunFacts:
     """Condense a RunAnalysis into the numbers the rules read (see module doc).
 
-    Computed once per analysis (kept in ``ra.derived``): the report's text,
-    its JSON and the dashboard all ask for them.
+    Computed once per analysis (:mod:`analyzer.verbs.suggest.memo`): the
+    report's text, its JSON and the dashboard all ask for them.
     """
-    if "facts" not in ra.derived:
-        ra.derived["facts"] = _run_facts(ra)
-    return ra.derived["facts"]
+    memo = memo_of(ra)
+    if memo.facts is None:
+        memo.facts = _run_facts(ra)
+    return memo.facts
 
 
 def _run_facts(ra: "RunAnalysis") -> RunFacts:
