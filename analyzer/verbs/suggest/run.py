@@ -15,13 +15,14 @@ its notes (:func:`first_note`). docs/suggestions.md, "Ranking and confidence".
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from analyzer.verbs.suggest import (  # noqa: F401
     rules_comm, rules_compute, rules_data, rules_health, rules_host, rules_memory, rules_recompute,
 )
 from analyzer.verbs.suggest.engine import (
-    _CONFIDENCE_ORDER, COMM_FIRST_SHARE, NOT_ACTIONABLE, RULES, Suggestion, needs_flops, part_of, parts_of, rank,
+    _CONFIDENCE_ORDER, COMM_FIRST_SHARE, SCHEMA, NOT_ACTIONABLE, RULES, Suggestion, needs_flops, part_of, parts_of, rank,
     suggestions_json,
 )
 from analyzer.verbs.suggest.memo import memo_of
@@ -133,3 +134,16 @@ def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
 
     facts = run_facts(ra)
     return suggestions_json(suggest(ra), facts.config_path, facts.world_size)
+
+
+def suggestions_document(ra: "RunAnalysis") -> dict[str, Any]:
+    """``analyzer suggest --json``'s document (schema :data:`~analyzer.verbs.suggest.engine.SCHEMA`):
+    the run's identity and :func:`report_suggestions`."""
+    return {
+        "schema": SCHEMA,
+        "path": [str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
+        "kind": ra.kind,
+        "run_id": ra.run_manifest.run_id,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "suggestions": report_suggestions(ra),
+    }
