@@ -22,9 +22,10 @@
   the collective records: ``grad_sync_ms`` plus the *tail*, the time from the
   issue of the step's last collective (the moment backward's last gradient
   is ready) to the end of the last collective, on the last arriver, median
-  over steps. See :func:`collective_tail_ms`.
+  over steps (:func:`analyzer.metrics.collective_model.collective_tail_ms`).
 * ``comm``: per-step collective counts and sizes, and a per-collective
-  service time (queue-corrected duration, :func:`service_times_ms`).
+  service time (queue-corrected duration,
+  :func:`analyzer.metrics.collective_model.service_times_ms`).
 * ``tokens_per_step``: run.json's (reftrain); for traces, estimated from the
   input shapes (:func:`trace_tokens`: ``aten::embedding``'s token ids, else
   the first ``aten::linear``'s ``[batch, seq]``), its source in
@@ -49,6 +50,9 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.formats import RunManifest
+from analyzer.metrics.collective_model import (
+    collective_tail_ms, collective_times, fit_alpha_beta, service_times_ms, sync_delay_ms,
+)
 from analyzer.metrics.mfu import steady_state
 from analyzer.metrics.taxonomy import FUSABLE_CLASSES, classify_name, is_compiled, kernel_precision
 from analyzer.verbs.suggest.memo import memo_of
@@ -240,7 +244,7 @@ class RunFacts:
     params: dict | None = None
     cpu_cores: int | None = None  # usable cores of one host
     rank_phases: dict[int, dict[str, float]] = field(default_factory=dict)  # per rank: phase -> median ms
-    sync_delay_ms: dict[int, float] = field(default_factory=dict)  # per rank: see sync_delay_ms()
+    sync_delay_ms: dict[int, float] = field(default_factory=dict)  # per rank: collective_model.sync_delay_ms
     inject: dict | None = None  # the manifest's injected slowness
     hostnames: list[str] | None = None  # per rank
     profile_steps: tuple[int, int] = (0, 0)  # (profiled steps, all steps) of the run
@@ -356,80 +360,6 @@ def breakdown_shares(steps: pd.DataFrame) -> tuple[dict[str, float], str | None]
     return out, source
 
 
-def _collective_times(coll: pd.DataFrame) -> pd.DataFrame:
-    """Per collective: ``step``, ``bytes``, start and end on the last arriver (ns, aligned clock), sorted by start."""
-    first = coll["first_arrival_ns"].to_numpy(np.int64)
-    # Relative to the first arrival of all, so float64 keeps nanoseconds (epoch ns do not fit its mantissa).
-    start = (first - first.min()).astype(np.float64) + coll["skew_ms"].to_numpy(np.float64) * 1e6
-    end = start + coll["duration_ms"].to_numpy(np.float64) * 1e6
-    out = pd.DataFrame({"step": coll["step"].to_numpy(np.int64), "bytes": coll["bytes"].to_numpy(np.float64),
-                        "kind": coll["kind"].astype(str).to_numpy(), "start_ns": start, "end_ns": end})
-    return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
-
-
-def service_times_ms(times: pd.DataFrame) -> np.ndarray:
-    """Queue-corrected duration of each collective: ``end_i - max(start_i, end_{i-1})`` in ms.
-
-    A process group runs its collectives one after another (NCCL on one
-    stream, gloo in issue order), so a collective issued while the previous
-    one still runs waits in the queue; its own service begins when the
-    previous one ends. ``times`` sorted by start (see :func:`_collective_times`).
-    """
-    start = times["start_ns"].to_numpy(np.float64)
-    end = times["end_ns"].to_numpy(np.float64)
-    prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
-    return np.clip(end - np.maximum(start, prev_end), 0.0, None) / 1e6
-
-
-def collective_tail_ms(times: pd.DataFrame) -> pd.Series:
-    """Per step: end of the step's last collective minus the issue time of the last-issued one (ms).
-
-    Data parallelism issues its last gradient collective when backward has
-    computed the last gradient; everything after that until the last
-    collective ends is communication no compute hides (DDP waits for it at
-    the end of backward, FSDP2 before the optimizer).
-    """
-    g = times.groupby("step")
-    return (g["end_ns"].max() - g["start_ns"].max()).clip(lower=0) / 1e6
-
-
-def fit_alpha_beta(bytes_: np.ndarray, service_ms: np.ndarray) -> tuple[float | None, float | None]:
-    """Least-squares ``service = alpha + bytes * per_byte`` (the alpha-beta model of Hockney 1994).
-
-    Needs two or more distinct sizes; both coefficients are clipped at 0.
-    Returns ``(alpha_ms, per_byte_ms)`` or ``(None, None)``.
-    """
-    ok = np.isfinite(bytes_) & np.isfinite(service_ms)
-    x, y = bytes_[ok], service_ms[ok]
-    if len(np.unique(x)) < 2:
-        return None, None
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope < 0:  # sizes explain nothing: all fixed cost
-        return float(np.median(y)), 0.0
-    if intercept < 0:  # no measurable fixed cost: through the origin
-        return 0.0, float(np.sum(x * y) / np.sum(x * x))
-    return float(intercept), float(slope)
-
-
-def sync_delay_ms(coll: pd.DataFrame) -> dict[int, float]:
-    """Per rank: how long it holds the others up per step, median over steps (ms).
-
-    Per step, the largest arrival skew among the collectives the rank
-    arrived at last (0 when it arrived last at none): a rank that is late by
-    ``x`` at a gradient collective delays every other rank's step by ``x``
-    (later collectives of the step then start together).
-    """
-    if coll is None or coll.empty or "last_rank" not in coll.columns:
-        return {}
-    steps = sorted(coll["step"].unique())
-    ranks = sorted(int(r) for r in coll["last_rank"].unique() if r >= 0)
-    out = {}
-    for r in ranks:
-        per_step = coll.loc[coll["last_rank"] == r].groupby("step")["skew_ms"].max().reindex(steps, fill_value=0.0)
-        out[r] = float(per_step.median())
-    return out
-
-
 def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFacts | None, pd.Series | None]:
     """Collective counts, sizes and service times per steady step, and the per-step tail (ms)."""
     coll = ra.collectives
@@ -439,7 +369,7 @@ def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFa
         coll = coll.loc[coll["step"].isin(steady_steps)]
         if coll.empty:
             return None, None
-    times = _collective_times(coll)
+    times = collective_times(coll)
     times["service_ms"] = service_times_ms(times)
     per_step = times.groupby("step").agg(n=("bytes", "size"), bytes=("bytes", "sum"), service_ms=("service_ms", "sum"))
     alpha, per_byte = fit_alpha_beta(times["bytes"].to_numpy(), times["service_ms"].to_numpy())
@@ -487,7 +417,7 @@ def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | No
     step are unknown and the rules that need them stay silent). Per step: the
     mean over windows and ranks; ``service_ms`` is the kernel duration (one
     stream per process group runs them one after another); alpha and
-    per-byte cost from :func:`fit_alpha_beta` over the kernels.
+    per-byte cost from :func:`analyzer.metrics.collective_model.fit_alpha_beta` over the kernels.
     """
     tables = getattr(ra, "rank_collectives", {})
     if not tables or windows is None or windows.empty or not {"rank", "start_ns", "end_ns"} <= set(windows.columns):
@@ -864,7 +794,7 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
         params=man.params.to_json() if man.params is not None else None,
         cpu_cores=cores,
         rank_phases=rank_phase_medians(steady) if steady is not None else {},
-        sync_delay_ms=sync_delay_ms(coll),
+        sync_delay_ms=sync_delay_ms(coll) if coll is not None else {},
         inject=man.inject.to_json() if man.inject is not None else None,
         hostnames=list(hw.hostnames) or None,
         profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
