@@ -314,3 +314,17 @@ def test_a_step_window_past_the_trace_is_clipped_flagged_and_never_fed_to_a_rule
     assert facts.step_time_ms == pytest.approx(10.0)  # the unflagged window only
     for s in suggest(ra):
         assert s.evidence.get("step_time_ms", 0) <= 10.0 + 1e-9, s.rule
+
+
+def test_the_sub_facts_partition_run_facts():
+    """RunFacts is assembled from its typed parts: each field comes from exactly one part (notes from run_facts),
+    so a field added to RunFacts but to no part would be left at its default, and this fails."""
+    import dataclasses
+
+    from analyzer.verbs.suggest.facts import CommunicationFacts, ComputeFacts, RunFacts, SetupFacts, StepFacts, WorkloadFacts
+
+    parts = [[f.name for f in dataclasses.fields(p)] for p in (SetupFacts, StepFacts, CommunicationFacts, ComputeFacts,
+                                                                 WorkloadFacts)]
+    names = [n for p in parts for n in p]
+    assert len(names) == len(set(names))
+    assert set(names) | {"notes"} == {f.name for f in dataclasses.fields(RunFacts)}

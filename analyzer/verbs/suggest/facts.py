@@ -1,7 +1,12 @@
 """The measured numbers the rules read, derived once from a RunAnalysis (pure: no file access).
 
 :func:`run_facts` condenses an :class:`analyzer.api.RunAnalysis` into a
-:class:`RunFacts`. Definitions (docs/suggestions.md, "Facts"):
+:class:`RunFacts`, the flat record the rules read, assembled from five typed
+parts each built by its own function: :class:`SetupFacts` (what ran where),
+:class:`StepFacts` (the steady step), :class:`CommunicationFacts`,
+:class:`ComputeFacts` and :class:`WorkloadFacts` (tokens, memory, recompute);
+their fields partition RunFacts' (all but ``notes``). Definitions
+(docs/suggestions.md, "Facts"):
 
 * ``step_time_ms``: the steady-state step. reftrain runs: the median over
   steady-state steps (warmup and profiled steps excluded) of the mean over
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -669,6 +674,206 @@ def _trace_step_time(steps: pd.DataFrame) -> tuple[float | None, int]:
 
 
 # ---------------------------------------------------------------------------
+# The sub-facts RunFacts is made of: each a typed part, built by its own function
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupFacts:
+    """The run's setup: what ran where (run.json, else the traces), and its host."""
+
+    kind: str
+    device: str
+    device_name: str | None
+    config: dict | None
+    config_path: str | None
+    world_size: int
+    ranks_traced: int
+    params: dict | None
+    cpu_cores: int | None
+    inject: dict | None
+    hostnames: list[str] | None
+    ranks_per_host: int
+    telemetry: pd.DataFrame | None
+    profile_steps: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """The steady step: its time, phases and breakdown shares, and the step windows read."""
+
+    step_time_ms: float | None
+    step_time_source: str
+    n_steps: int
+    phases: dict[str, float]
+    rank_phases: dict[int, dict[str, float]]
+    profiled_step_time_ms: float | None
+    shares: dict[str, float]
+    shares_source: str | None
+    windows_used: int
+    windows_total: int
+
+
+@dataclass(frozen=True)
+class CommunicationFacts:
+    """Communication: exposed per step, the collectives' model and diagnosis, the link, stragglers."""
+
+    exposed_comm_ms: float | None
+    exposed_comm_source: str | None
+    comm: CommFacts | None
+    comm_diagnosis: "CommDiagnosis | None"
+    comm_fits: dict
+    link_gbps: float | None
+    link_name: str | None
+    comm_group_size: int | None
+    sync_delay_ms: dict[int, float]
+    stragglers: "StragglerResult"
+
+
+@dataclass(frozen=True)
+class ComputeFacts:
+    """Compute: MFU and what it rests on, the device kernels, why the device idles."""
+
+    mfu: float | None
+    peak_flops_per_s: float | None
+    flops_per_token: float | None
+    dtype: str | None
+    flop_coverage: float | None
+    kernels: KernelFacts | None
+    idle: IdleFacts | None
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """Data and memory: tokens per step and their source, peak memory, activation recompute."""
+
+    tokens_per_step: float | None
+    tokens_source: str | None
+    memory: MemoryFacts
+    recompute: RecomputeFacts | None
+
+
+def setup_facts(ra: "RunAnalysis") -> SetupFacts:
+    """Device, config, world size and host of the run; run.json's when there is one, else the traces'."""
+    man, hw = ra.run_manifest, ra.run_manifest.hw
+    device_names = [r.device_name for r in ra.ranks if r.device_name]
+    if ra.manifest:
+        device = "cuda" if hw.device_type == "cuda" else "cpu"
+        device_name = (hw.device_names[0] if hw.device_names else None) if device == "cuda" else (hw.cpu_model or None)
+    else:
+        device = "cuda" if any(r.source == "device" for r in ra.ranks) else "cpu"
+        device_name = device_names[0] if device_names else None
+    if device == "cuda" and device_names:
+        device_name = device_names[0]
+    world = int(man.world_size or len(ra.ranks) or 1)
+    run_path = ra.path if isinstance(ra.path, Path) else None
+    return SetupFacts(
+        kind=ra.kind, device=device, device_name=device_name, config=man.config,
+        config_path=str(run_path / "config.yaml") if (man.config is not None and run_path is not None) else None,
+        world_size=world, ranks_traced=len(ra.ranks),
+        params=man.params.to_json() if man.params is not None else None,
+        cpu_cores=hw.cpu_cores_usable or hw.cpu_cores,
+        inject=man.inject.to_json() if man.inject is not None else None,
+        hostnames=list(hw.hostnames) or None, ranks_per_host=_ranks_per_host(hw.hostnames, world),
+        telemetry=getattr(ra, "telemetry", None),
+        profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
+                       if ra.metrics is not None and not ra.metrics.empty else 0),
+    )
+
+
+def step_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, windows: pd.DataFrame) -> StepFacts:
+    """The steady step (module doc: ``step_time_ms``, ``phases``, ``shares``) over the steady records and
+    the usable step windows."""
+    phases = phase_medians(steady) if steady is not None else {}
+    if ra.kind == "reftrain" and "step_time" in phases:
+        step_time_ms, source = phases.pop("step_time"), "metrics JSONL, steady-state steps"
+        n_steps = int(steady["step"].nunique()) if steady is not None else 0
+    else:
+        phases.pop("step_time", None)
+        step_time_ms, n_steps = _trace_step_time(windows)
+        source = "ProfilerStep windows"
+    profiled_ms = None
+    if ra.metrics is not None and not ra.metrics.empty and "profiled" in ra.metrics.columns:
+        prof = ra.metrics.loc[ra.metrics["profiled"].fillna(False).astype(bool)]
+        if not prof.empty:
+            profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
+    shares, shares_source = breakdown_shares(windows)
+    return StepFacts(
+        step_time_ms=step_time_ms, step_time_source=source, n_steps=n_steps, phases=phases,
+        rank_phases=rank_phase_medians(steady) if steady is not None else {}, profiled_step_time_ms=profiled_ms,
+        shares=shares, shares_source=shares_source,
+        windows_used=int(len(windows)) if windows is not None else 0,
+        windows_total=int(len(ra.steps)) if ra.steps is not None else 0,
+    )
+
+
+def exposed_comm(step: StepFacts, tail: pd.Series | None) -> tuple[float | None, str | None]:
+    """Exposed communication per steady step (ms) and its source (module doc, ``exposed_comm_ms``)."""
+    if step.shares_source == "device" and step.step_time_ms:
+        return step.shares.get("exposed_comm", 0.0) * step.step_time_ms, "device breakdown of the trace windows"
+    if step.phases.get("grad_sync"):
+        # reftrain's explicit sync after backward (overlap_grad_sync=false) issues every collective inside
+        # its grad_sync phase, so their tail lies within it: adding the two would count the all-reduce twice.
+        return step.phases["grad_sync"], "metrics JSONL grad_sync_ms (the collectives run inside it)"
+    if tail is not None and len(tail):
+        return float(tail.median()), "collective records: tail after the last collective's issue"
+    if step.shares_source == "host" and step.step_time_ms:
+        return step.shares.get("exposed_comm", 0.0) * step.step_time_ms, "host breakdown of the trace windows"
+    return None, None
+
+
+def communication_facts(ra: "RunAnalysis", step: StepFacts, steady: pd.DataFrame | None, windows: pd.DataFrame,
+                        gpu_name: str | None) -> CommunicationFacts:
+    """Exposed communication, the collectives per steady step, the kernels' diagnosis and the sync delays."""
+    steady_steps = set(steady["step"].unique()) if steady is not None else None
+    comm, tail = comm_facts(ra, steady_steps)
+    coll = ra.collectives
+    if coll is not None and steady_steps:
+        coll = coll.loc[coll["step"].isin(steady_steps)]
+    exposed, exposed_source = exposed_comm(step, tail)
+    diag, fits, link, group = trace_comm(ra, gpu_name)
+    if comm is None and ra.kind == "traces":
+        comm = trace_comm_facts(ra, windows)
+    return CommunicationFacts(
+        exposed_comm_ms=exposed, exposed_comm_source=exposed_source, comm=comm, comm_diagnosis=diag,
+        comm_fits=fits, link_gbps=link.gbps if link is not None else None,
+        link_name=link.link if link is not None else None, comm_group_size=group,
+        sync_delay_ms=sync_delay_ms(coll) if coll is not None else {}, stragglers=ra.stragglers,
+    )
+
+
+def compute_facts(ra: "RunAnalysis") -> ComputeFacts:
+    """MFU (withheld when it is a lower bound), the FLOPs it rests on, the kernels, why the device idles."""
+    man = ra.run_manifest
+    train = man.config.get("train") if man.config else None
+    dtype = train.get("dtype") if isinstance(train, dict) else None
+    per_token = man.model_flops.per_token
+    median = ra.mfu.median
+    return ComputeFacts(
+        # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
+        mfu=median if median is not None and math.isfinite(median) and not ra.mfu.lower_bound else None,
+        peak_flops_per_s=ra.mfu.peak_flops_per_s, flops_per_token=float(per_token) if per_token else None,
+        dtype=dtype if dtype is not None else (ra.mfu.dtype or None),
+        flop_coverage=ra.mfu.flop_coverage, kernels=kernel_facts(ra), idle=idle_facts(ra),
+    )
+
+
+def workload_facts(ra: "RunAnalysis", setup: SetupFacts, steady: pd.DataFrame | None,
+                   windows: pd.DataFrame) -> WorkloadFacts:
+    """Tokens per step (run.json's, else the trace's input shapes), peak memory and activation recompute."""
+    man = ra.run_manifest
+    tokens: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
+    source = "run.json tokens_per_step" if tokens else None
+    workload = usable_workload(ra, windows)
+    if tokens is None and ra.kind == "traces":
+        tokens, source = trace_tokens(workload)
+    memory = memory_facts(ra, steady, setup.device, setup.device_name, man)
+    gpu_name = setup.device_name if setup.device == "cuda" else None
+    return WorkloadFacts(tokens_per_step=tokens, tokens_source=source, memory=memory,
+                         recompute=recompute_facts(workload, ra, memory, gpu_name))
+
+
+# ---------------------------------------------------------------------------
 # run_facts
 # ---------------------------------------------------------------------------
 
@@ -686,127 +891,16 @@ def run_facts(ra: "RunAnalysis") -> RunFacts:
 
 
 def _run_facts(ra: "RunAnalysis") -> RunFacts:
-    man = ra.run_manifest
-    config = man.config
-    hw = man.hw
-    device_names = [r.device_name for r in ra.ranks if r.device_name]
-    if ra.manifest:
-        device = "cuda" if hw.device_type == "cuda" else "cpu"
-        names = hw.device_names
-        device_name = (names[0] if names else None) if device == "cuda" else (hw.cpu_model or None)
-    else:
-        device = "cuda" if any(r.source == "device" for r in ra.ranks) else "cpu"
-        device_name = device_names[0] if device_names else None
-    if device == "cuda" and device_names:
-        device_name = device_names[0]
-
-    steady = _steady(ra, man)
-    phases = phase_medians(steady) if steady is not None else {}
+    setup = setup_facts(ra)
+    steady = _steady(ra, ra.run_manifest)
+    windows = usable_windows(ra.steps)
+    step = step_facts(ra, steady, windows)
+    gpu_name = setup.device_name if setup.device == "cuda" else None
     notes: list[str] = []
-    trace_steps = usable_windows(ra.steps)
-    if len(trace_steps) < len(ra.steps):
-        notes.append(f"{len(ra.steps) - len(trace_steps)} step window(s) clipped to the trace are not used by any rule")
-    if ra.kind == "reftrain" and "step_time" in phases:
-        step_time_ms, source = phases.pop("step_time"), "metrics JSONL, steady-state steps"
-        n_steps = int(steady["step"].nunique()) if steady is not None else 0
-    else:
-        phases.pop("step_time", None)
-        step_time_ms, n_steps = _trace_step_time(trace_steps)
-        source = "ProfilerStep windows"
-    profiled_ms = None
-    if ra.metrics is not None and not ra.metrics.empty and "profiled" in ra.metrics.columns:
-        prof = ra.metrics.loc[ra.metrics["profiled"].fillna(False).astype(bool)]
-        if not prof.empty:
-            profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
-
-    shares, shares_source = breakdown_shares(trace_steps)
-    steady_steps = set(steady["step"].unique()) if steady is not None else None
-    comm, tail = comm_facts(ra, steady_steps)
-    coll = ra.collectives
-    if coll is not None and steady_steps:
-        coll = coll.loc[coll["step"].isin(steady_steps)]
-    exposed, exposed_source = None, None
-    if shares_source == "device" and step_time_ms:
-        exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "device breakdown of the trace windows"
-    elif phases.get("grad_sync"):
-        # reftrain's explicit sync after backward (overlap_grad_sync=false) issues every
-        # collective inside its grad_sync phase, so their tail lies within it: adding the
-        # two counted the all-reduce twice (16.9 ms exposed of a 156 ms step where the
-        # phase took 11 ms, which made grad_accumulation fire and over-predict, issue 18).
-        exposed, exposed_source = phases["grad_sync"], "metrics JSONL grad_sync_ms (the collectives run inside it)"
-    elif tail is not None and len(tail):
-        exposed = float(tail.median())
-        exposed_source = "collective records: tail after the last collective's issue"
-    elif shares_source == "host" and step_time_ms:
-        exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "host breakdown of the trace windows"
-
-    diag, fits, link, group = trace_comm(ra, device_name if device == "cuda" else None)
-    if comm is None and ra.kind == "traces":
-        comm = trace_comm_facts(ra, trace_steps)
+    if len(windows) < len(ra.steps):
+        notes.append(f"{len(ra.steps) - len(windows)} step window(s) clipped to the trace are not used by any rule")
     if ra.mfu.lower_bound:
         notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
-    tokens_per_step: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
-    tokens_source = "run.json tokens_per_step" if tokens_per_step else None
-    workload = usable_workload(ra, trace_steps)
-    if tokens_per_step is None and ra.kind == "traces":
-        tokens_per_step, tokens_source = trace_tokens(workload)
-    memory = memory_facts(ra, steady, device, device_name, man)
-    per_token = man.model_flops.per_token
-    train = config.get("train") if config else None
-    dtype = train.get("dtype") if isinstance(train, dict) else None
-    if dtype is None and ra.mfu.dtype:
-        dtype = ra.mfu.dtype
-    world = int(man.world_size or len(ra.ranks) or 1)
-    cores = hw.cpu_cores_usable or hw.cpu_cores
-    run_path = ra.path if isinstance(ra.path, Path) else None
-    config_path = str(run_path / "config.yaml") if (config is not None and run_path is not None) else None
-    return RunFacts(
-        kind=ra.kind,
-        device=device,
-        device_name=device_name,
-        config=config,
-        config_path=config_path,
-        world_size=world,
-        ranks_traced=len(ra.ranks),
-        step_time_ms=step_time_ms,
-        step_time_source=source,
-        n_steps=n_steps,
-        tokens_per_step=tokens_per_step,
-        tokens_source=tokens_source,
-        recompute=recompute_facts(workload, ra, memory, device_name if device == "cuda" else None),
-        # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
-        mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) and not ra.mfu.lower_bound else None,
-        peak_flops_per_s=ra.mfu.peak_flops_per_s,
-        flops_per_token=float(per_token) if per_token else None,
-        dtype=dtype,
-        phases=phases,
-        profiled_step_time_ms=profiled_ms,
-        shares=shares,
-        shares_source=shares_source,
-        exposed_comm_ms=exposed,
-        exposed_comm_source=exposed_source,
-        comm=comm,
-        kernels=kernel_facts(ra),
-        memory=memory,
-        idle=idle_facts(ra),
-        stragglers=ra.stragglers,
-        telemetry=getattr(ra, "telemetry", None),
-        params=man.params.to_json() if man.params is not None else None,
-        cpu_cores=cores,
-        rank_phases=rank_phase_medians(steady) if steady is not None else {},
-        sync_delay_ms=sync_delay_ms(coll) if coll is not None else {},
-        inject=man.inject.to_json() if man.inject is not None else None,
-        hostnames=list(hw.hostnames) or None,
-        profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
-                       if ra.metrics is not None and not ra.metrics.empty else 0),
-        ranks_per_host=_ranks_per_host(hw.hostnames, world),
-        notes=notes,
-        comm_diagnosis=diag,
-        comm_fits=fits,
-        link_gbps=link.gbps if link is not None else None,
-        link_name=link.link if link is not None else None,
-        flop_coverage=ra.mfu.flop_coverage,
-        windows_used=int(len(trace_steps)) if trace_steps is not None else 0,
-        windows_total=int(len(ra.steps)) if ra.steps is not None else 0,
-        comm_group_size=group,
-    )
+    parts = (setup, step, communication_facts(ra, step, steady, windows, gpu_name), compute_facts(ra),
+             workload_facts(ra, setup, steady, windows))
+    return RunFacts(**{f.name: getattr(p, f.name) for p in parts for f in fields(p)}, notes=notes)
