@@ -1,4 +1,4 @@
-"""Communication suggestions on foreign traces (issue 18): the collectives diagnosis wired into the rules, the
+"""Communication suggestions on foreign traces: the collectives diagnosis wired into the rules, the
 ranking that puts exposed comm over 20 % first and says why, and each suggestion's coverage capping its confidence.
 Exact answers: synthetic facts and one synthetic trace whose collectives and windows are laid out by hand."""
 from __future__ import annotations

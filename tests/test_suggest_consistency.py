@@ -1,9 +1,9 @@
-"""Consistency of suggestions on every shared trace (issue 18 item 3).
+"""Consistency of suggestions on every shared trace.
 
 No suggestion predicts more than removing the part of the step it addresses: for a rule that acts on one
 breakdown part with share x of the step, the predicted throughput gain is at most x / (1 - x). The first
 suggestion addresses the largest part of the step a rule can act on, or its first note says why not; with exposed
-comm over 20 % of the step the first suggestion is a communication one (issue 18's "Done when"); every suggestion
+comm over 20 % of the step the first suggestion is a communication one; every suggestion
 carries its coverage.
 """
 from __future__ import annotations

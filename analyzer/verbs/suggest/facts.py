@@ -243,7 +243,7 @@ class RunFacts:
     kernels: KernelFacts | None
     memory: MemoryFacts
     stragglers: "StragglerResult"
-    # Why the device idles (issue 11 item 4): causes, launches, host syncs, pageable copies; None without device events.
+    # Why the device idles: causes, launches, host syncs, pageable copies; None without device events.
     idle: IdleFacts | None = None
     telemetry: pd.DataFrame | None = None
     params: dict | None = None

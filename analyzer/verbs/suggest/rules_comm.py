@@ -361,7 +361,8 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
 
 
 
-# Exposed communication above this share of the step on a single traced rank is diagnosed (issue 18's bar).
+# Exposed communication above this share of the step on a single traced rank is diagnosed (rule_comm_one_rank):
+# one rank's trace cannot tell waiting for a peer from the transfer.
 ONE_RANK_COMM_MIN_SHARE = 0.20
 
 

@@ -257,7 +257,7 @@ def rule_profiler_overhead(f: RunFacts) -> Suggestion | None:
     overrides = {"profile.repeat": 1, "profile.active": 2, "profile.warmup": 1}
     if f.cfg("profile.with_stack"):
         overrides["profile.with_stack"] = False
-    if f.cfg("profile.memory") or f.cfg("profile.profile_memory"):  # the key before issue 11 item 5: profile_memory
+    if f.cfg("profile.memory") or f.cfg("profile.profile_memory"):  # profile_memory: the key's older name
         overrides["profile.memory"] = False
     pred = whatif.prediction(f, mean_after, f"{n_prof} -> {keep} profiled steps of {n_all}, each {slowdown:.2f}x a steady step",
                              scope="run wall time", step_before_ms=mean_before)
