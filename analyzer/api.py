@@ -205,7 +205,7 @@ class RunAnalysis:
     warnings: list[str] = field(default_factory=list)
     metrics: pd.DataFrame | None = None
     telemetry: pd.DataFrame | None = None
-    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    derived: dict[str, Roofline] = field(default_factory=dict, repr=False, compare=False)
     # Per rank: one row per communication kernel (analyzer.metrics.collectives), for suggest; not in the report.
     rank_collectives: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     # Per rank: tokens from the input shapes and activation recompute per step window (analyzer.metrics.workload),

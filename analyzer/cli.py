@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.jsontext import dumps_json
-from analyzer.verbs.suggest.cli import positive_int
 
 if TYPE_CHECKING:
     from analyzer.ingest.jobs import ParseJobs
@@ -291,6 +290,31 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_suggest(args: argparse.Namespace) -> int:
+    """Ranked suggestions of one run (docs/suggestions.md); ``--json`` and ``--emit-config`` write files."""
+    path = _existing(args.path)
+    with _parsing([path], args) as jobs:
+        # Imported once the parse workers run: the rules import pandas meanwhile.
+        from analyzer.verbs.suggest.emit import emit_config
+        from analyzer.verbs.suggest.facts import run_facts
+        from analyzer.verbs.suggest.render import render_text
+        from analyzer.verbs.suggest.run import suggest, suggestions_document
+
+        analysis = _analyze(path, args, jobs)
+    suggestions = suggest(analysis)
+    facts = run_facts(analysis)
+    if args.json:
+        _write_text(args.json, dumps_json(suggestions_document(analysis)))
+    _print(render_text(suggestions, facts.config_path, nproc=facts.world_size))
+    if args.emit_config:
+        if args.pick > len(suggestions):
+            raise AnalyzerError(f"--pick {args.pick}: only {len(suggestions)} suggestion(s) for {path}")
+        chosen = suggestions[args.pick - 1]
+        written = emit_config(analysis, chosen, args.emit_config)
+        _print(f"\nwrote {written} ({chosen.rule} applied); run it: reftrain --nproc {facts.world_size} --config {written}")
+    return EXIT_OK
+
+
 @contextlib.contextmanager
 def _parsing(paths: Sequence[Path], args: argparse.Namespace) -> Iterator[ParseJobs | None]:
     """:func:`start_parsing`, closed (workers joined) when the block ends."""
@@ -325,6 +349,17 @@ def _positive(text: str) -> float:
     value = _fraction(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts and 1-based picks (--top, --pick): an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
 
 
@@ -452,9 +487,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write JUnit XML, one test case per gated metric (docs/ci.md)")
     p.set_defaults(func=cmd_check)
 
-    from analyzer.verbs.suggest.cli import add_suggest_subcommand  # analyzer suggest (docs/suggestions.md)
+    from analyzer.verbs.suggest.engine import SCHEMA as SUGGESTIONS_SCHEMA
 
-    add_suggest_subcommand(sub, parents=[common, analysis])
+    p = sub.add_parser("suggest", parents=[common, analysis], help="ranked config changes with evidence and predicted gain",
+                       description="Rules over the run's measurements: each suggestion names the change (a reftrain --set "
+                       "override or plain PyTorch advice), the evidence and the predicted step time and MFU. "
+                       "See docs/suggestions.md.")
+    p.add_argument("path", metavar="PATH", help="a reftrain run directory, a folder of traces, or one trace file")
+    p.add_argument("--json", type=Path, metavar="FILE", help=f"write the suggestions as JSON (schema {SUGGESTIONS_SCHEMA})")
+    p.add_argument("--emit-config", type=Path, metavar="FILE",
+                   help="write a reftrain config (YAML) with the picked suggestion applied: reftrain --config FILE")
+    p.add_argument("--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)")
+    p.set_defaults(func=cmd_suggest)
     return parser
 
 
@@ -536,10 +580,6 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     _apply_limits(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        if args.command == "suggest":
-            # Its parse workers start before analyzer.suggest's run imports pandas.
-            with _parsing([Path(args.path)], args) as args.parse_jobs:
-                return func(args)
         return func(args)
     except AnalyzerError as exc:
         skipped = list(getattr(exc, "skipped", ()))

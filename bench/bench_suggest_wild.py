@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 # The part of the step each rule acts on, and the parts no rule removes: the engine's tables (one definition).
-from analyzer.verbs.suggest.engine import RULE_PART, parts_of
+from analyzer.verbs.suggest.engine import part_of, parts_of
 
 
 def _files(root: Path) -> list[Path]:
@@ -38,7 +38,7 @@ def row(path: Path) -> dict:
     shares = {k: v for k, v in (facts.shares or {}).items() if v}
     top_part = largest_actionable(facts)
     largest = top_part[0] if top_part else None
-    top = [(s.rule, s.kind, s.gain, RULE_PART.get(s.rule, "-"), s.confidence) for s in sugg[:3]]
+    top = [(s.rule, s.kind, s.gain, part_of(s.rule) or "-", s.confidence) for s in sugg[:3]]
     first = sugg[0] if sugg else None
     # The first suggestion addresses the largest actionable part, or its first note says why not (run.first_note).
     ok = None if first is None or largest is None else (

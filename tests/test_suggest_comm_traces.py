@@ -85,7 +85,7 @@ def test_grad_accumulation_per_step_without_tokens():
 
 def _s(rule, gain_step_after, kind="change", confidence="low"):
     f = trace_facts()
-    return Suggestion(rule, rule, "t", {}, Change({}, "x"), whatif.prediction(f, gain_step_after, "m"), confidence, kind)
+    return Suggestion(rule, "t", {}, Change({}, "x"), whatif.prediction(f, gain_step_after, "m"), confidence, kind, rule=rule)
 
 
 def test_comm_first_and_the_note_when_not_the_largest_part():

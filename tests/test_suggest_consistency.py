@@ -54,7 +54,7 @@ def test_first_suggestion_addresses_the_largest_part_or_says_why(trace):
     from analyzer import analyze
     from analyzer.errors import AnalyzerError
     from analyzer.verbs.suggest import suggest
-    from analyzer.verbs.suggest.engine import RULE_PART, parts_of
+    from analyzer.verbs.suggest.engine import part_of, parts_of
     from analyzer.verbs.suggest.facts import run_facts
     from analyzer.verbs.suggest.run import largest_actionable
 
@@ -73,6 +73,6 @@ def test_first_suggestion_addresses_the_largest_part_or_says_why(trace):
         assert first.notes and first.notes[0].startswith(f"ranked first although {top[0]} ({top[1]:.0%} of the step)"), (
             f"{first.rule} is first, the largest actionable part is {top[0]} ({top[1]:.0%}), and no note says why")
     if f.shares.get("exposed_comm", 0.0) > 0.20:
-        assert RULE_PART.get(first.rule) == "exposed_comm", f"exposed comm {f.shares['exposed_comm']:.0%}, first is {first.rule}"
+        assert part_of(first.rule) == "exposed_comm", f"exposed comm {f.shares['exposed_comm']:.0%}, first is {first.rule}"
         if first.kind == "diagnosis":
             assert first.rule in {"comm_waiting", "comm_one_rank"} and first.evidence

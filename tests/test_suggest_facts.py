@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from analyzer.api import analyze
 from analyzer.verbs.suggest import suggest
-from analyzer.verbs.suggest.facts import collective_tail_ms, fit_alpha_beta, gpu_memory_bytes, run_facts, service_times_ms
+from analyzer.verbs.suggest.facts import gpu_memory_bytes, run_facts
 from reftrain.config import Config, resolve, set_value
 from tests.synth import KinetoTrace
 
@@ -77,20 +76,6 @@ def write_run(root: Path, *, settings: dict | None = None, steps: int = 12, step
 
 
 # ----------------------------------------------------------------------------- pure helpers
-
-
-def test_service_times_remove_queueing_and_tail_is_after_the_last_issue():
-    times = pd.DataFrame({"step": [0, 0, 0], "start_ns": [10 * MS, 20 * MS, 30 * MS], "end_ns": [25 * MS, 40 * MS, 60 * MS]})
-    # The 2nd starts at 20 but the 1st runs until 25; the 3rd waits until 40.
-    assert service_times_ms(times).tolist() == pytest.approx([15.0, 15.0, 20.0])
-    assert collective_tail_ms(times).tolist() == pytest.approx([30.0])
-
-
-def test_alpha_beta_fit():
-    b = np.array([1e6, 2e6, 4e6])
-    alpha, per_byte = fit_alpha_beta(b, 3.0 + b * 2e-6)
-    assert alpha == pytest.approx(3.0) and per_byte == pytest.approx(2e-6)
-    assert fit_alpha_beta(np.array([1e6, 1e6]), np.array([1.0, 2.0])) == (None, None)
 
 
 def test_gpu_memory_from_name_or_datasheet():
@@ -329,3 +314,17 @@ def test_a_step_window_past_the_trace_is_clipped_flagged_and_never_fed_to_a_rule
     assert facts.step_time_ms == pytest.approx(10.0)  # the unflagged window only
     for s in suggest(ra):
         assert s.evidence.get("step_time_ms", 0) <= 10.0 + 1e-9, s.rule
+
+
+def test_the_sub_facts_partition_run_facts():
+    """RunFacts is assembled from its typed parts: each field comes from exactly one part (notes from run_facts),
+    so a field added to RunFacts but to no part would be left at its default, and this fails."""
+    import dataclasses
+
+    from analyzer.verbs.suggest.facts import CommunicationFacts, ComputeFacts, RunFacts, SetupFacts, StepFacts, WorkloadFacts
+
+    parts = [[f.name for f in dataclasses.fields(p)] for p in (SetupFacts, StepFacts, CommunicationFacts, ComputeFacts,
+                                                                 WorkloadFacts)]
+    names = [n for p in parts for n in p]
+    assert len(names) == len(set(names))
+    assert set(names) | {"notes"} == {f.name for f in dataclasses.fields(RunFacts)}

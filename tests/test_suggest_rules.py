@@ -426,7 +426,7 @@ def _arrival_run(lateness_ms: dict[int, list[float]], step_ms: tuple[list[float]
     step, rank ``r`` arriving ``lateness_ms[r][s]`` ms after the step's common start; step times
     ``step_ms[r][s]`` (1000 ms on every rank without them)."""
     from analyzer.metrics.stragglers import collective_table
-    from analyzer.verbs.suggest.facts import sync_delay_ms
+    from analyzer.metrics.collective_model import sync_delay_ms
 
     n = len(next(iter(lateness_ms.values())))
     arrivals, steps = [], []

@@ -31,6 +31,7 @@ from analyzer.ingest.rundir import COLLECTIVES_COLUMNS, METRICS_COLUMNS
 from analyzer.metrics import (
     attribution,
     breakdown,
+    collective_model,
     collectives,
     curves,
     goodput,
@@ -82,6 +83,9 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "flop_kernels": lambda: matmul_flops.flop_kernels(tables.empty_events(), matmul_flops.matmul_ops(tables.empty_events())),
     "arrivals": lambda: stragglers.arrivals_from_records(_frame(COLLECTIVES_COLUMNS), None),
     "spans": lambda: stragglers.match_collective_spans({0: None}),
+    "matched_collectives": lambda: stragglers.collective_table(EMPTY_INPUTS["arrivals"]()),
+    "collective_times": lambda: collective_model.collective_times(EMPTY_INPUTS["matched_collectives"]()),
+    "values": lambda: np.zeros(0, dtype=np.float64),
     "curves": lambda: curves.training_curves(None, _frame(METRICS_COLUMNS)).table,
     "window_device": lambda: idle.window_device(tables.empty_events(), tables.empty_steps()),
     "device_gaps": lambda: idle.device_gaps(idle.window_device(tables.empty_events(), tables.empty_steps())),
@@ -150,6 +154,12 @@ METRICS: tuple[Metric, ...] = (
     metric(breakdown.breakdown_pieces, events="events", steps="steps"),
     metric(breakdown.with_waits, params={"waits": None}, pieces="pieces"),
     metric(breakdown.summarize_breakdown, params={"source": "device"}, table="step_table"),
+    # collective_model: service times, the exposed tail, the alpha-beta fit, sync delay
+    metric(collective_model.collective_times, collectives="matched_collectives"),
+    metric(collective_model.service_times_ms, times="collective_times"),
+    metric(collective_model.collective_tail_ms, times="collective_times"),
+    metric(collective_model.fit_alpha_beta, bytes_="values", service_ms="values"),
+    metric(collective_model.sync_delay_ms, collectives="matched_collectives"),
     # collectives: sizes, bandwidths, alpha-beta, diagnosis
     metric(collectives.collective_table, events="events"),
     metric(collectives.alpha_beta, table="comm_kernels"),

@@ -8,11 +8,11 @@
         print(s.rule, s.change.set_args(), s.predicted.gain)
 
 ``emit_config`` writes a reftrain config with one suggestion applied;
-``add_suggest_subcommand`` / ``run_suggest`` are the ``analyzer suggest`` command.
+``suggestions_document`` is ``analyzer suggest --json``'s document (the
+command itself is in analyzer/cli.py).
 """
 from __future__ import annotations
 
-from analyzer.verbs.suggest.cli import add_suggest_subcommand, run_suggest
 from analyzer.verbs.suggest.emit import emit_config, emitted_config_text
 from analyzer.verbs.suggest.engine import RULES, Change, Prediction, Suggestion, suggestions_json
 from analyzer.verbs.suggest.render import render_markdown, render_text, suggestions_text
@@ -21,7 +21,7 @@ from analyzer.verbs.suggest.render import render_markdown, render_text, suggesti
 def __getattr__(name: str) -> object:
     # suggest() and report_suggestions() live in .run, which imports every rule module (and
     # pandas with them): loaded on first use, so `analyzer --help` and the CLI's start stay light.
-    if name in ("suggest", "report_suggestions"):
+    if name in ("suggest", "report_suggestions", "suggestions_document"):
         from analyzer.verbs.suggest import run
 
         return getattr(run, name)
@@ -30,5 +30,5 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "suggest", "suggestions_json", "report_suggestions", "Suggestion", "Change", "Prediction", "RULES",
     "emit_config", "emitted_config_text", "render_text", "render_markdown", "suggestions_text",
-    "add_suggest_subcommand", "run_suggest",
+    "suggestions_document",
 ]

@@ -1,7 +1,8 @@
 """Suggestions: the records a rule returns, the rule registry, and the ranking.
 
-A *rule* is a small function ``rule(facts: RunFacts) -> Suggestion | None``
-(one per module section in ``analyzer/verbs/suggest/rules_*.py``). It fires when
+A *rule* is a small function ``rule_<id>(facts: RunFacts) -> Suggestion | None``
+(one per module section in ``analyzer/verbs/suggest/rules_*.py``), registered
+with ``@rule(part=...)``. It fires when
 its trigger passes a named, documented threshold, and then returns a
 :class:`Suggestion` with
 
@@ -17,13 +18,15 @@ its trigger passes a named, documented threshold, and then returns a
 (:func:`rank`): when exposed communication is over :data:`COMM_FIRST_SHARE`
 of the step, the suggestions on it first; then suggestions with a change to
 make before diagnoses (which only explain), then by predicted throughput
-gain, largest first. :data:`RULE_PART` names the part of the step each rule
-acts on. docs/suggestions.md is the reference of every rule.
+gain, largest first. Each rule is registered once with :func:`rule`, which
+records its id (the function's name), the part of the step it acts on and
+whether it needs FLOPs. docs/suggestions.md is the reference of every rule.
 """
 from __future__ import annotations
 
+import functools
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from analyzer.jsontext import jsonable
@@ -130,7 +133,6 @@ class Prediction:
 class Suggestion:
     """One rule's finding. ``kind`` ``change`` proposes a change; ``diagnosis`` explains (no single change)."""
 
-    rule: str
     title: str
     trigger: str  # the threshold test that fired, with the measured value
     evidence: dict[str, Any]
@@ -141,6 +143,8 @@ class Suggestion:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # What the inputs cover (set by suggest: analyzer.verbs.suggest.run.coverage); the confidence is capped by it.
     coverage: dict[str, Any] = field(default_factory=dict)
+    # The id of the rule that returned it: set by the registry (Rule.__call__) from the rule's function name.
+    rule: str = field(default="", kw_only=True)
 
     @property
     def gain(self) -> float:
@@ -171,41 +175,88 @@ class Suggestion:
         }
 
 
-# The part of the step (a breakdown part, RunFacts.shares) each rule's what-if acts on.
-RULE_PART = {
-    "ddp_bucket_size": "exposed_comm", "grad_accumulation": "exposed_comm", "fsdp_reshard": "exposed_comm",
-    "fsdp_prefetch": "exposed_comm", "last_bucket_overlap": "exposed_comm",
-    "comm_compression": "exposed_comm", "overlap_grad_sync": "grad_sync", "gradient_as_bucket_view": "exposed_comm",
-    "launch_bound": "idle", "cuda_graphs": "idle", "data_wait": "data", "pin_memory": "exposed_memcpy",
-    "exposed_memcpy": "exposed_memcpy", "fused_adamw": "optimizer", "torch_compile": "compute",
-    "bf16_autocast": "compute", "tf32": "compute", "micro_batch": "other", "smaller_micro_batch": "other",
-    "activation_checkpointing": "compute", "selective_checkpointing": "compute",
-    "straggler": "exposed_comm", "comm_one_rank": "exposed_comm", "comm_waiting": "exposed_comm",
-    "dependency_idle": "idle", "host_sync": "idle", "pageable_copies": "exposed_memcpy",
-}
-# Rules whose what-if also acts on a second part: launch_bound's larger batch fills idle time and spreads the
-# fixed (non-batch-scaled) exposed comm over k times the work (rules_compute.rule_launch_bound).
-ALSO_PARTS = {"launch_bound": ("exposed_comm",)}
 # Parts no rule removes as such (overlapped comm is already hidden; collective waits are the straggler's).
 NOT_ACTIONABLE = frozenset({"overlapped_comm", "collective_wait"})
-# Exposed communication above this share of the step ranks the suggestions on it first (issue 18): a
-# collective holds every rank of the job, and one rank's other parts are measured on a step its peers set.
+# Exposed communication above this share of the step ranks the suggestions on it first: a collective
+# holds every rank of the job, and one rank's other parts are measured on a step its peers set.
 COMM_FIRST_SHARE = 0.20
 
 
-def parts_of(rule_id: str) -> tuple[str, ...]:
-    """Every breakdown part a rule's what-if acts on (empty for a rule that acts on none)."""
-    return ((RULE_PART[rule_id],) if rule_id in RULE_PART else ()) + ALSO_PARTS.get(rule_id, ())
+class Rule:
+    """A registered rule: the function, and what the registry knows of it.
+
+    ``id`` is the function's name without ``rule_``; it is the ``rule`` of every
+    :class:`Suggestion` the rule returns (set here, so the id is written once).
+    ``part``: the breakdown part (a key of ``RunFacts.shares``) its what-if acts
+    on, None for a rule that acts on none; ``also_parts``: parts its what-if
+    also acts on; ``needs_flops``: its what-if rests on the FLOP count (MFU or
+    compute time per FLOP), so its confidence is capped by the FLOP coverage.
+    Calling it runs the rule.
+    """
+
+    def __init__(self, fn: Callable[["RunFacts"], "Suggestion | None"], part: str | None,
+                 also_parts: tuple[str, ...], needs_flops: bool) -> None:
+        if not fn.__name__.startswith("rule_"):
+            raise ValueError(f"{fn.__module__}.{fn.__name__}: a rule function's name starts with 'rule_'")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.id = fn.__name__.removeprefix("rule_")
+        self.part = part
+        self.also_parts = also_parts
+        self.needs_flops = needs_flops
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """Every breakdown part the rule's what-if acts on (empty for a rule that acts on none)."""
+        return ((self.part,) if self.part is not None else ()) + self.also_parts
+
+    def __call__(self, facts: "RunFacts") -> "Suggestion | None":
+        found = self.fn(facts)
+        return None if found is None else replace(found, rule=self.id)
+
+    def __repr__(self) -> str:
+        return f"Rule({self.id!r}, part={self.part!r})"
 
 
-Rule = Callable[["RunFacts"], "Suggestion | None"]
 RULES: list[Rule] = []
+_BY_ID: dict[str, Rule] = {}
 
 
-def rule(fn: Rule) -> Rule:
-    """Register a rule function (its name, without ``rule_``, is the rule id)."""
-    RULES.append(fn)
-    return fn
+def rule(part: str | None = None, *, also: tuple[str, ...] = (), flops: bool = False
+         ) -> Callable[[Callable[["RunFacts"], "Suggestion | None"]], Rule]:
+    """Register a rule function: ``@rule(part="exposed_comm")`` above ``def rule_ddp_bucket_size(f)``.
+
+    The rule id is the function's name without ``rule_``; registering the
+    same id twice is an error (two rules would share one id in the report).
+    """
+
+    def register(fn: Callable[["RunFacts"], "Suggestion | None"]) -> Rule:
+        registered = Rule(fn, part, also, flops)
+        if registered.id in _BY_ID:
+            raise ValueError(f"rule {registered.id!r} registered twice ({fn.__module__})")
+        RULES.append(registered)
+        _BY_ID[registered.id] = registered
+        return registered
+
+    return register
+
+
+def part_of(rule_id: str) -> str | None:
+    """The breakdown part a registered rule's what-if acts on; None for none (or an unknown id)."""
+    found = _BY_ID.get(rule_id)
+    return found.part if found is not None else None
+
+
+def parts_of(rule_id: str) -> tuple[str, ...]:
+    """Every breakdown part a registered rule's what-if acts on (empty for none, or an unknown id)."""
+    found = _BY_ID.get(rule_id)
+    return found.parts if found is not None else ()
+
+
+def needs_flops(rule_id: str) -> bool:
+    """Whether a registered rule's what-if rests on the FLOP count."""
+    found = _BY_ID.get(rule_id)
+    return found is not None and found.needs_flops
 
 
 def rank(suggestions: list[Suggestion], comm_first: bool = False) -> list[Suggestion]:
@@ -217,7 +268,7 @@ def rank(suggestions: list[Suggestion], comm_first: bool = False) -> list[Sugges
     """
     return sorted(
         suggestions,
-        key=lambda s: (comm_first and RULE_PART.get(s.rule) != "exposed_comm", s.kind != "change",
+        key=lambda s: (comm_first and part_of(s.rule) != "exposed_comm", s.kind != "change",
                        -round(s.gain, 6), _CONFIDENCE_ORDER[s.confidence], s.rule),
     )
 

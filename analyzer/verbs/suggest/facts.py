@@ -1,7 +1,12 @@
 """The measured numbers the rules read, derived once from a RunAnalysis (pure: no file access).
 
 :func:`run_facts` condenses an :class:`analyzer.api.RunAnalysis` into a
-:class:`RunFacts`. Definitions (docs/suggestions.md, "Facts"):
+:class:`RunFacts`, the flat record the rules read, assembled from five typed
+parts each built by its own function: :class:`SetupFacts` (what ran where),
+:class:`StepFacts` (the steady step), :class:`CommunicationFacts`,
+:class:`ComputeFacts` and :class:`WorkloadFacts` (tokens, memory, recompute);
+their fields partition RunFacts' (all but ``notes``). Definitions
+(docs/suggestions.md, "Facts"):
 
 * ``step_time_ms``: the steady-state step. reftrain runs: the median over
   steady-state steps (warmup and profiled steps excluded) of the mean over
@@ -22,9 +27,10 @@
   the collective records: ``grad_sync_ms`` plus the *tail*, the time from the
   issue of the step's last collective (the moment backward's last gradient
   is ready) to the end of the last collective, on the last arriver, median
-  over steps. See :func:`collective_tail_ms`.
+  over steps (:func:`analyzer.metrics.collective_model.collective_tail_ms`).
 * ``comm``: per-step collective counts and sizes, and a per-collective
-  service time (queue-corrected duration, :func:`service_times_ms`).
+  service time (queue-corrected duration,
+  :func:`analyzer.metrics.collective_model.service_times_ms`).
 * ``tokens_per_step``: run.json's (reftrain); for traces, estimated from the
   input shapes (:func:`trace_tokens`: ``aten::embedding``'s token ids, else
   the first ``aten::linear``'s ``[batch, seq]``), its source in
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +55,12 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.formats import RunManifest
+from analyzer.metrics.collective_model import (
+    collective_tail_ms, collective_times, fit_alpha_beta, service_times_ms, sync_delay_ms,
+)
 from analyzer.metrics.mfu import steady_state
 from analyzer.metrics.taxonomy import FUSABLE_CLASSES, classify_name, is_compiled, kernel_precision
+from analyzer.verbs.suggest.memo import memo_of
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -233,13 +243,13 @@ class RunFacts:
     kernels: KernelFacts | None
     memory: MemoryFacts
     stragglers: "StragglerResult"
-    # Why the device idles (issue 11 item 4): causes, launches, host syncs, pageable copies; None without device events.
+    # Why the device idles: causes, launches, host syncs, pageable copies; None without device events.
     idle: IdleFacts | None = None
     telemetry: pd.DataFrame | None = None
     params: dict | None = None
     cpu_cores: int | None = None  # usable cores of one host
     rank_phases: dict[int, dict[str, float]] = field(default_factory=dict)  # per rank: phase -> median ms
-    sync_delay_ms: dict[int, float] = field(default_factory=dict)  # per rank: see sync_delay_ms()
+    sync_delay_ms: dict[int, float] = field(default_factory=dict)  # per rank: collective_model.sync_delay_ms
     inject: dict | None = None  # the manifest's injected slowness
     hostnames: list[str] | None = None  # per rank
     profile_steps: tuple[int, int] = (0, 0)  # (profiled steps, all steps) of the run
@@ -355,80 +365,6 @@ def breakdown_shares(steps: pd.DataFrame) -> tuple[dict[str, float], str | None]
     return out, source
 
 
-def _collective_times(coll: pd.DataFrame) -> pd.DataFrame:
-    """Per collective: ``step``, ``bytes``, start and end on the last arriver (ns, aligned clock), sorted by start."""
-    first = coll["first_arrival_ns"].to_numpy(np.int64)
-    # Relative to the first arrival of all, so float64 keeps nanoseconds (epoch ns do not fit its mantissa).
-    start = (first - first.min()).astype(np.float64) + coll["skew_ms"].to_numpy(np.float64) * 1e6
-    end = start + coll["duration_ms"].to_numpy(np.float64) * 1e6
-    out = pd.DataFrame({"step": coll["step"].to_numpy(np.int64), "bytes": coll["bytes"].to_numpy(np.float64),
-                        "kind": coll["kind"].astype(str).to_numpy(), "start_ns": start, "end_ns": end})
-    return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
-
-
-def service_times_ms(times: pd.DataFrame) -> np.ndarray:
-    """Queue-corrected duration of each collective: ``end_i - max(start_i, end_{i-1})`` in ms.
-
-    A process group runs its collectives one after another (NCCL on one
-    stream, gloo in issue order), so a collective issued while the previous
-    one still runs waits in the queue; its own service begins when the
-    previous one ends. ``times`` sorted by start (see :func:`_collective_times`).
-    """
-    start = times["start_ns"].to_numpy(np.float64)
-    end = times["end_ns"].to_numpy(np.float64)
-    prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
-    return np.clip(end - np.maximum(start, prev_end), 0.0, None) / 1e6
-
-
-def collective_tail_ms(times: pd.DataFrame) -> pd.Series:
-    """Per step: end of the step's last collective minus the issue time of the last-issued one (ms).
-
-    Data parallelism issues its last gradient collective when backward has
-    computed the last gradient; everything after that until the last
-    collective ends is communication no compute hides (DDP waits for it at
-    the end of backward, FSDP2 before the optimizer).
-    """
-    g = times.groupby("step")
-    return (g["end_ns"].max() - g["start_ns"].max()).clip(lower=0) / 1e6
-
-
-def fit_alpha_beta(bytes_: np.ndarray, service_ms: np.ndarray) -> tuple[float | None, float | None]:
-    """Least-squares ``service = alpha + bytes * per_byte`` (the alpha-beta model of Hockney 1994).
-
-    Needs two or more distinct sizes; both coefficients are clipped at 0.
-    Returns ``(alpha_ms, per_byte_ms)`` or ``(None, None)``.
-    """
-    ok = np.isfinite(bytes_) & np.isfinite(service_ms)
-    x, y = bytes_[ok], service_ms[ok]
-    if len(np.unique(x)) < 2:
-        return None, None
-    slope, intercept = np.polyfit(x, y, 1)
-    if slope < 0:  # sizes explain nothing: all fixed cost
-        return float(np.median(y)), 0.0
-    if intercept < 0:  # no measurable fixed cost: through the origin
-        return 0.0, float(np.sum(x * y) / np.sum(x * x))
-    return float(intercept), float(slope)
-
-
-def sync_delay_ms(coll: pd.DataFrame) -> dict[int, float]:
-    """Per rank: how long it holds the others up per step, median over steps (ms).
-
-    Per step, the largest arrival skew among the collectives the rank
-    arrived at last (0 when it arrived last at none): a rank that is late by
-    ``x`` at a gradient collective delays every other rank's step by ``x``
-    (later collectives of the step then start together).
-    """
-    if coll is None or coll.empty or "last_rank" not in coll.columns:
-        return {}
-    steps = sorted(coll["step"].unique())
-    ranks = sorted(int(r) for r in coll["last_rank"].unique() if r >= 0)
-    out = {}
-    for r in ranks:
-        per_step = coll.loc[coll["last_rank"] == r].groupby("step")["skew_ms"].max().reindex(steps, fill_value=0.0)
-        out[r] = float(per_step.median())
-    return out
-
-
 def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFacts | None, pd.Series | None]:
     """Collective counts, sizes and service times per steady step, and the per-step tail (ms)."""
     coll = ra.collectives
@@ -438,7 +374,7 @@ def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFa
         coll = coll.loc[coll["step"].isin(steady_steps)]
         if coll.empty:
             return None, None
-    times = _collective_times(coll)
+    times = collective_times(coll)
     times["service_ms"] = service_times_ms(times)
     per_step = times.groupby("step").agg(n=("bytes", "size"), bytes=("bytes", "sum"), service_ms=("service_ms", "sum"))
     alpha, per_byte = fit_alpha_beta(times["bytes"].to_numpy(), times["service_ms"].to_numpy())
@@ -486,7 +422,7 @@ def trace_comm_facts(ra: "RunAnalysis", windows: pd.DataFrame) -> CommFacts | No
     step are unknown and the rules that need them stay silent). Per step: the
     mean over windows and ranks; ``service_ms`` is the kernel duration (one
     stream per process group runs them one after another); alpha and
-    per-byte cost from :func:`fit_alpha_beta` over the kernels.
+    per-byte cost from :func:`analyzer.metrics.collective_model.fit_alpha_beta` over the kernels.
     """
     tables = getattr(ra, "rank_collectives", {})
     if not tables or windows is None or windows.empty or not {"rank", "start_ns", "end_ns"} <= set(windows.columns):
@@ -738,6 +674,206 @@ def _trace_step_time(steps: pd.DataFrame) -> tuple[float | None, int]:
 
 
 # ---------------------------------------------------------------------------
+# The sub-facts RunFacts is made of: each a typed part, built by its own function
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetupFacts:
+    """The run's setup: what ran where (run.json, else the traces), and its host."""
+
+    kind: str
+    device: str
+    device_name: str | None
+    config: dict | None
+    config_path: str | None
+    world_size: int
+    ranks_traced: int
+    params: dict | None
+    cpu_cores: int | None
+    inject: dict | None
+    hostnames: list[str] | None
+    ranks_per_host: int
+    telemetry: pd.DataFrame | None
+    profile_steps: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """The steady step: its time, phases and breakdown shares, and the step windows read."""
+
+    step_time_ms: float | None
+    step_time_source: str
+    n_steps: int
+    phases: dict[str, float]
+    rank_phases: dict[int, dict[str, float]]
+    profiled_step_time_ms: float | None
+    shares: dict[str, float]
+    shares_source: str | None
+    windows_used: int
+    windows_total: int
+
+
+@dataclass(frozen=True)
+class CommunicationFacts:
+    """Communication: exposed per step, the collectives' model and diagnosis, the link, stragglers."""
+
+    exposed_comm_ms: float | None
+    exposed_comm_source: str | None
+    comm: CommFacts | None
+    comm_diagnosis: "CommDiagnosis | None"
+    comm_fits: dict
+    link_gbps: float | None
+    link_name: str | None
+    comm_group_size: int | None
+    sync_delay_ms: dict[int, float]
+    stragglers: "StragglerResult"
+
+
+@dataclass(frozen=True)
+class ComputeFacts:
+    """Compute: MFU and what it rests on, the device kernels, why the device idles."""
+
+    mfu: float | None
+    peak_flops_per_s: float | None
+    flops_per_token: float | None
+    dtype: str | None
+    flop_coverage: float | None
+    kernels: KernelFacts | None
+    idle: IdleFacts | None
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """Data and memory: tokens per step and their source, peak memory, activation recompute."""
+
+    tokens_per_step: float | None
+    tokens_source: str | None
+    memory: MemoryFacts
+    recompute: RecomputeFacts | None
+
+
+def setup_facts(ra: "RunAnalysis") -> SetupFacts:
+    """Device, config, world size and host of the run; run.json's when there is one, else the traces'."""
+    man, hw = ra.run_manifest, ra.run_manifest.hw
+    device_names = [r.device_name for r in ra.ranks if r.device_name]
+    if ra.manifest:
+        device = "cuda" if hw.device_type == "cuda" else "cpu"
+        device_name = (hw.device_names[0] if hw.device_names else None) if device == "cuda" else (hw.cpu_model or None)
+    else:
+        device = "cuda" if any(r.source == "device" for r in ra.ranks) else "cpu"
+        device_name = device_names[0] if device_names else None
+    if device == "cuda" and device_names:
+        device_name = device_names[0]
+    world = int(man.world_size or len(ra.ranks) or 1)
+    run_path = ra.path if isinstance(ra.path, Path) else None
+    return SetupFacts(
+        kind=ra.kind, device=device, device_name=device_name, config=man.config,
+        config_path=str(run_path / "config.yaml") if (man.config is not None and run_path is not None) else None,
+        world_size=world, ranks_traced=len(ra.ranks),
+        params=man.params.to_json() if man.params is not None else None,
+        cpu_cores=hw.cpu_cores_usable or hw.cpu_cores,
+        inject=man.inject.to_json() if man.inject is not None else None,
+        hostnames=list(hw.hostnames) or None, ranks_per_host=_ranks_per_host(hw.hostnames, world),
+        telemetry=getattr(ra, "telemetry", None),
+        profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
+                       if ra.metrics is not None and not ra.metrics.empty else 0),
+    )
+
+
+def step_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, windows: pd.DataFrame) -> StepFacts:
+    """The steady step (module doc: ``step_time_ms``, ``phases``, ``shares``) over the steady records and
+    the usable step windows."""
+    phases = phase_medians(steady) if steady is not None else {}
+    if ra.kind == "reftrain" and "step_time" in phases:
+        step_time_ms, source = phases.pop("step_time"), "metrics JSONL, steady-state steps"
+        n_steps = int(steady["step"].nunique()) if steady is not None else 0
+    else:
+        phases.pop("step_time", None)
+        step_time_ms, n_steps = _trace_step_time(windows)
+        source = "ProfilerStep windows"
+    profiled_ms = None
+    if ra.metrics is not None and not ra.metrics.empty and "profiled" in ra.metrics.columns:
+        prof = ra.metrics.loc[ra.metrics["profiled"].fillna(False).astype(bool)]
+        if not prof.empty:
+            profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
+    shares, shares_source = breakdown_shares(windows)
+    return StepFacts(
+        step_time_ms=step_time_ms, step_time_source=source, n_steps=n_steps, phases=phases,
+        rank_phases=rank_phase_medians(steady) if steady is not None else {}, profiled_step_time_ms=profiled_ms,
+        shares=shares, shares_source=shares_source,
+        windows_used=int(len(windows)) if windows is not None else 0,
+        windows_total=int(len(ra.steps)) if ra.steps is not None else 0,
+    )
+
+
+def exposed_comm(step: StepFacts, tail: pd.Series | None) -> tuple[float | None, str | None]:
+    """Exposed communication per steady step (ms) and its source (module doc, ``exposed_comm_ms``)."""
+    if step.shares_source == "device" and step.step_time_ms:
+        return step.shares.get("exposed_comm", 0.0) * step.step_time_ms, "device breakdown of the trace windows"
+    if step.phases.get("grad_sync"):
+        # reftrain's explicit sync after backward (overlap_grad_sync=false) issues every collective inside
+        # its grad_sync phase, so their tail lies within it: adding the two would count the all-reduce twice.
+        return step.phases["grad_sync"], "metrics JSONL grad_sync_ms (the collectives run inside it)"
+    if tail is not None and len(tail):
+        return float(tail.median()), "collective records: tail after the last collective's issue"
+    if step.shares_source == "host" and step.step_time_ms:
+        return step.shares.get("exposed_comm", 0.0) * step.step_time_ms, "host breakdown of the trace windows"
+    return None, None
+
+
+def communication_facts(ra: "RunAnalysis", step: StepFacts, steady: pd.DataFrame | None, windows: pd.DataFrame,
+                        gpu_name: str | None) -> CommunicationFacts:
+    """Exposed communication, the collectives per steady step, the kernels' diagnosis and the sync delays."""
+    steady_steps = set(steady["step"].unique()) if steady is not None else None
+    comm, tail = comm_facts(ra, steady_steps)
+    coll = ra.collectives
+    if coll is not None and steady_steps:
+        coll = coll.loc[coll["step"].isin(steady_steps)]
+    exposed, exposed_source = exposed_comm(step, tail)
+    diag, fits, link, group = trace_comm(ra, gpu_name)
+    if comm is None and ra.kind == "traces":
+        comm = trace_comm_facts(ra, windows)
+    return CommunicationFacts(
+        exposed_comm_ms=exposed, exposed_comm_source=exposed_source, comm=comm, comm_diagnosis=diag,
+        comm_fits=fits, link_gbps=link.gbps if link is not None else None,
+        link_name=link.link if link is not None else None, comm_group_size=group,
+        sync_delay_ms=sync_delay_ms(coll) if coll is not None else {}, stragglers=ra.stragglers,
+    )
+
+
+def compute_facts(ra: "RunAnalysis") -> ComputeFacts:
+    """MFU (withheld when it is a lower bound), the FLOPs it rests on, the kernels, why the device idles."""
+    man = ra.run_manifest
+    train = man.config.get("train") if man.config else None
+    dtype = train.get("dtype") if isinstance(train, dict) else None
+    per_token = man.model_flops.per_token
+    median = ra.mfu.median
+    return ComputeFacts(
+        # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
+        mfu=median if median is not None and math.isfinite(median) and not ra.mfu.lower_bound else None,
+        peak_flops_per_s=ra.mfu.peak_flops_per_s, flops_per_token=float(per_token) if per_token else None,
+        dtype=dtype if dtype is not None else (ra.mfu.dtype or None),
+        flop_coverage=ra.mfu.flop_coverage, kernels=kernel_facts(ra), idle=idle_facts(ra),
+    )
+
+
+def workload_facts(ra: "RunAnalysis", setup: SetupFacts, steady: pd.DataFrame | None,
+                   windows: pd.DataFrame) -> WorkloadFacts:
+    """Tokens per step (run.json's, else the trace's input shapes), peak memory and activation recompute."""
+    man = ra.run_manifest
+    tokens: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
+    source = "run.json tokens_per_step" if tokens else None
+    workload = usable_workload(ra, windows)
+    if tokens is None and ra.kind == "traces":
+        tokens, source = trace_tokens(workload)
+    memory = memory_facts(ra, steady, setup.device, setup.device_name, man)
+    gpu_name = setup.device_name if setup.device == "cuda" else None
+    return WorkloadFacts(tokens_per_step=tokens, tokens_source=source, memory=memory,
+                         recompute=recompute_facts(workload, ra, memory, gpu_name))
+
+
+# ---------------------------------------------------------------------------
 # run_facts
 # ---------------------------------------------------------------------------
 
@@ -745,136 +881,26 @@ def _trace_step_time(steps: pd.DataFrame) -> tuple[float | None, int]:
 def run_facts(ra: "RunAnalysis") -> RunFacts:
     """Condense a RunAnalysis into the numbers the rules read (see module doc).
 
-    Computed once per analysis (kept in ``ra.derived``): the report's text,
-    its JSON and the dashboard all ask for them.
+    Computed once per analysis (:mod:`analyzer.verbs.suggest.memo`): the
+    report's text, its JSON and the dashboard all ask for them.
     """
-    if "facts" not in ra.derived:
-        ra.derived["facts"] = _run_facts(ra)
-    return ra.derived["facts"]
+    memo = memo_of(ra)
+    if memo.facts is None:
+        memo.facts = _run_facts(ra)
+    return memo.facts
 
 
 def _run_facts(ra: "RunAnalysis") -> RunFacts:
-    man = ra.run_manifest
-    config = man.config
-    hw = man.hw
-    device_names = [r.device_name for r in ra.ranks if r.device_name]
-    if ra.manifest:
-        device = "cuda" if hw.device_type == "cuda" else "cpu"
-        names = hw.device_names
-        device_name = (names[0] if names else None) if device == "cuda" else (hw.cpu_model or None)
-    else:
-        device = "cuda" if any(r.source == "device" for r in ra.ranks) else "cpu"
-        device_name = device_names[0] if device_names else None
-    if device == "cuda" and device_names:
-        device_name = device_names[0]
-
-    steady = _steady(ra, man)
-    phases = phase_medians(steady) if steady is not None else {}
+    setup = setup_facts(ra)
+    steady = _steady(ra, ra.run_manifest)
+    windows = usable_windows(ra.steps)
+    step = step_facts(ra, steady, windows)
+    gpu_name = setup.device_name if setup.device == "cuda" else None
     notes: list[str] = []
-    trace_steps = usable_windows(ra.steps)
-    if len(trace_steps) < len(ra.steps):
-        notes.append(f"{len(ra.steps) - len(trace_steps)} step window(s) clipped to the trace are not used by any rule")
-    if ra.kind == "reftrain" and "step_time" in phases:
-        step_time_ms, source = phases.pop("step_time"), "metrics JSONL, steady-state steps"
-        n_steps = int(steady["step"].nunique()) if steady is not None else 0
-    else:
-        phases.pop("step_time", None)
-        step_time_ms, n_steps = _trace_step_time(trace_steps)
-        source = "ProfilerStep windows"
-    profiled_ms = None
-    if ra.metrics is not None and not ra.metrics.empty and "profiled" in ra.metrics.columns:
-        prof = ra.metrics.loc[ra.metrics["profiled"].fillna(False).astype(bool)]
-        if not prof.empty:
-            profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
-
-    shares, shares_source = breakdown_shares(trace_steps)
-    steady_steps = set(steady["step"].unique()) if steady is not None else None
-    comm, tail = comm_facts(ra, steady_steps)
-    coll = ra.collectives
-    if coll is not None and steady_steps:
-        coll = coll.loc[coll["step"].isin(steady_steps)]
-    exposed, exposed_source = None, None
-    if shares_source == "device" and step_time_ms:
-        exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "device breakdown of the trace windows"
-    elif phases.get("grad_sync"):
-        # reftrain's explicit sync after backward (overlap_grad_sync=false) issues every
-        # collective inside its grad_sync phase, so their tail lies within it: adding the
-        # two counted the all-reduce twice (16.9 ms exposed of a 156 ms step where the
-        # phase took 11 ms, which made grad_accumulation fire and over-predict, issue 18).
-        exposed, exposed_source = phases["grad_sync"], "metrics JSONL grad_sync_ms (the collectives run inside it)"
-    elif tail is not None and len(tail):
-        exposed = float(tail.median())
-        exposed_source = "collective records: tail after the last collective's issue"
-    elif shares_source == "host" and step_time_ms:
-        exposed, exposed_source = shares.get("exposed_comm", 0.0) * step_time_ms, "host breakdown of the trace windows"
-
-    diag, fits, link, group = trace_comm(ra, device_name if device == "cuda" else None)
-    if comm is None and ra.kind == "traces":
-        comm = trace_comm_facts(ra, trace_steps)
+    if len(windows) < len(ra.steps):
+        notes.append(f"{len(ra.steps) - len(windows)} step window(s) clipped to the trace are not used by any rule")
     if ra.mfu.lower_bound:
         notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
-    tokens_per_step: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
-    tokens_source = "run.json tokens_per_step" if tokens_per_step else None
-    workload = usable_workload(ra, trace_steps)
-    if tokens_per_step is None and ra.kind == "traces":
-        tokens_per_step, tokens_source = trace_tokens(workload)
-    memory = memory_facts(ra, steady, device, device_name, man)
-    per_token = man.model_flops.per_token
-    train = config.get("train") if config else None
-    dtype = train.get("dtype") if isinstance(train, dict) else None
-    if dtype is None and ra.mfu.dtype:
-        dtype = ra.mfu.dtype
-    world = int(man.world_size or len(ra.ranks) or 1)
-    cores = hw.cpu_cores_usable or hw.cpu_cores
-    run_path = ra.path if isinstance(ra.path, Path) else None
-    config_path = str(run_path / "config.yaml") if (config is not None and run_path is not None) else None
-    return RunFacts(
-        kind=ra.kind,
-        device=device,
-        device_name=device_name,
-        config=config,
-        config_path=config_path,
-        world_size=world,
-        ranks_traced=len(ra.ranks),
-        step_time_ms=step_time_ms,
-        step_time_source=source,
-        n_steps=n_steps,
-        tokens_per_step=tokens_per_step,
-        tokens_source=tokens_source,
-        recompute=recompute_facts(workload, ra, memory, device_name if device == "cuda" else None),
-        # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
-        mfu=ra.mfu.median if ra.mfu.median is not None and math.isfinite(ra.mfu.median) and not ra.mfu.lower_bound else None,
-        peak_flops_per_s=ra.mfu.peak_flops_per_s,
-        flops_per_token=float(per_token) if per_token else None,
-        dtype=dtype,
-        phases=phases,
-        profiled_step_time_ms=profiled_ms,
-        shares=shares,
-        shares_source=shares_source,
-        exposed_comm_ms=exposed,
-        exposed_comm_source=exposed_source,
-        comm=comm,
-        kernels=kernel_facts(ra),
-        memory=memory,
-        idle=idle_facts(ra),
-        stragglers=ra.stragglers,
-        telemetry=getattr(ra, "telemetry", None),
-        params=man.params.to_json() if man.params is not None else None,
-        cpu_cores=cores,
-        rank_phases=rank_phase_medians(steady) if steady is not None else {},
-        sync_delay_ms=sync_delay_ms(coll),
-        inject=man.inject.to_json() if man.inject is not None else None,
-        hostnames=list(hw.hostnames) or None,
-        profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
-                       if ra.metrics is not None and not ra.metrics.empty else 0),
-        ranks_per_host=_ranks_per_host(hw.hostnames, world),
-        notes=notes,
-        comm_diagnosis=diag,
-        comm_fits=fits,
-        link_gbps=link.gbps if link is not None else None,
-        link_name=link.link if link is not None else None,
-        flop_coverage=ra.mfu.flop_coverage,
-        windows_used=int(len(trace_steps)) if trace_steps is not None else 0,
-        windows_total=int(len(ra.steps)) if ra.steps is not None else 0,
-        comm_group_size=group,
-    )
+    parts = (setup, step, communication_facts(ra, step, steady, windows, gpu_name), compute_facts(ra),
+             workload_facts(ra, setup, steady, windows))
+    return RunFacts(**{f.name: getattr(p, f.name) for p in parts for f in fields(p)}, notes=notes)

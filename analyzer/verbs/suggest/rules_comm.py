@@ -59,7 +59,7 @@ def _is_ddp(f: RunFacts) -> bool:
     return f.comm is not None and "all_reduce" in f.comm.kinds and "all_gather" not in f.comm.kinds
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
     """Exposed comm over 10 % with many small all-reduces: larger DDP buckets (``bucket_cap_mb``).
 
@@ -80,7 +80,6 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
         return None
     saved = min(exposed_ms, (f.comm.n_per_step - n_after) * f.comm.alpha_ms)
     return Suggestion(
-        rule="ddp_bucket_size",
         title=f"Fewer, larger gradient buckets: bucket_cap_mb {cap:g} -> {new_cap:g}",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%} with {f.comm.n_per_step:.0f} collectives "
                 f"per step >= BUCKET_MIN_COLLECTIVES {BUCKET_MIN_COLLECTIVES}",
@@ -96,7 +95,7 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_gradient_as_bucket_view(f: RunFacts) -> Suggestion | None:
     """DDP without ``gradient_as_bucket_view``: gradients are copied into buckets and back every step.
 
@@ -114,7 +113,6 @@ def rule_gradient_as_bucket_view(f: RunFacts) -> Suggestion | None:
     if copy_ms / f.step_time_ms <= BUCKET_COPY_MIN_SHARE and not (mem is not None and mem > 0.9):
         return None
     return Suggestion(
-        rule="gradient_as_bucket_view",
         title="Let gradients live in DDP's buckets (no copy, one gradient-sized buffer less)",
         trigger=f"estimated bucket copy {copy_ms / f.step_time_ms:.1%} of step > {BUCKET_COPY_MIN_SHARE:.0%}"
                 + (f" or memory {mem:.0%} > 90%" if mem is not None else ""),
@@ -128,7 +126,7 @@ def rule_gradient_as_bucket_view(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="grad_sync")
 def rule_overlap_grad_sync(f: RunFacts) -> Suggestion | None:
     """reftrain's explicit gradient sync after backward over GRAD_SYNC_MIN_SHARE: overlap it with backward.
 
@@ -151,7 +149,6 @@ def rule_overlap_grad_sync(f: RunFacts) -> Suggestion | None:
         tail = f.comm.service_ms_per_step * last / f.comm.bytes_per_step
     tail = min(tail, sync)
     return Suggestion(
-        rule="overlap_grad_sync",
         title="Overlap the gradient all-reduce with backward (DDP's bucketed hooks)",
         trigger=f"grad_sync {sync / f.step_time_ms:.1%} of step > GRAD_SYNC_MIN_SHARE {GRAD_SYNC_MIN_SHARE:.0%}",
         evidence={"grad_sync_ms": sync, "step_time_ms": f.step_time_ms, "grad_sync_share": sync / f.step_time_ms,
@@ -164,7 +161,7 @@ def rule_overlap_grad_sync(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
     """Exposed comm over 10 %: accumulate ACCUMULATION_FACTOR x more micro-batches per optimizer step.
 
@@ -190,7 +187,6 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
     k = ACCUMULATION_FACTOR
     step_after = whatif.accumulate_step_ms(f.step_time_ms, per_micro, k)
     return Suggestion(
-        rule="grad_accumulation",
         title=f"Synchronize gradients every {k * ga} micro-batches instead of {ga}",
         trigger=f"exposed comm {share:.1%} of step > EXPOSED_COMM_MIN_SHARE {EXPOSED_COMM_MIN_SHARE:.0%}",
         evidence=_comm_evidence(f, exposed_ms, share) | {"grad_accum": ga, "per_micro_batch_ms": per_micro}
@@ -208,7 +204,7 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
     """FSDP with exposed comm over 10 % and memory headroom: ``reshard_after_forward=False``.
 
@@ -229,7 +225,6 @@ def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
     gather_share = f.comm.gather_service_share if f.comm.gather_service_share is not None else 0.5
     saved = min(exposed_ms, 0.5 * gather_share * f.comm.service_ms_per_step)
     return Suggestion(
-        rule="fsdp_reshard",
         title="Keep gathered parameters from forward to backward (FSDP reshard_after_forward=False)",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%}, memory "
                 + (f"{mem:.0%}" if mem is not None else "unknown") + f" <= {FSDP_RESHARD_MAX_MEMORY:.0%}",
@@ -248,7 +243,7 @@ LAST_BUCKET_MIN_SHARE = 0.05
 LAST_BUCKET_MIN_CAP_MB = 5.0
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
     """DDP trace whose last all-reduce of the step is long: a smaller bucket cap shortens the exposed tail.
 
@@ -279,7 +274,6 @@ def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
     if saved <= 0:
         return None
     return Suggestion(
-        rule="last_bucket_overlap",
         title=f"Shorten the exposed last gradient bucket: bucket_cap_mb {cap:g} -> {new_cap:g}",
         trigger=f"last all-reduce of the step {c.last_ms:.2f} ms = {c.last_ms / f.step_time_ms:.1%} of step > "
                 f"{LAST_BUCKET_MIN_SHARE:.0%}, {c.last_bytes / 2**20:.1f} MiB > {new_cap:g} MiB",
@@ -297,7 +291,7 @@ def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
     """FSDP with exposed comm over 10 % and two or more all-gathers per step: gather the next modules ahead.
 
@@ -320,7 +314,6 @@ def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
     g = f.comm.gathers_per_step
     saved = exposed_ms * f.comm.gather_service_share * (1 - 1 / g)
     return Suggestion(
-        rule="fsdp_prefetch",
         title="Prefetch FSDP all-gathers one module ahead (overlap them with the previous module's compute)",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%} with {g:.0f} all-gathers per step",
         evidence=_comm_evidence(f, exposed_ms, share) | {"all_gathers_per_step": g,
@@ -337,7 +330,7 @@ def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_comm_compression(f: RunFacts) -> Suggestion | None:
     """Exposed all-reduce time dominated by bytes (not latency) on fp32 gradients: bf16 compression hook.
 
@@ -354,7 +347,6 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
     exposed_ms, share = ex
     saved = min(exposed_ms, 0.5 * bytes_ms)
     return Suggestion(
-        rule="comm_compression",
         title="Send gradients in bf16 (DDP compression hook)",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%}, bandwidth part {bytes_ms:.1f} ms of "
                 f"{f.comm.service_ms_per_step:.1f} ms service",
@@ -369,11 +361,12 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
 
 
 
-# Exposed communication above this share of the step on a single traced rank is diagnosed (issue 18's bar).
+# Exposed communication above this share of the step on a single traced rank is diagnosed (rule_comm_one_rank):
+# one rank's trace cannot tell waiting for a peer from the transfer.
 ONE_RANK_COMM_MIN_SHARE = 0.20
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
     """Diagnosis: exposed comm over 20 % of the step, seen on one rank only: waiting or transfer cannot be told apart.
 
@@ -392,7 +385,6 @@ def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
     if f.comm_diagnosis is not None:
         evidence |= {"comm_verdict": f.comm_diagnosis.verdict, "comm_verdict_reason": f.comm_diagnosis.reason}
     return Suggestion(
-        rule="comm_one_rank",
         title=f"Exposed communication is {share:.0%} of the step; one rank's trace cannot tell waiting for a peer from a slow transfer",
         trigger=f"exposed comm {share:.1%} > {ONE_RANK_COMM_MIN_SHARE:.0%} with {f.ranks_traced} rank traced",
         evidence=evidence,
@@ -411,7 +403,7 @@ def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
 WAITING_MIN_SHARE = 0.05
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_comm_waiting(f: RunFacts) -> Suggestion | None:
     """Diagnosis: the communication kernels wait for peers (analyzer.metrics.collectives' ``waiting`` verdict).
 
@@ -433,7 +425,6 @@ def rule_comm_waiting(f: RunFacts) -> Suggestion | None:
                  "ranks_traced": f.ranks_traced, "link": f.link_name} | d.evidence | {"verdict": d.reason})
     one = f.ranks_traced <= 1
     return Suggestion(
-        rule="comm_waiting",
         title=f"Collectives wait for peers: exposed communication {share:.0%} of the step is mostly waiting, not transfer",
         trigger=f"collectives diagnosed waiting ({d.reason.split(':')[0]}), exposed comm {share:.1%} > {WAITING_MIN_SHARE:.0%}",
         evidence=evidence,

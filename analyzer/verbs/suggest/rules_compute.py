@@ -66,7 +66,7 @@ def phase_sum_ms(f: RunFacts) -> float:
     return float(sum(parts)) if parts and "forward" in f.phases else float(f.step_time_ms or 0.0)
 
 
-@rule
+@rule(part="other")
 def rule_micro_batch(f: RunFacts) -> Suggestion | None:
     """CPU run whose step is dominated by fixed costs: a larger micro-batch (``train.micro_batch_size``).
 
@@ -100,7 +100,6 @@ def rule_micro_batch(f: RunFacts) -> Suggestion | None:
             break
     new_mb = mb * factor
     return Suggestion(
-        rule="micro_batch",
         title=f"Amortize fixed costs over more tokens: micro-batch {mb} -> {new_mb}",
         trigger=f"fixed (not per-token) share {fixed_share:.0%} of step > MICRO_BATCH_MIN_FIXED_SHARE "
                 f"{MICRO_BATCH_MIN_FIXED_SHARE:.0%}",
@@ -144,7 +143,7 @@ def _device_parts(f: RunFacts) -> tuple[float, float, float] | None:
     return s.get("idle", 0.0), scaled + exposed * batch_share, exposed * (1.0 - batch_share)
 
 
-@rule
+@rule(part="idle", also=("exposed_comm",))
 def rule_launch_bound(f: RunFacts) -> Suggestion | None:
     """GPU idle over IDLE_MIN_SHARE of the step: a larger batch fills the device for free.
 
@@ -186,7 +185,6 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
     ks = f.kernels
     short = f.idle.short_share if f.idle is not None and f.idle.short_share is not None else (ks.short_share if ks else None)
     return Suggestion(
-        rule="launch_bound",
         title=f"The GPU waits {idle:.0%} of the step: {k}x larger batch per GPU",
         trigger=f"device idle {idle:.1%} of step > IDLE_MIN_SHARE {IDLE_MIN_SHARE:.0%}",
         evidence={"idle_share": idle, "step_time_ms": f.step_time_ms, "device_busy_scaled_ms": scaled,
@@ -203,7 +201,7 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="idle")
 def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
     """Launch-bound GPU (idle over IDLE_MIN_SHARE, over half the launches short): CUDA graphs.
 
@@ -227,7 +225,6 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
     launch_frac = f.idle.host_wait_frac + f.idle.kernel_wait_frac if f.idle is not None else 1.0
     saved = idle * min(ks.short_share, launch_frac) * f.step_time_ms
     return Suggestion(
-        rule="cuda_graphs",
         title="Replay the step as a CUDA graph to remove launch overhead",
         trigger=f"device idle {idle:.1%} > {IDLE_MIN_SHARE:.0%} and {ks.short_share:.0%} of launches under "
                 f"10 us >= SHORT_KERNEL_MIN_SHARE {SHORT_KERNEL_MIN_SHARE:.0%}",
@@ -241,7 +238,7 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="compute", flops=True)
 def rule_torch_compile(f: RunFacts) -> Suggestion | None:
     """Device-bound GPU step with fusable kernels over COMPILE_MIN_NON_GEMM_SHARE: ``torch.compile``.
 
@@ -268,7 +265,6 @@ def rule_torch_compile(f: RunFacts) -> Suggestion | None:
         return None
     saved = fusable * (1.0 - COMPILE_NON_GEMM_TIME_FACTOR)
     return Suggestion(
-        rule="torch_compile",
         title="Fuse elementwise kernels with torch.compile",
         trigger=f"fusable (elementwise, reduction, normalization) kernels {share:.0%} of kernel time > "
                 f"COMPILE_MIN_NON_GEMM_SHARE {COMPILE_MIN_NON_GEMM_SHARE:.0%}, idle {idle:.0%}",
@@ -314,7 +310,7 @@ def _gemm_ms(f: RunFacts) -> float | None:
     return f.kernels.gemm_ms_per_step
 
 
-@rule
+@rule(part="compute", flops=True)
 def rule_bf16_autocast(f: RunFacts) -> Suggestion | None:
     """fp32/TF32 matmuls over GEMM_MIN_SHARE of the step on a GPU with bf16 tensor cores: bf16 autocast.
 
@@ -337,7 +333,6 @@ def rule_bf16_autocast(f: RunFacts) -> Suggestion | None:
                              f"(datasheet {precision} / bf16 peak of {f.device_name})",
                              peak_ratio=peaks[precision] / peaks["bf16"])
     return Suggestion(
-        rule="bf16_autocast",
         title=f"Run matmuls in bf16 ({precision} now)",
         trigger=f"{precision} GEMMs {share:.0%} of step > GEMM_MIN_SHARE {GEMM_MIN_SHARE:.0%} on a bf16-capable GPU",
         evidence={"gemm_ms": gemm, "step_time_ms": f.step_time_ms, "gemm_share": share, "precision": precision,
@@ -351,7 +346,7 @@ def rule_bf16_autocast(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="compute", flops=True)
 def rule_tf32(f: RunFacts) -> Suggestion | None:
     """Plain fp32 matmuls over GEMM_MIN_SHARE on a GPU with TF32 tensor cores: allow TF32.
 
@@ -374,7 +369,6 @@ def rule_tf32(f: RunFacts) -> Suggestion | None:
                              f"(datasheet fp32 / tf32 peak of {f.device_name})",
                              peak_ratio=ratio)
     return Suggestion(
-        rule="tf32",
         title="Allow TF32 tensor cores for fp32 matmuls",
         trigger=f"fp32 GEMMs {share:.0%} of step > GEMM_MIN_SHARE {GEMM_MIN_SHARE:.0%}, TF32 available",
         evidence={"gemm_ms": gemm, "step_time_ms": f.step_time_ms, "gemm_share": share,
@@ -386,7 +380,7 @@ def rule_tf32(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="optimizer")
 def rule_fused_adamw(f: RunFacts) -> Suggestion | None:
     """Optimizer step over OPTIMIZER_MIN_SHARE of the step without fused AdamW: ``optim.impl=fused``.
 
@@ -408,7 +402,6 @@ def rule_fused_adamw(f: RunFacts) -> Suggestion | None:
     saved = opt * (1.0 - factor)
     impl = f.cfg("optim.impl")
     return Suggestion(
-        rule="fused_adamw",
         title=f"Fused AdamW ({impl or 'unknown'} now): one pass over all parameters",
         trigger=f"optimizer {share:.1%} of step > OPTIMIZER_MIN_SHARE {OPTIMIZER_MIN_SHARE:.0%}",
         evidence={"optimizer_ms": opt, "step_time_ms": f.step_time_ms, "optimizer_share": share, "impl": impl},

@@ -33,7 +33,7 @@ def _workers_cap(f: RunFacts) -> int:
     return max(DATA_MIN_WORKER_CAP, min(DATA_MAX_WORKER_CAP, f.cores_per_rank or 1))
 
 
-@rule
+@rule(part="data")
 def rule_data_wait(f: RunFacts) -> Suggestion | None:
     """Data-loading wait over DATA_WAIT_MIN_SHARE of the step: more DataLoader workers.
 
@@ -73,7 +73,6 @@ def rule_data_wait(f: RunFacts) -> Suggestion | None:
     advice = (f"DataLoader(num_workers={new_workers}, pin_memory=True, prefetch_factor=2, persistent_workers=True): "
               "load batches in worker processes ahead of the step")
     return Suggestion(
-        rule="data_wait",
         title=f"Data loading stalls the step: {known_workers if workers is not None else '?'} -> {new_workers} DataLoader workers",
         trigger=f"data wait {wait / step:.1%} of step > DATA_WAIT_MIN_SHARE {DATA_WAIT_MIN_SHARE:.0%}",
         evidence={
@@ -95,7 +94,7 @@ def rule_data_wait(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_memcpy")
 def rule_pin_memory(f: RunFacts) -> Suggestion | None:
     """CUDA run with ``pin_memory`` off and copies or data wait over PIN_MIN_SHARE: pin host batches.
 
@@ -110,7 +109,6 @@ def rule_pin_memory(f: RunFacts) -> Suggestion | None:
     if memcpy / f.step_time_ms <= PIN_MIN_SHARE:
         return None
     return Suggestion(
-        rule="pin_memory",
         title="Pin host batches so copies overlap compute",
         trigger=f"exposed memcpy {memcpy / f.step_time_ms:.1%} of step > PIN_MIN_SHARE {PIN_MIN_SHARE:.0%} with pin_memory=false",
         evidence={"exposed_memcpy_ms": memcpy, "step_time_ms": f.step_time_ms, "pin_memory": False},
@@ -121,7 +119,7 @@ def rule_pin_memory(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_memcpy")
 def rule_exposed_memcpy(f: RunFacts) -> Suggestion | None:
     """Device traces with exposed memcpy/memset over MEMCPY_MIN_SHARE of the step.
 
@@ -140,7 +138,6 @@ def rule_exposed_memcpy(f: RunFacts) -> Suggestion | None:
     if share <= MEMCPY_MIN_SHARE:
         return None
     return Suggestion(
-        rule="exposed_memcpy",
         title="Host-device copies on the critical path",
         trigger=f"exposed memcpy {share:.1%} of step > MEMCPY_MIN_SHARE {MEMCPY_MIN_SHARE:.0%}",
         evidence={"exposed_memcpy_ms": memcpy, "step_time_ms": f.step_time_ms, "exposed_memcpy_share": share},

@@ -147,7 +147,7 @@ _PHASE_ADVICE = {
 }
 
 
-@rule
+@rule(part="exposed_comm")
 def rule_straggler(f: RunFacts) -> Suggestion | None:
     """A persistent straggler (analyzer.stragglers' verdict): which rank, its excess, what to check.
 
@@ -214,7 +214,6 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
         saved = excess
         method = f"rank {worst.rank} at the median: the step loses its {excess:.1f} ms excess"
     return Suggestion(
-        rule="straggler",
         title=f"Rank {worst.rank} is a persistent straggler (+{excess:.1f} ms per step)",
         trigger=f"analyzer.stragglers flagged rank(s) {s.ranks} on {', '.join(worst.signals)}; rank {worst.rank}'s "
                 f"{effect.signal} excess {effect.excess_ms:.1f} ms = {effect.effect:.1f} x its step-to-step spread "
@@ -234,7 +233,7 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule()
 def rule_profiler_overhead(f: RunFacts) -> Suggestion | None:
     """Profiled steps PROFILER_MIN_SLOWDOWN slower and over PROFILER_MIN_STEP_SHARE of the run: trace less.
 
@@ -258,12 +257,11 @@ def rule_profiler_overhead(f: RunFacts) -> Suggestion | None:
     overrides = {"profile.repeat": 1, "profile.active": 2, "profile.warmup": 1}
     if f.cfg("profile.with_stack"):
         overrides["profile.with_stack"] = False
-    if f.cfg("profile.memory") or f.cfg("profile.profile_memory"):  # the key before issue 11 item 5: profile_memory
+    if f.cfg("profile.memory") or f.cfg("profile.profile_memory"):  # profile_memory: the key's older name
         overrides["profile.memory"] = False
     pred = whatif.prediction(f, mean_after, f"{n_prof} -> {keep} profiled steps of {n_all}, each {slowdown:.2f}x a steady step",
                              scope="run wall time", step_before_ms=mean_before)
     return Suggestion(
-        rule="profiler_overhead",
         title=f"The profiler runs in {n_prof} of {n_all} steps: trace one short window",
         trigger=f"profiled steps {slowdown:.2f}x slower >= {PROFILER_MIN_SLOWDOWN} and {n_prof / n_all:.0%} of the run "
                 f">= PROFILER_MIN_STEP_SHARE {PROFILER_MIN_STEP_SHARE:.0%}",
@@ -309,7 +307,7 @@ def reference_mfu(f: RunFacts) -> tuple[float, str]:
     return eta, f"the per-token efficiency this model width reaches on CPU at large micro-batch (eta {eta:.2f})"
 
 
-@rule
+@rule(flops=True)
 def rule_mfu_gap(f: RunFacts) -> Suggestion | None:
     """Diagnosis: MFU under MFU_GAP_FRACTION of the reference for this model and device; the top contributors.
 
@@ -332,7 +330,6 @@ def rule_mfu_gap(f: RunFacts) -> Suggestion | None:
     evidence = {"mfu": f.mfu, "reference_mfu": ref, "reference_source": ref_source, "step_time_ms": f.step_time_ms}
     evidence |= {f"{k}_ms": v for k, v in top}
     return Suggestion(
-        rule="mfu_gap",
         title=f"MFU {f.mfu:.1%} is under {MFU_GAP_FRACTION:.0%} of the {ref:.0%} this model reaches",
         trigger=f"MFU {f.mfu:.3f} < MFU_GAP_FRACTION {MFU_GAP_FRACTION} x reference {ref:.2f}",
         evidence=evidence,

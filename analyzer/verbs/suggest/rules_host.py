@@ -33,7 +33,7 @@ def _cap(f: RunFacts, part: str, saved_ms: float) -> float:
     return min(saved_ms, part_ms) if part_ms is not None else saved_ms
 
 
-@rule
+@rule(part="idle")
 def rule_dependency_idle(f: RunFacts) -> Suggestion | None:
     """GPU idle over IDLE_MIN_SHARE with over OTHER_MIN_FRAC of it neither host wait nor kernel wait: a diagnosis.
 
@@ -50,7 +50,6 @@ def rule_dependency_idle(f: RunFacts) -> Suggestion | None:
         return None
     saved = idle_share * idle.other_frac * f.step_time_ms
     return Suggestion(
-        rule="dependency_idle",
         title=f"The GPU waits on dependencies, not on the host ({idle.other_frac:.0%} of its idle time)",
         trigger=f"device idle {idle_share:.1%} of step > IDLE_MIN_SHARE {IDLE_MIN_SHARE:.0%} and 'other' (not host "
                 f"or kernel wait) {idle.other_frac:.0%} of it > OTHER_MIN_FRAC {OTHER_MIN_FRAC:.0%}",
@@ -69,7 +68,7 @@ def rule_dependency_idle(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="idle")
 def rule_host_sync(f: RunFacts) -> Suggestion | None:
     """Host syncs inside the step after which the device idles over SYNC_IDLE_MIN_SHARE of the step.
 
@@ -88,7 +87,6 @@ def rule_host_sync(f: RunFacts) -> Suggestion | None:
     saved = _cap(f, "idle", idle.sync_idle_share * f.step_time_ms)
     names = ", ".join(f"{n} x{c:.3g}" for n, c in list(idle.sync_names.items())[:4])
     return Suggestion(
-        rule="host_sync",
         title=f"{idle.syncs_per_step:.3g} host sync(s) per step stall the GPU",
         trigger=f"device idle after host syncs {idle.sync_idle_share:.1%} of step > SYNC_IDLE_MIN_SHARE "
                 f"{SYNC_IDLE_MIN_SHARE:.0%}",
@@ -106,7 +104,7 @@ def rule_host_sync(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="exposed_memcpy")
 def rule_pageable_copies(f: RunFacts) -> Suggestion | None:
     """Pageable host-to-device copies (``Memcpy HtoD (Pageable -> Device)``) exposed over PAGEABLE_MIN_SHARE.
 
@@ -126,7 +124,6 @@ def rule_pageable_copies(f: RunFacts) -> Suggestion | None:
         return None
     saved = _cap(f, "exposed_memcpy", idle.pageable_exposed_share * f.step_time_ms)
     return Suggestion(
-        rule="pageable_copies",
         title=f"{idle.pageable_per_step:.3g} pageable host-to-device copies per step block the GPU",
         trigger=f"pageable HtoD copies exposed {idle.pageable_exposed_share:.1%} of step > PAGEABLE_MIN_SHARE "
                 f"{PAGEABLE_MIN_SHARE:.0%}",

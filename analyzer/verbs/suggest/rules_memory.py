@@ -39,7 +39,7 @@ def _memory_evidence(f: RunFacts, mem: float) -> dict:
             "step_time_ms": f.step_time_ms}
 
 
-@rule
+@rule(part="compute", flops=True)
 def rule_activation_checkpointing(f: RunFacts) -> Suggestion | None:
     """Peak memory over MEMORY_HIGH without activation checkpointing: recompute activations in backward.
 
@@ -56,7 +56,6 @@ def rule_activation_checkpointing(f: RunFacts) -> Suggestion | None:
     if fwd is None:
         return None
     return Suggestion(
-        rule="activation_checkpointing",
         title=f"Memory at {mem:.0%}: recompute activations in backward",
         trigger=f"peak memory {mem:.1%} of the device > MEMORY_HIGH {MEMORY_HIGH:.0%}",
         evidence=_memory_evidence(f, mem) | {"forward_ms": fwd},
@@ -69,7 +68,7 @@ def rule_activation_checkpointing(f: RunFacts) -> Suggestion | None:
     )
 
 
-@rule
+@rule(part="other")
 def rule_smaller_micro_batch(f: RunFacts) -> Suggestion | None:
     """Peak memory over MEMORY_HIGH: half the micro-batch, twice the accumulation (same tokens per step).
 
@@ -92,7 +91,6 @@ def rule_smaller_micro_batch(f: RunFacts) -> Suggestion | None:
         step_after = f.step_time_ms + idle
         method = f"the step's launch gaps ({idle:.1f} ms idle) paid twice"
     return Suggestion(
-        rule="smaller_micro_batch",
         title=f"Memory at {mem:.0%}: micro-batch {mb} -> {mb // 2} with grad_accum {ga} -> {2 * ga}",
         trigger=f"peak memory {mem:.1%} of the device > MEMORY_HIGH {MEMORY_HIGH:.0%}",
         evidence=_memory_evidence(f, mem) | {"micro_batch_size": mb, "grad_accum": ga},

@@ -46,7 +46,7 @@ def _full_activation_bytes(f: RunFacts) -> float | None:
     return float(layers * per_layer * element / 2.0)
 
 
-@rule
+@rule(part="compute")
 def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
     """Recompute over RECOMPUTE_MIN_SHARE of the step with the memory to keep some of it: checkpoint selectively.
 
@@ -84,7 +84,6 @@ def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
         full = _full_activation_bytes(f)
         if full is not None and r.peak_bytes + full <= limit:
             return Suggestion(
-                rule="selective_checkpointing",
                 title=f"Recompute is {r.share:.0%} of the step and the activations fit: turn activation checkpointing off",
                 trigger=f"recompute {r.share:.1%} of step > RECOMPUTE_MIN_SHARE {RECOMPUTE_MIN_SHARE:.0%}; peak "
                         f"{r.peak_bytes / 2**30:.1f} GiB + all activations {full / 2**30:.1f} GiB <= "
@@ -122,7 +121,6 @@ def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
                  "in reftrain/parallel.py apply_activation_checkpointing: checkpoint_wrapper(block, "
                  "context_fn=partial(create_selective_checkpoint_contexts, policy))" if reftrain else ""))
     return Suggestion(
-        rule="selective_checkpointing",
         title=f"Recompute is {r.share:.0%} of the step: checkpoint selectively (save matmul outputs, recompute the rest)",
         trigger=f"recompute {r.share:.1%} of step > RECOMPUTE_MIN_SHARE {RECOMPUTE_MIN_SHARE:.0%}, "
                 f"{flop_ms:.1f} ms of it in GEMM/attention kernels"

@@ -2,8 +2,9 @@
 
 The rule modules register their rules with :func:`analyzer.verbs.suggest.engine.rule`
 when imported; this module imports them all, so the engine never imports a rule (no
-circle; a contract in pyproject.toml holds it). A new rule module goes in the import
-line below.
+circle; a contract in pyproject.toml holds it, and tests/test_suggest_registry.py
+requires every ``rules_*.py`` module in it). A new rule module goes in the import
+line below and in that contract.
 
 After the rules, :func:`suggest` states each suggestion's coverage of its
 inputs and caps its confidence by it (:func:`coverage`), ranks them
@@ -14,15 +15,17 @@ its notes (:func:`first_note`). docs/suggestions.md, "Ranking and confidence".
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from analyzer.verbs.suggest import (  # noqa: F401
     rules_comm, rules_compute, rules_data, rules_health, rules_host, rules_memory, rules_recompute,
 )
 from analyzer.verbs.suggest.engine import (
-    _CONFIDENCE_ORDER, ALSO_PARTS, COMM_FIRST_SHARE, NOT_ACTIONABLE, RULE_PART, RULES, Suggestion, parts_of, rank,
+    _CONFIDENCE_ORDER, COMM_FIRST_SHARE, SCHEMA, NOT_ACTIONABLE, RULES, Suggestion, needs_flops, part_of, parts_of, rank,
     suggestions_json,
 )
+from analyzer.verbs.suggest.memo import memo_of
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -30,8 +33,6 @@ if TYPE_CHECKING:
 
 # FLOP coverage under this leaves the trace-shape MFU a lower bound (analyzer.metrics.mfu.COVERAGE_MIN's figure).
 FLOP_COVERAGE_MIN = 0.90
-# Rules whose what-if rests on the FLOP count (MFU or compute time per FLOP).
-_FLOP_RULES = frozenset({"mfu_gap", "torch_compile", "bf16_autocast", "tf32", "activation_checkpointing"})
 _BY_ORDER = {v: k for k, v in _CONFIDENCE_ORDER.items()}
 
 
@@ -58,12 +59,13 @@ def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
     if f.windows_total and f.windows_used < f.windows_total:
         cap = max(cap, 1)
         limits.append(f"{f.windows_total - f.windows_used} of {f.windows_total} step windows flagged and not read")
-    if s.rule in _FLOP_RULES or RULE_PART.get(s.rule) == "compute":
+    # Compute time is what the FLOP coverage is measured on: a rule acting on it rests on that coverage too.
+    if needs_flops(s.rule) or part_of(s.rule) == "compute":
         cov["flop_coverage"] = f.flop_coverage
         if f.flop_coverage is not None and f.flop_coverage < FLOP_COVERAGE_MIN:
             cap = max(cap, 2)
             limits.append(f"FLOPs known for {f.flop_coverage:.0%} of compute time")
-    if RULE_PART.get(s.rule) == "exposed_comm" and f.kind == "traces" and f.ranks_traced < in_job:
+    if part_of(s.rule) == "exposed_comm" and f.kind == "traces" and f.ranks_traced < in_job:
         cap = max(cap, 2)
         limits.append(f"{f.ranks_traced} of {in_job} ranks traced: waiting for a peer and transfer look the same")
     cov["limits"] = tuple(limits)
@@ -72,7 +74,7 @@ def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
 
 def largest_actionable(f: "RunFacts") -> tuple[str, float] | None:
     """The largest breakdown part some rule acts on, with its share of the step; None without a breakdown."""
-    acted = set(RULE_PART.values()) | {p for ps in ALSO_PARTS.values() for p in ps}
+    acted = {p for r in RULES for p in r.parts}
     parts = {k: v for k, v in f.shares.items() if v > 0 and k in acted and k not in NOT_ACTIONABLE}
     if not parts:
         return None
@@ -90,7 +92,7 @@ def first_note(f: "RunFacts", ranked: list[Suggestion], comm_first: bool) -> str
     if part in parts_of(first.rule):
         return None
     head = f"ranked first although {part} ({share:.0%} of the step) is the largest part a rule acts on"
-    if comm_first and RULE_PART.get(first.rule) == "exposed_comm":
+    if comm_first and part_of(first.rule) == "exposed_comm":
         return (f"{head}: exposed comm is {f.shares.get('exposed_comm', 0):.0%} of the step (> {COMM_FIRST_SHARE:.0%}), "
                 "and a collective holds every rank of the job, so it is settled first")
     on_part = [s for s in ranked if part in parts_of(s.rule)]
@@ -105,9 +107,9 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     """Every rule that fires on this run, ranked (see :func:`rank`). Pure: reads only ``ra``."""
     from analyzer.verbs.suggest.facts import run_facts
 
-    memo = ra.derived  # computed once per analysis: the text report, the JSON and the dashboard ask
-    if "suggestions" in memo:
-        return list(memo["suggestions"])
+    memo = memo_of(ra)  # computed once per analysis: the text report, the JSON and the dashboard ask
+    if memo.suggestions is not None:
+        return list(memo.suggestions)
     facts = run_facts(ra)
     fired = []
     for s in (r(facts) for r in RULES):
@@ -122,7 +124,7 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
     note = first_note(facts, ranked, comm_first)
     if note is not None:
         ranked[0] = dataclasses.replace(ranked[0], notes=(note, *ranked[0].notes))
-    memo["suggestions"] = list(ranked)
+    memo.suggestions = tuple(ranked)
     return ranked
 
 
@@ -132,3 +134,16 @@ def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
 
     facts = run_facts(ra)
     return suggestions_json(suggest(ra), facts.config_path, facts.world_size)
+
+
+def suggestions_document(ra: "RunAnalysis") -> dict[str, Any]:
+    """``analyzer suggest --json``'s document (schema :data:`~analyzer.verbs.suggest.engine.SCHEMA`):
+    the run's identity and :func:`report_suggestions`."""
+    return {
+        "schema": SCHEMA,
+        "path": [str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
+        "kind": ra.kind,
+        "run_id": ra.run_manifest.run_id,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "suggestions": report_suggestions(ra),
+    }
