@@ -62,7 +62,7 @@ def run_suggest(args: argparse.Namespace) -> int:
     from analyzer.verbs.printable import run_messages, say
     from analyzer.verbs.suggest.emit import emit_config
     from analyzer.verbs.suggest.facts import run_facts
-    from analyzer.verbs.suggest.render import render_text
+    from analyzer.render.text import suggestions_text
     from analyzer.verbs.suggest.run import suggest
 
     path = Path(args.path)
@@ -78,7 +78,7 @@ def run_suggest(args: argparse.Namespace) -> int:
     config_path, nproc = facts.config_path, facts.world_size
     if args.json:
         _write(args.json, dumps_json(suggestions_document(ra, suggestions, config_path, nproc)))
-    sys.stdout.write(render_text(suggestions, config_path, nproc=nproc))
+    sys.stdout.write(suggestions_text(suggestions, config_path, nproc=nproc))
     sys.stdout.flush()
     if args.emit_config:
         if args.pick > len(suggestions):
