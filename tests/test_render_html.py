@@ -64,3 +64,6 @@ def test_line_chart_breaks_at_missing_values_and_escapes_names():
     assert chart.count("<polyline") == 1  # 0 alone, then 2-3: one segment with two points or more
     assert chart.count("<circle") == 3 and "<b>" not in chart and "rank &lt;0&gt;" in chart
     assert svg.line_chart("empty", [svg.Series("s", [0], [None])], x_title="x", y_title="y") == ""
+    # Marked points (change points, samples) are markers only, larger than a line's dots.
+    marks = svg.line_chart("m", [svg.Series("change", [1, 3], [2.0, 3.0], lines=False)], x_title="x", y_title="y")
+    assert "<polyline" not in marks and marks.count('r="5"') == 2

@@ -331,11 +331,11 @@ def _samples_chart(outcome: "GateOutcome") -> str:
     r = outcome.result
     scale = 100.0 if r.metric == "mfu" else 1.0
     names = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
-    series = [svg.Series(name, s.steps.tolist(), (scale * s.values).tolist()) for name, s in zip(names, bases)]
-    series.append(svg.Series("candidate", cand.steps.tolist(), (scale * cand.values).tolist()))
+    series = [svg.Series(name, s.steps.tolist(), (scale * s.values).tolist(), lines=False) for name, s in zip(names, bases)]
+    series.append(svg.Series("candidate", cand.steps.tolist(), (scale * cand.values).tolist(), lines=False))
     unit = "% of peak" if r.metric == "mfu" else r.metric_label
     return svg.line_chart(f"{r.metric_label} per steady-state step (dashed: {r.statistic_label})", series,
-                          x_title="optimizer step", y_title=unit, markers_only=True,
+                          x_title="optimizer step", y_title=unit,
                           hlines=[svg.HLine(scale * r.base_value, svg.PALETTE[0], "baseline statistic"),
                                   svg.HLine(scale * r.cand_value, svg.PALETTE[3], "candidate statistic")])
 
@@ -458,7 +458,8 @@ def history_html(h: "History") -> str:
         for direction in ("slower", "faster"):
             marked = [(x, y) for x, y, p in zip(steps, ys, h.points) if p.change_point and p.direction == direction]
             if marked:
-                series.append(svg.Series(f"change ({direction})", [x for x, _ in marked], [y for _, y in marked]))
+                series.append(svg.Series(f"change ({direction})", [x for x, _ in marked], [y for _, y in marked],
+                                         lines=False))
         figures.append(svg.line_chart(f"{title} per run, by {h.by} (x: run number, listed below)", series,
                                       x_title="run", y_title=title))
     rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""),

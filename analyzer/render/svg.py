@@ -24,11 +24,12 @@ LEFT, RIGHT, TOP, BOTTOM = 70, 20, 40, 50
 
 @dataclass(frozen=True)
 class Series:
-    """One named series: ``y[i]`` at ``x[i]``; None or NaN is a gap."""
+    """One named series: ``y[i]`` at ``x[i]``; None or NaN is a gap. ``lines``: joined by lines, else markers only."""
 
     name: str
     x: Sequence[float]
     y: Sequence[float | None]
+    lines: bool = True
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,8 @@ def _legend(names: Sequence[tuple[str, str]], f: _Frame) -> list[str]:
 
 
 def line_chart(title: str, series: Sequence[Series], *, x_title: str, y_title: str, bands: Sequence[Band] = (),
-               hlines: Sequence[HLine] = (), integer_x: bool = True, markers_only: bool = False) -> str:
-    """Lines with markers (or markers only) of numeric series over a numeric x axis; "" with no finite point."""
+               hlines: Sequence[HLine] = (), integer_x: bool = True) -> str:
+    """Numeric series over a numeric x axis, as markers joined by lines (:attr:`Series.lines`); "" with no finite point."""
     points = [p for s in series for p in map(_xy, s.x, s.y) if p is not None]
     if not points:
         return ""
@@ -193,9 +194,9 @@ def line_chart(title: str, series: Sequence[Series], *, x_title: str, y_title: s
             x, y = point
             px, py = f.px(x), f.py(y)
             run.append(f"{px:.1f},{py:.1f}")
-            dots.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{colour}">'
+            dots.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{3 if s.lines else 5}" fill="{colour}">'
                         f"<title>{_esc(s.name)}: {_esc(_tick_text(x, integer_x))}, {y:.6g}</title></circle>")
-        if not markers_only:
+        if s.lines:
             body += [f'<polyline points="{" ".join(seg)}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
                      for seg in segments if len(seg) > 1]
         body += dots
