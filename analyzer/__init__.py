@@ -23,6 +23,7 @@ and ``analyzer report`` answers from its result cache without it.
 from __future__ import annotations
 
 import importlib
+import sys
 
 from analyzer.errors import AnalyzerError, TraceError
 
@@ -46,3 +47,14 @@ def __getattr__(name: str) -> object:
     if module is None:
         raise AttributeError(f"module 'analyzer' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def _register_notebook_views() -> None:
+    """Inside IPython (Jupyter), runs and comparisons display as HTML summaries: analyzer/render/notebook.py
+    registers them with the shell's HTML formatter. Loaded by name like the names above, and only when
+    IPython is running, so that importing an analyzer module loads no renderer."""
+    if "IPython" in sys.modules:
+        importlib.import_module("analyzer.render.notebook").register_in_running_ipython()
+
+
+_register_notebook_views()

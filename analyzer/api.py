@@ -315,11 +315,6 @@ class RunAnalysis:
             return None
         return goodput(self.run_manifest, self.metrics)
 
-    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
-        from analyzer.verbs.notebook import run_html
-
-        return run_html(self)
-
     def to_json(self) -> ReportCore:
         """The versioned report (schema ``analyzer.report/1``), JSON-serializable."""
         manifest = self.run_manifest

@@ -147,16 +147,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             _print(cached.text)
             return EXIT_OK
     with _parsing([path], args) as jobs:
+        from analyzer.render import html, text as render_text
         from analyzer.verbs import report
 
         messages: list[tuple[str, str]] = []
         analysis = _analyze(path, args, jobs, messages)
-    text = report.render_text(analysis, top=args.top)
+    text = render_text.report_text(analysis, top=args.top)
     document = report.report_json(analysis)
     if args.json:
         _write_text(args.json, dumps_json(document))
     if args.html:
-        _write_text(args.html, report.render_html(analysis))
+        _write_text(args.html, html.report_html(analysis))
     _print(text)
     if entry is not None:
         from analyzer.verbs import report_cache
@@ -215,7 +216,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """MFU, step time and tokens/s per run in order, the gate's verdict between neighbours (analyzer/verbs/history.py)."""
-    from analyzer.verbs.history import history, history_html, history_text
+    from analyzer.render.html import history_html
+    from analyzer.render.text import history_text
+    from analyzer.verbs.history import history
 
     h = history(_existing(args.runs_dir), args.by)
     if args.json:
@@ -229,7 +232,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     base_path, cand_path = _existing(args.base), _existing(args.cand)
     with _parsing([base_path, cand_path], args) as jobs:
-        from analyzer.verbs import report
+        from analyzer.render import github, html, text
         from analyzer.verbs.compare import compare
 
         base = _analyze(base_path, args, jobs)
@@ -237,13 +240,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = compare(base, cand, top=args.top)
     if args.json:
         _write_text(args.json, dumps_json(comparison.to_json()))
-    from analyzer.verbs import ci_artifacts
-
     if args.html:
-        _write_text(args.html, ci_artifacts.compare_html(comparison, top=args.top))
-    _print(report.render_compare_text(comparison))
-    if ci_artifacts.on_github_actions():
-        _print("\n".join(ci_artifacts.compare_annotations(comparison)))
+        _write_text(args.html, html.compare_html(comparison, top=args.top))
+    _print(text.compare_text(comparison))
+    if github.on_github_actions():
+        _print("\n".join(github.compare_annotations(comparison)))
     return EXIT_OK
 
 
@@ -251,7 +252,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     cand_path = _existing(args.cand)
     base_paths = [_existing(b) for b in args.baseline]
     with _parsing([cand_path, *base_paths], args) as jobs:
-        from analyzer.verbs import report
+        from analyzer.render import github, html, junit, markdown, text
         from analyzer.verbs.check import CheckConfig, check
 
         # Reject bad values before analyzing.
@@ -267,22 +268,20 @@ def cmd_check(args: argparse.Namespace) -> int:
                     min_goodput=args.min_goodput,
                     max_memory_growth=args.max_memory_growth)
     explanation = outcome.explanation
-    from analyzer.verbs import ci_artifacts
-
     # $GITHUB_STEP_SUMMARY is appended to (other steps write there too); --summary FILE is written whole,
     # unless it names that same file, which is then appended to once.
-    step_summary = ci_artifacts.append_step_summary(outcome)
+    step_summary = github.append_step_summary(outcome)
     if args.summary and (step_summary is None or args.summary.resolve() != step_summary.resolve()):
-        _write_text(args.summary, report.render_check_markdown(outcome, explanation))
+        _write_text(args.summary, markdown.check_markdown(outcome, explanation))
     if args.json:
         _write_text(args.json, dumps_json(outcome.to_json()))
     if args.html:
-        _write_text(args.html, ci_artifacts.check_html(outcome, top=args.top))
+        _write_text(args.html, html.check_html(outcome, top=args.top))
     if args.junit:
-        _write_text(args.junit, ci_artifacts.check_junit(outcome, args.inconclusive))
-    _print(report.render_check_text(outcome, explanation))
-    if ci_artifacts.on_github_actions():
-        _print("\n".join(ci_artifacts.check_annotations(outcome, args.inconclusive)))
+        _write_text(args.junit, junit.check_junit(outcome, args.inconclusive))
+    _print(text.check_text(outcome, explanation))
+    if github.on_github_actions():
+        _print("\n".join(github.check_annotations(outcome, args.inconclusive)))
     if outcome.regression:
         return EXIT_REGRESSION
     if outcome.inconclusive:
@@ -297,7 +296,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         # Imported once the parse workers run: the rules import pandas meanwhile.
         from analyzer.verbs.suggest.emit import emit_config
         from analyzer.verbs.suggest.facts import run_facts
-        from analyzer.verbs.suggest.render import render_text
+        from analyzer.render.text import suggestions_text
         from analyzer.verbs.suggest.run import suggest, suggestions_document
 
         analysis = _analyze(path, args, jobs)
@@ -305,7 +304,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     facts = run_facts(analysis)
     if args.json:
         _write_text(args.json, dumps_json(suggestions_document(analysis)))
-    _print(render_text(suggestions, facts.config_path, nproc=facts.world_size))
+    _print(suggestions_text(suggestions, facts.config_path, nproc=facts.world_size))
     if args.emit_config:
         if args.pick > len(suggestions):
             raise AnalyzerError(f"--pick {args.pick}: only {len(suggestions)} suggestion(s) for {path}")

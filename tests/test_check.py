@@ -21,7 +21,6 @@ from analyzer.verbs.check import (
     samples_from_metrics,
     samples_from_steps,
     self_noise,
-    short_kernel_name,
 )
 from analyzer.errors import AnalyzerError
 
@@ -229,21 +228,6 @@ def test_config_rejects_out_of_range_values():
         CheckConfig(alpha=0.0)
     with pytest.raises(AnalyzerError, match="quantile"):
         CheckConfig(quantile=1.0)
-
-
-def test_short_kernel_names_keep_the_function_head():
-    assert short_kernel_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
-    # A CUTLASS 3 kernel as Kineto reports it: about 2,000 characters.
-    tmpl = ", ".join(f"cute::C<{i}>" for i in range(150))
-    long = (f"void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, {tmpl}>>"
-            f"(cutlass::gemm::kernel::GemmUniversal<{tmpl}>::Params)")
-    assert len(long) > 2000
-    short = short_kernel_name(long)
-    assert len(short) == 80 and short.endswith("…")
-    assert short.startswith("cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int")
-    # Arguments go first: a short template head with a long argument list keeps all of the head.
-    name = "void at::native::elementwise_kernel<128, 2>(" + "int, " * 40 + "float)"
-    assert short_kernel_name(name) == "at::native::elementwise_kernel<128, 2>(…)"
 
 
 def _metrics_table() -> pd.DataFrame:

@@ -81,12 +81,11 @@ def test_report_html_is_self_contained(synthetic, capsys, tmp_path) -> None:
     assert code == 0, err
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>")
-    # plotly.js itself is inline, nothing is fetched: no external script or stylesheet.
-    assert re.search(r"""<script[^>]+src=""", text) is None
+    # Charts are inline SVG: no script, nothing fetched, no external stylesheet.
+    assert "<script" not in text
     assert re.search(r"""<link[^>]+href=["']https?:""", text) is None
-    assert "Plotly.newPlot" in text and len(text) > 3_000_000
     # Charts: breakdown, overlap, step time, MFU, top kernels.
-    assert text.count("Plotly.newPlot(") == 5
+    assert text.count("<svg") == 5
     assert "50.0" in text  # the overlap figure in the per-rank table
 
 

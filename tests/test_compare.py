@@ -179,7 +179,7 @@ def test_candidate_mfu_is_its_own_figure_with_the_rescaled_one_beside_it() -> No
     """
     from dataclasses import replace
 
-    from analyzer.verbs.report import render_compare_text
+    from analyzer.render.text import compare_text as render_compare_text
 
     base = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
     cand = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
@@ -193,7 +193,8 @@ def test_candidate_mfu_is_its_own_figure_with_the_rescaled_one_beside_it() -> No
     doc = c.to_json()["mfu"]
     assert (doc["cand"], doc["cand_on_base_peak"], doc["cand_comparable"]) == (0.32, pytest.approx(0.40), pytest.approx(0.40))
     text = render_compare_text(c)
-    assert "MFU: 40.00% -> 32.00% (+0.00 points, drop +0.0%; candidate on the baseline's measured peak 40.00%" in text
+    # The points are the difference of the two figures shown; the drop is the comparable one (rescaled).
+    assert "MFU: 40.00% -> 32.00% (-8.00 points, drop +0.0%; candidate on the baseline's measured peak 40.00%" in text
     # Other hardware: no rescale, one figure.
     other = replace(cand, manifest={**cand.manifest, "hardware": {"device_type": "cpu", "cpu_model": "Intel Xeon"}})
     c2 = compare(base, other)
@@ -219,7 +220,7 @@ def test_step_time_is_each_runs_headline() -> None:
 
 def test_compare_shows_each_runs_hfu_beside_the_mfu() -> None:
     """A checkpointed candidate: its HFU (hardware FLOPs, recompute included) is reported apart from its MFU."""
-    from analyzer.verbs.report import render_compare_text
+    from analyzer.render.text import compare_text as render_compare_text
 
     base = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])
     cand = _reftrain_analysis([10, 10, 10, 10, 10], [5] * 5, warmup=1, profiled=[])

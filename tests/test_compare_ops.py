@@ -99,7 +99,7 @@ def test_most_specific_rule_exact() -> None:
 
 
 def test_ops_and_modules_in_json_and_text(runs) -> None:
-    from analyzer.verbs.report import render_compare_text
+    from analyzer.render.text import compare_text as render_compare_text
 
     c = compare(*runs)
     doc = orjson.loads(orjson.dumps(c.to_json()))
@@ -111,7 +111,7 @@ def test_ops_and_modules_in_json_and_text(runs) -> None:
     assert "Ops, largest change first" in text and "Modules, largest change first" in text
     op_line = next(line for line in text.splitlines() if line.lstrip().startswith("aten::linear") and "backward" in line)
     assert "+0.150" in op_line and "+500.0" in op_line
-    from analyzer.verbs.ci_artifacts import compare_html
+    from analyzer.render.html import compare_html
 
     page = compare_html(c)
     assert "<h2>Ops</h2>" in page and "<h2>Modules</h2>" in page and "blocks.0/attn" in page
@@ -146,7 +146,7 @@ def test_example_runs_name_the_op_that_got_slower() -> None:
     for d in top:
         assert d.base == pytest.approx(expected(base, d.name)) and d.cand == pytest.approx(expected(cand, d.name))
         assert 250.0 < d.delta < 350.0  # +294 / +292 ms measured on these files
-    from analyzer.verbs.report import render_compare_text
+    from analyzer.render.text import compare_text as render_compare_text
 
     text = render_compare_text(c)
     ops_table = text.split("Ops, largest change first")[1].split("\n\n")[0].splitlines()

@@ -86,8 +86,11 @@ def test_the_tree_keeps_every_contract():
         ("analyzer/ingest/cache.py", "import analyzer.ingest.load", "no import cycles between sibling modules",
          ".cache -> .load", 1),
         # A verb in the join also breaks the layers, and closes a circle (the verbs import the join).
-        ("analyzer/api.py", "import analyzer.verbs.printable", "analyzer.api imports no verb",
+        ("analyzer/api.py", "import analyzer.verbs.printable", "analyzer.api imports neither analyzer.verbs nor analyzer.render",
          "analyzer.api -> analyzer.verbs.printable", 3),
+        # The run analysis draws nothing itself: a renderer imported there breaks its own contract (and the layers).
+        ("analyzer/api.py", "import analyzer.render.html", "analyzer.api imports neither analyzer.verbs nor analyzer.render",
+         "analyzer.api -> analyzer.render.html", 2),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tmp_path, module, line, contract, named, broken):

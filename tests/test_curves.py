@@ -85,7 +85,7 @@ def test_html_report_has_the_training_curves_of_a_run(tmp_path):
     from pathlib import Path
 
     from analyzer.api import analyze
-    from analyzer.verbs.report import render_html
+    from analyzer.render.html import report_html as render_html
 
     example = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2"
     import shutil
@@ -94,12 +94,24 @@ def test_html_report_has_the_training_curves_of_a_run(tmp_path):
     page = render_html(a)
     assert "<h2>Training curves</h2>" in page and 'id="training-curves"' in page
     c = training_curves(a.manifest, a.metrics)
-    for m in c.metrics:  # one trace per metric, selectable from the dropdown
-        label = METRICS[m][0].replace("/", "\\u002f")  # plotly's JSON escapes "/"
-        assert f'"name":"{label}"' in page
+    section = page.split('id="training-curves"', 1)[1].split("</div>", 1)[0]
+    assert section.count("<svg") == len(c.metrics) >= 4  # one chart per recorded metric
+    for m in c.metrics:
+        assert f"<title>{METRICS[m][0]} per optimizer step, all ranks</title>" in section
+    # Every step of the first curve is a point: its value in the point's tooltip.
+    first = c.series(c.metrics[0])
+    assert section.count("<circle") >= len(first) and f"{first['value'].iloc[-1]:.6g}</title>" in section
 
 
-def test_html_report_section_is_empty_for_a_trace_folder():
-    from analyzer.metrics.curves import report_html
+def test_html_report_section_is_empty_for_a_trace_folder(tmp_path):
+    import sys
+    from pathlib import Path
 
-    assert report_html(None, None) == ""
+    from analyzer.api import analyze
+    from analyzer.render.html import training_curves_html
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from dashboard_support import write_gpu_traces
+
+    write_gpu_traces(tmp_path / "gpu")
+    assert training_curves_html(analyze(tmp_path / "gpu", cache=False)) == ""

@@ -543,7 +543,9 @@ def test_one_step_time_and_one_mfu_on_every_surface(open_page, analyses, runs_di
     MFU (the dashboard rounds for display).
     """
     from analyzer.verbs.compare import compare
-    from analyzer.verbs.report import render_html, render_text, report_json
+    from analyzer.render.html import report_html as render_html
+    from analyzer.render.text import report_text as render_text
+    from analyzer.verbs.report import report_json
 
     ra = analyses[SLOW_RUN]
     step_ms, mfu = ra.step_time.ms, ra.mfu.median

@@ -102,7 +102,7 @@ def test_run_memory_of_a_trace_folder(tmp_path: Path) -> None:
     assert doc["schema"] == "analyzer.memory/1" and doc["peak_allocated_bytes"] == 15000
     assert [r["rank"] for r in doc["ranks"]] == [0, 1] and len(doc["steps"]) == 3
     # The text report's section, and the cached summary gives the same figures.
-    from analyzer.verbs.report import memory_lines
+    from analyzer.render.text import memory_lines
 
     lines = memory_lines(a)
     assert lines[0].startswith("Memory, peak allocated and reserved bytes, MiB (profiler memory events")
@@ -165,7 +165,7 @@ def test_compare_gives_memory_deltas_and_growth(tmp_path: Path) -> None:
     assert c.memory_growth == pytest.approx(1.0)
     doc = c.to_json()
     assert doc["memory_growth"] == pytest.approx(1.0) and doc["memory"][0]["delta_pct"] == pytest.approx(100.0)
-    from analyzer.verbs.report import render_compare_text
+    from analyzer.render.text import compare_text as render_compare_text
 
     assert "Peak memory (trace (cuda), MiB, max over ranks); growth of the peak +100.0%" in render_compare_text(c)
 

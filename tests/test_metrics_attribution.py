@@ -398,7 +398,7 @@ def test_report_json_and_text(tmp_path):
     """analyze() carries the tables to the report: the JSON's ops sum to the attributed time, and the text
     report's section names the backward of the forward op and the module tree."""
     from analyzer.api import analyze
-    from analyzer.verbs.report import render_text
+    from analyzer.render.text import report_text as render_text
 
     t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
     training_step(t)
@@ -422,7 +422,7 @@ def test_report_json_and_text(tmp_path):
 
 def test_report_html_has_the_op_and_module_tables(tmp_path):
     from analyzer.api import analyze
-    from analyzer.verbs.report import render_html
+    from analyzer.render.html import report_html as render_html
 
     t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
     training_step(t)

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import analyze
-from analyzer.verbs.report import NO_STEPS_LINE, render_html, render_text, report_json
+from analyzer.render.html import report_html as render_html
+from analyzer.render.text import NO_STEPS_LINE, report_text as render_text
+from analyzer.verbs.report import report_json
 from synth import KinetoTrace
 
 

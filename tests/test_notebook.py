@@ -1,7 +1,11 @@
-"""Jupyter summaries: RunAnalysis._repr_html_ and Comparison._repr_html_."""
+"""Jupyter summaries of a RunAnalysis and a Comparison (analyzer/render/notebook.py), as IPython's
+HTML formatter shows them once the views are registered."""
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +15,17 @@ from analyzer.api import analyze
 from analyzer.verbs.compare import compare
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _html(obj: object) -> str:
+    """What a notebook cell ending in ``obj`` shows as HTML: a standalone IPython HTML formatter
+    with the analyzer's views registered (a shell's formatter is the same class)."""
+    formatters = pytest.importorskip("IPython.core.formatters", reason="IPython renders notebook cells")
+    from analyzer.render.notebook import register
+
+    formatter = formatters.HTMLFormatter()
+    register(formatter)
+    return formatter(obj)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +40,7 @@ def runs(tmp_path_factory) -> dict:
 
 def test_run_summary_shows_the_headline_and_the_rank_table(runs):
     a = runs["example-ddp-w2"]
-    page = a._repr_html_()
+    page = _html(a)
     assert f"MFU: {100 * a.mfu.median:.2f}% ({a.mfu.source})" in page
     assert f"step time: {a.step_time.ms:.2f} ms" in page
     assert "<th>exposed_comm_pct</th>" in page
@@ -42,12 +57,12 @@ def test_lower_bound_mfu_is_labelled(tmp_path):
     write_gpu_traces(tmp_path / "gpu")
     a = analyze(tmp_path / "gpu", peak_flops=1e12)
     a = replace(a, mfu=replace(a.mfu, source="trace_shapes", median=0.1, lower_bound=True, flop_coverage=0.4))
-    assert "&ge; 10.00% (lower bound, FLOP coverage 40.0%)" in a._repr_html_()
+    assert "&ge; 10.00% (lower bound, FLOP coverage 40.0%)" in _html(a)
 
 
 def test_comparison_summary(runs):
     c = compare(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
-    page = c._repr_html_()
+    page = _html(c)
     assert f"{100 * c.mfu.base:.2f}%" in page and f"{100 * c.mfu.cand:.2f}%" in page
     names = [d.name for d in c.phases[:8]]
     found = [page.find(f"<td>{n}</td>") for n in names]
@@ -59,13 +74,11 @@ def test_names_from_traces_are_escaped(runs):
 
     c = compare(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
     evil = replace(c, base_path="<script>alert(1)</script>")
-    assert "<script>" not in evil._repr_html_()
+    assert "<script>" not in _html(evil)
 
 
 def test_the_docs_notebook_example_runs(tmp_path, monkeypatch, capsys):
     """docs/api.md "In a notebook": its code block, executed on copies of the example runs."""
-    import re
-
     text = (REPO / "docs" / "api.md").read_text()
     section = text.split("## In a notebook", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
@@ -76,4 +89,36 @@ def test_the_docs_notebook_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(code, "docs/api.md", "exec"), scope)  # the documented example itself
     out = capsys.readouterr().out
     assert "exposes the most communication" in out and "MFU " in out
-    assert "MFU:" in scope["run"]._repr_html_() and scope["delta"]._repr_html_().startswith("<div")
+    assert "MFU:" in _html(scope["run"]) and _html(scope["delta"]).startswith("<div")
+
+
+def test_mfu_change_is_the_difference_of_the_figures_shown(runs):
+    """The candidate is rescaled to the baseline's peak for the drop, but the change printed beside
+    two MFU figures is their difference: 62.90% -> 52.23% is -10.67 pts (not the rescaled -21.42)."""
+    from analyzer.render.text import compare_text
+
+    c = compare(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
+    assert c.mfu.cand_on_base_peak is not None  # the case where the two differ
+    base, cand = (float(f"{100 * v:.2f}") for v in (c.mfu.base, c.mfu.cand))
+    shown = f"{cand - base:+.2f}"
+    assert f"<td>{shown} pts</td>" in _html(c)
+    line = next(x for x in compare_text(c).splitlines() if x.startswith("MFU:"))
+    assert line.startswith(f"MFU: {base:.2f}% -> {cand:.2f}% ({shown} points, drop ")
+    assert shown != f"{100 * c.mfu.delta:+.2f}"
+
+
+def test_import_in_a_running_ipython_registers_the_views(tmp_path):
+    """``import analyzer`` inside IPython registers both views with the shell (a fresh process: the
+    shell is a process-wide singleton); outside IPython it imports no renderer."""
+    pytest.importorskip("IPython", reason="IPython renders notebook cells")
+    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            "shell = InteractiveShell.instance()\n"
+            "import analyzer.api\n"
+            "print(sorted(shell.display_formatter.formatters['text/html'].deferred_printers))\n")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path)}  # the shell's history database goes there, not to ~
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "('analyzer.api', 'RunAnalysis')" in out.stdout and "('analyzer.verbs.compare', 'Comparison')" in out.stdout
+    plain = subprocess.run([sys.executable, "-c", "import sys, analyzer.api; print('analyzer.render.notebook' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert plain.stdout.strip() == "False", plain.stderr

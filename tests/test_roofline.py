@@ -204,7 +204,8 @@ def test_attention_rows_match_tracelens(sample):
 
 def test_the_report_carries_the_roofline_per_op():
     """The report's `roofline` block and text section are RunAnalysis.roofline()'s per-op rows."""
-    from analyzer.verbs.report import render_text, report_json
+    from analyzer.render.text import report_text as render_text
+    from analyzer.verbs.report import report_json
 
     trace = SHARED / "h100/gaunernst_bert-small-uncased__1016001.json.gz"
     if not trace.exists():
@@ -401,7 +402,7 @@ def test_double_rows_say_fp64_and_rows_without_a_type_show_a_dash():
     # A double add over 2^10 elements: dtype fp64 (the one element-type table, analyzer.metrics.dtypes), no
     # fp64 peak in the table, memory-bound against the HBM all the same. A row whose types are unknown to the
     # table (an int64 copy) has no dtype: None in the per-op row, "-" in the text, never "nan".
-    from analyzer.verbs.report import roofline_lines
+    from analyzer.render.text import roofline_lines
 
     n = 1 << 10
     add = ("aten::add", False, _dims([[n], [n], []]), json.dumps(["double", "double", "Scalar"]), "", 3, 3, 0.01)

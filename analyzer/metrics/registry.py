@@ -169,7 +169,6 @@ METRICS: tuple[Metric, ...] = (
     metric(curves.training_curves, manifest="manifest", metrics="metrics"),
     metric(curves.smooth, params={"window": 5}, table="curves"),
     metric(curves.overlay, params={"metric": "loss"}, curves="run_curves"),
-    metric(curves.report_html, manifest="manifest", metrics="metrics"),
     # goodput
     metric(goodput.goodput, manifest="manifest", metrics="metrics"),
     # idle: why the GPU is idle

@@ -54,7 +54,7 @@ import pandas as pd
 from analyzer.verbs.compare import candidate_peak_scale, labelled
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Inject, RunManifest
-from analyzer.verbs.printable import printable
+from analyzer.render.format import short_kernel_name, value_text
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -549,7 +549,7 @@ class GateOutcome:
     comparison: "Comparison"
     notes: list[str] = field(default_factory=list)
     cpu: CheckResult | None = None  # the same gate on CPU time per step (CPU runs with ``cpu_ms``), else None
-    # The gated per-step values (baselines, candidate) for the CI artifacts' charts (analyzer/verbs/ci_artifacts.py).
+    # The gated per-step values (baselines, candidate) for the HTML page's chart (analyzer/render/html.py).
     samples: tuple[list[StepSamples], StepSamples] | None = None
     goodput: GoodputGate | None = None  # ``--min-goodput``, else None
     memory: MemoryGate | None = None  # ``--max-memory-growth``, else None
@@ -1080,47 +1080,6 @@ def check(
                        samples=(base_samples, cand_samples), goodput=gp_gate, memory=mem_gate, machine=machine)
 
 
-def _value_text(metric: str, value: float) -> str:
-    if metric == "mfu":
-        return f"{100 * value:.2f}%"
-    if metric == "tokens_per_s":
-        return f"{value:,.0f} tokens/s"
-    return f"{value:.3f} steps/s"
-
-
-# Kernel names from C++ templates run to thousands of characters (CUTLASS,
-# CUB); the paragraph keeps their head, where the distinguishing part is.
-KERNEL_NAME_MAX_CHARS = 80
-
-
-def short_kernel_name(name: str, max_chars: int = KERNEL_NAME_MAX_CHARS) -> str:
-    """A kernel name fit for one line of prose: at most ``max_chars`` characters.
-
-    Short names are returned as they are. Longer ones lose, in order: a
-    leading ``void `` (the return type of every demangled kernel), the
-    argument list (``(...)``, the same types as the template arguments),
-    then everything past ``max_chars - 1`` characters, replaced by ``…``.
-    The function's qualified name and the start of its template arguments,
-    which tell e.g. one CUTLASS GEMM from another, are what remains.
-    """
-    name = printable(name, one_line=True)
-    if len(name) <= max_chars:
-        return name
-    text = name[5:] if name.startswith("void ") else name
-    depth = 0
-    for i, ch in enumerate(text):  # the argument list starts at the first "(" outside template brackets
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth = max(0, depth - 1)
-        elif ch == "(" and depth == 0 and i > 0:
-            text = text[:i] + "(…)"
-            break
-    if len(text) <= max_chars:
-        return text
-    return text[: max_chars - 1].rstrip() + "…"
-
-
 def _signed_ms(d: "Delta", kernel: bool = False, label: bool = False) -> str:
     """``name +4.1 ms, +22%``; ``label``: an op or module with its pass (``blocks.7/attn backward``)."""
     pct = f", {d.delta_pct:+.0f}%" if d.delta_pct is not None else ", new"
@@ -1133,7 +1092,7 @@ def explain(outcome: GateOutcome) -> str:
     r, c = outcome.result, outcome.comparison
     runs = f"{r.n_base} vs {r.n_cand} steady-state steps" + (f", {r.n_baselines} baselines" if r.n_baselines > 1 else "")
     head = (
-        f"{r.statistic_label} {_value_text(r.metric, r.base_value)} -> {_value_text(r.metric, r.cand_value)} "
+        f"{r.statistic_label} {value_text(r.metric, r.base_value)} -> {value_text(r.metric, r.cand_value)} "
         f"(drop {r.drop:+.1%}, allowed {r.max_drop:.1%}; one-sided Mann-Whitney p = {r.p_value:.2g}, "
         f"alpha {r.alpha}; runs' own noise {r.noise:.1%}; {runs})"
     )

@@ -165,11 +165,6 @@ class Comparison:
     memory: list[Delta] = field(default_factory=list)  # MiB: run peaks (allocated, reserved), then per rank
     memory_growth: float | None = None  # (cand - base) / base of the peak allocated; None when not comparable
 
-    def _repr_html_(self) -> str:  # Jupyter (issue 15 item 5): analyzer/verbs/notebook.py
-        from analyzer.verbs.notebook import compare_html
-
-        return compare_html(self)
-
     def growing_phases(self, n: int = 3) -> list[Delta]:
         """The ``n`` phases that grew the most (positive delta), largest first."""
         return sorted((d for d in self.phases if d.delta > 0), key=lambda d: -d.delta)[:n]

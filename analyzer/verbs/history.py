@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Git
-from analyzer.verbs.printable import printable
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -104,7 +103,7 @@ def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = No
             sha = _sha(a)
             if sha:
                 latest[sha] = i
-        analyzed = [t for i, t in enumerate(analyzed) if not _sha(t[2]) or latest[_sha(t[2])] == i]
+        analyzed = [t for i, t in enumerate(analyzed) if latest.get(_sha(t[2]) or "", i) == i]
     points: list[HistoryPoint] = []
     prev = None
     for start, name, a in analyzed:
@@ -127,56 +126,3 @@ def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = No
             tokens_per_s=throughput(a.manifest, a.metrics).median, **fields))
         prev = a
     return History(by, points, skipped)
-
-
-def history_text(h: History) -> str:
-    """The table ``analyzer history`` prints."""
-    from analyzer.verbs.report import format_table
-
-    def num(x, fmt):
-        return "-" if x is None else format(x, fmt)
-
-    rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""), num(p.mfu and 100 * p.mfu, ".2f"),
-             num(p.step_time_ms, ".1f"), num(p.tokens_per_s, ".1f"), num(p.goodput and 100 * p.goodput, ".1f"),
-             p.verdict or ("-" if p.verdict_error is None else "cannot judge"),
-             f"CHANGE ({p.direction})" if p.change_point else ""] for p in h.points]
-    out = [f"Run history ({len(h.points)} run(s), by {h.by}); verdict: the CI gate from the previous run",
-           format_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "goodput %", "verdict",
-                                     "change point"], rows, left=(0, 1, 2, 7, 8))]
-    out += [f"  {p.run}: gate cannot judge: {p.verdict_error}" for p in h.points if p.verdict_error]
-    out += [f"  skipped {s}" for s in h.skipped]
-    return printable("\n".join(out))
-
-
-def history_html(h: History) -> str:
-    """A self-contained HTML page: MFU, step time and tokens/s per run (change points marked) and the table."""
-    import html
-
-    from plotly.subplots import make_subplots
-
-    from analyzer.verbs.report import _figure_html, _html_table, html_page
-
-    names = [p.run for p in h.points]
-    fig = make_subplots(rows=4, cols=1, shared_xaxes=True,
-                        subplot_titles=("MFU (%)", "step time (ms)", "tokens/s", "goodput (%)"))
-    series = [[None if p.mfu is None else 100 * p.mfu for p in h.points], [p.step_time_ms for p in h.points],
-              [p.tokens_per_s for p in h.points], [None if p.goodput is None else 100 * p.goodput for p in h.points]]
-    for row, ys in enumerate(series, 1):
-        fig.add_scatter(x=names, y=ys, mode="lines+markers", showlegend=False, row=row, col=1)
-        for colour, direction in (("#d62728", "slower"), ("#2ca02c", "faster")):
-            pts = [(n, y) for n, y, p in zip(names, ys, h.points) if p.change_point and p.direction == direction]
-            if pts:
-                fig.add_scatter(x=[n for n, _ in pts], y=[y for _, y in pts], mode="markers", name=f"change ({direction})",
-                                marker=dict(symbol="triangle-up", size=14, color=colour), showlegend=row == 1, row=row, col=1)
-    fig.update_layout(height=900, title=f"Run history by {h.by} (change points: the CI gate finds a significant change)")
-    rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""),
-             "-" if p.mfu is None else f"{100 * p.mfu:.2f}", "-" if p.step_time_ms is None else f"{p.step_time_ms:.1f}",
-             "-" if p.tokens_per_s is None else f"{p.tokens_per_s:.1f}",
-             "-" if p.goodput is None else f"{100 * p.goodput:.1f}",
-             p.verdict or ("cannot judge" if p.verdict_error else "-"), p.direction if p.change_point else ""]
-            for p in h.points]
-    body = ["<h1>Run history</h1>", _figure_html(fig),
-            _html_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "goodput %", "verdict",
-                         "change point"], rows, left=(0, 1, 2, 7, 8))]
-    body += [f"<p class=\"note\">skipped {html.escape(s)}</p>" for s in h.skipped]
-    return html_page("analyzer history", "\n".join(body))

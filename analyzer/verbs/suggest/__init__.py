@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from analyzer.verbs.suggest.emit import emit_config, emitted_config_text
 from analyzer.verbs.suggest.engine import RULES, Change, Prediction, Suggestion, suggestions_json
-from analyzer.verbs.suggest.render import render_markdown, render_text, suggestions_text
 
 
 def __getattr__(name: str) -> object:
@@ -29,6 +28,5 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "suggest", "suggestions_json", "report_suggestions", "Suggestion", "Change", "Prediction", "RULES",
-    "emit_config", "emitted_config_text", "render_text", "render_markdown", "suggestions_text",
-    "suggestions_document",
+    "emit_config", "emitted_config_text", "suggestions_document",
 ]
