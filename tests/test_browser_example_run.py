@@ -65,6 +65,21 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     logged = [json.loads(line) for line in (run / "metrics" / "rank0.jsonl").read_text().splitlines() if line.strip()]
     assert chart.locator("g.mark-symbol.role-mark path").count() == len([r for r in logged if r.get("loss") is not None])
     assert chart.bounding_box()["height"] > 100
+    # Every trace the run wrote (traces/step{N}/rank{R}.pt.trace.json.gz) is offered, under its window,
+    # and the download is the file itself, saved under a name that keeps its window.
+    traces = sorted((run / "traces").glob("step*/rank*.json*"))
+    assert traces, sorted(p.relative_to(run).as_posix() for p in run.rglob("*"))
+    page.get_by_role("heading", name="Raw traces").scroll_into_view_if_needed(timeout=RENDER_TIMEOUT_MS)
+    buttons = page.locator('[data-testid="stDownloadButton"]')
+    assert buttons.count() == len(traces)
+    for folder in {t.parent.name for t in traces}:
+        assert page.get_by_text(f"step {folder.removeprefix('step')}", exact=True).count() == 1
+    with page.expect_download(timeout=RENDER_TIMEOUT_MS) as download:
+        buttons.first.locator("button").click()
+    assert download.value.suggested_filename == f"{traces[0].parent.name}-{traces[0].name}"
+    assert Path(download.value.path()).read_bytes() == traces[0].read_bytes()
+    perfetto = page.get_by_role("link", name="Open the Perfetto UI")
+    assert perfetto.get_attribute("href") == "https://ui.perfetto.dev"
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(root / "example_overview.png"), full_page=True)
     assert page.problems() == []

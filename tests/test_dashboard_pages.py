@@ -277,7 +277,9 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert shares["rank 1"].tolist() == pytest.approx([round(ra.ranks[1].breakdown[p]["pct"], 2) for p in parts])
     downloads = [b.proto.label for b in at.get("download_button")]
     assert downloads[0].startswith(plain("rank0.step7.json.gz") + " (") and len(downloads) == 2
-    assert any("ui.perfetto.dev" in c for c in captions(at))
+    assert [b.proto.url for b in at.get("link_button")] == ["https://ui.perfetto.dev"]
+    assert any(plain('choose "Open trace file"') in c for c in captions(at))
+    assert plain("step 7") in [m.value.strip("*") for m in at.markdown]  # grouped by profiler window
 
 
 def test_overview_shows_the_analyzers_suggestions(open_page, analyses):

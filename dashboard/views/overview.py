@@ -11,8 +11,8 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from analyzer.metrics.mfu import MfuResult
 from dashboard import state
-from dashboard.data import curves, suggestions, throughput
-from dashboard.discover import RunEntry, RunLookupError, safe_file, trace_files
+from dashboard.data import curves, suggestions, throughput, trace_windows
+from dashboard.discover import RunEntry, RunLookupError, safe_file
 from dashboard.text import plain
 from dashboard.ui import (
     FEW_RANKS,
@@ -482,35 +482,49 @@ def suggestions_section(run: RunEntry) -> None:
 
 
 def downloads(run: RunEntry) -> None:
+    """Every raw trace of the run, grouped by profiler window, as downloads; the way to Perfetto.
+
+    The app only serves the file to this browser: the user opens it in the Perfetto UI, which
+    parses it locally ("Open trace file" in https://ui.perfetto.dev). Nothing is sent anywhere.
+    """
     st.subheader("Raw traces")
-    files = trace_files(run)
-    if not files:
+    windows = trace_windows(run)
+    if not windows:
         st.caption("This run has no trace files.")
         return
-    st.caption(
-        f"Download a trace and open it in the Perfetto UI ({PERFETTO_URL}, \"Open trace file\"); "
-        "it reads PyTorch profiler .json and .json.gz files in the browser, nothing is uploaded."
-    )
+    n_files = sum(len(files) for files in windows.values())
+    st.caption(plain(
+        f"{n_files:,} trace file(s) in {len(windows)} profiler window(s). To view one in Perfetto: download it, "
+        "open the Perfetto UI, choose \"Open trace file\" (or drop the file on the page) and pick the download; "
+        "Perfetto reads PyTorch profiler .json and .json.gz files in the browser and uploads nothing, "
+        "and the dashboard sends nothing to it."))
+    st.link_button("Open the Perfetto UI", PERFETTO_URL)
     root = state.runs_root()
-    if len(files) > FEW_RANKS:  # one button per file is a page of buttons at 1,024 ranks: pick one file
-        names = [p.name for p in files]
-        name = st.selectbox(f"Trace file ({len(files):,}; type to find one)", names, key="download_pick")
-        files = [files[names.index(name)]]
-    for i, path in enumerate(files):
-        try:
-            real = safe_file(root, path)
-            size = real.stat().st_size
-        except (RunLookupError, OSError) as exc:  # removed or re-linked since the listing: say so, keep the page
-            st.caption(plain(f"{path.name}: not offered: {exc}"))
-            continue
-        st.download_button(
-            f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
-            data=lambda real=real: real.read_bytes(),
-            file_name=path.name,
-            mime="application/gzip" if path.name.endswith(".gz") else "application/json",
-            on_click="ignore",
-            key=f"download_{i}",
-        )
+    if n_files > FEW_RANKS:  # one button per file is a page of buttons at 1,024 ranks: pick one file
+        window = st.selectbox("Profiler window", list(windows), key="download_window")
+        names = [p.name for p in windows[window]]
+        name = st.selectbox(f"Trace file ({len(names):,}; type to find one)", names, key="download_pick")
+        windows = {window: [windows[window][names.index(name)]]}
+    for w, (window, files) in enumerate(windows.items()):
+        st.markdown(f"**{plain(window)}**")
+        for i, path in enumerate(files):
+            try:
+                real = safe_file(root, path)
+                size = real.stat().st_size
+            except (RunLookupError, OSError) as exc:  # removed or re-linked since the listing: say so, keep the page
+                st.caption(plain(f"{path.name}: not offered: {exc}"))
+                continue
+            # traces/step{N}/rank{R}.pt.trace.json.gz: every window's files share names, so the saved
+            # name keeps the window's folder.
+            stem = f"{path.parent.name}-" if run.kind == "reftrain" and path.parent.name != "traces" else ""
+            st.download_button(
+                f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
+                data=lambda real=real: real.read_bytes(),
+                file_name=stem + path.name,
+                mime="application/gzip" if path.name.endswith(".gz") else "application/json",
+                on_click="ignore",
+                key=f"download_{w}_{i}",
+            )
 
 
 def render() -> None:
