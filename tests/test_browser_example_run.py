@@ -56,6 +56,21 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     # One attempt, completed: the productive steps are most of the wall time, never all of it
     # (start-up, the first step's FLOP count and the profiler window are not productive).
     assert goodput.endswith("%") and 0 < float(goodput.rstrip("%")) < 100, goodput
+    # The wall-time bar is a bar, and every part of its legend is drawn inside the chart (Streamlit's default
+    # autosize fitted plot and legend into the 70 px height: a 1 px bar, the legend cut after two parts).
+    from analyzer.api import analyze
+
+    n_parts = 1 + len(analyze(run).goodput().lost_s)
+    wall = page.locator('[data-testid="stVegaLiteChart"]', has=page.locator("g.role-legend", has_text="productive")).first
+    wall.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    svg = wall.locator("svg.marks").first.bounding_box()
+    bars = wall.locator("g.mark-rect.role-mark path")
+    assert max(bars.nth(i).bounding_box()["height"] for i in range(bars.count())) >= 20
+    labels = wall.locator("g.role-legend-label text")
+    assert labels.count() == n_parts
+    for i in range(n_parts):
+        box = labels.nth(i).bounding_box()
+        assert svg["y"] <= box["y"] and box["y"] + box["height"] <= svg["y"] + svg["height"] + 1, labels.nth(i).inner_text()
     page.get_by_role("heading", name="Training curves").wait_for(timeout=RENDER_TIMEOUT_MS)
     # The training curve is the only chart with rule marks of data (its profiled steps).
     chart = page.locator('[data-testid="stVegaLiteChart"] svg.marks', has=page.locator("g.mark-rule.role-mark")).first

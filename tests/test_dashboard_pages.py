@@ -280,6 +280,10 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert [b.proto.url for b in at.get("link_button")] == ["https://ui.perfetto.dev"]
     assert any(plain('choose "Open trace file"') in c for c in captions(at))
     assert plain("step 7") in [m.value.strip("*") for m in at.markdown]  # grouped by profiler window
+    # A missing value (a CPU rank has no device) reads "n/a", not Streamlit's default literal "None".
+    ranks_table = next(d for d in at.dataframe if "device events" in d.value.columns)
+    assert ranks_table.value["device"].isna().all()
+    assert {d.proto.placeholder for d in at.dataframe} == {"n/a"}
 
 
 def test_overview_shows_the_analyzers_suggestions(open_page, analyses):
@@ -473,6 +477,13 @@ def test_stragglers_page_names_the_slow_rank(open_page, analyses):
 def test_stragglers_page_without_a_straggler(open_page, analyses):
     at = open_page("stragglers", run=GOOD_RUN)
     assert [s.value for s in at.success] == [plain(analyses[GOOD_RUN].stragglers.verdict)]
+    # A healthy run's few percent of noise is not painted saturated: the colour scale spans at least
+    # 0.95-1.05 (fitted to the data it spanned the noise itself), and wider where a ratio is further off.
+    heat = charts(at)["straggler_ratio"]["data"][0]
+    z = np.array(heat["z"], dtype=float)
+    far = float(np.nanmax(np.abs(z - 1.0)))
+    assert (heat["zmin"], heat["zmax"]) == pytest.approx((1 - max(0.05, far), 1 + max(0.05, far)))
+    assert any("spans at least 0.95-1.05" in c for c in captions(at))
     assert "no persistent straggler among 2 ranks" in analyses[GOOD_RUN].stragglers.verdict
 
 

@@ -10,7 +10,7 @@ import streamlit as st
 from dashboard import state
 from dashboard.data import analysis, compared, curves
 from dashboard.text import html_text, plain
-from dashboard.ui import fmt_ms, fmt_pct, show_chart, show_vega
+from dashboard.ui import fmt_ms, fmt_pct, show_chart, show_table, show_vega
 
 BASE_KEY = "compare_base"
 
@@ -170,14 +170,14 @@ def render() -> None:
     st.caption(plain(c.phase_source))
     if c.phases:
         show_chart(delta_chart(c.phases, "Change per phase, largest first", "ms per step"), key="compare_phases")
-        st.dataframe(delta_table(c.phases, "ms"), hide_index=True)
+        show_table(delta_table(c.phases, "ms"), hide_index=True)
     st.subheader("Per kernel")
     st.caption(plain(c.kernel_source))
     if c.kernels:
         show_chart(delta_chart(c.kernels, "Change per kernel, largest first", "ms per profiled step"), key="compare_kernels")
-        st.dataframe(delta_table(c.kernels, "ms"), hide_index=True)
+        show_table(delta_table(c.kernels, "ms"), hide_index=True)
     st.subheader("Per rank")
-    st.dataframe(delta_table(c.ranks, "ms"), hide_index=True)
+    show_table(delta_table(c.ranks, "ms"), hide_index=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import streamlit as st
 from dashboard import state
 from dashboard.data import history
 from dashboard.text import plain
-from dashboard.ui import show_vega
+from dashboard.ui import show_table, show_vega
 
 METRICS = {"mfu": ("MFU", ".1%"), "step_time_ms": ("step time (ms)", ".1f"), "tokens_per_s": ("tokens/s", ".1f"),
            "goodput": ("goodput", ".1%")}
@@ -60,7 +60,7 @@ def render() -> None:
     show_vega(spec, table, key="history_chart")
     st.caption("Verdict: the CI gate (analyzer.check) from the previous run; a change point is a significant change "
                "either way (docs/dashboard.md, History).")
-    st.dataframe(table.drop(columns=["order"]), hide_index=True)
+    show_table(table.drop(columns=["order"]), hide_index=True)
     for s in h.skipped:
         st.caption(plain(f"skipped {s}"))
     names = [p.run for p in h.points]

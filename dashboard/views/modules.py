@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views.operators import attribution_table, rank_options, scope_rank
-from dashboard.ui import open_run, show_vega
+from dashboard.ui import open_run, show_table, show_vega
 
 SCOPE_KEY = "modules_scope"
 DEPTH_KEY = "modules_depth"
@@ -140,7 +140,7 @@ def render() -> None:
         shown.insert(1, "direction", ["backward" if b else "forward" for b in shown["backward"].astype(bool)])
         shown = shown.sort_values(value, ascending=False, kind="stable")
         shown = shown[[c for c in TABLE_COLUMNS if c in shown.columns]].rename(columns=TABLE_COLUMNS)
-        st.dataframe(shown, hide_index=True, key="modules_table", column_config={
+        show_table(shown, hide_index=True, key="modules_table", column_config={
             c: st.column_config.NumberColumn(c, format="%.3f") for c in
             ("device ms (inclusive)", "device ms (self)", "host ms", "% of step") if c in shown.columns})
     st.caption("Each bar: a module path (nn.Module ranges nested as the trace records them); its width the inclusive "

@@ -18,7 +18,7 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from analyzer.metrics.roofline import Roofline
 from dashboard.text import plain
-from dashboard.ui import fmt_ms, fmt_pct_points, open_run, show_vega
+from dashboard.ui import fmt_ms, fmt_pct_points, open_run, show_table, show_vega
 
 ALL_RANKS = "all ranks (summed)"
 SCOPE_KEY = "operators_scope"
@@ -232,7 +232,7 @@ def render() -> None:
         st.info("No ops in the traces.")
         return
     shown = ops_view(ops, rf)
-    st.dataframe(shown, hide_index=True, key="operators_ops", column_config=_number_formats(shown))
+    show_table(shown, hide_index=True, key="operators_ops", column_config=_number_formats(shown))
     st.caption("Click a column header to sort. Device ms: the op's attributed kernels (backward: the kernels of its "
                "autograd node); inclusive: every kernel launched under the op; host ms: its outermost calls' wall "
                "time; % of step: device ms over the summed step windows. Achieved rates, bound and efficiency "
@@ -264,7 +264,7 @@ def shapes_section(ra: RunAnalysis, ops: pd.DataFrame, rf: Roofline, rank: int |
         st.info(f"No recorded input shapes for {plain(op)}: the analyzer keeps shapes for GEMM, attention and "
                 "convolution ops, and only in traces taken with record_shapes=True.")
     else:
-        st.dataframe(mine, hide_index=True, key="operators_shapes", column_config=_number_formats(mine))
+        show_table(mine, hide_index=True, key="operators_shapes", column_config=_number_formats(mine))
     kernels = attribution_table(ra, "op_kernels", rank)
     if len(kernels):
         kernels = kernels.loc[(kernels["op"].astype(str) == op) & (kernels["backward"].astype(bool) == backward)]
@@ -275,7 +275,7 @@ def shapes_section(ra: RunAnalysis, ops: pd.DataFrame, rf: Roofline, rank: int |
         for c in ("kernel", "cls"):
             top[c] = top[c].astype(str)
         top = top.sort_values("device_ms", ascending=False, kind="stable")
-        st.dataframe(top[list(KERNEL_COLUMNS)].rename(columns=KERNEL_COLUMNS), hide_index=True, key="operators_kernels",
+        show_table(top[list(KERNEL_COLUMNS)].rename(columns=KERNEL_COLUMNS), hide_index=True, key="operators_kernels",
                      column_config={"device ms": st.column_config.NumberColumn("device ms", format="%.3f")})
         st.caption("The op's top kernels by device time (at most five per op and rank).")
 
