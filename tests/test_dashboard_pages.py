@@ -531,6 +531,10 @@ def test_compare_page_shows_gate_and_deltas(open_page, analyses):
     assert shown["MFU baseline"] == f"{100 * base.mfu.median:.1f}%"
     assert shown["MFU candidate"] == f"{100 * cand.mfu.median:.1f}%"
     assert shown["MFU drop"] == f"{100 * comparison.mfu.drop:.1f}%"
+    # The badge's change is the difference of the two figures shown (not of the candidate on another peak).
+    badge = next(m for m in at.metric if m.label == "MFU candidate")
+    want = float(shown["MFU candidate"].rstrip("%")) - float(shown["MFU baseline"].rstrip("%"))
+    assert badge.delta == f"{want:+.1f} pts"
     if comparison.mfu.cand_on_base_peak is not None:
         assert f"{100 * comparison.mfu.cand_on_base_peak:.1f}% on the baseline's measured peak" in " ".join(captions(at))
     assert shown["Step time"] == f"{cand.step_time.ms:.0f} ms"
