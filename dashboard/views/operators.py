@@ -40,6 +40,9 @@ OPS_COLUMNS = {
     "bound": "bound",
     "efficiency_pct": "efficiency %",
 }
+# The ops table's columns that only device kernels fill: left out on a run without any.
+DEVICE_ONLY_OPS_COLUMNS = ("device ms", "device ms (inclusive)", "% of step", "kernels", "roofline model",
+                           "achieved TFLOP/s", "achieved TB/s", "FLOP/byte", "bound", "efficiency %")
 SHAPE_COLUMNS = {
     "input_dims": "input dims",
     "input_types": "input types",
@@ -226,12 +229,18 @@ def render() -> None:
     no_device = len(rows) and float(rows["device_ms"].sum()) == 0.0
     if no_device:
         st.info("These traces have no device kernels (a CPU run): device time, shapes, kernels and the roofline "
-                "are empty; the host time of each op is shown.")
+                "are empty, so the table leaves their columns out and shows each op's host time (the wall time "
+                "of its outermost calls), largest first.")
     st.subheader("Ops")
     if ops.empty:
         st.info("No ops in the traces.")
         return
     shown = ops_view(ops, rf)
+    if no_device:
+        # Every device figure of a CPU run is 0 (no kernels) and no op is modeled: a column of 0.000 would read
+        # as a measurement. The ops' host time is what these traces measure.
+        shown = shown.drop(columns=[c for c in DEVICE_ONLY_OPS_COLUMNS if c in shown.columns])
+        shown = shown.sort_values("host ms", ascending=False, kind="stable")
     show_table(shown, hide_index=True, key="operators_ops", column_config=_number_formats(shown))
     st.caption("Click a column header to sort. Device ms: the op's attributed kernels (backward: the kernels of its "
                "autograd node); inclusive: every kernel launched under the op; host ms: its outermost calls' wall "
