@@ -53,9 +53,8 @@ def test_history_of_ten_runs_marks_the_injected_slowdown(server, page):  # noqa:
     assert symbols.nth(0).locator("path").count() == 10
     assert symbols.nth(1).locator("path").count() == len(marked)
     # The x axis names every run, in order.
-    labels = chart.locator("g.role-axis-label text")
-    assert [labels.nth(i).inner_text() for i in range(labels.count()) if labels.nth(i).inner_text().startswith("r")] \
-        == [p.run for p in h.points]
+    labels = [t.strip() for t in chart.locator("g.role-axis-label text").all_text_contents()]
+    assert [t for t in labels if t.startswith("r")] == [p.run for p in h.points]
     page.wait_for_function(
         "() => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')].some(el => el.innerHTML.includes('slower'))",
         timeout=RENDER_TIMEOUT_MS,
