@@ -197,10 +197,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     path = _existing(args.path)
     with _parsing([path], args) as jobs:
         analysis = _analyze(path, args, jobs)
-    export = export_run(analysis, top=max(args.top, 50))
-    if fmt in ("tensorboard", "mlflow", "wandb"):
-        for note in export.notes:
-            _say("note", note)
+    export = export_run(analysis, top=max(args.top, 50), with_report=fmt in ("mlflow", "wandb"))
+    for note in export.notes:
+        _say("note", note)
     if fmt == "tensorboard":
         _say("note", f"wrote TensorBoard events to {write_tensorboard(export, Path(dest))}")
         return EXIT_OK

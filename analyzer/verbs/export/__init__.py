@@ -68,7 +68,8 @@ class Export:
     ``run_name``: the run's name (the manifest's ``run_id``, else the folder's name); it names the
     TensorBoard sub-folder and the tracker run.
     ``artifacts``: file name -> text, the report as ``report.json`` (schema analyzer.report/1) and
-    ``report.html`` where HTML can be rendered here; ``notes``: what was left out and why.
+    ``report.html`` where HTML can be rendered here (trackers only: a table export has none); ``notes``: what
+    was left out and why.
     """
 
     tables: dict[str, pd.DataFrame]
@@ -150,8 +151,9 @@ def export_tables(a: "RunAnalysis", top: int = 50) -> dict[str, pd.DataFrame]:
     return {name: t for name, t in tables.items() if len(t) and len(t.columns)}
 
 
-def export_run(a: "RunAnalysis", top: int = 50) -> Export:
-    """The :class:`Export` of an analysis: :func:`export_tables`, the run's id and name, the report documents."""
+def export_run(a: "RunAnalysis", top: int = 50, with_report: bool = True) -> Export:
+    """The :class:`Export` of an analysis: :func:`export_tables`, the run's id and name, and (``with_report``,
+    for the trackers) the report documents."""
     from analyzer.jsontext import dumps_json, path_text
     from analyzer.verbs.report import render_html, report_json
 
@@ -163,12 +165,14 @@ def export_run(a: "RunAnalysis", top: int = 50) -> Export:
         run_id = f"{manifest_id}@{man.start_time}" if man.start_time else str(manifest_id)
     else:
         run_id = path_text(folder)
-    artifacts = {"report.json": dumps_json(report_json(a))}
-    notes = []
-    try:
-        artifacts["report.html"] = render_html(a)
-    except ImportError as exc:  # the HTML charts' library is an extra; the JSON report holds every figure
-        notes.append(f"report.html not attached: {exc}")
+    artifacts: dict[str, str] = {}
+    notes: list[str] = []
+    if with_report:
+        artifacts["report.json"] = dumps_json(report_json(a))
+        try:
+            artifacts["report.html"] = render_html(a)
+        except ImportError as exc:  # the HTML charts' library is an extra; the JSON report holds every figure
+            notes.append(f"report.html not attached: {exc}")
     return Export(export_tables(a, top), run_id, str(manifest_id) if manifest_id else folder.name,
                   path_text(folder), artifacts, notes)
 
