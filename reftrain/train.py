@@ -647,10 +647,12 @@ def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: li
         print("no steady-state steps (all in warm-up or profiler windows): no step time, tokens/s or MFU")
     if "summary_error" in summary:
         print(f"  no run figures: {summary['summary_error']}")
-    if records:
+    if records and summary["steady_steps"]:
         # The report's figures (docs/metrics.md): median over steady steps of the mean over ranks.
         print(f"  median step {summary['step_time_ms']:.1f} ms   {_fmt_rate(summary['tokens_per_s'])} tok/s "
               f"(all ranks)   MFU {summary['mfu']:.1%}   HFU {summary['hfu']:.1%}   final loss {records[-1]['loss']:.4f}")
+    elif records:
+        print(f"  final loss {records[-1]['loss']:.4f}")
     for i, e in enumerate(everyone):
         r = e["summary"]
         print(f"  rank {i}: median forward {r['forward_ms']:.1f} ms, backward {r['backward_ms']:.1f} ms, "
