@@ -168,7 +168,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the run's analysis tables (analyzer/export) as CSV or Parquet files into a folder."""
-    from analyzer.verbs.export import TARGETS, export_tables, write_tables
+    from analyzer.verbs.export import TARGETS, export_run, write_tables
 
     fmt, dest = args.to
     if fmt not in TARGETS:  # before the analysis: a typo should not cost a parse
@@ -197,19 +197,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     path = _existing(args.path)
     with _parsing([path], args) as jobs:
         analysis = _analyze(path, args, jobs)
-    tables = export_tables(analysis, top=max(args.top, 50))
+    with_report = fmt in ("mlflow", "wandb")
+    page = None
+    if with_report:
+        from analyzer.render.html import report_html
+
+        page = report_html(analysis)
+    export = export_run(analysis, top=max(args.top, 50), with_report=with_report, report_html=page)
+    for note in export.notes:
+        _say("note", note)
     if fmt == "tensorboard":
-        _say("note", f"wrote TensorBoard events to {write_tensorboard(tables, Path(dest))}")
+        _say("note", f"wrote TensorBoard events to {write_tensorboard(export, Path(dest))}")
         return EXIT_OK
     if fmt == "mlflow":
-        run_id = write_mlflow(tables, dest, path.name, str(path))
+        run_id = write_mlflow(export, dest)
         _say("note", f"logged MLflow run {run_id} (experiment analyzer) to {dest}")
         return EXIT_OK
     if fmt == "wandb":
-        _say("note", f"wrote the W&B run {write_wandb(tables, Path(dest), path.name, str(path))} (project analyzer; "
+        _say("note", f"wrote the W&B run {write_wandb(export, Path(dest))} (project analyzer; "
                      "wandb sync uploads it)")
         return EXIT_OK
-    written = write_tables(tables, fmt, Path(dest))
+    written = write_tables(export.tables, fmt, Path(dest))
     _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
     return EXIT_OK
 

@@ -131,14 +131,12 @@ def trace_windows(run: RunEntry) -> dict[str, list[Path]]:
     in time; a timeline shows one window at a time. Keys are ``"step N"``
     (the window's last step) or ``"all traces"`` for a trace folder; none for a refused run.
     """
-    from analyzer.ingest.locate import run_trace_files, trace_window
+    from analyzer.ingest.locate import trace_window
 
     if run.refusal():
         return {}
     windows: dict[str, list[Path]] = {}
-    # A reftrain run's traces as the analyzer finds them (traces/ and traces/step{N}/, docs/rundir.md).
-    files = sorted(run_trace_files(run.path)) if run.kind == "reftrain" else trace_files(run)
-    for f in files:
+    for f in sorted(trace_files(run)):
         w = trace_window(f) if run.kind == "reftrain" else None  # both layouts (docs/rundir.md)
         windows.setdefault(f"step {w}" if w is not None else "all traces", []).append(f)
     return dict(sorted(windows.items(), key=lambda kv: _window_order(kv[0])))

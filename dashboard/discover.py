@@ -164,14 +164,15 @@ def fingerprint(run: RunEntry) -> tuple[tuple[str, int, int], ...]:
 
 
 def trace_files(run: RunEntry) -> list[Path]:
-    """The run's Kineto trace files (``traces/`` of a reftrain run, else the folder), those
-    whose real path lies below RUNS_DIR."""
-    folder = run.path / "traces" if run.kind == "reftrain" else run.path
-    if not inside(run.root, folder):
-        return []
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError:
-        return []
-    return [Path(e.path) for e in entries
-            if (not e.is_symlink() or inside(run.root, Path(e.path))) and _is_trace_file(e)]
+    """The run's Kineto trace files whose real path lies below RUNS_DIR: a reftrain run's as the
+    analyzer finds them (``traces/`` and ``traces/step{N}/``, docs/rundir.md), else the folder's own."""
+    from analyzer.ingest.locate import run_trace_files
+
+    if run.kind == "reftrain":
+        found = [p for p in run_trace_files(run.path) if p.name.endswith(TRACE_SUFFIXES)]
+    else:
+        try:
+            found = [Path(e.path) for e in sorted(os.scandir(run.path), key=lambda e: e.name) if _is_trace_file(e)]
+        except OSError:
+            return []
+    return [p for p in found if inside(run.root, p) and p.is_file()]

@@ -147,6 +147,13 @@ def show_vega(spec: dict[str, Any], data: pd.DataFrame, key: str) -> None:
     st.vega_lite_chart(data, {"name": key, **spec}, key=key)
 
 
+def show_table(data: Any, **kwargs: Any) -> Any:
+    """``st.dataframe`` with missing values shown as "n/a" (Streamlit's own default prints the literal "None");
+    the cells keep their types, so numeric columns still sort as numbers. Returns what ``st.dataframe`` returns
+    (the selection state when ``on_select`` is set)."""
+    return st.dataframe(data, placeholder=NA, **kwargs)
+
+
 def show_chart(fig: go.Figure, key: str | None = None) -> None:
     """A Plotly figure at full width, Streamlit theme, no Plotly logo."""
     fig.update_layout(margin=dict(l=10, r=10, t=40, b=10))

@@ -8,7 +8,12 @@ tracker's own conventions (docs/reftrain.md, "Experiment trackers"):
   writes to metrics/rank0.jsonl) as `train/<field>` at the record's step;
 * at the start: the resolved config (config.yaml);
 * at the end: the run summary of the closing console lines as
-  `summary/<key>` (:func:`run_summary`) and the run's status.
+  `summary/<key>` (:func:`run_summary`: the report's step time, tokens/s,
+  MFU and HFU over all ranks) and the run's status.
+
+`train/<field>` is rank 0's own value: `train/step_time_ms` rank 0's step
+time, `train/tokens_per_s` rank 0's tokens over it; `analyzer export`'s
+all-ranks curves are `run/<metric>` (docs/export.md, "One name, one meaning").
 
 | | config | per step | summary and status |
 | --- | --- | --- | --- |
@@ -62,30 +67,40 @@ def step_metrics(record: dict) -> dict[str, float]:
             if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def run_summary(records: list[dict], everyone: list[dict], tokens_per_step: int, wall_s: float,
-                status: str) -> dict[str, Any]:
-    """The run's closing figures, as `reftrain` prints them at the end.
+def run_summary(run_dir: Path, records: list[dict], wall_s: float, status: str) -> dict[str, Any]:
+    """The run's closing figures, as `reftrain` prints them at the end and the trackers log them as `summary/<key>`.
 
-    `step_time_ms`: the largest over ranks of each rank's median step time
-    over its steady-state steps (the job moves at its slowest rank's pace);
-    `tokens_per_s`: tokens of one step of all ranks / that step time; `mfu`,
-    `hfu`: rank 0's medians over its steady steps; `steady_steps`: how many
-    steps those medians cover (0: medians over all steps); `final_loss`: rank
-    0's loss of the last step run; `wall_s`: the loop's wall time (s).
+    `step_time_ms`, `tokens_per_s`, `mfu`, `hfu` are the report's figures, computed by the
+    analyzer from every rank's metrics records and run.json (docs/metrics.md: "Step time",
+    "Throughput", "MFU and HFU"): over the steady-state steps (`step >= warmup_steps`, not
+    profiled), per step the mean over ranks, then the median over steps; tokens/s counts all
+    ranks' tokens. NaN where the analyzer has no such figure (no steady-state step), or when the
+    run directory cannot be read (`summary_error` says why). `steady_steps`: how many steps those
+    medians cover; `final_loss`: rank 0's loss of the last step run; `wall_s`: the loop's wall time (s).
+    Call it on rank 0 after every rank has closed its metrics file and run.json is written.
     """
-    s0 = everyone[0]["summary"]
-    step_ms = max(e["summary"]["step_time_ms"] for e in everyone) if records else math.nan
-    return {
-        "status": status,
-        "steps_run": len(records),
-        "wall_s": wall_s,
-        "steady_steps": s0["steady_steps"],
-        "step_time_ms": step_ms,
-        "tokens_per_s": tokens_per_step / (step_ms / 1e3) if step_ms > 0 else math.nan,
-        "mfu": s0["mfu"],
-        "hfu": s0["hfu"],
-        "final_loss": records[-1]["loss"] if records else math.nan,
-    }
+    from analyzer.errors import AnalyzerError
+    from analyzer.ingest.rundir import read_run_dir
+    from analyzer.metrics.mfu import mfu_from_manifest, steady_state
+    from analyzer.metrics.step_time import median_of_rank_mean
+    from analyzer.metrics.throughput import throughput
+
+    out: dict[str, Any] = {"status": status, "steps_run": len(records), "wall_s": wall_s, "steady_steps": 0,
+                           "step_time_ms": math.nan, "tokens_per_s": math.nan, "mfu": math.nan, "hfu": math.nan,
+                           "final_loss": records[-1]["loss"] if records else math.nan}
+    try:
+        rd = read_run_dir(run_dir)
+    except AnalyzerError as exc:
+        out["summary_error"] = str(exc)
+        return out
+    man, metrics = rd.run, rd.metrics
+    if not metrics.empty and "step_time_ms" in metrics.columns:
+        step_ms, n_steps = median_of_rank_mean(steady_state(metrics, man.warmup_steps or 0, man.profiled_steps))
+        out["step_time_ms"], out["steady_steps"] = (math.nan if step_ms is None else step_ms), n_steps
+    tp, mfu = throughput(rd.manifest, metrics), mfu_from_manifest(rd.manifest, metrics)
+    for key, value in (("tokens_per_s", tp.median), ("mfu", mfu.median), ("hfu", mfu.hfu_median)):
+        out[key] = math.nan if value is None else float(value)
+    return out
 
 
 def flat_config(config: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -354,9 +354,10 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
                 "compute_factor": [e["summary"]["compute_factor"] for e in everyone],
             }
         manifest.write_json(run_dir / "run.json", man)
-        _print_summary(cfg, run_dir, records, everyone, tokens_per_step, wall_s, start_step, profiled_steps)
+        summary = run_summary(run_dir, records, wall_s, status)
+        _print_summary(cfg, run_dir, records, everyone, summary, start_step, profiled_steps)
         if trackers is not None:
-            trackers.finish(run_summary(records, everyone, tokens_per_step, wall_s, status), status)
+            trackers.finish(summary, status)
         if stopped_by is not None:
             print(f"reftrain: {last.cause}", flush=True)
     return man
@@ -636,20 +637,22 @@ def _rank_summary(records: list[dict], cfg: Config, start_step: int) -> dict:
     return {k: med(k) for k in keys} | {"steady_steps": len(steady), "compute_factor": factor}
 
 
-def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: list[dict], tokens_per_step: int,
-                   wall_s: float, start_step: int, profiled_steps: list[int]) -> None:
-    s0 = everyone[0]["summary"]
-    print(f"\nreftrain: {len(records)} steps in {wall_s:.1f} s; ", end="")
-    if s0["steady_steps"]:
-        print(f"steady state = {s0['steady_steps']} steps (without the first {cfg.train.warmup_steps} "
+def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: list[dict], summary: dict,
+                   start_step: int, profiled_steps: list[int]) -> None:
+    print(f"\nreftrain: {len(records)} steps in {summary['wall_s']:.1f} s; ", end="")
+    if summary["steady_steps"]:
+        print(f"steady state = {summary['steady_steps']} steps (without the first {cfg.train.warmup_steps} "
               f"and the {len(profiled_steps)} with the profiler running)")
     else:
-        print("no steady-state steps (all in warm-up or profiler windows): medians over all steps")
-    if records:
-        # The job moves at the pace of its slowest rank.
-        step_ms = max(e["summary"]["step_time_ms"] for e in everyone)
-        print(f"  median step {step_ms:.1f} ms   {_fmt_rate(tokens_per_step / (step_ms / 1e3))} tok/s (all ranks)   "
-              f"MFU {s0['mfu']:.1%}   HFU {s0['hfu']:.1%}   final loss {records[-1]['loss']:.4f}")
+        print("no steady-state steps (all in warm-up or profiler windows): no step time, tokens/s or MFU")
+    if "summary_error" in summary:
+        print(f"  no run figures: {summary['summary_error']}")
+    if records and summary["steady_steps"]:
+        # The report's figures (docs/metrics.md): median over steady steps of the mean over ranks.
+        print(f"  median step {summary['step_time_ms']:.1f} ms   {_fmt_rate(summary['tokens_per_s'])} tok/s "
+              f"(all ranks)   MFU {summary['mfu']:.1%}   HFU {summary['hfu']:.1%}   final loss {records[-1]['loss']:.4f}")
+    elif records:
+        print(f"  final loss {records[-1]['loss']:.4f}")
     for i, e in enumerate(everyone):
         r = e["summary"]
         print(f"  rank {i}: median forward {r['forward_ms']:.1f} ms, backward {r['backward_ms']:.1f} ms, "

@@ -56,6 +56,21 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     # One attempt, completed: the productive steps are most of the wall time, never all of it
     # (start-up, the first step's FLOP count and the profiler window are not productive).
     assert goodput.endswith("%") and 0 < float(goodput.rstrip("%")) < 100, goodput
+    # The wall-time bar is a bar, and every part of its legend is drawn inside the chart (Streamlit's default
+    # autosize fitted plot and legend into the 70 px height: a 1 px bar, the legend cut after two parts).
+    from analyzer.api import analyze
+
+    n_parts = 1 + len(analyze(run).goodput().lost_s)
+    wall = page.locator('[data-testid="stVegaLiteChart"]', has=page.locator("g.role-legend", has_text="productive")).first
+    wall.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    svg = wall.locator("svg.marks").first.bounding_box()
+    bars = wall.locator("g.mark-rect.role-mark path")
+    assert max(bars.nth(i).bounding_box()["height"] for i in range(bars.count())) >= 20
+    labels = wall.locator("g.role-legend-label text")
+    assert labels.count() == n_parts
+    for i in range(n_parts):
+        box = labels.nth(i).bounding_box()
+        assert svg["y"] <= box["y"] and box["y"] + box["height"] <= svg["y"] + svg["height"] + 1, labels.nth(i).inner_text()
     page.get_by_role("heading", name="Training curves").wait_for(timeout=RENDER_TIMEOUT_MS)
     # The training curve is the only chart with rule marks of data (its profiled steps).
     chart = page.locator('[data-testid="stVegaLiteChart"] svg.marks', has=page.locator("g.mark-rule.role-mark")).first
@@ -65,6 +80,21 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     logged = [json.loads(line) for line in (run / "metrics" / "rank0.jsonl").read_text().splitlines() if line.strip()]
     assert chart.locator("g.mark-symbol.role-mark path").count() == len([r for r in logged if r.get("loss") is not None])
     assert chart.bounding_box()["height"] > 100
+    # Every trace the run wrote (traces/step{N}/rank{R}.pt.trace.json.gz) is offered, under its window,
+    # and the download is the file itself, saved under a name that keeps its window.
+    traces = sorted((run / "traces").glob("step*/rank*.json*"))
+    assert traces, sorted(p.relative_to(run).as_posix() for p in run.rglob("*"))
+    page.get_by_role("heading", name="Raw traces").scroll_into_view_if_needed(timeout=RENDER_TIMEOUT_MS)
+    buttons = page.locator('[data-testid="stDownloadButton"]')
+    assert buttons.count() == len(traces)
+    for folder in {t.parent.name for t in traces}:
+        assert page.get_by_text(f"step {folder.removeprefix('step')}", exact=True).count() == 1
+    with page.expect_download(timeout=RENDER_TIMEOUT_MS) as download:
+        buttons.first.locator("button").click()
+    assert download.value.suggested_filename == f"{traces[0].parent.name}-{traces[0].name}"
+    assert Path(download.value.path()).read_bytes() == traces[0].read_bytes()
+    perfetto = page.get_by_role("link", name="Open the Perfetto UI")
+    assert perfetto.get_attribute("href") == "https://ui.perfetto.dev"
     assert page.locator('[data-testid="stException"]').count() == 0
     page.screenshot(path=str(root / "example_overview.png"), full_page=True)
     assert page.problems() == []

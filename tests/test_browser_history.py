@@ -52,6 +52,9 @@ def test_history_of_ten_runs_marks_the_injected_slowdown(server, page):  # noqa:
     assert symbols.count() == 2, symbols.count()
     assert symbols.nth(0).locator("path").count() == 10
     assert symbols.nth(1).locator("path").count() == len(marked)
+    # The x axis names every run, in order.
+    labels = [t.strip() for t in chart.locator("g.role-axis-label text").all_text_contents()]
+    assert [t for t in labels if t.startswith("r")] == [p.run for p in h.points]
     page.wait_for_function(
         "() => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')].some(el => el.innerHTML.includes('slower'))",
         timeout=RENDER_TIMEOUT_MS,

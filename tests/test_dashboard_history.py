@@ -48,6 +48,11 @@ def test_history_page_marks_the_change_points_and_links_compare(runs, monkeypatc
     assert data["mfu"].tolist() == pytest.approx([p.mfu for p in h.points])
     assert data["change"].tolist() == ["", "slower", "faster"]
     assert data["verdict"].tolist()[1] == "regression"
+    spec = json.loads(el.proto.spec)
+    assert all(layer["encoding"]["x"]["field"] == "run" for layer in spec["layer"])  # the axis names the runs
+    # The table in the chart's unit: MFU in percent, not the fraction.
+    shown = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    assert shown["MFU %"].tolist() == pytest.approx([100 * p.mfu for p in h.points])
     at.selectbox(key="history_base").set_value("r1")
     at.selectbox(key="history_cand").set_value("r2")
     at.run()

@@ -242,9 +242,12 @@ def test_operators_of_a_cpu_run_say_what_is_missing(open_page, analyses):
     text = infos(at)
     assert "no device kernels" in text and "No op on the roofline" in text
     assert "roofline" not in vega_charts(at)
-    shown = table(at, "% of step")
-    ops = ra.attribution.summed("ops")
+    # Host time, largest first; no column of device zeros that would read as measured.
+    shown = table(at, "host ms")
+    ops = ra.attribution.summed("ops").sort_values("host_ms", ascending=False, kind="stable")
     assert shown["host ms"].tolist() == pytest.approx(ops["host_ms"].tolist())
+    assert not {"device ms", "device ms (inclusive)", "% of step", "bound"} & set(shown.columns)
+    assert "shows each op's host time" in text
     assert "No recorded input shapes" in text
 
 
@@ -320,7 +323,7 @@ def test_modules_of_a_run_without_module_ranges(open_page, analyses):
     if analyses[GOOD_RUN].modules().empty:
         assert "No nn.Module ranges" in infos(at)
     else:  # a CPU run: host time is the measure
-        assert "host time is the only measure" in " ".join(c.value for c in at.caption)
+        assert "host time (the wall time of the module's calls) is the only measure" in " ".join(c.value for c in at.caption)
 
 
 def test_modules_of_a_cpu_trace_use_host_time(tmp_path, monkeypatch):
@@ -344,7 +347,9 @@ def test_modules_of_a_cpu_trace_use_host_time(tmp_path, monkeypatch):
     at.run()
     assert not at.exception
     assert at.radio(key="modules_measure").value == "host time"
-    assert "host time is the only measure" in " ".join(c.value for c in at.caption)
+    assert "host time (the wall time of the module's calls) is the only measure" in " ".join(c.value for c in at.caption)
+    shown = next(d.value for d in at.dataframe if "host ms" in d.value.columns)
+    assert not {"device ms (inclusive)", "device ms (self)", "% of step"} & set(shown.columns)
     _, bars = vega_charts(at)["modules_forward"]
     assert sorted(bars["module"]) == ["model", "model/blocks.0", "model/head"]
     for b in bars.itertuples(index=False):

@@ -277,7 +277,13 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert shares["rank 1"].tolist() == pytest.approx([round(ra.ranks[1].breakdown[p]["pct"], 2) for p in parts])
     downloads = [b.proto.label for b in at.get("download_button")]
     assert downloads[0].startswith(plain("rank0.step7.json.gz") + " (") and len(downloads) == 2
-    assert any("ui.perfetto.dev" in c for c in captions(at))
+    assert [b.proto.url for b in at.get("link_button")] == ["https://ui.perfetto.dev"]
+    assert any(plain('choose "Open trace file"') in c for c in captions(at))
+    assert plain("step 7") in [m.value.strip("*") for m in at.markdown]  # grouped by profiler window
+    # A missing value (a CPU rank has no device) reads "n/a", not Streamlit's default literal "None".
+    ranks_table = next(d for d in at.dataframe if "device events" in d.value.columns)
+    assert ranks_table.value["device"].isna().all()
+    assert {d.proto.placeholder for d in at.dataframe} == {"n/a"}
 
 
 def test_overview_shows_the_analyzers_suggestions(open_page, analyses):
@@ -471,6 +477,13 @@ def test_stragglers_page_names_the_slow_rank(open_page, analyses):
 def test_stragglers_page_without_a_straggler(open_page, analyses):
     at = open_page("stragglers", run=GOOD_RUN)
     assert [s.value for s in at.success] == [plain(analyses[GOOD_RUN].stragglers.verdict)]
+    # A healthy run's few percent of noise is not painted saturated: the colour scale spans at least
+    # 0.95-1.05 (fitted to the data it spanned the noise itself), and wider where a ratio is further off.
+    heat = charts(at)["straggler_ratio"]["data"][0]
+    z = np.array(heat["z"], dtype=float)
+    far = float(np.nanmax(np.abs(z - 1.0)))
+    assert (heat["zmin"], heat["zmax"]) == pytest.approx((1 - max(0.05, far), 1 + max(0.05, far)))
+    assert any("spans at least 0.95-1.05" in c for c in captions(at))
     assert "no persistent straggler among 2 ranks" in analyses[GOOD_RUN].stragglers.verdict
 
 
@@ -518,6 +531,10 @@ def test_compare_page_shows_gate_and_deltas(open_page, analyses):
     assert shown["MFU baseline"] == f"{100 * base.mfu.median:.1f}%"
     assert shown["MFU candidate"] == f"{100 * cand.mfu.median:.1f}%"
     assert shown["MFU drop"] == f"{100 * comparison.mfu.drop:.1f}%"
+    # The badge's change is the difference of the two figures shown (not of the candidate on another peak).
+    badge = next(m for m in at.metric if m.label == "MFU candidate")
+    want = float(shown["MFU candidate"].rstrip("%")) - float(shown["MFU baseline"].rstrip("%"))
+    assert badge.delta == f"{want:+.1f} pts"
     if comparison.mfu.cand_on_base_peak is not None:
         assert f"{100 * comparison.mfu.cand_on_base_peak:.1f}% on the baseline's measured peak" in " ".join(captions(at))
     assert shown["Step time"] == f"{cand.step_time.ms:.0f} ms"

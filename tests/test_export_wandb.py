@@ -11,6 +11,7 @@ import pytest
 
 from analyzer.api import analyze
 from analyzer.metrics.curves import training_curves
+from analyzer.verbs.export.wandb import wandb_id
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "traces" / "example-ddp-w2"
@@ -35,14 +36,19 @@ def test_wandb_export_reads_back_through_wandb(tmp_path, monkeypatch):
     shutil.copytree(EXAMPLE, run, ignore=shutil.ignore_patterns(".analyzer-cache"))
     out = tmp_path / "wb"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("WANDB_")}
-    done = _cli("export", str(run), "--to", "wandb", str(out), env=env)
-    assert done.returncode == 0, done.stderr
-    (folder,) = (out / "wandb").glob("*-run-*")
-    assert folder.name.startswith("offline-run-")  # no login, no network
+    for _ in range(2):  # a re-export is the same W&B run (same id), in a folder of its own
+        done = _cli("export", str(run), "--to", "wandb", str(out), env=env)
+        assert done.returncode == 0, done.stderr
+    folders = sorted((out / "wandb").glob("*-run-*"))
+    assert len(folders) == 2 and all(f.name.startswith("offline-run-") for f in folders)  # no login, no network
+    folder = folders[-1]
     assert f"wrote the W&B run {folder}" in done.stderr
     a = analyze(run)
-    doc = json.loads(_inspect(folder, "--summary"))
-    assert doc["name"] == run.name and doc["project"] == "analyzer" and doc["state"] == "finished"
+    man = a.run_manifest
+    docs = [json.loads(_inspect(f, "--summary")) for f in folders]
+    assert docs[0]["run_id"] == docs[1]["run_id"] == wandb_id(f"{man.run_id}@{man.start_time}")
+    doc = docs[1]
+    assert doc["name"] == man.run_id and doc["project"] == "analyzer" and doc["state"] == "finished"
     assert doc["config"]["mfu_source"] == a.mfu.source and doc["config"]["analyzer.path"] == str(run)
     summary = doc["summary"]
     assert summary["analysis/mfu"] == a.mfu.median
@@ -54,8 +60,12 @@ def test_wandb_export_reads_back_through_wandb(tmp_path, monkeypatch):
     want = training_curves(a.manifest, a.metrics)
     for metric in ("loss", "lr", "tokens_per_s", "step_time_ms", "mfu"):
         s = want.series(metric)
-        got = [(h["_step"], h[f"train/{metric}"]) for h in history if f"train/{metric}" in h]
+        got = [(h["_step"], h[f"run/{metric}"]) for h in history if f"run/{metric}" in h]
         assert got == list(zip(s["step"].tolist(), s["value"].tolist())), metric
+    # The report and every table in the run's files.
+    report = json.loads((folder / "files" / "report.json").read_text())
+    assert report["run"]["step_time_ms"] == a.step_time.ms
+    assert (folder / "files" / "tables" / "summary.csv").is_file()
 
 
 def test_wandb_missing_names_the_extra(tmp_path, monkeypatch):

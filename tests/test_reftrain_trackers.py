@@ -63,16 +63,23 @@ def _rank0(run: Path) -> list[dict]:
 
 
 def _expected_summary(run: Path) -> dict:
-    """run_summary()'s figures recomputed from the metrics lines and run.json (steady: step >= warm-up, no profiler)."""
+    """run_summary()'s figures: the report's (docs/metrics.md), step time and tokens/s recomputed here from
+    the metrics lines and run.json (steady: step >= warm-up, no profiler; per step the mean over ranks, then
+    the median over steps), MFU and HFU as the analyzer's report gives them."""
+    from analyzer import analyze
+
     per_rank = [read_jsonl(run / "metrics" / f"rank{r}.jsonl") for r in (0, 1)]
     steady = [[x for x in recs if x["step"] >= WARMUP and not x["profiled"]] for recs in per_rank]
-    step_ms = max(statistics.median(x["step_time_ms"] for x in s) for s in steady)
+    steps = sorted({x["step"] for recs in steady for x in recs})
+    times = {s: [x["step_time_ms"] for recs in steady for x in recs if x["step"] == s] for s in steps}
     tokens_per_step = json.loads((run / "run.json").read_text())["tokens_per_step"]
+    report = analyze(run)
     return {
-        "steps_run": STEPS, "steady_steps": STEPS - WARMUP, "step_time_ms": step_ms,
-        "tokens_per_s": tokens_per_step / (step_ms / 1e3),
-        "mfu": statistics.median(x["mfu"] for x in steady[0]), "hfu": statistics.median(x["hfu"] for x in steady[0]),
-        "final_loss": per_rank[0][-1]["loss"],
+        "steps_run": STEPS, "steady_steps": STEPS - WARMUP,
+        "step_time_ms": statistics.median(statistics.fmean(t) for t in times.values()),
+        "tokens_per_s": statistics.median(statistics.fmean(tokens_per_step / (ms / 1e3) for ms in t)
+                                          for t in times.values()),
+        "mfu": report.mfu.median, "hfu": report.mfu.hfu_median, "final_loss": per_rank[0][-1]["loss"],
     }
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 
 from analyzer.api import RunAnalysis
 from dashboard.text import html_text, plain
-from dashboard.ui import FEW_RANKS, open_run, show_chart
+from dashboard.ui import FEW_RANKS, open_run, show_chart, show_table
 
 COLLECTIVE_COLUMNS = {
     "step": "step",
@@ -74,7 +74,7 @@ def render() -> None:
         st.info("No ranks were analyzed.")
     else:
         show_chart(rank_figure(table), key="comm_ranks")
-        st.dataframe(table, hide_index=True)
+        show_table(table, hide_index=True)
         if len(table) > FEW_RANKS:
             st.caption("Sort the table by a column (click its header) to find the ranks with the most exposed "
                        "communication or waiting.")
@@ -114,7 +114,7 @@ def render() -> None:
         fig.update_layout(title="Arrival skew per collective", xaxis_title="collective (in order of arrival)", yaxis_title="skew (ms)")
         show_chart(fig, key="coll_skew")
     shown = coll[[c for c in COLLECTIVE_COLUMNS if c in coll.columns]].rename(columns=COLLECTIVE_COLUMNS)
-    st.dataframe(shown, hide_index=True)
+    show_table(shown, hide_index=True)
     st.caption(
         "Duration: the last arriver's start to end (the transfer without waiting). Arrival skew: last arrival "
         "minus first. Wait caused: the other ranks' total wait for the last arriver. algbw = bytes / duration; "

@@ -10,7 +10,7 @@ import streamlit as st
 from dashboard import state
 from dashboard.data import analysis, compared, curves
 from dashboard.text import html_text, plain
-from dashboard.ui import fmt_ms, fmt_pct, show_chart, show_vega
+from dashboard.ui import NA, fmt_ms, fmt_pct, show_chart, show_table, show_vega
 
 BASE_KEY = "compare_base"
 
@@ -136,17 +136,21 @@ def render() -> None:
     else:
         st.info(plain(f"The CI gate cannot judge these runs: {loaded.value.gate_error}"))
 
+    shown_base, shown_cand = fmt_pct(c.mfu.base), fmt_pct(c.mfu.cand)
     cols = st.columns(4)
     # Each run's own MFU and step time, the figures its overview and the runs table show.
-    cols[0].metric("MFU baseline", fmt_pct(c.mfu.base))
+    cols[0].metric("MFU baseline", shown_base)
     cols[0].caption(f"HFU (with recompute) {fmt_pct(c.mfu.base_hfu)} → {fmt_pct(c.mfu.cand_hfu)}")
+    # The badge's change is the difference of the two figures on the page, as a reader would take it (the
+    # analyzer's delta uses the candidate on the baseline's peak when the peaks differ: another figure).
+    both = NA not in (shown_base, shown_cand)
     cols[1].metric(
         "MFU candidate",
-        fmt_pct(c.mfu.cand),
-        delta=None if c.mfu.delta is None else f"{100 * c.mfu.delta:+.2f} pts",
+        shown_cand,
+        delta=f"{float(shown_cand.rstrip('%')) - float(shown_base.rstrip('%')):+.1f} pts" if both else None,
     )
     if c.mfu.cand_on_base_peak is not None:
-        cols[1].caption(f"{fmt_pct(c.mfu.cand_on_base_peak)} on the baseline's measured peak; the change and drop use it")
+        cols[1].caption(f"{fmt_pct(c.mfu.cand_on_base_peak)} on the baseline's measured peak; the drop uses it")
     cols[2].metric("MFU drop", fmt_pct(c.mfu.drop), help="(baseline - candidate) / baseline")
     sm = c.step_time_median
     cols[3].metric(
@@ -170,14 +174,14 @@ def render() -> None:
     st.caption(plain(c.phase_source))
     if c.phases:
         show_chart(delta_chart(c.phases, "Change per phase, largest first", "ms per step"), key="compare_phases")
-        st.dataframe(delta_table(c.phases, "ms"), hide_index=True)
+        show_table(delta_table(c.phases, "ms"), hide_index=True)
     st.subheader("Per kernel")
     st.caption(plain(c.kernel_source))
     if c.kernels:
         show_chart(delta_chart(c.kernels, "Change per kernel, largest first", "ms per profiled step"), key="compare_kernels")
-        st.dataframe(delta_table(c.kernels, "ms"), hide_index=True)
+        show_table(delta_table(c.kernels, "ms"), hide_index=True)
     st.subheader("Per rank")
-    st.dataframe(delta_table(c.ranks, "ms"), hide_index=True)
+    show_table(delta_table(c.ranks, "ms"), hide_index=True)
 
 
 if __name__ == "__main__":

@@ -3,17 +3,21 @@
 change points; picking two runs opens Compare on them."""
 from __future__ import annotations
 
-
 import pandas as pd
 import streamlit as st
 
 from dashboard import state
 from dashboard.data import history
 from dashboard.text import plain
-from dashboard.ui import show_vega
+from dashboard.ui import show_table, show_vega
 
 METRICS = {"mfu": ("MFU", ".1%"), "step_time_ms": ("step time (ms)", ".1f"), "tokens_per_s": ("tokens/s", ".1f"),
            "goodput": ("goodput", ".1%")}
+
+
+# One x position per run, labelled with its name, in the history's order (the runs' names sort otherwise).
+X_RUN = {"field": "run", "type": "ordinal", "title": "run", "sort": {"field": "order"},
+         "axis": {"labelAngle": -40, "labelLimit": 160}}
 
 
 def render() -> None:
@@ -45,14 +49,14 @@ def render() -> None:
         "title": f"{title} per run ({by} order)",
         "layer": [
             {"mark": {"type": "line", "point": True, "tooltip": True},
-             "encoding": {"x": {"field": "order", "type": "ordinal", "title": "run", "axis": {"labelExpr": "''"}},
+             "encoding": {"x": X_RUN,
                           "y": {"field": metric, "type": "quantitative", "title": title, "scale": {"zero": False},
                                 "axis": {"format": fmt}},
                           "tooltip": [{"field": "run"}, {"field": "commit"}, {"field": metric, "format": fmt},
                                       {"field": "verdict"}]}},
             {"transform": [{"filter": "datum.change != ''"}],
              "mark": {"type": "point", "shape": "triangle", "size": 200, "filled": True},
-             "encoding": {"x": {"field": "order", "type": "ordinal"}, "y": {"field": metric, "type": "quantitative"},
+             "encoding": {"x": X_RUN, "y": {"field": metric, "type": "quantitative"},
                           "color": {"field": "change", "type": "nominal", "title": "change point",
                                     "scale": {"domain": ["slower", "faster"], "range": ["#d62728", "#2ca02c"]}}}},
         ],
@@ -60,7 +64,11 @@ def render() -> None:
     show_vega(spec, table, key="history_chart")
     st.caption("Verdict: the CI gate (analyzer.check) from the previous run; a change point is a significant change "
                "either way (docs/dashboard.md, History).")
-    st.dataframe(table.drop(columns=["order"]), hide_index=True)
+    # The table in the chart's units: MFU and goodput in percent (the history holds fractions).
+    shown = table.drop(columns=["order"]).rename(columns={"mfu": "MFU %", "goodput": "goodput %"})
+    shown[["MFU %", "goodput %"]] = 100.0 * shown[["MFU %", "goodput %"]].astype(float)
+    show_table(shown, hide_index=True, column_config={c: st.column_config.NumberColumn(c, format="%.1f")
+                                                      for c in ("MFU %", "goodput %")})
     for s in h.skipped:
         st.caption(plain(f"skipped {s}"))
     names = [p.run for p in h.points]

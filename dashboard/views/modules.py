@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views.operators import attribution_table, rank_options, scope_rank
-from dashboard.ui import open_run, show_vega
+from dashboard.ui import open_run, show_table, show_vega
 
 SCOPE_KEY = "modules_scope"
 DEPTH_KEY = "modules_depth"
@@ -122,7 +122,8 @@ def render() -> None:
                          help="inclusive device time of the kernels attributed to the module, or the host time "
                               "of its calls")
     if not has_device:
-        st.caption("No device kernels in these traces (a CPU run): host time is the only measure.")
+        st.caption("No device kernels in these traces (a CPU run): host time (the wall time of the module's calls) "
+                   "is the only measure; the table leaves the device columns out.")
     deepest = int(modules["depth"].max())
     depth = right.slider("Deepest level", 0, deepest, min(deepest, 3), key=DEPTH_KEY) if deepest > 0 else 0
     value = MEASURES[measure]
@@ -140,7 +141,9 @@ def render() -> None:
         shown.insert(1, "direction", ["backward" if b else "forward" for b in shown["backward"].astype(bool)])
         shown = shown.sort_values(value, ascending=False, kind="stable")
         shown = shown[[c for c in TABLE_COLUMNS if c in shown.columns]].rename(columns=TABLE_COLUMNS)
-        st.dataframe(shown, hide_index=True, key="modules_table", column_config={
+        if not has_device:  # every device figure is 0 on a CPU run: a column of 0.000 would read as measured
+            shown = shown.drop(columns=["device ms (inclusive)", "device ms (self)", "% of step"], errors="ignore")
+        show_table(shown, hide_index=True, key="modules_table", column_config={
             c: st.column_config.NumberColumn(c, format="%.3f") for c in
             ("device ms (inclusive)", "device ms (self)", "host ms", "% of step") if c in shown.columns})
     st.caption("Each bar: a module path (nn.Module ranges nested as the trace records them); its width the inclusive "

@@ -18,7 +18,7 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from analyzer.metrics.roofline import Roofline
 from dashboard.text import plain
-from dashboard.ui import fmt_ms, fmt_pct_points, open_run, show_vega
+from dashboard.ui import fmt_ms, fmt_pct_points, open_run, show_table, show_vega
 
 ALL_RANKS = "all ranks (summed)"
 SCOPE_KEY = "operators_scope"
@@ -40,6 +40,9 @@ OPS_COLUMNS = {
     "bound": "bound",
     "efficiency_pct": "efficiency %",
 }
+# The ops table's columns that only device kernels fill: left out on a run without any.
+DEVICE_ONLY_OPS_COLUMNS = ("device ms", "device ms (inclusive)", "% of step", "kernels", "roofline model",
+                           "achieved TFLOP/s", "achieved TB/s", "FLOP/byte", "bound", "efficiency %")
 SHAPE_COLUMNS = {
     "input_dims": "input dims",
     "input_types": "input types",
@@ -226,13 +229,19 @@ def render() -> None:
     no_device = len(rows) and float(rows["device_ms"].sum()) == 0.0
     if no_device:
         st.info("These traces have no device kernels (a CPU run): device time, shapes, kernels and the roofline "
-                "are empty; the host time of each op is shown.")
+                "are empty, so the table leaves their columns out and shows each op's host time (the wall time "
+                "of its outermost calls), largest first.")
     st.subheader("Ops")
     if ops.empty:
         st.info("No ops in the traces.")
         return
     shown = ops_view(ops, rf)
-    st.dataframe(shown, hide_index=True, key="operators_ops", column_config=_number_formats(shown))
+    if no_device:
+        # Every device figure of a CPU run is 0 (no kernels) and no op is modeled: a column of 0.000 would read
+        # as a measurement. The ops' host time is what these traces measure.
+        shown = shown.drop(columns=[c for c in DEVICE_ONLY_OPS_COLUMNS if c in shown.columns])
+        shown = shown.sort_values("host ms", ascending=False, kind="stable")
+    show_table(shown, hide_index=True, key="operators_ops", column_config=_number_formats(shown))
     st.caption("Click a column header to sort. Device ms: the op's attributed kernels (backward: the kernels of its "
                "autograd node); inclusive: every kernel launched under the op; host ms: its outermost calls' wall "
                "time; % of step: device ms over the summed step windows. Achieved rates, bound and efficiency "
@@ -265,7 +274,7 @@ def shapes_section(ra: RunAnalysis, ops: pd.DataFrame, rf: Roofline, rank: int |
         st.info(f"No recorded input shapes for {plain(op)}: the analyzer keeps shapes for GEMM, attention and "
                 "convolution ops, and only in traces taken with record_shapes=True.")
     else:
-        st.dataframe(mine, hide_index=True, key="operators_shapes", column_config=_number_formats(mine))
+        show_table(mine, hide_index=True, key="operators_shapes", column_config=_number_formats(mine))
     kernels = attribution_table(ra, "op_kernels", rank)
     if len(kernels):
         kernels = kernels.loc[(kernels["op"].astype(str) == op) & (kernels["backward"].astype(bool) == backward)]
@@ -276,7 +285,7 @@ def shapes_section(ra: RunAnalysis, ops: pd.DataFrame, rf: Roofline, rank: int |
         for c in ("kernel", "cls"):
             top[c] = top[c].astype(str)
         top = top.sort_values("device_ms", ascending=False, kind="stable")
-        st.dataframe(top[list(KERNEL_COLUMNS)].rename(columns=KERNEL_COLUMNS), hide_index=True, key="operators_kernels",
+        show_table(top[list(KERNEL_COLUMNS)].rename(columns=KERNEL_COLUMNS), hide_index=True, key="operators_kernels",
                      column_config={"device ms": st.column_config.NumberColumn("device ms", format="%.3f")})
         st.caption("The op's top kernels by device time (at most five per op and rank).")
 

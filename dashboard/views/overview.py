@@ -11,10 +11,11 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from analyzer.metrics.mfu import MfuResult
 from dashboard import state
-from dashboard.data import curves, suggestions, throughput
-from dashboard.discover import RunEntry, RunLookupError, safe_file, trace_files
+from dashboard.data import curves, suggestions, throughput, trace_windows
+from dashboard.discover import RunEntry, RunLookupError, safe_file
 from dashboard.text import plain
 from dashboard.ui import (
+    show_table,
     FEW_RANKS,
     TOP_K,
     fmt_flops,
@@ -102,11 +103,16 @@ def goodput_section(ra: RunAnalysis) -> None:
                         for i, part in enumerate(parts)])
     spec = {
         "mark": "bar",
-        "height": 70,
+        # Streamlit's default autosize ("fit") squeezes the plot and the legend into the given height: with
+        # 8 parts the bar shrank to a pixel and the legend was cut after two. fit-x fits the width only, so
+        # the height is the bar's and the legend (below it, in rows) adds its own.
+        "autosize": {"type": "fit-x", "contains": "padding"},
+        "height": 40,
         "encoding": {
             "y": {"field": "run", "type": "nominal", "title": None},
             "x": {"field": "s", "type": "quantitative", "stack": "zero", "title": "seconds of wall time"},
-            "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts},
+            "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts,
+                      "legend": {"orient": "bottom", "columns": 4}},
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [{"field": "part", "type": "nominal"},
                         {"field": "s", "type": "quantitative", "format": ".2f", "title": "seconds"}],
@@ -171,12 +177,12 @@ def breakdown_chart(ra: RunAnalysis) -> None:
     if selection:  # one row per rank: a grid scrolls through 1,024 rows, 1,024 columns it does not
         table = pd.DataFrame([{"rank": r.rank, **{p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown}}
                               for r in all_ranks])
-        st.dataframe(table.round(2), hide_index=True)
+        show_table(table.round(2), hide_index=True)
         return
     table = pd.DataFrame(
         {f"rank {r.rank}": {p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown} for r in ranks}
     )
-    st.dataframe(table.round(2))
+    show_table(table.round(2))
 
 
 CURVE_METRIC_KEY = "curve_metric"
@@ -219,7 +225,7 @@ def idle_causes_section(ra: RunAnalysis) -> None:
         "else: a dependency, a copy, a sync). Host syncs and launch statistics per rank:"))
     cols = {"rank": "rank", "idle_pct": "idle % of span", "syncs_per_step": "host syncs / step",
             "sync_idle_ms": "idle after syncs ms", "pageable_htod_per_step": "pageable HtoD / step"}
-    st.dataframe(causes[[c for c in cols if c in causes]].rename(columns=cols).round(2), hide_index=True)
+    show_table(causes[[c for c in cols if c in causes]].rename(columns=cols).round(2), hide_index=True)
 
 
 def memory_section(ra: RunAnalysis) -> None:
@@ -423,10 +429,10 @@ def config_and_hardware(ra: RunAnalysis) -> None:
         facts_table = pd.DataFrame(
             {"field": list(facts), "value": [_cell(v) for v in facts.values()]}
         )
-        st.dataframe(facts_table, hide_index=True)
+        show_table(facts_table, hide_index=True)
         with st.expander("Resolved config (run.json `config`)"):
             config = flat_config(manifest.config or {})
-            st.dataframe(pd.DataFrame({"key": list(config), "value": list(config.values())}), hide_index=True)
+            show_table(pd.DataFrame({"key": list(config), "value": list(config.values())}), hide_index=True)
     else:
         st.caption("No manifest: a folder of traces. What the traces say about each rank:")
     ranks = pd.DataFrame(
@@ -442,7 +448,7 @@ def config_and_hardware(ra: RunAnalysis) -> None:
             for r in ra.ranks
         ]
     )
-    st.dataframe(ranks, hide_index=True)
+    show_table(ranks, hide_index=True)
 
 
 def suggestions_section(run: RunEntry) -> None:
@@ -473,7 +479,7 @@ def suggestions_section(run: RunEntry) -> None:
                 st.code(entry["change"]["command"], language="bash")
             evidence = {k: v for k, v in entry["evidence"].items() if v is not None}
             if evidence:
-                st.dataframe(
+                show_table(
                     pd.DataFrame({"evidence": list(evidence), "value": [str(v) for v in evidence.values()]}),
                     hide_index=True,
                 )
@@ -482,35 +488,49 @@ def suggestions_section(run: RunEntry) -> None:
 
 
 def downloads(run: RunEntry) -> None:
+    """Every raw trace of the run, grouped by profiler window, as downloads; the way to Perfetto.
+
+    The app only serves the file to this browser: the user opens it in the Perfetto UI, which
+    parses it locally ("Open trace file" in https://ui.perfetto.dev). Nothing is sent anywhere.
+    """
     st.subheader("Raw traces")
-    files = trace_files(run)
-    if not files:
+    windows = trace_windows(run)
+    if not windows:
         st.caption("This run has no trace files.")
         return
-    st.caption(
-        f"Download a trace and open it in the Perfetto UI ({PERFETTO_URL}, \"Open trace file\"); "
-        "it reads PyTorch profiler .json and .json.gz files in the browser, nothing is uploaded."
-    )
+    n_files = sum(len(files) for files in windows.values())
+    st.caption(plain(
+        f"{n_files:,} trace file(s) in {len(windows)} profiler window(s). To view one in Perfetto: download it, "
+        "open the Perfetto UI, choose \"Open trace file\" (or drop the file on the page) and pick the download; "
+        "Perfetto reads PyTorch profiler .json and .json.gz files in the browser and uploads nothing, "
+        "and the dashboard sends nothing to it."))
+    st.link_button("Open the Perfetto UI", PERFETTO_URL)
     root = state.runs_root()
-    if len(files) > FEW_RANKS:  # one button per file is a page of buttons at 1,024 ranks: pick one file
-        names = [p.name for p in files]
-        name = st.selectbox(f"Trace file ({len(files):,}; type to find one)", names, key="download_pick")
-        files = [files[names.index(name)]]
-    for i, path in enumerate(files):
-        try:
-            real = safe_file(root, path)
-            size = real.stat().st_size
-        except (RunLookupError, OSError) as exc:  # removed or re-linked since the listing: say so, keep the page
-            st.caption(plain(f"{path.name}: not offered: {exc}"))
-            continue
-        st.download_button(
-            f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
-            data=real.read_bytes,
-            file_name=path.name,
-            mime="application/gzip" if path.name.endswith(".gz") else "application/json",
-            on_click="ignore",
-            key=f"download_{i}",
-        )
+    if n_files > FEW_RANKS:  # one button per file is a page of buttons at 1,024 ranks: pick one file
+        window = st.selectbox("Profiler window", list(windows), key="download_window")
+        names = [p.name for p in windows[window]]
+        name = st.selectbox(f"Trace file ({len(names):,}; type to find one)", names, key="download_pick")
+        windows = {window: [windows[window][names.index(name)]]}
+    for w, (window, files) in enumerate(windows.items()):
+        st.markdown(f"**{plain(window)}**")
+        for i, path in enumerate(files):
+            try:
+                real = safe_file(root, path)
+                size = real.stat().st_size
+            except (RunLookupError, OSError) as exc:  # removed or re-linked since the listing: say so, keep the page
+                st.caption(plain(f"{path.name}: not offered: {exc}"))
+                continue
+            # traces/step{N}/rank{R}.pt.trace.json.gz: every window's files share names, so the saved
+            # name keeps the window's folder.
+            stem = f"{path.parent.name}-" if run.kind == "reftrain" and path.parent.name != "traces" else ""
+            st.download_button(
+                f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
+                data=real.read_bytes,
+                file_name=stem + path.name,
+                mime="application/gzip" if path.name.endswith(".gz") else "application/json",
+                on_click="ignore",
+                key=f"download_{w}_{i}",
+            )
 
 
 def render() -> None:

@@ -16,6 +16,7 @@ from dashboard import state
 from dashboard.data import analysis, throughput
 from dashboard.discover import RunEntry, trace_files
 from dashboard.text import plain
+from dashboard.ui import show_table
 
 COLUMNS = (
     "run",
@@ -132,7 +133,7 @@ def render() -> None:
         text = shown[["run", "status", "error"]].fillna("").astype(str).agg(" ".join, axis=1)
         shown = shown[text.str.contains(needle, case=False, regex=False)]
     st.session_state[_SHOWN_KEY] = list(shown["run"])
-    st.dataframe(
+    show_table(
         shown,
         hide_index=True,
         key=_TABLE_KEY,

@@ -8,6 +8,7 @@ one rank at a time is opened in full from the picker (its rows of the
 analysis' tables, which come from its rank summary)."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -15,7 +16,7 @@ import streamlit as st
 from analyzer.api import RunAnalysis
 from analyzer.metrics.stragglers import RankStraggle, StragglerResult
 from dashboard.text import plain
-from dashboard.ui import TOP_K, fmt_ms, rank_axis, open_run, show_chart
+from dashboard.ui import TOP_K, fmt_ms, open_run, rank_axis, show_chart, show_table
 
 EVIDENCE_COLUMNS = (
     "rank",
@@ -35,16 +36,35 @@ EVIDENCE_COLUMNS = (
 )
 
 
-def rank_step_heatmap(per_step: pd.DataFrame, value: str, title: str, colorbar: str, center: float) -> go.Figure:
+# The least half-span of a heatmap's colour scale around its centre: a healthy run's 1 % noise on a
+# scale fitted to the data (0.99-1.01) painted every cell saturated red or blue. Below these, colour
+# stays pale; a rank further off widens the scale to its own value.
+RATIO_MIN_HALF_SPAN = 0.05  # step time over the median: 0.95-1.05
+LATENESS_MIN_HALF_SPAN_MS = 1.0
+
+
+def color_span(values: np.ndarray, center: float, min_half_span: float) -> tuple[float, float]:
+    """(zmin, zmax) of a diverging colour scale: symmetric around `center`, at least `min_half_span` each side,
+    wide enough for every finite value."""
+    finite = values[np.isfinite(values)]
+    half = max(min_half_span, float(np.abs(finite - center).max()) if finite.size else 0.0)
+    return center - half, center + half
+
+
+def rank_step_heatmap(per_step: pd.DataFrame, value: str, title: str, colorbar: str, center: float,
+                      min_half_span: float) -> go.Figure:
     grid = per_step.pivot_table(index="rank", columns="step", values=value).sort_index()
     y, height, yaxis = rank_axis(grid.index)
+    z = grid.to_numpy(dtype=float)
+    zmin, zmax = color_span(z, center, min_half_span)
     fig = go.Figure(
         go.Heatmap(
-            z=grid.to_numpy(),
+            z=z,
             x=grid.columns.to_numpy(),
             y=y,
             colorscale="RdBu_r",
-            zmid=center,
+            zmin=zmin,
+            zmax=zmax,
             colorbar=dict(title=colorbar),
             hovertemplate=("rank %{y}" if yaxis else "%{y}") + "<br>step %{x}<br>%{z:.3f} " + colorbar + "<extra></extra>",
         )
@@ -85,16 +105,23 @@ def render() -> None:
     per_step = result.per_step
     if per_step is not None and not per_step.empty and "step_time_ratio" in per_step.columns:
         show_chart(
-            rank_step_heatmap(per_step, "step_time_ratio", "Step time over the median across ranks", "ratio", 1.0),
+            rank_step_heatmap(per_step, "step_time_ratio", "Step time over the median across ranks", "ratio", 1.0,
+                              RATIO_MIN_HALF_SPAN),
             key="straggler_ratio",
         )
+        st.caption(f"Colour: white at 1.0; the scale spans at least {1 - RATIO_MIN_HALF_SPAN:.2f}-"
+                   f"{1 + RATIO_MIN_HALF_SPAN:.2f}, so a few percent of noise stays pale, and widens to the "
+                   "furthest rank.")
         if "lateness_ms" in per_step.columns and per_step["lateness_ms"].notna().any():
             show_chart(
                 rank_step_heatmap(
-                    per_step, "lateness_ms", "Lateness: arrival after the first rank, summed over the step's collectives", "ms", 0.0
+                    per_step, "lateness_ms", "Lateness: arrival after the first rank, summed over the step's collectives", "ms", 0.0,
+                    LATENESS_MIN_HALF_SPAN_MS,
                 ),
                 key="straggler_lateness",
             )
+            st.caption(f"Colour: white at 0 ms; the scale spans at least {LATENESS_MIN_HALF_SPAN_MS:.0f} ms, "
+                       "and widens to the latest arrival.")
     else:
         st.info("No per-step times to compare across ranks.")
 
@@ -104,11 +131,11 @@ def render() -> None:
     slowest = result.slowest(TOP_K)
     if len(result.per_rank) > TOP_K:
         st.subheader(f"The {len(slowest)} slowest ranks")
-        st.dataframe(evidence_table(result, slowest), hide_index=True, key="straggler_top")
+        show_table(evidence_table(result, slowest), hide_index=True, key="straggler_top")
         st.caption("Ordered by step time over the median across ranks (median over steps), then by lateness.")
     rank_detail(ra, result, slowest)
     st.subheader("Evidence per rank")
-    st.dataframe(evidence_table(result), hide_index=True)
+    show_table(evidence_table(result), hide_index=True)
     cfg = result.config
     st.caption(
         f"A rank is a persistent straggler when it is slow in at least {cfg.min_slow_share:.0%} of steps with a robust "
@@ -139,13 +166,13 @@ def rank_detail(ra: RunAnalysis, result: StragglerResult, slowest: list[RankStra
     per_step = result.per_step
     if per_step is not None and not per_step.empty:
         mine = per_step.loc[per_step["rank"] == rank].drop(columns="rank")
-        st.dataframe(mine, hide_index=True, key="straggler_rank_steps")
+        show_table(mine, hide_index=True, key="straggler_rank_steps")
     if summary is not None and summary.breakdown:
         parts = pd.DataFrame(
             [{"part": p, "mean ms per step": v["mean_ms"], "median ms": v["median_ms"], "% of step": v["pct"]}
              for p, v in summary.breakdown.items()]
         )
-        st.dataframe(parts, hide_index=True, key="straggler_rank_breakdown")
+        show_table(parts, hide_index=True, key="straggler_rank_breakdown")
         st.caption(f"rank {rank}'s step breakdown over its profiled steps ({summary.source} timeline; docs/metrics.md).")
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 from dashboard import state
 from dashboard.data import run_dir
 from dashboard.text import plain
-from dashboard.ui import show_chart
+from dashboard.ui import show_chart, show_table
 
 # Series of reftrain.telemetry/1 (docs/rundir.md) and their axis titles.
 SERIES = {
@@ -56,7 +56,7 @@ def render() -> None:
         throttled = telemetry[telemetry["throttle_reasons"].map(lambda v: bool(v) if isinstance(v, list) else False)]
         if len(throttled):
             st.caption(f"{len(throttled)} sample(s) report clock throttling:")
-            st.dataframe(throttled[[device_col, "time_ns", "throttle_reasons"]], hide_index=True)
+            show_table(throttled[[device_col, "time_ns", "throttle_reasons"]], hide_index=True)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,20 @@
 """Export to MLflow (``analyzer export RUN --to mlflow URI``), extra ``trackers``.
 
-One MLflow run per export in experiment ``analyzer`` of the tracking URI
-(a file store such as ``file:///tmp/mlruns`` needs no server), through
+One MLflow run per analyzed run in experiment ``analyzer`` of the tracking
+URI (a file store such as ``file:///tmp/mlruns`` needs no server), through
 ``mlflow.tracking.MlflowClient``: the training curves as metrics
-``train/<metric>`` at their step, the summary as ``analysis/<figure>``, each
-rank's numeric columns as ``rank<R>/<column>`` (step 0), and the text
-fields (MFU source, lower bound, step time source, straggler ranks) as
-params; the run is tagged ``analyzer.path`` with the analyzed path.
+``run/<metric>`` at their step, the summary as ``analysis/<figure>`` and
+each rank's numeric columns as ``rank<R>/<column>`` (step 0), the text
+fields (MFU source, lower bound, step time source, straggler ranks) as tags
+``analysis.<field>``, the report as artifacts ``report.json`` (and
+``report.html``), every table as ``tables/<name>.csv``; tags
+``analyzer.run_id`` (the run's stable id, :class:`analyzer.verbs.export.Export`)
+and ``analyzer.path``.
+
+Re-export updates that run instead of creating another: the run is found by
+its ``analyzer.run_id`` tag, and only the points it does not hold yet (or
+holds with another value) are logged, so exporting an unchanged analysis
+twice leaves the run as it was; the tags and artifacts are overwritten.
 
 MLflow 3 refuses a file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true
 (it is in maintenance mode, not removed); a ``file:`` URI or a plain folder
@@ -15,31 +23,23 @@ this process when the variable is unset.
 """
 from __future__ import annotations
 
-import math
+import io
 import os
 import time
 
-import pandas as pd
-
 from analyzer.errors import AnalyzerError
-from analyzer.verbs.export import curve_points
+from analyzer.verbs.export import Export, curve_points, finite, summary_figures, summary_text
 
 EXTRA_LINE = "export to mlflow needs the mlflow package: pip install 'trainperf[trackers]'"
 EXPERIMENT = "analyzer"
+RUN_ID_TAG = "analyzer.run_id"
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 
-def _num(v) -> float | None:
-    if v is None or isinstance(v, (bool, str)) or pd.isna(v):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-def write_mlflow(tables: dict[str, pd.DataFrame], uri: str, run_name: str, path_text: str) -> str:
-    """Log the tables as one MLflow run; its run id."""
+def write_mlflow(export: Export, uri: str) -> str:
+    """Log the export into its MLflow run (created, or found by its ``analyzer.run_id`` tag); the MLflow run id."""
     try:
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise AnalyzerError(EXTRA_LINE) from None
@@ -49,31 +49,47 @@ def write_mlflow(tables: dict[str, pd.DataFrame], uri: str, run_name: str, path_
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(EXPERIMENT)
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(EXPERIMENT)
-        run = client.create_run(exp_id, run_name=run_name, tags={"analyzer.path": path_text})
+        found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{_quoted(export.run_id)}'",
+                                   max_results=1)
+        if found:
+            run_id = found[0].info.run_id
+            client.update_run(run_id, status="RUNNING")
+        else:
+            run_id = client.create_run(exp_id, run_name=export.run_name,
+                                       tags={RUN_ID_TAG: export.run_id}).info.run_id
     except Exception as exc:  # noqa: BLE001 - any store error is the URI's problem, one line
         raise AnalyzerError(f"{uri}: cannot open the MLflow tracking store ({type(exc).__name__}: {exc})") from None
     now = int(time.time() * 1000)
-    metrics: list = []
-    for tag, step, value in curve_points(tables):
-        v = _num(value)
-        if v is not None:
-            metrics.append(Metric(tag, v, now, step))
-    summary = tables["summary"].iloc[0]
-    for col in ("mfu", "hfu", "step_time_ms", "flop_coverage"):
-        v = _num(summary.get(col))
-        if v is not None:
-            metrics.append(Metric(f"analysis/{col}", v, now, 0))
-    ranks = tables.get("ranks")
-    if ranks is not None:
-        for row in ranks.to_dict("records"):
-            for col, value in row.items():
-                v = _num(value) if col not in ("rank", "n_steps") else None
-                if v is not None:
-                    metrics.append(Metric(f"rank{row['rank']}/{col}", v, now, 0))
-    params = [Param(k, str(summary.get(k))) for k in ("mfu_source", "mfu_lower_bound", "step_time_source", "straggler_ranks")]
+    curves = [(tag, step, v) for tag, step, value in curve_points(export.tables) if (v := finite(value)) is not None]
+    wanted = curves + [(tag, 0, v) for tag, v in summary_figures(export.tables).items()]
+    held = _held(client, run_id, {tag for tag, _, _ in curves}) if found else {}
+    metrics = [Metric(tag, v, now, step) for tag, step, v in wanted if held.get((tag, step)) != v]
     for i in range(0, len(metrics), _BATCH):
-        client.log_batch(run.info.run_id, metrics=metrics[i:i + _BATCH], params=params if i == 0 else [])
-    if not metrics:
-        client.log_batch(run.info.run_id, params=params)
-    client.set_terminated(run.info.run_id)
-    return run.info.run_id
+        client.log_batch(run_id, metrics=metrics[i:i + _BATCH])
+    client.set_tag(run_id, "analyzer.path", export.path_text)
+    for key, text in summary_text(export.tables).items():
+        client.set_tag(run_id, f"analysis.{key}", text)
+    for name, text in export.artifacts.items():
+        client.log_text(run_id, text, name)
+    for name, table in export.tables.items():
+        buf = io.StringIO()
+        table.to_csv(buf, index=False)
+        client.log_text(run_id, buf.getvalue(), f"tables/{name}.csv")
+    client.set_terminated(run_id)
+    return run_id
+
+
+def _quoted(text: str) -> str:
+    """``text`` inside a single-quoted MLflow search string (a quote doubled, SQL style)."""
+    return text.replace("'", "''")
+
+
+def _held(client, run_id: str, curve_tags: set[str]) -> dict[tuple[str, int], float]:
+    """``(tag, step) -> value`` of the metrics the run already holds: every step of the curves' tags (their
+    histories), step 0 of the others (their latest value; the one-number figures are logged at step 0 only)."""
+    latest = client.get_run(run_id).data.metrics
+    held = {(tag, 0): value for tag, value in latest.items() if tag not in curve_tags}
+    for tag in sorted(curve_tags & set(latest)):
+        for m in sorted(client.get_metric_history(run_id, tag), key=lambda m: m.timestamp):
+            held[(tag, m.step)] = m.value
+    return held

@@ -1,11 +1,19 @@
 """Export to TensorBoard event files (``analyzer export RUN --to tensorboard DIR``).
 
 Written with TensorBoard's own event writer (``tensorboard`` package, extra
-``trackers``), so TensorBoard, tbparse and EventAccumulator read it: the
-training curves as scalars ``train/<metric>`` at their optimizer step, and
-the analysis as scalars at step 0: ``analysis/mfu``, ``analysis/hfu``,
-``analysis/step_time_ms``, and per rank ``rank<R>/<column>`` of the ranks
-table (docs/cli.md, export). Scalars are float32 in the event format.
+``trackers``), so TensorBoard, tbparse and EventAccumulator read it, into
+``DIR/<run name>/`` so that each exported run is its own TensorBoard run
+(as the trainer's live logger writes ``<tensorboard_dir>/<run id>/``): the
+training curves as scalars ``run/<metric>`` at their optimizer step (over
+all ranks), and the analysis as scalars at step 0: ``analysis/<figure>`` of
+the summary and per rank ``rank<R>/<column>`` of the ranks table
+(docs/export.md). Scalars are float32 in the event format; TensorBoard has
+no artifacts, so the report is not attached.
+
+Re-exporting a run replaces its earlier export: the event files this export
+writes end in ``.analyzer``, and those already in the run's folder are
+removed first (a TensorBoard run that holds two exports shows every point
+twice). Other event files there (the trainer's own) are left alone.
 """
 from __future__ import annotations
 
@@ -13,26 +21,28 @@ import math
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from analyzer.errors import AnalyzerError
-from analyzer.verbs.export import curve_points
+from analyzer.verbs.export import Export, curve_points, summary_figures
 
 EXTRA_LINE = "export to tensorboard needs the tensorboard package: pip install 'trainperf[trackers]'"
+SUFFIX = ".analyzer"
 
 
-def write_tensorboard(tables: dict[str, pd.DataFrame], out_dir: Path) -> Path:
-    """Write one event file into ``out_dir``; its path."""
+def write_tensorboard(export: Export, out_dir: Path) -> Path:
+    """Write one event file into ``out_dir/<run name>/`` (replacing an earlier export's); that folder."""
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise AnalyzerError(EXTRA_LINE) from None
+    run_dir = out_dir / export.run_name
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for old in run_dir.glob(f"events.out.tfevents.*{SUFFIX}"):
+            old.unlink()
     except OSError as exc:
-        raise AnalyzerError(f"{out_dir}: cannot create the export folder ({exc.strerror or exc})") from None
-    writer = EventFileWriter(str(out_dir))
+        raise AnalyzerError(f"{run_dir}: cannot write the export folder ({exc.strerror or exc})") from None
+    writer = EventFileWriter(str(run_dir), filename_suffix=SUFFIX)
     wall = time.time()
 
     def scalar(tag: str, value, step: int) -> None:
@@ -41,19 +51,10 @@ def write_tensorboard(tables: dict[str, pd.DataFrame], out_dir: Path) -> Path:
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))])
         writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
 
-    for tag, step, value in curve_points(tables):
+    for tag, step, value in curve_points(export.tables):
         scalar(tag, float(value), step)
-    summary = tables["summary"].iloc[0]
-    for col in ("mfu", "hfu", "step_time_ms", "flop_coverage"):
-        v = summary.get(col)
-        scalar(f"analysis/{col}", None if v is None or pd.isna(v) else float(v), 0)
-    ranks = tables.get("ranks")
-    if ranks is not None:
-        for row in ranks.to_dict("records"):
-            for col, v in row.items():
-                if col not in ("rank", "timeline", "device_name", "n_steps") and v is not None and not pd.isna(v):
-                    scalar(f"rank{row['rank']}/{col}", float(v), 0)
+    for tag, value in summary_figures(export.tables).items():
+        scalar(tag, value, 0)
     writer.flush()
-    path = Path(writer.get_logdir())
     writer.close()
-    return path
+    return run_dir
