@@ -25,12 +25,10 @@ from typing import Any, Callable, Literal, Sequence, cast
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import AnalyzerError, TraceError
+from analyzer.errors import AnalyzerError
 from analyzer.jsontext import jsonable, path_text
-from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.formats import REPORT_SCHEMA, ReportCore, RunManifest
-from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
@@ -52,8 +50,9 @@ from analyzer.metrics.stragglers import (
     match_collective_spans,
     wait_intervals,
 )
-from analyzer.ingest.parse import ParsedTrace
-from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
+from analyzer import runcache
+from analyzer.execute import Executed, ExecOptions, Located, Progress, execute, locate
+from analyzer.rankmap import RankPart
 
 SCHEMA = REPORT_SCHEMA  # the report's schema, defined with its typed top level
 
@@ -212,9 +211,9 @@ class RunAnalysis:
     # for suggest; not in the report.
     rank_workload: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
-    # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
+    # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution).
     attribution: RunAttribution | None = None
-    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory; issue 11).
+    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory).
     memory: RunMemory = field(default_factory=RunMemory)
     # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
     idle: RunIdle | None = None
@@ -373,6 +372,7 @@ def analyze(
     jobs: ParseJobs | None = None,
     engine: str = "local",
     ray_address: str | None = None,
+    progress: Callable[[Progress], None] | None = None,
 ) -> RunAnalysis:
     """Analyze a reftrain run directory, a folder of Kineto traces, or a list of trace files.
 
@@ -384,75 +384,31 @@ def analyze(
     (this machine's worker pool) or ``"ray"`` (``ray_address`` None: a
     local Ray instance; ``"auto"`` or ``"ray://HOST:PORT"``: a cluster);
     :mod:`analyzer.engines`. The report is the same whichever runs it.
+    ``progress``: called with an :class:`analyzer.execute.Progress` (files
+    and ranks done of their totals) once the map is planned and after each
+    rank; not called when a finished analysis is read from the cache.
     Files that cannot be used become one-line ``errors``; the other ranks are
     still analyzed. Raises AnalyzerError (one line) when nothing usable is
     left: no run directory records and no trace that loads.
 
-    The flow, top to bottom (docs/loading.md): locate the trace files; plan
-    one map unit per rank; map each unit (read or parse its files, build
-    the rank's tables, summarize them: :mod:`analyzer.rankmap`); assemble
-    the set-level warnings from the files' facts; reduce across ranks.
+    The flow, top to bottom (docs/architecture.md, "The data flow of
+    ``analyze(path)``"): a finished analysis of the unchanged inputs
+    (:mod:`analyzer.runcache`), else locate the trace files and the run
+    directory's records, execute the per-rank map (:mod:`analyzer.execute`:
+    plan, cache lookup, run, assemble) and reduce across ranks.
     """
     paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not paths:
         raise AnalyzerError("nothing to analyze: no path given")
-    # 0. A finished analysis of these unchanged inputs (analyzer/runcache.py): no summary decoded, no reduce.
-    run_key = None
-    if cache and jobs is None:
-        from analyzer import runcache
-
-        run_key = runcache.key_for(paths, peak_flops)
-        stored = runcache.read(run_key, paths[0] if len(paths) == 1 else paths) if run_key is not None else None
-        if stored is not None:
-            return stored
-    manifest: dict | None = None
-    metrics: pd.DataFrame | None = None
-    records: pd.DataFrame | None = None
-    telemetry: pd.DataFrame | None = None
-    errors: list[str] = []
-    warnings: list[str] = []
-    from analyzer.ingest import rundir
-
-    # 1. Locate: the sets of trace files read together (one per profiler window of a reftrain run).
-    if len(paths) == 1 and rundir.is_run_dir(paths[0]):
-        kind: Literal["reftrain", "traces"] = "reftrain"
-        run = rundir.read_run_dir(paths[0])
-        manifest, metrics, records, telemetry = run.manifest, run.metrics, run.collectives, run.telemetry
-        errors += [str(e) for e in run.errors]
-        warnings += list(run.warnings)
-        sets = _window_sets([Path(p) for p in run.trace_paths]) if run.trace_paths else []
-    else:
-        kind = "traces"
-        for p in paths:
-            if not p.exists():
-                raise AnalyzerError(f"{p}: no such file or folder")
-        sets = [paths if len(paths) > 1 else [paths[0]]]
-    # 2-4. Plan, map, assemble.
-    loaded = _map_sets(sets, cache, jobs, engine, ray_address)
-    errors += [str(e) for e in loaded.errors]
-    warnings += loaded.warnings
-    has_metrics = metrics is not None and not metrics.empty
-    if not loaded.parts and not has_metrics:
-        where = path_text(paths)
-        detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
-        exc = AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
-        exc.skipped = list(errors)  # the CLI prints one line per file before this one (issue 17)
-        raise exc
-    # 5. Reduce.
-    analysis = _reduce(
-        RunInputs(
-            path=paths[0] if len(paths) == 1 else paths,
-            kind=kind,
-            manifest=manifest,
-            metrics=metrics,
-            records=records,
-            parts=loaded.parts,
-            peak_flops=peak_flops,
-            errors=errors,
-            warnings=warnings,
-        )
-    )
-    analysis.telemetry = telemetry
+    options = ExecOptions(cache=cache, jobs=jobs, engine=engine, ray_address=ray_address, progress=progress)
+    run_key = _run_key(paths, peak_flops, options)
+    stored = runcache.read(run_key, paths[0] if len(paths) == 1 else paths) if run_key is not None else None
+    if stored is not None:
+        return stored
+    located = locate(paths)
+    executed = execute(located.sets, options)
+    analysis = _reduce(_run_inputs(paths, located, executed, peak_flops))
+    analysis.telemetry = located.telemetry
     if run_key is not None:
         problem = runcache.write(run_key, analysis)
         if problem:
@@ -460,166 +416,34 @@ def analyze(
     return analysis
 
 
-def _window_sets(files: list[Path]) -> list[list[Path]]:
-    """A reftrain run's trace files grouped by profiler window (``step{N}/rank{R}``,
-    or ``rank{R}.step{N}`` in older runs), windows in step order; one set when
-    the run has a single window."""
-    from analyzer.ingest.locate import trace_window
-
-    windows: dict[str, list[Path]] = {}
-    for f in files:
-        w = trace_window(f)
-        windows.setdefault("" if w is None else str(w), []).append(f)
-    if len(windows) <= 1:
-        return [files]
-    return [windows[key] for key in sorted(windows, key=lambda k: int(k) if k.isdigit() else -1)]
+def _run_key(paths: list[Path], peak_flops: float | None, options: ExecOptions) -> runcache.RunKey | None:
+    """Where a finished analysis of these inputs is kept; None when it may be neither read nor
+    stored (no cache, or parsing under way: the jobs' files must be taken from the jobs)."""
+    if not options.cache or options.jobs is not None:
+        return None
+    return runcache.key_for(paths, peak_flops)
 
 
-@dataclass
-class _Loaded:
-    """What the map and the assembly hand to the reduce: one RankPart per rank."""
-
-    parts: dict[int, RankPart] = field(default_factory=dict)
-    errors: list[TraceError] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-def _map_sets(
-    sets: list[list[Path]], cache: bool, jobs: ParseJobs | None, engine: str, ray_address: str | None
-) -> _Loaded:
-    """Plan the units, run the map, assemble each set's warnings (as
-    :func:`analyzer.ingest.load.load_traces` words them) and pick each rank's part.
-
-    A set's files are read in this order: those to parse (or held by
-    ``jobs``) first, then the cache hits; errors and cache warnings follow it.
-    Several sets (profiler windows) merge per rank: a rank's unit holds its
-    files of every window (grouped by the rank in their names).
-    """
-    from analyzer.engines import run_map
-    from analyzer.ingest.load import expand_paths
-    from analyzer.ingest.parse import rank_from_filename
-
-    out = _Loaded()
-    plans = []  # per set: (files, skipped, order of reading, cache note)
-    unit_files: dict[object, list[UnitFile]] = {}
-    for files_in in sets:
-        files, skipped = expand_paths(files_in if len(files_in) > 1 else files_in[0])
-        store = trace_cache.TraceCache() if cache else None
-        misses: list[UnitFile] = []
-        hits: list[UnitFile] = []
-        for f in files:
-            entry = store.entry_for(f) if store else None
-            in_jobs = jobs is not None and f in jobs
-            uf = UnitFile(f, entry, hit=entry is not None and entry.exists() and not in_jobs)
-            (hits if uf.hit else misses).append(uf)
-        plans.append((files, skipped, misses + hits, store.note if store else None))
-        for uf in misses + hits:
-            named = rank_from_filename(uf.path.name) if len(sets) > 1 else None
-            unit_files.setdefault(uf.path if named is None else ("rank", named), []).append(uf)
-    units = [MapUnit(tuple(fs)) for fs in unit_files.values()]
-    held = [u for u in units if jobs is not None and any(f.path in jobs for f in u.files)]
-    free = [u for u in units if not (jobs is not None and any(f.path in jobs for f in u.files))]
-    results: dict[MapUnit, UnitResult] = {}
-    for u in held:  # parsed by the CLI's early workers: mapped there too, or their columns mapped here
-        assert jobs is not None  # units are held only by jobs
-        parsed: dict[Path, ParsedTrace | TraceError] = {}
-        to_map = list(u.files)
-        for i, held_file in enumerate(u.files):
-            if held_file.path in jobs:
-                try:
-                    got = jobs.take(held_file.path)
-                except TraceError as err:
-                    parsed[held_file.path] = err
-                    continue
-                if isinstance(got, UnitResult):  # analyzer.engines.parse_and_map: the worker mapped the file
-                    if len(u.files) == 1:
-                        results[u] = _named_as(got, held_file.path)
-                        break
-                    # Not a unit of its own after all: read what the worker stored (or parse again).
-                    to_map[i] = replace(held_file, hit=held_file.entry is not None and held_file.entry.exists())
-                    continue
-                # Named here as the unit names it (a relative folder of several ranks once failed
-                # the rank's lookup below with a KeyError, exit 3).
-                parsed[held_file.path] = replace(got, path=held_file.path)
-        if u not in results:
-            results[u] = map_unit(MapUnit(tuple(to_map)), parsed)
-    # Units whose files are unchanged since a previous analysis: their stored summaries (analyzer/rankcache.py).
-    summary_warnings: dict[MapUnit, str] = {}
-    if cache:
-        from analyzer import rankcache
-
-        todo = []
-        for u in free:
-            entry = rankcache.entry_for(u)
-            if entry is not None and entry.exists():
-                try:
-                    results[u] = rankcache.read(entry, u)
-                    continue
-                except rankcache.SummaryEntryError as exc:
-                    summary_warnings[u] = str(exc)
-            todo.append(u)
-        mapped = run_map(todo, engine, ray_address=ray_address)
-        for u, result in zip(todo, mapped):
-            results[u] = result
-        for u in [*held, *todo]:
-            entry = rankcache.entry_for(u)
-            if entry is not None and rankcache.storable(results[u]):
-                problem = rankcache.write(entry, results[u])
-                if problem or u in summary_warnings:
-                    first_path, first_facts, warnings = results[u].outcomes[0]
-                    extra = [w for w in (summary_warnings.get(u), problem) if w]
-                    results[u].outcomes[0] = (first_path, first_facts, [*warnings, *extra])
-    else:
-        results.update(zip(free, run_map(free, engine, ray_address=ray_address)))
-    outcome: dict[Path, tuple[FileFacts | TraceError, list[str]]] = {}
-    for result in results.values():
-        for done_path, done, cache_warnings in result.outcomes:
-            outcome[done_path] = (done, cache_warnings)
-    # Assemble each set as load_traces would, and the ranks' files across sets.
-    kept: dict[int, list[Path]] = {}
-    for files, skipped, order, note in plans:
-        out.errors += skipped
-        facts: dict[Path, FileFacts] = {}
-        for uf in order:
-            got, cache_warnings = outcome[uf.path]
-            out.warnings += cache_warnings
-            if isinstance(got, TraceError):
-                out.errors.append(got)
-            else:
-                facts[uf.path] = got
-        if note:
-            out.warnings.append(note)
-        ranks, set_warnings = assemble(files, facts)
-        out.warnings += set_warnings
-        for rank, rank_trace in ranks.items():
-            kept.setdefault(rank, []).append(rank_trace.path)
-    # Each rank's part: the unit that read exactly its kept files, else (files whose names
-    # and contents disagree on the rank) those files mapped again, here.
-    by_files = {}
-    for u, result in results.items():
-        if result.part is not None:
-            loaded_files = tuple(f for f, got, _w in result.outcomes if not isinstance(got, TraceError))
-            by_files[(result.part.rank, loaded_files)] = result.part
-    entries = {uf.path: uf for fs in unit_files.values() for uf in fs}
-    for rank, files in sorted(kept.items()):
-        part = by_files.get((rank, tuple(files)))
-        if part is None:
-            regrouped = MapUnit(tuple(UnitFile(f, e, e is not None and e.exists())
-                                      for f in files for e in [entries[f].entry]))
-            part = map_unit(regrouped).part
-        if part is not None:
-            out.parts[rank] = part
-    return out
-
-
-def _named_as(result: UnitResult, path: Path) -> UnitResult:
-    """A worker's result for one file, its outcome named by ``path`` as the unit names it."""
-    if result.outcomes:
-        _, facts, warnings = result.outcomes[0]
-        if not isinstance(facts, TraceError):
-            facts = replace(facts, path=path)
-        result.outcomes[0] = (path, facts, warnings)
-    return result
+def _run_inputs(paths: list[Path], located: Located, executed: Executed, peak_flops: float | None) -> RunInputs:
+    """The reduce's inputs; AnalyzerError when neither a rank nor a metrics record is usable."""
+    errors = located.errors + [str(e) for e in executed.errors]
+    has_metrics = located.metrics is not None and not located.metrics.empty
+    if not executed.parts and not has_metrics:
+        detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
+        exc = AnalyzerError(f"{path_text(paths)}: no usable trace or metrics records{detail}")
+        exc.skipped = list(errors)  # the CLI prints one line per file before this one
+        raise exc
+    return RunInputs(
+        path=paths[0] if len(paths) == 1 else paths,
+        kind=located.kind,
+        manifest=located.manifest,
+        metrics=located.metrics,
+        records=located.records,
+        parts=executed.parts,
+        peak_flops=peak_flops,
+        errors=errors,
+        warnings=located.warnings + executed.warnings,
+    )
 
 
 @dataclass
