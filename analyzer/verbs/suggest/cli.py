@@ -70,7 +70,7 @@ def run_suggest(args: argparse.Namespace) -> int:
         raise AnalyzerError(f"{path}: no such file or directory")
     ra = analyze(path, peak_flops=getattr(args, "peak_flops", None), cache=not getattr(args, "no_cache", False),
                  jobs=getattr(args, "parse_jobs", None), engine=getattr(args, "engine", "local"),
-                 ray_address=getattr(args, "ray_address", None))
+                 ray_address=getattr(args, "ray_address", None), progress=getattr(args, "progress_line", None))
     for kind, message in run_messages(ra):  # what `analyzer report` says about the same input
         say(kind, message)
     suggestions = suggest(ra)
