@@ -35,7 +35,7 @@ from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
 from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.frames import empty_frame
 from analyzer.metrics.idle import RunIdle, run_idle
-from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
+from analyzer.metrics.mfu import MfuResult, RankFlops, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
@@ -478,50 +478,12 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         step_tables.append(table.assign(rank=rank))
         if part.flops is not None:
             rank_flops.append(part.flops)
-    device_names = {r: p.device_name for r, p in parts.items()}
     steps = _concat_steps(step_tables)
-
-    # MFU: the manifest when the run has one, else trace shapes.
-    mfu: MfuResult
-    if manifest is not None:
-        mfu = mfu_from_manifest(man, metrics, peak_flops=peak_flops)
-        if mfu.source == "none" and rank_flops:
-            fallback = mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
-            fallback.notes.insert(0, f"manifest MFU unavailable ({mfu.reason})")
-            mfu = fallback if fallback.source != "none" else mfu
-    else:
-        mfu = mfu_from_trace_shapes(rank_flops, device_names, peak_flops) if rank_flops else MfuResult(
-            "none", reason="no ProfilerStep windows to time the FLOPs against"
-        )
+    device_names = {r: p.device_name for r, p in parts.items()}
+    mfu = _run_mfu(man, manifest is not None, metrics, rank_flops, device_names, peak_flops)
     steps["mfu"] = _rank_step_mfu(steps, mfu, rank_flops)
-
-    # Stragglers: steady-state metrics and collective records when the run has them.
-    steady = None
-    quiet = None  # steady-state steps not disturbed by trace or checkpoint writing
-    if metrics is not None and not metrics.empty and {"rank", "step", "step_time_ms"} <= set(metrics.columns):
-        steady = steady_state(metrics, man.warmup_steps or 0, man.profiled_steps)
-        disturbed = disturbed_steps(man.profiled_steps, man.files.checkpoints or [])
-        quiet = steady.loc[~steady["step"].isin(sorted(disturbed))]
-    if quiet is not None and not quiet.empty:
-        step_times = quiet[["rank", "step", "step_time_ms"]]
-        step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
-    else:
-        usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
-        step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
-    arrival_notes: list[str] = []
-    arrival_source: str | None
-    if records is not None and not records.empty and "rank" in records.columns:
-        offsets = man.clock.offsets_ns if man.clock else None
-        arrivals = arrivals_from_records(records, offsets)
-        arrival_source = "collective records (collectives/rank*.jsonl), clocks aligned with clock.offsets_ns"
-        if quiet is not None and not quiet.empty:
-            arrivals = arrivals.loc[arrivals["step"].isin(quiet["step"].unique())].reset_index(drop=True)
-    else:
-        arrivals, arrival_source, arrival_notes = match_arrivals({r: p.arrivals for r, p in parts.items()})
-        if arrival_source:
-            arrival_source = f"trace {arrival_source} matched by order (assumes the ranks' clocks agree)"
-    stragglers = find_stragglers(step_times, arrivals, step_source=step_source, arrival_source=arrival_source)
-    stragglers.notes += arrival_notes
+    steady, quiet = _steady_steps(man, metrics)
+    stragglers, arrivals = _run_stragglers(man, records, steps, parts, quiet)
     collectives = collective_table(arrivals) if not arrivals.empty else None
 
     run_step_time = step_time(steady, steps)
@@ -557,6 +519,63 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
         rank_workload={r: p.workload for r, p in parts.items() if p.workload is not None and len(p.workload)},
     )
+
+
+def _run_mfu(
+    man: RunManifest, has_manifest: bool, metrics: pd.DataFrame | None, rank_flops: list[RankFlops],
+    device_names: dict[int, str | None], peak_flops: float | None,
+) -> MfuResult:
+    """The run's MFU: from the manifest when the run has one (the trace shapes when it cannot
+    give one), else from the trace shapes."""
+    if has_manifest:
+        mfu = mfu_from_manifest(man, metrics, peak_flops=peak_flops)
+        if mfu.source == "none" and rank_flops:
+            fallback = mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
+            fallback.notes.insert(0, f"manifest MFU unavailable ({mfu.reason})")
+            mfu = fallback if fallback.source != "none" else mfu
+        return mfu
+    if rank_flops:
+        return mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
+    return MfuResult("none", reason="no ProfilerStep windows to time the FLOPs against")
+
+
+def _steady_steps(man: RunManifest, metrics: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The steady-state metrics records, and those of them not disturbed by trace or checkpoint
+    writing (None, None without per-step records)."""
+    if metrics is None or metrics.empty or not {"rank", "step", "step_time_ms"} <= set(metrics.columns):
+        return None, None
+    steady = steady_state(metrics, man.warmup_steps or 0, man.profiled_steps)
+    disturbed = disturbed_steps(man.profiled_steps, man.files.checkpoints or [])
+    return steady, steady.loc[~steady["step"].isin(sorted(disturbed))]
+
+
+def _run_stragglers(
+    man: RunManifest, records: pd.DataFrame | None, steps: pd.DataFrame, parts: dict[int, RankPart],
+    quiet: pd.DataFrame | None,
+) -> tuple[StragglerResult, pd.DataFrame]:
+    """Stragglers, and the collective arrivals they were found from: the quiet steady-state steps
+    and the collective records when the run has them, else the profiled windows and the traces."""
+    if quiet is not None and not quiet.empty:
+        step_times = quiet[["rank", "step", "step_time_ms"]]
+        step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
+    else:
+        usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
+        step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
+    arrival_notes: list[str] = []
+    arrival_source: str | None
+    if records is not None and not records.empty and "rank" in records.columns:
+        offsets = man.clock.offsets_ns if man.clock else None
+        arrivals = arrivals_from_records(records, offsets)
+        arrival_source = "collective records (collectives/rank*.jsonl), clocks aligned with clock.offsets_ns"
+        if quiet is not None and not quiet.empty:
+            arrivals = arrivals.loc[arrivals["step"].isin(quiet["step"].unique())].reset_index(drop=True)
+    else:
+        arrivals, arrival_source, arrival_notes = match_arrivals({r: p.arrivals for r, p in parts.items()})
+        if arrival_source:
+            arrival_source = f"trace {arrival_source} matched by order (assumes the ranks' clocks agree)"
+    stragglers = find_stragglers(step_times, arrivals, step_source=step_source, arrival_source=arrival_source)
+    stragglers.notes += arrival_notes
+    return stragglers, arrivals
 
 
 def top_kernels_empty() -> pd.DataFrame:
