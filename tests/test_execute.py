@@ -66,6 +66,19 @@ def test_progress_counts_each_rank_once_mapped_or_from_its_summary(tmp_path: Pat
         assert heard == expect
 
 
+def test_ranks_taken_from_the_early_parse_jobs_count_too(tmp_path: Path) -> None:
+    from analyzer.engines import parse_and_map
+    from analyzer.ingest.jobs import ParseJobs
+
+    folder = _folder(tmp_path, 2)
+    heard: list[Progress] = []
+    with ParseJobs(sorted(folder.glob("*.json.gz")), workers=1, task=parse_and_map) as pending:
+        a = analyze(folder, cache=False, jobs=pending, progress=heard.append)
+        assert not any(f in pending for f in folder.iterdir())  # both ranks were taken from the workers
+    assert [r.rank for r in a.ranks] == [0, 1] and a.errors == []
+    assert heard == [Progress(0, 2, 0, 2), Progress(1, 2, 1, 2), Progress(2, 2, 2, 2)]
+
+
 def test_a_ranks_windows_are_one_unit_of_progress(tmp_path: Path) -> None:
     run = _two_window_run(tmp_path)
     heard: list[Progress] = []
@@ -139,17 +152,15 @@ def test_nothing_drawn_without_ranks() -> None:
     assert out.getvalue() == ""
 
 
-@pytest.mark.parametrize("flag", ["--progress", None])
-def test_cli_progress_only_on_stderr_and_only_when_asked(tmp_path: Path, capsys, flag: str | None) -> None:
+def test_cli_progress_on_stderr_only(tmp_path: Path, capsys) -> None:
     folder = _folder(tmp_path, 2)
     out_json = tmp_path / "report.json"
-    argv = ["report", str(folder), "--no-cache", "--json", str(out_json)] + ([flag] if flag else [])
-    assert main(argv) == 0
+    assert main(["report", str(folder), "--no-cache", "--json", str(out_json), "--progress"]) == 0
     captured = capsys.readouterr()
+    # pytest's captured stderr is not a terminal: with --progress, plain lines; this map is short: the final one.
     progress = re.compile(r"^analyzer: .*traces: 2/2 ranks \(2/2 trace files\), \d+ s$", re.M)
+    assert len(progress.findall(captured.err)) == 1
     assert "trace files)" not in captured.out and b"trace files)" not in out_json.read_bytes()
-    # pytest's captured stderr is not a terminal: a line only with --progress, the final one.
-    assert len(progress.findall(captured.err)) == (1 if flag else 0)
 
 
 class _Terminal(io.StringIO):
