@@ -232,10 +232,10 @@ def execute(sets: list[list[Path]], options: ExecOptions) -> Executed:
     todo = free
     summary_warnings: dict[MapUnit, str] = {}
     if options.cache:
-        stored, summary_warnings = read_summaries(free, counter)
+        stored, summary_warnings = read_summaries(free, counter.done)
         results.update(stored)
         todo = [u for u in free if u not in stored]
-    results.update(zip(todo, run_units(todo, options, counter)))
+    results.update(zip(todo, run_units(todo, options, counter.done)))
     if options.cache:
         store_summaries([*held, *todo], results, summary_warnings)
     out = Executed()
@@ -279,7 +279,9 @@ def _named_as(result: UnitResult, path: Path) -> UnitResult:
     return result
 
 
-def read_summaries(units: list[MapUnit], counter: _Counter) -> tuple[dict[MapUnit, UnitResult], dict[MapUnit, str]]:
+def read_summaries(
+    units: list[MapUnit], done: Callable[[MapUnit], None]
+) -> tuple[dict[MapUnit, UnitResult], dict[MapUnit, str]]:
     """The stored summaries of units whose files are unchanged (:mod:`analyzer.rankcache`),
     and the problem with each stored entry that could not be used (that unit is mapped again)."""
     stored: dict[MapUnit, UnitResult] = {}
@@ -293,13 +295,13 @@ def read_summaries(units: list[MapUnit], counter: _Counter) -> tuple[dict[MapUni
         except rankcache.SummaryEntryError as exc:
             problems[u] = str(exc)
             continue
-        counter.done(u)
+        done(u)
     return stored, problems
 
 
-def run_units(units: list[MapUnit], options: ExecOptions, counter: _Counter) -> list[UnitResult]:
-    """The map of each unit, in order, on the options' engine."""
-    return engines.run_map(units, options.engine, ray_address=options.ray_address, done=counter.done)
+def run_units(units: list[MapUnit], options: ExecOptions, done: Callable[[MapUnit], None]) -> list[UnitResult]:
+    """The map of each unit, in order, on the options' engine; ``done(unit)`` after each."""
+    return engines.run_map(units, options.engine, ray_address=options.ray_address, done=done)
 
 
 def store_summaries(units: list[MapUnit], results: dict[MapUnit, UnitResult], problems: dict[MapUnit, str]) -> None:
