@@ -25,19 +25,17 @@ from typing import Any, Callable, Literal, Sequence, cast
 import numpy as np
 import pandas as pd
 
-from analyzer.errors import AnalyzerError, TraceError
+from analyzer.errors import AnalyzerError
 from analyzer.jsontext import jsonable, path_text
-from analyzer.ingest import cache as trace_cache
 from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.formats import REPORT_SCHEMA, ReportCore, RunManifest
-from analyzer.ingest.load import FileFacts, assemble
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
 from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.frames import empty_frame
 from analyzer.metrics.idle import RunIdle, run_idle
-from analyzer.metrics.mfu import MfuResult, mfu_from_manifest, mfu_from_trace_shapes, steady_state
+from analyzer.metrics.mfu import MfuResult, RankFlops, mfu_from_manifest, mfu_from_trace_shapes, steady_state
 from analyzer.metrics.overlap import OverlapResult, exposed_comm_pct
 from analyzer.metrics.step_time import LABELS as STEP_TIME_LABELS
 from analyzer.metrics.step_time import StepTime, step_time
@@ -52,8 +50,9 @@ from analyzer.metrics.stragglers import (
     match_collective_spans,
     wait_intervals,
 )
-from analyzer.ingest.parse import ParsedTrace
-from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
+from analyzer import runcache
+from analyzer.execute import Executed, ExecOptions, Located, Progress, execute, locate
+from analyzer.rankmap import RankPart
 
 SCHEMA = REPORT_SCHEMA  # the report's schema, defined with its typed top level
 
@@ -212,9 +211,9 @@ class RunAnalysis:
     # for suggest; not in the report.
     rank_workload: dict[int, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
     step_time: StepTime = field(default_factory=lambda: StepTime(None, None, None, 0, None, 0))
-    # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution; issue 11).
+    # Kernels attributed to ops, modules and annotations, per rank (analyzer.metrics.attribution).
     attribution: RunAttribution | None = None
-    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory; issue 11).
+    # Peak allocated and reserved memory per step and rank, the timeline (analyzer.metrics.memory).
     memory: RunMemory = field(default_factory=RunMemory)
     # Why the GPU is idle: idle causes, launch statistics, host syncs, pageable copies (analyzer.metrics.idle).
     idle: RunIdle | None = None
@@ -368,6 +367,7 @@ def analyze(
     jobs: ParseJobs | None = None,
     engine: str = "local",
     ray_address: str | None = None,
+    progress: Callable[[Progress], None] | None = None,
 ) -> RunAnalysis:
     """Analyze a reftrain run directory, a folder of Kineto traces, or a list of trace files.
 
@@ -379,75 +379,31 @@ def analyze(
     (this machine's worker pool) or ``"ray"`` (``ray_address`` None: a
     local Ray instance; ``"auto"`` or ``"ray://HOST:PORT"``: a cluster);
     :mod:`analyzer.engines`. The report is the same whichever runs it.
+    ``progress``: called with an :class:`analyzer.execute.Progress` (files
+    and ranks done of their totals) once the map is planned and after each
+    rank; not called when a finished analysis is read from the cache.
     Files that cannot be used become one-line ``errors``; the other ranks are
     still analyzed. Raises AnalyzerError (one line) when nothing usable is
     left: no run directory records and no trace that loads.
 
-    The flow, top to bottom (docs/loading.md): locate the trace files; plan
-    one map unit per rank; map each unit (read or parse its files, build
-    the rank's tables, summarize them: :mod:`analyzer.rankmap`); assemble
-    the set-level warnings from the files' facts; reduce across ranks.
+    The flow, top to bottom (docs/architecture.md, "The data flow of
+    ``analyze(path)``"): a finished analysis of the unchanged inputs
+    (:mod:`analyzer.runcache`), else locate the trace files and the run
+    directory's records, execute the per-rank map (:mod:`analyzer.execute`:
+    plan, cache lookup, run, assemble) and reduce across ranks.
     """
     paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not paths:
         raise AnalyzerError("nothing to analyze: no path given")
-    # 0. A finished analysis of these unchanged inputs (analyzer/runcache.py): no summary decoded, no reduce.
-    run_key = None
-    if cache and jobs is None:
-        from analyzer import runcache
-
-        run_key = runcache.key_for(paths, peak_flops)
-        stored = runcache.read(run_key, paths[0] if len(paths) == 1 else paths) if run_key is not None else None
-        if stored is not None:
-            return stored
-    manifest: dict | None = None
-    metrics: pd.DataFrame | None = None
-    records: pd.DataFrame | None = None
-    telemetry: pd.DataFrame | None = None
-    errors: list[str] = []
-    warnings: list[str] = []
-    from analyzer.ingest import rundir
-
-    # 1. Locate: the sets of trace files read together (one per profiler window of a reftrain run).
-    if len(paths) == 1 and rundir.is_run_dir(paths[0]):
-        kind: Literal["reftrain", "traces"] = "reftrain"
-        run = rundir.read_run_dir(paths[0])
-        manifest, metrics, records, telemetry = run.manifest, run.metrics, run.collectives, run.telemetry
-        errors += [str(e) for e in run.errors]
-        warnings += list(run.warnings)
-        sets = _window_sets([Path(p) for p in run.trace_paths]) if run.trace_paths else []
-    else:
-        kind = "traces"
-        for p in paths:
-            if not p.exists():
-                raise AnalyzerError(f"{p}: no such file or folder")
-        sets = [paths if len(paths) > 1 else [paths[0]]]
-    # 2-4. Plan, map, assemble.
-    loaded = _map_sets(sets, cache, jobs, engine, ray_address)
-    errors += [str(e) for e in loaded.errors]
-    warnings += loaded.warnings
-    has_metrics = metrics is not None and not metrics.empty
-    if not loaded.parts and not has_metrics:
-        where = path_text(paths)
-        detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
-        exc = AnalyzerError(f"{where}: no usable trace or metrics records{detail}")
-        exc.skipped = list(errors)  # the CLI prints one line per file before this one (issue 17)
-        raise exc
-    # 5. Reduce.
-    analysis = _reduce(
-        RunInputs(
-            path=paths[0] if len(paths) == 1 else paths,
-            kind=kind,
-            manifest=manifest,
-            metrics=metrics,
-            records=records,
-            parts=loaded.parts,
-            peak_flops=peak_flops,
-            errors=errors,
-            warnings=warnings,
-        )
-    )
-    analysis.telemetry = telemetry
+    options = ExecOptions(cache=cache, jobs=jobs, engine=engine, ray_address=ray_address, progress=progress)
+    run_key = _run_key(paths, peak_flops, options)
+    stored = runcache.read(run_key, paths[0] if len(paths) == 1 else paths) if run_key is not None else None
+    if stored is not None:
+        return stored
+    located = locate(paths)
+    executed = execute(located.sets, options)
+    analysis = _reduce(_run_inputs(paths, located, executed, peak_flops))
+    analysis.telemetry = located.telemetry
     if run_key is not None:
         problem = runcache.write(run_key, analysis)
         if problem:
@@ -455,166 +411,34 @@ def analyze(
     return analysis
 
 
-def _window_sets(files: list[Path]) -> list[list[Path]]:
-    """A reftrain run's trace files grouped by profiler window (``step{N}/rank{R}``,
-    or ``rank{R}.step{N}`` in older runs), windows in step order; one set when
-    the run has a single window."""
-    from analyzer.ingest.locate import trace_window
-
-    windows: dict[str, list[Path]] = {}
-    for f in files:
-        w = trace_window(f)
-        windows.setdefault("" if w is None else str(w), []).append(f)
-    if len(windows) <= 1:
-        return [files]
-    return [windows[key] for key in sorted(windows, key=lambda k: int(k) if k.isdigit() else -1)]
+def _run_key(paths: list[Path], peak_flops: float | None, options: ExecOptions) -> runcache.RunKey | None:
+    """Where a finished analysis of these inputs is kept; None when it may be neither read nor
+    stored (no cache, or parsing under way: the jobs' files must be taken from the jobs)."""
+    if not options.cache or options.jobs is not None:
+        return None
+    return runcache.key_for(paths, peak_flops)
 
 
-@dataclass
-class _Loaded:
-    """What the map and the assembly hand to the reduce: one RankPart per rank."""
-
-    parts: dict[int, RankPart] = field(default_factory=dict)
-    errors: list[TraceError] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-def _map_sets(
-    sets: list[list[Path]], cache: bool, jobs: ParseJobs | None, engine: str, ray_address: str | None
-) -> _Loaded:
-    """Plan the units, run the map, assemble each set's warnings (as
-    :func:`analyzer.ingest.load.load_traces` words them) and pick each rank's part.
-
-    A set's files are read in this order: those to parse (or held by
-    ``jobs``) first, then the cache hits; errors and cache warnings follow it.
-    Several sets (profiler windows) merge per rank: a rank's unit holds its
-    files of every window (grouped by the rank in their names).
-    """
-    from analyzer.engines import run_map
-    from analyzer.ingest.load import expand_paths
-    from analyzer.ingest.parse import rank_from_filename
-
-    out = _Loaded()
-    plans = []  # per set: (files, skipped, order of reading, cache note)
-    unit_files: dict[object, list[UnitFile]] = {}
-    for files_in in sets:
-        files, skipped = expand_paths(files_in if len(files_in) > 1 else files_in[0])
-        store = trace_cache.TraceCache() if cache else None
-        misses: list[UnitFile] = []
-        hits: list[UnitFile] = []
-        for f in files:
-            entry = store.entry_for(f) if store else None
-            in_jobs = jobs is not None and f in jobs
-            uf = UnitFile(f, entry, hit=entry is not None and entry.exists() and not in_jobs)
-            (hits if uf.hit else misses).append(uf)
-        plans.append((files, skipped, misses + hits, store.note if store else None))
-        for uf in misses + hits:
-            named = rank_from_filename(uf.path.name) if len(sets) > 1 else None
-            unit_files.setdefault(uf.path if named is None else ("rank", named), []).append(uf)
-    units = [MapUnit(tuple(fs)) for fs in unit_files.values()]
-    held = [u for u in units if jobs is not None and any(f.path in jobs for f in u.files)]
-    free = [u for u in units if not (jobs is not None and any(f.path in jobs for f in u.files))]
-    results: dict[MapUnit, UnitResult] = {}
-    for u in held:  # parsed by the CLI's early workers: mapped there too, or their columns mapped here
-        assert jobs is not None  # units are held only by jobs
-        parsed: dict[Path, ParsedTrace | TraceError] = {}
-        to_map = list(u.files)
-        for i, held_file in enumerate(u.files):
-            if held_file.path in jobs:
-                try:
-                    got = jobs.take(held_file.path)
-                except TraceError as err:
-                    parsed[held_file.path] = err
-                    continue
-                if isinstance(got, UnitResult):  # analyzer.engines.parse_and_map: the worker mapped the file
-                    if len(u.files) == 1:
-                        results[u] = _named_as(got, held_file.path)
-                        break
-                    # Not a unit of its own after all: read what the worker stored (or parse again).
-                    to_map[i] = replace(held_file, hit=held_file.entry is not None and held_file.entry.exists())
-                    continue
-                # Named here as the unit names it (a relative folder of several ranks once failed
-                # the rank's lookup below with a KeyError, exit 3).
-                parsed[held_file.path] = replace(got, path=held_file.path)
-        if u not in results:
-            results[u] = map_unit(MapUnit(tuple(to_map)), parsed)
-    # Units whose files are unchanged since a previous analysis: their stored summaries (analyzer/rankcache.py).
-    summary_warnings: dict[MapUnit, str] = {}
-    if cache:
-        from analyzer import rankcache
-
-        todo = []
-        for u in free:
-            entry = rankcache.entry_for(u)
-            if entry is not None and entry.exists():
-                try:
-                    results[u] = rankcache.read(entry, u)
-                    continue
-                except rankcache.SummaryEntryError as exc:
-                    summary_warnings[u] = str(exc)
-            todo.append(u)
-        mapped = run_map(todo, engine, ray_address=ray_address)
-        for u, result in zip(todo, mapped):
-            results[u] = result
-        for u in [*held, *todo]:
-            entry = rankcache.entry_for(u)
-            if entry is not None and rankcache.storable(results[u]):
-                problem = rankcache.write(entry, results[u])
-                if problem or u in summary_warnings:
-                    first_path, first_facts, warnings = results[u].outcomes[0]
-                    extra = [w for w in (summary_warnings.get(u), problem) if w]
-                    results[u].outcomes[0] = (first_path, first_facts, [*warnings, *extra])
-    else:
-        results.update(zip(free, run_map(free, engine, ray_address=ray_address)))
-    outcome: dict[Path, tuple[FileFacts | TraceError, list[str]]] = {}
-    for result in results.values():
-        for done_path, done, cache_warnings in result.outcomes:
-            outcome[done_path] = (done, cache_warnings)
-    # Assemble each set as load_traces would, and the ranks' files across sets.
-    kept: dict[int, list[Path]] = {}
-    for files, skipped, order, note in plans:
-        out.errors += skipped
-        facts: dict[Path, FileFacts] = {}
-        for uf in order:
-            got, cache_warnings = outcome[uf.path]
-            out.warnings += cache_warnings
-            if isinstance(got, TraceError):
-                out.errors.append(got)
-            else:
-                facts[uf.path] = got
-        if note:
-            out.warnings.append(note)
-        ranks, set_warnings = assemble(files, facts)
-        out.warnings += set_warnings
-        for rank, rank_trace in ranks.items():
-            kept.setdefault(rank, []).append(rank_trace.path)
-    # Each rank's part: the unit that read exactly its kept files, else (files whose names
-    # and contents disagree on the rank) those files mapped again, here.
-    by_files = {}
-    for u, result in results.items():
-        if result.part is not None:
-            loaded_files = tuple(f for f, got, _w in result.outcomes if not isinstance(got, TraceError))
-            by_files[(result.part.rank, loaded_files)] = result.part
-    entries = {uf.path: uf for fs in unit_files.values() for uf in fs}
-    for rank, files in sorted(kept.items()):
-        part = by_files.get((rank, tuple(files)))
-        if part is None:
-            regrouped = MapUnit(tuple(UnitFile(f, e, e is not None and e.exists())
-                                      for f in files for e in [entries[f].entry]))
-            part = map_unit(regrouped).part
-        if part is not None:
-            out.parts[rank] = part
-    return out
-
-
-def _named_as(result: UnitResult, path: Path) -> UnitResult:
-    """A worker's result for one file, its outcome named by ``path`` as the unit names it."""
-    if result.outcomes:
-        _, facts, warnings = result.outcomes[0]
-        if not isinstance(facts, TraceError):
-            facts = replace(facts, path=path)
-        result.outcomes[0] = (path, facts, warnings)
-    return result
+def _run_inputs(paths: list[Path], located: Located, executed: Executed, peak_flops: float | None) -> RunInputs:
+    """The reduce's inputs; AnalyzerError when neither a rank nor a metrics record is usable."""
+    errors = located.errors + [str(e) for e in executed.errors]
+    has_metrics = located.metrics is not None and not located.metrics.empty
+    if not executed.parts and not has_metrics:
+        detail = f": {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "") if errors else ""
+        exc = AnalyzerError(f"{path_text(paths)}: no usable trace or metrics records{detail}")
+        exc.skipped = list(errors)  # the CLI prints one line per file before this one
+        raise exc
+    return RunInputs(
+        path=paths[0] if len(paths) == 1 else paths,
+        kind=located.kind,
+        manifest=located.manifest,
+        metrics=located.metrics,
+        records=located.records,
+        parts=executed.parts,
+        peak_flops=peak_flops,
+        errors=errors,
+        warnings=located.warnings + executed.warnings,
+    )
 
 
 @dataclass
@@ -649,50 +473,12 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         step_tables.append(table.assign(rank=rank))
         if part.flops is not None:
             rank_flops.append(part.flops)
-    device_names = {r: p.device_name for r, p in parts.items()}
     steps = _concat_steps(step_tables)
-
-    # MFU: the manifest when the run has one, else trace shapes.
-    mfu: MfuResult
-    if manifest is not None:
-        mfu = mfu_from_manifest(man, metrics, peak_flops=peak_flops)
-        if mfu.source == "none" and rank_flops:
-            fallback = mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
-            fallback.notes.insert(0, f"manifest MFU unavailable ({mfu.reason})")
-            mfu = fallback if fallback.source != "none" else mfu
-    else:
-        mfu = mfu_from_trace_shapes(rank_flops, device_names, peak_flops) if rank_flops else MfuResult(
-            "none", reason="no ProfilerStep windows to time the FLOPs against"
-        )
+    device_names = {r: p.device_name for r, p in parts.items()}
+    mfu = _run_mfu(man, manifest is not None, metrics, rank_flops, device_names, peak_flops)
     steps["mfu"] = _rank_step_mfu(steps, mfu, rank_flops)
-
-    # Stragglers: steady-state metrics and collective records when the run has them.
-    steady = None
-    quiet = None  # steady-state steps not disturbed by trace or checkpoint writing
-    if metrics is not None and not metrics.empty and {"rank", "step", "step_time_ms"} <= set(metrics.columns):
-        steady = steady_state(metrics, man.warmup_steps or 0, man.profiled_steps)
-        disturbed = disturbed_steps(man.profiled_steps, man.files.checkpoints or [])
-        quiet = steady.loc[~steady["step"].isin(sorted(disturbed))]
-    if quiet is not None and not quiet.empty:
-        step_times = quiet[["rank", "step", "step_time_ms"]]
-        step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
-    else:
-        usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
-        step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
-    arrival_notes: list[str] = []
-    arrival_source: str | None
-    if records is not None and not records.empty and "rank" in records.columns:
-        offsets = man.clock.offsets_ns if man.clock else None
-        arrivals = arrivals_from_records(records, offsets)
-        arrival_source = "collective records (collectives/rank*.jsonl), clocks aligned with clock.offsets_ns"
-        if quiet is not None and not quiet.empty:
-            arrivals = arrivals.loc[arrivals["step"].isin(quiet["step"].unique())].reset_index(drop=True)
-    else:
-        arrivals, arrival_source, arrival_notes = match_arrivals({r: p.arrivals for r, p in parts.items()})
-        if arrival_source:
-            arrival_source = f"trace {arrival_source} matched by order (assumes the ranks' clocks agree)"
-    stragglers = find_stragglers(step_times, arrivals, step_source=step_source, arrival_source=arrival_source)
-    stragglers.notes += arrival_notes
+    steady, quiet = _steady_steps(man, metrics)
+    stragglers, arrivals = _run_stragglers(man, records, steps, parts, quiet)
     collectives = collective_table(arrivals) if not arrivals.empty else None
 
     run_step_time = step_time(steady, steps)
@@ -728,6 +514,63 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
         rank_workload={r: p.workload for r, p in parts.items() if p.workload is not None and len(p.workload)},
     )
+
+
+def _run_mfu(
+    man: RunManifest, has_manifest: bool, metrics: pd.DataFrame | None, rank_flops: list[RankFlops],
+    device_names: dict[int, str | None], peak_flops: float | None,
+) -> MfuResult:
+    """The run's MFU: from the manifest when the run has one (the trace shapes when it cannot
+    give one), else from the trace shapes."""
+    if has_manifest:
+        mfu = mfu_from_manifest(man, metrics, peak_flops=peak_flops)
+        if mfu.source == "none" and rank_flops:
+            fallback = mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
+            fallback.notes.insert(0, f"manifest MFU unavailable ({mfu.reason})")
+            mfu = fallback if fallback.source != "none" else mfu
+        return mfu
+    if rank_flops:
+        return mfu_from_trace_shapes(rank_flops, device_names, peak_flops)
+    return MfuResult("none", reason="no ProfilerStep windows to time the FLOPs against")
+
+
+def _steady_steps(man: RunManifest, metrics: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The steady-state metrics records, and those of them not disturbed by trace or checkpoint
+    writing (None, None without per-step records)."""
+    if metrics is None or metrics.empty or not {"rank", "step", "step_time_ms"} <= set(metrics.columns):
+        return None, None
+    steady = steady_state(metrics, man.warmup_steps or 0, man.profiled_steps)
+    disturbed = disturbed_steps(man.profiled_steps, man.files.checkpoints or [])
+    return steady, steady.loc[~steady["step"].isin(sorted(disturbed))]
+
+
+def _run_stragglers(
+    man: RunManifest, records: pd.DataFrame | None, steps: pd.DataFrame, parts: dict[int, RankPart],
+    quiet: pd.DataFrame | None,
+) -> tuple[StragglerResult, pd.DataFrame]:
+    """Stragglers, and the collective arrivals they were found from: the quiet steady-state steps
+    and the collective records when the run has them, else the profiled windows and the traces."""
+    if quiet is not None and not quiet.empty:
+        step_times = quiet[["rank", "step", "step_time_ms"]]
+        step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
+    else:
+        usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
+        step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
+    arrival_notes: list[str] = []
+    arrival_source: str | None
+    if records is not None and not records.empty and "rank" in records.columns:
+        offsets = man.clock.offsets_ns if man.clock else None
+        arrivals = arrivals_from_records(records, offsets)
+        arrival_source = "collective records (collectives/rank*.jsonl), clocks aligned with clock.offsets_ns"
+        if quiet is not None and not quiet.empty:
+            arrivals = arrivals.loc[arrivals["step"].isin(quiet["step"].unique())].reset_index(drop=True)
+    else:
+        arrivals, arrival_source, arrival_notes = match_arrivals({r: p.arrivals for r, p in parts.items()})
+        if arrival_source:
+            arrival_source = f"trace {arrival_source} matched by order (assumes the ranks' clocks agree)"
+    stragglers = find_stragglers(step_times, arrivals, step_source=step_source, arrival_source=arrival_source)
+    stragglers.notes += arrival_notes
+    return stragglers, arrivals
 
 
 def top_kernels_empty() -> pd.DataFrame:

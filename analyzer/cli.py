@@ -21,14 +21,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TextIO
 
 from analyzer.errors import AnalyzerError
 from analyzer.jsontext import dumps_json
 
 if TYPE_CHECKING:
+    from analyzer.execute import Progress
     from analyzer.ingest.jobs import ParseJobs
 
 EXIT_OK = 0
@@ -81,7 +84,7 @@ def start_parsing(paths: Sequence[Path], cache: bool, import_parser: bool = Fals
     for path in paths:
         files = trace_files_of(path)
         # Several profiler windows of a reftrain run: a rank's unit is its files of every window
-        # (analyzer.api._map_sets), so a worker cannot map one file on its own.
+        # (analyzer.execute.plan), so a worker cannot map one file on its own.
         one_file_units &= len({trace_window(f) for f in files}) <= 1
         for f in files:
             entry = store.entry_for(f) if store else None
@@ -113,13 +116,72 @@ def map_in_workers(n_files: int, cpus: int) -> bool:
     return cpus >= 2 and n_files >= 2 * cpus
 
 
+# A plain progress line (stderr not a terminal) at most this often, in seconds.
+PLAIN_EVERY_S = 5.0
+
+
+class ProgressLine:
+    """The per-rank map's progress on stderr (docs/cli.md, "Progress"), drawn from the counts
+    that :func:`analyzer.execute.execute` reports (:class:`~analyzer.execute.Progress`).
+
+    ``in_place`` (a terminal): one line, rewritten at every count and erased by
+    :meth:`close`; else a plain line at most every :data:`PLAIN_EVERY_S` seconds, and one
+    when every rank is done. ``clock``: seconds, for the elapsed time and the time left
+    (elapsed x files left / files done: the files are the work).
+    """
+
+    def __init__(self, label: str, stream: TextIO, in_place: bool, clock: Callable[[], float] = time.monotonic):
+        self.label, self.stream, self.in_place, self.clock = label, stream, in_place, clock
+        self.start = self.last_line = clock()
+        self.drawn = False
+
+    def text(self, p: Progress, elapsed_s: float) -> str:
+        text = (f"{PROG}: {self.label}: {p.ranks_done}/{p.ranks_total} ranks "
+                f"({p.files_done}/{p.files_total} trace files), {elapsed_s:.0f} s")
+        if 0 < p.files_done < p.files_total:
+            text += f", about {elapsed_s * (p.files_total - p.files_done) / p.files_done:.0f} s left"
+        return text
+
+    def __call__(self, p: Progress) -> None:
+        if p.ranks_total == 0:
+            return
+        now = self.clock()
+        if self.in_place:
+            width = shutil.get_terminal_size().columns - 1  # a longer line would wrap, and \r not go back
+            self.stream.write("\r" + self.text(p, now - self.start)[:width] + "\x1b[K")
+            self.drawn = True
+        elif p.ranks_done == p.ranks_total or now - self.last_line >= PLAIN_EVERY_S:
+            self.stream.write(self.text(p, now - self.start) + "\n")
+            self.last_line = now
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K")  # what follows starts on a clean line
+            self.stream.flush()
+
+
+@contextlib.contextmanager
+def _progress(path: Path, args: argparse.Namespace) -> Iterator[ProgressLine | None]:
+    """A :class:`ProgressLine` for analyzing ``path``: with ``--progress``, or on a terminal unless
+    ``--no-progress``; never on stdout, so a report or JSON piped from stdout stays clean."""
+    wanted, tty = getattr(args, "progress", None), sys.stderr.isatty()
+    line = ProgressLine(str(path), sys.stderr, in_place=tty) if wanted or (wanted is None and tty) else None
+    try:
+        yield line
+    finally:
+        if line is not None:
+            line.close()
+
+
 def _analyze(path: Path, args: argparse.Namespace, jobs: ParseJobs | None, messages: list[tuple[str, str]] | None = None):
     """Analyze one run; report its skipped files and warnings on stderr (and in ``messages``)."""
     from analyzer.api import analyze
     from analyzer.verbs.printable import run_messages
 
-    analysis = analyze(path, peak_flops=args.peak_flops, cache=not args.no_cache, jobs=jobs,
-                       engine=args.engine, ray_address=args.ray_address)
+    with _progress(path, args) as progress:
+        analysis = analyze(path, peak_flops=args.peak_flops, cache=not args.no_cache, jobs=jobs,
+                           engine=args.engine, ray_address=args.ray_address, progress=progress)
     lines = run_messages(analysis)
     for kind, message in lines:
         _say(kind, message)
@@ -384,12 +446,8 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``analyzer`` command."""
-    common = argparse.ArgumentParser(add_help=False)
-    # SUPPRESS: a subcommand that is not given --debug keeps the top-level value.
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of an unexpected error")
+def _analysis_options() -> argparse.ArgumentParser:
+    """The options of every command that analyzes runs (a parent parser)."""
     analysis = argparse.ArgumentParser(add_help=False)
     analysis.add_argument("--peak-flops", type=_positive, metavar="F",
                           help="peak FLOP/s per device for MFU of foreign traces (e.g. 989e12 for H100 bf16 dense)")
@@ -403,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     analysis.add_argument("--ray-address", metavar="ADDR",
                           help="with --engine ray: 'auto' (the cluster this machine belongs to) or "
                           "ray://HOST:PORT (Ray Client); default: a local Ray instance with this machine's cores")
+    analysis.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                          help="show the per-rank analysis' progress on stderr (default: only when stderr is a terminal)")
     # Bounds on reading one trace file (analyzer/ingest/limits.py, docs/loading.md "Bounds").
     analysis.add_argument("--max-gzip-ratio", type=_positive, metavar="R",
                           help="skip a .gz trace that inflates to more than R times its size (default 64; "
@@ -411,7 +471,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="skip a trace of more than G GiB of JSON text (default 32)")
     analysis.add_argument("--max-event-mb", type=_positive, metavar="M",
                           help="skip a trace with one event (or other JSON read whole) over M MiB (default 64)")
+    return analysis
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``analyzer`` command."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand that is not given --debug keeps the top-level value.
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an unexpected error")
+    analysis = _analysis_options()
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Analyze PyTorch training runs: reftrain run directories or folders of Kineto traces.",

@@ -1,7 +1,9 @@
 """Where the per-rank map runs: ``local`` (this machine's worker pool) or ``ray``.
 
 :func:`run_map` applies :func:`analyzer.rankmap.map_unit` to every unit and
-returns the results in the units' order; both engines return the same
+returns the results in the units' order, calling ``done(unit)`` as each
+unit's result arrives (in that order: the caller's progress count); both
+engines return the same
 :class:`~analyzer.rankmap.UnitResult` objects, so the report does not
 depend on the engine (docs/loading.md, "Engines").
 
@@ -31,7 +33,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from analyzer.errors import AnalyzerError, TraceError
 from analyzer.ingest import limits
@@ -58,19 +60,31 @@ def _size(path: Path) -> int:
         return 0
 
 
+Done = Callable[["MapUnit"], None]
+
+
+def _ignore(unit: MapUnit) -> None:
+    return None
+
+
 def run_map(
-    units: Sequence[MapUnit], engine: str = "local", *, ray_address: str | None = None, workers: int | None = None
+    units: Sequence[MapUnit],
+    engine: str = "local",
+    *,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    done: Done | None = None,
 ) -> list[UnitResult]:
-    """``map_unit`` of each unit, in order (module docstring)."""
+    """``map_unit`` of each unit, in order; ``done(unit)`` after each (module docstring)."""
     if engine not in ENGINES:
         raise AnalyzerError(f"unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
     if not units:
         return []
     if engine == "ray":
-        return _run_ray(units, ray_address)
+        return _run_ray(units, ray_address, done or _ignore)
     if ray_address is not None:
         raise AnalyzerError("--ray-address needs --engine ray")
-    return _run_local(units, workers)
+    return _run_local(units, workers, done or _ignore)
 
 
 # ---------------------------------------------------------------------------
@@ -118,22 +132,26 @@ def _pool(n: int, context: multiprocessing.context.BaseContext) -> ProcessPoolEx
                                initargs=(limits.environment(),))
 
 
-def _run_local(units: Sequence[MapUnit], workers: int | None) -> list[UnitResult]:
+def _run_local(units: Sequence[MapUnit], workers: int | None, done: Done) -> list[UnitResult]:
     from analyzer.rankmap import map_unit
 
     n = _worth_a_pool(units, workers)
     context = _context() if n > 1 else None
+    out = []
     if context is None:
-        return [map_unit(u) for u in units]
+        for unit in units:
+            out.append(map_unit(unit))
+            done(unit)
+        return out
     pool = _pool(n, context)
     try:
         futures = [pool.submit(map_unit, u) for u in units]
-        out = []
         for unit, future in zip(units, futures):
             try:
                 out.append(future.result())
             except BrokenProcessPool:
                 out.append(_alone(unit, context))
+            done(unit)
         return out
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -179,7 +197,7 @@ def _quiet_token_notice() -> None:
     )
 
 
-def _run_ray(units: Sequence[MapUnit], address: str | None) -> list[UnitResult]:
+def _run_ray(units: Sequence[MapUnit], address: str | None, done: Done) -> list[UnitResult]:
     from analyzer.rankmap import UnitResult
 
     try:
@@ -212,4 +230,5 @@ def _run_ray(units: Sequence[MapUnit], address: str | None) -> list[UnitResult]:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             out.append(UnitResult(outcomes=[(f.path, TraceError(f.path, f"the Ray task failed ({first[:200]})"), [])
                                             for f in unit.files]))
+        done(unit)
     return out

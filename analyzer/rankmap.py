@@ -16,8 +16,9 @@ breakdown's ``collective_wait`` part, :func:`analyzer.metrics.breakdown.with_wai
 arrival matching and stragglers, MFU and the run tables. docs/loading.md
 tells the whole flow.
 
-This module sits at the api layer: it imports ingest and metrics, and is
-imported by :mod:`analyzer.api` and :mod:`analyzer.engines` only.
+This module sits below the execution: it imports ingest and metrics, and is
+imported by :mod:`analyzer.execute`, :mod:`analyzer.engines` and the caches
+(:mod:`analyzer.rankcache`, :mod:`analyzer.runcache`).
 """
 from __future__ import annotations
 
@@ -47,10 +48,7 @@ from analyzer.metrics.windows import check_windows
 from analyzer.metrics.workload import rank_workload
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 12  # 3: the attribution tables (issue 11); 5: the idle figures (issue 11); 6: memory (issue 11 item 5); 7: the timeline grids (issue 12);
-# 8: calls per op shape (issue 11 item 7); 9: tokens and recompute per window (issue 18); 10: attention's backend
-# ops in the shapes table, with their concrete inputs (issue 11 item 3); 11: the memory-bound families' shapes
-# (issue 11 item 3); 12: FLOPs per family and pass (backward, recompute), host-time FLOP coverage
+MAP_VERSION = 12
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -124,7 +122,7 @@ class UnitResult:
     """:func:`map_unit`'s answer. ``outcomes`` per file, in the unit's order:
     its facts or its error, and the cache warnings met on the way. ``part``
     is None when no file loaded, or when the files turned out not to be one
-    rank (the caller then regroups them: analyzer.api)."""
+    rank (the caller then regroups them: :func:`analyzer.execute.rank_parts`)."""
 
     outcomes: list[tuple[Path, FileFacts | TraceError, list[str]]] = field(default_factory=list)
     part: RankPart | None = None

@@ -102,7 +102,7 @@ def test_cli_chooses_the_task_before_any_heavy_import(folder: Path, tmp_path: Pa
 
 def test_windows_of_one_rank_are_not_mapped_file_by_file(tmp_path: Path) -> None:
     """Two profiler windows per rank (reftrain's flat ``rank{R}.step{N}`` names): a rank's unit is both its files
-    (analyzer.api._map_sets), so the workers only parse."""
+    (analyzer.execute.plan), so the workers only parse."""
     run = tmp_path / "windows"
     run.mkdir()
     for window in (10, 20):
