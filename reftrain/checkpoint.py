@@ -114,7 +114,7 @@ def _publish(run_dir: Path, tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
     _fsync_dir(path.parent)
     # The checkpoint is complete, so run.json lists it now, not only when
-    # the run ends well (issue 17: a killed run recorded no checkpoints).
+    # the run ends well: a killed run must still name its checkpoints.
     manifest.record_checkpoints(run_dir)
 
 

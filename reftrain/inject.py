@@ -51,7 +51,7 @@ class Injector:
     still sleeps for the thread's timer slack (~50-60 us) while using
     almost no CPU, so a spin of 10 ms CPU time took ~29 ms of wall time
     (measured), and `--inject-slowdown 2` made forward and backward 3x+ as
-    long on an idle machine (issue 9: the bench's 5/10/25 % cases gave
+    long on an idle machine (the bench's 5/10/25 % cases gave
     +4.7/+23/+77 %).
 
     On CUDA the wait is `torch.cuda._sleep`, a kernel that spins for a number

@@ -18,21 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("analyzer", "recorder", "reftrain", "dashboard")
 ISSUE = re.compile(r"\bissue \d+", re.IGNORECASE)
 
-# Modules other engineers were editing while the rest were cleaned; their references go with their
-# next change. The strict xfail below fails once they are clean, so the list cannot outlive them.
-PENDING = frozenset({
-    "analyzer/api.py",
-    "analyzer/rankmap.py",
-    "analyzer/verbs/compare.py",
-    "analyzer/verbs/report.py",
-    "analyzer/verbs/suggest/engine.py",
-    "analyzer/verbs/suggest/facts.py",
-    "analyzer/verbs/suggest/rules_comm.py",
-    "analyzer/verbs/suggest/rules_health.py",
-    "reftrain/checkpoint.py",
-    "reftrain/inject.py",
-})
-
 
 def issue_references(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment or docstring of ``source`` that matches ``\\bissue \\d+``."""
@@ -74,15 +59,7 @@ class C:
 
 
 def test_no_module_cites_an_issue_number() -> None:
-    offenders = _offenders([m for m in _modules() if m not in PENDING])
-    assert not offenders, f"comments or docstrings citing an issue number (file: lines): {offenders}"
-
-
-@pytest.mark.xfail(strict=True, reason="analyzer/api.py, rankmap.py, verbs/compare.py, verbs/report.py, "
-                   "verbs/suggest/{engine,facts,rules_comm,rules_health}.py, reftrain/{checkpoint,inject}.py "
-                   "still cite issue numbers; drop PENDING and this mark once they do not")
-def test_the_pending_modules_cite_no_issue_number() -> None:
-    offenders = _offenders(sorted(PENDING & set(_modules())))
+    offenders = _offenders(list(_modules()))
     assert not offenders, f"comments or docstrings citing an issue number (file: lines): {offenders}"
 
 
