@@ -181,7 +181,8 @@ class Recorder:
                  flops: fmt.Flops | None = None,
                  peak_flops_per_s: float | None = None, profile: ProfileSchedule | None = None,
                  device: torch.device | str | None = None, telemetry_interval_ms: int = 100,
-                 on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
+                 on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S,
+                 ddp_comm_hook: bool = True) -> None:
         self.place: Place = this_place()
         self.attempt = restart_count()
         self.model, self.optimizer = model, optimizer
@@ -216,7 +217,7 @@ class Recorder:
         timed = self.place.distributed and self.all_ranks
         self._colls = JsonlWriter(self.run_dir / self._colls_rel) if timed else None
         self.timer = CollectiveTimer(self._colls or _NO_RECORDS, rank, self.device)
-        self.collective_timing = self._time_collectives(model)
+        self.collective_timing = self._time_collectives(model, ddp_comm_hook)
         self.phases = PhaseTimer(self.device, PHASES)
         self.heartbeat = _Beats(Heartbeat(self.run_dir, rank, self.attempt))
         self.profiler = StepProfiler(profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device,
@@ -300,7 +301,7 @@ class Recorder:
         else:
             self.all_ranks = bool(meeting.wait("all_ranks", timeout_s=2 * meeting.timeout_s))
 
-    def _time_collectives(self, model: torch.nn.Module | None) -> str:
+    def _time_collectives(self, model: torch.nn.Module | None, ddp_comm_hook: bool) -> str:
         """Install the collective timer; returns run.json's `collective_timing`."""
         if not (self.place.distributed and self.all_ranks):
             return "none: not a distributed run" if not self.place.distributed else \
@@ -308,7 +309,10 @@ class Recorder:
         what = []
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             own = model._get_ddp_logging_data().get("comm_hook")
-            if own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
+            if not ddp_comm_hook:
+                what.append("not DDP's bucket all-reduces (recorder.open(ddp_comm_hook=False): DDP's own C++ "
+                            "all-reduce, untimed)")
+            elif own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
                 what.append(f"not DDP's bucket all-reduces (the model has its own comm hook, {own})")
             else:
                 try:
@@ -904,6 +908,8 @@ def open(runs_dir: str | os.PathLike[str], name: str | None = None, config: Any 
     after K steps passes K), `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
     `peak_flops_per_s`, `profile` (ProfileSchedule; one small window by default), `device`,
     `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
-    run: the final checkpoint), `meet_timeout_s`. Every rank of a distributed job calls it.
+    run: the final checkpoint), `meet_timeout_s`, `ddp_comm_hook` (True: time DDP's bucket
+    all-reduces through a Python comm hook; False leaves DDP's C++ all-reduce alone, untimed, for
+    the lowest overhead: docs/record.md, "Overhead"). Every rank of a distributed job calls it.
     """
     return Recorder(runs_dir, name, config, model, optimizer, **options)
