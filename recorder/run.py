@@ -247,6 +247,8 @@ class Recorder:
         self.tokens_per_step: int | None = None
         self.profiled_steps: list[int] = []
         self._preempt_signal: int | None = None
+        # The ranks' agreement on a signal, issued after one step and read after the next (see _check_preemption).
+        self._agreement: tuple[Any, torch.Tensor] | None = None
         # Without FLOPs given, the first step runs under a FLOP counter (recorder.flops).
         self._flop_counter: StepFlopCounter | None = None
         self._previous_handlers: dict[int, Any] = {}
@@ -684,20 +686,36 @@ class Recorder:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._preempt_signal is None:
-            _say(f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after this step"
+            when = "this step" if not self._agrees_by_collective() else "the next step (the ranks agree on it)"
+            _say(f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after {when}"
                  + (" with the final checkpoint" if self.on_preempt is not None else ""))
         self._preempt_signal = signum
 
+    def _agrees_by_collective(self) -> bool:
+        return self.place.distributed and self.all_ranks and self.place.world_size > 1
+
     def _check_preemption(self) -> None:
-        """After each step: the ranks agree whether any got SIGTERM; then save, close as preempted, exit 0."""
+        """After each step: whether any rank got SIGTERM; if so save, close as preempted, exit 0.
+
+        One process decides at once. Ranks agree by an all-reduce (MAX) of the signal number that
+        each issues asynchronously after step k and reads after step k+1, when it has long
+        completed: every rank reads the same value after the same step, so all stop together,
+        one step after the signal, and no step waits for the slowest rank a second time (a
+        blocking all-reduce per step cost wall time on a loaded machine: docs/record.md, "Overhead").
+        """
         signum = self._preempt_signal or 0
-        if self.place.distributed and self.all_ranks and self.place.world_size > 1:
+        if self._agrees_by_collective():
             flag = torch.tensor([float(signum)], device=self.device if self.place.backend == "nccl" else "cpu")
             with untimed_collectives():  # not training communication
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            signum = int(flag.item())
+                work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
+            previous, self._agreement = self._agreement, (work, flag)
+            if previous is None:
+                return
+            previous[0].wait()
+            signum = int(previous[1].item())
         if not signum:
             return
+        self._settle_agreement()
         name = signal.Signals(signum).name
         done = self.step_index
         if self.on_preempt is not None:
@@ -708,6 +726,12 @@ class Recorder:
             cause = f"preempted: {name} received; stopped after step {done - 1} (no final checkpoint hook registered)"
         self.close(status="preempted", cause=cause)
         raise SystemExit(0)
+
+    def _settle_agreement(self) -> None:
+        """Wait for the agreement in flight: every rank issued it after the same step."""
+        if self._agreement is not None:
+            work, self._agreement = self._agreement[0], None
+            work.wait()
 
     # -- the end --------------------------------------------------------------
 
@@ -727,6 +751,8 @@ class Recorder:
         self.status = status
         if self._in_step:
             self._in_step_failed()
+        if status != "failed":
+            self._settle_agreement()
         for handle in self._hooks:
             handle.remove()
         self._restore_signal_handlers()
