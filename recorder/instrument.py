@@ -359,8 +359,8 @@ class CollectiveTimer:
             buffer.div_(group.size())
         nbytes, dtype = _payload_bytes_dtype(buffer)
         rec = self._begin("all_reduce", nbytes, dtype, group)
-        # The process group's own allreduce: dist.all_reduce's argument checks (and an installed
-        # wrapper's) cost more per bucket than the issue itself, and this call needs none of them.
+        # The process group's own allreduce: a bucket needs none of dist.all_reduce's argument
+        # checks, and an installed wrapper must not record it a second time.
         fut = group.allreduce([buffer], opts).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
