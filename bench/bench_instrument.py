@@ -14,6 +14,12 @@ interleaved in alternating order (A B, B A, ...) so machine load drifts hit both
                 step: the recorder's hooks, comm hook, metrics record, heartbeats
                 and its per-step preemption agreement (profiler windows off: the
                 profiled steps are slower by design and left out of steady state).
+  recorder-no-ddp-hook  (--against recorder-no-ddp-hook) the same, opened with
+                `ddp_comm_hook=False`: DDP keeps its C++ all-reduce and its bucket
+                all-reduces go untimed.
+  torch-python-hook  (--against torch-python-hook) DDP with torch's own Python
+                comm hook (`default_hooks.allreduce_hook`) and nothing else: what
+                any Python comm hook costs, whatever it records.
 
 Step time is rank 0's host wall time per optimizer step. Reported: median
 step time per variant over all measured steps, overhead = median_instr /
@@ -127,12 +133,13 @@ class Instrumented:
 class Recorded:
     """The plain loop with the recorder around each step (what docs/record.md tells a user to add)."""
 
-    def __init__(self, model, opt, out: Path, tokens_per_step: int, set_to_none: bool) -> None:
+    def __init__(self, model, opt, out: Path, tokens_per_step: int, set_to_none: bool,
+                 ddp_comm_hook: bool = True) -> None:
         import recorder
 
         self.model, self.opt, self.set_to_none, self.tokens = model, opt, set_to_none, tokens_per_step
         self.rec = recorder.open(out, name="bench", model=model, optimizer=opt,
-                                 profile=recorder.ProfileSchedule(enabled=False))
+                                 profile=recorder.ProfileSchedule(enabled=False), ddp_comm_hook=ddp_comm_hook)
 
     def step(self, batch) -> None:
         with self.rec.step(tokens=self.tokens) as s:
@@ -145,6 +152,19 @@ class Recorded:
 
     def close(self) -> None:
         self.rec.close()
+
+
+class PythonHooked:
+    """The plain step on a DDP model with a Python comm hook registered, nothing recorded."""
+
+    def __init__(self, model, opt, set_to_none: bool) -> None:
+        self.model, self.opt, self.set_to_none = model, opt, set_to_none
+
+    def step(self, batch) -> None:
+        plain_step(self.model, self.opt, batch, self.set_to_none)
+
+    def close(self) -> None:
+        pass
 
 
 def host_cost_us(tmp: Path, rank: int, collectives_per_step: int, repeats: int = 2000) -> tuple[float, float]:
@@ -199,10 +219,16 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
     gen = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen))
                for _ in range(8)]
-    if args.against == "recorder":
+    if args.against in ("recorder", "recorder-no-ddp-hook"):
         instr = Recorded(instr_model, opt_instr, Path(tmp) / "runs", tokens_per_step=args.batch,
-                         set_to_none=set_to_none)
+                         set_to_none=set_to_none, ddp_comm_hook=args.against == "recorder")
         colls_file = instr.rec.run_dir / "collectives" / f"rank{rank}.jsonl"
+    elif args.against == "torch-python-hook":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        instr_model.register_comm_hook(state=None, hook=allreduce_hook)
+        instr = PythonHooked(instr_model, opt_instr, set_to_none)
+        colls_file = None
     else:
         instr = Instrumented(instr_model, opt_instr, rank, Path(tmp) / "run", tokens_per_step=args.batch,
                              set_to_none=set_to_none)
@@ -233,7 +259,7 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
     if args.against == "reftrain":
         instr.timer.uninstall()
     instr.close()
-    n_records = sum(1 for _ in open(colls_file))
+    n_records = sum(1 for _ in open(colls_file)) if colls_file is not None else 0
     buckets = len(plain._get_ddp_logging_data().get("rebuilt_bucket_sizes", "").split(","))
     step_us, collectives_us = host_cost_us(Path(tmp), rank, collectives_per_step=buckets)
     if rank == 0:
@@ -282,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--grad-as-bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True in both variants (zero_grad keeps grads)")
-    p.add_argument("--against", choices=("reftrain", "recorder"), default="reftrain",
-                   help="what plain DDP is compared with: reftrain's instrumented step, or the recorder in a plain loop")
+    p.add_argument("--against", choices=("reftrain", "recorder", "recorder-no-ddp-hook", "torch-python-hook"),
+                   default="reftrain",
+                   help="what plain DDP is compared with: reftrain's instrumented step, the recorder in a plain loop "
+                        "(with or without its DDP comm hook), or torch's own Python comm hook alone")
     p.add_argument("--json", help="also write the result as JSON here")
     args = p.parse_args(argv)
     if args.quick:

@@ -105,7 +105,7 @@ def run_header(run: RunEntry) -> Loaded:
     """
     st.title(plain(run.name))
     loaded = analysis(run)
-    kind = "reftrain run directory" if run.kind == "reftrain" else "folder of profiler traces"
+    kind = "run directory" if run.kind == "reftrain" else "folder of profiler traces"
     st.caption(f"{kind} · {plain(str(run.path))}")
     if loaded.error:
         st.error(plain(loaded.error))

@@ -278,6 +278,7 @@ class CollectiveTimer:
         # Anchor now, outside any step, so the first collective adds no synchronize.
         self._anchor: _CudaAnchor | None = _CudaAnchor(self._device) if self._cuda else None
         self._originals: list[tuple[Any, str, Callable]] = []
+        self._hook_opts: dict[Any, dist.AllreduceOptions] = {}  # per process group, for ddp_comm_hook
 
     # -- bookkeeping -------------------------------------------------------
 
@@ -351,14 +352,16 @@ class CollectiveTimer:
         """
         group = state if state is not None else dist.group.WORLD
         buffer = bucket.buffer()
-        op = self._average_op(group)
-        if op is None:
+        opts = self._hook_opts.get(group)
+        if opts is None:
+            opts = self._hook_opts[group] = self._average_opts(group)
+        if opts.reduceOp == dist.ReduceOp.SUM:  # a backend without AVG: divide first, as allreduce_hook does
             buffer.div_(group.size())
-            op = dist.ReduceOp.SUM
         nbytes, dtype = _payload_bytes_dtype(buffer)
         rec = self._begin("all_reduce", nbytes, dtype, group)
-        with untimed_collectives():  # an installed all_reduce wrapper must not record it again
-            fut = dist.all_reduce(buffer, op=op, group=group, async_op=True).get_future()
+        # The process group's own allreduce: a bucket needs none of dist.all_reduce's argument
+        # checks, and an installed wrapper must not record it a second time.
+        fut = group.allreduce([buffer], opts).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             self._end_now(rec)
@@ -368,10 +371,15 @@ class CollectiveTimer:
         rec.future = out
         return out
 
-    def _average_op(self, group: Any) -> Any:
-        """`ReduceOp.AVG` where the group's backend has it (gloo, NCCL), else None."""
+    @staticmethod
+    def _average_opts(group: Any) -> dist.AllreduceOptions:
+        """Asynchronous all-reduce options: `ReduceOp.AVG` where the group's backend has it (gloo, NCCL),
+        else SUM (the hook divides first)."""
+        opts = dist.AllreduceOptions()
         backend = str(dist.get_backend(group)).lower()
-        return dist.ReduceOp.AVG if backend in ("gloo", "nccl") else None
+        opts.reduceOp = dist.ReduceOp.AVG if backend in ("gloo", "nccl") else dist.ReduceOp.SUM
+        opts.asyncOp = True
+        return opts
 
     # -- torch.distributed wrapping ----------------------------------------
 

@@ -181,7 +181,8 @@ class Recorder:
                  flops: fmt.Flops | None = None,
                  peak_flops_per_s: float | None = None, profile: ProfileSchedule | None = None,
                  device: torch.device | str | None = None, telemetry_interval_ms: int = 100,
-                 on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
+                 on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S,
+                 ddp_comm_hook: bool = True) -> None:
         self.place: Place = this_place()
         self.attempt = restart_count()
         self.model, self.optimizer = model, optimizer
@@ -216,7 +217,7 @@ class Recorder:
         timed = self.place.distributed and self.all_ranks
         self._colls = JsonlWriter(self.run_dir / self._colls_rel) if timed else None
         self.timer = CollectiveTimer(self._colls or _NO_RECORDS, rank, self.device)
-        self.collective_timing = self._time_collectives(model)
+        self.collective_timing = self._time_collectives(model, ddp_comm_hook)
         self.phases = PhaseTimer(self.device, PHASES)
         self.heartbeat = _Beats(Heartbeat(self.run_dir, rank, self.attempt))
         self.profiler = StepProfiler(profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device,
@@ -246,6 +247,8 @@ class Recorder:
         self.tokens_per_step: int | None = None
         self.profiled_steps: list[int] = []
         self._preempt_signal: int | None = None
+        # The ranks' agreement on a signal, issued after one step and read after the next (see _check_preemption).
+        self._agreement: tuple[Any, torch.Tensor] | None = None
         # Without FLOPs given, the first step runs under a FLOP counter (recorder.flops).
         self._flop_counter: StepFlopCounter | None = None
         self._previous_handlers: dict[int, Any] = {}
@@ -300,7 +303,7 @@ class Recorder:
         else:
             self.all_ranks = bool(meeting.wait("all_ranks", timeout_s=2 * meeting.timeout_s))
 
-    def _time_collectives(self, model: torch.nn.Module | None) -> str:
+    def _time_collectives(self, model: torch.nn.Module | None, ddp_comm_hook: bool) -> str:
         """Install the collective timer; returns run.json's `collective_timing`."""
         if not (self.place.distributed and self.all_ranks):
             return "none: not a distributed run" if not self.place.distributed else \
@@ -308,7 +311,10 @@ class Recorder:
         what = []
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             own = model._get_ddp_logging_data().get("comm_hook")
-            if own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
+            if not ddp_comm_hook:
+                what.append("not DDP's bucket all-reduces (recorder.open(ddp_comm_hook=False): DDP's own C++ "
+                            "all-reduce, untimed)")
+            elif own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
                 what.append(f"not DDP's bucket all-reduces (the model has its own comm hook, {own})")
             else:
                 try:
@@ -680,20 +686,36 @@ class Recorder:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._preempt_signal is None:
-            _say(f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after this step"
+            when = "this step" if not self._agrees_by_collective() else "the next step (the ranks agree on it)"
+            _say(f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after {when}"
                  + (" with the final checkpoint" if self.on_preempt is not None else ""))
         self._preempt_signal = signum
 
+    def _agrees_by_collective(self) -> bool:
+        return self.place.distributed and self.all_ranks and self.place.world_size > 1
+
     def _check_preemption(self) -> None:
-        """After each step: the ranks agree whether any got SIGTERM; then save, close as preempted, exit 0."""
+        """After each step: whether any rank got SIGTERM; if so save, close as preempted, exit 0.
+
+        One process decides at once. Ranks agree by an all-reduce (MAX) of the signal number that
+        each issues asynchronously after step k and reads after step k+1, when it has long
+        completed: every rank reads the same value after the same step, so all stop together,
+        one step after the signal, and no step waits for the slowest rank a second time (a
+        blocking all-reduce per step cost wall time on a loaded machine: docs/record.md, "Overhead").
+        """
         signum = self._preempt_signal or 0
-        if self.place.distributed and self.all_ranks and self.place.world_size > 1:
+        if self._agrees_by_collective():
             flag = torch.tensor([float(signum)], device=self.device if self.place.backend == "nccl" else "cpu")
             with untimed_collectives():  # not training communication
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            signum = int(flag.item())
+                work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
+            previous, self._agreement = self._agreement, (work, flag)
+            if previous is None:
+                return
+            previous[0].wait()
+            signum = int(previous[1].item())
         if not signum:
             return
+        self._settle_agreement()
         name = signal.Signals(signum).name
         done = self.step_index
         if self.on_preempt is not None:
@@ -704,6 +726,12 @@ class Recorder:
             cause = f"preempted: {name} received; stopped after step {done - 1} (no final checkpoint hook registered)"
         self.close(status="preempted", cause=cause)
         raise SystemExit(0)
+
+    def _settle_agreement(self) -> None:
+        """Wait for the agreement in flight: every rank issued it after the same step."""
+        if self._agreement is not None:
+            work, self._agreement = self._agreement[0], None
+            work.wait()
 
     # -- the end --------------------------------------------------------------
 
@@ -723,6 +751,8 @@ class Recorder:
         self.status = status
         if self._in_step:
             self._in_step_failed()
+        if status != "failed":
+            self._settle_agreement()
         for handle in self._hooks:
             handle.remove()
         self._restore_signal_handlers()
@@ -904,6 +934,8 @@ def open(runs_dir: str | os.PathLike[str], name: str | None = None, config: Any 
     after K steps passes K), `warmup_steps` (3), `flops` (analyzer.ingest.formats.Flops),
     `peak_flops_per_s`, `profile` (ProfileSchedule; one small window by default), `device`,
     `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
-    run: the final checkpoint), `meet_timeout_s`. Every rank of a distributed job calls it.
+    run: the final checkpoint), `meet_timeout_s`, `ddp_comm_hook` (True: time DDP's bucket
+    all-reduces through a Python comm hook; False leaves DDP's C++ all-reduce alone, untimed, for
+    the lowest overhead: docs/record.md, "Overhead"). Every rank of a distributed job calls it.
     """
     return Recorder(runs_dir, name, config, model, optimizer, **options)

@@ -194,7 +194,7 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     params = parameter_counts(model)
     m = cfg.model
     fpt = flops.flops_per_token(params["non_embedding"], block_parameter_count(model), m.n_layers, m.n_heads,
-                                m.d_model // m.n_heads, m.seq_len, t.activation_checkpointing)
+                                m.d_model // m.n_heads, m.seq_len, m.d_ff, t.activation_checkpointing)
     peak = _peak_flops(cfg, env)
 
     if t.activation_checkpointing:

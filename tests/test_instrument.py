@@ -121,6 +121,40 @@ def _run_fsdp(rank: int, timer: CollectiveTimer) -> dict:
     return {"fsdp_unit_full_bytes": full_bytes}
 
 
+PREEMPT_SIGNAL_STEP = 3  # rank 1 receives SIGTERM before this step
+
+
+def _run_preempted_recorder(rank: int, out: Path) -> dict:
+    """A recorded DDP loop in which rank 1 alone gets SIGTERM: the ranks must stop after the same step."""
+    import signal
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import recorder
+
+    model = DDP(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved: list[int] = []
+    rec = recorder.open(out / "runs", name="preempted", model=model, optimizer=opt,
+                        profile=recorder.ProfileSchedule(enabled=False), peak_flops_per_s=1e12,
+                        on_preempt=saved.append)
+    exit_code = None
+    try:
+        with rec:
+            for i in range(10):
+                if rank == 1 and i == PREEMPT_SIGNAL_STEP:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                with rec.step(tokens=4) as s:
+                    s.loss = model(torch.ones(4, 32)).square().mean()
+                    s.loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+    except SystemExit as exc:
+        exit_code = exc.code
+    return {"preempt_exit": exit_code, "preempt_saved": saved, "preempt_steps_done": rec.step_index,
+            "preempt_run_dir": str(rec.run_dir)}
+
+
 def _worker(rank: int, store_path: str, out_dir: str) -> None:
     out = Path(out_dir)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
@@ -139,6 +173,9 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
         writer.close()
         result["restored"] = (dist.all_reduce is original_all_reduce
                               and c10d.all_reduce is original_all_reduce)
+        result.update(_run_preempted_recorder(rank, out))
+        if rank == 0:
+            result["preempt_manifest"] = json.loads((Path(result["preempt_run_dir"]) / "run.json").read_text())
         (out / f"result{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -207,6 +244,18 @@ def test_records_line_up_across_ranks(spawned):
             assert r["rank"] == rank and r["clock"] == "host"
             assert r["start_ns"] <= r["end_ns"]
             assert abs(r["start_ns"] - time.time_ns()) < 3600 * 10**9, "not an epoch-ns timestamp"
+
+
+def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(spawned):
+    """Rank 1 alone gets SIGTERM before step 3: the asynchronous agreement issued after step 3 is read
+    after step 4 on both ranks, so both save the state after 5 steps, close preempted and exit 0."""
+    results = spawned["results"]
+    for res in results:
+        assert (res["preempt_exit"], res["preempt_saved"], res["preempt_steps_done"]) == (0, [5], 5)
+    man = results[0]["preempt_manifest"]
+    assert man["status"] == "preempted"
+    assert man["attempts"][-1]["cause"].startswith("preempted: SIGTERM received; stopped after step 4")
+    assert [c["step"] for c in man["checkpoint_saves"]] == [5]
 
 
 def test_explicit_collectives_recorded_once_with_input_bytes(spawned):

@@ -134,3 +134,42 @@ def test_reftrains_launcher_imports_the_recorder_without_torch():
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("ddp_comm_hook", [True, False])
+def test_ddp_comm_hook_false_leaves_ddps_own_all_reduce(tmp_path, ddp_comm_hook):
+    """`ddp_comm_hook=False` (docs/record.md, "Overhead"): no hook on the DDP model, its bucket
+    all-reduces untimed, and run.json says so; with the default, each step's bucket is one record."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import recorder
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(8, 8))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = recorder.open(tmp_path / "runs", name="ddp", model=model, optimizer=opt,
+                            profile=ProfileSchedule(enabled=False), peak_flops_per_s=PEAK,
+                            ddp_comm_hook=ddp_comm_hook)
+        with rec:
+            for _ in range(3):
+                with rec.step(tokens=4) as s:
+                    s.loss = model(torch.ones(4, 8)).square().mean()
+                    s.loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+        hook = model._get_ddp_logging_data().get("comm_hook")
+    finally:
+        dist.destroy_process_group()
+    man = RunManifest.from_json(json.loads((rec.run_dir / "run.json").read_text()))
+    records = [json.loads(line) for line in (rec.run_dir / "collectives" / "rank0.jsonl").read_text().splitlines()]
+    bucket_steps = [r["step"] for r in records if r["kind"] == "all_reduce" and r["step"] >= 0]
+    if ddp_comm_hook:
+        assert man.collective_timing.startswith("DDP comm hook") and hook
+        assert bucket_steps == [0, 1, 2]
+    else:
+        assert man.collective_timing.startswith("not DDP's bucket all-reduces (recorder.open(ddp_comm_hook=False)")
+        assert not hook and bucket_steps == []
