@@ -32,6 +32,7 @@ demo: $(STAMP)
 # [tool.mypy]; docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
+	$(BIN)/ruff format --check --quiet .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 

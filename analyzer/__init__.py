@@ -20,6 +20,7 @@ The names are imported on first use (PEP 562), not here: ``analyzer``
 commands start parsing traces before pandas (about 1 s to import) is loaded,
 and ``analyzer report`` answers from its result cache without it.
 """
+
 from __future__ import annotations
 
 import importlib

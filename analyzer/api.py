@@ -16,6 +16,7 @@ Example::
 
 Every metric is defined in docs/metrics.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -488,8 +489,11 @@ def _reduce(run: RunInputs) -> RunAnalysis:
     timeline = RunTimeline(
         source="device" if any(p.source == "device" for p in parts.values()) else "host",
         # A trace folder is one window whatever its files are named.
-        grids={r: p.timeline if run.kind == "reftrain" else [replace(g, window=None) for g in p.timeline]
-               for r, p in parts.items() if p.timeline},
+        grids={
+            r: p.timeline if run.kind == "reftrain" else [replace(g, window=None) for g in p.timeline]
+            for r, p in parts.items()
+            if p.timeline
+        },
         movable={r: p.pieces.movable for r, p in parts.items()},
         waits=waits,
     )
@@ -517,8 +521,12 @@ def _reduce(run: RunInputs) -> RunAnalysis:
 
 
 def _run_mfu(
-    man: RunManifest, has_manifest: bool, metrics: pd.DataFrame | None, rank_flops: list[RankFlops],
-    device_names: dict[int, str | None], peak_flops: float | None,
+    man: RunManifest,
+    has_manifest: bool,
+    metrics: pd.DataFrame | None,
+    rank_flops: list[RankFlops],
+    device_names: dict[int, str | None],
+    peak_flops: float | None,
 ) -> MfuResult:
     """The run's MFU: from the manifest when the run has one (the trace shapes when it cannot
     give one), else from the trace shapes."""
@@ -545,7 +553,10 @@ def _steady_steps(man: RunManifest, metrics: pd.DataFrame | None) -> tuple[pd.Da
 
 
 def _run_stragglers(
-    man: RunManifest, records: pd.DataFrame | None, steps: pd.DataFrame, parts: dict[int, RankPart],
+    man: RunManifest,
+    records: pd.DataFrame | None,
+    steps: pd.DataFrame,
+    parts: dict[int, RankPart],
     quiet: pd.DataFrame | None,
 ) -> tuple[StragglerResult, pd.DataFrame]:
     """Stragglers, and the collective arrivals they were found from: the quiet steady-state steps
@@ -554,7 +565,11 @@ def _run_stragglers(
         step_times = quiet[["rank", "step", "step_time_ms"]]
         step_source = "metrics JSONL (steady-state steps, without the steps after trace or checkpoint writing)"
     else:
-        usable = steps.loc[~steps["window_flagged"].fillna(False).astype(bool)] if "window_flagged" in steps.columns else steps
+        usable = (
+            steps.loc[~steps["window_flagged"].fillna(False).astype(bool)]
+            if "window_flagged" in steps.columns
+            else steps
+        )
         step_times, step_source = usable[["rank", "step", "step_time_ms"]], "ProfilerStep windows (not flagged)"
     arrival_notes: list[str] = []
     arrival_source: str | None

@@ -16,6 +16,7 @@ Exit codes (docs/cli.md):
   own noise exceeds the threshold, or a drop beyond it is not beyond the
   noise). ``--inconclusive pass|fail`` maps it to 0 or 1 instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -136,8 +137,10 @@ class ProgressLine:
         self.drawn = False
 
     def text(self, p: Progress, elapsed_s: float) -> str:
-        text = (f"{PROG}: {self.label}: {p.ranks_done}/{p.ranks_total} ranks "
-                f"({p.files_done}/{p.files_total} trace files), {elapsed_s:.0f} s")
+        text = (
+            f"{PROG}: {self.label}: {p.ranks_done}/{p.ranks_total} ranks "
+            f"({p.files_done}/{p.files_total} trace files), {elapsed_s:.0f} s"
+        )
         if 0 < p.files_done < p.files_total:
             text += f", about {elapsed_s * (p.files_total - p.files_done) / p.files_done:.0f} s left"
         return text
@@ -174,14 +177,23 @@ def _progress(path: Path, args: argparse.Namespace) -> Iterator[ProgressLine | N
             line.close()
 
 
-def _analyze(path: Path, args: argparse.Namespace, jobs: ParseJobs | None, messages: list[tuple[str, str]] | None = None):
+def _analyze(
+    path: Path, args: argparse.Namespace, jobs: ParseJobs | None, messages: list[tuple[str, str]] | None = None
+):
     """Analyze one run; report its skipped files and warnings on stderr (and in ``messages``)."""
     from analyzer.api import analyze
     from analyzer.verbs.printable import run_messages
 
     with _progress(path, args) as progress:
-        analysis = analyze(path, peak_flops=args.peak_flops, cache=not args.no_cache, jobs=jobs,
-                           engine=args.engine, ray_address=args.ray_address, progress=progress)
+        analysis = analyze(
+            path,
+            peak_flops=args.peak_flops,
+            cache=not args.no_cache,
+            jobs=jobs,
+            engine=args.engine,
+            ray_address=args.ray_address,
+            progress=progress,
+        )
     lines = run_messages(analysis)
     for kind, message in lines:
         _say(kind, message)
@@ -276,8 +288,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _say("note", f"logged MLflow run {run_id} (experiment analyzer) to {dest}")
         return EXIT_OK
     if fmt == "wandb":
-        _say("note", f"wrote the W&B run {write_wandb(export, Path(dest))} (project analyzer; "
-                     "wandb sync uploads it)")
+        _say("note", f"wrote the W&B run {write_wandb(export, Path(dest))} (project analyzer; wandb sync uploads it)")
         return EXIT_OK
     written = write_tables(export.tables, fmt, Path(dest))
     _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
@@ -333,10 +344,17 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise AnalyzerError(f"--max-memory-growth must be >= 0 (0.05 allows +5%), got {args.max_memory_growth}")
         cand = _analyze(cand_path, args, jobs)
         bases = [_analyze(b, args, jobs) for b in base_paths]
-    outcome = check(bases, cand, max_drop=args.max_mfu_drop, alpha=args.alpha, quantile=args.quantile,
-                    cpu_time=not args.no_cpu_time, machine_speed=not args.no_machine_speed,
-                    min_goodput=args.min_goodput,
-                    max_memory_growth=args.max_memory_growth)
+    outcome = check(
+        bases,
+        cand,
+        max_drop=args.max_mfu_drop,
+        alpha=args.alpha,
+        quantile=args.quantile,
+        cpu_time=not args.no_cpu_time,
+        machine_speed=not args.no_machine_speed,
+        min_goodput=args.min_goodput,
+        max_memory_growth=args.max_memory_growth,
+    )
     explanation = outcome.explanation
     # $GITHUB_STEP_SUMMARY is appended to (other steps write there too); --summary FILE is written whole,
     # unless it names that same file, which is then appended to once.
@@ -380,7 +398,9 @@ def cmd_suggest(args: argparse.Namespace) -> int:
             raise AnalyzerError(f"--pick {args.pick}: only {len(suggestions)} suggestion(s) for {path}")
         chosen = suggestions[args.pick - 1]
         written = emit_config(analysis, chosen, args.emit_config)
-        _print(f"\nwrote {written} ({chosen.rule} applied); run it: reftrain --nproc {facts.world_size} --config {written}")
+        _print(
+            f"\nwrote {written} ({chosen.rule} applied); run it: reftrain --nproc {facts.world_size} --config {written}"
+        )
     return EXIT_OK
 
 
@@ -388,8 +408,11 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 def _parsing(paths: Sequence[Path], args: argparse.Namespace) -> Iterator[ParseJobs | None]:
     """:func:`start_parsing`, closed (workers joined) when the block ends."""
     # On Ray the map tasks parse where they run; parsing here first would do their work on this machine.
-    jobs = (start_parsing(paths, cache=not args.no_cache, import_parser=getattr(args, "import_parser", False))
-            if args.engine == "local" else None)
+    jobs = (
+        start_parsing(paths, cache=not args.no_cache, import_parser=getattr(args, "import_parser", False))
+        if args.engine == "local"
+        else None
+    )
     try:
         yield jobs
     finally:
@@ -449,28 +472,54 @@ class _VersionAction(argparse.Action):
 def _analysis_options() -> argparse.ArgumentParser:
     """The options of every command that analyzes runs (a parent parser)."""
     analysis = argparse.ArgumentParser(add_help=False)
-    analysis.add_argument("--peak-flops", type=_positive, metavar="F",
-                          help="peak FLOP/s per device for MFU of foreign traces (e.g. 989e12 for H100 bf16 dense)")
-    analysis.add_argument("--no-cache", action="store_true",
-                          help="parse the traces again and do not write the parse cache")
-    analysis.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows in the kernel tables (default 10)")
+    analysis.add_argument(
+        "--peak-flops",
+        type=_positive,
+        metavar="F",
+        help="peak FLOP/s per device for MFU of foreign traces (e.g. 989e12 for H100 bf16 dense)",
+    )
+    analysis.add_argument(
+        "--no-cache", action="store_true", help="parse the traces again and do not write the parse cache"
+    )
+    analysis.add_argument(
+        "--top", type=positive_int, default=10, metavar="N", help="rows in the kernel tables (default 10)"
+    )
     # Where the per-rank map runs (analyzer/engines.py, docs/loading.md "Engines").
-    analysis.add_argument("--engine", choices=("local", "ray"), default="local",
-                          help="where the per-rank analysis runs: local (this machine's worker pool, default) "
-                          "or ray (Ray tasks; pip install 'trainperf[ray]')")
-    analysis.add_argument("--ray-address", metavar="ADDR",
-                          help="with --engine ray: 'auto' (the cluster this machine belongs to) or "
-                          "ray://HOST:PORT (Ray Client); default: a local Ray instance with this machine's cores")
-    analysis.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                          help="show the per-rank analysis' progress on stderr (default: only when stderr is a terminal)")
+    analysis.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="where the per-rank analysis runs: local (this machine's worker pool, default) "
+        "or ray (Ray tasks; pip install 'trainperf[ray]')",
+    )
+    analysis.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --engine ray: 'auto' (the cluster this machine belongs to) or "
+        "ray://HOST:PORT (Ray Client); default: a local Ray instance with this machine's cores",
+    )
+    analysis.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the per-rank analysis' progress on stderr (default: only when stderr is a terminal)",
+    )
     # Bounds on reading one trace file (analyzer/ingest/limits.py, docs/loading.md "Bounds").
-    analysis.add_argument("--max-gzip-ratio", type=_positive, metavar="R",
-                          help="skip a .gz trace that inflates to more than R times its size (default 64; "
-                          "never below 64 MiB)")
-    analysis.add_argument("--max-json-gb", type=_positive, metavar="G",
-                          help="skip a trace of more than G GiB of JSON text (default 32)")
-    analysis.add_argument("--max-event-mb", type=_positive, metavar="M",
-                          help="skip a trace with one event (or other JSON read whole) over M MiB (default 64)")
+    analysis.add_argument(
+        "--max-gzip-ratio",
+        type=_positive,
+        metavar="R",
+        help="skip a .gz trace that inflates to more than R times its size (default 64; never below 64 MiB)",
+    )
+    analysis.add_argument(
+        "--max-json-gb", type=_positive, metavar="G", help="skip a trace of more than G GiB of JSON text (default 32)"
+    )
+    analysis.add_argument(
+        "--max-event-mb",
+        type=_positive,
+        metavar="M",
+        help="skip a trace with one event (or other JSON read whole) over M MiB (default 64)",
+    )
     return analysis
 
 
@@ -478,8 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``analyzer`` command."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand that is not given --debug keeps the top-level value.
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of an unexpected error")
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an unexpected error"
+    )
     analysis = _analysis_options()
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -488,92 +538,186 @@ def build_parser() -> argparse.ArgumentParser:
         "4 inconclusive (check). "
         "See docs/cli.md.",
     )
-    parser.add_argument("--debug", action="store_true", default=False,
-                        help="show the traceback of an unexpected error")
+    parser.add_argument("--debug", action="store_true", default=False, help="show the traceback of an unexpected error")
     parser.add_argument("--version", action=_VersionAction, help="show the program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("report", parents=[common, analysis], help="tables of one run; JSON and HTML reports",
-                       description="Per-rank step time, breakdown, overlap, idle, MFU, stragglers and top kernels of one run.")
+    p = sub.add_parser(
+        "report",
+        parents=[common, analysis],
+        help="tables of one run; JSON and HTML reports",
+        description="Per-rank step time, breakdown, overlap, idle, MFU, stragglers and top kernels of one run.",
+    )
     p.add_argument("path", metavar="PATH", help="a reftrain run directory, a folder of traces, or one trace file")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the versioned JSON report (schema analyzer.report/1)")
+    p.add_argument(
+        "--json", type=Path, metavar="FILE", help="write the versioned JSON report (schema analyzer.report/1)"
+    )
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page with charts")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("compare", parents=[common, analysis], help="what changed between two runs",
-                       description="Per-phase and per-kernel deltas and the MFU delta, largest contributors first.")
+    p = sub.add_parser(
+        "compare",
+        parents=[common, analysis],
+        help="what changed between two runs",
+        description="Per-phase and per-kernel deltas and the MFU delta, largest contributors first.",
+    )
     p.add_argument("base", metavar="BASE", help="baseline run (run directory or trace folder)")
     p.add_argument("cand", metavar="CAND", help="candidate run")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the comparison as JSON (schema analyzer.compare/1)")
-    p.add_argument("--html", type=Path, metavar="FILE",
-                   help="write a self-contained HTML page (headline, phase chart, deltas; a CI artifact)")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write a self-contained HTML page (headline, phase chart, deltas; a CI artifact)",
+    )
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("export", parents=[common, analysis], help="the run's tables as CSV or Parquet files",
-                       description="Write a run's analysis (summary, per rank, training curves, MFU per step, "
-                       "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).")
+    p = sub.add_parser(
+        "export",
+        parents=[common, analysis],
+        help="the run's tables as CSV or Parquet files",
+        description="Write a run's analysis (summary, per rank, training curves, MFU per step, "
+        "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).",
+    )
     p.add_argument("path", help="reftrain run directory or folder of traces")
-    p.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"), required=True,
-                   help="csv DIR, parquet DIR, tensorboard DIR, wandb DIR (offline) or mlflow URI (extra trackers)")
+    p.add_argument(
+        "--to",
+        nargs=2,
+        metavar=("FORMAT", "DIR"),
+        required=True,
+        help="csv DIR, parquet DIR, tensorboard DIR, wandb DIR (offline) or mlflow URI (extra trackers)",
+    )
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("history", parents=[common], help="headline figures of every run in a folder, in order",
-                       description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
-                       "CI gate's verdict between consecutive runs and change points (analyzer/verbs/history.py).")
+    p = sub.add_parser(
+        "history",
+        parents=[common],
+        help="headline figures of every run in a folder, in order",
+        description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
+        "CI gate's verdict between consecutive runs and change points (analyzer/verbs/history.py).",
+    )
     p.add_argument("runs_dir", metavar="RUNS_DIR", help="folder of reftrain run directories")
-    p.add_argument("--by", choices=("time", "commit"), default="time",
-                   help="order by start time, or keep the latest run of each commit (default time)")
+    p.add_argument(
+        "--by",
+        choices=("time", "commit"),
+        default="time",
+        help="order by start time, or keep the latest run of each commit (default time)",
+    )
     p.add_argument("--json", type=Path, metavar="FILE", help="write the history (schema analyzer.history/1)")
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page (chart and table)")
     p.set_defaults(func=cmd_history)
 
-    p = sub.add_parser("check", parents=[common, analysis], help="CI gate: exit 1 when the candidate regressed",
-                       description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "
-                       "within bounds, 1 on a regression, 2 on unusable input, 4 when too noisy to tell. See docs/ci.md.")
+    p = sub.add_parser(
+        "check",
+        parents=[common, analysis],
+        help="CI gate: exit 1 when the candidate regressed",
+        description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "
+        "within bounds, 1 on a regression, 2 on unusable input, 4 when too noisy to tell. See docs/ci.md.",
+    )
     p.add_argument("cand", metavar="CAND", help="candidate run (run directory or trace folder)")
-    p.add_argument("--baseline", required=True, action="append", metavar="BASE",
-                   help="baseline run; repeat for several (e.g. the base branch trained twice): pooled, and their "
-                   "spread counts as noise")
-    p.add_argument("--max-mfu-drop", type=_fraction, default=0.05, metavar="D",
-                   help="largest allowed relative drop, (base - cand) / base (default 0.05)")
-    p.add_argument("--alpha", type=_fraction, default=0.05,
-                   help="significance level of the one-sided Mann-Whitney U test (default 0.05)")
-    p.add_argument("--quantile", type=_fraction, default=0.25, metavar="Q",
-                   help="quantile of step time compared (default 0.25: the fast steps, least disturbed by "
-                   "neighbours; 0.5 = median)")
-    p.add_argument("--no-cpu-time", action="store_true",
-                   help="CPU runs: do not require CPU time per step to confirm a wall-clock regression")
-    p.add_argument("--no-machine-speed", action="store_true",
-                   help="CPU runs with reftrain's machine-speed canary: do not withdraw a verdict that the machine's "
-                   "own speed change explains (docs/ci.md)")
-    p.add_argument("--min-goodput", type=_fraction, default=None, metavar="G",
-                   help="also fail (exit 1) when the candidate's goodput, productive step time / wall time, is "
-                   "below G (0-1; reftrain run directories only; docs/ci.md)")
-    p.add_argument("--max-memory-growth", type=_fraction, default=None, metavar="FRAC",
-                   help="also fail (exit 1) when the candidate's peak memory (max over ranks) exceeds the "
-                   "baselines' by more than FRAC (0.05: +5%%; docs/ci.md)")
-    p.add_argument("--inconclusive", choices=("exit", "pass", "fail"), default="exit",
-                   help="when the runs are too noisy to tell: exit 4 (default), or treat as pass (0) or fail (1)")
-    p.add_argument("--summary", type=Path, metavar="FILE",
-                   help="write a Markdown summary (on GitHub Actions it is appended to $GITHUB_STEP_SUMMARY anyway)")
+    p.add_argument(
+        "--baseline",
+        required=True,
+        action="append",
+        metavar="BASE",
+        help="baseline run; repeat for several (e.g. the base branch trained twice): pooled, and their "
+        "spread counts as noise",
+    )
+    p.add_argument(
+        "--max-mfu-drop",
+        type=_fraction,
+        default=0.05,
+        metavar="D",
+        help="largest allowed relative drop, (base - cand) / base (default 0.05)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=_fraction,
+        default=0.05,
+        help="significance level of the one-sided Mann-Whitney U test (default 0.05)",
+    )
+    p.add_argument(
+        "--quantile",
+        type=_fraction,
+        default=0.25,
+        metavar="Q",
+        help="quantile of step time compared (default 0.25: the fast steps, least disturbed by "
+        "neighbours; 0.5 = median)",
+    )
+    p.add_argument(
+        "--no-cpu-time",
+        action="store_true",
+        help="CPU runs: do not require CPU time per step to confirm a wall-clock regression",
+    )
+    p.add_argument(
+        "--no-machine-speed",
+        action="store_true",
+        help="CPU runs with reftrain's machine-speed canary: do not withdraw a verdict that the machine's "
+        "own speed change explains (docs/ci.md)",
+    )
+    p.add_argument(
+        "--min-goodput",
+        type=_fraction,
+        default=None,
+        metavar="G",
+        help="also fail (exit 1) when the candidate's goodput, productive step time / wall time, is "
+        "below G (0-1; reftrain run directories only; docs/ci.md)",
+    )
+    p.add_argument(
+        "--max-memory-growth",
+        type=_fraction,
+        default=None,
+        metavar="FRAC",
+        help="also fail (exit 1) when the candidate's peak memory (max over ranks) exceeds the "
+        "baselines' by more than FRAC (0.05: +5%%; docs/ci.md)",
+    )
+    p.add_argument(
+        "--inconclusive",
+        choices=("exit", "pass", "fail"),
+        default="exit",
+        help="when the runs are too noisy to tell: exit 4 (default), or treat as pass (0) or fail (1)",
+    )
+    p.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        help="write a Markdown summary (on GitHub Actions it is appended to $GITHUB_STEP_SUMMARY anyway)",
+    )
     p.add_argument("--json", type=Path, metavar="FILE", help="write the verdict as JSON (schema analyzer.check/2)")
-    p.add_argument("--html", type=Path, metavar="FILE",
-                   help="write a self-contained HTML page (verdict, statistics, per-step chart, deltas)")
-    p.add_argument("--junit", type=Path, metavar="FILE",
-                   help="write JUnit XML, one test case per gated metric (docs/ci.md)")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write a self-contained HTML page (verdict, statistics, per-step chart, deltas)",
+    )
+    p.add_argument(
+        "--junit", type=Path, metavar="FILE", help="write JUnit XML, one test case per gated metric (docs/ci.md)"
+    )
     p.set_defaults(func=cmd_check)
 
     from analyzer.verbs.suggest.engine import SCHEMA as SUGGESTIONS_SCHEMA
 
-    p = sub.add_parser("suggest", parents=[common, analysis], help="ranked config changes with evidence and predicted gain",
-                       description="Rules over the run's measurements: each suggestion names the change (a reftrain --set "
-                       "override or plain PyTorch advice), the evidence and the predicted step time and MFU. "
-                       "See docs/suggestions.md.")
+    p = sub.add_parser(
+        "suggest",
+        parents=[common, analysis],
+        help="ranked config changes with evidence and predicted gain",
+        description="Rules over the run's measurements: each suggestion names the change (a reftrain --set "
+        "override or plain PyTorch advice), the evidence and the predicted step time and MFU. "
+        "See docs/suggestions.md.",
+    )
     p.add_argument("path", metavar="PATH", help="a reftrain run directory, a folder of traces, or one trace file")
-    p.add_argument("--json", type=Path, metavar="FILE", help=f"write the suggestions as JSON (schema {SUGGESTIONS_SCHEMA})")
-    p.add_argument("--emit-config", type=Path, metavar="FILE",
-                   help="write a reftrain config (YAML) with the picked suggestion applied: reftrain --config FILE")
-    p.add_argument("--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)")
+    p.add_argument(
+        "--json", type=Path, metavar="FILE", help=f"write the suggestions as JSON (schema {SUGGESTIONS_SCHEMA})"
+    )
+    p.add_argument(
+        "--emit-config",
+        type=Path,
+        metavar="FILE",
+        help="write a reftrain config (YAML) with the picked suggestion applied: reftrain --config FILE",
+    )
+    p.add_argument(
+        "--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)"
+    )
     p.set_defaults(func=cmd_suggest)
     return parser
 

@@ -25,6 +25,7 @@ filesystem) and have this package installed. Ray is an optional extra
 (``pip install 'trainperf[ray]'``); without it ``engine="ray"`` is one
 AnalyzerError line.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -128,8 +129,9 @@ def _context() -> multiprocessing.context.BaseContext | None:
 
 def _pool(n: int, context: multiprocessing.context.BaseContext) -> ProcessPoolExecutor:
     # The parse bounds travel in the environment; a forkserver's children have the server's, so hand them over.
-    return ProcessPoolExecutor(max_workers=n, mp_context=context, initializer=limits.use_environment,
-                               initargs=(limits.environment(),))
+    return ProcessPoolExecutor(
+        max_workers=n, mp_context=context, initializer=limits.use_environment, initargs=(limits.environment(),)
+    )
 
 
 def _run_local(units: Sequence[MapUnit], workers: int | None, done: Done) -> list[UnitResult]:
@@ -166,8 +168,9 @@ def _alone(unit: MapUnit, context: multiprocessing.context.BaseContext) -> UnitR
     try:
         return pool.submit(map_unit, unit).result()
     except BrokenProcessPool:
-        return UnitResult(outcomes=[(f.path, TraceError(f.path, "the map worker died (out of memory?)"), [])
-                                    for f in unit.files])
+        return UnitResult(
+            outcomes=[(f.path, TraceError(f.path, "the map worker died (out of memory?)"), []) for f in unit.files]
+        )
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -208,8 +211,7 @@ def _run_ray(units: Sequence[MapUnit], address: str | None, done: Done) -> list[
         try:
             if address is None:
                 _quiet_token_notice()
-                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
             else:
                 # Ray Client warns before it raises on a timeout: the error line below says it once.
                 with warnings.catch_warnings():
@@ -228,7 +230,12 @@ def _run_ray(units: Sequence[MapUnit], address: str | None, done: Done) -> list[
             out.append(ray.get(ref))
         except Exception as exc:  # noqa: BLE001 - a task or worker that failed costs its unit only
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            out.append(UnitResult(outcomes=[(f.path, TraceError(f.path, f"the Ray task failed ({first[:200]})"), [])
-                                            for f in unit.files]))
+            out.append(
+                UnitResult(
+                    outcomes=[
+                        (f.path, TraceError(f.path, f"the Ray task failed ({first[:200]})"), []) for f in unit.files
+                    ]
+                )
+            )
         done(unit)
     return out

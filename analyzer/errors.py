@@ -1,4 +1,5 @@
 """Project exceptions. The CLI turns each into one line and an exit code."""
+
 from __future__ import annotations
 
 from pathlib import Path

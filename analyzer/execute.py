@@ -27,6 +27,7 @@ and the set-level warnings, for the reduce (:func:`analyzer.api._reduce`):
 ``progress`` callback hears a :class:`Progress` once the units are planned
 and after each unit is done (counts only: the caller times them and draws).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -369,7 +370,9 @@ def rank_parts(kept: dict[int, list[Path]], results: Iterable[UnitResult], units
     for rank, files in sorted(kept.items()):
         part = by_files.get((rank, tuple(files)))
         if part is None:
-            regrouped = MapUnit(tuple(UnitFile(f, e, e is not None and e.exists()) for f in files for e in [entries[f]]))
+            regrouped = MapUnit(
+                tuple(UnitFile(f, e, e is not None and e.exists()) for f in files for e in [entries[f]])
+            )
             part = map_unit(regrouped).part
         if part is not None:
             parts[rank] = part

@@ -6,6 +6,7 @@ No pandas or numpy import here: ``analyzer report`` replays cached reports
 without loading them. A numpy or pandas value can only exist once its
 library is loaded, so :func:`jsonable` looks them up in ``sys.modules``.
 """
+
 from __future__ import annotations
 
 import math

@@ -36,6 +36,7 @@ gives the same report as a fresh map (tests/test_rankcache.py compares
 whole reports). An entry that cannot be used is a warning; the unit is
 mapped again and the entry rewritten.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,9 +67,24 @@ from analyzer.rankmap import MAP_VERSION, MapUnit, RankPart, UnitResult
 SUFFIX = ".rank"
 _MAGIC = b"trainperf rank summary\n"
 # The only classes an entry can rebuild (by name); anything else in a summary is a bug of ours, found at write.
-_CLASSES: dict[str, type] = {c.__name__: c for c in (UnitResult, RankPart, FileFacts, BreakdownPieces, OverlapResult, RankFlops,
-                                                  AttributionTables, RankMemory, TimelineGrid, IdleTables,
-                                                  LaunchSummary, PageableCopies, SyncPoints)}
+_CLASSES: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        UnitResult,
+        RankPart,
+        FileFacts,
+        BreakdownPieces,
+        OverlapResult,
+        RankFlops,
+        AttributionTables,
+        RankMemory,
+        TimelineGrid,
+        IdleTables,
+        LaunchSummary,
+        PageableCopies,
+        SyncPoints,
+    )
+}
 
 
 # Classes another store of this format (analyzer/runcache.py) may rebuild too, while it encodes or decodes.
@@ -126,18 +142,19 @@ def read(entry: Path, unit: MapUnit) -> UnitResult:
         if data[: len(_MAGIC)] != _MAGIC:
             raise ValueError("not a rank summary")
         start = len(_MAGIC) + 8
-        meta_len = int.from_bytes(data[len(_MAGIC):start], "little")
-        meta = orjson.loads(bytes(data[start:start + meta_len]))
+        meta_len = int.from_bytes(data[len(_MAGIC) : start], "little")
+        meta = orjson.loads(bytes(data[start : start + meta_len]))
         if not isinstance(meta, dict) or meta.get("map_version") != MAP_VERSION:
             raise ValueError("another map version")
-        blob = memoryview(data)[start + meta_len:]
+        blob = memoryview(data)[start + meta_len :]
         arrays = [_array_at(blob, *spec) for spec in meta["arrays"]]
         result = decode(meta["result"], arrays)
         if not isinstance(result, UnitResult) or len(result.outcomes) != len(unit.files):
             raise ValueError("not a summary of these files")
     except Exception as exc:  # noqa: BLE001 - any failure means "map again"
-        raise SummaryEntryError(f"{unit.files[0].path.name}: rank summary {entry.name} unreadable "
-                                f"({_short(exc)}); summarized again") from None
+        raise SummaryEntryError(
+            f"{unit.files[0].path.name}: rank summary {entry.name} unreadable ({_short(exc)}); summarized again"
+        ) from None
     # Paths as this analysis names them (the entry may have been written from another working directory).
     outcomes = []
     for f, (_, facts, warnings) in zip(unit.files, result.outcomes):
@@ -236,8 +253,11 @@ def encode(x: Any, arrays: list[np.ndarray]) -> Any:
             "data": [_encode_column(x.iloc[:, i], arrays) for i in range(x.shape[1])],
         }
     if dataclasses.is_dataclass(x) and _class(t.__name__) is t:
-        return {"$": "dc", "cls": t.__name__,
-                "v": {f.name: encode(getattr(x, f.name), arrays) for f in dataclasses.fields(x)}}
+        return {
+            "$": "dc",
+            "cls": t.__name__,
+            "v": {f.name: encode(getattr(x, f.name), arrays) for f in dataclasses.fields(x)},
+        }
     raise TypeError(f"a rank summary cannot hold a {t.__module__}.{t.__qualname__}")
 
 
@@ -259,8 +279,12 @@ def _encode_index(index: pd.Index, arrays: list[np.ndarray]) -> dict:
 def _encode_column(s: pd.Series, arrays: list[np.ndarray]) -> dict:
     dtype = s.dtype
     if isinstance(dtype, pd.CategoricalDtype):
-        return {"$": "cat", "codes": _encode_array(s.cat.codes.to_numpy(), arrays),
-                "categories": _encode_column(pd.Series(dtype.categories), arrays), "ordered": bool(dtype.ordered)}
+        return {
+            "$": "cat",
+            "codes": _encode_array(s.cat.codes.to_numpy(), arrays),
+            "categories": _encode_column(pd.Series(dtype.categories), arrays),
+            "ordered": bool(dtype.ordered),
+        }
     if isinstance(dtype, np.dtype) and dtype.kind in "biufcmM":
         return _encode_array(s.to_numpy(), arrays)
     if isinstance(dtype, np.dtype) and dtype.kind == "O":

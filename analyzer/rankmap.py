@@ -20,6 +20,7 @@ This module sits below the execution: it imports ingest and metrics, and is
 imported by :mod:`analyzer.execute`, :mod:`analyzer.engines` and the caches
 (:mod:`analyzer.rankcache`, :mod:`analyzer.runcache`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -194,7 +195,8 @@ def merge_windows(rts: list[RankTrace]) -> RankTrace:
         distributed_info=last.distributed_info,
         device_properties=last.device_properties,
         has_device=any(rt.has_device for rt in rts),
-        memory=pd.concat([rt.memory for rt in rts], ignore_index=True).sort_values("ts_ns", kind="stable")
+        memory=pd.concat([rt.memory for rt in rts], ignore_index=True)
+        .sort_values("ts_ns", kind="stable")
         .reset_index(drop=True),
     )
 

@@ -37,6 +37,7 @@ when they are analyzer dataclasses of this process. ``RunAnalysis.derived``
 (values computed on first use) is not stored. An entry that cannot be read
 is ignored and rewritten by the next analysis that may store one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -144,7 +145,15 @@ def _code_fingerprint() -> list[list[Any]]:
             for name in sorted(files):
                 if name.endswith(".py"):
                     st = os.stat(Path(folder) / name)
-                    found.append([str((Path(folder) / name).relative_to(here)), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+                    found.append(
+                        [
+                            str((Path(folder) / name).relative_to(here)),
+                            st.st_size,
+                            st.st_mtime_ns,
+                            st.st_ctime_ns,
+                            st.st_ino,
+                        ]
+                    )
         _code = found
     return _code
 
@@ -162,14 +171,21 @@ class FrameDict:
 
 def _packable(d: Any) -> bool:
     """A dict of int -> DataFrame whose tables concatenate without changing a dtype."""
-    if not isinstance(d, dict) or len(d) < 2 or not all(isinstance(k, int) and isinstance(v, pd.DataFrame) for k, v in d.items()):
+    if (
+        not isinstance(d, dict)
+        or len(d) < 2
+        or not all(isinstance(k, int) and isinstance(v, pd.DataFrame) for k, v in d.items())
+    ):
         return False
     first = next(iter(d.values()))
     if any(isinstance(t, pd.CategoricalDtype) for t in first.dtypes):
         return False
     return all(
-        type(v.index) is pd.RangeIndex and v.index.start == 0 and v.index.step == 1
-        and v.columns.equals(first.columns) and v.dtypes.equals(first.dtypes)
+        type(v.index) is pd.RangeIndex
+        and v.index.start == 0
+        and v.index.step == 1
+        and v.columns.equals(first.columns)
+        and v.dtypes.equals(first.dtypes)
         for v in d.values()
     )
 
@@ -179,8 +195,11 @@ def _pack(ra: Any) -> Any:
     for f in dataclasses.fields(ra):
         value = getattr(ra, f.name)
         if _packable(value):
-            changes[f.name] = FrameDict(np.array(list(value), dtype=np.int64), np.array([len(v) for v in value.values()], dtype=np.int64),
-                                        pd.concat(list(value.values()), ignore_index=True))
+            changes[f.name] = FrameDict(
+                np.array(list(value), dtype=np.int64),
+                np.array([len(v) for v in value.values()], dtype=np.int64),
+                pd.concat(list(value.values()), ignore_index=True),
+            )
     return dataclasses.replace(ra, **changes)
 
 
@@ -190,8 +209,11 @@ def _unpack(ra: Any) -> None:
         if isinstance(value, FrameDict):
             ends = np.cumsum(value.lengths)
             starts = ends - value.lengths
-            setattr(ra, f.name, {int(k): value.frame.iloc[a:b].reset_index(drop=True)
-                                 for k, a, b in zip(value.keys, starts, ends)})
+            setattr(
+                ra,
+                f.name,
+                {int(k): value.frame.iloc[a:b].reset_index(drop=True) for k, a, b in zip(value.keys, starts, ends)},
+            )
 
 
 def read(key: RunKey, path: Any) -> Any | None:
@@ -204,9 +226,9 @@ def read(key: RunKey, path: Any) -> Any | None:
         if data[: len(_MAGIC)] != _MAGIC:
             return None
         start = len(_MAGIC) + 8
-        meta_len = int.from_bytes(data[len(_MAGIC):start], "little")
-        meta = orjson.loads(bytes(data[start:start + meta_len]))
-        blob = memoryview(data)[start + meta_len:]
+        meta_len = int.from_bytes(data[len(_MAGIC) : start], "little")
+        meta = orjson.loads(bytes(data[start : start + meta_len]))
+        blob = memoryview(data)[start + meta_len :]
         arrays = [rankcache._array_at(blob, *spec) for spec in meta["arrays"]]
         classes = _resolve(meta["classes"])
         if classes is None:
@@ -273,7 +295,9 @@ def write(key: RunKey, ra: Any) -> str | None:
     for a in arrays:
         specs.append([a.dtype.str, list(a.shape), offset, a.nbytes])
         offset += a.nbytes
-    meta = orjson.dumps({"arrays": specs, "classes": [[c.__module__, c.__name__] for c in found.values()], "result": tree})
+    meta = orjson.dumps(
+        {"arrays": specs, "classes": [[c.__module__, c.__name__] for c in found.values()], "result": tree}
+    )
     tmp = key.entry.with_name(f".{key.entry.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:

@@ -47,6 +47,7 @@ cost is read as a ratio from one run rather than from two sessions. The shared f
 ``--out`` and empties it (and any ``.analyzer-cache`` beside the traces)
 before each cold run. Linux only (/proc).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,12 +130,16 @@ def clear_report_cache(folder: Path, user_cache: Path) -> None:
 
 def export_revision(ref: str, out: Path) -> Path:
     """The source tree of git revision ``ref`` under ``out`` (exported once), byte-compiled."""
-    rev = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
     src = out / f"before-{rev}"
     if not (src / "reftrain").is_dir():
         shutil.rmtree(src, ignore_errors=True)
         src.mkdir(parents=True)
-        archive = subprocess.run(["git", "archive", rev, "analyzer", "reftrain"], cwd=REPO, check=True, capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", rev, "analyzer", "reftrain"], cwd=REPO, check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
         # An editable install gets its bytecode from `make install`'s compileall; give the old tree the same.
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], check=True)
@@ -145,8 +150,9 @@ BEFORE_SCRIPT = "import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 
 
 
 # ----------------------------------------------------------------- main
-def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path,
-            before_src: Path | None = None) -> Measurement:
+def measure(
+    folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path, before_src: Path | None = None
+) -> Measurement:
     user_cache = out / "xdg-cache"
     env = dict(os.environ, PYTHONWARNINGS="ignore", XDG_CACHE_HOME=str(user_cache))
     prepare = lambda: None  # noqa: E731
@@ -159,13 +165,24 @@ def measure(folder_name: str, folder: Path, tool: str, repeat: int, json_mb: flo
             prepare = lambda: clear_report_cache(folder, user_cache)  # noqa: E731
         cmd = [str(BIN / "analyzer"), "report", str(folder), "--json", str(out / f"{folder_name}.report.json")]
         if tool == "analyzer-before":
-            cmd = [sys.executable, "-c", BEFORE_SCRIPT, str(before_src), *cmd[1:3], "--json", str(out / f"{folder_name}.before.json")]
+            cmd = [
+                sys.executable,
+                "-c",
+                BEFORE_SCRIPT,
+                str(before_src),
+                *cmd[1:3],
+                "--json",
+                str(out / f"{folder_name}.before.json"),
+            ]
     wall, cpu, pss, rss, rc, err, sampled_wall = run_measured(cmd, env, prepare)
     if rc != 0:
         print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:]}", file=sys.stderr)
     m = Measurement(folder_name, tool, repeat, wall, cpu, pss / 2**20, rss / 2**20, json_mb, rc, sampled_wall)
-    print(f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  cpu {cpu:7.2f} s  PSS {m.peak_pss_mb:6.0f} MB  RSS {m.peak_rss_mb:6.0f} MB  "
-          f"{m.mb_per_s:6.1f} MB/s  (sampled run {sampled_wall:5.2f} s)", flush=True)
+    print(
+        f"  {folder_name:20s} {tool:14s} {wall:7.2f} s  cpu {cpu:7.2f} s  PSS {m.peak_pss_mb:6.0f} MB  RSS {m.peak_rss_mb:6.0f} MB  "
+        f"{m.mb_per_s:6.1f} MB/s  (sampled run {sampled_wall:5.2f} s)",
+        flush=True,
+    )
     return m
 
 
@@ -199,8 +216,10 @@ def summarize(results: list[Measurement]) -> list[dict]:
             row["cold_over_before_cpu"] = cold["cpu_s"] / before["cpu_s"]
             row["cold_over_before_per_repeat"] = [
                 c.wall_s / b.wall_s
-                for c in results if c.folder == folder and c.tool == "analyzer-cold"
-                for b in results if b.folder == folder and b.tool == "analyzer-before" and b.repeat == c.repeat
+                for c in results
+                if c.folder == folder and c.tool == "analyzer-cold"
+                for b in results
+                if b.folder == folder and b.tool == "analyzer-before" and b.repeat == c.repeat
             ]
         rows.append(row)
     return rows
@@ -209,9 +228,11 @@ def summarize(results: list[Measurement]) -> list[dict]:
 def print_summary(rows: list[dict]) -> None:
     nan = float("nan")
     print()
-    print(f"{'folder':18s} {'JSON MB':>7s} | {'HTA s':>6s} {'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} | {'cold s':>6s} "
-          f"{'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'cpu s':>6s} | {'tables s':>8s} | "
-          f"{'speedup':>7s} {'cpu x':>6s} {'PSS/HTA':>7s} {'RSS/HTA':>7s}")
+    print(
+        f"{'folder':18s} {'JSON MB':>7s} | {'HTA s':>6s} {'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} | {'cold s':>6s} "
+        f"{'cpu s':>6s} {'PSS MB':>6s} {'RSS MB':>6s} {'MB/s':>5s} | {'warm s':>6s} {'cpu s':>6s} | {'tables s':>8s} | "
+        f"{'speedup':>7s} {'cpu x':>6s} {'PSS/HTA':>7s} {'RSS/HTA':>7s}"
+    )
     for r in rows:
         h, c, w = r.get("hta", {}), r.get("analyzer-cold", {}), r.get("analyzer-warm", {})
         t = r.get("analyzer-tables", {})
@@ -225,20 +246,30 @@ def print_summary(rows: list[dict]) -> None:
             f"{r.get('pss_ratio_cold', nan):7.2f} {r.get('rss_ratio_cold', nan):7.2f}"
         )
     if any("cold_over_before" in r for r in rows):
-        print(f"\n{'folder':18s} | {'before s':>8s} {'cpu s':>6s} {'PSS MB':>6s} | {'cold s':>6s} | {'cold/before':>11s} {'cpu':>5s} | per repeat")
+        print(
+            f"\n{'folder':18s} | {'before s':>8s} {'cpu s':>6s} {'PSS MB':>6s} | {'cold s':>6s} | {'cold/before':>11s} {'cpu':>5s} | per repeat"
+        )
         for r in rows:
             b, c = r.get("analyzer-before", {}), r.get("analyzer-cold", {})
             per = ", ".join(f"{x:.2f}" for x in r.get("cold_over_before_per_repeat", []))
-            print(f"{r['folder']:18s} | {b.get('wall_s', nan):8.2f} {b.get('cpu_s', nan):6.2f} {b.get('peak_pss_mb', nan):6.0f} | "
-                  f"{c.get('wall_s', nan):6.2f} | {r.get('cold_over_before', nan):11.2f} {r.get('cold_over_before_cpu', nan):5.2f} | {per}")
+            print(
+                f"{r['folder']:18s} | {b.get('wall_s', nan):8.2f} {b.get('cpu_s', nan):6.2f} {b.get('peak_pss_mb', nan):6.0f} | "
+                f"{c.get('wall_s', nan):6.2f} | {r.get('cold_over_before', nan):11.2f} {r.get('cold_over_before_cpu', nan):5.2f} | {per}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and folder (median reported)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "analyzer", help="working folder (git-ignored)")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "bench" / "out" / "analyzer", help="working folder (git-ignored)"
+    )
     parser.add_argument("--folders", nargs="*", help="subset of folder names to run")
-    parser.add_argument("--before", metavar="REF", help="also time the cold report of git revision REF, interleaved (a change's cost as a ratio)")
+    parser.add_argument(
+        "--before",
+        metavar="REF",
+        help="also time the cold report of git revision REF, interleaved (a change's cost as a ratio)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     folders = prepare_cases(args.out)
@@ -252,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Measurement] = []
     for repeat in range(args.repeats):
         # Alternate which tool goes first; warm and tables always follow cold.
-        order = tools + before if repeat % 2 == 0 else before + ["analyzer-cold", "analyzer-warm", "analyzer-tables", "hta"]
+        order = (
+            tools + before if repeat % 2 == 0 else before + ["analyzer-cold", "analyzer-warm", "analyzer-tables", "hta"]
+        )
         for name, path in folders.items():
             for tool in order:
                 results.append(measure(name, path, tool, repeat, sizes[name], args.out, before_src))

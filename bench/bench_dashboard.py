@@ -59,6 +59,7 @@ warm on a 2-core machine.
 
     .venv/bin/python bench/bench_dashboard.py [--repeat 3] [--incognito] [--trace FILE] [--no-1024] [--json bench/out/dashboard.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -146,8 +147,17 @@ def make_big_folder(runs: Path) -> dict:
 
     options = dict(steps=6, events_kind="device", delay_frac=0.10, jitter_ms=0.5, straggler=None, seed=12)
     record = runs.parent / f"{BIG}.generator.json"
-    want = {"version": bench_scale.GENERATOR_VERSION, "trace": str(bench_scale.DEFAULT_TRACE), "world": BIG_WORLD,
-            "steps": 6, "events": "device", "delay_frac": 0.10, "jitter_ms": 0.5, "straggler": BIG_WORLD // 3 + 1, "seed": 12}
+    want = {
+        "version": bench_scale.GENERATOR_VERSION,
+        "trace": str(bench_scale.DEFAULT_TRACE),
+        "world": BIG_WORLD,
+        "steps": 6,
+        "events": "device",
+        "delay_frac": 0.10,
+        "jitter_ms": 0.5,
+        "straggler": BIG_WORLD // 3 + 1,
+        "seed": 12,
+    }
     if record.exists() and (runs / BIG).is_dir():
         old = json.loads(record.read_text())
         if old.get("options") == want:
@@ -160,10 +170,14 @@ def make_big_folder(runs: Path) -> dict:
 def build_summaries(folder: Path) -> list[float]:
     """Analyze `folder` until the analysis is stored (parse cache, rank summaries, then the
     finished analysis: analyzer/runcache.py), in a child process; seconds per pass."""
-    code = ("import sys, time; from analyzer.api import analyze\n"
-            "for _ in range(3):\n"
-            "    t = time.perf_counter(); a = analyze(sys.argv[1]); print(round(time.perf_counter() - t, 2), a.stragglers.ranks)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True, cwd=REPO)
+    code = (
+        "import sys, time; from analyzer.api import analyze\n"
+        "for _ in range(3):\n"
+        "    t = time.perf_counter(); a = analyze(sys.argv[1]); print(round(time.perf_counter() - t, 2), a.stragglers.ranks)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True, cwd=REPO
+    )
     return [float(line.split()[0]) for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -224,7 +238,8 @@ def from_runs_s(context, base: str, name: str, n_charts: int) -> float:
         grid.wait_for(state="visible", timeout=TIMEOUT_MS)
         page.wait_for_function(
             "name => document.querySelector('[data-testid=\"stDataFrame\"]').innerHTML.includes(name)",
-            arg=name, timeout=TIMEOUT_MS,
+            arg=name,
+            timeout=TIMEOUT_MS,
         )
         page.wait_for_function(_SCRIPT_IDLE_JS, timeout=TIMEOUT_MS, polling=50)
         rows = grid.locator("table tbody tr").evaluate_all(
@@ -279,7 +294,9 @@ def bench(
 ) -> dict[str, dict[str, list[float]]]:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, dict[str, list[float]]] = {n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": [], "switch": [], "from-runs": []} for n in names}
+    out: dict[str, dict[str, list[float]]] = {
+        n: {"cold": [], "server-cold": [], "warm": [], "warm-cpu": [], "switch": [], "from-runs": []} for n in names
+    }
     with sync_playwright() as p:
         for i in range(repeat):
             for state in ("cold", "server-cold"):
@@ -373,8 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--trace", type=Path, default=EXAMPLE_RUN / "traces" / "rank0.step7.json.gz")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "dashboard.json")
-    parser.add_argument("--runs", type=Path, default=REPO / "bench" / "out" / "dashboard" / "runs",
-                        help="the runs folder (git-ignored; the 1,024-rank folder is generated here once)")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=REPO / "bench" / "out" / "dashboard" / "runs",
+        help="the runs folder (git-ignored; the 1,024-rank folder is generated here once)",
+    )
     parser.add_argument("--no-1024", dest="big", action="store_false", help="leave the 1,024-rank folder out")
     parser.add_argument(
         "--incognito",
@@ -398,8 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         big["generator"] = make_big_folder(runs)
         big["generate_s"] = round(time.perf_counter() - t0, 1)
         big["analyze_passes_s"] = build_summaries(runs / BIG)
-        print(f"{BIG}: ready in {big['generate_s']} s (generator reused when 0), analyses before timing "
-              f"{big['analyze_passes_s']} s (parse + summaries, from summaries, stored)", flush=True)
+        print(
+            f"{BIG}: ready in {big['generate_s']} s (generator reused when 0), analyses before timing "
+            f"{big['analyze_passes_s']} s (parse + summaries, from summaries, stored)",
+            flush=True,
+        )
         names.append(BIG)
     elif (runs / BIG).exists():
         shutil.move(str(runs / BIG), str(runs.parent / f".{BIG}.aside"))  # out of the runs table; put back below
@@ -417,9 +441,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.move(str(runs.parent / f".{BIG}.aside"), str(runs / BIG))
     load = os.getloadavg()[0]
     profile = "incognito contexts" if args.incognito else "persistent browser profile"
-    print(f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
-          f"{profile}; charts per page {n_charts}; load average {load:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'input':<16}{'cold':>8}{'server-cold':>12}{'warm':>8}{'warm-cpu':>10}{'switch':>8}{'from-runs':>10}{'script':>8}")
+    print(
+        f"time to first full render of /overview (s), median of {args.repeat}; trace for 8 ranks: {args.trace.name}; "
+        f"{profile}; charts per page {n_charts}; load average {load:.1f} on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'input':<16}{'cold':>8}{'server-cold':>12}{'warm':>8}{'warm-cpu':>10}{'switch':>8}{'from-runs':>10}{'script':>8}"
+    )
     summary = {}
 
     def cell(v: float | None, width: int) -> str:
@@ -428,22 +456,36 @@ def main(argv: list[str] | None = None) -> int:
     for name, states in results.items():
         med = {s: (statistics.median(v) if v else None) for s, v in states.items()}
         summary[name] = {"median_s": med, "samples_s": states}
-        print(f"{name:<16}{cell(med['cold'], 8)}{cell(med['server-cold'], 12)}{cell(med['warm'], 8)}{cell(med['warm-cpu'], 10)}"
-              f"{cell(med['switch'], 8)}{cell(med['from-runs'], 10)}{cell(med['script'], 8)}")
+        print(
+            f"{name:<16}{cell(med['cold'], 8)}{cell(med['server-cold'], 12)}{cell(med['warm'], 8)}{cell(med['warm-cpu'], 10)}"
+            f"{cell(med['switch'], 8)}{cell(med['from-runs'], 10)}{cell(med['script'], 8)}"
+        )
     if BIG in summary:
         small = summary["folder-8rank"]["median_s"]
-        ratio = {s: (v / small[s] if v is not None and small.get(s) else None) for s, v in summary[BIG]["median_s"].items()}
+        ratio = {
+            s: (v / small[s] if v is not None and small.get(s) else None) for s, v in summary[BIG]["median_s"].items()
+        }
         summary[BIG]["ratio_to_8rank"] = ratio
-        print(f"{'1024 / 8 ranks':<16}{cell(ratio['cold'], 8)}{cell(ratio['server-cold'], 12)}{cell(ratio['warm'], 8)}"
-              f"{cell(ratio['warm-cpu'], 10)}{cell(ratio['switch'], 8)}{cell(ratio['from-runs'], 10)}{cell(ratio['script'], 8)}")
+        print(
+            f"{'1024 / 8 ranks':<16}{cell(ratio['cold'], 8)}{cell(ratio['server-cold'], 12)}{cell(ratio['warm'], 8)}"
+            f"{cell(ratio['warm-cpu'], 10)}{cell(ratio['switch'], 8)}{cell(ratio['from-runs'], 10)}{cell(ratio['script'], 8)}"
+        )
     print("page scripts under AppTest (s): first run / warm rerun")
     for name, per_page in pages.items():
         print(f"{name:<16}" + "  ".join(f"{page} {t['first']:.2f}/{t['warm']:.2f}" for page, t in per_page.items()))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
-            {"trace": str(args.trace), "repeat": args.repeat, "profile": profile, "charts": n_charts,
-             "load_average": load, "results": summary, "pages": pages, "big": big},
+            {
+                "trace": str(args.trace),
+                "repeat": args.repeat,
+                "profile": profile,
+                "charts": n_charts,
+                "load_average": load,
+                "results": summary,
+                "pages": pages,
+                "big": big,
+            },
             indent=2,
         )
     )

@@ -60,6 +60,7 @@ ends (also on Ctrl-C and SIGTERM, in a `finally`), and each exits by
 itself when the time budget plus one minute has passed, should this
 process die without cleaning up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,29 +88,51 @@ _SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile ti
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="validation: 3 trials of none and slow25, idle only (unless --trials/--cases/--loads say otherwise)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="validation: 3 trials of none and slow25, idle only (unless --trials/--cases/--loads say otherwise)",
+    )
     p.add_argument("--trials", type=int, help="candidate runs per cell (default 20)")
-    p.add_argument("--budget-min", type=float, default=30.0,
-                   help="stop starting trials after this many minutes in all, split evenly over the loads (default 30)")
+    p.add_argument(
+        "--budget-min",
+        type=float,
+        default=30.0,
+        help="stop starting trials after this many minutes in all, split evenly over the loads (default 30)",
+    )
     p.add_argument("--cases", help=f"comma-separated subset of {','.join(CASES)} (default all)")
     p.add_argument("--loads", help="background busy processes per condition (default 0,1,2)")
     p.add_argument("--block", type=int, default=2, help="candidate runs between two baseline runs (default 2)")
-    p.add_argument("--baselines-per-check", type=int, choices=(1, 2), default=2,
-                   help="2: gate each candidate against the baselines before and after its block; 1: the one before")
+    p.add_argument(
+        "--baselines-per-check",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2: gate each candidate against the baselines before and after its block; 1: the one before",
+    )
     p.add_argument("--steps", type=int, default=40, help="steps per run (default 40; 3 warm-up, profiler off)")
     p.add_argument("--check-args", default="", help="extra arguments for `analyzer check`, e.g. '--max-mfu-drop 0.1'")
     p.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary folder)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write every trial and the table as JSON")
-    p.add_argument("--reuse", type=Path, metavar="FILE",
-                   help="train nothing: re-gate the trials of an earlier --json FILE (its runs kept with --out) "
-                        "with the current gate, at each of --lengths")
-    p.add_argument("--baseline-checks", action="store_true",
-                   help="with --reuse: also gate each baseline that has one on either side against those two, as "
-                        "further no-change checks (case `none-base`; three runs apart instead of one or two)")
-    p.add_argument("--lengths", default="",
-                   help="with --reuse: comma-separated numbers of steady steps per run, each run cut to its first N "
-                        "(default: the runs' own length)")
+    p.add_argument(
+        "--reuse",
+        type=Path,
+        metavar="FILE",
+        help="train nothing: re-gate the trials of an earlier --json FILE (its runs kept with --out) "
+        "with the current gate, at each of --lengths",
+    )
+    p.add_argument(
+        "--baseline-checks",
+        action="store_true",
+        help="with --reuse: also gate each baseline that has one on either side against those two, as "
+        "further no-change checks (case `none-base`; three runs apart instead of one or two)",
+    )
+    p.add_argument(
+        "--lengths",
+        default="",
+        help="with --reuse: comma-separated numbers of steady steps per run, each run cut to its first N "
+        "(default: the runs' own length)",
+    )
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",") if x]
     if args.out is not None:
@@ -161,9 +184,26 @@ def _sigterm(signum, frame) -> None:  # SIGTERM takes the same way out as Ctrl-C
 
 # ----------------------------------------------------------------- runs and checks
 def train(runs_dir: Path, name: str, steps: int, extra: list[str]) -> Path:
-    cmd = [sys.executable, "-m", "reftrain", "--nproc", "2", "--device", "cpu", "--preset", "tiny",
-           "--steps", str(steps), "--runs-dir", str(runs_dir), "--run-name", name,
-           "--set", "profile.enabled=false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reftrain",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--steps",
+        str(steps),
+        "--runs-dir",
+        str(runs_dir),
+        "--run-name",
+        name,
+        "--set",
+        "profile.enabled=false",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=runs_dir, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"bench_gate: reftrain {name} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -216,11 +256,18 @@ def gate(cand: Path, baselines: list[Path], check_args: list[str]) -> dict:
         if code == 130:  # the CLI turns Ctrl-C into exit 130; the bench must stop too
             raise KeyboardInterrupt
         doc = json.loads(out.read_text()) if out.exists() else {}
-    return {"exit": code, "verdict": VERDICTS.get(code, f"exit {code}"), "drop": doc.get("drop"),
-            "noise": doc.get("noise"), "noise_source": doc.get("noise_source"), "p_value": doc.get("p_value"),
-            "cpu_drop": (doc.get("cpu_time") or {}).get("drop"), "cpu_noise": (doc.get("cpu_time") or {}).get("noise"),
-            "machine": doc.get("machine_speed"),
-            "error": stderr.getvalue().strip().splitlines()[-1] if code == 2 and stderr.getvalue().strip() else None}
+    return {
+        "exit": code,
+        "verdict": VERDICTS.get(code, f"exit {code}"),
+        "drop": doc.get("drop"),
+        "noise": doc.get("noise"),
+        "noise_source": doc.get("noise_source"),
+        "p_value": doc.get("p_value"),
+        "cpu_drop": (doc.get("cpu_time") or {}).get("drop"),
+        "cpu_noise": (doc.get("cpu_time") or {}).get("noise"),
+        "machine": doc.get("machine_speed"),
+        "error": stderr.getvalue().strip().splitlines()[-1] if code == 2 and stderr.getvalue().strip() else None,
+    }
 
 
 @dataclass
@@ -236,7 +283,10 @@ class Cell:
     def row(self) -> dict:
         n = len(self.trials)
         return {
-            "case": self.case, "load": self.load, "trials": n, "inject": " ".join(self.inject),
+            "case": self.case,
+            "load": self.load,
+            "trials": n,
+            "inject": " ".join(self.inject),
             **{v: self.count(v) for v in ("regression", "inconclusive", "pass", "unusable")},
             # --reuse: the same trials gated without the machine-speed canary.
             "regression_without_canary": sum(t.get("verdict_without_canary") == "regression" for t in self.trials),
@@ -247,8 +297,10 @@ class Cell:
 
 
 def print_table(cells: list[Cell]) -> None:
-    print(f"\n{'case':<10} {'load':>4} {'trials':>6} {'regression':>11} {'inconclusive':>13} {'pass':>6} "
-          f"{'unusable':>8} {'step change':>11} {'s/trial':>8}  inject  [without canary: regression, pass]")
+    print(
+        f"\n{'case':<10} {'load':>4} {'trials':>6} {'regression':>11} {'inconclusive':>13} {'pass':>6} "
+        f"{'unusable':>8} {'step change':>11} {'s/trial':>8}  inject  [without canary: regression, pass]"
+    )
     for cell in cells:
         r = cell.row()
         if not r["trials"]:
@@ -256,15 +308,22 @@ def print_table(cells: list[Cell]) -> None:
             continue
         n = r["trials"]
         pct = lambda k: f"{r[k]:>3} {100 * r[k] / n:3.0f}%"  # noqa: E731
-        print(f"{r['case']:<10} {r['load']:>4} {n:>6} {pct('regression'):>11} {pct('inconclusive'):>13} "
-              f"{r['pass']:>6} {r['unusable']:>8} {100 * r['step_change_median']:+10.1f}% "
-              f"{r['wall_s_per_trial']:8.1f}  {r['inject']}"
-              + (f"  [{r['regression_without_canary']}, {r['pass_without_canary']}]"
-                 if any("verdict_without_canary" in t for t in cell.trials) else ""), flush=True)
+        print(
+            f"{r['case']:<10} {r['load']:>4} {n:>6} {pct('regression'):>11} {pct('inconclusive'):>13} "
+            f"{r['pass']:>6} {r['unusable']:>8} {100 * r['step_change_median']:+10.1f}% "
+            f"{r['wall_s_per_trial']:8.1f}  {r['inject']}"
+            + (
+                f"  [{r['regression_without_canary']}, {r['pass_without_canary']}]"
+                if any("verdict_without_canary" in t for t in cell.trials)
+                else ""
+            ),
+            flush=True,
+        )
 
 
-def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, check_args: list[str],
-             cells: list[Cell]) -> None:
+def run_load(
+    args: argparse.Namespace, load: int, root: Path, deadline: float, check_args: list[str], cells: list[Cell]
+) -> None:
     """One load condition: baselines and candidates interleaved, B C C B C C B ...
 
     Each candidate is gated against the baseline trained just before its
@@ -279,8 +338,11 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
     share = compute_share(calib)
     bases = [train(runs_dir, "base0", args.steps, [])]
     step_ms = median_step_ms(bases[0])
-    print(f"   first baseline: median step {step_ms:.1f} ms; forward+backward's own CPU work "
-          f"{100 * share:.0f}% of a step's CPU time (calibration run)", flush=True)
+    print(
+        f"   first baseline: median step {step_ms:.1f} ms; forward+backward's own CPU work "
+        f"{100 * share:.0f}% of a step's CPU time (calibration run)",
+        flush=True,
+    )
     mine = []
     for case in args.cases:
         if case in SLOWER:
@@ -296,7 +358,9 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
     while queue and time.monotonic() < deadline:
         block, queue = queue[: args.block], queue[args.block :]
         t0 = time.monotonic()
-        cands = [(trial, cell, train(runs_dir, f"{cell.case}-{trial}", args.steps, cell.inject)) for trial, cell in block]
+        cands = [
+            (trial, cell, train(runs_dir, f"{cell.case}-{trial}", args.steps, cell.inject)) for trial, cell in block
+        ]
         after = train(runs_dir, f"base{len(bases)}", args.steps, []) if args.baselines_per_check > 1 else None
         # A trial's wall time: its own run, its share of a baseline, its check.
         shared_s = (time.monotonic() - t0) / len(block)
@@ -305,12 +369,20 @@ def run_load(args: argparse.Namespace, load: int, root: Path, deadline: float, c
             neighbours = [bases[-1]] + ([after] if after is not None else [])
             result = gate(cand, neighbours, check_args)
             ref_ms = statistics.median(median_step_ms(b) for b in neighbours)
-            result.update(trial=trial, candidate=str(cand), baselines=[str(b) for b in neighbours],
-                          step_change=median_step_ms(cand) / ref_ms - 1, wall_s=shared_s + time.monotonic() - t1)
+            result.update(
+                trial=trial,
+                candidate=str(cand),
+                baselines=[str(b) for b in neighbours],
+                step_change=median_step_ms(cand) / ref_ms - 1,
+                wall_s=shared_s + time.monotonic() - t1,
+            )
             cell.trials.append(result)
-            print(f"   {cell.case:<10} trial {trial:>2}: {result['verdict']:<12} drop {result['drop'] or 0:+.3f} "
-                  f"noise {result['noise'] or 0:.3f}  step {100 * result['step_change']:+.1f}%  "
-                  f"({result['wall_s']:.1f} s)", flush=True)
+            print(
+                f"   {cell.case:<10} trial {trial:>2}: {result['verdict']:<12} drop {result['drop'] or 0:+.3f} "
+                f"noise {result['noise'] or 0:.3f}  step {100 * result['step_change']:+.1f}%  "
+                f"({result['wall_s']:.1f} s)",
+                flush=True,
+            )
         if after is not None:
             bases.append(after)
     if queue:
@@ -328,8 +400,11 @@ def _check_config(check_args: list[str]) -> tuple[object, bool, bool]:
     p.add_argument("--no-cpu-time", action="store_true")
     p.add_argument("--no-machine-speed", action="store_true")
     a = p.parse_args(check_args)
-    return CheckConfig(max_drop=a.max_mfu_drop, alpha=a.alpha, quantile=a.quantile), not a.no_cpu_time, \
-        not a.no_machine_speed
+    return (
+        CheckConfig(max_drop=a.max_mfu_drop, alpha=a.alpha, quantile=a.quantile),
+        not a.no_cpu_time,
+        not a.no_machine_speed,
+    )
 
 
 def baseline_checks(cells: list[dict]) -> list[dict]:
@@ -351,8 +426,15 @@ def baseline_checks(cells: list[dict]) -> list[dict]:
         for i in range(1, len(order) - 1):
             neighbours = [order[i - 1], order[i + 1]]
             ref_ms = statistics.median(median_step_ms(Path(b)) for b in neighbours)
-            trials.append({"trial": i, "candidate": order[i], "baselines": neighbours,
-                           "step_change": median_step_ms(Path(order[i])) / ref_ms - 1, "wall_s": 0.0})
+            trials.append(
+                {
+                    "trial": i,
+                    "candidate": order[i],
+                    "baselines": neighbours,
+                    "step_change": median_step_ms(Path(order[i])) / ref_ms - 1,
+                    "wall_s": 0.0,
+                }
+            )
         out.append({"case": "none-base", "load": load, "inject": [], "trials": trials})
     return out
 
@@ -390,7 +472,14 @@ def reuse(args: argparse.Namespace) -> int:
     if args.baseline_checks:
         doc["trials"] += baseline_checks(doc["trials"])
     for cell_doc in doc["trials"]:
-        cells = {n: Cell(cell_doc["case"], cell_doc["load"], cell_doc["inject"].split() if isinstance(cell_doc["inject"], str) else cell_doc["inject"]) for n in lengths}
+        cells = {
+            n: Cell(
+                cell_doc["case"],
+                cell_doc["load"],
+                cell_doc["inject"].split() if isinstance(cell_doc["inject"], str) else cell_doc["inject"],
+            )
+            for n in lengths
+        }
         for n in lengths:
             tables[n].append(cells[n])
         for t in cell_doc["trials"]:
@@ -409,23 +498,46 @@ def reuse(args: argparse.Namespace) -> int:
                     before = gate_samples(bases_n, cand_n, config, cpu_b_n, cpu_c_n)[0].verdict
                     # The canary's probes of the same steps: those up to each run's last kept step.
                     result, _, machine = machine_speed_gate(
-                        bases_n, cand_n, config, cpu_b_n, cpu_c_n,
-                        [_probes_of(p, s) for p, s in zip(probes_b, bases_n)], _probes_of(probes_c, cand_n))
+                        bases_n,
+                        cand_n,
+                        config,
+                        cpu_b_n,
+                        cpu_c_n,
+                        [_probes_of(p, s) for p, s in zip(probes_b, bases_n)],
+                        _probes_of(probes_c, cand_n),
+                    )
                     verdict, drop, noise = result.verdict, result.drop, result.noise
                 except AnalyzerError:
                     verdict, drop, noise, before, machine = "unusable", None, None, "unusable", None
-                cells[n].trials.append({**t, "verdict": verdict, "drop": drop, "noise": noise,
-                                        "verdict_without_canary": before,
-                                        "machine": machine.to_json() if machine else None})
+                cells[n].trials.append(
+                    {
+                        **t,
+                        "verdict": verdict,
+                        "drop": drop,
+                        "noise": noise,
+                        "verdict_without_canary": before,
+                        "machine": machine.to_json() if machine else None,
+                    }
+                )
     for n in lengths:
-        print(f"\n== {'each run cut to its first ' + str(n) + ' steady steps' if n else 'whole runs'} "
-              f"(re-gated from {args.reuse})")
+        print(
+            f"\n== {'each run cut to its first ' + str(n) + ' steady steps' if n else 'whole runs'} "
+            f"(re-gated from {args.reuse})"
+        )
         print_table(tables[n])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"reuse": str(args.reuse), "lengths": lengths,
-                                         "tables": {str(n): [c.row() for c in tables[n]] for n in lengths},
-                                         "trials": {str(n): [asdict(c) for c in tables[n]] for n in lengths}}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "reuse": str(args.reuse),
+                    "lengths": lengths,
+                    "tables": {str(n): [c.row() for c in tables[n]] for n in lengths},
+                    "trials": {str(n): [asdict(c) for c in tables[n]] for n in lengths},
+                },
+                indent=1,
+            )
+        )
     return 0
 
 
@@ -450,13 +562,22 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("\nbench_gate: interrupted; background load stopped. Partial table:", flush=True)
         print_table(cells)
-        print(f"\nwall time {(time.monotonic() - start) / 60:.1f} min; trials per cell as shown "
-              f"(--trials {args.trials}, --budget-min {args.budget_min:g})")
+        print(
+            f"\nwall time {(time.monotonic() - start) / 60:.1f} min; trials per cell as shown "
+            f"(--trials {args.trials}, --budget-min {args.budget_min:g})"
+        )
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                                             "table": [c.row() for c in cells],
-                                             "trials": [asdict(c) for c in cells]}, indent=1))
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                        "table": [c.row() for c in cells],
+                        "trials": [asdict(c) for c in cells],
+                    },
+                    indent=1,
+                )
+            )
     return 0
 
 

@@ -35,6 +35,7 @@ effects on caches and scheduling, which the paired measurement includes).
 
     .venv/bin/python bench/bench_instrument.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
-                                 untimed_collectives)
+from recorder.instrument import CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives
 
 WORLD = 2
 
@@ -111,15 +111,28 @@ class Instrumented:
         times = self.phases.end_step()
         mem_bytes, mem_kind = process_memory_bytes(torch.device("cpu"))
         step_s = times["step_time_ms"] / 1e3
-        self.metrics.write({
-            "step": step, "rank": self.rank, "loss": loss.detach().item(),
-            "step_time_ms": times["step_time_ms"], "data_wait_ms": times["data_ms"],
-            "forward_ms": times["forward_ms"], "backward_ms": times["backward_ms"],
-            "optimizer_ms": times["optimizer_ms"], "grad_sync_ms": 0.0,
-            "comm_ms": self.timer.step_comm_ms(step), "tokens": self.tokens,
-            "tokens_per_s": self.tokens / step_s, "mfu": 0.0, "hfu": 0.0,
-            "mem_bytes": mem_bytes, "mem_kind": mem_kind, "profiled": False, "time_ns": time.time_ns(),
-        })
+        self.metrics.write(
+            {
+                "step": step,
+                "rank": self.rank,
+                "loss": loss.detach().item(),
+                "step_time_ms": times["step_time_ms"],
+                "data_wait_ms": times["data_ms"],
+                "forward_ms": times["forward_ms"],
+                "backward_ms": times["backward_ms"],
+                "optimizer_ms": times["optimizer_ms"],
+                "grad_sync_ms": 0.0,
+                "comm_ms": self.timer.step_comm_ms(step),
+                "tokens": self.tokens,
+                "tokens_per_s": self.tokens / step_s,
+                "mfu": 0.0,
+                "hfu": 0.0,
+                "mem_bytes": mem_bytes,
+                "mem_kind": mem_kind,
+                "profiled": False,
+                "time_ns": time.time_ns(),
+            }
+        )
         self.timer.flush()
         self.metrics.flush()
         self.step_index += 1
@@ -133,13 +146,20 @@ class Instrumented:
 class Recorded:
     """The plain loop with the recorder around each step (what docs/record.md tells a user to add)."""
 
-    def __init__(self, model, opt, out: Path, tokens_per_step: int, set_to_none: bool,
-                 ddp_comm_hook: bool = True) -> None:
+    def __init__(
+        self, model, opt, out: Path, tokens_per_step: int, set_to_none: bool, ddp_comm_hook: bool = True
+    ) -> None:
         import recorder
 
         self.model, self.opt, self.set_to_none, self.tokens = model, opt, set_to_none, tokens_per_step
-        self.rec = recorder.open(out, name="bench", model=model, optimizer=opt,
-                                 profile=recorder.ProfileSchedule(enabled=False), ddp_comm_hook=ddp_comm_hook)
+        self.rec = recorder.open(
+            out,
+            name="bench",
+            model=model,
+            optimizer=opt,
+            profile=recorder.ProfileSchedule(enabled=False),
+            ddp_comm_hook=ddp_comm_hook,
+        )
 
     def step(self, batch) -> None:
         with self.rec.step(tokens=self.tokens) as s:
@@ -198,9 +218,22 @@ def host_cost_us(tmp: Path, rank: int, collectives_per_step: int, repeats: int =
                 pass
         times = phases.end_step()
         mem_bytes, mem_kind = process_memory_bytes(cpu)
-        metrics.write({"step": i, "rank": rank, "loss": 1.0, **times, "mem_bytes": mem_bytes,
-                       "mem_kind": mem_kind, "tokens": 1, "tokens_per_s": 1.0, "mfu": 0.0, "hfu": 0.0,
-                       "profiled": False, "time_ns": time.time_ns()})
+        metrics.write(
+            {
+                "step": i,
+                "rank": rank,
+                "loss": 1.0,
+                **times,
+                "mem_bytes": mem_bytes,
+                "mem_kind": mem_kind,
+                "tokens": 1,
+                "tokens_per_s": 1.0,
+                "mfu": 0.0,
+                "hfu": 0.0,
+                "profiled": False,
+                "time_ns": time.time_ns(),
+            }
+        )
         metrics.flush()
     step_us = (time.perf_counter() - t0) / repeats * 1e6
     metrics.close()
@@ -217,11 +250,19 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
     opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-4)
     opt_instr = torch.optim.AdamW(instr_model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(rank)
-    batches = [(torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen))
-               for _ in range(8)]
+    batches = [
+        (torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen))
+        for _ in range(8)
+    ]
     if args.against in ("recorder", "recorder-no-ddp-hook"):
-        instr = Recorded(instr_model, opt_instr, Path(tmp) / "runs", tokens_per_step=args.batch,
-                         set_to_none=set_to_none, ddp_comm_hook=args.against == "recorder")
+        instr = Recorded(
+            instr_model,
+            opt_instr,
+            Path(tmp) / "runs",
+            tokens_per_step=args.batch,
+            set_to_none=set_to_none,
+            ddp_comm_hook=args.against == "recorder",
+        )
         colls_file = instr.rec.run_dir / "collectives" / f"rank{rank}.jsonl"
     elif args.against == "torch-python-hook":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -230,8 +271,9 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
         instr = PythonHooked(instr_model, opt_instr, set_to_none)
         colls_file = None
     else:
-        instr = Instrumented(instr_model, opt_instr, rank, Path(tmp) / "run", tokens_per_step=args.batch,
-                             set_to_none=set_to_none)
+        instr = Instrumented(
+            instr_model, opt_instr, rank, Path(tmp) / "run", tokens_per_step=args.batch, set_to_none=set_to_none
+        )
         instr.timer.install()
         colls_file = Path(tmp) / "run" / "collectives" / f"rank{rank}.jsonl"
     run = {"plain": lambda b: plain_step(plain, opt_plain, b, set_to_none), "instrumented": instr.step}
@@ -267,10 +309,12 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
         med_instr = statistics.median(times_ms["instrumented"])
         result = {
             "against": args.against,
-            "world_size": WORLD, "params": sum(p.numel() for p in plain.parameters()),
+            "world_size": WORLD,
+            "params": sum(p.numel() for p in plain.parameters()),
             "buckets": buckets,
             "steps_per_variant": args.steps,
-            "median_step_ms_plain": round(med_plain, 3), "median_step_ms_instrumented": round(med_instr, 3),
+            "median_step_ms_plain": round(med_plain, 3),
+            "median_step_ms_instrumented": round(med_instr, 3),
             "overhead_ratio": round(med_instr / med_plain - 1, 4),
             "median_paired_overhead_ratio": round(statistics.median(pair_ratios) - 1, 4),
             "median_paired_cpu_overhead_ratio": round(statistics.median(cpu_pair_ratios) - 1, 4),
@@ -278,17 +322,23 @@ def worker(rank: int, args: argparse.Namespace, tmp: str) -> None:
             "host_cost_us_per_step": round(step_us + collectives_us, 2),
         }
         host_share = (step_us + collectives_us) / (med_plain * 1e3)
-        print(f"model: {result['params'] / 1e6:.2f} M params, {result['buckets']} DDP buckets, "
-              f"batch {args.batch}, gradient_as_bucket_view={args.grad_as_bucket_view}, "
-              f"{WORLD} ranks gloo, {args.steps} steps per variant, alternating; plain vs {args.against}")
+        print(
+            f"model: {result['params'] / 1e6:.2f} M params, {result['buckets']} DDP buckets, "
+            f"batch {args.batch}, gradient_as_bucket_view={args.grad_as_bucket_view}, "
+            f"{WORLD} ranks gloo, {args.steps} steps per variant, alternating; plain vs {args.against}"
+        )
         print(f"median step time  plain        {med_plain:8.3f} ms")
         print(f"median step time  {args.against:<12} {med_instr:8.3f} ms")
         print(f"overhead (median step)         {100 * result['overhead_ratio']:+.2f} %")
         print(f"overhead (median of pairs)     {100 * result['median_paired_overhead_ratio']:+.2f} %")
-        print(f"CPU-time overhead (pairs)      {100 * result['median_paired_cpu_overhead_ratio']:+.2f} %  "
-              "(rank 0's process CPU time per step: the work added, whatever the neighbours' load)")
-        print(f"host cost of the calls alone   {step_us:.0f} us (phases, memory, metrics) + {collectives_us:.0f} us "
-              f"({buckets} collective records, flush) per step = {100 * host_share:.3f} % of the plain step")
+        print(
+            f"CPU-time overhead (pairs)      {100 * result['median_paired_cpu_overhead_ratio']:+.2f} %  "
+            "(rank 0's process CPU time per step: the work added, whatever the neighbours' load)"
+        )
+        print(
+            f"host cost of the calls alone   {step_us:.0f} us (phases, memory, metrics) + {collectives_us:.0f} us "
+            f"({buckets} collective records, flush) per step = {100 * host_share:.3f} % of the plain step"
+        )
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -302,16 +352,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=10, help="unmeasured leading step pairs")
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batch", type=int, default=256,
-                   help="rows (tokens) per rank per step; small batches exaggerate the hook's per-parameter cost")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="rows (tokens) per rank per step; small batches exaggerate the hook's per-parameter cost",
+    )
     p.add_argument("--bucket-cap-mb", type=float, default=2.0, help="small: several buckets, more hook calls")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--grad-as-bucket-view", action="store_true",
-                   help="DDP gradient_as_bucket_view=True in both variants (zero_grad keeps grads)")
-    p.add_argument("--against", choices=("reftrain", "recorder", "recorder-no-ddp-hook", "torch-python-hook"),
-                   default="reftrain",
-                   help="what plain DDP is compared with: reftrain's instrumented step, the recorder in a plain loop "
-                        "(with or without its DDP comm hook), or torch's own Python comm hook alone")
+    p.add_argument(
+        "--grad-as-bucket-view",
+        action="store_true",
+        help="DDP gradient_as_bucket_view=True in both variants (zero_grad keeps grads)",
+    )
+    p.add_argument(
+        "--against",
+        choices=("reftrain", "recorder", "recorder-no-ddp-hook", "torch-python-hook"),
+        default="reftrain",
+        help="what plain DDP is compared with: reftrain's instrumented step, the recorder in a plain loop "
+        "(with or without its DDP comm hook), or torch's own Python comm hook alone",
+    )
     p.add_argument("--json", help="also write the result as JSON here")
     args = p.parse_args(argv)
     if args.quick:

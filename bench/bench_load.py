@@ -33,6 +33,7 @@ trace_diff/control, 35 MB) and ``8-ranks``: df_index_resolver copied as
 ranks 0..7 (``distributedInfo.rank`` and ``world_size`` rewritten), built
 once under ``--out``. Linux only (/proc).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -167,8 +168,11 @@ def measure(case: str, folder: Path, tool: str, repeat: int, mb: float, caches: 
         run_child(code, [str(folder), str(cache_dir)])  # fill it, untimed
     result, wall, pss, rss = run_child(code, [str(folder), str(cache_dir)])
     run = Run(case, tool, repeat, result["load_s"], wall, pss / 1e6, rss / 1e6, mb, result["ranks"], result["rows"])
-    print(f"  {case:20s} {tool:10s} load {run.load_s:7.2f} s  wall {wall:7.2f} s  "
-          f"PSS {run.peak_pss_mb:7.0f} MB  RSS {run.peak_rss_mb:7.0f} MB  {run.mb_per_s:7.1f} MB/s  rows {run.rows}", flush=True)
+    print(
+        f"  {case:20s} {tool:10s} load {run.load_s:7.2f} s  wall {wall:7.2f} s  "
+        f"PSS {run.peak_pss_mb:7.0f} MB  RSS {run.peak_rss_mb:7.0f} MB  {run.mb_per_s:7.1f} MB/s  rows {run.rows}",
+        flush=True,
+    )
     return run
 
 
@@ -179,7 +183,10 @@ def summarize(runs: list[Run]) -> list[dict]:
         for tool in TOOLS:
             rs = [r for r in runs if r.case == case and r.tool == tool]
             if rs:
-                row[tool] = {k: statistics.median(getattr(r, k) for r in rs) for k in ("load_s", "wall_s", "peak_pss_mb", "peak_rss_mb", "mb_per_s")}
+                row[tool] = {
+                    k: statistics.median(getattr(r, k) for r in rs)
+                    for k in ("load_s", "wall_s", "peak_pss_mb", "peak_rss_mb", "mb_per_s")
+                }
         if "hta" in row and "ours-cold" in row:
             row["speedup_load"] = row["hta"]["load_s"] / row["ours-cold"]["load_s"]
             row["speedup_wall"] = row["hta"]["wall_s"] / row["ours-cold"]["wall_s"]
@@ -195,17 +202,23 @@ def print_table(rows: list[dict]) -> None:
         for tool in TOOLS:
             if tool in row:
                 t = row[tool]
-                print(f"{row['case']:20s} {tool:10s} {t['load_s']:7.2f} {t['wall_s']:7.2f} {t['peak_pss_mb']:7.0f} "
-                      f"{t['peak_rss_mb']:7.0f} {t['mb_per_s']:7.1f}")
-        print(f"{'':20s} {'cold vs HTA':10s} load {row.get('speedup_load', nan):.1f}x faster, "
-              f"wall {row.get('speedup_wall', nan):.1f}x faster, peak PSS {row.get('pss_ratio', nan):.2f} of HTA's "
-              f"({row['json_mb']:.0f} MB JSON)")
+                print(
+                    f"{row['case']:20s} {tool:10s} {t['load_s']:7.2f} {t['wall_s']:7.2f} {t['peak_pss_mb']:7.0f} "
+                    f"{t['peak_rss_mb']:7.0f} {t['mb_per_s']:7.1f}"
+                )
+        print(
+            f"{'':20s} {'cold vs HTA':10s} load {row.get('speedup_load', nan):.1f}x faster, "
+            f"wall {row.get('speedup_wall', nan):.1f}x faster, peak PSS {row.get('pss_ratio', nan):.2f} of HTA's "
+            f"({row['json_mb']:.0f} MB JSON)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and case; medians are reported")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "load", help="working folder (git-ignored)")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "bench" / "out" / "load", help="working folder (git-ignored)"
+    )
     parser.add_argument("--cases", nargs="*", help="subset of cases (df_index_resolver, trace_diff-control, 8-ranks)")
     parser.add_argument("--tools", nargs="*", default=list(TOOLS), help=f"subset of tools ({', '.join(TOOLS)})")
     args = parser.parse_args(argv)
@@ -232,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(runs)
     print_table(rows)
     out = args.out / "bench_load.json"
-    out.write_text(json.dumps({"runs": [asdict(r) | {"mb_per_s": r.mb_per_s} for r in runs], "summary": rows}, indent=2))
+    out.write_text(
+        json.dumps({"runs": [asdict(r) | {"mb_per_s": r.mb_per_s} for r in runs], "summary": rows}, indent=2)
+    )
     print(f"\nwrote {out}")
     return 0
 

@@ -27,6 +27,7 @@ steps interleave. Printed: median step time of each kind, the active steps'
 overhead over unprofiled ones, and the time to write each window's trace
 (spent between steps, outside any step time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,13 @@ def worker(args: argparse.Namespace) -> None:
     warmup_pairs = 3
     total_b_steps = warmup_pairs + args.pairs + 3 * args.windows
     cfg = Config()
-    for s in (f"model.preset={args.preset}", f"train.steps={total_b_steps}", "train.device=cpu",
-              "profile.enabled=false", "telemetry.enabled=false"):
+    for s in (
+        f"model.preset={args.preset}",
+        f"train.steps={total_b_steps}",
+        "train.device=cpu",
+        "profile.enabled=false",
+        "telemetry.enabled=false",
+    ):
         apply_set(cfg, s)
     cfg = resolve(cfg)
     env = parallel.init_distributed(cfg)
@@ -98,8 +104,9 @@ def worker(args: argparse.Namespace) -> None:
     raw = Transformer(cfg.model)
     pc = parameter_counts(raw)
     m = cfg.model
-    fpt = flops.flops_per_token(pc["non_embedding"], block_parameter_count(raw), m.n_layers, m.n_heads,
-                                m.d_model // m.n_heads, m.seq_len, False)
+    fpt = flops.flops_per_token(
+        pc["non_embedding"], block_parameter_count(raw), m.n_layers, m.n_heads, m.d_model // m.n_heads, m.seq_len, False
+    )
     peak = flops.PeakFlops(1e12, "override", "bench: MFU not reported", "fp32")
     batches_a = iter(data.build_loader(cfg, rank, 0, "cpu"))
     batches_b = iter(data.build_loader(cfg, rank, 0, "cpu"))
@@ -111,8 +118,9 @@ def worker(args: argparse.Namespace) -> None:
     model_b.register_comm_hook(None, timer.ddp_comm_hook)
     timer.install()
     no_profiler = StepProfiler(ProfileConfig(enabled=False), rank, out_dir / "traces", env.device, 0)
-    step_b = TrainStep(cfg, env, model_b, opt_b, batches_b, timer, metrics, Injector(cfg, rank, env.device),
-                       no_profiler, peak, fpt)
+    step_b = TrainStep(
+        cfg, env, model_b, opt_b, batches_b, timer, metrics, Injector(cfg, rank, env.device), no_profiler, peak, fpt
+    )
     params_a = [p for p in model_a.parameters() if p.requires_grad]
 
     def plain(step: int) -> float:
@@ -152,8 +160,9 @@ def worker(args: argparse.Namespace) -> None:
 
     # Profiler windows: wait 1, warm-up 1, active 1, repeating.
     first = warmup_pairs + args.pairs
-    prof = StepProfiler(ProfileConfig(enabled=True, wait=1, warmup=1, active=1, repeat=0), rank,
-                        out_dir / "traces", env.device, first)
+    prof = StepProfiler(
+        ProfileConfig(enabled=True, wait=1, warmup=1, active=1, repeat=0), rank, out_dir / "traces", env.device, first
+    )
     step_b.profiler = prof
     kinds: dict[str, list[float]] = {"unprofiled": [], "warmup": [], "active": []}
     export_ms: list[float] = []
@@ -172,8 +181,14 @@ def worker(args: argparse.Namespace) -> None:
     metrics.close()
     colls.close()
 
-    mine = {"plain_ms": plain_ms, "instr_ms": instr_ms, "mismatches": mismatches, "kinds": kinds,
-            "export_ms": export_ms, "traces": len(prof.traces)}
+    mine = {
+        "plain_ms": plain_ms,
+        "instr_ms": instr_ms,
+        "mismatches": mismatches,
+        "kinds": kinds,
+        "export_ms": export_ms,
+        "traces": len(prof.traces),
+    }
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -195,31 +210,50 @@ def report(args: argparse.Namespace, cfg, everyone: list[dict]) -> None:
     export = _job(everyone, lambda e: e["export_ms"])
     m = cfg.model
     out = {
-        "config": {"preset": m.preset, "tokens_per_rank_step": cfg.train.micro_batch_size * m.seq_len,
-                   "pairs": args.pairs, "windows": args.windows, "ranks": len(everyone),
-                   "omp_threads": int(os.environ.get("OMP_NUM_THREADS", "0"))},
-        "always_on": {"plain_median_ms": med_plain, "reftrain_median_ms": med_instr,
-                      "overhead": med_instr / med_plain - 1, "paired_ratio_median": statistics.median(ratios),
-                      "loss_mismatches": sum(e["mismatches"] for e in everyone)},
+        "config": {
+            "preset": m.preset,
+            "tokens_per_rank_step": cfg.train.micro_batch_size * m.seq_len,
+            "pairs": args.pairs,
+            "windows": args.windows,
+            "ranks": len(everyone),
+            "omp_threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
+        },
+        "always_on": {
+            "plain_median_ms": med_plain,
+            "reftrain_median_ms": med_instr,
+            "overhead": med_instr / med_plain - 1,
+            "paired_ratio_median": statistics.median(ratios),
+            "loss_mismatches": sum(e["mismatches"] for e in everyone),
+        },
         "profiler": {k + "_median_ms": statistics.median(v) for k, v in kinds.items()}
-                    | {"active_overhead": statistics.median(kinds["active"]) / statistics.median(kinds["unprofiled"]) - 1,
-                       "warmup_overhead": statistics.median(kinds["warmup"]) / statistics.median(kinds["unprofiled"]) - 1,
-                       # each window's active step over the unprofiled step two steps before it
-                       "active_paired_ratio_median": statistics.median(
-                           a / u for a, u in zip(kinds["active"], kinds["unprofiled"])),
-                       "trace_export_median_ms": statistics.median(export), "windows": len(export)},
+        | {
+            "active_overhead": statistics.median(kinds["active"]) / statistics.median(kinds["unprofiled"]) - 1,
+            "warmup_overhead": statistics.median(kinds["warmup"]) / statistics.median(kinds["unprofiled"]) - 1,
+            # each window's active step over the unprofiled step two steps before it
+            "active_paired_ratio_median": statistics.median(
+                a / u for a, u in zip(kinds["active"], kinds["unprofiled"])
+            ),
+            "trace_export_median_ms": statistics.median(export),
+            "windows": len(export),
+        },
     }
     a, pr = out["always_on"], out["profiler"]
-    print(f"\nreftrain instrumentation cost: preset {m.preset}, 2 gloo ranks, "
-          f"{out['config']['tokens_per_rank_step']} tokens/rank/step, {args.pairs} interleaved step pairs")
+    print(
+        f"\nreftrain instrumentation cost: preset {m.preset}, 2 gloo ranks, "
+        f"{out['config']['tokens_per_rank_step']} tokens/rank/step, {args.pairs} interleaved step pairs"
+    )
     print(f"  plain PyTorch DDP step   median {a['plain_median_ms']:8.2f} ms")
     print(f"  reftrain step (always-on) median {a['reftrain_median_ms']:8.2f} ms")
-    print(f"  overhead {a['overhead']:+.2%} (ratio of medians)   {a['paired_ratio_median'] - 1:+.2%} (median of pair ratios)"
-          f"   losses identical: {'yes' if a['loss_mismatches'] == 0 else 'NO (' + str(a['loss_mismatches']) + ')'}")
+    print(
+        f"  overhead {a['overhead']:+.2%} (ratio of medians)   {a['paired_ratio_median'] - 1:+.2%} (median of pair ratios)"
+        f"   losses identical: {'yes' if a['loss_mismatches'] == 0 else 'NO (' + str(a['loss_mismatches']) + ')'}"
+    )
     print(f"\nprofiler windows ({len(export)} windows of wait 1 / warm-up 1 / active 1):")
-    print(f"  unprofiled {pr['unprofiled_median_ms']:8.2f} ms   warm-up {pr['warmup_median_ms']:8.2f} ms "
-          f"({pr['warmup_overhead']:+.1%})   active {pr['active_median_ms']:8.2f} ms ({pr['active_overhead']:+.1%}; "
-          f"{pr['active_paired_ratio_median'] - 1:+.1%} median of per-window ratios)")
+    print(
+        f"  unprofiled {pr['unprofiled_median_ms']:8.2f} ms   warm-up {pr['warmup_median_ms']:8.2f} ms "
+        f"({pr['warmup_overhead']:+.1%})   active {pr['active_median_ms']:8.2f} ms ({pr['active_overhead']:+.1%}; "
+        f"{pr['active_paired_ratio_median'] - 1:+.1%} median of per-window ratios)"
+    )
     print(f"  trace export (between steps) median {pr['trace_export_median_ms']:.1f} ms per window")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

@@ -40,6 +40,7 @@ Folders live under ``--out`` (default bench/out/scale; git-ignored) as
 ``w{N}/`` and are reused when ``w{N}.generator.json`` beside them matches the options;
 results go to ``--out/results.json``. Tables: docs/scale.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -123,14 +124,28 @@ def _shift(e: dict, dt: float, step_no: int, ids: int) -> dict:
 
 
 def rank_trace(
-    doc: dict, step: dict, body: list[dict], *, rank: int, world: int, steps: int,
-    straggler: int, delay_frac: float, jitter_ms: float, seed: int,
+    doc: dict,
+    step: dict,
+    body: list[dict],
+    *,
+    rank: int,
+    world: int,
+    steps: int,
+    straggler: int,
+    delay_frac: float,
+    jitter_ms: float,
+    seed: int,
 ) -> bytes:
     """One rank's trace (JSON bytes) of ``steps`` tiled copies of ``body``."""
     dur = float(step["dur"])
     period = 1.2 * dur
     ids = 1 + max(
-        [int(v) for e in body for k, v in (e.get("args") or {}).items() if k in ("correlation", "External id") and isinstance(v, int)]
+        [
+            int(v)
+            for e in body
+            for k, v in (e.get("args") or {}).items()
+            if k in ("correlation", "External id") and isinstance(v, int)
+        ]
         + [int(e["id"]) for e in body if isinstance(e.get("id"), int)]
         + [0]
     )
@@ -168,15 +183,33 @@ def _write_rank(args: tuple) -> int:
     return len(data)
 
 
-def make_folder(trace: Path, dst: Path, world: int, *, steps: int, events_kind: str, delay_frac: float,
-                jitter_ms: float, straggler: int | None, seed: int, workers: int = 2) -> dict:
+def make_folder(
+    trace: Path,
+    dst: Path,
+    world: int,
+    *,
+    steps: int,
+    events_kind: str,
+    delay_frac: float,
+    jitter_ms: float,
+    straggler: int | None,
+    seed: int,
+    workers: int = 2,
+) -> dict:
     """Write ``dst/rank{R}.json.gz`` for R < world (reused when ``dst``'s
     ``.generator.json`` beside it matches); returns the generator record
     (options, sizes, straggler)."""
     planted = world // 3 + 1 if straggler is None else straggler
     options = {
-        "version": GENERATOR_VERSION, "trace": str(trace), "world": world, "steps": steps, "events": events_kind,
-        "delay_frac": delay_frac, "jitter_ms": jitter_ms, "straggler": planted, "seed": seed,
+        "version": GENERATOR_VERSION,
+        "trace": str(trace),
+        "world": world,
+        "steps": steps,
+        "events": events_kind,
+        "delay_frac": delay_frac,
+        "jitter_ms": jitter_ms,
+        "straggler": planted,
+        "seed": seed,
     }
     # Beside the folder, not in it: the analyzer would report it as a skipped file.
     record = dst.parent / f"{dst.name}.generator.json"
@@ -245,19 +278,27 @@ def run_sampled(cmd: list[str], env: dict[str, str], period_s: float) -> dict:
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    return {"wall_s": wall, "returncode": proc.returncode, "stdout": out.decode(errors="replace"),
-            "stderr": err.decode(errors="replace"), **{f"peak_{k}_rss_bytes" if k != "processes" else "processes": v for k, v in peak.items()}}
+    return {
+        "wall_s": wall,
+        "returncode": proc.returncode,
+        "stdout": out.decode(errors="replace"),
+        "stderr": err.decode(errors="replace"),
+        **{f"peak_{k}_rss_bytes" if k != "processes" else "processes": v for k, v in peak.items()},
+    }
 
 
 def engines_available() -> dict[str, str | None]:
     """engine -> None when usable, else why not."""
-    helptext = subprocess.run([str(REPO / ".venv" / "bin" / "analyzer"), "report", "--help"], capture_output=True, text=True).stdout
+    helptext = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "analyzer"), "report", "--help"], capture_output=True, text=True
+    ).stdout
     out: dict[str, str | None] = {"local": None}
     if "--engine" not in helptext:
         out["ray"] = "analyzer report has no --engine option in this checkout"
     else:
         try:
             import ray  # noqa: F401
+
             out["ray"] = None
         except ImportError:
             out["ray"] = "ray is not installed (pip install 'trainperf[ray]')"
@@ -309,9 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clean", action="store_true", help="remove each generated folder after measuring it")
     args = p.parse_args(argv)
     if not args.trace.exists():
-        print(f"bench_scale: {args.trace}: no such trace (the shared traces are read from ../shared/traces)", file=sys.stderr)
+        print(
+            f"bench_scale: {args.trace}: no such trace (the shared traces are read from ../shared/traces)",
+            file=sys.stderr,
+        )
         return 2
-    _HELP = subprocess.run([str(REPO / ".venv" / "bin" / "analyzer"), "report", "--help"], capture_output=True, text=True).stdout
+    _HELP = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "analyzer"), "report", "--help"], capture_output=True, text=True
+    ).stdout
     avail = engines_available()
     engines = []
     for e in args.engines:
@@ -326,24 +372,46 @@ def main(argv: list[str] | None = None) -> int:
     results.setdefault("runs", {})
     for world in args.ranks:
         folder = args.out / f"w{world}"
-        gen = make_folder(args.trace, folder, world, steps=args.steps, events_kind=args.events, delay_frac=args.delay_frac,
-                          jitter_ms=args.jitter_ms, straggler=args.straggler, seed=args.seed)
+        gen = make_folder(
+            args.trace,
+            folder,
+            world,
+            steps=args.steps,
+            events_kind=args.events,
+            delay_frac=args.delay_frac,
+            jitter_ms=args.jitter_ms,
+            straggler=args.straggler,
+            seed=args.seed,
+        )
         planted = gen["options"]["straggler"]
-        print(f"w{world}: {world} ranks x {gen['json_bytes_per_rank'] / 1e6:.2f} MB JSON ({gen['events_per_rank']} events), "
-              f"{gen['gz_bytes_total'] / 1e6:.1f} MB gzipped on disk, straggler rank {planted}", flush=True)
+        print(
+            f"w{world}: {world} ranks x {gen['json_bytes_per_rank'] / 1e6:.2f} MB JSON ({gen['events_per_rank']} events), "
+            f"{gen['gz_bytes_total'] / 1e6:.1f} MB gzipped on disk, straggler rank {planted}",
+            flush=True,
+        )
         if args.generate_only:
             continue
         for engine in engines:
             res = measure(folder, engine, args.period_s, args.out / f"report-w{world}-{engine}.json")
-            res.update(world=world, engine=engine, planted=planted, found=res["straggler_ranks"] == [planted],
-                       json_bytes_total=gen["json_bytes_total"], gz_bytes_total=gen["gz_bytes_total"],
-                       load_average=os.getloadavg()[0], measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            res.update(
+                world=world,
+                engine=engine,
+                planted=planted,
+                found=res["straggler_ranks"] == [planted],
+                json_bytes_total=gen["json_bytes_total"],
+                gz_bytes_total=gen["gz_bytes_total"],
+                load_average=os.getloadavg()[0],
+                measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            )
             if res["returncode"] != 0:
                 print(f"  {engine}: exit {res['returncode']}: {res['stderr'].strip().splitlines()[-1:]}", flush=True)
             else:
-                print(f"  {engine}: {res['wall_s']:.1f} s, driver {res['peak_driver_rss_bytes'] / 2**20:.0f} MiB, "
-                      f"worker {res['peak_worker_rss_bytes'] / 2**20:.0f} MiB, tree {res['peak_tree_rss_bytes'] / 2**20:.0f} MiB, "
-                      f"stragglers {res['straggler_ranks']} (planted {planted})", flush=True)
+                print(
+                    f"  {engine}: {res['wall_s']:.1f} s, driver {res['peak_driver_rss_bytes'] / 2**20:.0f} MiB, "
+                    f"worker {res['peak_worker_rss_bytes'] / 2**20:.0f} MiB, tree {res['peak_tree_rss_bytes'] / 2**20:.0f} MiB, "
+                    f"stragglers {res['straggler_ranks']} (planted {planted})",
+                    flush=True,
+                )
             res.pop("stdout")
             results["runs"][f"{world}/{engine}"] = res
             results_path.write_text(json.dumps(results, indent=2))
@@ -357,8 +425,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(runs: dict) -> None:
-    print(f"{'N':>6} {'engine':<7}{'GB JSON':>8}{'wall s':>8}{'s/GB':>7}{'driver MiB':>11}{'MiB/rank':>9}"
-          f"{'worker MiB':>11}{'tree MiB':>9}  straggler")
+    print(
+        f"{'N':>6} {'engine':<7}{'GB JSON':>8}{'wall s':>8}{'s/GB':>7}{'driver MiB':>11}{'MiB/rank':>9}"
+        f"{'worker MiB':>11}{'tree MiB':>9}  straggler"
+    )
     for key in sorted(runs, key=lambda k: (int(k.split("/")[0]), k.split("/")[1])):
         r = runs[key]
         if r["returncode"] != 0:
@@ -366,9 +436,11 @@ def print_table(runs: dict) -> None:
             continue
         gb = r["json_bytes_total"] / 1e9
         drv = r["peak_driver_rss_bytes"] / 2**20
-        print(f"{r['world']:>6} {r['engine']:<7}{gb:>8.2f}{r['wall_s']:>8.1f}{r['wall_s'] / gb:>7.1f}{drv:>11.0f}"
-              f"{drv / r['world']:>9.2f}{r['peak_worker_rss_bytes'] / 2**20:>11.0f}{r['peak_tree_rss_bytes'] / 2**20:>9.0f}"
-              f"  {'found' if r['found'] else 'NOT found'} {r['straggler_ranks']} (planted {r['planted']})")
+        print(
+            f"{r['world']:>6} {r['engine']:<7}{gb:>8.2f}{r['wall_s']:>8.1f}{r['wall_s'] / gb:>7.1f}{drv:>11.0f}"
+            f"{drv / r['world']:>9.2f}{r['peak_worker_rss_bytes'] / 2**20:>11.0f}{r['peak_tree_rss_bytes'] / 2**20:>9.0f}"
+            f"  {'found' if r['found'] else 'NOT found'} {r['straggler_ranks']} (planted {r['planted']})"
+        )
 
 
 if __name__ == "__main__":

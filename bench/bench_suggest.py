@@ -36,6 +36,7 @@ reftrain's 1024^3 matmul, interleaved round by round so that load drift on
 a shared machine hits all three alike; ``eta = seq_len * flops_per_token /
 (per-sequence time * matmul peak)`` per model width, from the medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,23 +81,52 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("micro-batch-1", "micro-batch 1, no accumulation: fixed per-step costs dominate",
-             {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1}, min_steps=600),
-    Scenario("slow-data", "num_workers=0 with a slow data source (600 ms per micro-batch)",
-             {"model.preset": "tiny", "train.micro_batch_size": 32, "data.num_workers": 0, "data.delay_ms": 600.0}),
-    Scenario("tiny-buckets", "DDP buckets of 50 kB (one per parameter) on a 5 MB model",
-             {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096,
-              "train.micro_batch_size": 16, "parallel.bucket_cap_mb": 0.05}),
-    Scenario("sync-after-backward", "explicit gradient all-reduce after backward (no overlap) on a 5 MB model",
-             # micro-batch 4, not 16: on a CPU 3x faster than the one this was set up on, the 11 ms sync of
-             # the 5 MB of gradients was 7 % of a 156 ms step at 16, under the comm rules' 10 % bar; at 4 it
-             # is about a sixth of the step, the poor config this scenario stands for.
-             # min_steps 150: at 24 steps (about 2 s of steady steps) the base runs of one session sustained
-             # 6684, 8927 and 9690 tokens/s, a spread larger than the +20 to +30 % the top suggestions predict.
-             {"model.preset": "tiny", "model.d_model": 128, "model.n_layers": 4, "model.vocab_size": 4096,
-              "train.micro_batch_size": 4, "parallel.overlap_grad_sync": False}, min_steps=150),
-    Scenario("straggler", "rank 1 delayed 400 ms per step (inject.slow_rank)",
-             {"model.preset": "tiny", "train.micro_batch_size": 32, "inject.slow_rank": 1, "inject.delay_ms": 400.0}),
+    Scenario(
+        "micro-batch-1",
+        "micro-batch 1, no accumulation: fixed per-step costs dominate",
+        {"model.preset": "tiny", "train.micro_batch_size": 1, "train.grad_accum": 1},
+        min_steps=600,
+    ),
+    Scenario(
+        "slow-data",
+        "num_workers=0 with a slow data source (600 ms per micro-batch)",
+        {"model.preset": "tiny", "train.micro_batch_size": 32, "data.num_workers": 0, "data.delay_ms": 600.0},
+    ),
+    Scenario(
+        "tiny-buckets",
+        "DDP buckets of 50 kB (one per parameter) on a 5 MB model",
+        {
+            "model.preset": "tiny",
+            "model.d_model": 128,
+            "model.n_layers": 4,
+            "model.vocab_size": 4096,
+            "train.micro_batch_size": 16,
+            "parallel.bucket_cap_mb": 0.05,
+        },
+    ),
+    Scenario(
+        "sync-after-backward",
+        "explicit gradient all-reduce after backward (no overlap) on a 5 MB model",
+        # micro-batch 4, not 16: on a CPU 3x faster than the one this was set up on, the 11 ms sync of
+        # the 5 MB of gradients was 7 % of a 156 ms step at 16, under the comm rules' 10 % bar; at 4 it
+        # is about a sixth of the step, the poor config this scenario stands for.
+        # min_steps 150: at 24 steps (about 2 s of steady steps) the base runs of one session sustained
+        # 6684, 8927 and 9690 tokens/s, a spread larger than the +20 to +30 % the top suggestions predict.
+        {
+            "model.preset": "tiny",
+            "model.d_model": 128,
+            "model.n_layers": 4,
+            "model.vocab_size": 4096,
+            "train.micro_batch_size": 4,
+            "parallel.overlap_grad_sync": False,
+        },
+        min_steps=150,
+    ),
+    Scenario(
+        "straggler",
+        "rank 1 delayed 400 ms per step (inject.slow_rank)",
+        {"model.preset": "tiny", "train.micro_batch_size": 32, "inject.slow_rank": 1, "inject.delay_ms": 400.0},
+    ),
 )
 
 
@@ -142,12 +172,23 @@ def run_reftrain(config: Path, run_name: str, runs_dir: Path, timeout_s: float, 
     if REUSE and done.is_file() and json.loads(done.read_text()).get("status") == "completed":
         print(f"    reused {run_name}", flush=True)
         return runs_dir / run_name
-    cmd = [str(REPO / ".venv" / "bin" / "reftrain"), "--nproc", str(NPROC), "--config", str(config),
-           "--run-name", run_name, "--runs-dir", str(runs_dir)] + (["--steps", str(steps)] if steps else [])
+    cmd = [
+        str(REPO / ".venv" / "bin" / "reftrain"),
+        "--nproc",
+        str(NPROC),
+        "--config",
+        str(config),
+        "--run-name",
+        run_name,
+        "--runs-dir",
+        str(runs_dir),
+    ] + (["--steps", str(steps)] if steps else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
-        raise RuntimeError(f"reftrain failed ({run_name}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        raise RuntimeError(
+            f"reftrain failed ({run_name}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+        )
     print(f"    ran {run_name} in {time.perf_counter() - t0:.0f} s", flush=True)
     return runs_dir / run_name
 
@@ -166,14 +207,23 @@ def measured(run_dir: Path) -> dict:
     steps = tp.steps
     if len(steps):
         keep = ~steps["step"].isin(disturbed_steps(ra.manifest.get("profiled_steps") or []))
-        tp = dataclasses.replace(tp, overall=float(steps["tokens"].iloc[0]) * int(keep.sum())
-                                 / (float(steps.loc[keep, "step_time_ms"].sum()) / 1e3))
+        tp = dataclasses.replace(
+            tp,
+            overall=float(steps["tokens"].iloc[0])
+            * int(keep.sum())
+            / (float(steps.loc[keep, "step_time_ms"].sum()) / 1e3),
+        )
     # MFU moves with tokens/s (same FLOPs per token, same peak): scale the median pair.
     mfu = ra.mfu.median * tp.overall / tp.median if ra.mfu.median is not None and tp.median else ra.mfu.median
     step_ms = float(ra.manifest["tokens_per_step"]) / tp.overall * 1e3 if tp.overall else None
     # The 1-minute load average just after the run: how busy the 2 cores were while it ran.
-    return {"tokens_per_s": tp.overall, "mfu": mfu, "step_time_ms": step_ms,
-            "load_1min": os.getloadavg()[0], "analysis": ra}
+    return {
+        "tokens_per_s": tp.overall,
+        "mfu": mfu,
+        "step_time_ms": step_ms,
+        "load_1min": os.getloadavg()[0],
+        "analysis": ra,
+    }
 
 
 def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float, timeout_s: float) -> dict:
@@ -196,19 +246,31 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
             from analyzer.verbs.suggest.facts import run_facts
 
             f = run_facts(b["analysis"])  # the numbers the silent rules compared with their thresholds
-            return {"scenario": sc.name, "why": sc.why, "top": None, "ranking": ranking,
-                    "before": _summary([b]) | {"load_1min": b["load_1min"]},
-                    "facts": {"step_time_ms": f.step_time_ms, "phases_ms": f.phases, "exposed_comm_ms": f.exposed_comm_ms,
-                              "collectives_per_step": f.comm.n_per_step if f.comm else None},
-                    "silent": f"no rule predicts a gain >= {MIN_VERIFIABLE_GAIN:.0%} with a reftrain override"
-                              + (f" (under it, not applied: {too_small})" if too_small else "")}
+            return {
+                "scenario": sc.name,
+                "why": sc.why,
+                "top": None,
+                "ranking": ranking,
+                "before": _summary([b]) | {"load_1min": b["load_1min"]},
+                "facts": {
+                    "step_time_ms": f.step_time_ms,
+                    "phases_ms": f.phases,
+                    "exposed_comm_ms": f.exposed_comm_ms,
+                    "collectives_per_step": f.comm.n_per_step if f.comm else None,
+                },
+                "silent": f"no rule predicts a gain >= {MIN_VERIFIABLE_GAIN:.0%} with a reftrain override"
+                + (f" (under it, not applied: {too_small})" if too_small else ""),
+            }
         if rep == 0:  # the change is fixed by the first analysis; later repeats measure it again
             first = actionable[0]
             emit_config(b["analysis"], first, after_cfg, run_name=f"{sc.name}-after-0")
             # The emitted run steps for about as long as the base run did (the load of other jobs changes every
             # 10-20 s: a 3 s run samples one phase of it), at the suggestion's predicted step time.
-            after_steps = steps if first.predicted is None else max(
-                steps, math.ceil(base_steps * b["step_time_ms"] / first.predicted.step_time_ms_after))
+            after_steps = (
+                steps
+                if first.predicted is None
+                else max(steps, math.ceil(base_steps * b["step_time_ms"] / first.predicted.step_time_ms_after))
+            )
         picks.append(actionable[0].rule if actionable else None)
         # This base run's prediction from the applied rule (0 when it no longer fires on this run; its
         # overrides may differ a little, e.g. 3 or 4 workers, as the measured wait moves).
@@ -224,12 +286,24 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
     pred = statistics.median(predicted)
     rel_err = abs(pred - gain) / abs(gain) if gain else float("inf")
     return {
-        "scenario": sc.name, "why": sc.why, "top": first.rule, "change": " ".join(first.change.set_args()),
-        "picks": picks, "ranking": ranking, "before": sb, "after": sa,
-        "measured_gain": gain, "measured_pair_gains": pair_gains, "predicted_gain": pred, "predicted_gains": predicted, "rel_error": rel_err,
-        "improved": sa["mfu"] > sb["mfu"] and gain > 0, "within_target": rel_err <= MAX_REL_ERROR,
+        "scenario": sc.name,
+        "why": sc.why,
+        "top": first.rule,
+        "change": " ".join(first.change.set_args()),
+        "picks": picks,
+        "ranking": ranking,
+        "before": sb,
+        "after": sa,
+        "measured_gain": gain,
+        "measured_pair_gains": pair_gains,
+        "predicted_gain": pred,
+        "predicted_gains": predicted,
+        "rel_error": rel_err,
+        "improved": sa["mfu"] > sb["mfu"] and gain > 0,
+        "within_target": rel_err <= MAX_REL_ERROR,
         "predicted_step_ms": first.predicted.step_time_ms_after if first.predicted else None,
-        "runs_before": [r["tokens_per_s"] for r in before], "runs_after": [r["tokens_per_s"] for r in after],
+        "runs_before": [r["tokens_per_s"] for r in before],
+        "runs_after": [r["tokens_per_s"] for r in after],
         "load_1min": [r["load_1min"] for pair in zip(before, after) for r in pair],
         "steps": {"base": base_steps, "after": after_steps},
     }
@@ -267,8 +341,15 @@ def calibrate(rounds: int, b_lo: int = 4, b_hi: int = 16) -> list[dict]:
         m = cfg.model
         model = Transformer(m)
         counts = parameter_counts(model)
-        fpt = flops.flops_per_token(counts["non_embedding"], block_parameter_count(model), m.n_layers, m.n_heads,
-                                    m.d_model // m.n_heads, m.seq_len, False).model
+        fpt = flops.flops_per_token(
+            counts["non_embedding"],
+            block_parameter_count(model),
+            m.n_layers,
+            m.n_heads,
+            m.d_model // m.n_heads,
+            m.seq_len,
+            False,
+        ).model
         batches = {bs: torch.randint(0, m.vocab_size, (bs, m.seq_len + 1)) for bs in (b_lo, b_hi)}
 
         def step_s(bs: int) -> float:
@@ -295,11 +376,24 @@ def calibrate(rounds: int, b_lo: int = 4, b_hi: int = 16) -> list[dict]:
         p_s, pk = statistics.median(per_seq), statistics.median(peaks)
         eta = m.seq_len * fpt / (p_s * pk)
         kappa = statistics.median(fixed)
-        out.append({"model": label, "d_model": m.d_model, "seq_len": m.seq_len, "flops_per_token": fpt,
-                    "per_sequence_ms": 1e3 * p_s, "peak_flops_per_s": pk, "eta": eta,
-                    "fixed_in_sequences": kappa, "rounds": rounds})
-        print(f"  {label:12s} d_model {m.d_model:4d}: {1e3 * p_s:7.2f} ms per sequence, peak {pk / 1e9:6.2f} GFLOP/s "
-              f"-> eta {eta:.3f}; fixed cost = {kappa:.2f} sequences", flush=True)
+        out.append(
+            {
+                "model": label,
+                "d_model": m.d_model,
+                "seq_len": m.seq_len,
+                "flops_per_token": fpt,
+                "per_sequence_ms": 1e3 * p_s,
+                "peak_flops_per_s": pk,
+                "eta": eta,
+                "fixed_in_sequences": kappa,
+                "rounds": rounds,
+            }
+        )
+        print(
+            f"  {label:12s} d_model {m.d_model:4d}: {1e3 * p_s:7.2f} ms per sequence, peak {pk / 1e9:6.2f} GFLOP/s "
+            f"-> eta {eta:.3f}; fixed cost = {kappa:.2f} sequences",
+            flush=True,
+        )
     return out
 
 
@@ -317,8 +411,9 @@ def forward_backward_per_micro_ms(ra) -> float:
 KAPPA_PAIRS = ((1, 8), (2, 8), (4, 16))
 
 
-def calibrate_kappa(work: Path, steps: int, repeats: int, peak: float, timeout_s: float,
-                    settings: dict | None = None) -> list[dict]:
+def calibrate_kappa(
+    work: Path, steps: int, repeats: int, peak: float, timeout_s: float, settings: dict | None = None
+) -> list[dict]:
     """kappa of the micro-batch model from 2-rank reftrain runs at two micro-batch sizes (docs/suggestions.md).
 
     Per pair ``B1 < B2`` and repeat, the two runs follow each other (load drift hits both);
@@ -332,15 +427,30 @@ def calibrate_kappa(work: Path, steps: int, repeats: int, peak: float, timeout_s
             fb = {}
             for bs in (b1, b2):
                 cfg = work / f"kappa-mb{bs}.yaml"
-                write_config(cfg, settings | {"train.micro_batch_size": bs, "train.grad_accum": 1}, runs_dir, steps, peak)
+                write_config(
+                    cfg, settings | {"train.micro_batch_size": bs, "train.grad_accum": 1}, runs_dir, steps, peak
+                )
                 ra = analyze(run_reftrain(cfg, f"kappa-{b1}-{b2}-mb{bs}-{rep}", runs_dir, timeout_s))
                 fb[bs] = forward_backward_per_micro_ms(ra)
             per_seq = (fb[b2] - fb[b1]) / (b2 - b1)
             kappa = fb[b1] / per_seq - b1 if per_seq > 0 else float("nan")
-            out.append({"b1": b1, "b2": b2, "repeat": rep, "fb_b1_ms": fb[b1], "fb_b2_ms": fb[b2],
-                        "per_sequence_ms": per_seq, "kappa": kappa, "loadavg": os.getloadavg()[0]})
-            print(f"  {b1:2d} -> {b2:2d} (repeat {rep}): fb {fb[b1]:.2f} -> {fb[b2]:.2f} ms, P {per_seq:.3f} ms, "
-                  f"kappa {kappa:.2f} (load {os.getloadavg()[0]:.1f})", flush=True)
+            out.append(
+                {
+                    "b1": b1,
+                    "b2": b2,
+                    "repeat": rep,
+                    "fb_b1_ms": fb[b1],
+                    "fb_b2_ms": fb[b2],
+                    "per_sequence_ms": per_seq,
+                    "kappa": kappa,
+                    "loadavg": os.getloadavg()[0],
+                }
+            )
+            print(
+                f"  {b1:2d} -> {b2:2d} (repeat {rep}): fb {fb[b1]:.2f} -> {fb[b2]:.2f} ms, P {per_seq:.3f} ms, "
+                f"kappa {kappa:.2f} (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     return out
 
 
@@ -353,16 +463,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="keep runs and configs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="write the results as JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per reftrain run")
-    ap.add_argument("--calibrate", type=int, metavar="ROUNDS", help="measure eta per model width instead (see module doc)")
-    ap.add_argument("--reuse", action="store_true",
-                    help="analyze the completed runs already in --work again instead of re-running them")
-    ap.add_argument("--calibrate-kappa", action="store_true",
-                    help="measure the micro-batch model's kappa from reftrain runs at two micro-batch sizes instead")
-    ap.add_argument("--kappa-model", default="tiny d64", choices=[label for label, _ in CALIBRATION_MODELS],
-                    help="with --calibrate-kappa: the model width to measure (default: tiny d64)")
-    ap.add_argument("--kappa-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="with --calibrate-kappa: a config override on top of the model's (repeatable), e.g. "
-                         "parallel.overlap_grad_sync=false to measure kappa of runs that sync after backward")
+    ap.add_argument(
+        "--calibrate", type=int, metavar="ROUNDS", help="measure eta per model width instead (see module doc)"
+    )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="analyze the completed runs already in --work again instead of re-running them",
+    )
+    ap.add_argument(
+        "--calibrate-kappa",
+        action="store_true",
+        help="measure the micro-batch model's kappa from reftrain runs at two micro-batch sizes instead",
+    )
+    ap.add_argument(
+        "--kappa-model",
+        default="tiny d64",
+        choices=[label for label, _ in CALIBRATION_MODELS],
+        help="with --calibrate-kappa: the model width to measure (default: tiny d64)",
+    )
+    ap.add_argument(
+        "--kappa-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --calibrate-kappa: a config override on top of the model's (repeatable), e.g. "
+        "parallel.overlap_grad_sync=false to measure kappa of runs that sync after backward",
+    )
     args = ap.parse_args(argv)
     global REUSE
     REUSE = args.reuse
@@ -384,15 +511,22 @@ def main(argv: list[str] | None = None) -> int:
         peak = measure_peak()
     (work / "peak.json").write_text(json.dumps({"peak_flops_per_s": peak}))
     if args.calibrate_kappa:
-        print(f"bench_suggest --calibrate-kappa: {args.kappa_model} {' '.join(args.kappa_set)}, pairs {KAPPA_PAIRS}, {steps} steps, "
-              f"{repeats} repeat(s)", flush=True)
+        print(
+            f"bench_suggest --calibrate-kappa: {args.kappa_model} {' '.join(args.kappa_set)}, pairs {KAPPA_PAIRS}, {steps} steps, "
+            f"{repeats} repeat(s)",
+            flush=True,
+        )
         extra = {}
         for item in args.kappa_set:
             key, sep, value = item.partition("=")
             if not sep:
                 ap.error(f"--kappa-set {item!r}: expected KEY=VALUE")
-            extra[key] = json.loads(value) if value in ("true", "false") or value.replace(".", "", 1).isdigit() else value
-        cal = calibrate_kappa(work, steps, repeats, peak, args.timeout, dict(CALIBRATION_MODELS)[args.kappa_model] | extra)
+            extra[key] = (
+                json.loads(value) if value in ("true", "false") or value.replace(".", "", 1).isdigit() else value
+            )
+        cal = calibrate_kappa(
+            work, steps, repeats, peak, args.timeout, dict(CALIBRATION_MODELS)[args.kappa_model] | extra
+        )
         for b1, b2 in KAPPA_PAIRS:
             ks = [c["kappa"] for c in cal if (c["b1"], c["b2"]) == (b1, b2)]
             print(f"  pair {b1} -> {b2}: kappa median {statistics.median(ks):.2f} of {[round(k, 2) for k in ks]}")
@@ -401,8 +535,11 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"kappa_calibration": cal, "peak_flops_per_s": peak}, indent=2))
         return 0
-    print(f"bench_suggest: {len(chosen)} scenario(s), {steps} steps per run, {repeats} repeat(s), "
-          f"fixed peak {peak / 1e9:.2f} GFLOP/s per rank, work dir {work}", flush=True)
+    print(
+        f"bench_suggest: {len(chosen)} scenario(s), {steps} steps per run, {repeats} repeat(s), "
+        f"fixed peak {peak / 1e9:.2f} GFLOP/s per rank, work dir {work}",
+        flush=True,
+    )
     results = []
     for sc in chosen:
         try:
@@ -410,8 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             results.append({"scenario": sc.name, "why": sc.why, "error": str(exc)})
             print(f"    error: {exc}", flush=True)
-    print("\nscenario              top suggestion        tokens/s before -> after    MFU before -> after   "
-          "gain measured  predicted  error")
+    print(
+        "\nscenario              top suggestion        tokens/s before -> after    MFU before -> after   "
+        "gain measured  predicted  error"
+    )
     for r in results:
         if "measured_gain" not in r:
             b = r.get("before")
@@ -419,14 +558,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['scenario']:21s} {r.get('top') or '-':21s} {where}{r.get('silent') or r.get('error', '')}")
             continue
         b, a = r["before"], r["after"]
-        print(f"{r['scenario']:21s} {r['top']:21s} {b['tokens_per_s']:9.0f} -> {a['tokens_per_s']:9.0f}   "
-              f"{100 * b['mfu']:6.2f}% -> {100 * a['mfu']:6.2f}%   {r['measured_gain']:+9.1%}  {r['predicted_gain']:+9.1%}  "
-              f"{r['rel_error']:6.1%}{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}"
-              f"  load {min(r['load_1min']):.1f}-{max(r['load_1min']):.1f}")
+        print(
+            f"{r['scenario']:21s} {r['top']:21s} {b['tokens_per_s']:9.0f} -> {a['tokens_per_s']:9.0f}   "
+            f"{100 * b['mfu']:6.2f}% -> {100 * a['mfu']:6.2f}%   {r['measured_gain']:+9.1%}  {r['predicted_gain']:+9.1%}  "
+            f"{r['rel_error']:6.1%}{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}"
+            f"  load {min(r['load_1min']):.1f}-{max(r['load_1min']):.1f}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"steps": steps, "repeats": repeats, "peak_flops_per_s": peak,
-                                         "results": results}, indent=2, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"steps": steps, "repeats": repeats, "peak_flops_per_s": peak, "results": results},
+                indent=2,
+                default=str,
+            )
+        )
     ok = all(r.get("improved") for r in results if "silent" not in r)
     return 0 if ok else 1
 

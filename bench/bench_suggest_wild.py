@@ -8,6 +8,7 @@ act on. Reads traces only: not timing-sensitive, safe on a busy machine.
 
     .venv/bin/python bench/bench_suggest_wild.py [--traces ../shared/traces] [--markdown]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,9 @@ from analyzer.verbs.suggest.engine import part_of, parts_of
 
 
 def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz")))
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+    )
 
 
 def row(path: Path) -> dict:
@@ -41,13 +44,27 @@ def row(path: Path) -> dict:
     top = [(s.rule, s.kind, s.gain, part_of(s.rule) or "-", s.confidence) for s in sugg[:3]]
     first = sugg[0] if sugg else None
     # The first suggestion addresses the largest actionable part, or its first note says why not (run.first_note).
-    ok = None if first is None or largest is None else (
-        "yes" if largest in parts_of(first.rule) else
-        "why not: " + first.notes[0].split(": ", 1)[1] if first.notes and first.notes[0].startswith("ranked first although")
-        else f"no (largest: {largest})")
+    ok = (
+        None
+        if first is None or largest is None
+        else (
+            "yes"
+            if largest in parts_of(first.rule)
+            else "why not: " + first.notes[0].split(": ", 1)[1]
+            if first.notes and first.notes[0].startswith("ranked first although")
+            else f"no (largest: {largest})"
+        )
+    )
     comm = facts.comm_diagnosis.verdict if facts.comm_diagnosis is not None else "-"
-    return {"trace": path, "source": facts.shares_source, "shares": shares, "largest": largest, "top": top, "first_ok": ok,
-            "comm": comm}
+    return {
+        "trace": path,
+        "source": facts.shares_source,
+        "shares": shares,
+        "largest": largest,
+        "top": top,
+        "first_ok": ok,
+        "comm": comm,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.traces}: no such folder (the shared traces)", file=sys.stderr)
         return 2
     if args.markdown:
-        print("| trace | breakdown (% of step) | comm verdict | top 3 (gain, part, confidence) | first addresses largest actionable part |")
+        print(
+            "| trace | breakdown (% of step) | comm verdict | top 3 (gain, part, confidence) | first addresses largest actionable part |"
+        )
         print("|---|---|---|---|---|")
     for p in _files(args.traces):
         r = row(p)
@@ -68,11 +87,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | error: {r['error']} | | | |" if args.markdown else f"{name}: error: {r['error']}")
             continue
         parts = ", ".join(f"{k} {v:.0%}" for k, v in sorted(r["shares"].items(), key=lambda kv: -kv[1])) or "-"
-        top = "; ".join(f"{rule}{' (diagnosis)' if kind == 'diagnosis' else ''} +{g:.0%} -> {part}, {conf}"
-                        for rule, kind, g, part, conf in r["top"]) or "-"
+        top = (
+            "; ".join(
+                f"{rule}{' (diagnosis)' if kind == 'diagnosis' else ''} +{g:.0%} -> {part}, {conf}"
+                for rule, kind, g, part, conf in r["top"]
+            )
+            or "-"
+        )
         ok = r["first_ok"] or "n/a"
-        print(f"| {name} | {parts} | {r['comm']} | {top} | {ok} |" if args.markdown
-              else f"{name}\n  parts: {parts}\n  comm: {r['comm']}\n  top: {top}\n  first on largest part: {ok}")
+        print(
+            f"| {name} | {parts} | {r['comm']} | {top} | {ok} |"
+            if args.markdown
+            else f"{name}\n  parts: {parts}\n  comm: {r['comm']}\n  top: {top}\n  first on largest part: {ok}"
+        )
     return 0
 
 

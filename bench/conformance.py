@@ -33,6 +33,7 @@ Prints one table (trace x metric x ours x reference x difference x bound x
 ok); ``--markdown`` prints it as the Markdown table in docs/conformance.md.
 Exit 1 when a row is out of its bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,12 @@ from analyzer.metrics.overlap import SPAN_PARTS, kernel_utilization, span_breakd
 BREAKDOWN_BOUND_PP = 0.5
 KERNEL_BOUND_PCT = 0.1
 UTIL_BOUND_PP = 0.5
-_TL_PARTS = {"computation": "computation_time", "exposed_comm": "exposed_comm_time",
-             "exposed_memcpy": "exposed_memcpy_time", "idle": "idle_time"}
+_TL_PARTS = {
+    "computation": "computation_time",
+    "exposed_comm": "exposed_comm_time",
+    "exposed_memcpy": "exposed_memcpy_time",
+    "idle": "idle_time",
+}
 
 
 @dataclass
@@ -99,7 +104,9 @@ def tracelens_samples(root: Path) -> list[tuple[Path, Path]]:
     out = []
     for trace in sorted(root.rglob("*.json.gz")):
         base = str(trace)[: -len(".json.gz")]
-        reports = [Path(base + suffix) for suffix in REPORT_SUFFIXES if (Path(base + suffix) / "gpu_timeline.csv").exists()]
+        reports = [
+            Path(base + suffix) for suffix in REPORT_SUFFIXES if (Path(base + suffix) / "gpu_timeline.csv").exists()
+        ]
         if not reports and (trace.parent / "perf_csvs" / "gpu_timeline.csv").exists():
             reports = [trace.parent / "perf_csvs"]
         out += [(trace, rep) for rep in reports]
@@ -188,7 +195,9 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
     for part in SPAN_PARTS:
         r = ref.get(_TL_PARTS[part])
         differs = abs(ours.get(part, 0.0) - as_tl.get(part, 0.0)) > 1e-9 if ours else False
-        note = (f"definitional: memsets and unlaunched kernels move {ours[part] - as_tl[part]:+.3f} pp" if differs else "")
+        note = (
+            f"definitional: memsets and unlaunched kernels move {ours[part] - as_tl[part]:+.3f} pp" if differs else ""
+        )
         rows.append(Row(label, f"{part} %", ours.get(part), r, "pp", None if differs else BREAKDOWN_BOUND_PP, note))
         if differs:
             rows.append(Row(label, f"{part} % (TraceLens rules)", as_tl.get(part), r, "pp", BREAKDOWN_BOUND_PP))
@@ -198,10 +207,28 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
         table = top_kernels(ev, rt.steps.iloc[:0], rt.rank, None)
         kern = table.loc[table["kind"].isin(["compute", "comm"])]
         ours_us = dict(zip(kern["name"], kern["total_ms"] * 1e3))
-        rows.append(Row(label, "kernel time total us", float(sum(ours_us.values())), float(sum(ks.values())), "%rel", KERNEL_BOUND_PCT))
+        rows.append(
+            Row(
+                label,
+                "kernel time total us",
+                float(sum(ours_us.values())),
+                float(sum(ks.values())),
+                "%rel",
+                KERNEL_BOUND_PCT,
+            )
+        )
         worst = max(ks, key=lambda n: abs(ours_us.get(n, 0.0) - ks[n]) / ks[n] if ks[n] else 0.0)
-        rows.append(Row(label, "kernel time, worst name, us", ours_us.get(worst, 0.0), ks[worst], "%rel", KERNEL_BOUND_PCT,
-                        worst[:40]))
+        rows.append(
+            Row(
+                label,
+                "kernel time, worst name, us",
+                ours_us.get(worst, 0.0),
+                ks[worst],
+                "%rel",
+                KERNEL_BOUND_PCT,
+                worst[:40],
+            )
+        )
     gemm = rep / "GEMM.csv"
     if gemm.exists():
         counted_rows, wrappers = gemm_rows(rep)
@@ -216,17 +243,31 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
             if worst_row is None or rel > worst_rel:
                 worst_rel, worst_row = rel, (mine / 1e9, float(r["GFLOPS_first"]), r["name"])
         if worst_row:
-            dedup = f"; {len(wrappers)} wrapper rows ({', '.join(sorted({r['name'] for r in wrappers}))}) left out: " \
-                    "their aten twin is the same product" if wrappers else ""
-            rows.append(Row(label, f"GEMM GFLOPs/op, worst of {len(counted_rows) - len(unmodelled)} rows", worst_row[0],
-                            worst_row[1], "%rel", 1e-6,
-                            worst_row[2] + (f"; not modelled: {'; '.join(unmodelled)}" if unmodelled else "") + dedup))
+            dedup = (
+                f"; {len(wrappers)} wrapper rows ({', '.join(sorted({r['name'] for r in wrappers}))}) left out: "
+                "their aten twin is the same product"
+                if wrappers
+                else ""
+            )
+            rows.append(
+                Row(
+                    label,
+                    f"GEMM GFLOPs/op, worst of {len(counted_rows) - len(unmodelled)} rows",
+                    worst_row[0],
+                    worst_row[1],
+                    "%rel",
+                    1e-6,
+                    worst_row[2] + (f"; not modelled: {'; '.join(unmodelled)}" if unmodelled else "") + dedup,
+                )
+            )
     conv = rep / "CONV_fwd.csv"
     if conv.exists():
         from analyzer.metrics.conv_flops import conv_flops
 
         for r in csv.DictReader(open(conv)):
-            mine = conv_flops(r["name"], ast.literal_eval(r["Input Dims_first"]), ast.literal_eval(r["Concrete Inputs_first"]))
+            mine = conv_flops(
+                r["name"], ast.literal_eval(r["Input Dims_first"]), ast.literal_eval(r["Concrete Inputs_first"])
+            )
             rows.append(Row(label, "CONV GFLOPs/op", mine / 1e9, float(r["GFLOPS_first"]), "%rel", 1e-6, r["name"]))
     if gemm.exists():
         ops = matmul_ops(ev)
@@ -237,12 +278,25 @@ def trace_rows(trace: Path, rep: Path, label: str) -> list[Row]:
         counts = ops.loc[charged].groupby(["name", "input_dims"]).size()
         # TraceLens writes Input Dims with spaces after commas, the loader keeps Kineto's JSON text: compare parsed.
         ours_counts = {(n, json.dumps(json.loads(d))): int(c) for (n, d), c in counts.items()}
-        same = sum(ours_counts.get((r["name"], json.dumps(ast.literal_eval(r["Input Dims_first"])))) == int(r["name_count"])
-                   for r in counted_rows)
+        same = sum(
+            ours_counts.get((r["name"], json.dumps(ast.literal_eval(r["Input Dims_first"])))) == int(r["name_count"])
+            for r in counted_rows
+        )
         # CUDA-graph replays are mapped through capture_traces/ like TraceLens does (docs/loading.md).
-        rows.append(Row(label, "GEMM ops charged as TraceLens counts them", float(same), float(len(counted_rows)), "n", 0))
-        rows.append(Row(label, "FLOP coverage % (ours only)", 100.0 * covered / total if total else None, None, "pp", None,
-                        "share of GEMM/attention/conv kernel time with known FLOPs"))
+        rows.append(
+            Row(label, "GEMM ops charged as TraceLens counts them", float(same), float(len(counted_rows)), "n", 0)
+        )
+        rows.append(
+            Row(
+                label,
+                "FLOP coverage % (ours only)",
+                100.0 * covered / total if total else None,
+                None,
+                "pp",
+                None,
+                "share of GEMM/attention/conv kernel time with known FLOPs",
+            )
+        )
     return rows
 
 
@@ -305,31 +359,93 @@ def report_rows(trace: Path, rep: Path, label: str, span: dict[str, float], ref:
     a = analyze(trace)
     r = a.ranks[0]
     worst = max(SPAN_PARTS, key=lambda p: abs(r.gpu_timeline.get(p, math.nan) - span.get(p, math.nan)))
-    rows = [Row(label, "report whole-trace timeline, worst part %", r.gpu_timeline.get(worst), span.get(worst), "pp", 1e-9,
-                f"{worst}: equals the rows above")]
+    rows = [
+        Row(
+            label,
+            "report whole-trace timeline, worst part %",
+            r.gpu_timeline.get(worst),
+            span.get(worst),
+            "pp",
+            1e-9,
+            f"{worst}: equals the rows above",
+        )
+    ]
     if a.mfu.source == "trace-shapes" and (rep / "GEMM.csv").exists():
         # Causal attention: TraceLens halves the S x S FLOPs, torch's FLOP counter and we count them in full.
-        mine, halved, full = float(a.mfu.flops_per_step), tracelens_step_flops(rep, False), tracelens_step_flops(rep, True)
+        mine, halved, full = (
+            float(a.mfu.flops_per_step),
+            tracelens_step_flops(rep, False),
+            tracelens_step_flops(rep, True),
+        )
         causal = abs(full - halved) > 0
         parts = "GEMM+attention+conv" if any((rep / t).exists() for t in CONV_TABLES) else "GEMM+attention"
-        rows.append(Row(label, f"report {parts} GFLOPs/step", mine / 1e9, halved / 1e9, "%rel", None if causal else 1e-6,
-                        "definitional: causal SDPA counted in full (TraceLens halves it)" if causal else "no causal attention"))
+        rows.append(
+            Row(
+                label,
+                f"report {parts} GFLOPs/step",
+                mine / 1e9,
+                halved / 1e9,
+                "%rel",
+                None if causal else 1e-6,
+                "definitional: causal SDPA counted in full (TraceLens halves it)" if causal else "no causal attention",
+            )
+        )
         if causal:
-            rows.append(Row(label, f"report {parts} GFLOPs/step (causal in full)", mine / 1e9, full / 1e9, "%rel", 1e-6))
+            rows.append(
+                Row(label, f"report {parts} GFLOPs/step (causal in full)", mine / 1e9, full / 1e9, "%rel", 1e-6)
+            )
         hardware = tracelens_step_flops(rep, True, recompute=True)
         if hardware != full:
-            rows.append(Row(label, "TraceLens hardware GFLOPs/step (recompute rows included)", None, hardware / 1e9, "%rel",
-                            None, "reference only: the report's MFU counts model FLOPs, recompute apart"))
+            rows.append(
+                Row(
+                    label,
+                    "TraceLens hardware GFLOPs/step (recompute rows included)",
+                    None,
+                    hardware / 1e9,
+                    "%rel",
+                    None,
+                    "reference only: the report's MFU counts model FLOPs, recompute apart",
+                )
+            )
     b = r.breakdown
     if not b:
-        rows.append(Row(label, "report per-step breakdown", None, None, "pp", None,
-                        "no ProfilerStep windows: the whole-trace timeline is the report's only breakdown"))
+        rows.append(
+            Row(
+                label,
+                "report per-step breakdown",
+                None,
+                None,
+                "pp",
+                None,
+                "no ProfilerStep windows: the whole-trace timeline is the report's only breakdown",
+            )
+        )
         return rows
-    windows = f"{r.n_steps} ProfilerStep window(s), {sum(a.steps['step_time_ms']):.2f} ms vs GPU span {r.gpu_span_ms:.2f} ms"
-    rows.append(Row(label, "report per-step compute % (step windows)", b["compute"]["pct"] + b["overlapped_comm"]["pct"],
-                    ref.get("computation_time"), "pp", None, "definitional: " + windows))
-    rows.append(Row(label, "report per-step idle % (step windows)", b["idle"]["pct"], ref.get("idle_time"), "pp", None,
-                    "definitional: host time inside the windows is idle, GPU time outside them is not counted"))
+    windows = (
+        f"{r.n_steps} ProfilerStep window(s), {sum(a.steps['step_time_ms']):.2f} ms vs GPU span {r.gpu_span_ms:.2f} ms"
+    )
+    rows.append(
+        Row(
+            label,
+            "report per-step compute % (step windows)",
+            b["compute"]["pct"] + b["overlapped_comm"]["pct"],
+            ref.get("computation_time"),
+            "pp",
+            None,
+            "definitional: " + windows,
+        )
+    )
+    rows.append(
+        Row(
+            label,
+            "report per-step idle % (step windows)",
+            b["idle"]["pct"],
+            ref.get("idle_time"),
+            "pp",
+            None,
+            "definitional: host time inside the windows is idle, GPU time outside them is not counted",
+        )
+    )
     return rows
 
 
@@ -355,12 +471,29 @@ def kineto_rows(shared: Path) -> list[Row]:
         ours = kernel_utilization(rt.events, edges[:-1], edges[1:]).get(dev, np.zeros(len(values)))
         diff_pp = 100.0 * (ours - values)
         worst = int(np.argmax(np.abs(diff_pp)))
-        rows.append(Row(label, f"GPU {dev} utilization %, worst of {len(values)} buckets", 100.0 * ours[worst],
-                        100.0 * values[worst], "pp", UTIL_BOUND_PP, f"bucket at +{(edges[worst] - edges[0]) / 1e6:.0f} ms"))
+        rows.append(
+            Row(
+                label,
+                f"GPU {dev} utilization %, worst of {len(values)} buckets",
+                100.0 * ours[worst],
+                100.0 * values[worst],
+                "pp",
+                UTIL_BOUND_PP,
+                f"bucket at +{(edges[worst] - edges[0]) / 1e6:.0f} ms",
+            )
+        )
     kinds = rt.events["kind"].astype(str)
     raw = json.loads(trace.read_text())["traceEvents"]
-    rows.append(Row(label, "Memcpy events counted as memcpy", float((kinds == "memcpy").sum()),
-                    float(sum(1 for e in raw if e.get("cat") == "Memcpy")), "n", 0))
+    rows.append(
+        Row(
+            label,
+            "Memcpy events counted as memcpy",
+            float((kinds == "memcpy").sum()),
+            float(sum(1 for e in raw if e.get("cat") == "Memcpy")),
+            "n",
+            0,
+        )
+    )
     return rows
 
 

@@ -10,6 +10,7 @@ its ratio to the first variant's, minus one.
 
     .venv/bin/python bench/ddp_hook_cost.py plain,builtin,sum,timer,timerwrap 150
 """
+
 import statistics
 import sys
 import tempfile
@@ -74,7 +75,7 @@ def worker(rank: int, variants: list[str], steps: int, tmp: str) -> None:
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     n = len(variants)
     for i in range(WARMUP_STEPS + steps):
-        order = variants[i % n:] + variants[:i % n]
+        order = variants[i % n :] + variants[: i % n]
         if (i // n) % 2:
             order = order[::-1]
         for v in order:
@@ -96,8 +97,10 @@ def worker(rank: int, variants: list[str], steps: int, tmp: str) -> None:
         base = cpu[variants[0]]
         for v in variants:
             ratio = statistics.median(a / b for a, b in zip(cpu[v], base)) - 1
-            print(f"{v:10s} median cpu {statistics.median(cpu[v]) * 1e3:7.2f} ms   "
-                  f"vs {variants[0]} (pairs) {100 * ratio:+.2f} %")
+            print(
+                f"{v:10s} median cpu {statistics.median(cpu[v]) * 1e3:7.2f} ms   "
+                f"vs {variants[0]} (pairs) {100 * ratio:+.2f} %"
+            )
     dist.destroy_process_group()
 
 

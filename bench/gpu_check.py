@@ -38,6 +38,7 @@ backend (inductor's C++ code generation takes minutes on a CPU), no kernels
 or telemetry expected (the telemetry note must say why). ``make test`` runs
 it (tests/test_gpu_check.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,13 +80,45 @@ def cases(dry_run: bool) -> list[Case]:
 def common_args(dry_run: bool, runs_dir: Path) -> list[str]:
     """reftrain flags every run shares: one rank, a short profiled window, telemetry on."""
     if dry_run:
-        size = ["--device", "cpu", "--preset", "tiny", "--steps", "6", "--set", "profile.wait=1",
-                "--set", "train.micro_batch_size=2"]
+        size = [
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--steps",
+            "6",
+            "--set",
+            "profile.wait=1",
+            "--set",
+            "train.micro_batch_size=2",
+        ]
     else:
-        size = ["--device", "cuda", "--preset", "125m", "--steps", "10", "--set", "profile.wait=3",
-                "--set", "train.micro_batch_size=4"]
-    return size + ["--runs-dir", str(runs_dir), "--set", "profile.warmup=1", "--set", "profile.active=2",
-                   "--set", "data.num_workers=0", "--set", "train.warmup_steps=1", "--set", "telemetry.enabled=true"]
+        size = [
+            "--device",
+            "cuda",
+            "--preset",
+            "125m",
+            "--steps",
+            "10",
+            "--set",
+            "profile.wait=3",
+            "--set",
+            "train.micro_batch_size=4",
+        ]
+    return size + [
+        "--runs-dir",
+        str(runs_dir),
+        "--set",
+        "profile.warmup=1",
+        "--set",
+        "profile.active=2",
+        "--set",
+        "data.num_workers=0",
+        "--set",
+        "train.warmup_steps=1",
+        "--set",
+        "telemetry.enabled=true",
+    ]
 
 
 @dataclass
@@ -120,7 +153,9 @@ def run_case(case: Case, common: list[str], dry_run: bool) -> CaseResult:
     start = time.perf_counter()
     runs_dir = Path(common[common.index("--runs-dir") + 1])
     run_dir = runs_dir / case.name
-    argv = common + ["--run-name", case.name, "--strategy", case.strategy] + [a for s in case.sets for a in ("--set", s)]
+    argv = (
+        common + ["--run-name", case.name, "--strategy", case.strategy] + [a for s in case.sets for a in ("--set", s)]
+    )
     res.reftrain_rc = _quiet(reftrain_main, argv)
     res.checks["reftrain exits 0"] = res.reftrain_rc == 0
     if res.reftrain_rc != 0 or not run_dir.is_dir():
@@ -173,23 +208,41 @@ def check_trace_and_telemetry(res: CaseResult, run_dir: Path, dry_run: bool) -> 
 def count_flops(res: CaseResult, run_dir: Path, report_json: Path) -> None:
     """The three FLOP counts per optimizer step and the MFUs the report shows (module docstring)."""
     manifest = json.loads((run_dir / "run.json").read_text())
-    manifest_flops = float(manifest["flops"]["per_token"]) * float(manifest["tokens_per_step"]) / int(manifest["world_size"])
+    manifest_flops = (
+        float(manifest["flops"]["per_token"]) * float(manifest["tokens_per_step"]) / int(manifest["world_size"])
+    )
     shapes = trace_shape_flops(run_dir)
     counter, counter_palm = flop_counter_flops(manifest["config"])
-    res.flops_per_step = {"manifest": manifest_flops, "trace_shapes": shapes, "flop_counter": counter,
-                          "flop_counter_palm_attention": counter_palm}
+    res.flops_per_step = {
+        "manifest": manifest_flops,
+        "trace_shapes": shapes,
+        "flop_counter": counter,
+        "flop_counter_palm_attention": counter_palm,
+    }
     for key, reference in (("manifest", counter_palm), ("trace_shapes", counter)):
         value = res.flops_per_step[key]
         rel = None if value is None else (value - reference) / reference
         res.rel_diff_vs_flop_counter[key] = rel
         res.checks[f"{key} FLOPs within 1 % of FlopCounterMode"] = bool(rel is not None and abs(rel) <= FLOPS_BOUND)
         if rel is None or abs(rel) > FLOPS_BOUND:
-            res.problems.append(f"{key}: {value} FLOPs/step against FlopCounterMode's {reference:.6g}"
-                                + ("" if rel is None else f" ({100 * rel:+.3f} %)"))
+            res.problems.append(
+                f"{key}: {value} FLOPs/step against FlopCounterMode's {reference:.6g}"
+                + ("" if rel is None else f" ({100 * rel:+.3f} %)")
+            )
     if report_json.exists():
         mfu = json.loads(report_json.read_text())["run"]["mfu"]
-        res.mfu = {k: mfu.get(k) for k in ("source", "median", "hfu_median", "flops_per_step", "peak_flops_per_s",
-                                          "flop_coverage", "lower_bound")}
+        res.mfu = {
+            k: mfu.get(k)
+            for k in (
+                "source",
+                "median",
+                "hfu_median",
+                "flops_per_step",
+                "peak_flops_per_s",
+                "flop_coverage",
+                "lower_bound",
+            )
+        }
 
 
 def trace_shape_flops(run_dir: Path) -> float | None:
@@ -217,7 +270,9 @@ def flop_counter_flops(config: dict[str, Any]) -> tuple[float, float]:
     from reftrain.model import Transformer
 
     cfg = from_dict(config)
-    device = "cuda" if cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available()) else "cpu"
+    device = (
+        "cuda" if cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
     model = Transformer(cfg.model).to(device)
     m = cfg.model
     assert m.vocab_size is not None and m.seq_len is not None  # resolved in run.json
@@ -266,7 +321,9 @@ def summarize(results: list[CaseResult], dry_run: bool, wall_s: float) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="run on the CPU: everything but the CUDA calls")
-    ap.add_argument("--out", type=Path, default=Path("gpu-check"), help="folder for the run directories (must not exist)")
+    ap.add_argument(
+        "--out", type=Path, default=Path("gpu-check"), help="folder for the run directories (must not exist)"
+    )
     ap.add_argument("--summary", type=Path, default=None, help="the JSON summary (default OUT/gpu_check.json)")
     args = ap.parse_args(argv)
     if args.out.exists():
@@ -290,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results, args.dry_run, time.perf_counter() - start)
     path = args.summary or args.out / "gpu_check.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"gpu_check: {'all checks passed' if summary['ok'] else 'some checks failed'}; summary in {path}", file=sys.stderr)
+    print(
+        f"gpu_check: {'all checks passed' if summary['ok'] else 'some checks failed'}; summary in {path}",
+        file=sys.stderr,
+    )
     return 0 if summary["ok"] else 1
 
 

@@ -10,6 +10,7 @@ final < period is missed); read from /proc rather than
 getrusage(RUSAGE_CHILDREN), which misses descendants nobody waits for
 (e.g. a forkserver's or a terminated pool's workers).
 """
+
 from __future__ import annotations
 
 import os

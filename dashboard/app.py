@@ -5,6 +5,7 @@ to the entry script switches Streamlit to its older automatic multipage mode,
 which would fight ``st.navigation``). Every page presents analyzer results;
 none computes a metric.
 """
+
 from __future__ import annotations
 
 import streamlit as st
@@ -19,8 +20,10 @@ state.sidebar_run_selector(runs)
 
 navigation = st.navigation(
     {
-        "Runs": [st.Page("views/runs.py", title="Runs", default=True),
-                 st.Page("views/history.py", title="History", url_path="history")],
+        "Runs": [
+            st.Page("views/runs.py", title="Runs", default=True),
+            st.Page("views/history.py", title="History", url_path="history"),
+        ],
         "Selected run": [
             st.Page("views/overview.py", title="Overview", url_path="overview"),
             st.Page("views/timeline.py", title="Timeline", url_path="timeline"),

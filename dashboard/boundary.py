@@ -15,6 +15,7 @@ path (never its target) and how many there are.
 place the dashboard opens or lists a file asks it, directly or through
 :func:`run_refusal`.
 """
+
 from __future__ import annotations
 
 import os
@@ -74,5 +75,7 @@ def run_refusal(root: Path, folder: Path, name: str) -> str | None:
     if not out:
         return None
     more = f", as do {len(out) - 1} more path(s)" if len(out) > 1 else ""
-    return (f"run {name} not read: {out[0]} links outside the runs folder{more}; the dashboard opens nothing "
-            "outside it (copy what it links to into the run, or use the analyzer command)")
+    return (
+        f"run {name} not read: {out[0]} links outside the runs folder{more}; the dashboard opens nothing "
+        "outside it (copy what it links to into the run, or use the analyzer command)"
+    )

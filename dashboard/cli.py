@@ -5,6 +5,7 @@ address, prints the URL and replaces itself with `streamlit run` (exec, so
 signals and the exit code are Streamlit's own), through dashboard/serve.py,
 which imports the analyzer before Streamlit starts listening.
 """
+
 from __future__ import annotations
 
 import argparse

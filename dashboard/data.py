@@ -19,6 +19,7 @@ read-only tables that ``cache_data`` would pickle and copy on every hit.
 Pages must not mutate them. A failure is cached too (as :class:`Loaded` with
 ``error``), so a bad run in the runs table is not re-parsed on every rerun.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -190,7 +191,14 @@ def timeline_overview(run: RunEntry, window: int | None, n_bins: int) -> Loaded:
 
 
 @st.cache_data(max_entries=_MAX_TABLES, show_spinner="Selecting events...")
-def _window(files: tuple[str, ...], key: str, origins: tuple[tuple[int, int], ...], span_ns: tuple[int, int], max_events: int, source: Source) -> Loaded:
+def _window(
+    files: tuple[str, ...],
+    key: str,
+    origins: tuple[tuple[int, int], ...],
+    span_ns: tuple[int, int],
+    max_events: int,
+    source: Source,
+) -> Loaded:
     from analyzer.metrics.timeline import select_window
 
     loaded = _traces(files, key)
@@ -208,7 +216,9 @@ def timeline_window(run: RunEntry, files: list[Path], ov, span_ns: tuple[int, in
     if refused:
         return Loaded(None, refused)
     origins = tuple(sorted(ov.origins.items()))
-    return _window(tuple(str(f) for f in files), run_key(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source)
+    return _window(
+        tuple(str(f) for f in files), run_key(run), origins, (int(span_ns[0]), int(span_ns[1])), max_events, ov.source
+    )
 
 
 @dataclass(frozen=True)
@@ -303,4 +313,6 @@ def history(root: Path, runs: list[RunEntry], by: str) -> tuple[Loaded, list[str
     run's files), and the one-line refusal of each run left out because it links outside the folder."""
     refusals = [r.refusal() for r in runs]
     kept = tuple(r for r, why in zip(runs, refusals) if why is None and "/" not in r.name and r.name != ".")
-    return _history(str(root), by, tuple(str(r.path) for r in kept), tuple(run_key(r) for r in kept)), [w for w in refusals if w]
+    return _history(str(root), by, tuple(str(r.path) for r in kept), tuple(run_key(r) for r in kept)), [
+        w for w in refusals if w
+    ]

@@ -12,6 +12,7 @@ itself). A name coming from a URL is only accepted if it is one of the
 discovered names and resolves below RUNS_DIR: nothing else is ever read.
 Whether a path lies below RUNS_DIR is :func:`dashboard.boundary.inside`.
 """
+
 from __future__ import annotations
 
 import os

@@ -13,6 +13,7 @@ Only modules without Streamlit state are imported here (the analyzer,
 pandas, numpy); the dashboard's own modules, whose cached functions belong
 to the Streamlit runtime, are imported by the app as usual.
 """
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ The selected run lives in the URL (``?run=NAME``) so that a link opens a run
 page, and in session state so that it survives page switches (Streamlit's
 navigation drops query parameters when the user clicks another page).
 """
+
 from __future__ import annotations
 
 import os

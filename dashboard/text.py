@@ -9,6 +9,7 @@ from a trace or the file system goes through :func:`plain` before a Markdown
 element, and through :func:`html_text` before a Plotly label (Plotly's SVG
 text understands a small HTML subset, ``<a href>`` included).
 """
+
 from __future__ import annotations
 
 import html

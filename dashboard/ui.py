@@ -4,6 +4,7 @@ Formatting only: every number shown comes from an analyzer result. Where a
 headline has one value per rank, the page shows the value or the range
 (lowest to highest rank) rather than deriving a new statistic from them.
 """
+
 from __future__ import annotations
 
 import math

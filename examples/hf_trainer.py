@@ -9,6 +9,7 @@ recorder counts the first step with torch's FlopCounterMode.
 `include_num_input_tokens_seen=True` makes the Trainer count tokens, which
 the recorder needs for tokens/s and MFU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,22 @@ def main() -> None:
     model = GPT2LMHeadModel(config)
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(
-            output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch_size, learning_rate=3e-3,
-            use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-            dataloader_num_workers=0, include_num_input_tokens_seen=True,
+            output_dir=out,
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=3e-3,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            include_num_input_tokens_seen=True,
         )
         callback = RecorderCallback(args.runs_dir, name=args.name)  # recorder
-        data = CountingSequences(args.steps * args.batch_size * training.world_size, config.n_positions,
-                                 config.vocab_size)
+        data = CountingSequences(
+            args.steps * args.batch_size * training.world_size, config.n_positions, config.vocab_size
+        )
         trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[callback])  # recorder
         with callback.failing():  # recorder
             trainer.train()

@@ -7,6 +7,7 @@
 The recorder line is marked `# recorder`. No FLOP count is given: the
 recorder counts the first step with torch's FlopCounterMode.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,15 @@ class Block(nn.Module):
 
 
 class GPT(pl.LightningModule):
-    def __init__(self, vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layers: int = 2, n_heads: int = 4,
-                 lr: float = 3e-3) -> None:
+    def __init__(
+        self,
+        vocab: int = 512,
+        seq_len: int = 64,
+        d_model: int = 128,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        lr: float = 3e-3,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tok = nn.Embedding(vocab, d_model)
@@ -81,11 +89,19 @@ def main() -> None:
 
     pl.seed_everything(0, verbose=False)
     model = GPT()
-    data = DataLoader(counting_sequences(args.steps * args.batch_size * args.devices, model.hparams.seq_len,
-                                         model.hparams.vocab), batch_size=args.batch_size, shuffle=True)
+    data = DataLoader(
+        counting_sequences(args.steps * args.batch_size * args.devices, model.hparams.seq_len, model.hparams.vocab),
+        batch_size=args.batch_size,
+        shuffle=True,
+    )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[RecorderCallback(args.runs_dir, tokens=lambda batch: batch[0].numel(), name=args.name)],  # recorder
     )

@@ -13,6 +13,7 @@ elementwise work in the loop's thread after the optimizer step), a stand-in for 
 regression: `analyzer check` fails such a run against runs without it
 (docs/record.md, "Examples").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layers: int = 2,
-                 n_heads: int = 4) -> None:
+    def __init__(
+        self, vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layers: int = 2, n_heads: int = 4
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
@@ -86,8 +88,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     p.add_argument("--name", help="run directory name (default: time, model class and world size)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step (default 8)")
-    p.add_argument("--slowdown", type=float, default=0.0, metavar="F",
-                   help="after each step, busy work of F times the step's CPU time in this thread (0.25: 25 %% more)")
+    p.add_argument(
+        "--slowdown",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="after each step, busy work of F times the step's CPU time in this thread (0.25: 25 %% more)",
+    )
     args = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -102,8 +109,14 @@ def main() -> None:
     config = {**vars(args), "world_size": world, "lr": 3e-3}
     data = batches(args.batch_size, seq_len, vocab, seed=rank)
 
-    with recorder.open(args.runs_dir, name=args.name, config=config, model=ddp, optimizer=opt,  # recorder
-                       steps=args.steps) as rec:
+    with recorder.open(
+        args.runs_dir,
+        name=args.name,
+        config=config,
+        model=ddp,
+        optimizer=opt,  # recorder
+        steps=args.steps,
+    ) as rec:
         for _ in range(args.steps):
             x, y = next(data)
             with rec.step(tokens=x.numel()) as s:  # recorder

@@ -11,6 +11,7 @@ The names below come from recorder.run, imported on first use: the torch-free
 modules (recorder.manifest, recorder.heartbeat, recorder.ranks) are imported by
 reftrain's launcher, which must not import torch.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

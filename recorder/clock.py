@@ -20,6 +20,7 @@ intersect (a clock step during measurement), the narrowest single round is
 used instead. This is the bound NTP's offset/delay computation gives for a
 symmetric exchange (RFC 5905, section 8), applied to a barrier.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,8 +57,10 @@ def estimate_offsets(brackets_ns: Sequence[Sequence[tuple[int, int]]]) -> tuple[
     offsets = [0]  # rank 0 against itself: zero by definition, exactly
     uncertainty = 0
     for rank_brackets in brackets_ns[1:]:
-        intervals = [(before - ref_after, after - ref_before)
-                     for (before, after), (ref_before, ref_after) in zip(rank_brackets, ref, strict=True)]
+        intervals = [
+            (before - ref_after, after - ref_before)
+            for (before, after), (ref_before, ref_after) in zip(rank_brackets, ref, strict=True)
+        ]
         lo = max(iv[0] for iv in intervals)
         hi = min(iv[1] for iv in intervals)
         if lo > hi:  # inconsistent rounds (clock stepped): trust the tightest one
@@ -104,6 +107,8 @@ def align_clocks(rounds: int = 8) -> ClockSync:
     brackets = [[(int(b), int(a)) for b, a in g.cpu().tolist()] for g in gathered]
     offsets, uncertainty = estimate_offsets(brackets)
     what = "all_reduce + cuda synchronize" if cuda else "all_reduce (gloo, blocking)"
-    method = (f"barrier bracketing: time.time_ns() before/after a blocking {what}, "
-              f"offset bounds intersected over {rounds} rounds, midpoint")
+    method = (
+        f"barrier bracketing: time.time_ns() before/after a blocking {what}, "
+        f"offset bounds intersected over {rounds} rounds, midpoint"
+    )
     return ClockSync(offsets_ns=offsets, uncertainty_ns=uncertainty, method=method)

@@ -32,6 +32,7 @@ the user's loss and inputs rebuilt. Counting the real step runs nothing
 twice: the step computes exactly what it would, while the mode adds a Python
 call per op (once, on a step that is warm-up anyway).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -55,8 +56,9 @@ def _cpu_flash_attention_flop(query_shape, key_shape, value_shape, *args, out_sh
     return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _cpu_flash_attention_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args,
-                                       out_shape=None, **kwargs) -> int:
+def _cpu_flash_attention_backward_flop(
+    grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs
+) -> int:
     """CPU flash attention backward: scores recomputed, then dV, dP, dQ, dK, as torch counts the CUDA kernels'."""
     return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
@@ -83,14 +85,16 @@ ADDED_FORMULAS: dict[Any, Any] = {
 # matrix; the math backend keeps it and runs four): hardware FLOPs, not model
 # FLOPs, so that the model's count does not depend on the SDPA backend and is
 # PaLM's 12LHQT. Arguments start (grad_out, query, key, value) for all of them.
-ATTENTION_BACKWARD_OPS = frozenset({
-    aten._scaled_dot_product_efficient_attention_backward,
-    aten._scaled_dot_product_flash_attention_backward,
-    aten._scaled_dot_product_cudnn_attention_backward,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    aten._flash_attention_backward,
-    aten._efficient_attention_backward,
-})
+ATTENTION_BACKWARD_OPS = frozenset(
+    {
+        aten._scaled_dot_product_efficient_attention_backward,
+        aten._scaled_dot_product_flash_attention_backward,
+        aten._scaled_dot_product_cudnn_attention_backward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        aten._flash_attention_backward,
+        aten._efficient_attention_backward,
+    }
+)
 
 
 def attention_backward_recompute(flops: int, query_head_dim: int, value_head_dim: int) -> int:
@@ -144,8 +148,10 @@ class StepFlops:
     def detail(self) -> str:
         """One line naming the measurement, for run.json's ``flops.detail``."""
         where = f"step {self.step}" if self.step is not None else "one step"
-        return (f"torch.utils.flop_counter.{SOURCE} (torch {self.torch_version}) over {where} on rank 0: "
-                "forward + backward; recompute and the optimizer step apart")
+        return (
+            f"torch.utils.flop_counter.{SOURCE} (torch {self.torch_version}) over {where} on rank 0: "
+            "forward + backward; recompute and the optimizer step apart"
+        )
 
     def to_manifest(self) -> fmt.Flops:
         """run.json's ``flops`` (docs/rundir.md): per token when the step's tokens are known."""
@@ -154,9 +160,16 @@ class StepFlops:
             per_token_hardware=self.per_token_hardware,
             source="measured",
             detail=self.detail,
-            measured=fmt.MeasuredFlops(model=self.model, hardware=self.hardware, recompute=self.recompute,
-                                       optimizer=self.optimizer, tokens=self.tokens, step=self.step,
-                                       by_op=dict(self.by_op), added_formulas=list(self.added_formulas)),
+            measured=fmt.MeasuredFlops(
+                model=self.model,
+                hardware=self.hardware,
+                recompute=self.recompute,
+                optimizer=self.optimizer,
+                tokens=self.tokens,
+                step=self.step,
+                by_op=dict(self.by_op),
+                added_formulas=list(self.added_formulas),
+            ),
         )
 
 

@@ -1,4 +1,5 @@
 """What a run ran on: device and CPU description, and the git state of the code."""
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,9 @@ def git_state(path: Path) -> dict:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", str(path), *args], capture_output=True,
-                                  text=True, timeout=10, check=False)
+            done = subprocess.run(
+                ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10, check=False
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout if done.returncode == 0 else None

@@ -24,6 +24,7 @@ to the collective it never reached). A frozen process cannot write its
 stacks (the signal stays pending); its stacks file then says so.
 Torch-free: the launcher runs it.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -76,8 +77,15 @@ class Heartbeat:
 
     def beat(self, step: int, phase: str, at: float | None = None) -> None:
         """Write the rank's progress: `step`, `phase`, and when it was reached (`at`, Unix seconds; now by default)."""
-        record = {"schema": SCHEMA, "rank": self.rank, "attempt": self.attempt, "pid": self.pid,
-                  "step": step, "phase": phase, "time": time.time() if at is None else at}
+        record = {
+            "schema": SCHEMA,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "pid": self.pid,
+            "step": step,
+            "phase": phase,
+            "time": time.time() if at is None else at,
+        }
         self.tmp.write_text(json.dumps(record))
         os.replace(self.tmp, self.path)
 
@@ -121,11 +129,17 @@ class Hang:
     frozen: bool = False  # the hung rank's process is stopped (SIGSTOP, a debugger): it cannot run at all
 
     def describe(self) -> str:
-        where = {"end": f"after step {self.step}", "start": f"in step {self.step}",
-                 "setup": "after set-up", "checkpoint": f"in the checkpoint save after step {self.step}"}
+        where = {
+            "end": f"after step {self.step}",
+            "start": f"in step {self.step}",
+            "setup": "after set-up",
+            "checkpoint": f"in the checkpoint save after step {self.step}",
+        }
         state = "; its process is stopped (state T)" if self.frozen else ""
-        return (f"hang: rank {self.rank} made no progress for {self.stalled_s:.1f} s "
-                f"(last heartbeat {where.get(self.phase, self.phase)}, attempt {self.attempt}{state})")
+        return (
+            f"hang: rank {self.rank} made no progress for {self.stalled_s:.1f} s "
+            f"(last heartbeat {where.get(self.phase, self.phase)}, attempt {self.attempt}{state})"
+        )
 
 
 def read_beats(run_dir: Path, world_size: int) -> list[Beat]:
@@ -134,8 +148,11 @@ def read_beats(run_dir: Path, world_size: int) -> list[Beat]:
     for rank in range(world_size):
         try:
             d = json.loads(heartbeat_path(run_dir, rank).read_text())
-            out.append(Beat(int(d["rank"]), int(d["attempt"]), int(d["pid"]), int(d["step"]), str(d["phase"]),
-                            float(d["time"])))
+            out.append(
+                Beat(
+                    int(d["rank"]), int(d["attempt"]), int(d["pid"]), int(d["step"]), str(d["phase"]), float(d["time"])
+                )
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
@@ -164,8 +181,13 @@ def _alive(pid: int) -> bool:
     return _state(pid) != "Z"  # a dead child the agent has not reaped yet is not alive
 
 
-def find_hang(beats: list[Beat], now: float, timeout_s: float, alive: Callable[[int], bool] = _alive,
-              frozen: Callable[[int], bool] = _frozen) -> Hang | None:
+def find_hang(
+    beats: list[Beat],
+    now: float,
+    timeout_s: float,
+    alive: Callable[[int], bool] = _alive,
+    frozen: Callable[[int], bool] = _frozen,
+) -> Hang | None:
     """A hang among the beats, or None. Pure apart from `alive` (a dead rank is a crash,
     the agent's business, not a hang; a finished rank is not waited for) and `frozen`
     (a stopped process is the one behind, whatever its last beat says)."""
@@ -178,15 +200,22 @@ def find_hang(beats: list[Beat], now: float, timeout_s: float, alive: Callable[[
         return None
     stopped = {b.rank for b in live if frozen(b.pid)}
     behind = min(live, key=lambda b: (b.rank not in stopped, b.progress, b.time))
-    return Hang(behind.rank, attempt, behind.step, behind.phase, now - behind.time, now, tuple(live),
-                behind.rank in stopped)
+    return Hang(
+        behind.rank, attempt, behind.step, behind.phase, now - behind.time, now, tuple(live), behind.rank in stopped
+    )
 
 
 class Watchdog(threading.Thread):
     """The launcher's watcher (see the module docstring). `on_hang(hang, stack_files)` records it."""
 
-    def __init__(self, run_dir: Path, world_size: int, timeout_s: float, interval_s: float,
-                 on_hang: Callable[[Hang, list[str]], None]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        world_size: int,
+        timeout_s: float,
+        interval_s: float,
+        on_hang: Callable[[Hang, list[str]], None],
+    ) -> None:
         super().__init__(name="reftrain-watchdog", daemon=True)
         self.run_dir, self.world_size = Path(run_dir), world_size
         self.timeout_s, self.interval_s, self.on_hang = timeout_s, interval_s, on_hang
@@ -237,15 +266,16 @@ def _size(path: Path) -> int:
 def _no_stacks(rank: int, pid: int) -> str:
     """The stacks file's text for a rank that did not answer the stack request."""
     state = _state(pid)
-    why = {"T": "its process is stopped (state T, e.g. SIGSTOP): a stopped process runs no code, so it cannot "
-                "dump its stack; the request stays pending until it is continued",
-           "t": "its process is stopped by a tracer (state t): it cannot dump its stack until the tracer lets it run",
-           "D": "its process is in uninterruptible sleep (state D, inside the kernel, e.g. a device or file-system "
-                "call): it cannot run the signal handler until the call returns",
-           "Z": "its process has exited", "": "its process has exited"}.get(
-        state, f"its process (state {state}) did not run the signal handler in time")
-    return (f"no Python stacks: rank {rank} (pid {pid}) did not answer SIGUSR1 within {STACKS_WAIT_S:.0f} s; "
-            f"{why}.\n")
+    why = {
+        "T": "its process is stopped (state T, e.g. SIGSTOP): a stopped process runs no code, so it cannot "
+        "dump its stack; the request stays pending until it is continued",
+        "t": "its process is stopped by a tracer (state t): it cannot dump its stack until the tracer lets it run",
+        "D": "its process is in uninterruptible sleep (state D, inside the kernel, e.g. a device or file-system "
+        "call): it cannot run the signal handler until the call returns",
+        "Z": "its process has exited",
+        "": "its process has exited",
+    }.get(state, f"its process (state {state}) did not run the signal handler in time")
+    return f"no Python stacks: rank {rank} (pid {pid}) did not answer SIGUSR1 within {STACKS_WAIT_S:.0f} s; {why}.\n"
 
 
 def _signal(pid: int, sig: int) -> None:

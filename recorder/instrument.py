@@ -23,6 +23,7 @@ anchor's host time is the midpoint of those two reads. An event's epoch time
 is then `anchor_host_ns + anchor.elapsed_time(event) * 1e6`. No synchronize is
 added per collective.
 """
+
 from __future__ import annotations
 
 import functools
@@ -143,6 +144,7 @@ _COLLECTIVES: dict[str, tuple[str, str | None]] = {
 # passed through unrecorded so nothing is counted twice.
 _TLS = threading.local()
 
+
 @contextmanager
 def untimed_collectives() -> Iterator[None]:
     """Within this block, collectives on this thread are not recorded by an installed timer."""
@@ -190,11 +192,25 @@ def _dtype_name(dtype: torch.dtype) -> str:
 class _Record:
     """One collective in flight or completed (internal; see `CollectiveTimer`)."""
 
-    __slots__ = ("step", "seq", "kind", "nbytes", "dtype", "pg", "group_size",
-                 "start_ns", "end_ns", "start_event", "end_event", "anchor", "future")
+    __slots__ = (
+        "step",
+        "seq",
+        "kind",
+        "nbytes",
+        "dtype",
+        "pg",
+        "group_size",
+        "start_ns",
+        "end_ns",
+        "start_event",
+        "end_event",
+        "anchor",
+        "future",
+    )
 
-    def __init__(self, step: int, seq: int, kind: str, nbytes: int, dtype: str | None,
-                 pg: str, group_size: int) -> None:
+    def __init__(
+        self, step: int, seq: int, kind: str, nbytes: int, dtype: str | None, pg: str, group_size: int
+    ) -> None:
         self.step = step
         self.seq = seq
         self.kind = kind
@@ -419,8 +435,9 @@ class CollectiveTimer:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if getattr(_TLS, "inside", False):
                 return original(*args, **kwargs)
-            group = kwargs["group"] if "group" in kwargs else (
-                args[group_pos] if len(args) > group_pos else default_group)
+            group = (
+                kwargs["group"] if "group" in kwargs else (args[group_pos] if len(args) > group_pos else default_group)
+            )
             if group is None:
                 group = c10d.GroupMember.WORLD
             # Nothing is issued for a non-member, and inside a coalescing
@@ -432,8 +449,9 @@ class CollectiveTimer:
                 nbytes, dtype = _payload_bytes_dtype(payload)
             else:
                 nbytes, dtype = 0, None
-            async_op = kwargs["async_op"] if "async_op" in kwargs else (
-                args[async_pos] if len(args) > async_pos else False)
+            async_op = (
+                kwargs["async_op"] if "async_op" in kwargs else (args[async_pos] if len(args) > async_pos else False)
+            )
             rec = self._begin(kind, nbytes, dtype, group)
             _TLS.inside = True
             try:
@@ -505,10 +523,21 @@ class CollectiveTimer:
             if rec.end_ns is None and not (self._cuda and self._resolve_cuda(rec)):
                 keep.append(rec)
                 continue
-            write({"step": rec.step, "rank": rank, "seq": rec.seq, "kind": rec.kind,
-                   "bytes": rec.nbytes, "dtype": rec.dtype, "pg": rec.pg,
-                   "group_size": rec.group_size, "start_ns": rec.start_ns,
-                   "end_ns": rec.end_ns, "clock": clock})
+            write(
+                {
+                    "step": rec.step,
+                    "rank": rank,
+                    "seq": rec.seq,
+                    "kind": rec.kind,
+                    "bytes": rec.nbytes,
+                    "dtype": rec.dtype,
+                    "pg": rec.pg,
+                    "group_size": rec.group_size,
+                    "start_ns": rec.start_ns,
+                    "end_ns": rec.end_ns,
+                    "clock": clock,
+                }
+            )
         with self._lock:
             self._pending[:0] = keep
             # Per-step sums are only asked for recent steps; keep memory bounded.
@@ -523,6 +552,7 @@ class CollectiveTimer:
 # ---------------------------------------------------------------------------
 # Phase timing
 # ---------------------------------------------------------------------------
+
 
 class _Phase:
     """Context manager returned by `PhaseTimer.phase` (a class, not a generator: cheaper)."""
@@ -666,13 +696,14 @@ def process_memory_bytes(device: torch.device, reset_peak: bool = False) -> tupl
     except OSError:
         import resource
         import sys
+
         # ru_maxrss is KiB on Linux, bytes on macOS.
         scale = 1 if sys.platform == "darwin" else 1024
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "cpu_rss"
 
 
-
 # DDP's register_comm_hook compares the hook's annotations with the real
 # objects; `from __future__ import annotations` made them strings.
 CollectiveTimer.ddp_comm_hook.__annotations__.update(
-    bucket=dist.GradBucket, state=Any, **{"return": torch.futures.Future[torch.Tensor]})
+    bucket=dist.GradBucket, state=Any, **{"return": torch.futures.Future[torch.Tensor]}
+)

@@ -4,6 +4,7 @@ The manifest is :class:`analyzer.ingest.formats.RunManifest`, the one typed
 definition its readers (the analyzer, the dashboard) use too. Torch-free, so
 reftrain's command line can create and fail run directories before any rank starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,17 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from analyzer.ingest.formats import (FAMILY_SCHEMAS, RUN_SCHEMA, Attempt, CheckpointSave, Files, HangReport, RunManifest,
-                                     attempt_folder, records_file)
+from analyzer.ingest.formats import (
+    FAMILY_SCHEMAS,
+    RUN_SCHEMA,
+    Attempt,
+    CheckpointSave,
+    Files,
+    HangReport,
+    RunManifest,
+    attempt_folder,
+    records_file,
+)
 from recorder.errors import RecorderError
 
 SCHEMA = RUN_SCHEMA
@@ -26,8 +36,16 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def create_run_dir(runs_dir: Path, name: str, explicit: bool, config_yaml: str, *, runs_label: str = "runs_dir",
-                   writer: str = "the recorder", name_option: str = "name=") -> Path:
+def create_run_dir(
+    runs_dir: Path,
+    name: str,
+    explicit: bool,
+    config_yaml: str,
+    *,
+    runs_label: str = "runs_dir",
+    writer: str = "the recorder",
+    name_option: str = "name=",
+) -> Path:
     """Create RUNS_DIR/<name>/ and write config.yaml (`config_yaml`, the text); never reuses a directory.
 
     An `explicit` name (the user's) that exists is an error. A generated name that
@@ -88,8 +106,14 @@ def read_manifest(run_dir: Path) -> RunManifest | None:
     return RunManifest.from_json(data) if isinstance(data, dict) else None
 
 
-def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int | None,
-                secondary: list[str] | None = None, launcher: bool = False) -> None:
+def mark_failed(
+    run_dir: Path,
+    error: str,
+    command: list[str],
+    world_size: int | None,
+    secondary: list[str] | None = None,
+    launcher: bool = False,
+) -> None:
     """Record a failure in run.json (rank 0 on its own error; the launcher when the job ends).
 
     Keeps everything rank 0 wrote; a run that failed before rank 0 wrote
@@ -102,8 +126,13 @@ def mark_failed(run_dir: Path, error: str, command: list[str], world_size: int |
     run_dir = Path(run_dir)
     data = read_manifest(run_dir)
     if data is None:  # the fields rank 0 would have filled stay null
-        data = RunManifest(run_id=run_dir.name, command=list(command), config=saved_config_dict(run_dir),
-                           world_size=world_size, files=empty_files())
+        data = RunManifest(
+            run_id=run_dir.name,
+            command=list(command),
+            config=saved_config_dict(run_dir),
+            world_size=world_size,
+            files=empty_files(),
+        )
     elif data.status != "running" and not (launcher and data.status == "failed"):
         return
     # What is on disk now, whatever rank 0 last recorded (a save may have
@@ -171,10 +200,21 @@ def attempts_so_far(run_dir: Path, attempt: int, start_time: str, start_step: in
         data = read_manifest(Path(run_dir))
         earlier = list(data.attempts) if data is not None else []
         if earlier and earlier[-1].status == "running":
-            earlier[-1] = dataclasses.replace(earlier[-1], status="failed", end_time=start_time,
-                                              cause="a rank died; torchelastic restarted the job")
-    return [*earlier, Attempt(attempt=attempt, start_time=start_time, end_time=None, status="running",
-                              resumed_from_step=start_step, cause=None, exit_codes=None)]
+            earlier[-1] = dataclasses.replace(
+                earlier[-1], status="failed", end_time=start_time, cause="a rank died; torchelastic restarted the job"
+            )
+    return [
+        *earlier,
+        Attempt(
+            attempt=attempt,
+            start_time=start_time,
+            end_time=None,
+            status="running",
+            resumed_from_step=start_step,
+            cause=None,
+            exit_codes=None,
+        ),
+    ]
 
 
 def earlier_attempt_files(run_dir: Path, attempt: int, world_size: int) -> dict[str, list[str]]:
@@ -214,8 +254,9 @@ def close_attempt(run_dir: Path, status: str, cause: str | None, exit_codes: lis
         write_json(Path(run_dir) / "run.json", data)
 
 
-def record_checkpoint_save(run_dir: Path, step: int, stall_s: float, attempt: int, mode: str = "sync",
-                           complete_s: float | None = None) -> None:
+def record_checkpoint_save(
+    run_dir: Path, step: int, stall_s: float, attempt: int, mode: str = "sync", complete_s: float | None = None
+) -> None:
     """Append one save to run.json's `checkpoint_saves` (step, the training loop's stall in
     seconds, attempt, mode sync|async, and for async the time to publication).
     Rank 0 only; does nothing before rank 0 has written run.json."""

@@ -3,6 +3,7 @@
 docs/mfu.md ("The peak") states the choices; the datasheet table is the
 analyzer's (analyzer/metrics/hardware.py).
 """
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,9 @@ MEASURE_MIN_TIME_S = 0.025
 MEASURE_REPEATS = 5
 
 
-def measure_matmul_peak(device, dtype_key: str, max_size: int = MEASURE_MAX_SIZE,
-                        repeats: int = MEASURE_REPEATS) -> PeakFlops:
+def measure_matmul_peak(
+    device, dtype_key: str, max_size: int = MEASURE_MAX_SIZE, repeats: int = MEASURE_REPEATS
+) -> PeakFlops:
     """Best-of-`repeats` FLOP/s of an n x n x n matmul on `device` in the run's dtype (2*n^3 FLOPs each).
 
     Used on CPUs (no datasheet applies: the result depends on cores, threads

@@ -8,6 +8,7 @@ after the same step even when the signal reached them at different times.
 The loop then saves a checkpoint, run.json says `preempted`, and the rank
 exits 0; `reftrain --resume RUN_DIR` continues bit for bit.
 """
+
 from __future__ import annotations
 
 import signal
@@ -41,8 +42,11 @@ class Preemption:
 
     def _handler(self, signum: int, frame: object) -> None:
         if self.received is None:
-            print(f"rank {self.rank}: {signal.Signals(signum).name} received: stopping after this step "
-                  "with a checkpoint", file=sys.stderr, flush=True)
+            print(
+                f"rank {self.rank}: {signal.Signals(signum).name} received: stopping after this step with a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
         self.received = signum
 
     def agreed(self) -> str | None:

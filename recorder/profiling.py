@@ -11,6 +11,7 @@ resume), so trace steps join metrics records by `step`. torch adds
 `distributedInfo` (backend, rank, world size, process groups) to the trace
 when a process group is initialized, which HTA needs.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,9 @@ _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECO
 
 # Each window is written to its own file, so clearing events between cycles is
 # what we want; torch warns about it from the second window on.
-warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle",
-                        category=UserWarning)
+warnings.filterwarnings(
+    "ignore", message="Warning: Profiler clears events at the end of each cycle", category=UserWarning
+)
 
 
 @contextmanager
@@ -92,8 +94,7 @@ class StepProfiler:
     end of every step. A disabled profiler is a no-op with the same interface.
     """
 
-    def __init__(self, cfg: ProfileOptions, rank: int, traces_dir: Path, device: torch.device,
-                 start_step: int) -> None:
+    def __init__(self, cfg: ProfileOptions, rank: int, traces_dir: Path, device: torch.device, start_step: int) -> None:
         self.cfg = cfg
         self.rank = rank
         self.traces_dir = Path(traces_dir)

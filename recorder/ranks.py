@@ -7,6 +7,7 @@ group's key-value store, with a timeout of the recorder's own: each rank
 posts a key, waits for the keys it needs, and when they do not come it says
 so in one line and goes on with what it has.
 """
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ the run goes on; a mistake in how the loop marks steps is one line and the
 mark is ignored; an exception in the user's loop marks the run failed and
 propagates unchanged.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,8 +37,14 @@ from recorder.errors import RecorderError
 from recorder.flops import StepFlopCounter
 from recorder.hardware import describe_hardware, git_state
 from recorder.heartbeat import Heartbeat
-from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
-                                 untimed_collectives)
+from recorder.instrument import (
+    CollectiveTimer,
+    JsonlWriter,
+    PhaseTimer,
+    peak_reserved_bytes,
+    process_memory_bytes,
+    untimed_collectives,
+)
 from recorder.profiling import StepProfiler
 from recorder.ranks import Meeting, Place, max_restarts, restart_count, this_place
 from recorder.telemetry import GpuTelemetry, nvml_index_of
@@ -175,14 +182,26 @@ class Recorder:
     a `with recorder.open(...) as rec:` block, failed when the block raised).
     """
 
-    def __init__(self, runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
-                 model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
-                 steps: int | None = None, start_step: int = 0, warmup_steps: int = 3,
-                 flops: fmt.Flops | None = None,
-                 peak_flops_per_s: float | None = None, profile: ProfileSchedule | None = None,
-                 device: torch.device | str | None = None, telemetry_interval_ms: int = 100,
-                 on_preempt: Callable[[int], None] | None = None, meet_timeout_s: float = MEET_TIMEOUT_S,
-                 ddp_comm_hook: bool = True) -> None:
+    def __init__(
+        self,
+        runs_dir: str | os.PathLike[str],
+        name: str | None = None,
+        config: Any = None,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        steps: int | None = None,
+        start_step: int = 0,
+        warmup_steps: int = 3,
+        flops: fmt.Flops | None = None,
+        peak_flops_per_s: float | None = None,
+        profile: ProfileSchedule | None = None,
+        device: torch.device | str | None = None,
+        telemetry_interval_ms: int = 100,
+        on_preempt: Callable[[int], None] | None = None,
+        meet_timeout_s: float = MEET_TIMEOUT_S,
+        ddp_comm_hook: bool = True,
+    ) -> None:
         self.place: Place = this_place()
         self.attempt = restart_count()
         self.model, self.optimizer = model, optimizer
@@ -201,8 +220,10 @@ class Recorder:
         # and every call is then a no-op, so the user's training goes on.
         self.recording = run_dir is not None
         if run_dir is None:
-            _say(f"rank {self.place.rank}: rank 0 did not open the recorder within {meet_timeout_s:.0f} s: "
-                 "not recording (call recorder.open on every rank)")
+            _say(
+                f"rank {self.place.rank}: rank 0 did not open the recorder within {meet_timeout_s:.0f} s: "
+                "not recording (call recorder.open on every rank)"
+            )
             return
         self.run_dir = run_dir
         self._everyone_here()
@@ -220,13 +241,21 @@ class Recorder:
         self.collective_timing = self._time_collectives(model, ddp_comm_hook)
         self.phases = PhaseTimer(self.device, PHASES)
         self.heartbeat = _Beats(Heartbeat(self.run_dir, rank, self.attempt))
-        self.profiler = StepProfiler(profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device,
-                                     self.step_index)
+        self.profiler = StepProfiler(
+            profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device, self.step_index
+        )
         self._telemetry, self._telemetry_files, telemetry_note = self._start_telemetry(telemetry_interval_ms)
         self._hooks: list[Any] = []
         self._hook_model(model, optimizer)
-        self._clock = align_clocks().to_dict() if self.all_ranks else \
-            {"offsets_ns": [0], "uncertainty_ns": None, "method": "not aligned: not every rank opened the recorder"}
+        self._clock = (
+            align_clocks().to_dict()
+            if self.all_ranks
+            else {
+                "offsets_ns": [0],
+                "uncertainty_ns": None,
+                "method": "not aligned: not every rank opened the recorder",
+            }
+        )
         hardware = self._gather_hardware()
         self.peak = self._peak(peak_flops_per_s)
         self._man = self._first_manifest(config, hardware, telemetry_note)
@@ -258,15 +287,18 @@ class Recorder:
 
     # -- set-up ---------------------------------------------------------------
 
-    def _agree_on_run_dir(self, runs_dir: Path, name: str | None, config: Any,
-                          model: torch.nn.Module | None) -> Path | None:
+    def _agree_on_run_dir(
+        self, runs_dir: Path, name: str | None, config: Any, model: torch.nn.Module | None
+    ) -> Path | None:
         """Rank 0 creates (or, in a restarted attempt, reopens) the directory; the others read its path
         (None when rank 0 did not post it within the timeout)."""
         place = self.place
         if place.world_size > 1 and not place.distributed:
-            raise RecorderError(f"recorder.open: WORLD_SIZE={place.world_size} but torch.distributed is not "
-                                "initialized; call torch.distributed.init_process_group before recorder.open "
-                                "(the ranks agree on the run directory through it)")
+            raise RecorderError(
+                f"recorder.open: WORLD_SIZE={place.world_size} but torch.distributed is not "
+                "initialized; call torch.distributed.init_process_group before recorder.open "
+                "(the ranks agree on the run directory through it)"
+            )
         if place.rank == 0:
             path = self._create_run_dir(runs_dir, name, config, model)
             if self._meeting is not None:
@@ -282,8 +314,9 @@ class Recorder:
         base = name or _default_name(model, self.place.world_size)
         if self.attempt > 0 and (runs_dir / base / "run.json").is_file():
             return runs_dir / base  # torchelastic restarted the job: the attempts share the directory
-        text = yaml.safe_dump(_yaml_safe(config if config is not None else {}), sort_keys=False,
-                              default_flow_style=False)
+        text = yaml.safe_dump(
+            _yaml_safe(config if config is not None else {}), sort_keys=False, default_flow_style=False
+        )
         return manifest.create_run_dir(runs_dir, base, explicit=name is not None, config_yaml=text)
 
     def _everyone_here(self) -> None:
@@ -296,8 +329,10 @@ class Recorder:
         if rank == 0:
             missing = [r for r in range(1, world) if meeting.wait(f"open/{r}") is None]
             if missing:
-                _say(f"rank(s) {', '.join(map(str, missing))} of {world} did not open the recorder within "
-                     f"{meeting.timeout_s:.0f} s: recording the ranks that did (call recorder.open on every rank)")
+                _say(
+                    f"rank(s) {', '.join(map(str, missing))} of {world} did not open the recorder within "
+                    f"{meeting.timeout_s:.0f} s: recording the ranks that did (call recorder.open on every rank)"
+                )
             meeting.post("all_ranks", not missing)
             self.all_ranks = not missing
         else:
@@ -306,14 +341,19 @@ class Recorder:
     def _time_collectives(self, model: torch.nn.Module | None, ddp_comm_hook: bool) -> str:
         """Install the collective timer; returns run.json's `collective_timing`."""
         if not (self.place.distributed and self.all_ranks):
-            return "none: not a distributed run" if not self.place.distributed else \
-                "none: not every rank opened the recorder"
+            return (
+                "none: not a distributed run"
+                if not self.place.distributed
+                else "none: not every rank opened the recorder"
+            )
         what = []
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             own = model._get_ddp_logging_data().get("comm_hook")
             if not ddp_comm_hook:
-                what.append("not DDP's bucket all-reduces (recorder.open(ddp_comm_hook=False): DDP's own C++ "
-                            "all-reduce, untimed)")
+                what.append(
+                    "not DDP's bucket all-reduces (recorder.open(ddp_comm_hook=False): DDP's own C++ "
+                    "all-reduce, untimed)"
+                )
             elif own:  # the model has a comm hook of its own (compression, ...): it stays, untimed
                 what.append(f"not DDP's bucket all-reduces (the model has its own comm hook, {own})")
             else:
@@ -321,8 +361,7 @@ class Recorder:
                     model.register_comm_hook(None, self.timer.ddp_comm_hook)
                     what.append("DDP comm hook (averaging all-reduce per gradient bucket)")
                 except RuntimeError as exc:  # DDP refused it (e.g. registered after the first step)
-                    what.append(f"not DDP's bucket all-reduces (DDP refused the comm hook: "
-                                f"{str(exc).splitlines()[0]})")
+                    what.append(f"not DDP's bucket all-reduces (DDP refused the comm hook: {str(exc).splitlines()[0]})")
         try:
             self.timer.install()
             what.append("torch.distributed collective functions wrapped")
@@ -368,8 +407,9 @@ class Recorder:
         matmul measured on every rank at once, the max over ranks (as reftrain measures it: on a shared
         CPU the ranks share cores, as they will while training)."""
         if given is not None:
-            return fmt.PeakFlops(per_s=float(given), source="override", detail="recorder.open(peak_flops_per_s=...)",
-                                 dtype=None)
+            return fmt.PeakFlops(
+                per_s=float(given), source="override", detail="recorder.open(peak_flops_per_s=...)", dtype=None
+            )
         dtype = peak.peak_dtype("fp32", self.device.type, bool(torch.backends.cuda.matmul.allow_tf32))
         if self.device.type == "cuda":
             found = peak.table_peak(torch.cuda.get_device_name(self.device), dtype)
@@ -378,8 +418,9 @@ class Recorder:
         measured = peak.measure_matmul_peak(self.device, dtype)
         per_s, detail = measured.per_s, measured.detail
         if self.place.distributed and self.all_ranks and self.place.world_size > 1:
-            value = torch.tensor([per_s], dtype=torch.float64,
-                                 device=self.device if self.place.backend == "nccl" else "cpu")
+            value = torch.tensor(
+                [per_s], dtype=torch.float64, device=self.device if self.place.backend == "nccl" else "cpu"
+            )
             with untimed_collectives():  # not training communication
                 torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
             per_s = float(value.item())
@@ -403,9 +444,12 @@ class Recorder:
             hardware=fmt.Hardware(
                 device_type=self.device.type,
                 device_names=[h["device_name"] for h in hardware],
-                device_memory_bytes=min((h["device_memory_bytes"] for h in hardware if h["device_memory_bytes"]),
-                                        default=None),
-                cpu_model=hw0["cpu_model"], cpu_cores=hw0["cpu_cores"], cpu_cores_usable=hw0["cpu_cores_usable"],
+                device_memory_bytes=min(
+                    (h["device_memory_bytes"] for h in hardware if h["device_memory_bytes"]), default=None
+                ),
+                cpu_model=hw0["cpu_model"],
+                cpu_cores=hw0["cpu_cores"],
+                cpu_cores_usable=hw0["cpu_cores_usable"],
                 hostnames=[h["hostname"] for h in hardware],
             ),
             torch_version=torch.__version__,
@@ -506,8 +550,9 @@ class Recorder:
         if self.flops is None and self.step_index == self.start_step:
             self._flop_counter = StepFlopCounter().__enter__()
 
-    def step_end(self, tokens: int | None = None, loss: Any = None, lr: float | None = None,
-                 grad_norm: Any = None) -> None:
+    def step_end(
+        self, tokens: int | None = None, loss: Any = None, lr: float | None = None, grad_norm: Any = None
+    ) -> None:
         """Mark the end of the step: writes its metrics record. `tokens`: tokens this rank processed in
         the step; `loss` a float or a 0-d tensor (read with .item()); `lr` defaults to the optimizer's
         first parameter group's; `grad_norm` as returned by clip_grad_norm_."""
@@ -528,8 +573,10 @@ class Recorder:
             if counted.model > 0:
                 self.set_flops(counted.to_manifest())
             else:  # MFU 0 would be wrong, not small: the loop's ops ran elsewhere or not at all
-                _say(f"step {step} ran no operation with a FLOP formula (matmul, convolution, attention): "
-                     "MFU withheld; pass flops= to recorder.open to give them")
+                _say(
+                    f"step {step} ran no operation with a FLOP formula (matmul, convolution, attention): "
+                    "MFU withheld; pass flops= to recorder.open to give them"
+                )
         times = self.phases.end_step()
         self._in_step = False
         boundary = self._boundary_ns if self._boundary_ns is not None else self._step_start_ns
@@ -595,8 +642,10 @@ class Recorder:
             self.timer.flush()
         except OSError as exc:
             self._write_failed = True
-            _say(f"rank {self.place.rank}: {self.run_dir / self._metrics_rel}: cannot write the step records "
-                 f"from step {record['step']} on: {exc.strerror or exc}; training goes on unrecorded")
+            _say(
+                f"rank {self.place.rank}: {self.run_dir / self._metrics_rel}: cannot write the step records "
+                f"from step {record['step']} on: {exc.strerror or exc}; training goes on unrecorded"
+            )
 
     @contextmanager
     def step(self, tokens: int | None = None) -> Iterator[Step]:
@@ -687,8 +736,10 @@ class Recorder:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._preempt_signal is None:
             when = "this step" if not self._agrees_by_collective() else "the next step (the ranks agree on it)"
-            _say(f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after {when}"
-                 + (" with the final checkpoint" if self.on_preempt is not None else ""))
+            _say(
+                f"rank {self.place.rank}: {signal.Signals(signum).name} received: stopping after {when}"
+                + (" with the final checkpoint" if self.on_preempt is not None else "")
+            )
         self._preempt_signal = signum
 
     def _agrees_by_collective(self) -> bool:
@@ -757,14 +808,18 @@ class Recorder:
             handle.remove()
         self._restore_signal_handlers()
         errors: list[str] = []
-        for what, stop in (("profiler", lambda: self.profiler.__exit__(None, None, None)),
-                           ("collectives", lambda: self.timer.flush(wait=status == "completed")),
-                           ("heartbeat", lambda: self.heartbeat.now(self.last_step if self.last_step is not None
-                                                                    else self.start_step, "done")),
-                           ("heartbeat", self.heartbeat.close),
-                           ("timer", self.timer.uninstall),
-                           ("metrics", self._metrics.close),
-                           ("collectives", self._colls.close if self._colls is not None else lambda: None)):
+        for what, stop in (
+            ("profiler", lambda: self.profiler.__exit__(None, None, None)),
+            ("collectives", lambda: self.timer.flush(wait=status == "completed")),
+            (
+                "heartbeat",
+                lambda: self.heartbeat.now(self.last_step if self.last_step is not None else self.start_step, "done"),
+            ),
+            ("heartbeat", self.heartbeat.close),
+            ("timer", self.timer.uninstall),
+            ("metrics", self._metrics.close),
+            ("collectives", self._colls.close if self._colls is not None else lambda: None),
+        ):
             try:
                 stop()
             except (OSError, RecorderError, RuntimeError) as exc:
@@ -775,11 +830,16 @@ class Recorder:
                 errors.append(self._telemetry.error)
         for line in errors:
             _say(f"rank {self.place.rank}: {line}")
-        mine = {"metrics": [self._metrics_rel], "collectives": [self._colls_rel] if self._colls is not None else [],
-                "telemetry": self._telemetry_files,
-                "traces": [f"traces/{fmt.attempt_folder(self.attempt)}{name}" for name in self.profiler.traces],
-                "status": status, "error": error, "time_ns": time.time_ns(),
-                "profiled_steps": self.profiled_steps}
+        mine = {
+            "metrics": [self._metrics_rel],
+            "collectives": [self._colls_rel] if self._colls is not None else [],
+            "telemetry": self._telemetry_files,
+            "traces": [f"traces/{fmt.attempt_folder(self.attempt)}{name}" for name in self.profiler.traces],
+            "status": status,
+            "error": error,
+            "time_ns": time.time_ns(),
+            "profiled_steps": self.profiled_steps,
+        }
         everyone = self._gather_at_close(mine)
         if self.place.rank == 0:
             self._final_manifest(everyone, status, error, cause)
@@ -796,8 +856,10 @@ class Recorder:
         for r in range(1, self.place.world_size):
             theirs = meeting.wait(f"close/{r}")
             if theirs is None:
-                _say(f"rank {r} did not close the recorder within {meeting.timeout_s:.0f} s: "
-                     "its files are listed from disk")
+                _say(
+                    f"rank {r} did not close the recorder within {meeting.timeout_s:.0f} s: "
+                    "its files are listed from disk"
+                )
                 theirs = _files_on_disk(self.run_dir, r, self.attempt)
             everyone.append(theirs)
         return everyone
@@ -824,8 +886,11 @@ class Recorder:
             man.steps = self.last_step + 1
         if man.attempts:
             last = man.attempts[-1]
-            last.end_time, last.status, last.cause = man.end_time, status, cause or (error if status == "failed"
-                                                                                     else None)
+            last.end_time, last.status, last.cause = (
+                man.end_time,
+                status,
+                cause or (error if status == "failed" else None),
+            )
         self._write_manifest()
 
     def fail(self, exc: BaseException) -> None:
@@ -833,15 +898,19 @@ class Recorder:
         run.json at once, so the first failing rank's error is the run's even when others are killed."""
         if self.closed or not self.recording:
             return
-        message = "interrupted" if isinstance(exc, KeyboardInterrupt) else (
-            f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__)
+        message = (
+            "interrupted"
+            if isinstance(exc, KeyboardInterrupt)
+            else (f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__)
+        )
         where = _where(exc)
         if where:
             message += f" ({where})"
         if self.place.rank != 0 or not self.all_ranks:
             try:
-                manifest.mark_failed(self.run_dir, f"rank {self.place.rank}: {message}", list(sys.argv),
-                                     self.place.world_size)
+                manifest.mark_failed(
+                    self.run_dir, f"rank {self.place.rank}: {message}", list(sys.argv), self.place.world_size
+                )
             except OSError as exc2:
                 _say(f"{self.run_dir / 'run.json'}: cannot mark failed: {exc2.strerror or exc2}")
         self.close(status="failed", error=message)
@@ -920,9 +989,14 @@ def _model_device(model: torch.nn.Module | None) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def open(runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
-         model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-         **options: Any) -> Recorder:
+def open(
+    runs_dir: str | os.PathLike[str],
+    name: str | None = None,
+    config: Any = None,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    **options: Any,
+) -> Recorder:
     """Open a run directory under `runs_dir` and start recording this rank (docs/record.md).
 
     `name`: the directory's name (default `YYYYmmdd-HHMMSS-<model class>-w<world size>`; an

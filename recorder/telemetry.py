@@ -10,6 +10,7 @@ sample period (1/6 s to 1 s, driver dependent) during which a kernel ran
 (`gpu`) or device memory was read or written (`memory`); power is the board
 draw, NVML reports milliwatts; the SM clock is the current clock in MHz.
 """
+
 from __future__ import annotations
 
 import threading
@@ -76,8 +77,9 @@ def sample(nvml: Any, handle: Any) -> dict:
     power_mw = query(nvml.nvmlDeviceGetPowerUsage)
     mem = query(nvml.nvmlDeviceGetMemoryInfo)
     # Renamed in CUDA 12 drivers ("throttle" -> "event"); the bits are the same.
-    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    reasons_fn = (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     mask = query(reasons_fn)
     return {
         "time_ns": time.time_ns(),
@@ -126,8 +128,7 @@ class GpuTelemetry:
     (training goes on). `nvml` lets tests inject a stand-in for `pynvml`.
     """
 
-    def __init__(self, path: Path, gpu_index: int, interval_ms: int = 500,
-                 nvml: ModuleType | None = None) -> None:
+    def __init__(self, path: Path, gpu_index: int, interval_ms: int = 500, nvml: ModuleType | None = None) -> None:
         if interval_ms <= 0:
             raise RecorderError(f"telemetry interval must be positive, got {interval_ms} ms")
         self.path = Path(path)
@@ -171,8 +172,9 @@ class GpuTelemetry:
         except nvml.NVMLError as exc:
             raise RecorderError(f"NVML: cannot open GPU {self.gpu_index}: {exc}") from None
         self._writer = writer = JsonlWriter(self.path)
-        self._thread = threading.Thread(target=self._run, args=(handle, writer),
-                                         name=f"gpu-telemetry-{self.gpu_index}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(handle, writer), name=f"gpu-telemetry-{self.gpu_index}", daemon=True
+        )
         self._thread.start()
 
     def _run(self, handle: Any, writer: JsonlWriter) -> None:

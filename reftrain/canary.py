@@ -16,6 +16,7 @@ never inside a profiler window (its ops would land in the trace), and its
 times go into that step's metrics record (`canary_ms`, `canary_cpu_ms`,
 docs/rundir.md).
 """
+
 from __future__ import annotations
 
 import time

@@ -10,6 +10,7 @@ state: the token stream is a pure function of (seed, rank, step).
 torch is imported inside the save/load functions so that the command line
 can find and check a checkpoint path without importing it.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,9 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
         if m and (d / ".metadata").is_file():
             steps.append((int(m.group(1)), d))
     if not steps:
-        raise ReftrainError(f"--resume {path}: no complete checkpoint under {path / 'checkpoints'} "
-                            "(run with --checkpoint-every K)")
+        raise ReftrainError(
+            f"--resume {path}: no complete checkpoint under {path / 'checkpoints'} (run with --checkpoint-every K)"
+        )
     return path, max(steps)[1]
 
 
@@ -154,8 +156,11 @@ def save_async(run_dir: Path, step: int, model, optimizer, process_group) -> Pen
     if dist.is_initialized():
         dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    response = dcp.async_save({"model": model_sd, "optim": optim_sd, "trainer": {"step": step}},
-                              checkpoint_id=str(tmp), process_group=process_group)
+    response = dcp.async_save(
+        {"model": model_sd, "optim": optim_sd, "trainer": {"step": step}},
+        checkpoint_id=str(tmp),
+        process_group=process_group,
+    )
     # A future of the write; DCP answers with an AsyncSaveResponse only when given an async stager.
     future = response if isinstance(response, Future) else response.upload_completion
     return PendingSave(step, tmp, path, future, t0, time.perf_counter() - t0)
@@ -193,7 +198,9 @@ def load(path: Path, model, optimizer) -> int:
     except Exception as exc:  # noqa: BLE001 - DCP raises CheckpointException with per-rank tracebacks
         first = str(exc).strip().splitlines()
         detail = next((line for line in reversed(first) if "Error" in line), first[-1] if first else repr(exc))
-        raise ReftrainError(f"--resume {path}: checkpoint does not fit this model/optimizer: {detail.strip()}") from None
+        raise ReftrainError(
+            f"--resume {path}: checkpoint does not fit this model/optimizer: {detail.strip()}"
+        ) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     step = int(state["trainer"]["step"])
     if step < 0:

@@ -15,6 +15,7 @@ Errors a user can fix are ReftrainError: one line on stderr, exit status 1.
 Under the launcher a rank does not print its error; it writes it to
 torchelastic's per-rank error file and the launcher prints the first one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,18 @@ from typing import Mapping, NoReturn
 
 from recorder import manifest
 from reftrain import checkpoint, rundir
-from reftrain.config import (Config, FaultConfig, apply_set, from_dict, load_file, merge_dict, resolve, set_value,
-                             to_yaml, tracker_names)
+from reftrain.config import (
+    Config,
+    FaultConfig,
+    apply_set,
+    from_dict,
+    load_file,
+    merge_dict,
+    resolve,
+    set_value,
+    to_yaml,
+    tracker_names,
+)
 from reftrain.errors import ReftrainError
 from reftrain.exits import ExitTimes
 
@@ -76,15 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="reftrain",
         description="Instrumented reference trainer: a decoder-only transformer with DDP or FSDP2; "
-                    "every run writes a run directory (docs/rundir.md).",
+        "every run writes a run directory (docs/rundir.md).",
         epilog="Config reference: docs/reftrain.md. Multi-node: torchrun --nnodes ... -m reftrain ...",
     )
     from analyzer.ingest.formats import package_version  # the one version lookup of trainperf's commands
 
     p.add_argument("--version", action="version", version=f"reftrain (trainperf) {package_version()}")
     p.add_argument("--config", metavar="FILE", help="YAML or TOML config (e.g. RUN_DIR/config.yaml to repeat a run)")
-    p.add_argument("--set", metavar="SECTION.KEY=VALUE", action="append", default=[],
-                   help="override one config key; repeatable, applied last")
+    p.add_argument(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one config key; repeatable, applied last",
+    )
     p.add_argument("--demo", action="store_true", help="the built-in small CPU config with profiling on")
     p.add_argument("--nproc", type=int, metavar="N", help="start N ranks on this machine (torch.distributed.run)")
     p.add_argument("--runs-dir", metavar="DIR", help="where run directories go (run.runs_dir)")
@@ -94,40 +110,75 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", metavar="ddp|fsdp", help="parallel.strategy")
     p.add_argument("--device", metavar="auto|cpu|cuda", help="train.device")
     p.add_argument("--data", metavar="PATH", help="uint16 token file, nanoGPT .bin layout (data.path)")
-    p.add_argument("--checkpoint-every", type=int, metavar="K", help="checkpoint every K steps (train.checkpoint_every)")
-    p.add_argument("--resume", metavar="PATH",
-                   help="continue from a run directory's latest checkpoint or from RUN_DIR/checkpoints/stepK, "
-                        "with that run's config (flags and --set still apply); writes a new run directory")
+    p.add_argument(
+        "--checkpoint-every", type=int, metavar="K", help="checkpoint every K steps (train.checkpoint_every)"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="continue from a run directory's latest checkpoint or from RUN_DIR/checkpoints/stepK, "
+        "with that run's config (flags and --set still apply); writes a new run directory",
+    )
     p.add_argument("--inject-slow-rank", type=int, metavar="R", help="make rank R a straggler (inject.slow_rank)")
-    p.add_argument("--inject-delay-ms", type=float, metavar="D", help="the straggler's delay per step (inject.delay_ms)")
+    p.add_argument(
+        "--inject-delay-ms", type=float, metavar="D", help="the straggler's delay per step (inject.delay_ms)"
+    )
     p.add_argument("--inject-slowdown", type=float, metavar="F", help="all compute F times slower (inject.slowdown)")
-    p.add_argument("--max-restarts", type=int, metavar="N", default=0,
-                   help="with --nproc: when a rank dies, restart the whole job up to N times (torchelastic); "
-                        "each restart resumes from the run's latest complete checkpoint")
-    p.add_argument("--crash-rank", type=int, metavar="R", help="fault injection: rank R dies at --crash-step (fault.crash_rank)")
-    p.add_argument("--crash-step", type=int, metavar="S", help="the step at whose start --crash-rank dies (fault.crash_step)")
-    p.add_argument("--crash-in-save", action="store_true",
-                   help="die instead inside the save of checkpoint stepS, the state after S steps; S must be a "
-                        "multiple of --checkpoint-every (fault.crash_in_save)")
-    p.add_argument("--hang-rank", type=int, metavar="R",
-                   help="fault injection: rank R stops making progress at --hang-step (fault.hang_rank)")
-    p.add_argument("--hang-step", type=int, metavar="S", help="the step at whose start --hang-rank hangs (fault.hang_step)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        default=0,
+        help="with --nproc: when a rank dies, restart the whole job up to N times (torchelastic); "
+        "each restart resumes from the run's latest complete checkpoint",
+    )
+    p.add_argument(
+        "--crash-rank", type=int, metavar="R", help="fault injection: rank R dies at --crash-step (fault.crash_rank)"
+    )
+    p.add_argument(
+        "--crash-step", type=int, metavar="S", help="the step at whose start --crash-rank dies (fault.crash_step)"
+    )
+    p.add_argument(
+        "--crash-in-save",
+        action="store_true",
+        help="die instead inside the save of checkpoint stepS, the state after S steps; S must be a "
+        "multiple of --checkpoint-every (fault.crash_in_save)",
+    )
+    p.add_argument(
+        "--hang-rank",
+        type=int,
+        metavar="R",
+        help="fault injection: rank R stops making progress at --hang-step (fault.hang_rank)",
+    )
+    p.add_argument(
+        "--hang-step", type=int, metavar="S", help="the step at whose start --hang-rank hangs (fault.hang_step)"
+    )
     p.add_argument("--peak-flops", type=float, metavar="FLOP_PER_S", help="per-device peak for MFU (run.peak_flops)")
-    p.add_argument("--log", metavar="TRACKERS",
-                   help="log live from rank 0 to experiment trackers: any of tensorboard,wandb,mlflow, comma separated "
-                        "(log.trackers; extra trackers)")
-    p.add_argument("--tensorboard-dir", metavar="DIR", help="TensorBoard log root, events in DIR/<run id> "
-                                                           "(log.tensorboard_dir; default RUN_DIR/tb)")
+    p.add_argument(
+        "--log",
+        metavar="TRACKERS",
+        help="log live from rank 0 to experiment trackers: any of tensorboard,wandb,mlflow, comma separated "
+        "(log.trackers; extra trackers)",
+    )
+    p.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="TensorBoard log root, events in DIR/<run id> (log.tensorboard_dir; default RUN_DIR/tb)",
+    )
     p.add_argument("--wandb-dir", metavar="DIR", help="W&B directory (log.wandb_dir; default RUN_DIR)")
-    p.add_argument("--mlflow-uri", metavar="URI", help="MLflow tracking URI or file-store folder "
-                                                      "(log.mlflow_uri; default RUN_DIR/mlruns)")
+    p.add_argument(
+        "--mlflow-uri",
+        metavar="URI",
+        help="MLflow tracking URI or file-store folder (log.mlflow_uri; default RUN_DIR/mlruns)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
     return p
 
 
-def build_config(args: argparse.Namespace, world_size: int | None,
-                 notes: list[str] | None = None) -> tuple[Config, Path | None, Path | None]:
+def build_config(
+    args: argparse.Namespace, world_size: int | None, notes: list[str] | None = None
+) -> tuple[Config, Path | None, Path | None]:
     """(resolved config, checkpoint to resume from, the run it belongs to) from the command line.
 
     Lines to tell the user (faults of a repeated run not repeated) are appended to `notes`."""
@@ -212,7 +263,9 @@ class LaunchPlan:
     notes: tuple[str, ...] = ()
 
 
-def plan_launch(nproc_flag: int | None, cfg: Config, environ: Mapping[str, str], print_config: bool = False) -> LaunchPlan:
+def plan_launch(
+    nproc_flag: int | None, cfg: Config, environ: Mapping[str, str], print_config: bool = False
+) -> LaunchPlan:
     """The launch of a command line: ``--nproc``, else torchrun's WORLD_SIZE, else the config's world size.
 
     A repeated config (``--config RUN_DIR/config.yaml``) records the world it
@@ -227,19 +280,28 @@ def plan_launch(nproc_flag: int | None, cfg: Config, environ: Mapping[str, str],
     if nproc_flag is not None:
         if nproc_flag < 1:
             raise ReftrainError(f"--nproc {nproc_flag}: need at least 1")
-        notes = () if recorded in (None, nproc_flag) else (
-            f"--nproc {nproc_flag} replaces the config's parallel.world_size={recorded}",)
+        notes = (
+            ()
+            if recorded in (None, nproc_flag)
+            else (f"--nproc {nproc_flag} replaces the config's parallel.world_size={recorded}",)
+        )
         return LaunchPlan(nproc_flag, nproc_flag, notes)
     if in_rank:
         world = int(environ["WORLD_SIZE"])
-        notes = () if recorded in (None, world) else (
-            f"torchrun started {world} ranks; the config's parallel.world_size={recorded} is replaced",)
+        notes = (
+            ()
+            if recorded in (None, world)
+            else (f"torchrun started {world} ranks; the config's parallel.world_size={recorded} is replaced",)
+        )
         return LaunchPlan(None, world, notes)
     if print_config:
         return LaunchPlan(None, None)  # printing a config does not fix the world size
     if recorded is not None and recorded > 1:
-        return LaunchPlan(recorded, recorded, (
-            f"starting {recorded} local ranks, the config's parallel.world_size (--nproc N to change it)",))
+        return LaunchPlan(
+            recorded,
+            recorded,
+            (f"starting {recorded} local ranks, the config's parallel.world_size (--nproc N to change it)",),
+        )
     return LaunchPlan(None, 1)
 
 
@@ -298,8 +360,9 @@ def _require_torch() -> None:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        raise ReftrainError("torch is not installed: pip install 'trainperf[train]' "
-                            "(on a CPU machine first: pip install torch==2.13.0)")
+        raise ReftrainError(
+            "torch is not installed: pip install 'trainperf[train]' (on a CPU machine first: pip install torch==2.13.0)"
+        )
 
 
 def _attached_rank(args: argparse.Namespace) -> int:
@@ -311,8 +374,10 @@ def _attached_rank(args: argparse.Namespace) -> int:
     from reftrain import train
 
     run_dir = Path(args.attach)
-    cfg = resolve(from_dict(load_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")),
-                  int(os.environ.get("WORLD_SIZE", 1)))
+    cfg = resolve(
+        from_dict(load_file(run_dir / "config.yaml"), str(run_dir / "config.yaml")),
+        int(os.environ.get("WORLD_SIZE", 1)),
+    )
     resume = resumed_run = None
     if args.resume:
         resumed_run, resume = checkpoint.find_checkpoint(Path(args.resume))
@@ -350,8 +415,9 @@ def _fail(message: str, launched: bool, in_rank: bool) -> int:
     return 1
 
 
-def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str],
-            max_restarts: int = 0) -> int:
+def _launch(
+    cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str], max_restarts: int = 0
+) -> int:
     """Create the run directory and start `nproc` local ranks through torch.distributed.run."""
     run_dir = rundir.create_run_dir(cfg, nproc)
     import torch.distributed.run as torchrun  # the implementation of the torchrun command
@@ -376,9 +442,17 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
     # On SIGTERM/SIGINT the agent signals each rank and waits --shutdown-timeout seconds
     # before SIGKILL: the grace period in which the ranks finish their step and save.
-    launch_args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-                                       f"--shutdown-timeout={cfg.preemption.grace_s}",
-                                       "--module", "reftrain", *child])
+    launch_args = torchrun.parse_args(
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}",
+            f"--shutdown-timeout={cfg.preemption.grace_s}",
+            "--module",
+            "reftrain",
+            *child,
+        ]
+    )
     watchdog = _start_watchdog(cfg, run_dir, nproc)
     exits = ExitTimes()
     exits.start()
@@ -395,8 +469,9 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
             print(f"reftrain: note: the run completed; a rank then exited abnormally ({message})", file=sys.stderr)
             return 0
         manifest.mark_failed(run_dir, message, command, nproc, secondary, launcher=True)
-        manifest.close_attempt(run_dir, "failed", message, [exc.failures[r].exitcode if r in exc.failures else 0
-                                                          for r in range(nproc)])
+        manifest.close_attempt(
+            run_dir, "failed", message, [exc.failures[r].exitcode if r in exc.failures else 0 for r in range(nproc)]
+        )
         raise ReftrainError(message) from None
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent forwarded it to the ranks
         done = manifest.read_manifest(run_dir)
@@ -405,10 +480,12 @@ def _launch(cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | No
             print(f"reftrain: {exc.sigval.name}: run {done.status}; {run_dir}", file=sys.stderr)
             return 0
         latest = checkpoint.latest_checkpoint(run_dir)
-        message = (f"stopped by {exc.sigval.name}: the ranks saved no checkpoint at the stop (a rank failed, "
-                   f"the step and its save took longer than preemption.grace_s={cfg.preemption.grace_s} s and the "
-                   f"ranks were killed, or the signal came before training began); latest checkpoint: "
-                   f"{latest.relative_to(run_dir) if latest is not None else 'none'}")
+        message = (
+            f"stopped by {exc.sigval.name}: the ranks saved no checkpoint at the stop (a rank failed, "
+            f"the step and its save took longer than preemption.grace_s={cfg.preemption.grace_s} s and the "
+            f"ranks were killed, or the signal came before training began); latest checkpoint: "
+            f"{latest.relative_to(run_dir) if latest is not None else 'none'}"
+        )
         manifest.mark_failed(run_dir, message, command, nproc)
         manifest.close_attempt(run_dir, "failed", message, None)
         print(f"reftrain: {message}; {run_dir} is marked failed", file=sys.stderr)
@@ -432,12 +509,23 @@ def _start_watchdog(cfg: Config, run_dir: Path, nproc: int):
     def on_hang(hang: heartbeat.Hang, stacks: list[str]) -> None:
         message = hang.describe()
         detected = datetime.fromtimestamp(hang.detected_time, timezone.utc).isoformat(timespec="milliseconds")
-        report = HangReport(rank=hang.rank, attempt=hang.attempt, step=hang.step, phase=hang.phase,
-                            stalled_s=round(hang.stalled_s, 3), timeout_s=timeout_s, detected_time=detected,
-                            stacks=stacks)
+        report = HangReport(
+            rank=hang.rank,
+            attempt=hang.attempt,
+            step=hang.step,
+            phase=hang.phase,
+            stalled_s=round(hang.stalled_s, 3),
+            timeout_s=timeout_s,
+            detected_time=detected,
+            stacks=stacks,
+        )
         manifest.record_hang(run_dir, report, message)
-        print(f"reftrain: {message}; Python stacks of every rank in {', '.join(stacks)} "
-              f"(under {run_dir}); stopping the attempt", file=sys.stderr, flush=True)
+        print(
+            f"reftrain: {message}; Python stacks of every rank in {', '.join(stacks)} "
+            f"(under {run_dir}); stopping the attempt",
+            file=sys.stderr,
+            flush=True,
+        )
 
     dog = heartbeat.Watchdog(run_dir, nproc, timeout_s, cfg.watchdog.interval_s, on_hang)
     dog.start()
@@ -463,6 +551,7 @@ def failure_order(failures: Mapping[int, object], exit_time) -> list[int]:
 
     A rank whose exit time is unknown (not seen exiting: no pidfds, or reaped
     before the launcher saw it) comes after those known."""
+
     def key(rank: int) -> tuple[bool, float, int]:
         t = exit_time(failures[rank].pid)  # type: ignore[attr-defined]
         return (t is None, t if t is not None else 0.0, rank)

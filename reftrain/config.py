@@ -9,6 +9,7 @@ value, so the saved `config.yaml` holds concrete numbers and repeats the run
 exactly. This module does not import torch: the command line validates a
 configuration (and fails with one line) before any rank is started.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=512, mlp="gelu", tie_embeddings=True),
     "small": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128, vocab_size=4096, mlp="gelu", tie_embeddings=True),
     "125m": dict(n_layers=12, d_model=768, n_heads=12, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True),
-    "350m": dict(n_layers=24, d_model=1024, n_heads=16, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True),
-    "760m": dict(n_layers=24, d_model=1536, n_heads=16, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True),
-    "1.3b": dict(n_layers=24, d_model=2048, n_heads=16, seq_len=2048, vocab_size=50304, mlp="swiglu", tie_embeddings=True),
+    "350m": dict(
+        n_layers=24, d_model=1024, n_heads=16, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True
+    ),
+    "760m": dict(
+        n_layers=24, d_model=1536, n_heads=16, seq_len=1024, vocab_size=50304, mlp="gelu", tie_embeddings=True
+    ),
+    "1.3b": dict(
+        n_layers=24, d_model=2048, n_heads=16, seq_len=2048, vocab_size=50304, mlp="swiglu", tie_embeddings=True
+    ),
 }
 
 
@@ -92,12 +99,17 @@ class TrainConfig:
     steps: int = _opt(20, "optimizer steps (the learning-rate schedule spans them)")
     micro_batch_size: int = _opt(4, "sequences per micro-batch per rank")
     grad_accum: int = _opt(1, "micro-batches per optimizer step")
-    dtype: str = _opt("fp32", "compute dtype: fp32, or bf16 (autocast for DDP, FSDP2 mixed precision)", ("fp32", "bf16"))
+    dtype: str = _opt(
+        "fp32", "compute dtype: fp32, or bf16 (autocast for DDP, FSDP2 mixed precision)", ("fp32", "bf16")
+    )
     tf32: bool = _opt(True, "CUDA only: fp32 matmuls on TF32 tensor cores (the peak FLOPs follow)")
     compile: bool = _opt(False, "torch.compile each transformer block")
-    compile_backend: str = _opt("inductor", "torch.compile backend: inductor generates kernels; aot_eager traces and "
-                                "partitions the same graphs without generating code (seconds instead of minutes on a CPU)",
-                                ("inductor", "aot_eager"))
+    compile_backend: str = _opt(
+        "inductor",
+        "torch.compile backend: inductor generates kernels; aot_eager traces and "
+        "partitions the same graphs without generating code (seconds instead of minutes on a CPU)",
+        ("inductor", "aot_eager"),
+    )
     activation_checkpointing: bool = _opt(False, "recompute each block's activations in backward")
     seed: int = _opt(1234, "seed for initialization and the synthetic data")
     device: str = _opt("auto", "auto = cuda when available, else cpu", ("auto", "cpu", "cuda"))
@@ -109,16 +121,23 @@ class TrainConfig:
 class ParallelConfig:
     strategy: str = _opt("ddp", "data parallelism: DDP or FSDP2 (fully_shard)", ("ddp", "fsdp"))
     world_size: int | None = _opt(
-        None, "ranks of the run, recorded at launch (--nproc or torchrun's WORLD_SIZE); `reftrain` without --nproc "
-              "(e.g. --config RUN_DIR/config.yaml) starts this many local ranks; null = 1")
+        None,
+        "ranks of the run, recorded at launch (--nproc or torchrun's WORLD_SIZE); `reftrain` without --nproc "
+        "(e.g. --config RUN_DIR/config.yaml) starts this many local ranks; null = 1",
+    )
     backend: str = _opt("auto", "process-group backend; auto = nccl on CUDA, gloo on CPU", ("auto", "gloo", "nccl"))
     bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size (MiB); also the bucket size of the explicit sync")
     gradient_as_bucket_view: bool = _opt(False, "DDP: gradients are views into the buckets (saves a copy)")
     static_graph: bool = _opt(False, "DDP: the graph is the same every step")
-    overlap_grad_sync: bool = _opt(True, "DDP: all-reduce during backward; false = one explicit all-reduce pass after backward")
+    overlap_grad_sync: bool = _opt(
+        True, "DDP: all-reduce during backward; false = one explicit all-reduce pass after backward"
+    )
     reshard_after_forward: bool = _opt(True, "FSDP2: free gathered parameters after forward (re-gather in backward)")
-    timeout_s: float = _opt(300.0, "process-group timeout (s): init_process_group's rendezvous and every collective; "
-                                   "a rank waiting longer fails, so a hang ends the attempt")
+    timeout_s: float = _opt(
+        300.0,
+        "process-group timeout (s): init_process_group's rendezvous and every collective; "
+        "a rank waiting longer fails, so a hang ends the attempt",
+    )
 
 
 @dataclass
@@ -142,8 +161,11 @@ class ProfileConfig:
     active: int = _opt(2, "profiler schedule: recorded steps per window")
     repeat: int = _opt(1, "profiler schedule: windows (0 = until the end)")
     record_shapes: bool = _opt(True, "record operator input shapes")
-    memory: bool = _opt(False, "record memory allocations and frees (torch.profiler profile_memory): the analyzer's "
-                               "peak memory per step and memory timeline from the traces")
+    memory: bool = _opt(
+        False,
+        "record memory allocations and frees (torch.profiler profile_memory): the analyzer's "
+        "peak memory per step and memory timeline from the traces",
+    )
     with_stack: bool = _opt(False, "record Python stacks (large traces)")
 
 
@@ -160,11 +182,15 @@ class FaultConfig:
     first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job can finish."""
 
     crash_rank: int | None = _opt(None, "rank that dies (os._exit(17)) at the start of fault.crash_step")
-    crash_step: int | None = _opt(None, "global step at whose start fault.crash_rank dies "
-                                        "(train.steps: after the last step and its checkpoint)")
-    crash_in_save: bool = _opt(False, "die instead inside the save of checkpoint step{crash_step}, the state after "
-                                      "crash_step steps (after DCP wrote the data, before the rename that publishes "
-                                      "it); crash_step must be a save step (a multiple of train.checkpoint_every)")
+    crash_step: int | None = _opt(
+        None, "global step at whose start fault.crash_rank dies (train.steps: after the last step and its checkpoint)"
+    )
+    crash_in_save: bool = _opt(
+        False,
+        "die instead inside the save of checkpoint step{crash_step}, the state after "
+        "crash_step steps (after DCP wrote the data, before the rename that publishes "
+        "it); crash_step must be a save step (a multiple of train.checkpoint_every)",
+    )
     hang_rank: int | None = _opt(None, "rank that stops (sleeps forever, in Python) at the start of fault.hang_step")
     hang_step: int | None = _opt(None, "global step at whose start fault.hang_rank hangs")
 
@@ -173,17 +199,23 @@ class FaultConfig:
 class CheckpointConfig:
     """How checkpoints are written (how often: train.checkpoint_every)."""
 
-    async_save: bool = _opt(False, "torch.distributed.checkpoint.async_save: the loop stalls only to stage a copy; "
-                                   "the write runs in a background thread and is published when it completes")
+    async_save: bool = _opt(
+        False,
+        "torch.distributed.checkpoint.async_save: the loop stalls only to stage a copy; "
+        "the write runs in a background thread and is published when it completes",
+    )
 
 
 @dataclass
 class PreemptionConfig:
     """Stopping on SIGTERM/SIGINT (reftrain/preemption.py, docs/reftrain.md "Preemption")."""
 
-    grace_s: int = _opt(20, "under reftrain --nproc: seconds the ranks get to finish their step and save after "
-                            "a SIGTERM/SIGINT before the launcher kills them; keep it below the scheduler's own "
-                            "(Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s by default)")
+    grace_s: int = _opt(
+        20,
+        "under reftrain --nproc: seconds the ranks get to finish their step and save after "
+        "a SIGTERM/SIGINT before the launcher kills them; keep it below the scheduler's own "
+        "(Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s by default)",
+    )
 
 
 @dataclass
@@ -191,8 +223,11 @@ class WatchdogConfig:
     """Hang detection by `reftrain --nproc`'s launcher over the per-rank heartbeat files (heartbeat/rank{R}.json)."""
 
     enabled: bool = _opt(True, "watch the heartbeats (only under reftrain --nproc)")
-    timeout_s: float = _opt(120.0, "a live rank whose heartbeat is this old, while its job is not done, is a hang; "
-                                   "keep it below parallel.timeout_s, or the collective timeout ends the job first")
+    timeout_s: float = _opt(
+        120.0,
+        "a live rank whose heartbeat is this old, while its job is not done, is a hang; "
+        "keep it below parallel.timeout_s, or the collective timeout ends the job first",
+    )
     interval_s: float = _opt(1.0, "how often the launcher reads the heartbeats")
 
 
@@ -210,15 +245,22 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")
 class LogConfig:
     """Experiment trackers rank 0 logs to while training (reftrain/trackers.py, docs/reftrain.md "Experiment trackers")."""
 
-    trackers: str = _opt("", "comma-separated trackers to log to live from rank 0: tensorboard, wandb, mlflow "
-                             "(empty = none); each needs the extra trackers")
+    trackers: str = _opt(
+        "",
+        "comma-separated trackers to log to live from rank 0: tensorboard, wandb, mlflow "
+        "(empty = none); each needs the extra trackers",
+    )
     tensorboard_dir: str | None = _opt(None, "TensorBoard log root: events go to DIR/<run id>/; null = RUN_DIR/tb")
     wandb_dir: str | None = _opt(None, "W&B directory (W&B writes DIR/wandb/); null = RUN_DIR")
     wandb_project: str = _opt("reftrain", "W&B project")
-    wandb_mode: str = _opt("auto", "W&B mode; auto = $WANDB_MODE if set, online with a W&B login "
-                                   "(WANDB_API_KEY or a netrc entry), else offline", ("auto", "offline", "online"))
-    mlflow_uri: str | None = _opt(None, "MLflow tracking URI (a server, or a file store folder); "
-                                        "null = the file store RUN_DIR/mlruns")
+    wandb_mode: str = _opt(
+        "auto",
+        "W&B mode; auto = $WANDB_MODE if set, online with a W&B login (WANDB_API_KEY or a netrc entry), else offline",
+        ("auto", "offline", "online"),
+    )
+    mlflow_uri: str | None = _opt(
+        None, "MLflow tracking URI (a server, or a file store folder); null = the file store RUN_DIR/mlruns"
+    )
     mlflow_experiment: str = _opt("reftrain", "MLflow experiment")
 
 
@@ -257,6 +299,7 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fiel
 # ---------------------------------------------------------------------------
 # Building a config from layers
 # ---------------------------------------------------------------------------
+
 
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
@@ -388,6 +431,7 @@ def set_value(cfg: Config, dotted: str, value: Any, origin: str) -> Config:
 # Resolution and validation
 # ---------------------------------------------------------------------------
 
+
 def _round_up(x: int, multiple: int) -> int:
     return (x + multiple - 1) // multiple * multiple
 
@@ -429,17 +473,25 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         if world_size is not None and fl.crash_rank >= world_size:
             raise ReftrainError(f"config: fault.crash_rank={fl.crash_rank} but the world has {world_size} ranks")
         if fl.crash_step > t.steps:
-            raise ReftrainError(f"config: fault.crash_step={fl.crash_step} cannot fire: the run ends at "
-                                f"train.steps={t.steps}")
+            raise ReftrainError(
+                f"config: fault.crash_step={fl.crash_step} cannot fire: the run ends at train.steps={t.steps}"
+            )
         every = t.checkpoint_every
         if fl.crash_in_save and (not every or fl.crash_step % every or fl.crash_step == 0):
-            saves = f"train.checkpoint_every={every} saves steps {every}, {2 * every}, ..." if every else \
-                "train.checkpoint_every=0 saves none"
-            raise ReftrainError(f"config: fault.crash_in_save: no checkpoint is saved at fault.crash_step="
-                                f"{fl.crash_step} ({saves}), so the crash could never fire")
+            saves = (
+                f"train.checkpoint_every={every} saves steps {every}, {2 * every}, ..."
+                if every
+                else "train.checkpoint_every=0 saves none"
+            )
+            raise ReftrainError(
+                f"config: fault.crash_in_save: no checkpoint is saved at fault.crash_step="
+                f"{fl.crash_step} ({saves}), so the crash could never fire"
+            )
     elif fl.crash_in_save:
-        raise ReftrainError("config: fault.crash_in_save needs fault.crash_rank and fault.crash_step "
-                            "(--crash-rank R --crash-step S --crash-in-save)")
+        raise ReftrainError(
+            "config: fault.crash_in_save needs fault.crash_rank and fault.crash_step "
+            "(--crash-rank R --crash-step S --crash-in-save)"
+        )
     if (fl.hang_rank is None) != (fl.hang_step is None):
         raise ReftrainError("config: fault.hang_rank and fault.hang_step go together (--hang-rank R --hang-step S)")
     if fl.hang_rank is not None and fl.hang_step is not None:
@@ -448,8 +500,9 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         if world_size is not None and fl.hang_rank >= world_size:
             raise ReftrainError(f"config: fault.hang_rank={fl.hang_rank} but the world has {world_size} ranks")
         if fl.hang_step > t.steps:
-            raise ReftrainError(f"config: fault.hang_step={fl.hang_step} cannot fire: the run ends at "
-                                f"train.steps={t.steps}")
+            raise ReftrainError(
+                f"config: fault.hang_step={fl.hang_step} cannot fire: the run ends at train.steps={t.steps}"
+            )
     _positive("parallel.timeout_s", cfg.parallel.timeout_s)
     _positive("preemption.grace_s", cfg.preemption.grace_s)
     _positive("watchdog.timeout_s", cfg.watchdog.timeout_s)
@@ -458,9 +511,7 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         _positive(f"model.{name}", getattr(m, name))
     shape = model_shape(m)
     if shape.d_model % shape.n_heads:
-        raise ReftrainError(
-            f"config: model.d_model={shape.d_model} is not divisible by model.n_heads={shape.n_heads}"
-        )
+        raise ReftrainError(f"config: model.d_model={shape.d_model} is not divisible by model.n_heads={shape.n_heads}")
     for name in ("steps", "micro_batch_size", "grad_accum"):
         _positive(f"train.{name}", getattr(t, name))
     _positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
@@ -480,7 +531,9 @@ def _validate(cfg: Config, world_size: int | None) -> None:
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
         raise ReftrainError(f"config: optim.beta1={o.beta1} and optim.beta2={o.beta2} must lie in [0, 1)")
     if p.strategy == "fsdp" and not p.overlap_grad_sync:
-        raise ReftrainError("config: parallel.overlap_grad_sync=false applies to ddp only (FSDP2 reduce-scatters in backward)")
+        raise ReftrainError(
+            "config: parallel.overlap_grad_sync=false applies to ddp only (FSDP2 reduce-scatters in backward)"
+        )
     if pr.enabled:
         _positive("profile.wait", pr.wait, allow_zero=True)
         _positive("profile.warmup", pr.warmup, allow_zero=True)
@@ -490,7 +543,9 @@ def _validate(cfg: Config, world_size: int | None) -> None:
     if cfg.run.peak_flops is not None:
         _positive("run.peak_flops", cfg.run.peak_flops)
     if (inj.slow_rank is None) != (inj.delay_ms is None):
-        raise ReftrainError("config: inject.slow_rank and inject.delay_ms go together (--inject-slow-rank R --inject-delay-ms D)")
+        raise ReftrainError(
+            "config: inject.slow_rank and inject.delay_ms go together (--inject-slow-rank R --inject-delay-ms D)"
+        )
     if inj.slow_rank is not None and inj.delay_ms is not None:
         _positive("inject.slow_rank", inj.slow_rank, allow_zero=True)
         _positive("inject.delay_ms", inj.delay_ms, allow_zero=True)
@@ -540,6 +595,7 @@ def check_token_file(path: Path, seq_len: int) -> int:
 # ---------------------------------------------------------------------------
 # Saving and documentation
 # ---------------------------------------------------------------------------
+
 
 def to_yaml(cfg: Config) -> str:
     """The resolved config as YAML, sections in declaration order."""

@@ -11,6 +11,7 @@ up as real data-wait time.
 Loader workers ignore SIGTERM and SIGINT (see :func:`build_loader`): a stop
 is the training process's to decide, and it shuts its workers down itself.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,16 @@ def _rng(seed: int, rank: int, index: int) -> np.random.Generator:
 class SyntheticTokens(Dataset):
     """Micro-batch `index` of one rank: (inputs, targets), int64 of shape (B, T)."""
 
-    def __init__(self, seed: int, rank: int, micro_batch_size: int, seq_len: int, vocab_size: int,
-                 length: int, delay_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        seed: int,
+        rank: int,
+        micro_batch_size: int,
+        seq_len: int,
+        vocab_size: int,
+        length: int,
+        delay_ms: float = 0.0,
+    ) -> None:
         self.seed, self.rank = seed, rank
         self.shape = (micro_batch_size, seq_len + 1)
         self.vocab_size = vocab_size
@@ -74,8 +83,17 @@ class SyntheticTokens(Dataset):
 class TokenFile(Dataset):
     """Micro-batches of random windows from a flat uint16 token file (nanoGPT's .bin layout)."""
 
-    def __init__(self, path: Path, seed: int, rank: int, micro_batch_size: int, seq_len: int,
-                 vocab_size: int, length: int, delay_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        seed: int,
+        rank: int,
+        micro_batch_size: int,
+        seq_len: int,
+        vocab_size: int,
+        length: int,
+        delay_ms: float = 0.0,
+    ) -> None:
         self.path = Path(path)
         self.n_tokens = check_token_file(self.path, seq_len)
         self.seed, self.rank = seed, rank
@@ -95,7 +113,7 @@ class TokenFile(Dataset):
             self._data = np.memmap(self.path, dtype=np.uint16, mode="r")
         rng = _rng(self.seed, self.rank, index)
         starts = rng.integers(0, self.n_tokens - self.seq_len - 1, size=self.micro_batch_size)
-        rows = np.stack([self._data[s:s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        rows = np.stack([self._data[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
         batch = torch.from_numpy(rows)
         return batch[:, :-1], batch[:, 1:]
 

@@ -11,6 +11,7 @@ exits this measures (their error travels through a socket, a Python
 exception, the run.json and error-file writes and interpreter shutdown).
 Torch-free; without pidfds (not Linux, kernel < 5.3) no times are known.
 """
+
 from __future__ import annotations
 
 import os

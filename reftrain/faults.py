@@ -11,6 +11,7 @@ records its faults, but `--resume` and `--config` of a run's config.yaml
 do not repeat them (reftrain/cli.py): a repeated run that crashed on
 purpose would crash again.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,6 @@ from recorder.ranks import restart_count
 from reftrain.config import FaultConfig
 
 CRASH_EXIT_CODE = 17  # an exit status no other failure of ours uses: tests and run.json can tell it apart
-
-
 
 
 class Faults:
@@ -44,8 +43,11 @@ class Faults:
         if self.crash_step == step:
             self._die(f"at the start of step {step}")
         if self.hang_step == step:
-            print(f"reftrain: fault injection: rank {self.rank} hangs at the start of step {step}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"reftrain: fault injection: rank {self.rank} hangs at the start of step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
             hang_forever()
 
     def in_save(self, step: int) -> None:
@@ -59,8 +61,11 @@ class Faults:
         The config check refuses faults past the end of the run (reftrain/config.py);
         where the run starts is known only once a resumed checkpoint is loaded."""
         out = []
-        for key, step in (("fault.crash_step", self.crash_step), ("fault.crash_step", self.crash_save_step),
-                          ("fault.hang_step", self.hang_step)):
+        for key, step in (
+            ("fault.crash_step", self.crash_step),
+            ("fault.crash_step", self.crash_save_step),
+            ("fault.hang_step", self.hang_step),
+        ):
             if step is not None and step < start_step:
                 out.append(f"{key}={step} cannot fire: this run starts at step {start_step}")
         return out

@@ -2,19 +2,30 @@
 
 docs/mfu.md states every term; this module is the formula.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 # The peak lives with the recorder, which measures it for any loop; reftrain's
 # call sites keep reading it through this module.
-from recorder.peak import (GPU_PEAKS, MEASURE_MAX_SIZE, MEASURE_MIN_TIME_S, MEASURE_REPEATS,  # noqa: F401
-                           PeakFlops, measure_matmul_peak, peak_dtype, table_peak)
+from recorder.peak import (  # noqa: F401
+    GPU_PEAKS,
+    MEASURE_MAX_SIZE,
+    MEASURE_MIN_TIME_S,
+    MEASURE_REPEATS,
+    PeakFlops,
+    measure_matmul_peak,
+    peak_dtype,
+    table_peak,
+)
 
 FORMULA = "6*N + 12*L*H*Q*T per token (PaLM, Chowdhery et al. 2022, appendix B)"
-HARDWARE_FORMULA = ("model FLOPs + 2*L*H*Q*T (attention backward recomputes its scores); under activation "
-                    "checkpointing + 2*(N_blocks - L*F*D) + 4*L*H*Q*T (each block's forward again, up to its "
-                    "last saved activation: all but the MLP's output projection)")
+HARDWARE_FORMULA = (
+    "model FLOPs + 2*L*H*Q*T (attention backward recomputes its scores); under activation "
+    "checkpointing + 2*(N_blocks - L*F*D) + 4*L*H*Q*T (each block's forward again, up to its "
+    "last saved activation: all but the MLP's output projection)"
+)
 
 
 @dataclass(frozen=True)
@@ -39,13 +50,29 @@ class FlopsPerToken:
             "per_token_hardware": self.hardware,
             "formula": FORMULA,
             "hardware_formula": HARDWARE_FORMULA,
-            "terms": {"N": self.n, "N_blocks": self.n_blocks, "L": self.n_layers, "H": self.n_heads,
-                      "Q": self.head_dim, "T": self.seq_len, "D": self.d_model, "F": self.d_ff},
+            "terms": {
+                "N": self.n,
+                "N_blocks": self.n_blocks,
+                "L": self.n_layers,
+                "H": self.n_heads,
+                "Q": self.head_dim,
+                "T": self.seq_len,
+                "D": self.d_model,
+                "F": self.d_ff,
+            },
         }
 
 
-def flops_per_token(n_non_embedding: int, n_blocks: int, n_layers: int, n_heads: int, head_dim: int,
-                    seq_len: int, d_ff: int, activation_checkpointing: bool) -> FlopsPerToken:
+def flops_per_token(
+    n_non_embedding: int,
+    n_blocks: int,
+    n_layers: int,
+    n_heads: int,
+    head_dim: int,
+    seq_len: int,
+    d_ff: int,
+    activation_checkpointing: bool,
+) -> FlopsPerToken:
     """PaLM's model FLOPs per token, 6N + 12LHQT, and the hardware FLOPs as the step runs them.
 
     6N: every weight does one multiply-add (2 FLOPs) per token in forward and
@@ -73,8 +100,9 @@ def flops_per_token(n_non_embedding: int, n_blocks: int, n_layers: int, n_heads:
     if activation_checkpointing:
         d_model = n_heads * head_dim
         hardware += 2 * (n_blocks - n_layers * d_ff * d_model) + attention // 3
-    return FlopsPerToken(model, hardware, n_non_embedding, n_blocks, n_layers, n_heads, head_dim, seq_len,
-                         n_heads * head_dim, d_ff)
+    return FlopsPerToken(
+        model, hardware, n_non_embedding, n_blocks, n_layers, n_heads, head_dim, seq_len, n_heads * head_dim, d_ff
+    )
 
 
 def mfu(tokens: int, flops_per_token_: int, step_time_s: float, peak_flops_per_s: float) -> float:

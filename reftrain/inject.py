@@ -4,6 +4,7 @@ Used by the training loop (reftrain/train.py) inside its forward and
 backward phases; what was injected is measured and written into every
 metrics record (docs/rundir.md).
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -8,6 +8,7 @@ killer), nobody would stop the children: ranks would train on unsupervised
 With the parent-death signal the kernel sends SIGKILL to the child the
 moment its parent exits. Torch-free; a no-op where prctl does not exist.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -10,6 +10,7 @@ trace attributes kernels to `blocks.N/attn` without the Python tracer
 (`with_stack`); the analyzer reads ranges so named as modules (docs/metrics.md,
 "Attribution"). Outside a profiler a range costs about a microsecond.
 """
+
 from __future__ import annotations
 
 import math

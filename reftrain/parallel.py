@@ -3,6 +3,7 @@
 Order (as in torchtitan): activation checkpointing wraps each block, then
 each block is compiled in place, then data parallelism wraps the whole.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,9 @@ def init_distributed(cfg: Config) -> DistEnv:
             if store is None:
                 dist.init_process_group(backend, device_id=device_id, timeout=timeout)
             else:
-                dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                        device_id=device_id, timeout=timeout)
+                dist.init_process_group(
+                    backend, store=store, rank=rank, world_size=world_size, device_id=device_id, timeout=timeout
+                )
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return DistEnv(rank, local_rank, world_size, device, backend, under_launcher)
@@ -94,8 +96,9 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                        is_master=False, timeout=timeout)
+    tcp = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
     return dist.PrefixStore(f"reftrain/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", tcp)
 
 

@@ -1,4 +1,5 @@
 """reftrain's run directory: its default name and its creation from the config (recorder.manifest writes it)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,12 @@ def create_run_dir(cfg: Config, world_size: int) -> Path:
     on it repeats the run into a new directory.
     """
     saved = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=None))
-    return manifest.create_run_dir(Path(cfg.run.runs_dir), cfg.run.name or default_run_name(cfg, world_size),
-                                   explicit=cfg.run.name is not None, config_yaml=to_yaml(saved),
-                                   runs_label="run.runs_dir", writer="reftrain", name_option="--run-name")
+    return manifest.create_run_dir(
+        Path(cfg.run.runs_dir),
+        cfg.run.name or default_run_name(cfg, world_size),
+        explicit=cfg.run.name is not None,
+        config_yaml=to_yaml(saved),
+        runs_label="run.runs_dir",
+        writer="reftrain",
+        name_option="--run-name",
+    )

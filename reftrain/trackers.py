@@ -25,6 +25,7 @@ A tracker that fails (cannot start, a write raises) prints one warning line
 and is dropped; training goes on. A tracker whose library is absent is an
 error before any rank starts (:func:`require`), naming the extra.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -63,8 +64,11 @@ def require(log: LogConfig) -> list[str]:
 
 def step_metrics(record: dict) -> dict[str, float]:
     """`train/<field>` for every numeric field of a reftrain.metrics/1 record (booleans, text, null left out)."""
-    return {f"train/{k}": float(v) for k, v in record.items()
-            if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        f"train/{k}": float(v)
+        for k, v in record.items()
+        if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def run_summary(run_dir: Path, records: list[dict], wall_s: float, status: str) -> dict[str, Any]:
@@ -85,9 +89,17 @@ def run_summary(run_dir: Path, records: list[dict], wall_s: float, status: str) 
     from analyzer.metrics.step_time import median_of_rank_mean
     from analyzer.metrics.throughput import throughput
 
-    out: dict[str, Any] = {"status": status, "steps_run": len(records), "wall_s": wall_s, "steady_steps": 0,
-                           "step_time_ms": math.nan, "tokens_per_s": math.nan, "mfu": math.nan, "hfu": math.nan,
-                           "final_loss": records[-1]["loss"] if records else math.nan}
+    out: dict[str, Any] = {
+        "status": status,
+        "steps_run": len(records),
+        "wall_s": wall_s,
+        "steady_steps": 0,
+        "step_time_ms": math.nan,
+        "tokens_per_s": math.nan,
+        "mfu": math.nan,
+        "hfu": math.nan,
+        "final_loss": records[-1]["loss"] if records else math.nan,
+    }
     try:
         rd = read_run_dir(run_dir)
     except AnalyzerError as exc:
@@ -183,6 +195,7 @@ class Trackers:
 # TensorBoard
 # ---------------------------------------------------------------------------
 
+
 class _TensorBoard:
     """torch.utils.tensorboard.SummaryWriter; the hparams plugin's experiment and session records.
 
@@ -208,9 +221,17 @@ class _TensorBoard:
         self.writer = SummaryWriter(log_dir=str(logdir))
         # One hparams session per run. Null values are left out (the plugin has no null).
         hparams = {k: v for k, v in flat_config(config).items() if v is not None}
-        infos = [api_pb2.HParamInfo(name=k, type=api_pb2.DATA_TYPE_BOOL if isinstance(v, bool) else
-                                    api_pb2.DATA_TYPE_FLOAT64 if isinstance(v, (int, float)) else api_pb2.DATA_TYPE_STRING)
-                 for k, v in hparams.items()]
+        infos = [
+            api_pb2.HParamInfo(
+                name=k,
+                type=api_pb2.DATA_TYPE_BOOL
+                if isinstance(v, bool)
+                else api_pb2.DATA_TYPE_FLOAT64
+                if isinstance(v, (int, float))
+                else api_pb2.DATA_TYPE_STRING,
+            )
+            for k, v in hparams.items()
+        ]
         metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=f"summary/{k}")) for k in SUMMARY_METRICS]
         experiment = api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics, time_created_secs=time.time())
         start = plugin_data_pb2.SessionStartInfo(group_name=run_id, start_time_secs=time.time())
@@ -223,8 +244,9 @@ class _TensorBoard:
                 start.hparams[k].string_value = str(v)
         fw = self.writer._get_file_writer()
         fw.add_summary(record(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)))
-        fw.add_summary(record(metadata.SESSION_START_INFO_TAG,
-                              plugin_data_pb2.HParamsPluginData(session_start_info=start)))
+        fw.add_summary(
+            record(metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start))
+        )
         self.writer.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```")
         self.writer.flush()
 
@@ -239,15 +261,20 @@ class _TensorBoard:
                 self.writer.add_scalar(f"summary/{key}", value, step)
         pb = self.api_pb2
         end = self.plugin_data_pb2.SessionEndInfo(
-            status=pb.STATUS_SUCCESS if status == "completed" else pb.STATUS_FAILURE, end_time_secs=time.time())
+            status=pb.STATUS_SUCCESS if status == "completed" else pb.STATUS_FAILURE, end_time_secs=time.time()
+        )
         self.writer._get_file_writer().add_summary(
-            self.record(self.metadata.SESSION_END_INFO_TAG, self.plugin_data_pb2.HParamsPluginData(session_end_info=end)))
+            self.record(
+                self.metadata.SESSION_END_INFO_TAG, self.plugin_data_pb2.HParamsPluginData(session_end_info=end)
+            )
+        )
         self.writer.close()
 
 
 # ---------------------------------------------------------------------------
 # Weights & Biases
 # ---------------------------------------------------------------------------
+
 
 def wandb_logged_in(environ: Mapping[str, str] | None = None) -> bool:
     """Whether W&B has a login here: WANDB_API_KEY, or a netrc entry for the W&B host (what `wandb login` writes)."""
@@ -282,14 +309,15 @@ def wandb_mode(log: LogConfig, environ: Mapping[str, str] | None = None) -> Wand
         mode = env.get("WANDB_MODE") or ("online" if wandb_logged_in(env) else "offline")
     mode = _WANDB_MODE_ALIASES.get(mode, mode)
     if not _is_wandb_mode(mode):
-        raise ReftrainError(f"W&B mode {mode!r} ($WANDB_MODE or log.wandb_mode): expected one of "
-                            f"{', '.join(get_args(WandbMode))}")
+        raise ReftrainError(
+            f"W&B mode {mode!r} ($WANDB_MODE or log.wandb_mode): expected one of {', '.join(get_args(WandbMode))}"
+        )
     return mode
 
 
 def wandb_run_id(run_id: str) -> str:
     """The W&B run id of a run directory name: W&B ids may not hold / \\ # ? % : and are at most 64 characters."""
-    return "".join("-" if c in '/\\#?%:' else c for c in run_id)[:64]
+    return "".join("-" if c in "/\\#?%:" else c for c in run_id)[:64]
 
 
 class _Wandb:
@@ -304,9 +332,16 @@ class _Wandb:
         self.wandb = wandb
         settings = wandb.Settings(silent=True, console="off", disable_git=True, save_code=False)
         # The run id is the run directory's name, so a restarted attempt (a new process) continues the same run.
-        self.run = wandb.init(project=log.wandb_project, name=run_id, id=wandb_run_id(run_id), dir=str(root),
-                              mode=wandb_mode(log), config=config, resume="allow" if attempt > 0 else None,
-                              settings=settings)
+        self.run = wandb.init(
+            project=log.wandb_project,
+            name=run_id,
+            id=wandb_run_id(run_id),
+            dir=str(root),
+            mode=wandb_mode(log),
+            config=config,
+            resume="allow" if attempt > 0 else None,
+            settings=settings,
+        )
 
     def log_step(self, step: int, metrics: dict[str, float], time_ns: int) -> None:
         self.run.log(metrics, step=step)
@@ -324,6 +359,7 @@ class _Wandb:
 # ---------------------------------------------------------------------------
 # MLflow
 # ---------------------------------------------------------------------------
+
 
 def mlflow_uri(log: LogConfig, run_dir: Path) -> str:
     """The tracking URI: log.mlflow_uri (a plain folder becomes a file: URI), else the file store RUN_DIR/mlruns."""
@@ -355,17 +391,21 @@ class _Mlflow:
         exp = self.client.get_experiment_by_name(log.mlflow_experiment)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(log.mlflow_experiment)
         if attempt > 0 and "'" not in run_id:  # a restarted attempt continues the run its first attempt created
-            found = self.client.search_runs([exp_id], filter_string=f"tags.`reftrain.run_id` = '{run_id}'",
-                                            max_results=1)
+            found = self.client.search_runs(
+                [exp_id], filter_string=f"tags.`reftrain.run_id` = '{run_id}'", max_results=1
+            )
             if found:
                 self.run_id = found[0].info.run_id
                 return
-        run = self.client.create_run(exp_id, run_name=run_id, tags={
-            "reftrain.run_id": run_id, "reftrain.run_dir": str(run_dir), "mlflow.source.name": "reftrain"})
+        run = self.client.create_run(
+            exp_id,
+            run_name=run_id,
+            tags={"reftrain.run_id": run_id, "reftrain.run_dir": str(run_dir), "mlflow.source.name": "reftrain"},
+        )
         self.run_id = run.info.run_id
         params = [Param(k, param_text(v)) for k, v in flat_config(config).items()]
         for i in range(0, len(params), _MLFLOW_BATCH):
-            self.client.log_batch(self.run_id, params=params[i:i + _MLFLOW_BATCH])
+            self.client.log_batch(self.run_id, params=params[i : i + _MLFLOW_BATCH])
 
     def log_step(self, step: int, metrics: dict[str, float], time_ns: int) -> None:
         ms = time_ns // 1_000_000
@@ -373,8 +413,11 @@ class _Mlflow:
 
     def finish(self, summary: dict[str, Any] | None, status: str, step: int) -> None:
         now = int(time.time() * 1000)
-        metrics = [self.Metric(f"summary/{k}", float(v), now, step) for k, v in (summary or {}).items()
-                   if k in SUMMARY_METRICS and isinstance(v, (int, float)) and math.isfinite(v)]
+        metrics = [
+            self.Metric(f"summary/{k}", float(v), now, step)
+            for k, v in (summary or {}).items()
+            if k in SUMMARY_METRICS and isinstance(v, (int, float)) and math.isfinite(v)
+        ]
         self.client.log_batch(self.run_id, metrics=metrics)
         self.client.set_tag(self.run_id, "reftrain.status", status)
         self.client.set_terminated(self.run_id, _MLFLOW_STATUS.get(status, "FAILED"))

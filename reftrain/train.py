@@ -7,6 +7,7 @@ micro-batch) -> grad_sync (only with parallel.overlap_grad_sync=false) ->
 optimizer, timed by PhaseTimer and annotated for the profiler, and writes one
 metrics record (docs/rundir.md, reftrain.metrics/1).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,15 @@ from reftrain.faults import Faults, restart_count
 from recorder.heartbeat import Heartbeat
 from recorder.hardware import describe_hardware, git_state
 from reftrain.inject import Injector
-from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, peak_reserved_bytes, process_memory_bytes,
-                                 untimed_collectives, untimed_group)
+from recorder.instrument import (
+    CollectiveTimer,
+    JsonlWriter,
+    PhaseTimer,
+    peak_reserved_bytes,
+    process_memory_bytes,
+    untimed_collectives,
+    untimed_group,
+)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from recorder.preemption import Preemption
 from recorder.ranks import max_restarts
@@ -57,6 +65,7 @@ def lr_at(step: int, cfg: Config) -> float:
 # ---------------------------------------------------------------------------
 # Set-up helpers
 # ---------------------------------------------------------------------------
+
 
 def _agree_on_run_dir(cfg: Config, run_dir: Path | None, env: parallel.DistEnv) -> Path:
     """The run directory: given by the launcher, or created by rank 0 and broadcast (torchrun)."""
@@ -144,8 +153,10 @@ def _say(env: parallel.DistEnv, text: str) -> None:
 # The run
 # ---------------------------------------------------------------------------
 
-def run(cfg: Config, run_dir: Path | None, resume: Path | None, command: list[str],
-        resumed_from_run: Path | None = None) -> None:
+
+def run(
+    cfg: Config, run_dir: Path | None, resume: Path | None, command: list[str], resumed_from_run: Path | None = None
+) -> None:
     """Train on this rank. Collective: every rank of the job calls it with the same arguments."""
     env = parallel.init_distributed(cfg)
     try:
@@ -179,8 +190,15 @@ def _finished(run_dir: Path, env: parallel.DistEnv) -> bool:
     return bool(box[0])
 
 
-def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | None, command: list[str],
-           resumed_from_run: Path | None, trackers: Trackers | None = None) -> fmt.RunManifest:
+def _train(
+    cfg: Config,
+    env: parallel.DistEnv,
+    run_dir: Path,
+    resume: Path | None,
+    command: list[str],
+    resumed_from_run: Path | None,
+    trackers: Trackers | None = None,
+) -> fmt.RunManifest:
     t, device = cfg.train, env.device
     start_time = manifest.utc_now()
     torch.manual_seed(t.seed)  # identical initial weights on every rank (FSDP2 shards them as is)
@@ -193,8 +211,16 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
     model = Transformer(cfg.model).to(device)
     params = parameter_counts(model)
     m = cfg.model
-    fpt = flops.flops_per_token(params["non_embedding"], block_parameter_count(model), m.n_layers, m.n_heads,
-                                m.d_model // m.n_heads, m.seq_len, m.d_ff, t.activation_checkpointing)
+    fpt = flops.flops_per_token(
+        params["non_embedding"],
+        block_parameter_count(model),
+        m.n_layers,
+        m.n_heads,
+        m.d_model // m.n_heads,
+        m.seq_len,
+        m.d_ff,
+        t.activation_checkpointing,
+    )
     peak = _peak_flops(cfg, env)
 
     if t.activation_checkpointing:
@@ -211,8 +237,10 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         # A restart after the last step's checkpoint (a rank died on its way out) has
         # nothing to run; it completes the run. A user's --resume there is a mistake.
         if start_step >= t.steps and not (restart_count() > 0 and resumed_from_run == run_dir):
-            raise ReftrainError(f"--resume {resume}: checkpoint is at step {start_step}, "
-                                f"train.steps={t.steps} leaves nothing to do (raise it with --steps)")
+            raise ReftrainError(
+                f"--resume {resume}: checkpoint is at step {start_step}, "
+                f"train.steps={t.steps} leaves nothing to do (raise it with --steps)"
+            )
     loader = data.build_loader(cfg, env.rank, start_step, device.type)
     tokens_per_micro = t.micro_batch_size * m.seq_len
     tokens_per_rank_step = tokens_per_micro * t.grad_accum
@@ -252,7 +280,9 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
             device_type=device.type,
             device_names=[h["device_name"] for h in all_hw],
             # The smallest device bounds the run (None on CPU).
-            device_memory_bytes=min((h["device_memory_bytes"] for h in all_hw if h["device_memory_bytes"]), default=None),
+            device_memory_bytes=min(
+                (h["device_memory_bytes"] for h in all_hw if h["device_memory_bytes"]), default=None
+            ),
             cpu_model=hw["cpu_model"],
             cpu_cores=hw["cpu_cores"],
             cpu_cores_usable=hw["cpu_cores_usable"],
@@ -269,8 +299,9 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         profiled_steps=profiled_steps,
         clock=fmt.Clock.from_json(clock),
         inject=fmt.Inject(slow_rank=cfg.inject.slow_rank, delay_ms=cfg.inject.delay_ms, slowdown=cfg.inject.slowdown),
-        resumed_from=None if resume is None else fmt.ResumedFrom(run_dir=str(resumed_from_run), checkpoint=str(resume),
-                                                                 step=start_step),
+        resumed_from=None
+        if resume is None
+        else fmt.ResumedFrom(run_dir=str(resumed_from_run), checkpoint=str(resume), step=start_step),
         telemetry_note=telemetry.note,
         files=manifest.files_listing(run_dir, []),
         schemas=dict(manifest.SCHEMAS),
@@ -288,9 +319,11 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
             man.hangs = previous.hangs  # the launcher's watchdog ended an earlier attempt
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
-        print(f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
-              f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
-              f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})")
+        print(
+            f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
+            f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
+            f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})"
+        )
         if telemetry.note and cfg.telemetry.enabled:
             print(f"telemetry: {telemetry.note}", flush=True)
         if trackers is not None:
@@ -312,10 +345,12 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         with profiler, Preemption(env.rank, device) as preemption:
             # The machine-speed canary on CPU runs, where the steps' work is host CPU time (docs/ci.md).
             canary = Canary(start_step, t.steps - 1) if device.type == "cpu" else None
-            step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector,
-                                profiler, peak, fpt, canary)
-            stopped_by = _loop(cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption,
-                               trackers)
+            step_fn = TrainStep(
+                cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector, profiler, peak, fpt, canary
+            )
+            stopped_by = _loop(
+                cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption, trackers
+            )
         timer.flush(wait=True)
         heartbeat.beat(records[-1]["step"] if records else start_step, "done")
     finally:
@@ -329,8 +364,13 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
                 print(f"rank {env.rank}: {telemetry.sampler.error}", file=sys.stderr, flush=True)
     wall_s = time.perf_counter() - wall_start
 
-    mine = {"metrics": [metrics_rel], "collectives": [colls_rel], "telemetry": telemetry.files,
-            "traces": [f"traces/{sub}{name}" for name in profiler.traces], "summary": _rank_summary(records, cfg, start_step)}
+    mine = {
+        "metrics": [metrics_rel],
+        "collectives": [colls_rel],
+        "telemetry": telemetry.files,
+        "traces": [f"traces/{sub}{name}" for name in profiler.traces],
+        "summary": _rank_summary(records, cfg, start_step),
+    }
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, mine)
     if env.rank == 0:
@@ -344,8 +384,10 @@ def _train(cfg: Config, env: parallel.DistEnv, run_dir: Path, resume: Path | Non
         last.end_time, last.status, last.exit_codes = man.end_time, status, [0] * env.world_size
         if stopped_by is not None:
             done = records[-1]["step"] + 1 if records else start_step
-            last.cause = (f"preempted: {stopped_by} received; stopped after step {done - 1} with checkpoint "
-                          f"checkpoints/step{done} (reftrain --resume {run_dir} continues)")
+            last.cause = (
+                f"preempted: {stopped_by} received; stopped after step {done - 1} with checkpoint "
+                f"checkpoints/step{done} (reftrain --resume {run_dir} continues)"
+            )
         if (cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None) and man.inject is not None:
             # What the injection measured per rank (medians over steady steps): the analyzer and
             # bench_gate read the injected time from here instead of trusting the request.
@@ -369,10 +411,21 @@ class TrainStep:
     call `run(step)`; printing, checkpoints and the profiler stay in the loop.
     """
 
-    def __init__(self, cfg: Config, env: parallel.DistEnv, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 batches, timer: CollectiveTimer, writer: JsonlWriter, injector: Injector,
-                 profiler: StepProfiler, peak: flops.PeakFlops, fpt: flops.FlopsPerToken,
-                 canary: Canary | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        env: parallel.DistEnv,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batches,
+        timer: CollectiveTimer,
+        writer: JsonlWriter,
+        injector: Injector,
+        profiler: StepProfiler,
+        peak: flops.PeakFlops,
+        fpt: flops.FlopsPerToken,
+        canary: Canary | None = None,
+    ) -> None:
         self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
         self.canary = canary
         self.batches = batches
@@ -481,10 +534,19 @@ class TrainStep:
         return record
 
 
-def _loop(cfg: Config, env: parallel.DistEnv, run_dir: Path, step_fn: TrainStep, start_step: int,
-          records: list[dict], faults: Faults | None = None, saver: Saver | None = None,
-          heartbeat: Heartbeat | None = None, preemption: Preemption | None = None,
-          trackers: Trackers | None = None) -> str | None:
+def _loop(
+    cfg: Config,
+    env: parallel.DistEnv,
+    run_dir: Path,
+    step_fn: TrainStep,
+    start_step: int,
+    records: list[dict],
+    faults: Faults | None = None,
+    saver: Saver | None = None,
+    heartbeat: Heartbeat | None = None,
+    preemption: Preemption | None = None,
+    trackers: Trackers | None = None,
+) -> str | None:
     """Run the steps; returns None at the end, or the signal's name when preempted
     (the state after the last step run is then saved)."""
     t = cfg.train
@@ -530,8 +592,9 @@ class Saver:
     and at the end), with `complete_s`, the time from its start to then.
     """
 
-    def __init__(self, cfg: Config, env: parallel.DistEnv, run_dir: Path, faults: Faults | None,
-                 heartbeat: Heartbeat | None) -> None:
+    def __init__(
+        self, cfg: Config, env: parallel.DistEnv, run_dir: Path, faults: Faults | None, heartbeat: Heartbeat | None
+    ) -> None:
         self.env, self.run_dir, self.faults, self.heartbeat = env, run_dir, faults, heartbeat
         self.pending: checkpoint.PendingSave | None = None
         self.group = None
@@ -558,8 +621,11 @@ class Saver:
                     self.pending = checkpoint.save_async(self.run_dir, step, model, optimizer, self.group)
                 except Exception as exc:  # noqa: BLE001 - DCP's async path refused: say so once, save synchronously
                     self.async_save = False
-                    _say(self.env, f"  checkpoint: async_save failed ({type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); saving synchronously from now on")
+                    _say(
+                        self.env,
+                        f"  checkpoint: async_save failed ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); saving synchronously from now on",
+                    )
             if not self.async_save:
                 path = checkpoint.save(self.run_dir, step, model, optimizer, before_publish=self._before_publish)
         stall_s = time.perf_counter() - t0
@@ -589,13 +655,17 @@ class Saver:
         complete_s = time.perf_counter() - p.started_s
         if self.env.rank == 0:
             manifest.record_checkpoint_save(self.run_dir, p.step, p.stall_s, restart_count(), "async", complete_s)
-        _say(self.env, f"  checkpoint {p.path.relative_to(self.run_dir.parent)} published "
-                       f"{complete_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)")
+        _say(
+            self.env,
+            f"  checkpoint {p.path.relative_to(self.run_dir.parent)} published "
+            f"{complete_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)",
+        )
 
 
 # ---------------------------------------------------------------------------
 # Console
 # ---------------------------------------------------------------------------
+
 
 def _fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k"
@@ -637,25 +707,38 @@ def _rank_summary(records: list[dict], cfg: Config, start_step: int) -> dict:
     return {k: med(k) for k in keys} | {"steady_steps": len(steady), "compute_factor": factor}
 
 
-def _print_summary(cfg: Config, run_dir: Path, records: list[dict], everyone: list[dict], summary: dict,
-                   start_step: int, profiled_steps: list[int]) -> None:
+def _print_summary(
+    cfg: Config,
+    run_dir: Path,
+    records: list[dict],
+    everyone: list[dict],
+    summary: dict,
+    start_step: int,
+    profiled_steps: list[int],
+) -> None:
     print(f"\nreftrain: {len(records)} steps in {summary['wall_s']:.1f} s; ", end="")
     if summary["steady_steps"]:
-        print(f"steady state = {summary['steady_steps']} steps (without the first {cfg.train.warmup_steps} "
-              f"and the {len(profiled_steps)} with the profiler running)")
+        print(
+            f"steady state = {summary['steady_steps']} steps (without the first {cfg.train.warmup_steps} "
+            f"and the {len(profiled_steps)} with the profiler running)"
+        )
     else:
         print("no steady-state steps (all in warm-up or profiler windows): no step time, tokens/s or MFU")
     if "summary_error" in summary:
         print(f"  no run figures: {summary['summary_error']}")
     if records and summary["steady_steps"]:
         # The report's figures (docs/metrics.md): median over steady steps of the mean over ranks.
-        print(f"  median step {summary['step_time_ms']:.1f} ms   {_fmt_rate(summary['tokens_per_s'])} tok/s "
-              f"(all ranks)   MFU {summary['mfu']:.1%}   HFU {summary['hfu']:.1%}   final loss {records[-1]['loss']:.4f}")
+        print(
+            f"  median step {summary['step_time_ms']:.1f} ms   {_fmt_rate(summary['tokens_per_s'])} tok/s "
+            f"(all ranks)   MFU {summary['mfu']:.1%}   HFU {summary['hfu']:.1%}   final loss {records[-1]['loss']:.4f}"
+        )
     elif records:
         print(f"  final loss {records[-1]['loss']:.4f}")
     for i, e in enumerate(everyone):
         r = e["summary"]
-        print(f"  rank {i}: median forward {r['forward_ms']:.1f} ms, backward {r['backward_ms']:.1f} ms, "
-              f"data wait {r['data_wait_ms']:.1f} ms, in collectives {r['comm_ms']:.1f} ms")
+        print(
+            f"  rank {i}: median forward {r['forward_ms']:.1f} ms, backward {r['backward_ms']:.1f} ms, "
+            f"data wait {r['data_wait_ms']:.1f} ms, in collectives {r['comm_ms']:.1f} ms"
+        )
     print(f"\nrun directory: {run_dir}")
     print(f"next:  analyzer report {run_dir}\n       dashboard {run_dir.parent}", flush=True)

@@ -7,6 +7,7 @@ snapshot (tests/test_public_surface.py) from the current code, instead of
 comparing against them; review the diff and commit it with the change that
 made it (docs/architecture.md, "Golden files").
 """
+
 from __future__ import annotations
 
 import signal

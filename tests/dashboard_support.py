@@ -12,6 +12,7 @@ down) and adds the cases a runs folder meets in practice:
 Always a copy: the analyzer writes its Parquet cache beside the traces, and
 tests must not touch the repository's examples.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,7 +88,9 @@ def build_runs_dir(dst: Path) -> Path:
         rank = src.name.split(".")[0]
         data = src.read_bytes()
         (truncated / f"{rank}.json.gz").write_bytes(data if rank == "rank0" else data[: len(data) // 3])
-    shutil.copytree(EXAMPLES / GOOD_RUN, dst / NO_MANIFEST_RUN, ignore=shutil.ignore_patterns(".analyzer-cache", "run.json"))
+    shutil.copytree(
+        EXAMPLES / GOOD_RUN, dst / NO_MANIFEST_RUN, ignore=shutil.ignore_patterns(".analyzer-cache", "run.json")
+    )
     return dst
 
 
@@ -187,8 +190,14 @@ def write_many_rank_traces(folder: Path, world: int = MANY_WORLD, straggler: int
             t.step(10 + i, base, MANY_SLOW_STEP_US if slow else MANY_STEP_US)
             t.kernel("sm90_xmma_gemm_bf16", base, 9_000 if slow else 6_000, launch_us=base - 20)
             start = base + (7_000 if slow else 4_000)
-            t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", start, base + 8_000 - start, stream=20,
-                     args=t.comm_args("allreduce", 1 << 20), launch_us=start - 100)
+            t.kernel(
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                start,
+                base + 8_000 - start,
+                stream=20,
+                args=t.comm_args("allreduce", 1 << 20),
+                launch_us=start - 100,
+            )
         t.write(folder / f"rank{rank}.pt.trace.json.gz")
 
 
@@ -216,7 +225,9 @@ def build_linked_runs(runs: Path, outside: Path) -> dict[str, Path]:
     secret.step(3, 100, 1000)
     secret.kernel(f"{OUTSIDE_MARKER}_kernel", 100, 600, launch_us=80)
     secret.write(outside / "secret.pt.trace.json.gz")
-    (outside / "secret.json").write_text(json.dumps({"schema": "reftrain.run/1", f"{OUTSIDE_MARKER}_key": OUTSIDE_MARKER}))
+    (outside / "secret.json").write_text(
+        json.dumps({"schema": "reftrain.run/1", f"{OUTSIDE_MARKER}_key": OUTSIDE_MARKER})
+    )
     (outside / "metrics").mkdir()
     (outside / "metrics" / "rank0.jsonl").write_text(json.dumps({"step": 1, f"{OUTSIDE_MARKER}_metric": 1.0}) + "\n")
     (outside / "traces").mkdir()

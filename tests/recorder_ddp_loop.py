@@ -5,6 +5,7 @@
 MODE: `all` (every rank records), `rank0-only` / `rank1-only` (one rank opens the
 recorder, the other trains without it), `rank1-fails` (rank 1's loop raises at step 2).
 """
+
 from __future__ import annotations
 
 import sys
@@ -30,8 +31,18 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(rank)
     records = mode == "all" or mode == "rank1-fails" or mode == f"rank{rank}-only"
-    rec = recorder.open(runs, name=f"ddp-{mode}", model=model, optimizer=opt, meet_timeout_s=5,
-                        profile=ProfileSchedule(wait=1, warmup=1, active=1)) if records else None
+    rec = (
+        recorder.open(
+            runs,
+            name=f"ddp-{mode}",
+            model=model,
+            optimizer=opt,
+            meet_timeout_s=5,
+            profile=ProfileSchedule(wait=1, warmup=1, active=1),
+        )
+        if records
+        else None
+    )
     for i in range(STEPS):
         x, y = batch(gen)
         if rec is not None:

@@ -5,6 +5,7 @@ before each step (the "data"), so that the phases the recorder measures have
 known lower bounds far beyond any timer noise (a sleep lasts at least its
 duration however busy the machine is).
 """
+
 from __future__ import annotations
 
 import time
@@ -51,8 +52,9 @@ def train(runs: Path, steps: int, *, name: str = "plain", on_step: Any = None, *
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     options.setdefault("peak_flops_per_s", PEAK)
     options.setdefault("flops", Flops(per_token=FLOPS_PER_TOKEN, formula="test: a made-up count"))
-    with recorder.open(runs, name=name, config={"lr": 0.1, "steps": steps}, model=model, optimizer=opt,
-                       **options) as rec:
+    with recorder.open(
+        runs, name=name, config={"lr": 0.1, "steps": steps}, model=model, optimizer=opt, **options
+    ) as rec:
         for i in range(steps):
             if on_step is not None:
                 on_step(rec, i)

@@ -34,6 +34,7 @@ CPU-only (gloo) traces: ``KinetoTrace(gpu=False, backend="gloo")``, then
 event, like libkineto), ``"compact"`` (one line, no spaces) or ``"pretty"``
 (``json.dumps(indent=2)``, as HTA rewrites traces).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -134,13 +135,24 @@ class KinetoTrace:
     # -- host events --------------------------------------------------------
 
     def _x(self, cat: str, name: str, pid: Any, tid: Any, start_us: Number, dur_us: Number, args: dict) -> dict:
-        ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self._t(start_us), "dur": self._t(dur_us), "args": args}
+        ev = {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": pid,
+            "tid": tid,
+            "ts": self._t(start_us),
+            "dur": self._t(dur_us),
+            "args": args,
+        }
         self.events.append(ev)
         return ev
 
     def step(self, n: int, start_us: Number, dur_us: Number) -> dict:
         """``ProfilerStep#n`` on the main thread, as ``profiler.step()`` writes it."""
-        return self._x("user_annotation", f"ProfilerStep#{n}", self.pid, self.tid, start_us, dur_us, self._host_args(None))
+        return self._x(
+            "user_annotation", f"ProfilerStep#{n}", self.pid, self.tid, start_us, dur_us, self._host_args(None)
+        )
 
     def cpu_op(
         self,
@@ -193,26 +205,59 @@ class KinetoTrace:
         args = {"External id": self._next_external(), "cbid": _CBID_LAUNCH_KERNEL, "correlation": correlation}
         return self._x("cuda_runtime", name, self.pid, tid, start_us, dur_us, args)
 
-    def record_param_comms(self, start_us: Number, dur_us: Number, args: dict | None = None, tid: int | None = None) -> dict:
+    def record_param_comms(
+        self, start_us: Number, dur_us: Number, args: dict | None = None, tid: int | None = None
+    ) -> dict:
         """The ``record_param_comms`` op PyTorch writes around a collective;
         pass :meth:`comm_args` as ``args``."""
         return self.cpu_op("record_param_comms", start_us, dur_us, tid=tid, args=args)
 
     def instant(self, name: str, ts_us: Number) -> dict:
         """A ``cpu_instant_event`` (the loader drops these)."""
-        ev = {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": name, "pid": self.pid, "tid": self.tid, "ts": self._t(ts_us), "args": {}}
+        ev = {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "s": "t",
+            "name": name,
+            "pid": self.pid,
+            "tid": self.tid,
+            "ts": self._t(ts_us),
+            "args": {},
+        }
         self.events.append(ev)
         return ev
 
-    def memory(self, ts_us: Number, allocated: int, reserved: int, nbytes: int = 0, *, device_type: int = 1,
-               device_id: int | None = None) -> dict:
+    def memory(
+        self,
+        ts_us: Number,
+        allocated: int,
+        reserved: int,
+        nbytes: int = 0,
+        *,
+        device_type: int = 1,
+        device_id: int | None = None,
+    ) -> dict:
         """A ``[memory]`` instant event, as ``profile_memory=True`` writes one per allocation or free:
         the allocator's ``Total Allocated``/``Total Reserved`` bytes on the device after it, ``Bytes``
         (negative for a free). ``device_type`` 1 is CUDA (id default: this trace's GPU), 0 the CPU (id -1)."""
         did = (-1 if device_type == 0 else self.device) if device_id is None else device_id
-        ev = {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": self.pid, "tid": self.tid,
-              "ts": self._t(ts_us), "args": {"Total Reserved": reserved, "Total Allocated": allocated, "Bytes": nbytes,
-                                             "Addr": 1 << 40, "Device Id": did, "Device Type": device_type}}
+        ev = {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "s": "t",
+            "name": "[memory]",
+            "pid": self.pid,
+            "tid": self.tid,
+            "ts": self._t(ts_us),
+            "args": {
+                "Total Reserved": reserved,
+                "Total Allocated": allocated,
+                "Bytes": nbytes,
+                "Addr": 1 << 40,
+                "Device Id": did,
+                "Device Type": device_type,
+            },
+        }
         self.events.append(ev)
         return ev
 
@@ -224,8 +269,16 @@ class KinetoTrace:
     # -- device events ------------------------------------------------------
 
     def _device(
-        self, cat: str, name: str, start_us: Number, dur_us: Number, stream: int, correlation: int | None,
-        args: dict | None, launch_us: Number | None, launch_name: str,
+        self,
+        cat: str,
+        name: str,
+        start_us: Number,
+        dur_us: Number,
+        stream: int,
+        correlation: int | None,
+        args: dict | None,
+        launch_us: Number | None,
+        launch_name: str,
     ) -> dict:
         if not self.gpu:
             raise ValueError("a CPU-only trace (gpu=False) has no device events")
@@ -237,9 +290,28 @@ class KinetoTrace:
         ev = self._x(cat, name, self.device, stream, start_us, dur_us, base)
         if launch_us is not None:
             self.runtime(launch_name, launch_us, min(5, max(dur_us, 1)) if self.time_format == "int" else 5.0, corr)
-            self.events.append({"ph": "s", "id": corr, "pid": self.pid, "tid": self.tid, "ts": self._t(launch_us), "cat": "ac2g", "name": "ac2g"})
             self.events.append(
-                {"ph": "f", "id": corr, "pid": self.device, "tid": stream, "ts": self._t(start_us), "cat": "ac2g", "name": "ac2g", "bp": "e"}
+                {
+                    "ph": "s",
+                    "id": corr,
+                    "pid": self.pid,
+                    "tid": self.tid,
+                    "ts": self._t(launch_us),
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                }
+            )
+            self.events.append(
+                {
+                    "ph": "f",
+                    "id": corr,
+                    "pid": self.device,
+                    "tid": stream,
+                    "ts": self._t(start_us),
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                    "bp": "e",
+                }
             )
         return ev
 
@@ -257,47 +329,96 @@ class KinetoTrace:
         """A GPU kernel (``cat: kernel``) on ``stream``. ``correlation``
         defaults to a fresh id; ``launch_us`` adds the ``cudaLaunchKernel``
         runtime event (5 us) and the ac2g flow that link it to the kernel."""
-        kargs = {"queued": 0, "registers per thread": 32, "shared memory": 0, "blocks per SM": 1.0,
-                 "warps per SM": 4.0, "grid": [108, 1, 1], "block": [128, 1, 1], "est. achieved occupancy %": 12}
+        kargs = {
+            "queued": 0,
+            "registers per thread": 32,
+            "shared memory": 0,
+            "blocks per SM": 1.0,
+            "warps per SM": 4.0,
+            "grid": [108, 1, 1],
+            "block": [128, 1, 1],
+            "est. achieved occupancy %": 12,
+        }
         kargs.update(args or {})
         return self._device("kernel", name, start_us, dur_us, stream, correlation, kargs, launch_us, "cudaLaunchKernel")
 
     def memcpy(
-        self, start_us: Number, dur_us: Number, stream: int = 7, *, kind: str = "HtoD", nbytes: int = 4096,
-        correlation: int | None = None, launch_us: Number | None = None,
+        self,
+        start_us: Number,
+        dur_us: Number,
+        stream: int = 7,
+        *,
+        kind: str = "HtoD",
+        nbytes: int = 4096,
+        correlation: int | None = None,
+        launch_us: Number | None = None,
     ) -> dict:
         """A ``gpu_memcpy``; ``kind`` HtoD, DtoH, DtoD (named as Kineto does)."""
-        names = {"HtoD": "Memcpy HtoD (Pageable -> Device)", "DtoH": "Memcpy DtoH (Device -> Pageable)", "DtoD": "Memcpy DtoD (Device -> Device)"}
+        names = {
+            "HtoD": "Memcpy HtoD (Pageable -> Device)",
+            "DtoH": "Memcpy DtoH (Device -> Pageable)",
+            "DtoD": "Memcpy DtoD (Device -> Device)",
+        }
         args = {"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / max(float(dur_us), 1e-3) / 1e3}
-        return self._device("gpu_memcpy", names[kind], start_us, dur_us, stream, correlation, args, launch_us, "cudaMemcpyAsync")
+        return self._device(
+            "gpu_memcpy", names[kind], start_us, dur_us, stream, correlation, args, launch_us, "cudaMemcpyAsync"
+        )
 
     def memset(
-        self, start_us: Number, dur_us: Number, stream: int = 7, *, nbytes: int = 4096,
-        correlation: int | None = None, launch_us: Number | None = None,
+        self,
+        start_us: Number,
+        dur_us: Number,
+        stream: int = 7,
+        *,
+        nbytes: int = 4096,
+        correlation: int | None = None,
+        launch_us: Number | None = None,
     ) -> dict:
         """A ``gpu_memset`` (``Memset (Device)``)."""
         args = {"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / max(float(dur_us), 1e-3) / 1e3}
-        return self._device("gpu_memset", "Memset (Device)", start_us, dur_us, stream, correlation, args, launch_us, "cudaMemsetAsync")
+        return self._device(
+            "gpu_memset", "Memset (Device)", start_us, dur_us, stream, correlation, args, launch_us, "cudaMemsetAsync"
+        )
 
     def comm_args(
-        self, collective: str, in_nelems: int, out_nelems: int | None = None, *, dtype: str = "Float",
-        group_size: int | None = None, pg_name: str = "0",
+        self,
+        collective: str,
+        in_nelems: int,
+        out_nelems: int | None = None,
+        *,
+        dtype: str = "Float",
+        group_size: int | None = None,
+        pg_name: str = "0",
     ) -> dict:
         """Collective args as on ``record_param_comms`` (and on NCCL kernels
         in PyTorch >= 2.3)."""
         size = self.world_size if group_size is None else group_size
         return {
-            "Collective name": collective, "In msg nelems": in_nelems,
-            "Out msg nelems": in_nelems if out_nelems is None else out_nelems, "Group size": size,
-            "dtype": dtype, "In split size": "[]", "Out split size": "[]", "Process Group Name": pg_name,
-            "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(size))),
+            "Collective name": collective,
+            "In msg nelems": in_nelems,
+            "Out msg nelems": in_nelems if out_nelems is None else out_nelems,
+            "Group size": size,
+            "dtype": dtype,
+            "In split size": "[]",
+            "Out split size": "[]",
+            "Process Group Name": pg_name,
+            "Process Group Description": "default_pg",
+            "Process Group Ranks": str(list(range(size))),
         }
 
     # -- composite patterns (with exact FLOPs) -----------------------------
 
     def linear(
-        self, start_us: Number, m: int, k: int, n: int, kernel_us: Number, *, consistent: bool = True,
-        kernel: str = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", dtype: str = "c10::BFloat16",
+        self,
+        start_us: Number,
+        m: int,
+        k: int,
+        n: int,
+        kernel_us: Number,
+        *,
+        consistent: bool = True,
+        kernel: str = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+        dtype: str = "c10::BFloat16",
     ) -> int:
         """``aten::linear`` (50 us) around ``aten::addmm`` (30 us) that launches one GEMM kernel ``kernel_us`` long
         at ``start_us + 60``. With ``consistent=False`` the linear records shapes that do not fit (its weight's
@@ -305,8 +426,13 @@ class KinetoTrace:
         product's FLOPs, ``2 m k n``: what must be counted, once, either way."""
         w_k = k if consistent else k + 1
         self.cpu_op("aten::linear", start_us, 50, input_dims=[[m, k], [n, w_k], [n]], input_types=[dtype] * 3)
-        self.cpu_op("aten::addmm", start_us + 10, 30, input_dims=[[n], [m, k], [k, n], [], []],
-                    input_types=[dtype] * 3 + ["Scalar", "Scalar"])
+        self.cpu_op(
+            "aten::addmm",
+            start_us + 10,
+            30,
+            input_dims=[[n], [m, k], [k, n], [], []],
+            input_types=[dtype] * 3 + ["Scalar", "Scalar"],
+        )
         self.kernel(kernel, start_us + 60, kernel_us, launch_us=start_us + 15)
         return 2 * m * k * n
 
@@ -336,16 +462,52 @@ class KinetoTrace:
         meta = [
             {"ph": "M", "name": "process_name", "ts": ts, "pid": self.pid, "tid": 0, "args": {"name": "python3"}},
             {"ph": "M", "name": "process_labels", "ts": ts, "pid": self.pid, "tid": 0, "args": {"labels": "CPU"}},
-            {"ph": "M", "name": "process_sort_index", "ts": ts, "pid": self.pid, "tid": 0, "args": {"sort_index": self.pid}},
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "ts": ts,
+                "pid": self.pid,
+                "tid": 0,
+                "args": {"sort_index": self.pid},
+            },
         ]
         for tid in sorted(self._threads):
             label = "pt_gloo_runloop" if tid == self.comm_tid else "python3"
-            meta.append({"ph": "M", "name": "thread_name", "ts": ts, "pid": self.pid, "tid": tid, "args": {"name": f"thread {tid} ({label})"}})
+            meta.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "ts": ts,
+                    "pid": self.pid,
+                    "tid": tid,
+                    "args": {"name": f"thread {tid} ({label})"},
+                }
+            )
         if self.gpu:
-            meta.append({"ph": "M", "name": "process_name", "ts": ts, "pid": self.device, "tid": 0, "args": {"name": "python3"}})
-            meta.append({"ph": "M", "name": "process_labels", "ts": ts, "pid": self.device, "tid": 0, "args": {"labels": f"GPU {self.device}"}})
+            meta.append(
+                {"ph": "M", "name": "process_name", "ts": ts, "pid": self.device, "tid": 0, "args": {"name": "python3"}}
+            )
+            meta.append(
+                {
+                    "ph": "M",
+                    "name": "process_labels",
+                    "ts": ts,
+                    "pid": self.device,
+                    "tid": 0,
+                    "args": {"labels": f"GPU {self.device}"},
+                }
+            )
             for s in sorted(self._streams):
-                meta.append({"ph": "M", "name": "thread_name", "ts": ts, "pid": self.device, "tid": s, "args": {"name": f"stream {s} "}})
+                meta.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "ts": ts,
+                        "pid": self.device,
+                        "tid": s,
+                        "args": {"name": f"stream {s} "},
+                    }
+                )
         return meta
 
     def _span(self) -> list[dict]:
@@ -353,9 +515,24 @@ class KinetoTrace:
         start = min((e["ts"] for e in timed), default=0)
         end = max((e["ts"] + e["dur"] for e in timed), default=0)
         return [
-            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
-             "ts": self._t(start), "dur": self._t(end - start), "args": {"Op count": 0}},
-            {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces", "tid": "Trace PyTorch Profiler", "ts": self._t(start)},
+            {
+                "ph": "X",
+                "cat": "Trace",
+                "name": "PyTorch Profiler (0)",
+                "pid": "Spans",
+                "tid": "PyTorch Profiler",
+                "ts": self._t(start),
+                "dur": self._t(end - start),
+                "args": {"Op count": 0},
+            },
+            {
+                "ph": "i",
+                "s": "g",
+                "name": "Iteration Start: PyTorch Profiler",
+                "pid": "Traces",
+                "tid": "Trace PyTorch Profiler",
+                "ts": self._t(start),
+            },
             {"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": self._t(end)},
         ]
 
@@ -363,16 +540,41 @@ class KinetoTrace:
         """The trace document (top-level keys in Kineto's order)."""
         doc: dict[str, Any] = {"schemaVersion": 1}
         doc["deviceProperties"] = (
-            [{"id": self.device, "name": self.device_name, "totalGlobalMem": 85029158912, "computeMajor": 9, "computeMinor": 0,
-              "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536, "warpSize": 32,
-              "sharedMemPerBlock": 49152, "numSms": 132, "regsPerMultiprocessor": 65536, "sharedMemPerMultiprocessor": 233472}]
-            if self.gpu else []
+            [
+                {
+                    "id": self.device,
+                    "name": self.device_name,
+                    "totalGlobalMem": 85029158912,
+                    "computeMajor": 9,
+                    "computeMinor": 0,
+                    "maxThreadsPerBlock": 1024,
+                    "maxThreadsPerMultiprocessor": 2048,
+                    "regsPerBlock": 65536,
+                    "warpSize": 32,
+                    "sharedMemPerBlock": 49152,
+                    "numSms": 132,
+                    "regsPerMultiprocessor": 65536,
+                    "sharedMemPerMultiprocessor": 233472,
+                }
+            ]
+            if self.gpu
+            else []
         )
         if self.distributed:
             doc["distributedInfo"] = {
-                "backend": self.backend, "rank": self.rank, "world_size": self.world_size, "pg_count": 1,
-                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": f"cpu:gloo,cuda:{self.backend}",
-                               "pg_size": self.world_size, "ranks": list(range(self.world_size))}],
+                "backend": self.backend,
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "pg_count": 1,
+                "pg_config": [
+                    {
+                        "pg_name": "0",
+                        "pg_desc": "default_pg",
+                        "backend_config": f"cpu:gloo,cuda:{self.backend}",
+                        "pg_size": self.world_size,
+                        "ranks": list(range(self.world_size)),
+                    }
+                ],
             }
         doc["record_shapes"] = 1
         doc["displayTimeUnit"] = "ms"
@@ -396,7 +598,9 @@ class KinetoTrace:
         events = doc.pop("traceEvents")
         trailer = {"traceName": doc.pop("traceName")}
         head = orjson.dumps(doc, option=orjson.OPT_INDENT_2)[:-2]  # drop "\n}"
-        body = b",\n".join(orjson.dumps(e, option=orjson.OPT_INDENT_2).replace(b"\n", b"\n  ").join((b"  ", b"")) for e in events)
+        body = b",\n".join(
+            orjson.dumps(e, option=orjson.OPT_INDENT_2).replace(b"\n", b"\n  ").join((b"  ", b"")) for e in events
+        )
         tail = b",".join(b"%s: %s" % (orjson.dumps(k), orjson.dumps(v)) for k, v in trailer.items())
         return head + b',\n  "traceEvents": [\n' + body + b"\n  ],\n  " + tail + b"\n}\n"
 
@@ -410,8 +614,14 @@ class KinetoTrace:
 
 
 # The TensorBoard-plugin era's category names for today's (PyTorch 1.8 to 1.9, Kineto tb_plugin test data).
-_TB_PLUGIN_CATS = {"cpu_op": "Operator", "user_annotation": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel",
-                   "gpu_memcpy": "Memcpy", "gpu_memset": "Memset"}
+_TB_PLUGIN_CATS = {
+    "cpu_op": "Operator",
+    "user_annotation": "Operator",
+    "cuda_runtime": "Runtime",
+    "kernel": "Kernel",
+    "gpu_memcpy": "Memcpy",
+    "gpu_memset": "Memset",
+}
 
 
 def _tb_plugin_era(doc: dict) -> dict:

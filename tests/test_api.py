@@ -1,4 +1,5 @@
 """analyze() end to end through the loader: synthetic GPU traces, a real gloo trace, run directories."""
+
 from __future__ import annotations
 
 import gzip
@@ -31,8 +32,12 @@ def gpu_rank(rank: int, late_us: float = 0.0) -> KinetoTrace:
         t.cpu_op("aten::mm", base + 10, 80, input_dims=MM_DIMS, input_types=["c10::BFloat16", "c10::BFloat16"])
         t.kernel("ampere_bf16_s16816gemm", base + 100, 200, stream=7, launch_us=base + 20)
         t.kernel(
-            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", base + 260 + late_us, 100, stream=20,
-            args=t.comm_args("allreduce", 1 << 20, dtype="BFloat16"), launch_us=base + 30,
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+            base + 260 + late_us,
+            100,
+            stream=20,
+            args=t.comm_args("allreduce", 1 << 20, dtype="BFloat16"),
+            launch_us=base + 30,
         )
     return t
 
@@ -73,8 +78,14 @@ def test_gpu_traces_exact_numbers_and_json(tmp_path: Path) -> None:
     assert report["run"]["mfu"]["median"] == pytest.approx(a.mfu.median)
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert report["ranks"][0]["comm_comp_overlap_pct"] == pytest.approx(40.0)
-    assert set(report["ranks"][0]["breakdown"]) == {"compute", "overlapped_comm", "collective_wait", "exposed_comm",
-                                                    "exposed_memcpy", "idle"}
+    assert set(report["ranks"][0]["breakdown"]) == {
+        "compute",
+        "overlapped_comm",
+        "collective_wait",
+        "exposed_comm",
+        "exposed_memcpy",
+        "idle",
+    }
     # Both all-reduce kernels run 100 us: neither rank spun waiting for the other.
     assert r0.breakdown["collective_wait"]["mean_ms"] == 0.0
     assert report["stragglers"]["ranks"] == []
@@ -102,8 +113,16 @@ def test_gpu_rank_five_ms_late_is_the_straggler(tmp_path: Path) -> None:
 def test_real_gloo_cpu_trace_host_breakdown() -> None:
     a = analyze(DATA / "gloo_cpu", cache=False)
     assert sorted(r.rank for r in a.ranks) == [0, 1]
-    parts = ["data_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms", "collective_wait_ms", "exposed_comm_ms",
-             "other_ms"]
+    parts = [
+        "data_ms",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
+        "grad_sync_ms",
+        "collective_wait_ms",
+        "exposed_comm_ms",
+        "other_ms",
+    ]
     assert set(a.steps["source"]) == {"host"}
     assert (a.steps[parts].sum(axis=1) - a.steps["step_time_ms"]).abs().max() < 1e-6
     assert (a.steps[["forward_ms", "backward_ms", "optimizer_ms"]] > 0).all().all()
@@ -144,15 +163,31 @@ def make_run_dir(root: Path, late_ms: float, offsets_ns: list[int], n_steps: int
     that rank 1 starts late_ms late (on its own clock, shifted by offsets_ns)."""
     run = root / "run"
     manifest = {
-        "schema": "reftrain.run/1", "run_id": "run", "status": "completed", "world_size": 2, "backend": "gloo",
-        "tokens_per_step": 4096, "flops": {"per_token": 2.0e6, "per_token_hardware": 2.5e6},
+        "schema": "reftrain.run/1",
+        "run_id": "run",
+        "status": "completed",
+        "world_size": 2,
+        "backend": "gloo",
+        "tokens_per_step": 4096,
+        "flops": {"per_token": 2.0e6, "per_token_hardware": 2.5e6},
         "peak_flops": {"per_s": 1.0e12, "source": "measured", "detail": "test", "dtype": "fp32"},
-        "warmup_steps": 2, "profiled_steps": [5, 6], "steps": n_steps,
+        "warmup_steps": 2,
+        "profiled_steps": [5, 6],
+        "steps": n_steps,
         "clock": {"method": "test", "offsets_ns": offsets_ns, "uncertainty_ns": 1000},
-        "files": {"config": "config.yaml", "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
-                  "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"], "telemetry": [],
-                  "traces": ["traces/rank0.step6.json.gz", "traces/rank1.step6.json.gz"], "checkpoints": []},
-        "schemas": {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1", "telemetry": "reftrain.telemetry/1"},
+        "files": {
+            "config": "config.yaml",
+            "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
+            "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"],
+            "telemetry": [],
+            "traces": ["traces/rank0.step6.json.gz", "traces/rank1.step6.json.gz"],
+            "checkpoints": [],
+        },
+        "schemas": {
+            "metrics": "reftrain.metrics/1",
+            "collectives": "reftrain.collectives/1",
+            "telemetry": "reftrain.telemetry/1",
+        },
     }
     run.mkdir(parents=True)
     (run / "run.json").write_bytes(orjson.dumps(manifest))
@@ -161,12 +196,31 @@ def make_run_dir(root: Path, late_ms: float, offsets_ns: list[int], n_steps: int
         metrics, colls = [], []
         for s in range(n_steps):
             step_ms = 100.0 + (3.0 if s in (5, 6) else 0.0) + (0.5 if (s + rank) % 2 else 0.0)
-            metrics.append({"step": s, "rank": rank, "step_time_ms": step_ms, "tokens": 2048,
-                            "mfu": 2048 * 2.0e6 / (step_ms / 1e3 * 1.0e12), "profiled": s in (5, 6)})
+            metrics.append(
+                {
+                    "step": s,
+                    "rank": rank,
+                    "step_time_ms": step_ms,
+                    "tokens": 2048,
+                    "mfu": 2048 * 2.0e6 / (step_ms / 1e3 * 1.0e12),
+                    "profiled": s in (5, 6),
+                }
+            )
             start = t0 + s * 100_000_000 + 40_000_000 + (int(late_ms * 1e6) if rank == 1 else 0) + offsets_ns[rank]
-            colls.append({"step": s, "seq": s, "kind": "all_reduce", "bytes": 4_000_000, "dtype": "float32", "pg": "0",
-                          "group_size": 2, "start_ns": start, "end_ns": start + 10_000_000 + (0 if rank == 1 else int(late_ms * 1e6)),
-                          "clock": "host"})
+            colls.append(
+                {
+                    "step": s,
+                    "seq": s,
+                    "kind": "all_reduce",
+                    "bytes": 4_000_000,
+                    "dtype": "float32",
+                    "pg": "0",
+                    "group_size": 2,
+                    "start_ns": start,
+                    "end_ns": start + 10_000_000 + (0 if rank == 1 else int(late_ms * 1e6)),
+                    "clock": "host",
+                }
+            )
         write_jsonl(run / "metrics" / f"rank{rank}.jsonl", metrics)
         write_jsonl(run / "collectives" / f"rank{rank}.jsonl", colls)
         t = KinetoTrace(rank=rank, world_size=2, gpu=False, backend="gloo")
@@ -189,7 +243,9 @@ def test_run_dir_manifest_mfu_and_collective_straggler(tmp_path: Path) -> None:
     assert a.mfu.steps["step"].tolist() == [2, 3, 4, 7, 8, 9, 10, 11]
     # Every steady step has one rank at 100 ms and the other at 100.5 ms: each rank's MFU, then the mean.
     assert a.mfu.median == pytest.approx(statistics.fmean([4096 * 2.0e6 / 2 / (t * 1.0e12) for t in (0.100, 0.1005)]))
-    assert a.mfu.hfu_median == pytest.approx(statistics.fmean([4096 * 2.5e6 / 2 / (t * 1.0e12) for t in (0.100, 0.1005)]))
+    assert a.mfu.hfu_median == pytest.approx(
+        statistics.fmean([4096 * 2.5e6 / 2 / (t * 1.0e12) for t in (0.100, 0.1005)])
+    )
     assert abs(a.mfu.median / a.mfu.logged_median - 1) < 0.02
     assert "metrics JSONL" in a.mfu.step_time_source
     # Clock offsets removed: rank 1 is 5 ms late at every steady collective, not 255 ms. Step 7
@@ -209,7 +265,11 @@ def test_run_dir_manifest_mfu_and_collective_straggler(tmp_path: Path) -> None:
     assert r1.step_time_ms == pytest.approx(100.25) and r1.steady_step_time_ms == pytest.approx(100.25)
     assert r1.profiled_step_time_ms == pytest.approx(100.0)
     assert r1.step_time_source == "steady-state steps (metrics records)"
-    assert (a.step_time.ms, a.step_time.source, a.step_time.n_steady_steps) == (pytest.approx(100.25), "steady_state", 8)
+    assert (a.step_time.ms, a.step_time.source, a.step_time.n_steady_steps) == (
+        pytest.approx(100.25),
+        "steady_state",
+        8,
+    )
     assert (a.step_time.profiled_ms, a.step_time.n_profiled_steps) == (pytest.approx(100.0), 2)
     report = json.loads(json.dumps(a.to_json()))
     assert report["run"]["step_time_ms"] == pytest.approx(100.25)
@@ -246,10 +306,34 @@ def test_real_reftrain_runs_straggler_and_mfu(tmp_path: Path) -> None:
 
     def train(name: str, *extra: str) -> Path:
         proc = subprocess.run(
-            [sys.executable, "-m", "reftrain", "--nproc", "2", "--runs-dir", str(tmp_path), "--run-name", name,
-             "--preset", "tiny", "--steps", "14", "--set", "profile.wait=4", "--set", "profile.warmup=1",
-             "--set", "profile.active=2", "--set", "train.warmup_steps=2", *extra],
-            cwd=tmp_path, capture_output=True, text=True, timeout=900,
+            [
+                sys.executable,
+                "-m",
+                "reftrain",
+                "--nproc",
+                "2",
+                "--runs-dir",
+                str(tmp_path),
+                "--run-name",
+                name,
+                "--preset",
+                "tiny",
+                "--steps",
+                "14",
+                "--set",
+                "profile.wait=4",
+                "--set",
+                "profile.warmup=1",
+                "--set",
+                "profile.active=2",
+                "--set",
+                "train.warmup_steps=2",
+                *extra,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return tmp_path / name
@@ -259,6 +343,7 @@ def test_real_reftrain_runs_straggler_and_mfu(tmp_path: Path) -> None:
     assert slow.mfu.source == "manifest"
     assert abs(slow.mfu.median / slow.mfu.logged_median - 1) < 0.02
     clean = analyze(train("clean"), cache=False)
+
     # A clean run on a loaded machine can have a real straggler: a rank that
     # shares its core with other work arrives late every step (seen: rank 0
     # +1.5 ms/step beside two busy processes), and the detector is right to
@@ -289,8 +374,13 @@ def test_gpu_rank_waiting_for_a_late_rank_is_collective_wait_not_comm(tmp_path: 
             base = s * 1000
             t.step(s, base, 1000)
             t.kernel("ampere_bf16_s16816gemm", base + 100, gemm_us, stream=7)
-            t.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", base + comm_start, 400 - comm_start, stream=20,
-                     args=t.comm_args("allreduce", 1 << 20, dtype="BFloat16"))
+            t.kernel(
+                "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                base + comm_start,
+                400 - comm_start,
+                stream=20,
+                args=t.comm_args("allreduce", 1 << 20, dtype="BFloat16"),
+            )
         t.write(folder / f"rank{rank}.json.gz")
     a = analyze(folder, cache=False)
     r0, r1 = a.rank(0).breakdown, a.rank(1).breakdown

@@ -8,6 +8,7 @@ threads, so workers start with forkserver, which imports the main
 script again in each worker, which calls ``analyze()`` again. Each test
 runs a real script in a subprocess with a timeout and checks its numbers.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,14 @@ def big_folder(tmp_path_factory) -> Path:
 def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
     path = tmp_path / "user_script.py"
     path.write_text(textwrap.dedent(script))
-    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
 
 
 _REPORT = """
@@ -70,8 +77,13 @@ _REPORT = """
 
 def _expected(folder: Path) -> dict:
     traces = load.load_traces(folder, cache=False, workers=1)
-    return {"ranks": [0, 1, 2], "steps": {str(r): len(t.steps) for r, t in traces.ranks.items()},
-            "events": {str(r): len(t.events) for r, t in traces.ranks.items()}, "errors": [], "n_ranks": 3}
+    return {
+        "ranks": [0, 1, 2],
+        "steps": {str(r): len(t.steps) for r, t in traces.ranks.items()},
+        "events": {str(r): len(t.events) for r, t in traces.ranks.items()},
+        "errors": [],
+        "n_ranks": 3,
+    }
 
 
 def test_unguarded_script_finishes_with_the_right_numbers(big_folder: Path, tmp_path: Path) -> None:
@@ -121,8 +133,13 @@ def test_single_threaded_script_forks(tmp_path: Path) -> None:
 
 def test_repl_and_dash_c_use_worker_processes() -> None:
     """No main file (the REPL, ``python -c``, a notebook): nothing is imported again."""
-    proc = subprocess.run([sys.executable, "-c", "import numpy; from analyzer.ingest import jobs; print(jobs.start_method())"],
-                          cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import numpy; from analyzer.ingest import jobs; print(jobs.start_method())"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "forkserver"
 

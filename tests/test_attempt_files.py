@@ -5,6 +5,7 @@ glob of attempt 1 (traces/attempt1/*/...) must not be filtered by the rule meant
 0's glob (skip traces/attempt*/), which would leave every trace of attempt 1 and later out of
 run.json's files.traces. Files only; nothing is timed.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

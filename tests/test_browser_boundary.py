@@ -3,6 +3,7 @@ symlinks pointing outside (a trace, /etc/passwd as a trace, run.json, a metrics 
 a folder three levels down) show one line saying so on their pages, never a traceback, and nothing of
 the outside files (each holds a marker) appears anywhere on any page. That nothing outside is even
 opened is proven in-process by tests/test_dashboard_boundary.py (an audit hook over every open)."""
+
 from __future__ import annotations
 
 import sys

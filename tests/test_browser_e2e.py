@@ -5,6 +5,7 @@ with good and bad runs, waits for /_stcore/health, and drives Debian's
 chromium through Playwright (never Playwright's own browser download) to
 the runs page and a run page. Fails on any browser console error.
 """
+
 from __future__ import annotations
 
 import re
@@ -84,7 +85,10 @@ def page(browser):
     # while Streamlit was still fetching a lazily loaded chunk) is no failure
     # of the app; a missing file is a 404 response and a dead server another
     # error, both still recorded.
-    pg.on("requestfailed", lambda r: failed.append(f"failed {r.url} ({r.failure})") if r.failure != "net::ERR_ABORTED" else None)
+    pg.on(
+        "requestfailed",
+        lambda r: failed.append(f"failed {r.url} ({r.failure})") if r.failure != "net::ERR_ABORTED" else None,
+    )
 
     def problems() -> list[str]:
         excused = [f for f in failed if f.startswith("404 ") and _BASE_PATH_PROBE.match(f[4:])]
@@ -149,8 +153,10 @@ def test_run_page_shows_mfu_and_a_chart(server, page):
     assert value.endswith("%") and float(value.rstrip("%")) > 0, value
     # The breakdown is the first chart after its heading (the goodput bar above it is a reftrain
     # run's first chart).
-    chart = page.locator("xpath=//*[normalize-space(text())='Step-time breakdown per rank']"
-                         "/following::*[@data-testid='stVegaLiteChart'][1]").locator("svg.marks")
+    chart = page.locator(
+        "xpath=//*[normalize-space(text())='Step-time breakdown per rank']"
+        "/following::*[@data-testid='stVegaLiteChart'][1]"
+    ).locator("svg.marks")
     chart.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     assert chart.bounding_box()["height"] > 100
     # Vega drew the stacked breakdown: one rect mark per (rank, part), 2 ranks

@@ -6,6 +6,7 @@ its training curves with no change: the example is trained as a user would
 (a subprocess, `--runs-dir`, `--steps`), the installed `dashboard` command
 serves the folder, and Playwright drives Debian's chromium to the run's page.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,9 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     from analyzer.api import analyze
 
     n_parts = 1 + len(analyze(run).goodput().lost_s)
-    wall = page.locator('[data-testid="stVegaLiteChart"]', has=page.locator("g.role-legend", has_text="productive")).first
+    wall = page.locator(
+        '[data-testid="stVegaLiteChart"]', has=page.locator("g.role-legend", has_text="productive")
+    ).first
     wall.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
     svg = wall.locator("svg.marks").first.bounding_box()
     bars = wall.locator("g.mark-rect.role-mark path")
@@ -70,7 +73,9 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     assert labels.count() == n_parts
     for i in range(n_parts):
         box = labels.nth(i).bounding_box()
-        assert svg["y"] <= box["y"] and box["y"] + box["height"] <= svg["y"] + svg["height"] + 1, labels.nth(i).inner_text()
+        assert svg["y"] <= box["y"] and box["y"] + box["height"] <= svg["y"] + svg["height"] + 1, labels.nth(
+            i
+        ).inner_text()
     page.get_by_role("heading", name="Training curves").wait_for(timeout=RENDER_TIMEOUT_MS)
     # The training curve is the only chart with rule marks of data (its profiled steps).
     chart = page.locator('[data-testid="stVegaLiteChart"] svg.marks', has=page.locator("g.mark-rule.role-mark")).first
@@ -78,7 +83,9 @@ def test_overview_of_a_recorded_run_shows_mfu_goodput_and_curves(server, page): 
     _wait_idle(page)
     # One loss point per step the recorder wrote on rank 0.
     logged = [json.loads(line) for line in (run / "metrics" / "rank0.jsonl").read_text().splitlines() if line.strip()]
-    assert chart.locator("g.mark-symbol.role-mark path").count() == len([r for r in logged if r.get("loss") is not None])
+    assert chart.locator("g.mark-symbol.role-mark path").count() == len(
+        [r for r in logged if r.get("loss") is not None]
+    )
     assert chart.bounding_box()["height"] > 100
     # Every trace the run wrote (traces/step{N}/rank{R}.pt.trace.json.gz) is offered, under its window,
     # and the download is the file itself, saved under a name that keeps its window.

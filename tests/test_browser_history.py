@@ -6,6 +6,7 @@ _copy): nine of the good run and the slowed-rank run sixth, 50 % slower per step
 beyond the gate's threshold, so the verdicts do not depend on this machine's load
 (recorded runs are analyzed; nothing is timed).
 """
+
 from __future__ import annotations
 
 import sys

@@ -6,6 +6,7 @@ Checks that Vega drew the roofline's points, roofs and ridge point, and the
 forward and backward icicles' bars, as many as the analyzer's tables have
 rows, with no console error.
 """
+
 from __future__ import annotations
 
 import sys

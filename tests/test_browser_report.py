@@ -6,6 +6,7 @@ suggestions) and of shared traces with long C++ kernel names (one of them widene
 kernels table to 1,408 px before its name cells could wrap), opened from disk in Debian's
 chromium through Playwright; the page's scroll width is measured. Nothing here is timed.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -53,8 +54,12 @@ def test_the_html_report_fits_a_1280_px_window(browser, tmp_path: Path, name: st
     if not src.exists():
         pytest.skip(f"{src} is absent (the shared traces sit beside the checkout in ../shared)")
     page_file = tmp_path / "report.html"
-    done = subprocess.run([str(ANALYZER), "report", str(src), "--no-cache", "--html", str(page_file)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(ANALYZER), "report", str(src), "--no-cache", "--html", str(page_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     context = browser.new_context(viewport={"width": WINDOW, "height": 900})
     try:

@@ -6,6 +6,7 @@ its mtime set back (``touch -d``, ``cp -p``, a restore). Each test here makes
 exactly that edit, restores the mtime to the nanosecond with ``os.utime``,
 and requires the new numbers.
 """
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 No wall clock anywhere: samples are exact arrays or come from seeded
 generators, so every verdict here is the same on any machine under any load.
 """
+
 from __future__ import annotations
 
 import math
@@ -247,9 +248,7 @@ def _metrics_table() -> pd.DataFrame:
 
 
 def test_samples_from_metrics_exclude_warmup_and_profiled_steps_and_average_ranks():
-    samples = samples_from_metrics(
-        _metrics_table(), warmup_steps=3, profiled_steps=[6, 7], metric="mfu", label="run"
-    )
+    samples = samples_from_metrics(_metrics_table(), warmup_steps=3, profiled_steps=[6, 7], metric="mfu", label="run")
     assert samples.steps.tolist() == [3, 4, 5, 8, 9]
     # mean over ranks of 0.1*(step+1) and 0.1*(step+1)+0.01
     assert samples.values == pytest.approx([0.405, 0.505, 0.605, 0.905, 1.005])
@@ -302,18 +301,36 @@ def _run(
     tokens_per_s = tokens_per_s if tokens_per_s is not None else [1000.0] * len(mfu)
     steps = pd.DataFrame({"step": np.arange(len(mfu)), "n_ranks": 2, "mfu": mfu})
     mfu_result = (
-        MfuResult(mfu_source, median=float(np.median(mfu)), steps=steps, peak_flops_per_s=peak, peak_source=peak_source,
-                  flops_per_step=flops_per_step)
+        MfuResult(
+            mfu_source,
+            median=float(np.median(mfu)),
+            steps=steps,
+            peak_flops_per_s=peak,
+            peak_source=peak_source,
+            flops_per_step=flops_per_step,
+        )
         if mfu_source != "none"
         else MfuResult("none", reason="run.json lacks peak_flops.per_s")
     )
     metrics = pd.DataFrame(
-        [{"rank": r, "step": s, "step_time_ms": 100.0, "tokens_per_s": t, "profiled": False,
-          **({"cpu_ms": cpu_ms[s] * (1.0 if r == 0 else 0.5)} if cpu_ms is not None else {}),
-          # The canary on the steps given, rank 1's probe 20 % slower (the gate takes the mean over ranks).
-          **({"canary_ms": canary_ms[s] * (1.0 if r == 0 else 1.2), "canary_cpu_ms": canary_ms[s] * 0.9}
-             if canary_ms and s in canary_ms else {})}
-         for s, t in enumerate(tokens_per_s) for r in range(2)]
+        [
+            {
+                "rank": r,
+                "step": s,
+                "step_time_ms": 100.0,
+                "tokens_per_s": t,
+                "profiled": False,
+                **({"cpu_ms": cpu_ms[s] * (1.0 if r == 0 else 0.5)} if cpu_ms is not None else {}),
+                # The canary on the steps given, rank 1's probe 20 % slower (the gate takes the mean over ranks).
+                **(
+                    {"canary_ms": canary_ms[s] * (1.0 if r == 0 else 1.2), "canary_cpu_ms": canary_ms[s] * 0.9}
+                    if canary_ms and s in canary_ms
+                    else {}
+                ),
+            }
+            for s, t in enumerate(tokens_per_s)
+            for r in range(2)
+        ]
     )
     manifest = {
         "config": {"model": model or {"preset": "tiny", "n_layers": 2}},
@@ -326,10 +343,18 @@ def _run(
     }
     empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in ["rank", "step", "step_time_ms", "source"]})
     return RunAnalysis(
-        path=Path("run"), kind=kind, manifest=manifest if kind == "reftrain" else None, ranks=[], steps=empty,
-        mfu=mfu_result, stragglers=StragglerResult([], [], "n/a", None, None, StragglerConfig(), pd.DataFrame()),
-        kernels=pd.DataFrame(columns=["rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct"]),
-        collectives=None, metrics=metrics if kind == "reftrain" else None,
+        path=Path("run"),
+        kind=kind,
+        manifest=manifest if kind == "reftrain" else None,
+        ranks=[],
+        steps=empty,
+        mfu=mfu_result,
+        stragglers=StragglerResult([], [], "n/a", None, None, StragglerConfig(), pd.DataFrame()),
+        kernels=pd.DataFrame(
+            columns=["rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct"]
+        ),
+        collectives=None,
+        metrics=metrics if kind == "reftrain" else None,
     )
 
 
@@ -337,7 +362,9 @@ def test_runs_of_different_models_or_kinds_are_incompatible():
     from analyzer.verbs.check import check, check_compatible
 
     base = _run()
-    with pytest.raises(AnalyzerError, match=r"different model \(baseline preset tiny, 1000 parameters; candidate preset small, 2000"):
+    with pytest.raises(
+        AnalyzerError, match=r"different model \(baseline preset tiny, 1000 parameters; candidate preset small, 2000"
+    ):
         check(base, _run(model={"preset": "small", "n_layers": 4}, params=2000))
     with pytest.raises(AnalyzerError, match="baseline is a reftrain run directory, the candidate a trace folder"):
         check(base, _run(kind="traces"))
@@ -358,14 +385,22 @@ def test_measured_peaks_put_the_candidate_on_the_baselines_peak():
     assert outcome.result.metric == "mfu"
     assert outcome.result.drop == pytest.approx(0.0, abs=1e-12)
     assert outcome.result.verdict == "pass"
-    assert any("recomputed with the baseline's measured peak (10.0 GFLOP/s; the candidate measured 12.5)" in n for n in outcome.notes)
+    assert any(
+        "recomputed with the baseline's measured peak (10.0 GFLOP/s; the candidate measured 12.5)" in n
+        for n in outcome.notes
+    )
     assert outcome.comparison.mfu.drop == pytest.approx(0.0, abs=1e-12)
     # Datasheet peaks are real differences (other hardware): used as they are.
-    table = check(_run(peak=1e10, peak_source="table", mfu=base_mfu), _run(peak=1.25e10, peak_source="table", mfu=[m / 1.25 for m in base_mfu]))
+    table = check(
+        _run(peak=1e10, peak_source="table", mfu=base_mfu),
+        _run(peak=1.25e10, peak_source="table", mfu=[m / 1.25 for m in base_mfu]),
+    )
     assert table.result.drop == pytest.approx(0.2)
     assert table.result.verdict == "regression"
     # Measured on different CPUs: no rescale either.
-    other_cpu = check(_run(peak=1e10, mfu=base_mfu), _run(peak=1.25e10, mfu=[m / 1.25 for m in base_mfu], cpu_model="Intel Xeon"))
+    other_cpu = check(
+        _run(peak=1e10, mfu=base_mfu), _run(peak=1.25e10, mfu=[m / 1.25 for m in base_mfu], cpu_model="Intel Xeon")
+    )
     assert other_cpu.result.drop == pytest.approx(0.2)
 
 
@@ -384,10 +419,15 @@ def test_without_mfu_the_gate_uses_tokens_per_second():
     assert outcome.notes == [
         "MFU unavailable (baseline: run.json lacks peak_flops.per_s): gating on throughput (tokens/s per rank) instead"
     ]
-    assert ("throughput (tokens/s per rank) at the 25th percentile of step time 1,004 tokens/s -> 804 tokens/s "
-            "(drop +19.9%") in outcome.explanation
+    assert (
+        "throughput (tokens/s per rank) at the 25th percentile of step time 1,004 tokens/s -> 804 tokens/s (drop +19.9%"
+    ) in outcome.explanation
     doc = outcome.to_json()
-    assert doc["schema"] == "analyzer.check/2" and doc["verdict"] == "regression" and doc["compare"]["schema"] == "analyzer.compare/1"
+    assert (
+        doc["schema"] == "analyzer.check/2"
+        and doc["verdict"] == "regression"
+        and doc["compare"]["schema"] == "analyzer.compare/1"
+    )
 
 
 def test_trace_folders_with_different_flops_per_step_are_noted():
@@ -554,8 +594,9 @@ def test_machine_speed_needs_enough_probes_in_every_run():
     # Two probes in the candidate: too few to say how fast its machine was; the verdict stands.
     assert machine_speed_gate([base], slow, config, (), None, [probes(2.0, 4)], probes(2.5, 2))[0] == result
     assert machine_speed_gate([base, base], slow, config, (), None, [probes(2.0, 4), None], probes(2.5, 4))[2] is None
-    withdrawn, _, ms = machine_speed_gate([base, base], slow, config, (), None, [probes(2.0, 3), probes(2.0, 5)],
-                                          probes(2.5, 3))
+    withdrawn, _, ms = machine_speed_gate(
+        [base, base], slow, config, (), None, [probes(2.0, 3), probes(2.0, 5)], probes(2.5, 3)
+    )
     assert withdrawn.verdict == "inconclusive" and ms.n_base == 8 and ms.n_cand == 3
     assert ms.cpu_slowdown == pytest.approx(0.25) and ms.adjusted_cpu_drop is None and ms.adjusted_verdict == "pass"
 

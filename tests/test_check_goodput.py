@@ -5,6 +5,7 @@ productive steps in 22.22 s of wall, most of the rest start-up), checked against
 the step statistic passes exactly (drop 0, noise 0) and only the goodput floor decides.
 Nothing here judges timing: the run's records are fixed files.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,21 @@ def goodput() -> float:
 
 
 def test_below_the_floor_is_a_regression_whatever_the_step_statistic(capsys, tmp_path: Path, goodput: float) -> None:
-    code, out, _ = _main(capsys, "check", str(RUN), "--baseline", str(RUN), "--min-goodput", "0.9",
-                         "--json", str(tmp_path / "v.json"), "--junit", str(tmp_path / "v.xml"),
-                         "--summary", str(tmp_path / "v.md"))
+    code, out, _ = _main(
+        capsys,
+        "check",
+        str(RUN),
+        "--baseline",
+        str(RUN),
+        "--min-goodput",
+        "0.9",
+        "--json",
+        str(tmp_path / "v.json"),
+        "--junit",
+        str(tmp_path / "v.xml"),
+        "--summary",
+        str(tmp_path / "v.md"),
+    )
     assert code == 1
     assert out.startswith("analyzer check: REGRESSION")
     assert f"goodput {goodput:.1%} (below the floor 90.0%" in out and "largest losses: startup" in out
@@ -55,8 +68,9 @@ def test_below_the_floor_is_a_regression_whatever_the_step_statistic(capsys, tmp
 
 
 def test_at_or_above_the_floor_leaves_the_verdict_to_the_step_statistic(capsys, tmp_path: Path, goodput: float) -> None:
-    code, out, _ = _main(capsys, "check", str(RUN), "--baseline", str(RUN), "--min-goodput", "0.5",
-                         "--json", str(tmp_path / "v.json"))
+    code, out, _ = _main(
+        capsys, "check", str(RUN), "--baseline", str(RUN), "--min-goodput", "0.5", "--json", str(tmp_path / "v.json")
+    )
     assert code == 0 and out.startswith("analyzer check: PASS")
     assert f"Goodput {goodput:.1%} (at or above the floor 50.0%" in out
     v = json.loads((tmp_path / "v.json").read_text())

@@ -4,6 +4,7 @@ A run killed at step 432 with 21 complete checkpoints must not record
 ``files.checkpoints: []``: each save rewrites the list as it completes, and
 the launcher's ``mark_failed`` lists what is on disk.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def _process_tree(root: int) -> list[int]:
             stat = Path(f"/proc/{entry.name}/stat").read_bytes()
         except OSError:
             continue
-        children.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry.name))
+        children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(entry.name))
     tree, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -56,12 +57,24 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def _running_manifest(run: Path) -> None:
     run.mkdir(parents=True)
     (run / "config.yaml").write_text("run: {name: null}\n")
-    manifest.write_json(run / "run.json", {
-        "schema": manifest.SCHEMA, "run_id": run.name, "status": "running", "start_time": manifest.utc_now(),
-        "files": {"config": "config.yaml", "metrics": ["metrics/rank0.jsonl"], "collectives": [], "telemetry": [],
-                  "traces": [], "checkpoints": []},
-        "schemas": manifest.SCHEMAS,
-    })
+    manifest.write_json(
+        run / "run.json",
+        {
+            "schema": manifest.SCHEMA,
+            "run_id": run.name,
+            "status": "running",
+            "start_time": manifest.utc_now(),
+            "files": {
+                "config": "config.yaml",
+                "metrics": ["metrics/rank0.jsonl"],
+                "collectives": [],
+                "telemetry": [],
+                "traces": [],
+                "checkpoints": [],
+            },
+            "schemas": manifest.SCHEMAS,
+        },
+    )
 
 
 def _checkpoint(run: Path, step: int, complete: bool = True) -> None:
@@ -83,8 +96,12 @@ def test_failed_run_lists_complete_checkpoints(tmp_path: Path) -> None:
     m = json.loads((run / "run.json").read_text())
     assert m["status"] == "failed"
     # Sorted by step number, not text (step100 after step40).
-    assert m["files"]["checkpoints"] == ["checkpoints/step20", "checkpoints/step40", "checkpoints/step100",
-                                         "checkpoints/step420"]
+    assert m["files"]["checkpoints"] == [
+        "checkpoints/step20",
+        "checkpoints/step40",
+        "checkpoints/step100",
+        "checkpoints/step420",
+    ]
     assert m["files"]["metrics"] == ["metrics/rank0.jsonl"]  # the rest of files is kept
 
 
@@ -107,10 +124,31 @@ def test_sigkilled_run_lists_its_checkpoints(tmp_path: Path) -> None:
     complete checkpoint may be missing from the list; every older one must be
     there (on the old code the list is empty)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reftrain", "--nproc", "1", "--runs-dir", str(tmp_path), "--run-name", "killed",
-         "--preset", "tiny", "--steps", "5000", "--checkpoint-every", "2", "--set", "profile.enabled=false",
-         "--set", "telemetry.enabled=false"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "reftrain",
+            "--nproc",
+            "1",
+            "--runs-dir",
+            str(tmp_path),
+            "--run-name",
+            "killed",
+            "--preset",
+            "tiny",
+            "--steps",
+            "5000",
+            "--checkpoint-every",
+            "2",
+            "--set",
+            "profile.enabled=false",
+            "--set",
+            "telemetry.enabled=false",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     run = tmp_path / "killed"
     deadline = time.monotonic() + 600  # a loaded 2-core machine starts torch slowly; the wait ends as soon as it can

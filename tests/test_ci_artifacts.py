@@ -7,6 +7,7 @@ and validated against pytest's xunit2 schema (tests/data/junit-10.xsd), GitHub A
 annotations line by line, the step summary appended (never overwritten), and HTML pages
 that fetch nothing and run no script.
 """
+
 from __future__ import annotations
 
 import re
@@ -74,21 +75,51 @@ def _outcome(case: ET.Element) -> str:
 
 def test_junit_regression_pass_and_inconclusive_under_each_mode(runs, capsys, monkeypatch, tmp_path):
     junit = tmp_path / "gate.xml"
-    code, _ = _main(capsys, monkeypatch, "check", runs["cand"], "--baseline", runs["base"], "--peak-flops", str(PEAK),
-                    "--junit", str(junit))
+    code, _ = _main(
+        capsys,
+        monkeypatch,
+        "check",
+        runs["cand"],
+        "--baseline",
+        runs["base"],
+        "--peak-flops",
+        str(PEAK),
+        "--junit",
+        str(junit),
+    )
     assert code == 1
     _validate(junit)
     (case,) = _cases(junit)
     assert case.get("name") == "MFU at the 25th percentile of step time"
     assert _outcome(case) == "failure" and "16.7" in case.find("failure").get("message")
 
-    code, _ = _main(capsys, monkeypatch, "check", runs["base"], "--baseline", runs["base"], "--peak-flops", str(PEAK),
-                    "--junit", str(junit))
+    code, _ = _main(
+        capsys,
+        monkeypatch,
+        "check",
+        runs["base"],
+        "--baseline",
+        runs["base"],
+        "--peak-flops",
+        str(PEAK),
+        "--junit",
+        str(junit),
+    )
     assert code == 0 and [_outcome(c) for c in _cases(junit)] == ["passed"]
 
     for mode, exit_code, outcome in (("exit", 4, "skipped"), ("pass", 0, "passed"), ("fail", 1, "failure")):
-        code, _ = _main(capsys, monkeypatch, "check", runs["drift"], "--baseline", runs["drift"],
-                        "--inconclusive", mode, "--junit", str(junit))
+        code, _ = _main(
+            capsys,
+            monkeypatch,
+            "check",
+            runs["drift"],
+            "--baseline",
+            runs["drift"],
+            "--inconclusive",
+            mode,
+            "--junit",
+            str(junit),
+        )
         assert code == exit_code, mode
         _validate(junit)
         (case,) = _cases(junit)
@@ -111,8 +142,10 @@ def test_inconclusive_junit_has_no_failure_even_when_one_statistic_regresses(run
     drift = analyze(Path(runs["drift"]), cache=False)
     inconclusive = check(drift, drift)
     assert inconclusive.verdict == "inconclusive"
-    regression = check(analyze(Path(runs["base"]), cache=False, peak_flops=PEAK),
-                       analyze(Path(runs["cand"]), cache=False, peak_flops=PEAK)).result
+    regression = check(
+        analyze(Path(runs["base"]), cache=False, peak_flops=PEAK),
+        analyze(Path(runs["cand"]), cache=False, peak_flops=PEAK),
+    ).result
     assert regression.verdict == "regression"
     outcome = replace(inconclusive, cpu=regression)
     root = ET.fromstring(check_junit(outcome, "exit"))
@@ -121,8 +154,13 @@ def test_inconclusive_junit_has_no_failure_even_when_one_statistic_regresses(run
     assert root.get("failures") == "0" and root.find("testsuite").get("skipped") == "2"
     # With --inconclusive fail (exit code 1) both are failures; a passing verdict passes both.
     assert [_outcome(c) for c in ET.fromstring(check_junit(outcome, "fail")).iter("testcase")] == ["failure"] * 2
-    passing = replace(check(analyze(Path(runs["base"]), cache=False, peak_flops=PEAK),
-                            analyze(Path(runs["base"]), cache=False, peak_flops=PEAK)), cpu=regression)
+    passing = replace(
+        check(
+            analyze(Path(runs["base"]), cache=False, peak_flops=PEAK),
+            analyze(Path(runs["base"]), cache=False, peak_flops=PEAK),
+        ),
+        cpu=regression,
+    )
     (gate, cpu) = ET.fromstring(check_junit(passing)).iter("testcase")
     assert _outcome(gate) == _outcome(cpu) == "passed"
     assert "this statistic alone: REGRESSION" in cpu.find("system-out").text
@@ -135,8 +173,9 @@ def test_annotations_on_github_actions_only(runs, capsys, monkeypatch):
     _, out = _main(capsys, monkeypatch, *argv, github=True)
     (line,) = [x for x in out.splitlines() if x.startswith("::")]
     assert line.startswith("::error title=analyzer check%3A REGRESSION::")
-    _, out = _main(capsys, monkeypatch, "check", runs["base"], "--baseline", runs["base"], "--peak-flops", str(PEAK),
-                   github=True)
+    _, out = _main(
+        capsys, monkeypatch, "check", runs["base"], "--baseline", runs["base"], "--peak-flops", str(PEAK), github=True
+    )
     assert [x.split(" ", 1)[0] for x in out.splitlines() if x.startswith("::")] == ["::notice"]
     drift = ("check", runs["drift"], "--baseline", runs["drift"])
     _, out = _main(capsys, monkeypatch, *drift, github=True)
@@ -166,9 +205,29 @@ def _external_urls(page: str) -> list[str]:
 
 def test_html_pages_are_self_contained(runs, capsys, monkeypatch, tmp_path):
     check_html, compare_html = tmp_path / "check.html", tmp_path / "compare.html"
-    _main(capsys, monkeypatch, "check", runs["cand"], "--baseline", runs["base"], "--peak-flops", str(PEAK),
-          "--html", str(check_html))
-    _main(capsys, monkeypatch, "compare", runs["base"], runs["cand"], "--peak-flops", str(PEAK), "--html", str(compare_html))
+    _main(
+        capsys,
+        monkeypatch,
+        "check",
+        runs["cand"],
+        "--baseline",
+        runs["base"],
+        "--peak-flops",
+        str(PEAK),
+        "--html",
+        str(check_html),
+    )
+    _main(
+        capsys,
+        monkeypatch,
+        "compare",
+        runs["base"],
+        runs["cand"],
+        "--peak-flops",
+        str(PEAK),
+        "--html",
+        str(compare_html),
+    )
     for page in (check_html.read_text(), compare_html.read_text()):
         assert page.startswith("<!DOCTYPE html>") or page.lower().startswith("<!doctype html>")
         assert _external_urls(page) == []
@@ -179,8 +238,9 @@ def test_html_pages_are_self_contained(runs, capsys, monkeypatch, tmp_path):
 
 def test_html_report_tables_not_preformatted(runs, capsys, monkeypatch, tmp_path):
     page = tmp_path / "report.html"
-    code, _ = _main(capsys, monkeypatch, "report", runs["cand"], "--peak-flops", str(PEAK), "--no-cache",
-                    "--html", str(page))
+    code, _ = _main(
+        capsys, monkeypatch, "report", runs["cand"], "--peak-flops", str(PEAK), "--no-cache", "--html", str(page)
+    )
     assert code == 0
     html = page.read_text()
     assert "<pre" not in html

@@ -1,4 +1,5 @@
 """The `analyzer` command: reports with known answers, exit codes, one-line errors, and the CI gate end to end."""
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ def synthetic(tmp_path_factory) -> dict[str, Path]:
 # ----------------------------------------------------------------- report
 def test_report_json_has_the_known_answers(synthetic, capsys, tmp_path) -> None:
     out_json = tmp_path / "report.json"
-    code, out, err = run_main(capsys, "report", str(synthetic["base"]), "--json", str(out_json), "--peak-flops", str(PEAK), "--no-cache")
+    code, out, err = run_main(
+        capsys, "report", str(synthetic["base"]), "--json", str(out_json), "--peak-flops", str(PEAK), "--no-cache"
+    )
     assert code == 0, err
     doc = json.loads(out_json.read_text())
     assert doc["schema"] == "analyzer.report/1"
@@ -132,7 +135,13 @@ def test_missing_path_is_exit_2_with_one_line(capsys, tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["report"], ["report", "x", "--frobnicate"], ["bogus"], ["check", "x"], ["check", "x", "--baseline", "y", "--alpha", "abc"]],
+    [
+        ["report"],
+        ["report", "x", "--frobnicate"],
+        ["bogus"],
+        ["check", "x"],
+        ["check", "x", "--baseline", "y", "--alpha", "abc"],
+    ],
     ids=["missing-path", "unknown-flag", "unknown-command", "missing-baseline", "bad-number"],
 )
 def test_usage_errors_exit_2_with_usage(capsys, argv) -> None:
@@ -143,7 +152,9 @@ def test_usage_errors_exit_2_with_usage(capsys, argv) -> None:
 
 
 def test_out_of_range_gate_options_are_exit_2(synthetic, capsys) -> None:
-    code, _, err = run_main(capsys, "check", str(synthetic["cand"]), "--baseline", str(synthetic["base"]), "--max-mfu-drop", "1.5")
+    code, _, err = run_main(
+        capsys, "check", str(synthetic["cand"]), "--baseline", str(synthetic["base"]), "--max-mfu-drop", "1.5"
+    )
     assert code == 2 and err.strip() == "analyzer: error: --max-mfu-drop must be in [0, 1), got 1.5"
 
 
@@ -192,7 +203,16 @@ def test_console_script_exit_codes(synthetic, tmp_path) -> None:
 # ----------------------------------------------------------------- compare and check on trace folders
 def test_compare_command(synthetic, capsys, tmp_path) -> None:
     out_json = tmp_path / "c.json"
-    code, out, err = run_main(capsys, "compare", str(synthetic["base"]), str(synthetic["cand"]), "--json", str(out_json), "--peak-flops", str(PEAK))
+    code, out, err = run_main(
+        capsys,
+        "compare",
+        str(synthetic["base"]),
+        str(synthetic["cand"]),
+        "--json",
+        str(out_json),
+        "--peak-flops",
+        str(PEAK),
+    )
     assert code == 0, err
     doc = json.loads(out_json.read_text())
     assert doc["schema"] == "analyzer.compare/1"
@@ -207,7 +227,9 @@ def test_compare_command(synthetic, capsys, tmp_path) -> None:
 def test_check_trace_folders_regression_and_pass(synthetic, capsys, tmp_path) -> None:
     summary = tmp_path / "summary.md"
     base, cand = str(synthetic["base"]), str(synthetic["cand"])
-    code, out, err = run_main(capsys, "check", cand, "--baseline", base, "--peak-flops", str(PEAK), "--summary", str(summary))
+    code, out, err = run_main(
+        capsys, "check", cand, "--baseline", base, "--peak-flops", str(PEAK), "--summary", str(summary)
+    )
     assert code == 1, err
     assert out.startswith("analyzer check: REGRESSION")
     paragraph = out.splitlines()[2]
@@ -218,7 +240,9 @@ def test_check_trace_folders_regression_and_pass(synthetic, capsys, tmp_path) ->
     assert md.startswith("## :x: analyzer check: regression")
     assert "| MFU at the 25th percentile of step time | 20.00% | 16.67% | -16.7% |" in md
     # The same run as its own baseline: identical samples, no drop.
-    code, out, err = run_main(capsys, "check", base, "--baseline", base, "--peak-flops", str(PEAK), "--summary", str(summary))
+    code, out, err = run_main(
+        capsys, "check", base, "--baseline", base, "--peak-flops", str(PEAK), "--summary", str(summary)
+    )
     assert code == 0, err
     assert out.startswith("analyzer check: PASS")
     assert summary.read_text().startswith("## :white_check_mark: analyzer check: within bounds")
@@ -240,7 +264,9 @@ def test_check_without_mfu_gates_on_throughput(synthetic, capsys, tmp_path) -> N
                 t.step(i, i * period, period)
                 t.kernel("k", i * period + 10, 100, launch_us=i * period + 1)
             t.write(root / name / f"rank{rank}.json.gz")
-    code, out, err = run_main(capsys, "check", str(root / "cand"), "--baseline", str(root / "base"), "--json", str(root / "v.json"))
+    code, out, err = run_main(
+        capsys, "check", str(root / "cand"), "--baseline", str(root / "base"), "--json", str(root / "v.json")
+    )
     assert code == 1, err
     doc = json.loads((root / "v.json").read_text())
     assert doc["metric"] == "steps_per_s"
@@ -279,7 +305,9 @@ def test_check_too_noisy_is_inconclusive_exit_4_unless_mapped(capsys, tmp_path) 
 def test_check_with_too_few_steps_is_unusable(capsys, tmp_path) -> None:
     write_run(tmp_path / "a", n_steps=3)
     write_run(tmp_path / "b", n_steps=3, extra_kernel_us=300)
-    code, out, err = run_main(capsys, "check", str(tmp_path / "b"), "--baseline", str(tmp_path / "a"), "--peak-flops", str(PEAK))
+    code, out, err = run_main(
+        capsys, "check", str(tmp_path / "b"), "--baseline", str(tmp_path / "a"), "--peak-flops", str(PEAK)
+    )
     assert code == 2 and out == ""
     assert "too few steady-state steps (3 baseline, 3 candidate)" in err
 
@@ -295,8 +323,20 @@ def _reftrain_concurrently(runs: Path, **variants: list[str]) -> dict[str, Path]
     procs = {}
     for name, extra in variants.items():
         cmd = [
-            str(BIN / "reftrain"), "--nproc", "2", "--runs-dir", str(runs), "--run-name", name,
-            "--device", "cpu", "--preset", "tiny", "--steps", "40", *extra,
+            str(BIN / "reftrain"),
+            "--nproc",
+            "2",
+            "--runs-dir",
+            str(runs),
+            "--run-name",
+            name,
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--steps",
+            "40",
+            *extra,
         ]
         procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=runs)
     for name, proc in procs.items():
@@ -398,7 +438,10 @@ def test_api_doc_example_runs_verbatim(synthetic, tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out.splitlines()
     # H100 in the synthetic traces: MFU from shapes and the datasheet peak.
     assert out[0].startswith("trace-shapes 0.0249")
-    assert out[1:3] == ["0 1.2 50.0 4.166666666666667 58.18181818181818", "1 1.2 50.0 4.166666666666667 58.18181818181818"]
+    assert out[1:3] == [
+        "0 1.2 50.0 4.166666666666667 58.18181818181818",
+        "1 1.2 50.0 4.166666666666667 58.18181818181818",
+    ]
     assert out[3] == "no persistent straggler among 2 ranks []"
     assert out[4] == "compute: 0.15 -> 0.35 ms/step (+0.20)"
     assert out[7].startswith("MFU drop: 0.16666")
@@ -442,8 +485,16 @@ def test_ci_workflow_commands_parse() -> None:
         args = cli.build_parser().parse_args(argv)
         if args.command == "check":
             assert (args.cand, args.baseline, args.max_mfu_drop, args.alpha) == (
-                "runs/cand", ["runs/base1", "runs/base2"], 0.05, 0.05)
+                "runs/cand",
+                ["runs/base1", "runs/base2"],
+                0.05,
+                0.05,
+            )
             assert args.inconclusive == "exit"
             # On Actions the summary goes to $GITHUB_STEP_SUMMARY by itself (docs/ci.md, "Outputs").
             assert args.summary is None
-            assert (str(args.json), str(args.html), str(args.junit)) == ("perf-check.json", "perf-check.html", "perf-check.xml")
+            assert (str(args.json), str(args.html), str(args.junit)) == (
+                "perf-check.json",
+                "perf-check.html",
+                "perf-check.xml",
+            )

@@ -6,6 +6,7 @@ which. The golden reports are computed in this (pytest) process, pyarrow
 loaded; here the same inputs go through the console script in a process of
 its own, where pandas runs without it, and must match the goldens exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,11 +41,17 @@ def test_console_report_without_arrow_matches_golden(name: str, tmp_path: Path) 
         pytest.skip(f"{base} is absent (the shared sample traces are only on the project's CI and dev machines)")
     out = tmp_path / "report.json"
     # `python -m analyzer.cli` runs console_main, as the installed `analyzer` script does.
-    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "report", str(base / sub), "--no-cache", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", "report", str(base / sub), "--no-cache", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     diffs = differences(json.loads(golden_path(name).read_text()), masked(json.loads(out.read_text())))
-    assert not diffs, f"without pyarrow the report of {sub} differs at {len(diffs)} place(s):\n  " + "\n  ".join(diffs[:25])
+    assert not diffs, f"without pyarrow the report of {sub} differs at {len(diffs)} place(s):\n  " + "\n  ".join(
+        diffs[:25]
+    )
 
 
 def test_report_process_blocks_arrow_and_export_keeps_it(tmp_path: Path) -> None:
@@ -59,6 +66,10 @@ def test_report_process_blocks_arrow_and_export_keeps_it(tmp_path: Path) -> None
     written = list((tmp_path / "pq").iterdir())
     assert written and all(p.suffix == ".parquet" for p in written)
     # An interpreter that imported pandas already (a notebook, a test calling main) is left as it is.
-    done = subprocess.run([sys.executable, "-c", "import pandas\n" + PROBE, "report", str(run), "--no-cache"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", "import pandas\n" + PROBE, "report", str(run), "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.stdout.split()[-2:] == ["0", "loaded"], done.stderr

@@ -8,6 +8,7 @@ who set ``OPENBLAS_NUM_THREADS`` keep their environment, and their workers
 import the parser themselves. The golden reports through the console script
 (tests/test_cli_arrow.py) take this path, so its figures are pinned there.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,13 @@ def _probe(how: str, blas: str | None, tmp_path: Path) -> list[str]:
     if blas is not None:
         env["OPENBLAS_NUM_THREADS"] = blas
     run = REPO / "traces" / "example-ddp-w2"
-    done = subprocess.run([sys.executable, "-c", PROBE, how, "report", str(run), "--no-cache", "--json",
-                           str(tmp_path / "r.json")], capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, how, "report", str(run), "--no-cache", "--json", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()[-5:]  # after the command's own output
 

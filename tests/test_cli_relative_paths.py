@@ -6,6 +6,7 @@ then looked up under the absolute name and not found: `analyzer report tr` of th
 run's two traces exited 3 (KeyError in analyzer/api.py) until the parsed traces were named as
 the analysis names them. Nothing here is timed.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ ANALYZER = Path(sys.executable).with_name("analyzer")
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    shutil.copytree(REPO / "traces" / "example-ddp-w2" / "traces", tmp_path / "tr",
-                    ignore=shutil.ignore_patterns(".analyzer-cache"))
+    shutil.copytree(
+        REPO / "traces" / "example-ddp-w2" / "traces", tmp_path / "tr", ignore=shutil.ignore_patterns(".analyzer-cache")
+    )
     assert len(list((tmp_path / "tr").glob("rank*.json.gz"))) == 2
     return tmp_path
 

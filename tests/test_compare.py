@@ -1,4 +1,5 @@
 """compare(): deltas between two synthetic runs with known answers, through the facade."""
+
 from __future__ import annotations
 
 import sys
@@ -75,8 +76,14 @@ def test_step_time_and_phase_deltas(runs) -> None:
     assert c.phases[0].base == pytest.approx(0.15)
     assert c.phases[0].cand == pytest.approx(0.35)
     assert c.phases[0].delta == pytest.approx(0.2)
-    assert {d.name for d in c.phases} == {"compute", "overlapped_comm", "collective_wait", "exposed_comm", "exposed_memcpy",
-                                          "idle"}
+    assert {d.name for d in c.phases} == {
+        "compute",
+        "overlapped_comm",
+        "collective_wait",
+        "exposed_comm",
+        "exposed_memcpy",
+        "idle",
+    }
     assert all(d.delta == pytest.approx(0.0, abs=1e-9) for d in c.phases[1:])
     # Means are additive: the parts' deltas sum to the step-time delta.
     assert sum(d.delta for d in c.phases) == pytest.approx(c.step_time.delta)
@@ -138,19 +145,35 @@ def test_top_limits_the_kernel_list(runs) -> None:
 def _reftrain_analysis(step_ms: list[float], forward_ms: list[float], warmup: int, profiled: list[int]) -> RunAnalysis:
     """A RunAnalysis of a run directory with only metrics records (no traces)."""
     rows = [
-        {"rank": r, "step": s, "step_time_ms": t, "data_wait_ms": 1.0, "forward_ms": f, "backward_ms": 2.0,
-         "optimizer_ms": 0.5, "grad_sync_ms": 0.0, "profiled": s in profiled}
+        {
+            "rank": r,
+            "step": s,
+            "step_time_ms": t,
+            "data_wait_ms": 1.0,
+            "forward_ms": f,
+            "backward_ms": 2.0,
+            "optimizer_ms": 0.5,
+            "grad_sync_ms": 0.0,
+            "profiled": s in profiled,
+        }
         for r in (0, 1)
         for s, (t, f) in enumerate(zip(step_ms, forward_ms))
     ]
     manifest = {"warmup_steps": warmup, "profiled_steps": profiled, "run_id": "x"}
     empty_steps = pd.DataFrame({c: pd.Series(dtype="float64") for c in ["rank", "step", "step_time_ms", "source"]})
     return RunAnalysis(
-        path=Path("x"), kind="reftrain", manifest=manifest, ranks=[], steps=empty_steps,
+        path=Path("x"),
+        kind="reftrain",
+        manifest=manifest,
+        ranks=[],
+        steps=empty_steps,
         mfu=MfuResult("none", reason="test"),
         stragglers=StragglerResult([], [], "n/a", None, None, StragglerConfig(), pd.DataFrame()),
-        kernels=pd.DataFrame(columns=["rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct"]),
-        collectives=None, metrics=pd.DataFrame(rows),
+        kernels=pd.DataFrame(
+            columns=["rank", "source", "kind", "name", "count", "total_ms", "mean_us", "max_us", "share_pct"]
+        ),
+        collectives=None,
+        metrics=pd.DataFrame(rows),
     )
 
 
@@ -191,7 +214,11 @@ def test_candidate_mfu_is_its_own_figure_with_the_rescaled_one_beside_it() -> No
     assert c.mfu.cand_on_base_peak == pytest.approx(0.40)
     assert c.mfu.delta == pytest.approx(0.0) and c.mfu.drop == pytest.approx(0.0)
     doc = c.to_json()["mfu"]
-    assert (doc["cand"], doc["cand_on_base_peak"], doc["cand_comparable"]) == (0.32, pytest.approx(0.40), pytest.approx(0.40))
+    assert (doc["cand"], doc["cand_on_base_peak"], doc["cand_comparable"]) == (
+        0.32,
+        pytest.approx(0.40),
+        pytest.approx(0.40),
+    )
     text = render_compare_text(c)
     # The points are the difference of the two figures shown; the drop is the comparable one (rescaled).
     assert "MFU: 40.00% -> 32.00% (-8.00 points, drop +0.0%; candidate on the baseline's measured peak 40.00%" in text
@@ -210,7 +237,9 @@ def test_step_time_is_each_runs_headline() -> None:
     cand.step_time = StepTime(13.0, "steady_state", 13.0, 3, 60.0, 1)
     c = compare(base, cand)
     assert (c.step_time_median.base, c.step_time_median.cand) == (11.0, 13.0)
-    assert c.step_time.base == pytest.approx(11.0) and c.step_time.cand == pytest.approx(14.0)  # means of the phase rows
+    assert c.step_time.base == pytest.approx(11.0) and c.step_time.cand == pytest.approx(
+        14.0
+    )  # means of the phase rows
     # One run's headline is steady-state, the other's profiled windows: both use their profiled windows.
     cand.step_time = StepTime(60.0, "profiled_windows", None, 0, 60.0, 1)
     c = compare(base, cand)

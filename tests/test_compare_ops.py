@@ -5,6 +5,7 @@ attention and an MLP module; the candidate's attention backward GEMM is
 longer by 100 us on rank 0 and 200 us on rank 1. And the two example runs
 under traces/ (CPU-only: host time).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,13 @@ def write_run(folder: Path, *, extra_bwd_us: int = 0, n_steps: int = 2, ranks: i
             t.annotation("nn.Module: mlp", s + 150, 100, tid=MAIN)
             t.cpu_op("aten::gelu", s + 160, 20, tid=MAIN)
             t.kernel("vectorized_elementwise_kernel<gelu>", s + 170, 20, launch_us=s + 165)
-            t.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", s + 400, 100, tid=AUTOGRAD,
-                     args={"Sequence number": seq, "Fwd thread id": 1})
+            t.cpu_op(
+                "autograd::engine::evaluate_function: AddmmBackward0",
+                s + 400,
+                100,
+                tid=AUTOGRAD,
+                args={"Sequence number": seq, "Fwd thread id": 1},
+            )
             t.cpu_op("aten::mm", s + 410, 30, tid=AUTOGRAD)
             t.kernel(GEMM, s + 450, bwd_us, launch_us=s + 415)
             t.cpu_op("Optimizer.step#AdamW.step", s + 800, 40, tid=MAIN)
@@ -54,8 +60,10 @@ def write_run(folder: Path, *, extra_bwd_us: int = 0, n_steps: int = 2, ranks: i
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare_ops")
-    return (analyze(write_run(root / "base"), cache=False),
-            analyze(write_run(root / "cand", extra_bwd_us=100), cache=False))
+    return (
+        analyze(write_run(root / "base"), cache=False),
+        analyze(write_run(root / "cand", extra_bwd_us=100), cache=False),
+    )
 
 
 def test_ops_matched_by_name_and_pass_per_step_mean_over_ranks(runs) -> None:
@@ -87,15 +95,30 @@ def test_modules_most_specific_first(runs) -> None:
 
 
 def test_most_specific_rule_exact() -> None:
-    ds = [Delta("b", 1.0, 5.0, "backward"), Delta("b/attn", 1.0, 3.0, "backward"), Delta("b/mlp", 1.0, 3.0, "backward"),
-          Delta("c", 1.0, 5.0, "forward"), Delta("c/attn", 1.0, 2.9, "forward"), Delta("c/mlp", 1.0, 2.0, "forward"),
-          Delta("b", 1.0, 2.0, "forward")]
+    ds = [
+        Delta("b", 1.0, 5.0, "backward"),
+        Delta("b/attn", 1.0, 3.0, "backward"),
+        Delta("b/mlp", 1.0, 3.0, "backward"),
+        Delta("c", 1.0, 5.0, "forward"),
+        Delta("c/attn", 1.0, 2.9, "forward"),
+        Delta("c/mlp", 1.0, 2.0, "forward"),
+        Delta("b", 1.0, 2.0, "forward"),
+    ]
     kept = [(d.name, d.kind) for d in most_specific(ds)]
     # b backward +4.0: attn +2.0 is at least half of it -> left out; c forward +4.0: attn +1.9 < 2.0, mlp +1.0 -> kept.
-    assert kept == [("b/attn", "backward"), ("b/mlp", "backward"), ("c", "forward"), ("c/attn", "forward"),
-                    ("c/mlp", "forward"), ("b", "forward")]
+    assert kept == [
+        ("b/attn", "backward"),
+        ("b/mlp", "backward"),
+        ("c", "forward"),
+        ("c/attn", "forward"),
+        ("c/mlp", "forward"),
+        ("b", "forward"),
+    ]
     # A child that shrank does not stand for a parent that grew.
-    assert [d.name for d in most_specific([Delta("a", 1.0, 2.0, "forward"), Delta("a/x", 3.0, 1.0, "forward")])] == ["a", "a/x"]
+    assert [d.name for d in most_specific([Delta("a", 1.0, 2.0, "forward"), Delta("a/x", 3.0, 1.0, "forward")])] == [
+        "a",
+        "a/x",
+    ]
 
 
 def test_ops_and_modules_in_json_and_text(runs) -> None:
@@ -109,7 +132,9 @@ def test_ops_and_modules_in_json_and_text(runs) -> None:
     assert doc["modules"][0]["name"] == "blocks.0/attn"
     text = render_compare_text(c)
     assert "Ops, largest change first" in text and "Modules, largest change first" in text
-    op_line = next(line for line in text.splitlines() if line.lstrip().startswith("aten::linear") and "backward" in line)
+    op_line = next(
+        line for line in text.splitlines() if line.lstrip().startswith("aten::linear") and "backward" in line
+    )
     assert "+0.150" in op_line and "+500.0" in op_line
     from analyzer.render.html import compare_html
 
@@ -131,7 +156,10 @@ def test_example_runs_name_the_op_that_got_slower() -> None:
     both ranks ran about twice as long (the two ranks and the spin shared the machine's cores): its two
     ProfilerSteps took 3.38 s on rank 0 against 1.62 s in the baseline. The largest growth is the matmul
     backward, ~+290 ms per step (host time; CPU-only traces), MmBackward0 and the aten::mm inside it."""
-    base, cand = analyze(EXAMPLES / "example-ddp-w2", cache=False), analyze(EXAMPLES / "example-ddp-w2-slow-rank1", cache=False)
+    base, cand = (
+        analyze(EXAMPLES / "example-ddp-w2", cache=False),
+        analyze(EXAMPLES / "example-ddp-w2-slow-rank1", cache=False),
+    )
     c = compare(base, cand)
     assert c.op_source.startswith("host time")
     top = c.growing_ops(2)
@@ -140,8 +168,10 @@ def test_example_runs_name_the_op_that_got_slower() -> None:
     def expected(a, op: str) -> float:  # host ms per ProfilerStep, mean over the two ranks
         o = a.ops()
         rows = o.loc[(o["op"].astype(str) == op) & o["backward"].astype(bool)]
-        return sum(float(rows.loc[rows["rank"] == r, "host_ms"].sum()) / int((a.steps["rank"] == r).sum())
-                   for r in (0, 1)) / 2
+        return (
+            sum(float(rows.loc[rows["rank"] == r, "host_ms"].sum()) / int((a.steps["rank"] == r).sum()) for r in (0, 1))
+            / 2
+        )
 
     for d in top:
         assert d.base == pytest.approx(expected(base, d.name)) and d.cand == pytest.approx(expected(cand, d.name))
@@ -160,8 +190,13 @@ def test_check_paragraph_names_the_op_and_module_that_grew(runs) -> None:
     from analyzer.verbs.check import GateOutcome, StepSamples, check_samples, explain
 
     def samples(v: float) -> StepSamples:
-        return StepSamples(metric="mfu", values=np.full(20, v) * (1 + 0.001 * np.arange(20)), steps=np.arange(20),
-                           source="synthetic", n_ranks=1)
+        return StepSamples(
+            metric="mfu",
+            values=np.full(20, v) * (1 + 0.001 * np.arange(20)),
+            steps=np.arange(20),
+            source="synthetic",
+            n_ranks=1,
+        )
 
     result = check_samples(samples(0.4), samples(0.3))
     assert result.regression
@@ -175,8 +210,15 @@ def test_check_paragraph_names_the_op_and_module_that_grew(runs) -> None:
 def test_check_of_the_example_runs_names_the_matmul_backward(capsys) -> None:
     from analyzer.cli import main
 
-    code = main(["check", str(EXAMPLES / "example-ddp-w2-slow-rank1"), "--baseline", str(EXAMPLES / "example-ddp-w2"),
-                 "--no-cache"])
+    code = main(
+        [
+            "check",
+            str(EXAMPLES / "example-ddp-w2-slow-rank1"),
+            "--baseline",
+            str(EXAMPLES / "example-ddp-w2"),
+            "--no-cache",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and out.startswith("analyzer check: REGRESSION")
     by_op = out.split("By op: ")[1].split(".")[0]

@@ -5,6 +5,7 @@ every one to its bound; the definitional differences are asserted with
 their size, so a change in either definition shows up here. Skips with the
 reason when ``../shared`` is absent (users' clones do not have it).
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,7 +28,8 @@ TRACELENS = SHARED / "traces" / "tracelens-samples"
 KINETO = SHARED / "traces" / "kineto-samples"
 
 pytestmark = pytest.mark.skipif(
-    not TRACELENS.is_dir(), reason=f"shared real traces not found at {TRACELENS} (only in the project's CI and dev machines)"
+    not TRACELENS.is_dir(),
+    reason=f"shared real traces not found at {TRACELENS} (only in the project's CI and dev machines)",
 )
 
 
@@ -100,7 +102,9 @@ def test_gemm_flops_per_row_equal_tracelens_with_its_bias_term(bench) -> None:
         if not (rep / "GEMM.csv").exists():
             continue
         for row in bench.gemm_rows(rep)[0]:
-            assert bench.tracelens_gemm_flops(row) == pytest.approx(float(row["GFLOPS_first"]) * 1e9, rel=1e-12, abs=1.0)
+            assert bench.tracelens_gemm_flops(row) == pytest.approx(
+                float(row["GFLOPS_first"]) * 1e9, rel=1e-12, abs=1.0
+            )
             n += 1
     assert n >= 25
 
@@ -115,8 +119,10 @@ def test_compiled_and_graph_traces_report_their_flop_coverage() -> None:
     ``capture_traces/`` (all 145 GEMMs, as TraceLens); the 72 paged-attention
     kernels (0.269 of the time) have no FLOP formula and stay uncovered.
     """
-    for rel, coverage, charged in (("torch_compile_triton/trace.json.gz", 1.0, 8),
-                                   ("inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz", 0.730994, 145)):
+    for rel, coverage, charged in (
+        ("torch_compile_triton/trace.json.gz", 1.0, 8),
+        ("inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz", 0.730994, 145),
+    ):
         ev = load_trace(TRACELENS / rel).events
         ops = matmul_ops(ev)
         k = flop_kernels(ev, ops)
@@ -165,13 +171,20 @@ def test_report_per_step_breakdown_differs_from_the_whole_trace_by_its_window(ro
     whole-trace timeline only.
     """
     by = {(r.trace, r.metric): r for r in rows}
-    sizes = {"h100/facebook_timesformer-base-finetuned-k400__1016002": -56.379, "h100/Qwen_Qwen1.5-0.5B-Chat__1016005": -0.085,
-             "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005": 0.825, "h100/gaunernst_bert-small-uncased__1016001": -0.921,
-             "mi300/gaunernst_bert-small-uncased__1016001": -1.418}
+    sizes = {
+        "h100/facebook_timesformer-base-finetuned-k400__1016002": -56.379,
+        "h100/Qwen_Qwen1.5-0.5B-Chat__1016005": -0.085,
+        "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005": 0.825,
+        "h100/gaunernst_bert-small-uncased__1016001": -0.921,
+        "mi300/gaunernst_bert-small-uncased__1016001": -1.418,
+    }
     for trace, size in sizes.items():
         assert by[(trace, "report per-step compute % (step windows)")].diff == pytest.approx(size, abs=0.001), trace
-    for trace in ("inference/sglang_decode/sglang_Qwen3-8B_decode", "perf_model/normalization/normalization_layer_test",
-                  "torch_compile_triton/trace"):
+    for trace in (
+        "inference/sglang_decode/sglang_Qwen3-8B_decode",
+        "perf_model/normalization/normalization_layer_test",
+        "torch_compile_triton/trace",
+    ):
         assert "no ProfilerStep windows" in by[(trace, "report per-step breakdown")].note
 
 
@@ -192,7 +205,9 @@ def test_report_flops_per_step_are_tracelens_gemm_and_sdpa_with_causal_attention
         assert halved.diff == pytest.approx(4.2662, abs=1e-4)
         assert halved.ours - halved.reference == pytest.approx(24 * 4 * 16 * 16 * 559 * 559 * 64 / 2 / 1e9, rel=1e-9)
     for gpu in ("h100", "mi300"):  # BERT: no causal attention, equal as is
-        assert abs(by[(f"{gpu}/gaunernst_bert-small-uncased__1016001", "report GEMM+attention GFLOPs/step")].diff) <= 1e-6
+        assert (
+            abs(by[(f"{gpu}/gaunernst_bert-small-uncased__1016001", "report GEMM+attention GFLOPs/step")].diff) <= 1e-6
+        )
 
 
 TIMESFORMER = TRACELENS / "h100" / "facebook_timesformer-base-finetuned-k400__1016002_perf_report_csvs"
@@ -202,13 +217,19 @@ SGLANG_CSVS = TRACELENS / "inference" / "sglang_decode" / "perf_csvs"
 def test_step_flops_reference_counts_convolutions(bench, rows) -> None:
     """TimeSformer's patch embedding is a convolution (CONV_fwd.csv: 29.595 GFLOPs, once): TraceLens's model
     FLOPs are GEMM.csv's plus that, and the report's FLOPs per step equal them."""
-    gemm = sum(float(bench.flops_of(r["name"], ast.literal_eval(r["Input Dims_first"]))) * int(r["name_count"])
-               for r in csv.DictReader(open(TIMESFORMER / "GEMM.csv")))
-    conv = sum(float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"]) for r in csv.DictReader(open(TIMESFORMER / "CONV_fwd.csv")))
+    gemm = sum(
+        float(bench.flops_of(r["name"], ast.literal_eval(r["Input Dims_first"]))) * int(r["name_count"])
+        for r in csv.DictReader(open(TIMESFORMER / "GEMM.csv"))
+    )
+    conv = sum(
+        float(r["GFLOPS_first"]) * 1e9 * int(r["name_count"])
+        for r in csv.DictReader(open(TIMESFORMER / "CONV_fwd.csv"))
+    )
     assert conv == pytest.approx(29.595009024e9, rel=1e-12)
     assert bench.tracelens_step_flops(TIMESFORMER, False) == pytest.approx(gemm + conv, rel=1e-12)
     row = {r.metric: r for r in rows if r.trace == "h100/facebook_timesformer-base-finetuned-k400__1016002"}[
-        "report GEMM+attention+conv GFLOPs/step"]
+        "report GEMM+attention+conv GFLOPs/step"
+    ]
     assert row.ours == pytest.approx(8977.1033, abs=1e-4) and abs(row.diff) <= 1e-6
 
 
@@ -240,14 +261,17 @@ def test_recompute_report_is_found_and_its_recompute_rows_kept_apart(bench, tmp_
     shutil.copytree(str(src) + "_perf_report_csvs", rep)
     lines = (rep / "GEMM.csv").read_text().splitlines()
     # The last GEMM row once more, flagged as recomputed (its forward run again in backward).
-    (rep / "GEMM.csv").write_text("\n".join([lines[0] + ",is_recompute"] + [ln + ",False" for ln in lines[1:]]
-                                            + [lines[-1] + ",True"]) + "\n")
+    (rep / "GEMM.csv").write_text(
+        "\n".join([lines[0] + ",is_recompute"] + [ln + ",False" for ln in lines[1:]] + [lines[-1] + ",True"]) + "\n"
+    )
     assert bench.tracelens_samples(root) == [(root / "ac" / "bert.json.gz", rep)]
     assert bench.sample_label(root, root / "ac" / "bert.json.gz", rep) == "ac/bert (recompute report)"
     last = list(csv.DictReader(open(rep / "GEMM.csv")))[-1]
     extra = bench.tracelens_gemm_flops_unbiased(last) * int(last["name_count"])
     model, hardware = bench.tracelens_step_flops(rep, True), bench.tracelens_step_flops(rep, True, recompute=True)
-    assert model == pytest.approx(8.1921e9, rel=1e-4) and hardware - model == pytest.approx(extra, rel=1e-12) and extra > 0
+    assert (
+        model == pytest.approx(8.1921e9, rel=1e-4) and hardware - model == pytest.approx(extra, rel=1e-12) and extra > 0
+    )
     by = {r.metric: r for r in bench.trace_rows(root / "ac" / "bert.json.gz", rep, "ac/bert (recompute report)")}
     assert abs(by["report GEMM+attention GFLOPs/step"].diff) <= 1e-6
     assert by["TraceLens hardware GFLOPs/step (recompute rows included)"].reference == pytest.approx(hardware / 1e9)

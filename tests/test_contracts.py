@@ -4,6 +4,7 @@
 copy of the four packages with one deliberately wrong import each, which must
 break the named contract and name the offending line.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,15 +19,23 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).parent / "lint-imports"
 
-needs_linter = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed (pip install 'trainperf[dev]')")
+needs_linter = pytest.mark.skipif(
+    not LINT.exists(), reason="import-linter is not installed (pip install 'trainperf[dev]')"
+)
 CONTRACTS = 8
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
     # PYTHONPATH first: the copy's packages, not the editable install's, are the ones analyzed.
     env = dict(os.environ, PYTHONPATH=str(root))
-    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root,
-                          capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -71,27 +80,67 @@ def test_the_tree_keeps_every_contract():
 @pytest.mark.parametrize(
     ("module", "line", "contract", "named", "broken"),
     [
-        ("analyzer/metrics/mfu.py", "import reftrain.config", "the analyzer imports neither the recorder, the trainer",
-         "analyzer.metrics.mfu -> reftrain.config", 1),
+        (
+            "analyzer/metrics/mfu.py",
+            "import reftrain.config",
+            "the analyzer imports neither the recorder, the trainer",
+            "analyzer.metrics.mfu -> reftrain.config",
+            1,
+        ),
         # An import against the layers between siblings closes a circle too (the metrics import ingest).
-        ("analyzer/ingest/locate.py", "import analyzer.metrics.overlap", "analyzer layers",
-         "analyzer.ingest.locate -> analyzer.metrics.overlap", 2),
-        ("dashboard/data.py", "import analyzer.ingest.parse", "the dashboard uses the analyzer's public modules only",
-         "dashboard.data -> analyzer.ingest.parse", 1),
-        ("analyzer/api.py", "import recorder.run", "the analyzer imports neither the recorder",
-         "analyzer.api -> recorder.run", 1),
-        ("recorder/run.py", "import reftrain.config", "the recorder imports neither the trainer nor the dashboard",
-         "recorder.run -> reftrain.config", 1),
+        (
+            "analyzer/ingest/locate.py",
+            "import analyzer.metrics.overlap",
+            "analyzer layers",
+            "analyzer.ingest.locate -> analyzer.metrics.overlap",
+            2,
+        ),
+        (
+            "dashboard/data.py",
+            "import analyzer.ingest.parse",
+            "the dashboard uses the analyzer's public modules only",
+            "dashboard.data -> analyzer.ingest.parse",
+            1,
+        ),
+        (
+            "analyzer/api.py",
+            "import recorder.run",
+            "the analyzer imports neither the recorder",
+            "analyzer.api -> recorder.run",
+            1,
+        ),
+        (
+            "recorder/run.py",
+            "import reftrain.config",
+            "the recorder imports neither the trainer nor the dashboard",
+            "recorder.run -> reftrain.config",
+            1,
+        ),
         # analyzer.ingest.load imports the cache: the reverse import closes a circle of siblings.
-        ("analyzer/ingest/cache.py", "import analyzer.ingest.load", "no import cycles between sibling modules",
-         ".cache -> .load", 1),
+        (
+            "analyzer/ingest/cache.py",
+            "import analyzer.ingest.load",
+            "no import cycles between sibling modules",
+            ".cache -> .load",
+            1,
+        ),
         # A verb in the join also breaks the layers, and closes a circle (the verbs import the join).
-        ("analyzer/api.py", "import analyzer.verbs.printable", "analyzer.api imports neither analyzer.verbs nor analyzer.render",
-         "analyzer.api -> analyzer.verbs.printable", 3),
+        (
+            "analyzer/api.py",
+            "import analyzer.verbs.printable",
+            "analyzer.api imports neither analyzer.verbs nor analyzer.render",
+            "analyzer.api -> analyzer.verbs.printable",
+            3,
+        ),
         # The run analysis draws nothing itself: a renderer imported there breaks its own contract, the
         # layers, and closes a circle (the renderers import the join).
-        ("analyzer/api.py", "import analyzer.render.html", "analyzer.api imports neither analyzer.verbs nor analyzer.render",
-         "analyzer.api -> analyzer.render.html", 3),
+        (
+            "analyzer/api.py",
+            "import analyzer.render.html",
+            "analyzer.api imports neither analyzer.verbs nor analyzer.render",
+            "analyzer.api -> analyzer.render.html",
+            3,
+        ),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tmp_path, module, line, contract, named, broken):

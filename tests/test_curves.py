@@ -1,4 +1,5 @@
 """analyzer.metrics.curves: per-step training curves, exact answers on synthesized metrics records."""
+
 from __future__ import annotations
 
 import math
@@ -16,15 +17,18 @@ def _records() -> pd.DataFrame:
     rows = []
     for step in range(3):
         for rank in range(2):
-            rows.append({
-                "step": step, "rank": rank,
-                "loss": 4.0 - step + 0.5 * rank,          # mean over ranks: 4.25, 3.25, 2.25
-                "lr": 1e-3 * (step + 1),
-                "grad_norm": None,                         # grad_clip 0: null everywhere
-                "step_time_ms": 100.0 if not (rank == 1 and step == 1) else 400.0,
-                "mfu": 0.2 if not (rank == 1 and step == 1) else 0.05,
-                "mem_bytes": 1000 + 500 * rank + step,
-            })
+            rows.append(
+                {
+                    "step": step,
+                    "rank": rank,
+                    "loss": 4.0 - step + 0.5 * rank,  # mean over ranks: 4.25, 3.25, 2.25
+                    "lr": 1e-3 * (step + 1),
+                    "grad_norm": None,  # grad_clip 0: null everywhere
+                    "step_time_ms": 100.0 if not (rank == 1 and step == 1) else 400.0,
+                    "mfu": 0.2 if not (rank == 1 and step == 1) else 0.05,
+                    "mem_bytes": 1000 + 500 * rank + step,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -89,6 +93,7 @@ def test_html_report_has_the_training_curves_of_a_run(tmp_path):
 
     example = Path(__file__).resolve().parent.parent / "traces" / "example-ddp-w2"
     import shutil
+
     shutil.copytree(example, tmp_path / "run", ignore=shutil.ignore_patterns(".analyzer-cache"))
     a = analyze(tmp_path / "run")
     page = render_html(a)

@@ -7,6 +7,7 @@ every file opened (builtins.open, io.open, os.open, gzip's and orjson's readers 
 an ``os.scandir`` / ``os.listdir`` event for every folder listed; the hook records any whose real path is
 an outside file or below the outside folder, while every page of the app runs here, in this process.
 """
+
 from __future__ import annotations
 
 import os
@@ -83,8 +84,21 @@ def watching(folders):
 def _text(at: AppTest) -> str:
     """Every piece of text the page shows (elements' values, labels, bodies and table cells)."""
     parts = []
-    for kind in ("title", "header", "subheader", "markdown", "caption", "error", "warning", "info", "success",
-                 "exception", "code", "text", "metric"):
+    for kind in (
+        "title",
+        "header",
+        "subheader",
+        "markdown",
+        "caption",
+        "error",
+        "warning",
+        "info",
+        "success",
+        "exception",
+        "code",
+        "text",
+        "metric",
+    ):
         for el in at.get(kind):
             parts.append(str(getattr(el, "value", "")) + " " + str(getattr(el, "label", "") or ""))
     for df in at.dataframe:
@@ -134,7 +148,9 @@ def test_links_out_names_every_path_leading_out_and_nothing_else(folders):
 
 
 @pytest.mark.parametrize("name", sorted(LINKED_RUNS))
-def test_every_page_of_a_linked_run_refuses_it_in_one_line_and_reads_nothing_outside(folders, watching, monkeypatch, name):
+def test_every_page_of_a_linked_run_refuses_it_in_one_line_and_reads_nothing_outside(
+    folders, watching, monkeypatch, name
+):
     runs, outside = folders
     for page in RUN_PAGES:
         params = {"run": name}

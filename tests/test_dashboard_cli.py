@@ -1,4 +1,5 @@
 """dashboard CLI: address, port and runs-folder handling, without a browser."""
+
 from __future__ import annotations
 
 import socket
@@ -103,4 +104,3 @@ def test_server_process_imports_the_analyzer_then_runs_streamlit(monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["streamlit", "True", "True", "True"]
-

@@ -3,6 +3,7 @@
 The charts must draw exactly analyzer.curves' values for the chosen metric,
 smoothing window and runs; the page computes nothing itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,6 @@ TIMEOUT_S = 300  # cold analysis on a loaded 2-core machine
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory) -> Path:
     return build_runs_dir(tmp_path_factory.mktemp("curves") / "runs")
-
-
 
 
 def _open(runs_dir: Path, monkeypatch, page: str, **params: str) -> AppTest:

@@ -1,4 +1,5 @@
 """dashboard.discover and dashboard.text: run discovery, path safety, escaping."""
+
 from __future__ import annotations
 
 import os

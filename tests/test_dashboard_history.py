@@ -1,5 +1,6 @@
 """The dashboard History page under AppTest: analyzer.history's points, verdicts
 and change points, and the link to Compare for two picked runs."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ and a backward pass (``write_shaped_gpu_traces``), so the roofline has
 points with exact figures. Every number on the pages is checked against
 the analyzer's tables (``RunAnalysis.attribution``, ``RunAnalysis.roofline``).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,22 +59,55 @@ def write_shaped_gpu_traces(folder: Path) -> None:
             t.step(3 + i, b, 1000)
             t.annotation("nn.Module: model", b + 1, 300, tid=MAIN)
             t.annotation("nn.Module: blocks.0", b + 2, 200, tid=MAIN)
-            t.cpu_op("aten::linear", b + 10, 50, tid=MAIN, args={"Sequence number": seq + 6, "Fwd thread id": 0},
-                     input_dims=[[BIG, BIG], [BIG, BIG], [BIG]], input_types=[bf16] * 3)
-            t.cpu_op("aten::addmm", b + 20, 30, tid=MAIN, args={"Sequence number": seq + 7, "Fwd thread id": 0},
-                     input_dims=[[BIG], [BIG, BIG], [BIG, BIG], [], []], input_types=[bf16] * 3 + ["Scalar", "Scalar"])
+            t.cpu_op(
+                "aten::linear",
+                b + 10,
+                50,
+                tid=MAIN,
+                args={"Sequence number": seq + 6, "Fwd thread id": 0},
+                input_dims=[[BIG, BIG], [BIG, BIG], [BIG]],
+                input_types=[bf16] * 3,
+            )
+            t.cpu_op(
+                "aten::addmm",
+                b + 20,
+                30,
+                tid=MAIN,
+                args={"Sequence number": seq + 7, "Fwd thread id": 0},
+                input_dims=[[BIG], [BIG, BIG], [BIG, BIG], [], []],
+                input_types=[bf16] * 3 + ["Scalar", "Scalar"],
+            )
             t.kernel(GEMM, b + 60, BIG_US[rank], launch_us=b + 25)
             t.annotation("nn.Module: head", b + 210, 80, tid=MAIN)
-            t.cpu_op("aten::linear", b + 212, 40, tid=MAIN, args={"Sequence number": seq + 8, "Fwd thread id": 0},
-                     input_dims=[[SMALL_M, BIG], [BIG, BIG], [BIG]], input_types=[bf16] * 3)
-            t.cpu_op("aten::addmm", b + 215, 20, tid=MAIN, args={"Sequence number": seq + 9, "Fwd thread id": 0},
-                     input_dims=[[BIG], [SMALL_M, BIG], [BIG, BIG], [], []], input_types=[bf16] * 3 + ["Scalar", "Scalar"])
+            t.cpu_op(
+                "aten::linear",
+                b + 212,
+                40,
+                tid=MAIN,
+                args={"Sequence number": seq + 8, "Fwd thread id": 0},
+                input_dims=[[SMALL_M, BIG], [BIG, BIG], [BIG]],
+                input_types=[bf16] * 3,
+            )
+            t.cpu_op(
+                "aten::addmm",
+                b + 215,
+                20,
+                tid=MAIN,
+                args={"Sequence number": seq + 9, "Fwd thread id": 0},
+                input_dims=[[BIG], [SMALL_M, BIG], [BIG, BIG], [], []],
+                input_types=[bf16] * 3 + ["Scalar", "Scalar"],
+            )
             t.kernel(GEMM, b + 370, 20, launch_us=b + 220)
             t.cpu_op("aten::add", b + 260, 10, tid=MAIN)
             t.kernel("vectorized_elementwise_kernel<add>", b + 392, 15, launch_us=b + 262)
             # Backward of the big addmm (seq + 7) on the autograd thread: two GEMMs.
-            t.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", b + 400, 100, tid=AUTOGRAD,
-                     args={"Sequence number": seq + 7, "Fwd thread id": 1})
+            t.cpu_op(
+                "autograd::engine::evaluate_function: AddmmBackward0",
+                b + 400,
+                100,
+                tid=AUTOGRAD,
+                args={"Sequence number": seq + 7, "Fwd thread id": 1},
+            )
             t.cpu_op("AddmmBackward0", b + 405, 90, tid=AUTOGRAD, args={"Sequence number": seq + 7, "Fwd thread id": 1})
             t.cpu_op("aten::mm", b + 410, 30, tid=AUTOGRAD)
             t.kernel(GEMM, b + 420, 250, launch_us=b + 415)
@@ -147,7 +181,9 @@ def test_the_synthetic_trace_has_exact_roofline_figures(analyses):
     assert big["achieved_flops_per_s"] == pytest.approx(2 * BIG**3 / 250e-6)
     assert big["bound"] == "compute"
     assert big["efficiency_pct"] == pytest.approx(100 * 2 * BIG**3 / 250e-6 / 989.4e12)
-    small = pts.loc[("aten::addmm", False, json.dumps([[BIG], [SMALL_M, BIG], [BIG, BIG], [], []], separators=(",", ":")))]
+    small = pts.loc[
+        ("aten::addmm", False, json.dumps([[BIG], [SMALL_M, BIG], [BIG, BIG], [], []], separators=(",", ":")))
+    ]
     small_bytes = 2 * (BIG + SMALL_M * BIG + BIG * BIG + SMALL_M * BIG)
     assert small["bound"] == "memory"
     assert small["efficiency_pct"] == pytest.approx(100 * small_bytes / 20e-6 / 3.35e12)
@@ -301,7 +337,9 @@ def test_modules_icicle_and_table_equal_the_analyzers(open_page, analyses):
     assert len(shown) == len(mods)
     key = shown.set_index(["module", "direction"])
     for m in mods.itertuples(index=False):
-        assert key.loc[(m.module, "backward" if m.backward else "forward"), "device ms (inclusive)"] == pytest.approx(m.device_ms)
+        assert key.loc[(m.module, "backward" if m.backward else "forward"), "device ms (inclusive)"] == pytest.approx(
+            m.device_ms
+        )
 
 
 def test_modules_depth_and_rank(open_page, analyses):
@@ -323,7 +361,9 @@ def test_modules_of_a_run_without_module_ranges(open_page, analyses):
     if analyses[GOOD_RUN].modules().empty:
         assert "No nn.Module ranges" in infos(at)
     else:  # a CPU run: host time is the measure
-        assert "host time (the wall time of the module's calls) is the only measure" in " ".join(c.value for c in at.caption)
+        assert "host time (the wall time of the module's calls) is the only measure" in " ".join(
+            c.value for c in at.caption
+        )
 
 
 def test_modules_of_a_cpu_trace_use_host_time(tmp_path, monkeypatch):
@@ -347,11 +387,15 @@ def test_modules_of_a_cpu_trace_use_host_time(tmp_path, monkeypatch):
     at.run()
     assert not at.exception
     assert at.radio(key="modules_measure").value == "host time"
-    assert "host time (the wall time of the module's calls) is the only measure" in " ".join(c.value for c in at.caption)
+    assert "host time (the wall time of the module's calls) is the only measure" in " ".join(
+        c.value for c in at.caption
+    )
     shown = next(d.value for d in at.dataframe if "host ms" in d.value.columns)
     assert not {"device ms (inclusive)", "device ms (self)", "% of step"} & set(shown.columns)
     _, bars = vega_charts(at)["modules_forward"]
     assert sorted(bars["module"]) == ["model", "model/blocks.0", "model/head"]
     for b in bars.itertuples(index=False):
         assert b.x1 - b.x0 == pytest.approx(mods.loc[b.module, "host_ms"])
-    assert mods.loc["model", "host_ms"] == pytest.approx(1.2) and mods.loc["model/head", "host_ms"] == pytest.approx(0.3)
+    assert mods.loc["model", "host_ms"] == pytest.approx(1.2) and mods.loc["model/head", "host_ms"] == pytest.approx(
+        0.3
+    )

@@ -5,6 +5,7 @@ reftrain runs, synthetic GPU traces and broken runs, and checks the numbers
 and labels shown against analyzer results computed here. Caches are
 cleared between tests.
 """
+
 from __future__ import annotations
 
 import base64
@@ -91,8 +92,6 @@ def runs_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def analyses(runs_dir) -> dict:
     return {name: analyze(runs_dir / name) for name in (GOOD_RUN, SLOW_RUN, GPU_RUN, TRUNCATED_RUN)}
-
-
 
 
 @pytest.fixture
@@ -231,7 +230,9 @@ def test_overview_of_a_reftrain_run(open_page, analyses):
     assert shown["Tokens/s"] == f"{tp / 1e3:.3g}k tok/s"
     assert ra.step_time.source == "steady_state"
     assert shown["Step time"] == f"{ra.step_time.ms:.0f} ms"  # the run's headline, as in its reports
-    assert plain(f"steady-state steps (metrics records); profiled windows {ra.step_time.profiled_ms:.0f} ms") in captions(at)
+    assert plain(
+        f"steady-state steps (metrics records); profiled windows {ra.step_time.profiled_ms:.0f} ms"
+    ) in captions(at)
     # A CPU run: the HTA overlap needs GPU communication kernels.
     assert shown["Comm/compute overlap"] == "n/a"
     assert any(c.startswith(plain("source: manifest; peak")) for c in captions(at))
@@ -449,7 +450,8 @@ def test_communication_page(open_page, analyses):
     assert table["exposed comm % of step"].tolist() == pytest.approx([20.0, 15.0])
     assert table["exposed comm ms/step"].tolist() == pytest.approx([0.2, 0.15])
     assert table["waiting at collectives ms/step"].tolist() == pytest.approx(
-        [r.breakdown["collective_wait"]["mean_ms"] for r in ra.ranks])
+        [r.breakdown["collective_wait"]["mean_ms"] for r in ra.ranks]
+    )
     coll = frame(at, "arrival skew (ms)")
     assert len(coll) == len(ra.collectives) == 2
     assert coll["arrival skew (ms)"].tolist() == pytest.approx(ra.collectives["skew_ms"].tolist())
@@ -536,7 +538,9 @@ def test_compare_page_shows_gate_and_deltas(open_page, analyses):
     want = float(shown["MFU candidate"].rstrip("%")) - float(shown["MFU baseline"].rstrip("%"))
     assert badge.delta == f"{want:+.1f} pts"
     if comparison.mfu.cand_on_base_peak is not None:
-        assert f"{100 * comparison.mfu.cand_on_base_peak:.1f}% on the baseline's measured peak" in " ".join(captions(at))
+        assert f"{100 * comparison.mfu.cand_on_base_peak:.1f}% on the baseline's measured peak" in " ".join(
+            captions(at)
+        )
     assert shown["Step time"] == f"{cand.step_time.ms:.0f} ms"
     phases = frame_named(at, [d.name for d in comparison.phases])
     assert phases["name"].tolist() == [d.name for d in comparison.phases]

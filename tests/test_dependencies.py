@@ -7,6 +7,7 @@ every import of a blocked package fail exactly as it does where the package
 is absent (ModuleNotFoundError). An analyzer module that imported one of them,
 even lazily on the path a verb takes, fails the verb.
 """
+
 from __future__ import annotations
 
 import json
@@ -117,11 +118,15 @@ def test_analyzer_verbs_run_without_extras(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ("from reftrain.cli import main\nraise SystemExit(main(['--nproc', '1', '--steps', '1']))",
-         "reftrain: error: torch is not installed: pip install 'trainperf[train]' "
-         "(on a CPU machine first: pip install torch==2.13.0)"),
-        (f"from dashboard.cli import main\nraise SystemExit(main([{str(ROOT / 'traces')!r}]))",
-         "dashboard: streamlit, plotly not installed: pip install 'trainperf[dashboard]'"),
+        (
+            "from reftrain.cli import main\nraise SystemExit(main(['--nproc', '1', '--steps', '1']))",
+            "reftrain: error: torch is not installed: pip install 'trainperf[train]' "
+            "(on a CPU machine first: pip install torch==2.13.0)",
+        ),
+        (
+            f"from dashboard.cli import main\nraise SystemExit(main([{str(ROOT / 'traces')!r}]))",
+            "dashboard: streamlit, plotly not installed: pip install 'trainperf[dashboard]'",
+        ),
     ],
 )
 def test_commands_without_their_extra_say_which_to_install(tmp_path: Path, body: str, expected: str) -> None:

@@ -4,6 +4,7 @@ History lives in commit messages and CHANGELOG.md. The scan reads each module's 
 and docstrings (ast), so a user-facing message that happened to say "issue 3" would not count, and a
 commented-out or quoted "issue 12" would.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,11 @@ ISSUE = re.compile(r"\bissue \d+", re.IGNORECASE)
 
 def issue_references(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment or docstring of ``source`` that matches ``\\bissue \\d+``."""
-    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-             if tok.type == tokenize.COMMENT and ISSUE.search(tok.string)]
+    found = [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT and ISSUE.search(tok.string)
+    ]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node, clean=False)
@@ -80,8 +84,12 @@ def test_every_named_doc_section_exists() -> None:
     sections = {d.stem: _section_names(d) for d in (REPO / "docs").glob("*.md")}
     if not sections:
         pytest.skip("docs/ is not in this checkout")
-    files = [p for pkg in (*PACKAGES, "tests", "bench", "docs") for p in (REPO / pkg).rglob("*")
-             if p.suffix in (".py", ".md") and "golden" not in p.parts and "results" not in p.parts]
+    files = [
+        p
+        for pkg in (*PACKAGES, "tests", "bench", "docs")
+        for p in (REPO / pkg).rglob("*")
+        if p.suffix in (".py", ".md") and "golden" not in p.parts and "results" not in p.parts
+    ]
     missing = []
     for f in files:
         for m in DOC_SECTION.finditer(f.read_text(encoding="utf-8")):

@@ -7,6 +7,7 @@ is one error line. The Ray tests start one local instance for the module
 (about 10 s on 2 cores) and shut it down after, so no later test runs with
 Ray's threads in the pytest process.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -34,8 +35,9 @@ def _report(a) -> str:
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,9 @@ def _bad_and_good(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'trainperf[ray]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'trainperf[ray]')"
+)
 def test_cli_on_ray_names_the_straggler_of_a_generated_run(tmp_path):
     """``analyzer report --engine ray`` on a run directory generated as in tests/test_scale_rundir.py
     (clock offsets of +-100 ms hide a 60 ms straggler), in a subprocess with its own Ray instance.
@@ -114,10 +118,18 @@ def test_unknown_engine_in_the_api_is_one_error():
 
 def test_without_ray_engine_ray_is_one_error_line(tmp_path):
     # sys.modules["ray"] = None makes `import ray` fail as it does where Ray is not installed.
-    code = ("import sys; sys.modules['ray'] = None; from analyzer.cli import main; "
-            f"sys.exit(main(['report', {str(EXAMPLE)!r}, '--engine', 'ray', '--no-cache']))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    code = (
+        "import sys; sys.modules['ray'] = None; from analyzer.cli import main; "
+        f"sys.exit(main(['report', {str(EXAMPLE)!r}, '--engine', 'ray', '--no-cache']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "analyzer: error: --engine ray needs Ray, which is not installed (pip install 'trainperf[ray]')"

@@ -8,6 +8,7 @@ within 2 %, to what the analyzer counts from the same run's trace shapes
 analyzer's FLOP table over the profiler's recorded shapes; both count the
 step as run, so the run's hardware FLOPs are compared).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,23 @@ MODEL_FLOPS_PER_STEP = (6 * (2 * (128 * 384 + 128 * 128 + 2 * 128 * 512) + 128 *
 def run_example(script: str, runs: Path, *args: str, nproc: int = 1) -> Path:
     """Run an example; returns the one run directory it created under `runs`."""
     before = set(runs.iterdir()) if runs.is_dir() else set()
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else \
-        [sys.executable]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        if nproc > 1
+        else [sys.executable]
+    )
     # One intra-op thread per process, as torchrun sets: on a loaded machine two OpenMP threads on two
     # shared cores wait on each other at every parallel region (a 128^3 matmul was seen taking 0.1 s),
     # which made both the step times and the recorder's measured peak swing by 10x within one run.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*launcher, str(EXAMPLES / script), "--runs-dir", str(runs), *args], cwd=runs.parent,
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    proc = subprocess.run(
+        [*launcher, str(EXAMPLES / script), "--runs-dir", str(runs), *args],
+        cwd=runs.parent,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+    )
     assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     created = set(runs.iterdir()) - before
     assert len(created) == 1, f"{script} created {sorted(p.name for p in created)} under {runs}"
@@ -49,8 +59,9 @@ def run_example(script: str, runs: Path, *args: str, nproc: int = 1) -> Path:
 
 
 def analyzer(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT
+    )
 
 
 def report_mfu(path: Path, *args: str) -> dict:
@@ -169,8 +180,19 @@ def test_gate_passes_twins_and_fails_the_slowdown(runs: Path) -> None:
     passed = analyzer("check", str(twin), "--baseline", str(base), "--inconclusive", "pass", "--no-cache")
     assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
     verdict = gate / "slow-check.json"
-    failed = analyzer("check", str(slow), "--baseline", str(base), "--baseline", str(twin), "--inconclusive", "fail",
-                      "--no-cache", "--json", str(verdict))
+    failed = analyzer(
+        "check",
+        str(slow),
+        "--baseline",
+        str(base),
+        "--baseline",
+        str(twin),
+        "--inconclusive",
+        "fail",
+        "--no-cache",
+        "--json",
+        str(verdict),
+    )
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-2000:]
     cpu = json.loads(verdict.read_text())["cpu_time"]
     assert cpu["verdict"] == "regression" and cpu["drop"] > 0.1, cpu

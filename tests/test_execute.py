@@ -4,6 +4,7 @@ The progress counts are exact (files and ranks done of their totals, one
 report after planning and one per unit, however the unit's result came);
 the drawing is tested with a synthetic clock, never by timing.
 """
+
 from __future__ import annotations
 
 import io
@@ -44,10 +45,23 @@ def _two_window_run(root: Path) -> Path:
             rel = f"traces/step{step}/rank{rank}.pt.trace.json.gz"
             t.write(run / rel)
             traces.append(rel)
-    files = {"config": "config.yaml", "metrics": [], "collectives": [], "telemetry": [], "traces": traces,
-             "checkpoints": []}
-    manifest = {"schema": "reftrain.run/1", "run_id": "run", "status": "completed", "world_size": 2,
-                "backend": "gloo", "files": files, "schemas": {}}
+    files = {
+        "config": "config.yaml",
+        "metrics": [],
+        "collectives": [],
+        "telemetry": [],
+        "traces": traces,
+        "checkpoints": [],
+    }
+    manifest = {
+        "schema": "reftrain.run/1",
+        "run_id": "run",
+        "status": "completed",
+        "world_size": 2,
+        "backend": "gloo",
+        "files": files,
+        "schemas": {},
+    }
     (run / "run.json").write_bytes(orjson.dumps(manifest))
     return run
 
@@ -168,10 +182,17 @@ class _Terminal(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize(("tty", "flag", "drawn"), [
-    (True, None, "in place"), (True, False, None), (True, True, "in place"),
-    (False, None, None), (False, False, None), (False, True, "plain"),
-])
+@pytest.mark.parametrize(
+    ("tty", "flag", "drawn"),
+    [
+        (True, None, "in place"),
+        (True, False, None),
+        (True, True, "in place"),
+        (False, None, None),
+        (False, False, None),
+        (False, True, "plain"),
+    ],
+)
 def test_who_draws_progress(monkeypatch, tty: bool, flag: bool | None, drawn: str | None) -> None:
     import argparse
 

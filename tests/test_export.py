@@ -1,4 +1,5 @@
 """analyzer export --to csv|parquet: tables read back equal the analysis's own values."""
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,9 @@ def test_trace_folder_has_no_curves_table(tmp_path):
     assert "curves" not in tables and {"summary", "ranks", "kernels"} <= set(tables)
 
 
-GPU_TRACE = REPO.parent / "shared" / "traces" / "tracelens-samples" / "h100" / "gaunernst_bert-small-uncased__1016001.json.gz"
+GPU_TRACE = (
+    REPO.parent / "shared" / "traces" / "tracelens-samples" / "h100" / "gaunernst_bert-small-uncased__1016001.json.gz"
+)
 
 
 def test_gpu_trace_exports_its_ops_modules_and_roofline(tmp_path):
@@ -91,7 +94,10 @@ def test_gpu_trace_exports_its_ops_modules_and_roofline(tmp_path):
 def test_unknown_format_is_one_line(run, tmp_path):
     done = _cli("export", str(run), "--to", "excel", str(tmp_path / "x"))
     assert done.returncode == 2
-    assert done.stderr.strip() == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, wandb, mlflow)"
+    assert (
+        done.stderr.strip()
+        == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, wandb, mlflow)"
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -108,8 +114,9 @@ def test_tensorboard_export_reads_back_through_tbparse(run, tmp_path):
     # Event scalars are float32: compare at float32 precision.
     assert by_tag["analysis/mfu"]["value"].iloc[0] == pytest.approx(a.mfu.median, rel=1e-6)
     assert by_tag["analysis/step_time_ms"]["value"].iloc[0] == pytest.approx(a.step_time.ms, rel=1e-6)
-    assert by_tag["analysis/tokens_per_s"]["value"].iloc[0] == pytest.approx(throughput(a.manifest, a.metrics).median,
-                                                                           rel=1e-6)
+    assert by_tag["analysis/tokens_per_s"]["value"].iloc[0] == pytest.approx(
+        throughput(a.manifest, a.metrics).median, rel=1e-6
+    )
     want = training_curves(a.manifest, a.metrics)
     for metric in ("loss", "lr", "tokens_per_s", "step_time_ms"):
         got = by_tag[f"run/{metric}"]  # over all ranks; train/<field> is the trainer's rank 0 record
@@ -177,4 +184,6 @@ def test_mlflow_export_reads_back_through_mlflowclient(run, tmp_path, monkeypatc
     folder = Path(client.download_artifacts(logged.info.run_id, "", str(tmp_path / "artifacts")))
     report = json.loads((folder / "report.json").read_text())
     assert report["run"]["step_time_ms"] == pytest.approx(a.step_time.ms, rel=1e-12)
-    assert pd.read_csv(folder / "tables" / "ops.csv")["device_ms"].tolist() == pytest.approx(a.ops()["device_ms"].tolist())
+    assert pd.read_csv(folder / "tables" / "ops.csv")["device_ms"].tolist() == pytest.approx(
+        a.ops()["device_ms"].tolist()
+    )

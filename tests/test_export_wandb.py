@@ -1,4 +1,5 @@
 """analyzer export --to wandb DIR: an offline W&B run, read back through wandb's own reader, equals the analysis."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,19 @@ EXAMPLE = REPO / "traces" / "example-ddp-w2"
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, timeout=600,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", *args], capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def _inspect(folder: Path, *flags: str) -> str:
     """`wandb leet inspect --json`: wandb-core's reader of the run's .wandb transaction log."""
-    done = subprocess.run([str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", *flags,
-                           str(folder)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", *flags, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -55,8 +61,11 @@ def test_wandb_export_reads_back_through_wandb(tmp_path, monkeypatch):
     assert summary["analysis/step_time_ms"] == a.step_time.ms
     for r in a.ranks:
         assert summary[f"rank{r.rank}/exposed_comm_pct"] == r.exposed_comm_pct
-    history = [json.loads(line)["history"]["item"] for line in _inspect(folder).splitlines()
-               if json.loads(line).get("type") == "history"]
+    history = [
+        json.loads(line)["history"]["item"]
+        for line in _inspect(folder).splitlines()
+        if json.loads(line).get("type") == "history"
+    ]
     want = training_curves(a.manifest, a.metrics)
     for metric in ("loss", "lr", "tokens_per_s", "step_time_ms", "mfu"):
         s = want.series(metric)

@@ -1,5 +1,6 @@
 """A run directory's file names have one definition each, in
 analyzer.ingest.formats: the names reftrain writes are the names the readers match."""
+
 from __future__ import annotations
 
 from fnmatch import fnmatch
@@ -12,14 +13,17 @@ from analyzer.ingest.locate import trace_window
 from analyzer.ingest.rundir import _rank_from_name
 
 
-@pytest.mark.parametrize("family, rank, attempt, name", [
-    ("metrics", 0, 0, "metrics/rank0.jsonl"),
-    ("metrics", 3, 2, "metrics/attempt2/rank3.jsonl"),
-    ("collectives", 12, 0, "collectives/rank12.jsonl"),
-    ("collectives", 1, 1, "collectives/attempt1/rank1.jsonl"),
-    ("telemetry", 5, 0, "telemetry/gpu5.jsonl"),
-    ("telemetry", 5, 3, "telemetry/gpu5.jsonl"),  # one sampler file per rank across attempts
-])
+@pytest.mark.parametrize(
+    "family, rank, attempt, name",
+    [
+        ("metrics", 0, 0, "metrics/rank0.jsonl"),
+        ("metrics", 3, 2, "metrics/attempt2/rank3.jsonl"),
+        ("collectives", 12, 0, "collectives/rank12.jsonl"),
+        ("collectives", 1, 1, "collectives/attempt1/rank1.jsonl"),
+        ("telemetry", 5, 0, "telemetry/gpu5.jsonl"),
+        ("telemetry", 5, 3, "telemetry/gpu5.jsonl"),  # one sampler file per rank across attempts
+    ],
+)
 def test_records_files_are_read_back_with_their_rank(family, rank, attempt, name):
     assert fmt.records_file(family, rank, attempt) == name  # as reftrain has always written them
     assert _rank_from_name(name) == rank

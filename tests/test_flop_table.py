@@ -3,6 +3,7 @@
 FlopCounterMode runs the real ATen op on small CPU tensors here: an independent count of the same call,
 whose arguments are written out as the profiler records them (Input Dims, Concrete Inputs).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,12 +36,15 @@ def _text(v: object) -> str:
     return str(list(v)) if isinstance(v, tuple) else str(v)
 
 
-@pytest.mark.parametrize(("stride", "padding", "dilation", "transposed", "mask"), [
-    ((1, 1), (1, 1), (1, 1), False, (True, True, False)),
-    ((2, 2), (0, 0), (1, 1), False, (False, True, True)),  # a first layer: no input gradient
-    ((1, 1), (2, 2), (2, 2), False, (True, False, False)),
-    ((2, 2), (1, 1), (1, 1), True, (True, True, False)),
-])
+@pytest.mark.parametrize(
+    ("stride", "padding", "dilation", "transposed", "mask"),
+    [
+        ((1, 1), (1, 1), (1, 1), False, (True, True, False)),
+        ((2, 2), (0, 0), (1, 1), False, (False, True, True)),  # a first layer: no input gradient
+        ((1, 1), (2, 2), (2, 2), False, (True, False, False)),
+        ((2, 2), (1, 1), (1, 1), True, (True, True, False)),
+    ],
+)
 def test_convolution_backward_matches_flop_counter(stride, padding, dilation, transposed, mask) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 4, 9, 9)
@@ -55,9 +59,20 @@ def test_convolution_backward_matches_flop_counter(stride, padding, dilation, tr
     assert op_flops("aten::convolution_backward", dims, concrete) == truth > 0
     # The forward of the same call, from its own row of the table.
     fwd_dims = [list(x.shape), list(w.shape), [], [], [], [], [], [], []]
-    fwd_concrete = ["", "", "None", _text(stride), _text(padding), _text(dilation), str(transposed), _text(out_pad), "1"]
+    fwd_concrete = [
+        "",
+        "",
+        "None",
+        _text(stride),
+        _text(padding),
+        _text(dilation),
+        str(transposed),
+        _text(out_pad),
+        "1",
+    ]
     assert op_flops("aten::convolution", fwd_dims, fwd_concrete) == _counted(
-        aten.convolution, x, w, None, stride, padding, dilation, transposed, out_pad, 1)
+        aten.convolution, x, w, None, stride, padding, dilation, transposed, out_pad, 1
+    )
 
 
 def test_convolution_backward_without_output_mask_is_unknown() -> None:
@@ -82,17 +97,26 @@ def test_attention_forward_and_backward_match_flop_counter(gqa: bool) -> None:
     v = torch.randn(2, 2 if gqa else 4, 24, 6)
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-    fwd, bwd = sdpa_flop_count(q.shape, k.shape, v.shape), sdpa_backward_flop_count(
-        (2, 4, 16, 6), q.shape, k.shape, v.shape)
+    fwd, bwd = (
+        sdpa_flop_count(q.shape, k.shape, v.shape),
+        sdpa_backward_flop_count((2, 4, 16, 6), q.shape, k.shape, v.shape),
+    )
     qkv = [list(q.shape), list(k.shape), list(v.shape)]
-    for op in ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
-               "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_efficient_attention",
-               "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math"):
+    for op in (
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_attention_math",
+    ):
         assert op_flops(op, qkv + [[]] * 4) == fwd, op
-    for op in ("aten::_scaled_dot_product_flash_attention_backward",
-               "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-               "aten::_scaled_dot_product_efficient_attention_backward",
-               "aten::_scaled_dot_product_cudnn_attention_backward"):
+    for op in (
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_scaled_dot_product_cudnn_attention_backward",
+    ):
         assert op_flops(op, [[2, 4, 16, 6]] + qkv + [[2, 4, 16, 6], [2, 4, 16]]) == bwd, op
     # The kernels' own entry points take [B, L, H, E].
     bshe = [[s[0], s[2], s[1], s[3]] for s in qkv]
@@ -106,12 +130,15 @@ def test_variable_length_attention_is_unknown_not_guessed() -> None:
         op_flops("aten::_flash_attention_forward", packed + [[5], [5], [], []])
 
 
-@pytest.mark.parametrize(("a", "b", "flops"), [
-    ([96, 16], [4, 16, 32], 2 * 96 * 16 * 32),  # tokens ragged over 4 experts
-    ([4, 24, 16], [4, 16, 32], 2 * 4 * 24 * 16 * 32),  # batched experts
-    ([32, 96], [96, 16], 2 * 32 * 96 * 16),  # weight gradient: groups along the token dim
-    ([4, 24, 16], [16, 96], 2 * 24 * 16 * 96),  # output columns ragged over groups
-])
+@pytest.mark.parametrize(
+    ("a", "b", "flops"),
+    [
+        ([96, 16], [4, 16, 32], 2 * 96 * 16 * 32),  # tokens ragged over 4 experts
+        ([4, 24, 16], [4, 16, 32], 2 * 4 * 24 * 16 * 32),  # batched experts
+        ([32, 96], [96, 16], 2 * 32 * 96 * 16),  # weight gradient: groups along the token dim
+        ([4, 24, 16], [16, 96], 2 * 24 * 16 * 96),  # output columns ragged over groups
+    ],
+)
 def test_grouped_mm(a, b, flops) -> None:
     assert op_flops("aten::_grouped_mm", [a, b, [4]]) == flops
     assert op_flops("aten::_scaled_grouped_mm", [a, b, [4], [4]]) == flops
@@ -121,7 +148,8 @@ def test_scaled_mm_matches_flop_counter() -> None:
     from torch.utils.flop_counter import flop_registry
 
     assert op_flops("aten::_scaled_mm", [[64, 32], [32, 48], [], []]) == flop_registry[aten._scaled_mm](
-        (64, 32), (32, 48), (), ())
+        (64, 32), (32, 48), (), ()
+    )
 
 
 def test_every_convolution_backend_counts_like_the_entry_op() -> None:

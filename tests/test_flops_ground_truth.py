@@ -13,6 +13,7 @@ FlopCounterMode has no formula for the CPU flash attention ops that SDPA takes o
 (``_scaled_dot_product_flash_attention_for_cpu`` and its backward); the counter here registers torch's own
 SDPA formulas for them (``custom_mapping``), as docs/mfu.md says.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,12 @@ def traced_step(model: nn.Module, batch: torch.Tensor, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "rank0.pt.trace.json"
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: every step does the same arithmetic
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=0, warmup=1, active=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        schedule=schedule(wait=0, warmup=1, active=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
+    ) as prof:
         for _ in range(2):
             model(batch).float().square().mean().backward()
             opt.step()
@@ -88,8 +93,11 @@ class ResBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(c_out)
-        self.down = None if stride == 1 and c_in == c_out else nn.Sequential(
-            nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+        self.down = (
+            None
+            if stride == 1 and c_in == c_out
+            else nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
@@ -121,8 +129,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(self.ln1(x)).split(d, dim=2))
+        q, k, v = (
+            z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=2)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))

@@ -8,6 +8,7 @@ trace-shaped JSON whose event fields take values of every JSON type
 (including huge numbers and deep nesting), the shapes a corrupt or hostile
 trace takes.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -27,22 +28,34 @@ from synth import KinetoTrace  # noqa: E402
 from analyzer.ingest.load import load_traces  # noqa: E402
 
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e308, -1e308, 1e30, 0.5, -1.0]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e308, -1e308, 1e30, 0.5, -1.0]),
     st.text(max_size=20),
 )
-_json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                     max_leaves=20)
+_json = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=20,
+)
 _event = st.fixed_dictionaries(
     {},
     optional={
         "ph": st.one_of(st.sampled_from(["X", "M", "i", "f", "s"]), _json),
         "cat": st.one_of(st.sampled_from(["kernel", "cpu_op", "user_annotation", "gpu_memcpy"]), _json),
         "name": st.one_of(st.sampled_from(["ProfilerStep#1", "sgemm", "nccl:all_reduce"]), _json),
-        "pid": _json, "tid": _json, "ts": _json, "dur": _json,
-        "args": st.one_of(st.fixed_dictionaries({}, optional={"stream": _json, "correlation": _json,
-                                                              "External id": _json, "Input Dims": _json}), _json),
+        "pid": _json,
+        "tid": _json,
+        "ts": _json,
+        "dur": _json,
+        "args": st.one_of(
+            st.fixed_dictionaries(
+                {}, optional={"stream": _json, "correlation": _json, "External id": _json, "Input Dims": _json}
+            ),
+            _json,
+        ),
     },
 )
 _trace_doc = st.fixed_dictionaries(
@@ -82,8 +95,9 @@ def good_events(tmp_path_factory):
 
 
 # 60 examples: ~20 s on the shared 2-core machine; raise locally to search harder.
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                    HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(content=_contents)
 def test_any_bytes_give_one_line_or_a_rank(tmp_path_factory, good_events, content: bytes) -> None:
     good, events = good_events

@@ -17,6 +17,7 @@ then read the diff of ``tests/golden/`` and commit it with the change. The
 shared-sample cases skip (with the reason) where ``../shared/traces`` is
 absent, and the flag then leaves their goldens as they were.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,7 +73,9 @@ def masked(doc: dict[str, Any]) -> dict[str, Any]:
         node: Any = doc
         for k in keys[:-1]:
             node = node.get(k) if isinstance(node, dict) else None
-        assert isinstance(node, dict) and keys[-1] in node, f"volatile field {'.'.join(keys)} is missing from the report"
+        assert isinstance(node, dict) and keys[-1] in node, (
+            f"volatile field {'.'.join(keys)} is missing from the report"
+        )
         node[keys[-1]] = MASK
     for keys in INPUT_PATH_IN:
         for parent in _nodes(doc, keys[:-1]):
@@ -165,6 +168,9 @@ def test_differences_is_exact() -> None:
     assert differences(base, {"a": 1, "b": [1.5], "d": "x"}) == ["$.b: 2 items expected, 1 found"]
     with pytest.raises(AssertionError, match="generator.version"):
         masked({"path": "p", "generator": {"created_at": "t"}})
-    doc = {"path": "/x/run", "generator": {"version": "1", "created_at": "t"},
-           "suggestions": [{"change": {"command": "reftrain --config /x/run/config.yaml"}}, {"change": {"command": None}}]}
+    doc = {
+        "path": "/x/run",
+        "generator": {"version": "1", "created_at": "t"},
+        "suggestions": [{"change": {"command": "reftrain --config /x/run/config.yaml"}}, {"change": {"command": None}}],
+    }
     assert masked(doc)["suggestions"][0]["change"]["command"] == "reftrain --config <input>/config.yaml"

@@ -3,6 +3,7 @@
 The run: 2 ranks, 4 steps, checkpoint after step 2, crash during step 3 of
 attempt 0, restart resumes from step 2. All figures below are by hand.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -20,8 +21,14 @@ def iso(s: float) -> str:
 
 
 def rec(attempt: int, step: int, rank: int, end_s: float, step_ms: float, data_ms: float) -> dict:
-    return {"attempt": attempt, "step": step, "rank": rank, "time_ns": int(round((T0 + end_s) * 1e9)),
-            "step_time_ms": step_ms, "data_wait_ms": data_ms}
+    return {
+        "attempt": attempt,
+        "step": step,
+        "rank": rank,
+        "time_ns": int(round((T0 + end_s) * 1e9)),
+        "step_time_ms": step_ms,
+        "data_wait_ms": data_ms,
+    }
 
 
 def run() -> tuple[dict, pd.DataFrame]:
@@ -29,17 +36,27 @@ def run() -> tuple[dict, pd.DataFrame]:
     # Attempt 0 starts at 0 s; start-up 2 s; steps 0, 1, 2 of 1 s each (rank 1 slower: 1.0 vs 0.8;
     # data wait 0.1 on rank 0, 0.2 on rank 1: the max, 0.2, counts). Save after step 1 stalls 0.5 s.
     for rank, ms in ((0, 800.0), (1, 1000.0)):
-        rows += [rec(0, 0, rank, 3.0, ms, 100.0 + 100 * rank), rec(0, 1, rank, 4.0, ms, 100.0 + 100 * rank),
-                 rec(0, 2, rank, 5.5, ms, 100.0 + 100 * rank)]
+        rows += [
+            rec(0, 0, rank, 3.0, ms, 100.0 + 100 * rank),
+            rec(0, 1, rank, 4.0, ms, 100.0 + 100 * rank),
+            rec(0, 2, rank, 5.5, ms, 100.0 + 100 * rank),
+        ]
     # Rank 1 dies; attempt 1 starts at 8.5 s (3 s after the last record), start-up 1.5 s, then
     # steps 2 and 3 (step 2 run again: attempt 0's step 2 is recomputed), 1 s each, no data wait.
     for rank in (0, 1):
         rows += [rec(1, 2, rank, 11.0, 1000.0, 0.0), rec(1, 3, rank, 12.0, 1000.0, 0.0)]
     manifest = {
-        "start_time": iso(0.0), "end_time": iso(12.25),
+        "start_time": iso(0.0),
+        "end_time": iso(12.25),
         "attempts": [
             {"attempt": 0, "start_time": iso(0.0), "end_time": iso(8.5), "status": "failed", "resumed_from_step": 0},
-            {"attempt": 1, "start_time": iso(8.5), "end_time": iso(12.25), "status": "completed", "resumed_from_step": 2},
+            {
+                "attempt": 1,
+                "start_time": iso(8.5),
+                "end_time": iso(12.25),
+                "status": "completed",
+                "resumed_from_step": 2,
+            },
         ],
         "checkpoint_saves": [{"step": 2, "stall_s": 0.5, "attempt": 0}],
     }

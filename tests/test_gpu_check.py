@@ -4,6 +4,7 @@
 The figures are exact for the ``tiny`` preset (L=2, d=64, H=4, T=64, vocab 512 tied, 2 x 64 tokens a
 step): matmul weights 131,072 (6 FLOPs per token each), attention 4*H*Q*T = 16,384 FLOPs per token per
 layer forward. About a minute on the development VM."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -67,7 +68,10 @@ def test_dry_run_trace_shape_flops_match_flop_counter(summary) -> None:
     """The acceptance bound on the analyzer's count from trace shapes: within 1 % of FlopCounterMode on
     every case. Needs the FLOP table to count SDPA's CPU flash kernels, forward and backward, also
     inside a compiled region (docs/mfu.md)."""
-    bad = {c["name"]: c["rel_diff_vs_flop_counter"]["trace_shapes"] for c in summary["cases"]
-           if not c["checks"]["trace_shapes FLOPs within 1 % of FlopCounterMode"]}
+    bad = {
+        c["name"]: c["rel_diff_vs_flop_counter"]["trace_shapes"]
+        for c in summary["cases"]
+        if not c["checks"]["trace_shapes FLOPs within 1 % of FlopCounterMode"]
+    }
     assert bad == {}
     assert summary["ok"] and summary["rc"] == 0

@@ -1,6 +1,7 @@
 """Graph replays mapped to the ops of the capture traces beside them
 (analyzer/ingest/graph_capture.py), and left without FLOPs, named in a
 note, when no capture matches."""
+
 from __future__ import annotations
 
 import ast
@@ -54,7 +55,9 @@ def _capture(folder: Path, kernels: list[str], *, details: bool = True) -> None:
     captures = folder / "capture_traces"
     t.write(captures / "bs_32_rank0.json.gz")
     if details:
-        (captures / "execution_details.json").write_text(json.dumps([{"file": "bs_32_rank0.json.gz", "batch_size": 32, "mode": "FULL"}]))
+        (captures / "execution_details.json").write_text(
+            json.dumps([{"file": "bs_32_rank0.json.gz", "batch_size": 32, "mode": "FULL"}])
+        )
 
 
 def _gemm_flops(path: Path) -> tuple[float, float, list[str]]:
@@ -77,7 +80,14 @@ def test_replayed_gemm_gets_the_captured_ops_shapes(tmp_path: Path) -> None:
     launch = rt.events.loc[rt.events["name"] == "hipGraphLaunch"].iloc[0]
     # The captured ops sit inside the launch call, in capture order; no ProfilerStep is copied.
     call = "hipLaunchKernel (captured)"
-    assert spliced["name"].astype(str).tolist() == ["aiter::add_rmsnorm", call, "aten::mm", call, "aiter::add_rmsnorm", call]
+    assert spliced["name"].astype(str).tolist() == [
+        "aiter::add_rmsnorm",
+        call,
+        "aten::mm",
+        call,
+        "aiter::add_rmsnorm",
+        call,
+    ]
     assert spliced["start_ns"].min() > launch["start_ns"] and spliced["end_ns"].max() < launch["end_ns"]
     assert SPLICED_THREAD_NAME in rt.threads["name"].tolist()
     assert rt.steps["step"].tolist() == [1]
@@ -88,9 +98,11 @@ def test_replay_without_capture_traces_stays_uncovered(tmp_path: Path) -> None:
     _capture(tmp_path, [NORM, GEMM, NORM], details=False)  # no execution_details.json: not TraceLens's layout
     flops, covered, notes = _gemm_flops(trace)
     assert flops == 0 and covered == 0.0
-    assert notes == ["CUDA-graph replays: 0.060 ms of kernels (100.0 % of the GPU kernel time) from 1 graph launches and "
-                     "no capture traces beside the trace (capture_traces/ with execution_details.json): no ops, shapes "
-                     "or FLOPs for them"]
+    assert notes == [
+        "CUDA-graph replays: 0.060 ms of kernels (100.0 % of the GPU kernel time) from 1 graph launches and "
+        "no capture traces beside the trace (capture_traces/ with execution_details.json): no ops, shapes "
+        "or FLOPs for them"
+    ]
 
 
 def test_replay_matching_no_capture_is_named_and_stays_uncovered(tmp_path: Path) -> None:
@@ -98,9 +110,11 @@ def test_replay_matching_no_capture_is_named_and_stays_uncovered(tmp_path: Path)
     _capture(tmp_path, [NORM, "other_gemm", NORM])
     flops, covered, notes = _gemm_flops(trace)
     assert flops == 0 and covered == 0.0
-    assert notes == ["CUDA-graph replays: 0.060 ms of kernels (100.0 % of the GPU kernel time) from 1 graph launches whose "
-                     "kernels match no captured graph (kernel names in order; 3 kernels launched at ts 0.000100 s): no "
-                     "ops, shapes or FLOPs for them"]
+    assert notes == [
+        "CUDA-graph replays: 0.060 ms of kernels (100.0 % of the GPU kernel time) from 1 graph launches whose "
+        "kernels match no captured graph (kernel names in order; 3 kernels launched at ts 0.000100 s): no "
+        "ops, shapes or FLOPs for them"
+    ]
 
 
 def test_unreadable_execution_details_is_one_note(tmp_path: Path) -> None:
@@ -111,7 +125,9 @@ def test_unreadable_execution_details_is_one_note(tmp_path: Path) -> None:
     assert flops == 0
     details, unmapped = notes
     assert details.startswith("execution_details.json: cannot be read as JSON")
-    assert unmapped.startswith("CUDA-graph replays: 0.060 ms of kernels (100.0 % of the GPU kernel time) from 1 graph launches whose")
+    assert unmapped.startswith(
+        "CUDA-graph replays: 0.060 ms of kernels (100.0 % of the GPU kernel time) from 1 graph launches whose"
+    )
 
 
 @pytest.mark.skipif(not SGLANG.is_dir(), reason=f"shared SGLang sample not found at {SGLANG}")
@@ -124,11 +140,17 @@ def test_sglang_decode_replay_charges_every_gemm_as_tracelens() -> None:
     kernels = flop_kernels(rt.events, ops)
     charged = ops.loc[charged_ops(ops, kernels)]
     ours = {(n, json.dumps(json.loads(d))): c for (n, d), c in charged.groupby(["name", "input_dims"]).size().items()}
-    reference = {(r["name"], json.dumps(ast.literal_eval(r["Input Dims_first"]))): int(r["name_count"])
-                 for r in csv.DictReader(open(SGLANG / "perf_csvs" / "GEMM.csv")) if r["name"].startswith("aten::")}
+    reference = {
+        (r["name"], json.dumps(ast.literal_eval(r["Input Dims_first"]))): int(r["name_count"])
+        for r in csv.DictReader(open(SGLANG / "perf_csvs" / "GEMM.csv"))
+        if r["name"].startswith("aten::")
+    }
     assert ours == reference and sum(reference.values()) == 145
-    tl_gflops = sum(float(r["GFLOPS_first"]) * int(r["name_count"])
-                    for r in csv.DictReader(open(SGLANG / "perf_csvs" / "GEMM.csv")) if r["name"].startswith("aten::"))
+    tl_gflops = sum(
+        float(r["GFLOPS_first"]) * int(r["name_count"])
+        for r in csv.DictReader(open(SGLANG / "perf_csvs" / "GEMM.csv"))
+        if r["name"].startswith("aten::")
+    )
     assert charged["flops"].sum() / 1e9 == pytest.approx(tl_gflops, rel=1e-12)
 
 

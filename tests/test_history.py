@@ -4,6 +4,7 @@ Real example runs: the slowed-rank run is 50 % slower per step than the good
 one (978 vs 1492 ms), far beyond the gate's threshold, so the verdicts are
 not load-sensitive: the recorded runs are analyzed, nothing is timed here.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,12 @@ def test_by_commit_keeps_the_latest_run_of_each_commit(runs):
 def test_cli_prints_the_table_and_writes_json(runs, tmp_path):
     out = tmp_path / "h.json"
     page = tmp_path / "h.html"
-    done = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(runs), "--json", str(out),
-                           "--html", str(page)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", "history", str(runs), "--json", str(out), "--html", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert "CHANGE (slower)" in done.stdout and "CHANGE (faster)" in done.stdout
     doc = json.loads(out.read_text())
@@ -83,7 +88,11 @@ def test_cli_prints_the_table_and_writes_json(runs, tmp_path):
     assert all(0 < p["goodput"] < 1 for p in doc["points"])
     assert "goodput %" in done.stdout and "goodput (%)" in page.read_text()
     text = page.read_text()
-    assert "change (slower)" in text and "change (faster)" in text and "<td class=\"l\">b-third</td>" in text
-    bad = subprocess.run([sys.executable, "-m", "analyzer.cli", "history", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=600)
+    assert "change (slower)" in text and "change (faster)" in text and '<td class="l">b-third</td>' in text
+    bad = subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", "history", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -16,6 +16,7 @@ Two assertions per rank (docs/metrics.md, "Agreement with HTA"):
 The 54 MB ``df_index_resolver`` trace is left out: HTA needs about 25 s for it
 on a 2-core machine (it is in bench/ instead).
 """
+
 from __future__ import annotations
 
 import logging

@@ -21,6 +21,7 @@ the ROCm trace gets the pairs HTA's CUDA-only names miss.
 
 The 54 MB ``df_index_resolver`` trace is left out (HTA needs ~25 s on it here).
 """
+
 from __future__ import annotations
 
 import logging
@@ -99,8 +100,9 @@ def test_idle_breakdown_agrees_with_hta(hta_idle, group: str) -> None:
             expected = theirs_us[c] + (overlapped if c == "kernel_wait" else 0.0)
             assert mine_r[c] == pytest.approx(expected, abs=1e-6), f"{name} stream {stream} {c}"
             # 2. Exact timestamps: each cause's share of the stream's idle time within 0.5 pp.
-            assert 100 * mine[c] == pytest.approx(100 * theirs_us[c] / total_us, abs=AGREEMENT_PP), \
+            assert 100 * mine[c] == pytest.approx(100 * theirs_us[c] / total_us, abs=AGREEMENT_PP), (
                 f"{name} stream {stream} {c}"
+            )
 
 
 def test_negative_gaps_are_the_only_difference(hta_idle) -> None:
@@ -120,8 +122,11 @@ def test_launch_stats_agree_with_hta(hta_idle, group: str) -> None:
     as_hta = launch_stats(hta_rounded(rt.events), hta_rounded(rt.steps), HTA_LAUNCH_CALLS)
     assert len(exact) == len(theirs), name
     assert sorted(exact["correlation"]) == sorted(theirs["correlation"].astype(np.int64)), name
-    for ours_col, hta_col in (("cpu_duration_ns", "cpu_duration"), ("gpu_duration_ns", "gpu_duration"),
-                              ("launch_delay_ns", "launch_delay")):
+    for ours_col, hta_col in (
+        ("cpu_duration_ns", "cpu_duration"),
+        ("gpu_duration_ns", "gpu_duration"),
+        ("launch_delay_ns", "launch_delay"),
+    ):
         assert as_hta[ours_col].sum() / 1e3 == pytest.approx(float(theirs[hta_col].sum())), f"{name} {hta_col}"
 
 

@@ -18,6 +18,7 @@ plus truncated, zero-byte, invalid JSON and wrong types.
   a watchdog that kills a command past :data:`KILL_RSS_MB` so that a
   regression cannot take the machine down.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -71,8 +72,16 @@ def _gzip_of_repeated(prefix: bytes, byte: bytes, n: int, suffix: bytes) -> byte
 
 
 def _event(**over) -> dict:
-    e = {"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 100.0, "dur": 10.0,
-         "args": {"stream": 7, "correlation": 1}}
+    e = {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "sgemm",
+        "pid": 0,
+        "tid": 7,
+        "ts": 100.0,
+        "dur": 10.0,
+        "args": {"stream": 7, "correlation": 1},
+    }
     e.update(over)
     return e
 
@@ -100,14 +109,20 @@ def _write_bad_traces(folder: Path) -> list[str]:
         "string-ts.json": _doc([_event(ts="100", dur="10") for _ in range(5)]),
         "deep-top.json": _nested(DEEP),
         "deep-args.json": b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, '
-                          b'"ts": 1, "dur": 1, "args": ' + _nested(DEEP) + b"}]}",
-        "deep-object.json": b'{"traceEvents": [' + orjson.dumps(_event()) + b'], "meta": '
-                            + b'{"a": ' * DEEP + b"1" + b"}" * DEEP + b"}",
+        b'"ts": 1, "dur": 1, "args": ' + _nested(DEEP) + b"}]}",
+        "deep-object.json": b'{"traceEvents": ['
+        + orjson.dumps(_event())
+        + b'], "meta": '
+        + b'{"a": ' * DEEP
+        + b"1"
+        + b"}" * DEEP
+        + b"}",
         # Ten members of 100 MiB of zeros: 1 GiB from ~1 MB, and not JSON at all.
         "bomb.json.gz": _gzip_of_repeated(b"", b"\x00", 100 << 20, b"") * 10,
         # One 1 GiB string inside valid JSON, from a 1 MB gzip: the token bound's case.
-        "long-string.json.gz": _gzip_of_repeated(b'{"traceEvents": [{"ph": "X", "name": "', b"a", GIB,
-                                                 b'", "ts": 1, "dur": 1}]}'),
+        "long-string.json.gz": _gzip_of_repeated(
+            b'{"traceEvents": [{"ph": "X", "name": "', b"a", GIB, b'", "ts": 1, "dur": 1}]}'
+        ),
     }
     for name, content in cases.items():
         (folder / name).write_bytes(content)
@@ -174,8 +189,9 @@ def _rss_mb(pid: int) -> float:
 def analyzer(*args: str) -> tuple[int, str, float]:
     """(exit code, stderr, peak RSS MB of the largest process) of ``analyzer ARGS``."""
     cmd = [sys.executable, "-c", _WRAPPER, str(Path(sys.executable).parent / "analyzer"), *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + TIMEOUT_S
     killed = None
     while proc.poll() is None:
@@ -251,10 +267,26 @@ def test_other_verbs(corpus, verb: str) -> None:
 
 
 def _metrics_line(step: int) -> dict:
-    return {"step": step, "rank": 0, "loss": 5.0, "step_time_ms": 100.0 + (step % 3), "data_wait_ms": 1.0,
-            "forward_ms": 30.0, "backward_ms": 60.0, "optimizer_ms": 5.0, "grad_sync_ms": 0.0, "comm_ms": 0.0,
-            "tokens": 512, "tokens_per_s": 5000.0, "mfu": 0.25, "hfu": 0.25, "mem_bytes": 1 << 28,
-            "mem_kind": "cpu_rss", "profiled": False, "time_ns": 1_700_000_000_000_000_000 + step}
+    return {
+        "step": step,
+        "rank": 0,
+        "loss": 5.0,
+        "step_time_ms": 100.0 + (step % 3),
+        "data_wait_ms": 1.0,
+        "forward_ms": 30.0,
+        "backward_ms": 60.0,
+        "optimizer_ms": 5.0,
+        "grad_sync_ms": 0.0,
+        "comm_ms": 0.0,
+        "tokens": 512,
+        "tokens_per_s": 5000.0,
+        "mfu": 0.25,
+        "hfu": 0.25,
+        "mem_bytes": 1 << 28,
+        "mem_kind": "cpu_rss",
+        "profiled": False,
+        "time_ns": 1_700_000_000_000_000_000 + step,
+    }
 
 
 def _metrics_run(folder: Path, bad_lines: list[dict]) -> Path:
@@ -265,13 +297,30 @@ def _metrics_run(folder: Path, bad_lines: list[dict]) -> Path:
     (folder / "metrics").mkdir(parents=True)
     (folder / "metrics" / "rank0.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
     manifest = {
-        "schema": "reftrain.run/1", "run_id": folder.name, "status": "completed", "world_size": 1,
-        "steps": 54, "start_step": 0, "warmup_steps": 2, "profiled_steps": [], "tokens_per_step": 512,
-        "flops": {"per_token": 1e6, "per_token_hardware": 1e6}, "peak_flops": {"per_s": 2.048e10},  # MFU ~0.25
-        "files": {"config": "config.yaml", "metrics": ["metrics/rank0.jsonl"], "collectives": [], "telemetry": [],
-                  "traces": [], "checkpoints": []},
-        "schemas": {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1",
-                    "telemetry": "reftrain.telemetry/1"},
+        "schema": "reftrain.run/1",
+        "run_id": folder.name,
+        "status": "completed",
+        "world_size": 1,
+        "steps": 54,
+        "start_step": 0,
+        "warmup_steps": 2,
+        "profiled_steps": [],
+        "tokens_per_step": 512,
+        "flops": {"per_token": 1e6, "per_token_hardware": 1e6},
+        "peak_flops": {"per_s": 2.048e10},  # MFU ~0.25
+        "files": {
+            "config": "config.yaml",
+            "metrics": ["metrics/rank0.jsonl"],
+            "collectives": [],
+            "telemetry": [],
+            "traces": [],
+            "checkpoints": [],
+        },
+        "schemas": {
+            "metrics": "reftrain.metrics/1",
+            "collectives": "reftrain.collectives/1",
+            "telemetry": "reftrain.telemetry/1",
+        },
     }
     (folder / "run.json").write_bytes(orjson.dumps(manifest))
     return folder
@@ -286,8 +335,10 @@ def test_one_corrupt_metrics_line_does_not_disable_the_gate(tmp_path: Path) -> N
 
     rd = read_run_dir(corrupt)
     assert len(rd.metrics) == 54 and rd.metrics["step"].tolist() == list(range(54))
-    assert rd.warnings == ["metrics/rank0.jsonl: 1 line with out-of-range values dropped "
-                           "(first: line 11, step 1e+308 is outside [0, 9.22337e+18])"]
+    assert rd.warnings == [
+        "metrics/rank0.jsonl: 1 line with out-of-range values dropped "
+        "(first: line 11, step 1e+308 is outside [0, 9.22337e+18])"
+    ]
     code, err, _ = analyzer("check", "--baseline", str(clean), str(corrupt), "--no-cache")
     assert code == 0, err[-3000:]
     assert "1 line with out-of-range values dropped" in err

@@ -1,4 +1,5 @@
 """reftrain.inject: `--inject-slowdown F` makes the wrapped compute take F times as long on the wall clock."""
+
 from __future__ import annotations
 
 import time

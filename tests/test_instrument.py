@@ -5,6 +5,7 @@ The distributed behaviour is checked on real 2-process gloo groups: one spawn
 collectives and clock alignment, and saves what each rank saw; the tests then
 assert on those files.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ import torch.multiprocessing as mp
 
 from recorder.clock import align_clocks, estimate_offsets
 from reftrain.errors import ReftrainError
-from recorder.instrument import (CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes,
-                                 untimed_collectives)
+from recorder.instrument import CollectiveTimer, JsonlWriter, PhaseTimer, process_memory_bytes, untimed_collectives
 
 WORLD = 2
 DDP_STEPS = 4
@@ -37,8 +37,8 @@ FSDP_STEP0 = 200
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 8))
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    )
 
 
 def _run_ddp(rank: int, out: Path, timer: CollectiveTimer) -> dict:
@@ -85,8 +85,9 @@ def _run_explicit(rank: int, timer: CollectiveTimer) -> dict:
     with warnings.catch_warnings():  # deprecated alias; it forwards to all_gather_single
         warnings.simplefilter("ignore", FutureWarning)
         dist.all_gather_into_tensor(torch.empty(2 * 3), torch.ones(3))  # 12 bytes, one record
-    dist.all_gather([torch.empty(5, dtype=torch.int32) for _ in range(WORLD)],
-                    torch.ones(5, dtype=torch.int32))  # 20 bytes
+    dist.all_gather(
+        [torch.empty(5, dtype=torch.int32) for _ in range(WORLD)], torch.ones(5, dtype=torch.int32)
+    )  # 20 bytes
     dist.reduce_scatter_single(torch.empty(4), torch.ones(4 * WORLD))  # 32 bytes
     dist.broadcast(torch.ones(7), src=0)  # 28 bytes
     dist.barrier()  # 0 bytes
@@ -135,9 +136,15 @@ def _run_preempted_recorder(rank: int, out: Path) -> dict:
     model = DDP(_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     saved: list[int] = []
-    rec = recorder.open(out / "runs", name="preempted", model=model, optimizer=opt,
-                        profile=recorder.ProfileSchedule(enabled=False), peak_flops_per_s=1e12,
-                        on_preempt=saved.append)
+    rec = recorder.open(
+        out / "runs",
+        name="preempted",
+        model=model,
+        optimizer=opt,
+        profile=recorder.ProfileSchedule(enabled=False),
+        peak_flops_per_s=1e12,
+        on_preempt=saved.append,
+    )
     exit_code = None
     try:
         with rec:
@@ -151,8 +158,12 @@ def _run_preempted_recorder(rank: int, out: Path) -> dict:
                     opt.zero_grad()
     except SystemExit as exc:
         exit_code = exc.code
-    return {"preempt_exit": exit_code, "preempt_saved": saved, "preempt_steps_done": rec.step_index,
-            "preempt_run_dir": str(rec.run_dir)}
+    return {
+        "preempt_exit": exit_code,
+        "preempt_saved": saved,
+        "preempt_steps_done": rec.step_index,
+        "preempt_run_dir": str(rec.run_dir),
+    }
 
 
 def _worker(rank: int, store_path: str, out_dir: str) -> None:
@@ -171,8 +182,7 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
         timer.flush(wait=True)
         timer.uninstall()
         writer.close()
-        result["restored"] = (dist.all_reduce is original_all_reduce
-                              and c10d.all_reduce is original_all_reduce)
+        result["restored"] = dist.all_reduce is original_all_reduce and c10d.all_reduce is original_all_reduce
         result.update(_run_preempted_recorder(rank, out))
         if rank == 0:
             result["preempt_manifest"] = json.loads((Path(result["preempt_run_dir"]) / "run.json").read_text())
@@ -196,8 +206,9 @@ def spawned() -> dict:
         mp.spawn(_worker, args=(str(Path(tmp) / "store"), tmp), nprocs=WORLD, join=True)
         elapsed_s = time.monotonic() - start
         results = [json.loads((Path(tmp) / f"result{r}.json").read_text()) for r in range(WORLD)]
-        records = [[json.loads(line) for line in (Path(tmp) / "collectives" / f"rank{r}.jsonl").open()]
-                   for r in range(WORLD)]
+        records = [
+            [json.loads(line) for line in (Path(tmp) / "collectives" / f"rank{r}.jsonl").open()] for r in range(WORLD)
+        ]
     return {"results": results, "records": records, "elapsed_s": elapsed_s}
 
 
@@ -313,12 +324,17 @@ def test_spawned_job_is_fast_enough(spawned):
 # Pure and single-process tests
 # ---------------------------------------------------------------------------
 
+
 def _brackets(true_offsets_ns, last_arrival_ns, enter_ns, leave_ns):
     """Synthetic barrier brackets: rank r enters at enter[r][k], leaves leave[r][k] after the last arrival."""
     out = []
     for r, offset in enumerate(true_offsets_ns):
-        out.append([(t + e[r] + offset, t + lv[r] + offset)
-                    for t, e, lv in zip(last_arrival_ns, enter_ns, leave_ns, strict=True)])
+        out.append(
+            [
+                (t + e[r] + offset, t + lv[r] + offset)
+                for t, e, lv in zip(last_arrival_ns, enter_ns, leave_ns, strict=True)
+            ]
+        )
     return out
 
 
@@ -354,13 +370,22 @@ def test_align_clocks_single_process():
 def test_jsonl_writer_refuses_to_overwrite_and_serializes_scalars(tmp_path):
     path = tmp_path / "deep" / "dir" / "m.jsonl"
     with JsonlWriter(path) as w:
-        w.write({"loss": torch.tensor(1.5), "step": np.int64(3), "x": np.float32(0.25),
-                 "nan": float("nan"), "dtype": torch.bfloat16, "p": Path("a/b")})
+        w.write(
+            {
+                "loss": torch.tensor(1.5),
+                "step": np.int64(3),
+                "x": np.float32(0.25),
+                "nan": float("nan"),
+                "dtype": torch.bfloat16,
+                "p": Path("a/b"),
+            }
+        )
         w.write({"step": 4})
     lines = path.read_text().splitlines()
     assert [json.loads(s) for s in lines] == [
         {"loss": 1.5, "step": 3, "x": 0.25, "nan": None, "dtype": "torch.bfloat16", "p": "a/b"},
-        {"step": 4}]
+        {"step": 4},
+    ]
     with pytest.raises(ReftrainError, match="already exists"):
         JsonlWriter(path)
     assert path.read_text().splitlines() == lines, "refused writer must not touch the file"
@@ -436,6 +461,7 @@ def test_process_memory_tracks_rss():
 # and the host-anchor conversion to epoch ns.
 # ---------------------------------------------------------------------------
 
+
 class FakeCudaEvent:
     """Stands in for torch.cuda.Event: "records" the host epoch time; always complete."""
 
@@ -489,7 +515,9 @@ def test_cuda_path_resolves_events_to_epoch_ns(tmp_path, fake_cuda, one_rank_gro
         writer.close()
     recs = [json.loads(line) for line in (tmp_path / "c.jsonl").open()]
     assert [(r["kind"], r["bytes"], r["clock"], r["step"], r["seq"]) for r in recs] == [
-        ("all_reduce", 20, "cuda", 3, 0), ("all_reduce", 24, "cuda", 3, 1)]
+        ("all_reduce", 20, "cuda", 3, 0),
+        ("all_reduce", 24, "cuda", 3, 1),
+    ]
     # The anchor's host time is the midpoint of a bracket around its record:
     # conversion error is at most the bracket's half width (plus float rounding).
     slack = timer._anchor.uncertainty_ns + 1_000

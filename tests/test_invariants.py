@@ -12,6 +12,7 @@
 * Every public function of ``analyzer.metrics.*`` that takes a table is
   registered, so a new metric cannot skip these checks.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -46,8 +47,9 @@ from analyzer.verbs.suggest.facts import MemoryFacts, RunFacts, run_facts
 
 def nothing_measured_facts(kind: str, device: str) -> RunFacts:
     """RunFacts with every required field at its 'unknown' value: None, empty, 0."""
-    empty_stragglers = find_stragglers(EMPTY_INPUTS["metrics"](), EMPTY_INPUTS["arrivals"](), step_source=None,
-                                       arrival_source=None)
+    empty_stragglers = find_stragglers(
+        EMPTY_INPUTS["metrics"](), EMPTY_INPUTS["arrivals"](), step_source=None, arrival_source=None
+    )
     values: dict[str, Any] = {"kind": kind, "device": device}
     for f in dataclasses.fields(RunFacts):
         if f.name in values or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
@@ -74,18 +76,28 @@ def empty_analysis_facts(kind: str) -> RunFacts:
     """The facts of an analysis of nothing: the reduce over no rank, with an empty manifest and no
     metrics records for a reftrain run."""
     reftrain = kind == "reftrain"
-    analysis = _reduce(RunInputs(
-        path=Path("nothing"), kind=kind,  # type: ignore[arg-type]
-        manifest=RunManifest().to_json() if reftrain else None,
-        metrics=pd.DataFrame({c: pd.Series(dtype=t) for c, t in METRICS_COLUMNS.items()}) if reftrain else None,
-        records=None, parts={}, peak_flops=None, errors=[], warnings=[],
-    ))
+    analysis = _reduce(
+        RunInputs(
+            path=Path("nothing"),
+            kind=kind,  # type: ignore[arg-type]
+            manifest=RunManifest().to_json() if reftrain else None,
+            metrics=pd.DataFrame({c: pd.Series(dtype=t) for c, t in METRICS_COLUMNS.items()}) if reftrain else None,
+            records=None,
+            parts={},
+            peak_flops=None,
+            errors=[],
+            warnings=[],
+        )
+    )
     return run_facts(analysis)
 
 
 EMPTY_FACTS = {
-    **{f"nothing-{k}-{d}": (lambda k=k, d=d: nothing_measured_facts(k, d))
-       for k in ("reftrain", "traces") for d in ("cpu", "cuda")},
+    **{
+        f"nothing-{k}-{d}": (lambda k=k, d=d: nothing_measured_facts(k, d))
+        for k in ("reftrain", "traces")
+        for d in ("cpu", "cuda")
+    },
     "empty-analysis-traces": lambda: empty_analysis_facts("traces"),
     "empty-analysis-reftrain": lambda: empty_analysis_facts("reftrain"),
 }
@@ -106,8 +118,19 @@ def test_no_rule_fires_on_empty_facts(rule, facts_kind):
 
 
 def test_suggest_on_an_empty_analysis_is_empty():
-    analysis = _reduce(RunInputs(path=Path("nothing"), kind="traces", manifest=None, metrics=None, records=None,
-                                 parts={}, peak_flops=None, errors=[], warnings=[]))
+    analysis = _reduce(
+        RunInputs(
+            path=Path("nothing"),
+            kind="traces",
+            manifest=None,
+            metrics=None,
+            records=None,
+            parts={},
+            peak_flops=None,
+            errors=[],
+            warnings=[],
+        )
+    )
     assert suggest_run.suggest(analysis) == []
     assert suggest_run.report_suggestions(analysis) == []
 
@@ -139,10 +162,18 @@ def conforms(value: Any, hint: Any) -> bool:
             return all(conforms(v, args[0]) for v in value)
         return len(args) == len(value) and all(conforms(v, a) for v, a in zip(value, args))
     if origin in (dict, collections.abc.Mapping):
-        return isinstance(value, collections.abc.Mapping) and all(
-            conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items()) if args else isinstance(value, dict)
+        return (
+            isinstance(value, collections.abc.Mapping)
+            and all(conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+            if args
+            else isinstance(value, dict)
+        )
     if origin in (list, set, frozenset, collections.abc.Sequence):
-        return isinstance(value, origin) and all(conforms(v, args[0]) for v in value) if args else isinstance(value, origin)
+        return (
+            isinstance(value, origin) and all(conforms(v, args[0]) for v in value)
+            if args
+            else isinstance(value, origin)
+        )
     if isinstance(hint, type):
         return isinstance(value, hint)
     return isinstance(value, origin) if isinstance(origin, type) else True
@@ -175,8 +206,11 @@ def not_finite(value: Any, where: str) -> list[str]:
         return [m for f in dataclasses.fields(value) for m in not_finite(getattr(value, f.name), f"{where}.{f.name}")]
     if isinstance(value, pd.DataFrame):
         numeric = value.select_dtypes("number").to_numpy(np.float64)
-        return [f"{where}: NaN or inf in {sorted(value.columns[~np.isfinite(numeric).all(axis=0)])}"] \
-            if numeric.size and not np.isfinite(numeric).all() else []
+        return (
+            [f"{where}: NaN or inf in {sorted(value.columns[~np.isfinite(numeric).all(axis=0)])}"]
+            if numeric.size and not np.isfinite(numeric).all()
+            else []
+        )
     if isinstance(value, (list, tuple)):
         return [m for i, v in enumerate(value) for m in not_finite(v, f"{where}[{i}]")]
     if isinstance(value, float) and not math.isfinite(value):
@@ -204,7 +238,11 @@ def test_metric_gives_its_typed_empty_result_on_empty_tables(m: Metric):
 def _columns(value: Any, where: str) -> dict[str, list[str]]:
     """The columns of every table in a result, by place."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: v for f in dataclasses.fields(value) for k, v in _columns(getattr(value, f.name), f"{where}.{f.name}").items()}
+        return {
+            k: v
+            for f in dataclasses.fields(value)
+            for k, v in _columns(getattr(value, f.name), f"{where}.{f.name}").items()
+        }
     if isinstance(value, pd.DataFrame):
         return {where: [str(c) for c in value.columns]}
     if isinstance(value, tuple):
@@ -212,8 +250,9 @@ def _columns(value: Any, where: str) -> dict[str, list[str]]:
     return {}
 
 
-PER_RANK = [m for m in METRICS if any(isinstance(EMPTY_INPUTS[k](), (collections.abc.Mapping, list))
-                                      for k in m.reads.values())]
+PER_RANK = [
+    m for m in METRICS if any(isinstance(EMPTY_INPUTS[k](), (collections.abc.Mapping, list)) for k in m.reads.values())
+]
 
 
 @pytest.mark.parametrize("m", PER_RANK, ids=[m.name for m in PER_RANK])
@@ -228,8 +267,10 @@ def test_no_rank_and_an_empty_rank_give_tables_of_the_same_columns(m: Metric):
 
 def _takes_a_table(fn: Any) -> bool:
     """A parameter is a table (not a function over one, as a decorator such as memo.per_table takes)."""
-    return any("DataFrame" in str(p.annotation) and not str(p.annotation).startswith("Callable")
-               for p in inspect.signature(fn).parameters.values())
+    return any(
+        "DataFrame" in str(p.annotation) and not str(p.annotation).startswith("Callable")
+        for p in inspect.signature(fn).parameters.values()
+    )
 
 
 def test_every_metric_over_tables_is_registered():
@@ -238,10 +279,17 @@ def test_every_metric_over_tables_is_registered():
     for info in pkgutil.iter_modules(analyzer.metrics.__path__):
         module = importlib.import_module(f"analyzer.metrics.{info.name}")
         for name, fn in vars(module).items():
-            if (inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
-                    and _takes_a_table(fn) and fn not in registered):
+            if (
+                inspect.isfunction(fn)
+                and fn.__module__ == module.__name__
+                and not name.startswith("_")
+                and _takes_a_table(fn)
+                and fn not in registered
+            ):
                 missing.append(f"{info.name}.{name}")
-    assert not missing, f"register these in analyzer/metrics/registry.py (METRICS, one metric(...) line each): {missing}"
+    assert not missing, (
+        f"register these in analyzer/metrics/registry.py (METRICS, one metric(...) line each): {missing}"
+    )
 
 
 def test_the_invariant_catches_a_measurement_and_a_wrong_type():

@@ -1,6 +1,7 @@
 """Loader tests: exact tables from synthetic traces, rank detection, bad
 input, set-level warnings, the cache, and the real sample traces (with a
 live cross-check against HTA's own parser)."""
+
 from __future__ import annotations
 
 import gzip
@@ -80,8 +81,14 @@ def test_exact_rows_from_synthetic_gpu_trace(tmp_path: Path) -> None:
     nccl = by.loc["ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"]
     rpc = by.loc["record_param_comms"]
     for row in (nccl, rpc):
-        assert (row["coll_name"], row["msg_in_nelems"], row["msg_out_nelems"], row["msg_dtype"], row["group_size"], row["pg_name"]) == (
-            "allreduce", 1024, 1024, "Float", 2, "0")
+        assert (
+            row["coll_name"],
+            row["msg_in_nelems"],
+            row["msg_out_nelems"],
+            row["msg_dtype"],
+            row["group_size"],
+            row["pg_name"],
+        ) == ("allreduce", 1024, 1024, "Float", 2, "0")
     assert pd.isna(sgemm["coll_name"]) and sgemm["msg_in_nelems"] == -1
     assert rpc["external_id"] > 0 and rpc["correlation"] == -1
     assert (ev["rank"] == 1).all()
@@ -116,7 +123,11 @@ def test_exact_rows_from_synthetic_gpu_trace(tmp_path: Path) -> None:
 )
 def test_kind_classification(tmp_path: Path, cat: str, name: str, kind: str) -> None:
     t = KinetoTrace()
-    pid, tid = (t.device, 7) if cat in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync") else (t.pid, t.tid)
+    pid, tid = (
+        (t.device, 7)
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync")
+        else (t.pid, t.tid)
+    )
     t.raw({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": 5.0, "dur": 1.0, "args": {"stream": tid}})
     ev = load_trace(t.write(tmp_path / "k.json", gz=False)).events
     assert ev["kind"].astype(str).tolist() == [kind]
@@ -154,7 +165,12 @@ def test_gloo_annotation_message_size_from_input_dims(tmp_path: Path) -> None:
     ev = rt.events.set_index(rt.events["name"].astype(str))
     gloo = ev.loc["gloo:all_reduce"]
     assert (gloo["kind"], gloo["coll_name"], gloo["msg_in_nelems"], gloo["msg_dtype"], gloo["tid"]) == (
-        "cpu_comm", "all_reduce", 10384, "float", t.comm_tid)
+        "cpu_comm",
+        "all_reduce",
+        10384,
+        "float",
+        t.comm_tid,
+    )
     c10d = ev.loc["c10d::allreduce_"]
     assert (c10d["kind"], c10d["input_dims"], c10d["msg_in_nelems"]) == ("cpu_comm", "[[[10384]],[],[]]", -1)
     assert (ev["stream"] == -1).all()
@@ -170,13 +186,21 @@ def test_real_gloo_cpu_trace_fixture() -> None:
         assert rt.steps["step"].tolist() == [1, 2]
         comm = ev[ev["kind"] == "cpu_comm"]
         assert comm.groupby(comm["name"].astype(str)).size().to_dict() == {
-            "c10d::allreduce_": 4, "c10d::broadcast_": 4, "gloo:all_reduce": 4, "gloo:broadcast": 4}
+            "c10d::allreduce_": 4,
+            "c10d::broadcast_": 4,
+            "gloo:all_reduce": 4,
+            "gloo:broadcast": 4,
+        }
         gloo_ar = comm[comm["name"] == "gloo:all_reduce"]
         # DDP's single bucket: 64*128 + 128 + 128*16 + 16 = 10384 floats; the explicit all_reduce: 10.
         assert sorted(gloo_ar["msg_in_nelems"].tolist()) == [10, 10, 10384, 10384]
         runloop = set(rt.threads.loc[rt.threads["name"].str.contains("pt_gloo_runloop"), "tid"])
-        assert set(comm.loc[comm["name"].astype(str).str.startswith("gloo:"), "tid"]) <= runloop | set(rt.threads["tid"])
-        assert {"data", "forward", "backward", "optimizer"} <= set(ev.loc[ev["kind"] == "annotation", "name"].astype(str))
+        assert set(comm.loc[comm["name"].astype(str).str.startswith("gloo:"), "tid"]) <= runloop | set(
+            rt.threads["tid"]
+        )
+        assert {"data", "forward", "backward", "optimizer"} <= set(
+            ev.loc[ev["kind"] == "annotation", "name"].astype(str)
+        )
 
 
 @pytest.mark.parametrize("layout", ["kineto", "compact", "pretty"])
@@ -203,7 +227,16 @@ def test_bare_array_form_and_odd_ids(tmp_path: Path) -> None:
         {"ph": "X", "cat": "cpu_op", "name": "negative", "pid": 1, "tid": 1, "ts": 1, "dur": -3},
         {"ph": "i", "name": "instant", "pid": 1, "tid": 1, "ts": 1},
         5,  # not an event: skipped
-        {"ph": "X", "cat": "cpu_op", "name": "args not an object", "pid": 1, "tid": 1, "ts": 20, "dur": 1, "args": [1, 2]},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "args not an object",
+            "pid": 1,
+            "tid": 1,
+            "ts": 20,
+            "dur": 1,
+            "args": [1, 2],
+        },
     ]
     path = tmp_path / "array.json"
     path.write_bytes(orjson.dumps(events))
@@ -296,7 +329,11 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
 def test_invalid_json_names_line_and_column(tmp_path: Path, monkeypatch) -> None:
     text = _gpu_trace().dumps().decode()
     for i in range(200):  # make the error land in a late block
-        text = text.replace('"traceEvents": [\n', '"traceEvents": [\n  {"ph": "X", "cat": "cpu_op", "name": "pad", "pid": 1, "tid": 1, "ts": 1, "dur": 1},\n', 1)
+        text = text.replace(
+            '"traceEvents": [\n',
+            '"traceEvents": [\n  {"ph": "X", "cat": "cpu_op", "name": "pad", "pid": 1, "tid": 1, "ts": 1, "dur": 1},\n',
+            1,
+        )
     lines = text.split("\n")
     target = max(i for i, line in enumerate(lines) if '"name": "aten::relu"' in line)
     lines[target] = lines[target].replace('"name": "aten::relu"', '"name" "aten::relu"')
@@ -321,7 +358,10 @@ def test_json_cut_off_without_gzip(tmp_path: Path) -> None:
     [
         (b"", "empty file"),
         (b"  \n\t ", "empty file (only whitespace)"),
-        (b'{"schemaVersion": 1, "deviceProperties": []}', "no traceEvents array (top-level keys: schemaVersion, deviceProperties)"),
+        (
+            b'{"schemaVersion": 1, "deviceProperties": []}',
+            "no traceEvents array (top-level keys: schemaVersion, deviceProperties)",
+        ),
         (b'{"traceEvents": {"ph": "X"}}', "traceEvents is a dict, not an array"),
         (b'{"schemaVersion": 1, "traceEvents": null}', "traceEvents is a null, not an array"),
         (b'{"traceEvents": []}', "traceEvents is empty"),
@@ -353,7 +393,10 @@ def test_bad_files_are_errors_and_the_other_ranks_still_load(tmp_path: Path) -> 
     (tmp_path / "rank4.json").write_bytes(b"")
     ts = load_traces(tmp_path, cache=False, workers=1)
     assert sorted(ts.ranks) == [0, 1, 2]
-    assert [str(e) for e in ts.errors] == ["rank3.json.gz: truncated gzip stream after 0.0 MB", "rank4.json: empty file"]
+    assert [str(e) for e in ts.errors] == [
+        "rank3.json.gz: truncated gzip stream after 0.0 MB",
+        "rank4.json: empty file",
+    ]
     assert ts.warnings == ["world_size is 5 but 2 ranks have no trace: 3-4"]
 
 
@@ -407,14 +450,20 @@ def test_find_trace_files(tmp_path: Path) -> None:
     (tmp_path / "sub" / "rank5.json").write_bytes(b"{}")
     assert [p.name for p in find_trace_files(tmp_path)] == ["rank1.json.gz", "rank2.json", "rank10.json.gz"]
     assert find_trace_files(tmp_path / "notes.txt") == [tmp_path / "notes.txt"]
-    with pytest.raises(AnalyzerError, match=r"no trace files \(\*\.json, \*\.json\.gz\) \(1 in subfolders, e\.g\. .*sub; pass that folder\)"):
+    with pytest.raises(
+        AnalyzerError,
+        match=r"no trace files \(\*\.json, \*\.json\.gz\) \(1 in subfolders, e\.g\. .*sub; pass that folder\)",
+    ):
         find_trace_files(_only_sub(tmp_path))
     with pytest.raises(AnalyzerError, match="no such file or directory"):
         find_trace_files(tmp_path / "missing")
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_bytes(b'{"schema": "reftrain.run/1"}')
-    with pytest.raises(AnalyzerError, match=r"a reftrain run directory; read it with analyzer\.rundir\.read_run_dir, or pass .*run/traces"):
+    with pytest.raises(
+        AnalyzerError,
+        match=r"a reftrain run directory; read it with analyzer\.rundir\.read_run_dir, or pass .*run/traces",
+    ):
         find_trace_files(run)
 
 
@@ -437,7 +486,9 @@ def test_parallel_workers_give_the_same_tables(tmp_path: Path, monkeypatch, thre
     assert jobs._mp_context().get_start_method() == ("forkserver" if threaded else "fork")
     parallel = load_traces(tmp_path, cache=tmp_path / "cache", workers=3)
     assert sorted(parallel.ranks) == [0, 1, 2]
-    assert [str(e) for e in parallel.errors] == ["rank3.json: invalid JSON: the text ends early, after 0.0 MB (line 1, column 2; file cut off?)"]
+    assert [str(e) for e in parallel.errors] == [
+        "rank3.json: invalid JSON: the text ends early, after 0.0 MB (line 1, column 2; file cut off?)"
+    ]
     for r in range(3):
         pd.testing.assert_frame_equal(serial.ranks[r].events, parallel.ranks[r].events)
     assert serial.ranks[2].events["rank"].eq(2).all()
@@ -468,7 +519,15 @@ def _assert_same(a, b) -> None:
         x, y = a.ranks[r], b.ranks[r]
         for attr in ("events", "steps", "processes", "threads"):
             pd.testing.assert_frame_equal(getattr(x, attr), getattr(y, attr))
-        for attr in ("rank", "rank_source", "distributed_info", "device_properties", "has_device", "json_bytes", "notes"):
+        for attr in (
+            "rank",
+            "rank_source",
+            "distributed_info",
+            "device_properties",
+            "has_device",
+            "json_bytes",
+            "notes",
+        ):
             assert getattr(x, attr) == getattr(y, attr)
 
 
@@ -579,10 +638,16 @@ def _set_meta(members: dict, **fields) -> None:
     "change, reason",
     [
         # A planted entry holding a pickled object is refused, never unpickled.
-        (lambda m: m.update(pid=__import__("numpy").array([object()] * len(m["pid"]), dtype=object)), "Object arrays cannot be loaded"),
+        (
+            lambda m: m.update(pid=__import__("numpy").array([object()] * len(m["pid"]), dtype=object)),
+            "Object arrays cannot be loaded",
+        ),
         (lambda m: m.update(name=m["name"] + 10_000), "column name has codes outside its"),
         (lambda m: m.update(ts_ns=m["ts_ns"][:-1]), "column ts_ns is int64"),
-        (lambda m: _set_meta(m, sparse={"input_dims": [[10**6, "[[1]]"]]}), "a sparse column names a row outside the table"),
+        (
+            lambda m: _set_meta(m, sparse={"input_dims": [[10**6, "[[1]]"]]}),
+            "a sparse column names a row outside the table",
+        ),
         (lambda m: _set_meta(m, loader_version=1), "loader version 1"),
     ],
 )
@@ -606,7 +671,9 @@ def test_rewriting_an_entry_removes_older_formats_of_that_trace_only(tmp_path: P
     new = tc.entry_for(tmp_path / "rank0.json.gz")
     path_hash = new.name.split(".")[3]
     old_format = store / f"rank0.json.gz.{path_hash}.0123456789abcdef.parquet"
-    other_trace = store / f"rank1.json.gz.{tc.entry_for(tmp_path / 'rank1.json.gz').name.split('.')[3]}.0123456789abcdef.parquet"
+    other_trace = (
+        store / f"rank1.json.gz.{tc.entry_for(tmp_path / 'rank1.json.gz').name.split('.')[3]}.0123456789abcdef.parquet"
+    )
     report = store / "report.0123456789.0123456789abcdef.json"
     for f in (old_format, other_trace, report):
         f.write_bytes(b"x")
@@ -622,15 +689,33 @@ def test_rewriting_an_entry_removes_older_formats_of_that_trace_only(tmp_path: P
 # ones). "comm" = kernels with nccl/rccl in the name: HTA's parse of
 # df_index_resolver has 2020 kernels matching "nccl".
 SAMPLES = {
-    "df_index_resolver/df_index_resolver.json.gz": dict(rows=123378, rank=1, steps=5, comm=2020, compute=17350, memcpy=2040, memset=880, cpu_comm=8080),
-    "trace_diff/control/control.json.gz": dict(rows=74936, rank=3, steps=6, comm=60, compute=8508, memcpy=228, memset=654, cpu_comm=180),
-    "trace_diff/test/test.json.gz": dict(rows=68323, rank=1, steps=6, comm=64, compute=9812, memcpy=4856, memset=900, cpu_comm=180),
-    "nccl_parser_config/nccl_data.json.gz": dict(rows=26932, rank=0, steps=3, comm=21, compute=2679, memcpy=960, memset=114, cpu_comm=90),
-    "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz": dict(rows=112, rank=0, steps=2, comm=0, compute=14, memcpy=2, memset=0, cpu_comm=0),
-    "critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz": dict(rows=867, rank=0, steps=0, comm=0, compute=79, memcpy=16, memset=3, cpu_comm=0),
-    "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": dict(rows=15, rank=34, steps=1, comm=0, compute=0, memcpy=0, memset=0, cpu_comm=10),
-    "mixed_files/rank_non_gpu.json.gz": dict(rows=2467, rank=0, steps=1, comm=0, compute=0, memcpy=0, memset=0, cpu_comm=18),
-    "distributed_info_unavailable/distributed_info_not_found.json.gz": dict(rows=2467, rank=0, steps=1, comm=0, compute=0, memcpy=0, memset=0, cpu_comm=18),
+    "df_index_resolver/df_index_resolver.json.gz": dict(
+        rows=123378, rank=1, steps=5, comm=2020, compute=17350, memcpy=2040, memset=880, cpu_comm=8080
+    ),
+    "trace_diff/control/control.json.gz": dict(
+        rows=74936, rank=3, steps=6, comm=60, compute=8508, memcpy=228, memset=654, cpu_comm=180
+    ),
+    "trace_diff/test/test.json.gz": dict(
+        rows=68323, rank=1, steps=6, comm=64, compute=9812, memcpy=4856, memset=900, cpu_comm=180
+    ),
+    "nccl_parser_config/nccl_data.json.gz": dict(
+        rows=26932, rank=0, steps=3, comm=21, compute=2679, memcpy=960, memset=114, cpu_comm=90
+    ),
+    "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz": dict(
+        rows=112, rank=0, steps=2, comm=0, compute=14, memcpy=2, memset=0, cpu_comm=0
+    ),
+    "critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz": dict(
+        rows=867, rank=0, steps=0, comm=0, compute=79, memcpy=16, memset=3, cpu_comm=0
+    ),
+    "cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": dict(
+        rows=15, rank=34, steps=1, comm=0, compute=0, memcpy=0, memset=0, cpu_comm=10
+    ),
+    "mixed_files/rank_non_gpu.json.gz": dict(
+        rows=2467, rank=0, steps=1, comm=0, compute=0, memcpy=0, memset=0, cpu_comm=18
+    ),
+    "distributed_info_unavailable/distributed_info_not_found.json.gz": dict(
+        rows=2467, rank=0, steps=1, comm=0, compute=0, memcpy=0, memset=0, cpu_comm=18
+    ),
 }
 
 
@@ -639,7 +724,12 @@ def test_sample_traces_load_with_expected_counts(hta_samples: Path, rel: str) ->
     want = SAMPLES[rel]
     rt = load_trace(hta_samples / rel)
     kinds = rt.events["kind"].value_counts()
-    got = dict(rows=len(rt.events), rank=rt.rank, steps=len(rt.steps), **{k: int(kinds[k]) for k in ("comm", "compute", "memcpy", "memset", "cpu_comm")})
+    got = dict(
+        rows=len(rt.events),
+        rank=rt.rank,
+        steps=len(rt.steps),
+        **{k: int(kinds[k]) for k in ("comm", "compute", "memcpy", "memset", "cpu_comm")},
+    )
     assert got == want
     assert rt.events["start_ns"].is_monotonic_increasing
     assert (rt.events["end_ns"] >= rt.events["start_ns"]).all()
@@ -667,7 +757,9 @@ def test_rows_match_hta_parser(hta_samples: Path, folder: str) -> None:
     ((hta_rank, df),) = ta.t.traces.items()
     rt = load_trace(next((hta_samples / folder).glob("*.json.gz")))
     assert rt.rank == hta_rank
-    theirs = pd.DataFrame({"cat": df["cat"].map(sym.__getitem__), "name": df["name"].map(sym.__getitem__)}).value_counts()
+    theirs = pd.DataFrame(
+        {"cat": df["cat"].map(sym.__getitem__), "name": df["name"].map(sym.__getitem__)}
+    ).value_counts()
     ours = pd.DataFrame({"cat": rt.events["cat"].astype(str), "name": rt.events["name"].astype(str)}).value_counts()
     assert ours.sort_index().to_dict() == theirs.sort_index().to_dict()
     # HTA keeps args.stream for kernels, memcpy, memset (ours also puts

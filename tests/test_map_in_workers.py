@@ -3,6 +3,7 @@
 The report must not depend on where a rank was summarized: the same JSON as the map in this process, the same
 one-line error for a bad file, and no heavy import before the workers fork.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ def _rank(rank: int, world: int, slow_us: int = 0) -> KinetoTrace:
     for i, start in enumerate((0, 2000)):
         t.step(10 + i, start, 1800)
         t.linear(start + 100, 64, 128, 256, 300 + slow_us)
-        t.kernel("ncclKernel_AllReduce_RING_LL_Sum_float", start + 1000, 400, stream=20,
-                 args=t.comm_args("allreduce", 1 << 16))
+        t.kernel(
+            "ncclKernel_AllReduce_RING_LL_Sum_float",
+            start + 1000,
+            400,
+            stream=20,
+            args=t.comm_args("allreduce", 1 << 16),
+        )
     return t
 
 
@@ -47,8 +53,10 @@ def _report(analysis) -> dict:
     return json.loads(json.dumps(doc, default=str))
 
 
-@pytest.mark.parametrize(("n_files", "cpus", "expected"), [(1, 2, False), (3, 2, False), (4, 2, True), (8, 2, True),
-                                                           (7, 4, False), (8, 4, True), (8, 1, False)])
+@pytest.mark.parametrize(
+    ("n_files", "cpus", "expected"),
+    [(1, 2, False), (3, 2, False), (4, 2, True), (8, 2, True), (7, 4, False), (8, 4, True), (8, 1, False)],
+)
 def test_workers_map_when_each_gets_two_files(n_files: int, cpus: int, expected: bool) -> None:
     assert cli.map_in_workers(n_files, cpus) is expected
 
@@ -73,7 +81,7 @@ def test_a_bad_file_is_one_line_either_way(folder: Path) -> None:
         # The worker's answer for the bad file is its outcome, not an exception.
         result = pending.take(broken)
         assert isinstance(result, UnitResult) and result.part is None
-        (path, error, _warnings), = result.outcomes
+        ((path, error, _warnings),) = result.outcomes
         assert path == broken and isinstance(error, TraceError) and "ends early" in str(error)
     with jobs.ParseJobs(files, workers=2, task=parse_and_map) as pending:
         in_workers = analyze(folder, cache=False, jobs=pending)
@@ -143,8 +151,13 @@ def test_a_worker_that_dies_costs_its_file_only(folder: Path, monkeypatch) -> No
                 got[f.name] = result.part.rank
             except TraceError as err:
                 got[f.name] = str(err)
-    assert got == {"killer.json.gz": "killer.json.gz: the parse worker died (killed by SIGKILL (out of memory?))",
-                   "rank0.json.gz": 0, "rank1.json.gz": 1, "rank2.json.gz": 2, "rank3.json.gz": 3}
+    assert got == {
+        "killer.json.gz": "killer.json.gz: the parse worker died (killed by SIGKILL (out of memory?))",
+        "rank0.json.gz": 0,
+        "rank1.json.gz": 1,
+        "rank2.json.gz": 2,
+        "rank3.json.gz": 3,
+    }
 
 
 def _sigterm_disposition(path, entry):

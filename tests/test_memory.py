@@ -5,6 +5,7 @@ metrics records; the parse of real ``profile_memory=True`` traces against a
 plain JSON read of the same files (skipped when ../shared is absent); the
 report, compare and the ``check --max-memory-growth`` gate on the example run.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -37,8 +38,13 @@ def memory_trace(folder: Path, scale: int = 1, rank: int = 0) -> Path:
         t.step(step, 1000 * i, 1000)
         t.cpu_op("aten::add", 1000 * i + 10, 20)
         t.kernel("add_kernel", 1000 * i + 40, 10, launch_us=1000 * i + 15)
-    for ts, alloc, resv, nbytes in ((50, 1000, 2048, 1000), (300, 5000, 8192, 4000), (600, 3000, 8192, -2000),
-                                    (1200, 4000, 8192, 1000), (1500, 2000, 4096, -2000)):
+    for ts, alloc, resv, nbytes in (
+        (50, 1000, 2048, 1000),
+        (300, 5000, 8192, 4000),
+        (600, 3000, 8192, -2000),
+        (1200, 4000, 8192, 1000),
+        (1500, 2000, 4096, -2000),
+    ):
         t.memory(ts, alloc * scale, resv, nbytes)
     t.memory(100, 16, 0, 16, device_type=0)
     return t.write(folder / f"rank{rank}.json.gz")
@@ -62,7 +68,9 @@ def test_step_peaks_carry_the_level_into_windows(tmp_path: Path) -> None:
         (10, "cuda:0"): (5000, 8192, 3),  # no level before the first event: the events inside
         (11, "cuda:0"): (4000, 8192, 2),  # the level at start (3000, 8192 from 600 us) and 4000, 2000 inside
         (12, "cuda:0"): (2000, 4096, 0),  # no event: the level carried in from 1500 us
-        (10, "cpu"): (16, 0, 1), (11, "cpu"): (16, 0, 0), (12, "cpu"): (16, 0, 0),
+        (10, "cpu"): (16, 0, 1),
+        (11, "cpu"): (16, 0, 0),
+        (12, "cpu"): (16, 0, 0),
     }
     assert list(got["device"][:2]) == ["cuda:0", "cpu"]  # accelerators first
 
@@ -117,8 +125,17 @@ def test_bad_memory_events_are_dropped_and_counted(tmp_path: Path) -> None:
     t.step(1, 0, 100)
     t.cpu_op("aten::add", 10, 20)
     t.memory(5, 100, 200)
-    t.raw({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": t.pid, "tid": t.tid, "ts": 6,
-           "args": {"Total Allocated": "lots", "Total Reserved": 1}})
+    t.raw(
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": t.pid,
+            "tid": t.tid,
+            "ts": 6,
+            "args": {"Total Allocated": "lots", "Total Reserved": 1},
+        }
+    )
     t.raw({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": t.pid, "tid": t.tid, "ts": 7, "args": {}})
     rt = load_trace(t.write(tmp_path / "rank0.json.gz"))
     assert list(rt.memory["allocated_bytes"]) == [100]
@@ -130,15 +147,17 @@ def _metrics(rows: list[tuple]) -> pd.DataFrame:
 
 
 def test_metrics_records_peak_outside_profiled_steps() -> None:
-    m = _metrics([
-        (0, 0, 300 * MiB, "cuda_peak_allocated", 400 * MiB, False),
-        (0, 1, 500 * MiB, "cuda_peak_allocated", 640 * MiB, False),  # the optimizer's state: the peak
-        (0, 2, 450 * MiB, "cuda_peak_allocated", 640 * MiB, True),
-        (0, 3, 900 * MiB, "cuda_peak_allocated", 999 * MiB, True),  # profiled: left out
-        (1, 0, 310 * MiB, "cuda_peak_allocated", 410 * MiB, False),
-        (1, 1, 520 * MiB, "cuda_peak_allocated", 660 * MiB, False),
-        (1, 2, None, None, None, False),  # no memory figure: no row
-    ])
+    m = _metrics(
+        [
+            (0, 0, 300 * MiB, "cuda_peak_allocated", 400 * MiB, False),
+            (0, 1, 500 * MiB, "cuda_peak_allocated", 640 * MiB, False),  # the optimizer's state: the peak
+            (0, 2, 450 * MiB, "cuda_peak_allocated", 640 * MiB, True),
+            (0, 3, 900 * MiB, "cuda_peak_allocated", 999 * MiB, True),  # profiled: left out
+            (1, 0, 310 * MiB, "cuda_peak_allocated", 410 * MiB, False),
+            (1, 1, 520 * MiB, "cuda_peak_allocated", 660 * MiB, False),
+            (1, 2, None, None, None, False),  # no memory figure: no row
+        ]
+    )
     steps = metrics_step_memory(m)
     assert len(steps) == 6 and set(steps["source"]) == {"metrics"}
     ranks = rank_peaks(steps).set_index("rank")
@@ -147,7 +166,11 @@ def test_metrics_records_peak_outside_profiled_steps() -> None:
     assert ranks.loc[1, "peak_allocated_bytes"] == 520 * MiB
     rm = run_memory(m, {})
     assert (rm.source, rm.kind, rm.peak_allocated_bytes, rm.peak_reserved_bytes) == (
-        "metrics", "cuda_peak_allocated", 520 * MiB, 660 * MiB)
+        "metrics",
+        "cuda_peak_allocated",
+        520 * MiB,
+        660 * MiB,
+    )
     # Every step profiled: all of them count.
     only = rank_peaks(metrics_step_memory(m.loc[m["profiled"]]))
     assert only.loc[0, "peak_allocated_bytes"] == 900 * MiB
@@ -191,9 +214,21 @@ def grown_run(tmp_path: Path) -> Path:
 
 def test_check_max_memory_growth_fails_beyond_the_allowance(capsys, tmp_path: Path, grown_run: Path) -> None:
     base_peak = analyze(RUN, cache=False).memory.peak_allocated_bytes
-    code, out, _ = _main(capsys, "check", str(grown_run), "--baseline", str(RUN), "--max-memory-growth", "0.1",
-                         "--json", str(tmp_path / "v.json"), "--junit", str(tmp_path / "v.xml"),
-                         "--summary", str(tmp_path / "v.md"))
+    code, out, _ = _main(
+        capsys,
+        "check",
+        str(grown_run),
+        "--baseline",
+        str(RUN),
+        "--max-memory-growth",
+        "0.1",
+        "--json",
+        str(tmp_path / "v.json"),
+        "--junit",
+        str(tmp_path / "v.xml"),
+        "--summary",
+        str(tmp_path / "v.md"),
+    )
     assert code == 1 and out.startswith("analyzer check: REGRESSION")
     assert "Regression: peak memory" in out and "(+20.0%, over the allowed +10.0%" in out
     v = json.loads((tmp_path / "v.json").read_text())
@@ -208,8 +243,9 @@ def test_check_max_memory_growth_fails_beyond_the_allowance(capsys, tmp_path: Pa
 
 
 def test_check_without_memory_figures_is_one_line_exit_2(capsys) -> None:
-    code, out, err = _main(capsys, "check", str(RUN / "traces"), "--baseline", str(RUN / "traces"),
-                           "--max-memory-growth", "0.1")
+    code, out, err = _main(
+        capsys, "check", str(RUN / "traces"), "--baseline", str(RUN / "traces"), "--max-memory-growth", "0.1"
+    )
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "--max-memory-growth" in err and "no peak memory" in err
 
@@ -233,10 +269,12 @@ def _raw_memory_peaks(path: Path) -> dict[str, tuple[int, int, int]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-SAMPLES = ["tracelens-samples/h100/gaunernst_bert-small-uncased__1016001.json.gz",
-           "tracelens-samples/mi300/gaunernst_bert-small-uncased__1016001.json.gz",
-           "tracelens-samples/perf_model/normalization/normalization_layer_test.json.gz",
-           "tracelens-samples/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"]
+SAMPLES = [
+    "tracelens-samples/h100/gaunernst_bert-small-uncased__1016001.json.gz",
+    "tracelens-samples/mi300/gaunernst_bert-small-uncased__1016001.json.gz",
+    "tracelens-samples/perf_model/normalization/normalization_layer_test.json.gz",
+    "tracelens-samples/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+]
 
 
 @pytest.mark.parametrize("sample", SAMPLES)
@@ -245,8 +283,10 @@ def test_real_traces_peaks_equal_a_plain_json_read(sample: str) -> None:
     if not path.exists():
         pytest.skip(f"{path} absent")
     a = analyze(path, cache=False)
-    got = {r.device: (r.peak_allocated_bytes, r.peak_reserved_bytes, r.n_events)
-           for r in a.memory.trace_peaks.itertuples(index=False)}
+    got = {
+        r.device: (r.peak_allocated_bytes, r.peak_reserved_bytes, r.n_events)
+        for r in a.memory.trace_peaks.itertuples(index=False)
+    }
     assert got == _raw_memory_peaks(path)
     assert a.memory.source == "trace" and not a.memory.timeline.empty
 
@@ -261,10 +301,12 @@ def test_plain_memory_rows_are_converted_column_at_a_time_and_odd_ones_row_by_ro
     assert ts.dtype == np.float64 and ts.tolist() == [10.5, 11.0]
     assert alloc.tolist() == [4096, 2048] and resv.tolist() == [8192, 8192] and alloc.dtype == np.int64
     assert nbytes.tolist() == [512, 0] and device_type.tolist() == [1, 1] and device_id.tolist() == [0, -1]
-    for odd in [(10, True, 8192, 0, 1, 0),        # a bool total (not a number for the row check)
-                (10, None, 8192, 0, 1, 0),        # a missing total: the row is dropped, and counted
-                (-1, 4096, 8192, 0, 1, 0),        # a negative ts
-                (float("nan"), 4096, 8192, 0, 1, 0),
-                (10, 4096.0, 8192, 0, 1, 0),      # a float total: int() it row by row, as before
-                (10, 1 << 70, 8192, 0, 1, 0)]:    # beyond int64
+    for odd in [
+        (10, True, 8192, 0, 1, 0),  # a bool total (not a number for the row check)
+        (10, None, 8192, 0, 1, 0),  # a missing total: the row is dropped, and counted
+        (-1, 4096, 8192, 0, 1, 0),  # a negative ts
+        (float("nan"), 4096, 8192, 0, 1, 0),
+        (10, 4096.0, 8192, 0, 1, 0),  # a float total: int() it row by row, as before
+        (10, 1 << 70, 8192, 0, 1, 0),
+    ]:  # beyond int64
         assert _plain_memory_columns([rows[0], odd]) is None, odd

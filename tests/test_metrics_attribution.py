@@ -5,6 +5,7 @@ vectorized nesting against the stack walk, and the sums on every shared
 real trace (skipped when ../shared is absent), with the annotation
 breakdown cross-checked against HTA's get_gpu_user_annotation_breakdown.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,14 @@ import pandas as pd
 import pytest
 
 from analyzer.ingest.load import load_trace
-from analyzer.metrics.attribution import (RunAttribution, attribute, rank_attribution, run_attribution, _sum_over_ranks,
-                                          _sum_over_ranks_grouped)
+from analyzer.metrics.attribution import (
+    RunAttribution,
+    attribute,
+    rank_attribution,
+    run_attribution,
+    _sum_over_ranks,
+    _sum_over_ranks_grouped,
+)
 from analyzer.metrics.launch import innermost_containing
 from analyzer.metrics.nesting import nest, stack_parents
 from synth import KinetoTrace
@@ -40,17 +47,36 @@ def training_step(t: KinetoTrace) -> None:
     t.annotation("nn.Module: attn", 2, 100, tid=MAIN)
     # aten::linear 10..60 (seq 6, as PyTorch numbers it: the TBackward0 of its aten::t) > aten::addmm 20..50
     # (seq 7, forward) launching a 40 us GEMM at 25.
-    t.cpu_op("aten::linear", 10, 50, tid=MAIN, args={"Sequence number": 6, "Fwd thread id": 0},
-             input_dims=[[8, 16], [32, 16], [32]], input_types=["float"] * 3)
-    t.cpu_op("aten::addmm", 20, 30, tid=MAIN, args={"Sequence number": 7, "Fwd thread id": 0},
-             input_dims=[[32], [8, 16], [16, 32], [], []], input_types=["float"] * 3 + ["Scalar", "Scalar"])
+    t.cpu_op(
+        "aten::linear",
+        10,
+        50,
+        tid=MAIN,
+        args={"Sequence number": 6, "Fwd thread id": 0},
+        input_dims=[[8, 16], [32, 16], [32]],
+        input_types=["float"] * 3,
+    )
+    t.cpu_op(
+        "aten::addmm",
+        20,
+        30,
+        tid=MAIN,
+        args={"Sequence number": 7, "Fwd thread id": 0},
+        input_dims=[[32], [8, 16], [16, 32], [], []],
+        input_types=["float"] * 3 + ["Scalar", "Scalar"],
+    )
     t.kernel(GEMM, 100, 40, launch_us=25)
     # An elementwise op in blocks.0 but outside attn: 20 us kernel.
     t.cpu_op("aten::gelu", 150, 20, tid=MAIN)
     t.kernel("vectorized_elementwise_kernel<gelu>", 160, 20, launch_us=155)
     # Backward on the autograd thread: the node of seq 7 (evaluate_function > AddmmBackward0 > aten::mm x2).
-    t.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", 400, 100, tid=AUTOGRAD,
-             args={"Sequence number": 7, "Fwd thread id": 1})
+    t.cpu_op(
+        "autograd::engine::evaluate_function: AddmmBackward0",
+        400,
+        100,
+        tid=AUTOGRAD,
+        args={"Sequence number": 7, "Fwd thread id": 1},
+    )
     t.cpu_op("AddmmBackward0", 405, 90, tid=AUTOGRAD, args={"Sequence number": 7, "Fwd thread id": 1})
     t.cpu_op("aten::mm", 410, 30, tid=AUTOGRAD)
     t.kernel(GEMM, 450, 30, launch_us=415, args={})
@@ -59,8 +85,13 @@ def training_step(t: KinetoTrace) -> None:
     # A custom autograd.Function (seq 9) with an op inside sharing its number: its node counts to the Function.
     t.cpu_op("MyFunction", 60, 20, tid=MAIN, args={"Sequence number": 9, "Fwd thread id": 0})
     t.cpu_op("aten::zero_", 62, 5, tid=MAIN, args={"Sequence number": 9, "Fwd thread id": 0})
-    t.cpu_op("autograd::engine::evaluate_function: MyFunctionBackward", 540, 20, tid=AUTOGRAD,
-             args={"Sequence number": 9, "Fwd thread id": 1})
+    t.cpu_op(
+        "autograd::engine::evaluate_function: MyFunctionBackward",
+        540,
+        20,
+        tid=AUTOGRAD,
+        args={"Sequence number": 9, "Fwd thread id": 1},
+    )
     t.cpu_op("aten::fill_", 545, 5, tid=AUTOGRAD)
     t.kernel("fill_kernel", 560, 5, launch_us=546)
     # A CUDA-graph replay of two kernels (8 + 12 us) inside an op: attributed to the graph launch.
@@ -94,7 +125,12 @@ def test_each_kernel_attributed_to_op_module_annotation(step_trace):
     rows = {(r.name[:12], r.start_ns // 1000): r for r in k.itertuples()}
     fwd = rows[(GEMM[:12], 100)]
     assert (fwd.op, fwd.attributed_op, fwd.backward, fwd.module, fwd.annotation) == (
-        "aten::addmm", "aten::addmm", False, "blocks.0/attn", "## forward ##")
+        "aten::addmm",
+        "aten::addmm",
+        False,
+        "blocks.0/attn",
+        "## forward ##",
+    )
     assert fwd.input_dims == "[[32],[8,16],[16,32],[],[]]"
     gelu = rows[("vectorized_e", 160)]
     assert (gelu.op, gelu.module) == ("aten::gelu", "blocks.0")
@@ -103,14 +139,24 @@ def test_each_kernel_attributed_to_op_module_annotation(step_trace):
     for start in (450, 480):
         b = rows[(GEMM[:12], start)]
         assert (b.op, b.attributed_op, b.backward, b.launch_tid, b.module) == (
-            "aten::mm", "aten::addmm", True, AUTOGRAD, "blocks.0/attn")
+            "aten::mm",
+            "aten::addmm",
+            True,
+            AUTOGRAD,
+            "blocks.0/attn",
+        )
         assert b.annotation is None  # no annotation around the backward launch
         assert b.input_dims == fwd.input_dims  # the forward op's shapes
     for name in ("triton_poi_f", "triton_red_f"):
         g = [r for key, r in rows.items() if key[0] == name][0]
         assert (g.graph, g.op, g.attributed_op) == (True, "cudaGraphLaunch", "cudaGraphLaunch")
     custom = rows[("fill_kernel", 560)]
-    assert (custom.op, custom.attributed_op, custom.backward, custom.module) == ("aten::fill_", "MyFunction", True, "blocks.0/attn")
+    assert (custom.op, custom.attributed_op, custom.backward, custom.module) == (
+        "aten::fill_",
+        "MyFunction",
+        True,
+        "blocks.0/attn",
+    )
     fill = rows[("fill_kernel", 700)]
     assert fill.op is None and fill.attributed_op is None and fill.launch_tid == MAIN
     memset = [r for r in k.itertuples() if r.kind == "memset"][0]
@@ -122,15 +168,29 @@ def test_rank_tables_exact(step_trace):
     at = rank_attribution(events, steps)
     us = 1000
     assert at.totals == {
-        "device_ns": (40 + 20 + 30 + 50 + 5 + 8 + 12 + 6 + 4) * us, "attributed_ns": (40 + 20 + 30 + 50 + 5 + 8 + 12) * us,
-        "unattributed_ns": 10 * us, "graph_ns": 20 * us, "backward_ns": 85 * us, "other_thread_ns": 85 * us,
-        "module_ns": 145 * us, "annotated_ns": 60 * us, "step_ns": 1000 * us, "n_device": 9, "n_unattributed": 2,
+        "device_ns": (40 + 20 + 30 + 50 + 5 + 8 + 12 + 6 + 4) * us,
+        "attributed_ns": (40 + 20 + 30 + 50 + 5 + 8 + 12) * us,
+        "unattributed_ns": 10 * us,
+        "graph_ns": 20 * us,
+        "backward_ns": 85 * us,
+        "other_thread_ns": 85 * us,
+        "module_ns": 145 * us,
+        "annotated_ns": 60 * us,
+        "step_ns": 1000 * us,
+        "n_device": 9,
+        "n_unattributed": 2,
     }
     assert at.totals["attributed_ns"] + at.totals["unattributed_ns"] == at.totals["device_ns"]
     ops = at.ops.set_index(["op", "backward"])
     assert ops["device_ms"].sum() == pytest.approx(at.totals["attributed_ns"] / 1e6)
     addmm = ops.loc[("aten::addmm", False)]
-    assert (addmm.calls, addmm.host_ms, addmm.device_ms, addmm.device_inclusive_ms, addmm.n_kernels) == (1, 0.03, 0.04, 0.04, 1)
+    assert (addmm.calls, addmm.host_ms, addmm.device_ms, addmm.device_inclusive_ms, addmm.n_kernels) == (
+        1,
+        0.03,
+        0.04,
+        0.04,
+        1,
+    )
     linear = ops.loc[("aten::linear", False)]
     assert (linear.device_ms, linear.device_inclusive_ms, linear.host_ms) == (0.0, 0.04, 0.05)
     # The backward node is reported under its forward op: one call, the node's 100 us, both kernels.
@@ -145,11 +205,26 @@ def test_rank_tables_exact(step_trace):
     assert ops.loc[("CUDAGraph::replay", False)].device_inclusive_ms == 0.02
     # Module tree: self and inclusive, forward and backward.
     mods = at.modules.set_index(["module", "backward"])
-    assert mods.loc[("blocks.0/attn", False)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [0.04, 0.04, 0.1, 1]
-    assert mods.loc[("blocks.0", False)][["device_self_ms", "device_ms", "host_ms", "depth"]].tolist() == [0.02, 0.06, 0.2, 0]
+    assert mods.loc[("blocks.0/attn", False)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [
+        0.04,
+        0.04,
+        0.1,
+        1,
+    ]
+    assert mods.loc[("blocks.0", False)][["device_self_ms", "device_ms", "host_ms", "depth"]].tolist() == [
+        0.02,
+        0.06,
+        0.2,
+        0,
+    ]
     # Backward: the two nodes of forward ops inside attn (addmm's 100 us, MyFunction's 20 us).
     assert mods.loc[("blocks.0/attn", True)][["device_ms", "host_ms", "calls"]].tolist() == [0.085, 0.12, 2]
-    assert mods.loc[("blocks.0", True)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [0.0, 0.085, 0.12, 2]
+    assert mods.loc[("blocks.0", True)][["device_self_ms", "device_ms", "host_ms", "calls"]].tolist() == [
+        0.0,
+        0.085,
+        0.12,
+        2,
+    ]
     annos = at.annotations.set_index("name")
     assert annos.loc["## forward ##", ["calls", "host_ms", "device_ms"]].tolist() == [1, 0.3, 0.06]
     assert "ProfilerStep#1" not in annos.index and "nn.Module: attn" not in annos.index
@@ -171,7 +246,14 @@ def test_gpu_annotation_time_and_run_tables(tmp_path):
     events, steps = _load(t, tmp_path)
     at = rank_attribution(events, steps)
     row = at.annotations.set_index("name").loc["## opt ##"]
-    assert row[["calls", "host_ms", "device_self_ms", "device_ms", "gpu_calls", "gpu_ms"]].tolist() == [2, 0.1, 0.025, 0.025, 2, 0.04]
+    assert row[["calls", "host_ms", "device_self_ms", "device_ms", "gpu_calls", "gpu_ms"]].tolist() == [
+        2,
+        0.1,
+        0.025,
+        0.025,
+        2,
+        0.04,
+    ]
     run = run_attribution({0: at, 1: at})
     assert run.ops["rank"].tolist() == [0, 1]
     assert run.ops["share_of_step_pct"].tolist() == [2.5, 2.5]  # 25 us of a 1000 us step
@@ -190,8 +272,13 @@ def test_no_kernels_cpu_only_still_has_host_tables(tmp_path):
     t.step(1, 0, 100)
     t.annotation("nn.Module: blocks.0", 0, 50, tid=MAIN)
     t.cpu_op("aten::mm", 5, 20, tid=MAIN, args={"Sequence number": 3, "Fwd thread id": 0})
-    t.cpu_op("autograd::engine::evaluate_function: MmBackward0", 60, 30, tid=AUTOGRAD,
-             args={"Sequence number": 3, "Fwd thread id": 1})
+    t.cpu_op(
+        "autograd::engine::evaluate_function: MmBackward0",
+        60,
+        30,
+        tid=AUTOGRAD,
+        args={"Sequence number": 3, "Fwd thread id": 1},
+    )
     events, steps = _load(t, tmp_path)
     at = rank_attribution(events, steps)
     assert at.totals["device_ns"] == 0 and at.totals["attributed_ns"] == 0
@@ -256,8 +343,9 @@ def test_overlapping_ranges_fall_back_to_the_stack_walk():
 def test_innermost_containing_per_thread():
     """The launch link's lookup: the innermost op open at each instant on the query's own thread (start
     inclusive, end exclusive), the stack's view where ops overlap, -1 off every op and on a thread without ops."""
-    ops = pd.DataFrame({"pid": [1, 1, 1, 1, 2], "tid": [7, 7, 7, 7, 7],
-                        "start_ns": [0, 2, 5, 20, 0], "end_ns": [10, 4, 15, 30, 100]})
+    ops = pd.DataFrame(
+        {"pid": [1, 1, 1, 1, 2], "tid": [7, 7, 7, 7, 7], "start_ns": [0, 2, 5, 20, 0], "end_ns": [10, 4, 15, 30, 100]}
+    )
     q_pid = np.array([1, 1, 1, 1, 1, 1, 2, 1, 3])
     q_tid = np.array([7, 7, 7, 7, 7, 7, 7, 8, 7])
     q_t = np.array([0, 3, 4, 6, 12, 17, 50, 3, 3])
@@ -310,7 +398,9 @@ def test_one_rank_sum_equals_the_groupby(shared_dir):
             # the values must be equal, and every non-text column's dtype too.
             pd.testing.assert_frame_equal(fast, grouped, check_exact=True, check_dtype=False, obj=f"{path.name} {name}")
             for c in fast.columns:
-                if not pd.api.types.is_string_dtype(grouped[c]) and not isinstance(grouped[c].dtype, pd.CategoricalDtype):
+                if not pd.api.types.is_string_dtype(grouped[c]) and not isinstance(
+                    grouped[c].dtype, pd.CategoricalDtype
+                ):
                     assert fast[c].dtype == grouped[c].dtype, (path.name, name, c)
             checked += 1
     assert checked >= 20
@@ -344,10 +434,14 @@ def test_real_traces_attribution_found(shared_dir):
     control = rank_attribution(*_rank(shared_dir / "traces/hta-samples/trace_diff/control/control.json.gz"))
     assert control.totals["attributed_ns"] / control.totals["device_ns"] > 0.98
     assert control.totals["backward_ns"] / control.totals["device_ns"] > 0.4
-    bert = rank_attribution(*_rank(next((shared_dir / "traces/tracelens-samples/h100").glob("gaunernst_bert*.json.gz"))))
+    bert = rank_attribution(
+        *_rank(next((shared_dir / "traces/tracelens-samples/h100").glob("gaunernst_bert*.json.gz")))
+    )
     assert bert.totals["module_ns"] / bert.totals["device_ns"] > 0.9
     assert bert.modules["module"].str.contains("/").any()
-    sglang = rank_attribution(*_rank(shared_dir / "traces/tracelens-samples/inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz"))
+    sglang = rank_attribution(
+        *_rank(shared_dir / "traces/tracelens-samples/inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz")
+    )
     # The HIP graph replay is mapped to the ops of capture_traces/ (analyzer/ingest/graph_capture.py): aten::mm
     # leads with 145 calls and 5.782 ms, TraceLens's ops_summary.csv's aten::mm rows (2417.66 + 2064.24 + 903.52
     # + 396.83 us).
@@ -382,7 +476,9 @@ def test_gpu_annotation_breakdown_matches_hta(shared_dir, tmp_path, group):
     os.symlink(src, tmp_path / src.name)
     logging.disable(logging.WARNING)
     try:
-        theirs = hta.TraceAnalysis(trace_dir=str(tmp_path), include_last_profiler_step=True).get_gpu_user_annotation_breakdown(visualize=False, num_kernels=10_000)
+        theirs = hta.TraceAnalysis(
+            trace_dir=str(tmp_path), include_last_profiler_step=True
+        ).get_gpu_user_annotation_breakdown(visualize=False, num_kernels=10_000)
     finally:
         logging.disable(logging.NOTSET)
     ours = rank_attribution(*_rank(src)).annotations.set_index("name")
@@ -413,7 +509,7 @@ def test_report_json_and_text(tmp_path):
     assert totals["attributed_ms"] + totals["unattributed_ms"] == pytest.approx(totals["device_ms"])
     assert run.ops(0).equals(run.ops()) and run.ops(1).empty
     text = render_text(run)
-    section = text[text.index("Where device time goes"):text.index("Top kernels")]
+    section = text[text.index("Where device time goes") : text.index("Top kernels")]
     assert "unattributed 5.7%" in section  # 10 of 175 us
     line = next(x for x in section.splitlines() if x.startswith("aten::addmm") and " bwd " in x)
     assert line.split()[2:5] == ["1", "0.080", "0.080"]  # calls, device ms, incl ms
@@ -427,8 +523,8 @@ def test_report_html_has_the_op_and_module_tables(tmp_path):
     t = KinetoTrace(rank=0, world_size=1, tid=MAIN)
     training_step(t)
     page = render_html(analyze(t.write(tmp_path / "rank0.json.gz"), cache=False))
-    section = page[page.index("<h2>Where device time goes</h2>"):]
-    assert "<td class=\"l\">aten::addmm</td>" in section and "<td class=\"l\">blocks.0/attn</td>" in section
+    section = page[page.index("<h2>Where device time goes</h2>") :]
+    assert '<td class="l">aten::addmm</td>' in section and '<td class="l">blocks.0/attn</td>' in section
 
 
 def test_attention_kernels_take_the_backend_ops_shapes(tmp_path):
@@ -442,10 +538,22 @@ def test_attention_kernels_take_the_backend_ops_shapes(tmp_path):
     t.step(1, 0, 1000)
     q = [2, 4, 256, 64]
     bf16 = "c10::BFloat16"
-    t.cpu_op("aten::scaled_dot_product_attention", 10, 200, tid=MAIN, input_dims=[q, q, q, [], [], [], [], []],
-             input_types=[bf16] * 3 + ["Scalar"] * 5)
-    flash = t.cpu_op("aten::_scaled_dot_product_flash_attention", 20, 180, tid=MAIN,
-                     input_dims=[q, q, q, [], [], [], []], input_types=[bf16] * 3 + ["Scalar"] * 4)
+    t.cpu_op(
+        "aten::scaled_dot_product_attention",
+        10,
+        200,
+        tid=MAIN,
+        input_dims=[q, q, q, [], [], [], [], []],
+        input_types=[bf16] * 3 + ["Scalar"] * 5,
+    )
+    flash = t.cpu_op(
+        "aten::_scaled_dot_product_flash_attention",
+        20,
+        180,
+        tid=MAIN,
+        input_dims=[q, q, q, [], [], [], []],
+        input_types=[bf16] * 3 + ["Scalar"] * 4,
+    )
     flash["args"]["Concrete Inputs"] = ["", "", "", "0.", "True", "False", "0.125"]
     t.cpu_op("aten::fill_", 30, 10, tid=MAIN)
     t.kernel("vectorized_elementwise_kernel<FillFunctor<int>>", 300, 4, launch_us=32)
@@ -459,7 +567,12 @@ def test_attention_kernels_take_the_backend_ops_shapes(tmp_path):
     assert ops.loc[("aten::_scaled_dot_product_flash_attention", False), "device_ms"] == 0.0
     (row,) = at.shapes.itertuples(index=False)
     assert (row.op, row.backward, row.calls, row.n_kernels, row.device_ms) == (
-        "aten::_scaled_dot_product_flash_attention", False, 1, 2, pytest.approx(0.064))
+        "aten::_scaled_dot_product_flash_attention",
+        False,
+        1,
+        2,
+        pytest.approx(0.064),
+    )
     assert row.concrete_inputs == '["","","","0.","True","False","0.125"]'
     p = roofline(at.shapes, "NVIDIA H100 80GB HBM3").points.iloc[0]
     assert bool(p["causal"]) is True and p["flops"] == 2 * (2 * 4) * 256 * 256 * (64 + 64)  # 2 B H L S (E + Ev)
@@ -473,12 +586,24 @@ def test_recomputed_forward_kernels_count_to_their_forward_op_marked_recompute(t
     t.step(1, 0, 1000)
     t.cpu_op("aten::relu_", 10, 20, tid=MAIN, args={"Sequence number": 3, "Fwd thread id": 0})
     t.kernel("vectorized_elementwise_kernel<threshold>", 40, 5, launch_us=12)
-    t.cpu_op("autograd::engine::evaluate_function: ReluBackward0", 400, 200, tid=AUTOGRAD,
-             args={"Sequence number": 3, "Fwd thread id": 1})
+    t.cpu_op(
+        "autograd::engine::evaluate_function: ReluBackward0",
+        400,
+        200,
+        tid=AUTOGRAD,
+        args={"Sequence number": 3, "Fwd thread id": 1},
+    )
     t.cpu_op("ReluBackward0", 405, 190, tid=AUTOGRAD, args={"Sequence number": 3, "Fwd thread id": 1})
     # The recomputed convolution: a forward op (Fwd thread id 0, a new sequence number) inside the node.
-    t.cpu_op("aten::convolution", 410, 100, tid=AUTOGRAD, args={"Sequence number": 11, "Fwd thread id": 0},
-             input_dims=[[2, 4, 8, 8], [6, 4, 3, 3], [], [], [], [], [], [], []], input_types=["float"] * 2)
+    t.cpu_op(
+        "aten::convolution",
+        410,
+        100,
+        tid=AUTOGRAD,
+        args={"Sequence number": 11, "Fwd thread id": 0},
+        input_dims=[[2, 4, 8, 8], [6, 4, 3, 3], [], [], [], [], [], [], []],
+        input_types=["float"] * 2,
+    )
     t.kernel("implicit_convolve_sgemm", 420, 300, launch_us=415)
     _runtime_tid(t, 415, AUTOGRAD)
     t.cpu_op("aten::threshold_backward", 520, 50, tid=AUTOGRAD)

@@ -1,6 +1,7 @@
 """reftrain's model names its blocks, attention and MLP as module ranges; the analyzer's module tree shows
 each block's forward and backward. A real torch.profiler trace of two training steps
 of the tiny model on CPU, read by the analyzer."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,4 +36,7 @@ def test_module_tree_has_every_block_forward_and_backward(tmp_path: Path) -> Non
                 assert row["calls"] >= 1 and row["host_ms"] > 0, (path, backward)
         # A block's time holds its attention's and MLP's.
         fwd = mods.xs(False, level="backward")
-        assert fwd.loc[f"blocks.{i}", "host_ms"] >= fwd.loc[f"blocks.{i}/attn", "host_ms"] + fwd.loc[f"blocks.{i}/mlp", "host_ms"]
+        assert (
+            fwd.loc[f"blocks.{i}", "host_ms"]
+            >= fwd.loc[f"blocks.{i}/attn", "host_ms"] + fwd.loc[f"blocks.{i}/mlp", "host_ms"]
+        )

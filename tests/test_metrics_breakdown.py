@@ -1,4 +1,5 @@
 """Step breakdown on hand-built timelines with exact answers (times in us, tables in ns)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +14,27 @@ US = 1000
 
 
 def kernel(name: str, start_us: float, end_us: float, stream: int = 7, cat: str = "kernel") -> dict:
-    return {"rank": 0, "cat": cat, "name": name, "pid": 0, "tid": stream, "start_ns": int(start_us * US), "end_ns": int(end_us * US)}
+    return {
+        "rank": 0,
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "start_ns": int(start_us * US),
+        "end_ns": int(end_us * US),
+    }
 
 
 def host(name: str, start_us: float, end_us: float, tid: int = 1, cat: str = "user_annotation") -> dict:
-    return {"rank": 0, "cat": cat, "name": name, "pid": 100, "tid": tid, "start_ns": int(start_us * US), "end_ns": int(end_us * US)}
+    return {
+        "rank": 0,
+        "cat": cat,
+        "name": name,
+        "pid": 100,
+        "tid": tid,
+        "start_ns": int(start_us * US),
+        "end_ns": int(end_us * US),
+    }
 
 
 def steps_table(*windows_us: tuple[int, float, float]) -> pd.DataFrame:
@@ -65,8 +82,14 @@ def test_two_streams_union_and_comm_overlap_exact() -> None:
     assert out["source"].tolist() == ["device"]
     # compute union [0,100); comm [60,160): 40 us hidden, 60 us exposed, 40 us idle at the end.
     assert as_us(out, DEVICE_PARTS) == [
-        {"compute_ms": 60, "overlapped_comm_ms": 40, "collective_wait_ms": 0, "exposed_comm_ms": 60, "exposed_memcpy_ms": 0,
-         "idle_ms": 40}
+        {
+            "compute_ms": 60,
+            "overlapped_comm_ms": 40,
+            "collective_wait_ms": 0,
+            "exposed_comm_ms": 60,
+            "exposed_memcpy_ms": 0,
+            "idle_ms": 40,
+        }
     ]
     assert round(out["comm_ms"].iloc[0] * 1000) == 100
     assert out["step_time_ms"].iloc[0] == pytest.approx(0.2)
@@ -93,8 +116,14 @@ def test_memcpy_is_exposed_only_outside_compute_and_comm() -> None:
     )
     out = step_breakdown(events, steps_table((3, 0, 100)))
     assert as_us(out, DEVICE_PARTS) == [
-        {"compute_ms": 50, "overlapped_comm_ms": 0, "collective_wait_ms": 0, "exposed_comm_ms": 10, "exposed_memcpy_ms": 25,
-         "idle_ms": 15}
+        {
+            "compute_ms": 50,
+            "overlapped_comm_ms": 0,
+            "collective_wait_ms": 0,
+            "exposed_comm_ms": 10,
+            "exposed_memcpy_ms": 25,
+            "idle_ms": 15,
+        }
     ]
 
 
@@ -107,7 +136,14 @@ def test_parts_sum_exactly_to_step_on_random_timelines() -> None:
         k = int(rng.integers(0, 3))
         start = int(rng.integers(0, 10_000_000))
         records.append(
-            {"rank": 0, "cat": cats[k], "name": names[k], "tid": int(rng.integers(0, 4)), "start_ns": start, "end_ns": start + int(rng.integers(1, 300_000))}
+            {
+                "rank": 0,
+                "cat": cats[k],
+                "name": names[k],
+                "tid": int(rng.integers(0, 4)),
+                "start_ns": start,
+                "end_ns": start + int(rng.integers(1, 300_000)),
+            }
         )
     events = events_from_records(records)
     edges = np.sort(rng.choice(np.arange(1, 10_500_000), size=11, replace=False))
@@ -161,7 +197,9 @@ def test_host_breakdown_phases_comm_and_other() -> None:
 def test_host_nested_phase_goes_to_the_more_specific_one() -> None:
     events = events_from_records([host("backward", 0, 100), host("grad_sync", 60, 100)])
     out = step_breakdown(events, steps_table((0, 0, 100)), source="host")
-    assert as_us(out, ("backward_ms", "grad_sync_ms", "other_ms")) == [{"backward_ms": 60, "grad_sync_ms": 40, "other_ms": 0}]
+    assert as_us(out, ("backward_ms", "grad_sync_ms", "other_ms")) == [
+        {"backward_ms": 60, "grad_sync_ms": 40, "other_ms": 0}
+    ]
 
 
 def test_summary_pct_sums_to_100_and_medians() -> None:
@@ -207,8 +245,16 @@ def test_host_wait_at_the_collective_is_not_backward() -> None:
     out = step_breakdown(events, steps, waits=waits)
     assert as_us(alone, ("backward_ms", "collective_wait_ms")) == [{"backward_ms": 650, "collective_wait_ms": 0}]
     assert as_us(out, HOST_PARTS) == [
-        {"data_ms": 0, "forward_ms": 300, "backward_ms": 360, "optimizer_ms": 0, "grad_sync_ms": 0,
-         "collective_wait_ms": 290, "exposed_comm_ms": 0, "other_ms": 50}
+        {
+            "data_ms": 0,
+            "forward_ms": 300,
+            "backward_ms": 360,
+            "optimizer_ms": 0,
+            "grad_sync_ms": 0,
+            "collective_wait_ms": 290,
+            "exposed_comm_ms": 0,
+            "other_ms": 50,
+        }
     ]
 
 
@@ -223,8 +269,14 @@ def test_device_wait_is_carved_out_of_the_communication_kernel() -> None:
     out = step_breakdown(events, steps_table((1, 0, 200)), waits=(np.array([60 * US]), np.array([130 * US])))
     # 60..100 is hidden behind compute (overlapped, whatever the wait); 100..130 is the wait; 130..160 the transfer.
     assert as_us(out, DEVICE_PARTS) == [
-        {"compute_ms": 60, "overlapped_comm_ms": 40, "collective_wait_ms": 30, "exposed_comm_ms": 30,
-         "exposed_memcpy_ms": 0, "idle_ms": 40}
+        {
+            "compute_ms": 60,
+            "overlapped_comm_ms": 40,
+            "collective_wait_ms": 30,
+            "exposed_comm_ms": 30,
+            "exposed_memcpy_ms": 0,
+            "idle_ms": 40,
+        }
     ]
     assert round(out["comm_ms"].iloc[0] * 1000) == 100  # the kernel's whole time, wait included
 
@@ -235,13 +287,22 @@ def test_waits_from_collective_durations_need_no_common_clock() -> None:
     # Two ranks, clocks 1 s apart. Collective 0: rank 0 arrives 30 us before rank 1 (its kernel
     # runs 130 us, rank 1's 100 us). Collective 1: both arrive together (equal durations).
     def rank_events(rank: int, shift_us: float, k0: tuple, k1: tuple) -> pd.DataFrame:
-        return events_from_records([
-            {**kernel("ncclDevKernel_AllReduce_Sum_f32", shift_us + k0[0], shift_us + k0[1], stream=20), "rank": rank},
-            {**kernel("ncclDevKernel_AllReduce_Sum_f32", shift_us + k1[0], shift_us + k1[1], stream=20), "rank": rank},
-        ])
+        return events_from_records(
+            [
+                {
+                    **kernel("ncclDevKernel_AllReduce_Sum_f32", shift_us + k0[0], shift_us + k0[1], stream=20),
+                    "rank": rank,
+                },
+                {
+                    **kernel("ncclDevKernel_AllReduce_Sum_f32", shift_us + k1[0], shift_us + k1[1], stream=20),
+                    "rank": rank,
+                },
+            ]
+        )
 
-    spans = collective_spans({0: rank_events(0, 0, (100, 230), (500, 600)),
-                              1: rank_events(1, 1_000_000, (130, 230), (500, 600))})
+    spans = collective_spans(
+        {0: rank_events(0, 0, (100, 230), (500, 600)), 1: rank_events(1, 1_000_000, (130, 230), (500, 600))}
+    )
     assert spans["key"].tolist() == ["0:0", "0:1", "0:0", "0:1"]
     waits = wait_intervals(spans)
     assert list(waits) == [0]  # nobody waits at collective 1; rank 1 arrived last at collective 0

@@ -1,4 +1,5 @@
 """Per-collective sizes and bandwidths (nccl-tests formulas), alpha-beta fits and the comm diagnosis, with exact answers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,13 @@ def test_bandwidths_match_nccl_tests_formulas(tmp_path):
         # all_reduce: S = 25e6 floats = 100e6 B in 1000 us -> algbw 100 GB/s, busbw 100 * 2*7/8 = 175.
         t.kernel(NCCL_AR, 1000, 1000, stream=20, args=t.comm_args("allreduce", 25_000_000))
         # all_gather: S = output = 8e6 bf16 = 16e6 B in 200 us -> 80 GB/s, busbw 80 * 7/8 = 70.
-        t.kernel(NCCL_AG, 3000, 200, stream=20, args=t.comm_args("_allgather_base", 1_000_000, 8_000_000, dtype="c10::BFloat16"))
+        t.kernel(
+            NCCL_AG,
+            3000,
+            200,
+            stream=20,
+            args=t.comm_args("_allgather_base", 1_000_000, 8_000_000, dtype="c10::BFloat16"),
+        )
         # reduce_scatter: S = input = 8e6 floats = 32e6 B in 400 us -> 80 GB/s, busbw 70.
         t.kernel(NCCL_RS, 4000, 400, stream=20, args=t.comm_args("_reduce_scatter_base", 8_000_000, 1_000_000))
 
@@ -41,6 +48,7 @@ def test_bandwidths_match_nccl_tests_formulas(tmp_path):
 
 def test_message_from_launching_record_param_comms(tmp_path):
     """Older PyTorch: the kernel has no message args; the record_param_comms op around its launch has them."""
+
     def build(t):
         t.record_param_comms(900, 50, args=t.comm_args("allreduce", 25_000_000))
         t.kernel(NCCL_AR, 1000, 1000, stream=20, launch_us=910)
@@ -65,9 +73,18 @@ def test_alpha_beta_exact(tmp_path):
 
 
 def _rows(sizes, durations_ns, busbw):
-    return pd.DataFrame({"kind": "all_reduce", "start_ns": np.arange(len(sizes)), "duration_ns": durations_ns,
-                         "size_bytes": np.asarray(sizes, np.float64), "group_size": 8, "dtype": "Float",
-                         "algbw_gbps": np.nan, "busbw_gbps": np.asarray(busbw, np.float64)})
+    return pd.DataFrame(
+        {
+            "kind": "all_reduce",
+            "start_ns": np.arange(len(sizes)),
+            "duration_ns": durations_ns,
+            "size_bytes": np.asarray(sizes, np.float64),
+            "group_size": 8,
+            "dtype": "Float",
+            "algbw_gbps": np.nan,
+            "busbw_gbps": np.asarray(busbw, np.float64),
+        }
+    )
 
 
 def test_diagnosis_latency_bound():

@@ -10,6 +10,7 @@ launched 1190 -> host wait 100). aten::item 235-302 > _local_scalar_dense >
 cudaStreamSynchronize 240-300: one sync point whose end lies in the device
 gap 230-310.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,7 +22,14 @@ import pytest
 from analyzer.ingest.load import load_trace
 from analyzer.ingest.tables import empty_events, empty_steps
 from analyzer.metrics.idle import (
-    CATEGORIES, KERNEL_WAIT_NS, LaunchSummary, device_gaps, launch_stats, rank_idle, run_idle, stream_idle,
+    CATEGORIES,
+    KERNEL_WAIT_NS,
+    LaunchSummary,
+    device_gaps,
+    launch_stats,
+    rank_idle,
+    run_idle,
+    stream_idle,
     window_device,
 )
 from synth import KinetoTrace

@@ -1,4 +1,5 @@
 """analyzer.metrics.memo.per_table: one computation per live table, never an answer for another table."""
+
 from __future__ import annotations
 
 import gc
@@ -32,11 +33,15 @@ def test_the_metrics_that_share_launches_get_the_same_answer_as_uncached() -> No
     from analyzer.metrics.launch import launches
 
     uncached = launches.__wrapped__  # functools.wraps keeps the pure function
-    events = pd.DataFrame({
-        "kind": ["runtime", "compute", "runtime", "compute", "compute"],
-        "correlation": [7, 7, 9, 9, -1],
-        "pid": [1, 0, 1, 0, 0], "tid": [5, 7, 5, 7, 7], "start_ns": [100, 150, 300, 320, 400],
-    })
+    events = pd.DataFrame(
+        {
+            "kind": ["runtime", "compute", "runtime", "compute", "compute"],
+            "correlation": [7, 7, 9, 9, -1],
+            "pid": [1, 0, 1, 0, 0],
+            "tid": [5, 7, 5, 7, 7],
+            "start_ns": [100, 150, 300, 320, 400],
+        }
+    )
     first = launches(events)
     assert launches(events) is first  # the second caller gets the same table
     pd.testing.assert_frame_equal(first, uncached(events))

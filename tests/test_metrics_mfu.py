@@ -1,4 +1,5 @@
 """MFU: FLOPs from recorded shapes (hand-computed and against torch's counter) and from the manifest."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,11 @@ def op(name: str, start_us: float, end_us: float, dims=None, types=None, tid: in
 
 def steps_table(*windows_us) -> pd.DataFrame:
     return pd.DataFrame(
-        {"step": [w[0] for w in windows_us], "start_ns": [w[1] * US for w in windows_us], "end_ns": [w[2] * US for w in windows_us]}
+        {
+            "step": [w[0] for w in windows_us],
+            "start_ns": [w[1] * US for w in windows_us],
+            "end_ns": [w[2] * US for w in windows_us],
+        }
     )
 
 
@@ -52,7 +57,11 @@ def steps_table(*windows_us) -> pd.DataFrame:
         ("aten::matmul", [[2, 1, 5, 6], [3, 6, 7]], 2 * (2 * 3) * 5 * 6 * 7),  # broadcast batch
         ("aten::matmul", [[6], [6]], 2 * 6),
         ("aten::matmul", [[4, 5, 6], [6]], 2 * 4 * 5 * 6),
-        ("aten::scaled_dot_product_attention", [[2, 8, 128, 64], [2, 8, 256, 64], [2, 8, 256, 32], [], []], 2 * 16 * 128 * 256 * 64 + 2 * 16 * 128 * 256 * 32),
+        (
+            "aten::scaled_dot_product_attention",
+            [[2, 8, 128, 64], [2, 8, 256, 64], [2, 8, 256, 32], [], []],
+            2 * 16 * 128 * 256 * 64 + 2 * 16 * 128 * 256 * 32,
+        ),
     ],
 )
 def test_flops_formulas(name: str, dims, flops: int) -> None:
@@ -119,7 +128,15 @@ def test_trace_shapes_mfu_with_table_peak_and_argument() -> None:
     events = events_from_records(
         [
             op("aten::mm", 10, 100, [[4096, 4096], [4096, 4096]], ["c10::BFloat16"] * 2),
-            {"rank": 0, "cat": "kernel", "name": "sm90_gemm_bf16", "pid": 0, "tid": 7, "start_ns": 20 * US, "end_ns": 900 * US},
+            {
+                "rank": 0,
+                "cat": "kernel",
+                "name": "sm90_gemm_bf16",
+                "pid": 0,
+                "tid": 7,
+                "start_ns": 20 * US,
+                "end_ns": 900 * US,
+            },
         ]
     )
     steps = steps_table((0, 0, 1000))  # 1 ms
@@ -243,13 +260,19 @@ def test_hfu_above_the_peak_says_the_peak_is_wrong() -> None:
     which no device achieves; the result says so instead of passing it as a
     fraction of the hardware's peak. At the true peak (1e14): 81.9 %, no note."""
     metrics = metrics_table({0: (100, 100), 1: (100, 100)})
-    low = mfu_from_manifest(manifest(warmup_steps=0, profiled_steps=[],
-                                     peak_flops={"per_s": 1e13, "source": "measured", "detail": "cpu matmul", "dtype": "fp32"}),
-                            metrics)
+    low = mfu_from_manifest(
+        manifest(
+            warmup_steps=0,
+            profiled_steps=[],
+            peak_flops={"per_s": 1e13, "source": "measured", "detail": "cpu matmul", "dtype": "fp32"},
+        ),
+        metrics,
+    )
     assert low.hfu_median == pytest.approx(8.192)
     assert [n for n in low.notes if "above 100 %" in n] == [
         "HFU 819.2% is above 100 %: the peak (1e+13 FLOP/s, cpu matmul) is below the rate the steps achieved, so MFU "
-        "and HFU here are not fractions of the hardware's peak (pass the real peak with --peak-flops)"]
+        "and HFU here are not fractions of the hardware's peak (pass the real peak with --peak-flops)"
+    ]
     right = mfu_from_manifest(manifest(warmup_steps=0, profiled_steps=[]), metrics)
     assert right.hfu_median == pytest.approx(0.8192) and not [n for n in right.notes if "above 100 %" in n]
 
@@ -317,13 +340,29 @@ ADDMM_FLOPS = 2 * 2048 * 512 * 3906  # 8.19e9
 
 
 def launch(corr: int, at_us: float, tid: int = 1) -> dict:
-    return {"rank": 0, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": tid,
-            "start_ns": int(at_us * US), "end_ns": int(at_us * US) + 2 * US, "correlation": corr}
+    return {
+        "rank": 0,
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 10,
+        "tid": tid,
+        "start_ns": int(at_us * US),
+        "end_ns": int(at_us * US) + 2 * US,
+        "correlation": corr,
+    }
 
 
 def kernel(name: str, corr: int, start_us: float, end_us: float) -> dict:
-    return {"rank": 0, "cat": "kernel", "name": name, "pid": 0, "tid": 7,
-            "start_ns": int(start_us * US), "end_ns": int(end_us * US), "correlation": corr}
+    return {
+        "rank": 0,
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "start_ns": int(start_us * US),
+        "end_ns": int(end_us * US),
+        "correlation": corr,
+    }
 
 
 def test_inconsistent_linear_is_not_counted_its_addmm_is_and_it_is_listed() -> None:
@@ -338,11 +377,17 @@ def test_inconsistent_linear_is_not_counted_its_addmm_is_and_it_is_listed() -> N
     # Host-only (no kernels): the linear falls back to its child.
     rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
     assert rf.attribution == "host-ops"
-    assert rf.steps["flops"].tolist() == [ADDMM_FLOPS]  # the inconsistent linear, counted from its shapes, would give 2*2048*160*606*2048 = 8.13e11
+    assert rf.steps["flops"].tolist() == [
+        ADDMM_FLOPS
+    ]  # the inconsistent linear, counted from its shapes, would give 2*2048*160*606*2048 = 8.13e11
     assert [(i["name"], i["count"]) for i in rf.inconsistent] == [("aten::linear", 1)]
     # Kernel attribution: the GEMM launched inside the addmm is charged to it, once.
-    records += [launch(5, 30), kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 5, 200, 400),
-                launch(6, 40), kernel("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 6, 400, 410)]
+    records += [
+        launch(5, 30),
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 5, 200, 400),
+        launch(6, 40),
+        kernel("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 6, 400, 410),
+    ]
     rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
     assert rf.attribution == "kernels"
     assert rf.steps["flops"].tolist() == [ADDMM_FLOPS]
@@ -356,7 +401,8 @@ def test_nested_consistent_linear_matmul_mm_count_the_product_once() -> None:
         op("aten::linear", 10, 100, [[4, 64, 256], [512, 256], []], ["float"] * 2),
         op("aten::matmul", 15, 95, [[4, 64, 256], [256, 512]], ["float"] * 2),
         op("aten::mm", 20, 90, [[256, 256], [256, 512]], ["float"] * 2),
-        launch(1, 30), kernel("ampere_sgemm_128x64_nn", 1, 120, 300),
+        launch(1, 30),
+        kernel("ampere_sgemm_128x64_nn", 1, 120, 300),
     ]
     events = events_from_records(records)
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
@@ -369,12 +415,16 @@ def test_compiled_region_lowers_coverage_and_labels_mfu_a_lower_bound() -> None:
     mm = [[4096, 4096], [4096, 4096]]
     records = [
         op("aten::mm", 10, 100, mm, ["c10::BFloat16"] * 2),
-        launch(1, 20), kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 1, 100, 200),  # 100 us, known
+        launch(1, 20),
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 1, 100, 200),  # 100 us, known
         # A compiled region: its GEMMs and Triton kernels are launched with no aten op (no shapes).
         op("CompiledFunction", 300, 900),
-        launch(2, 310), kernel("triton_tem_fused_mm_0", 2, 300, 600),  # 300 us, unknown
-        launch(3, 320), kernel("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", 3, 600, 900),  # 300 us, unknown
-        launch(4, 330), kernel("triton_poi_fused_add_0", 4, 900, 950),  # elementwise: not a FLOP kernel
+        launch(2, 310),
+        kernel("triton_tem_fused_mm_0", 2, 300, 600),  # 300 us, unknown
+        launch(3, 320),
+        kernel("nvjet_tst_64x64_64x16_2x1_2cta_v_bz_bias_TNT", 3, 600, 900),  # 300 us, unknown
+        launch(4, 330),
+        kernel("triton_poi_fused_add_0", 4, 900, 950),  # elementwise: not a FLOP kernel
     ]
     rf = rank_flops_from_shapes(0, events_from_records(records), steps_table((0, 0, 1000)))
     assert rf.coverage == pytest.approx(100 / 700)
@@ -388,13 +438,23 @@ def test_compiled_region_lowers_coverage_and_labels_mfu_a_lower_bound() -> None:
 
 def test_tf32_and_fp8_kernels_pick_their_peaks() -> None:
     mm = [[1024, 1024], [1024, 1024]]
-    tf32 = events_from_records([op("aten::mm", 10, 100, mm, ["float", "float"]), launch(1, 20),
-                                kernel("sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16", 1, 100, 200)])
+    tf32 = events_from_records(
+        [
+            op("aten::mm", 10, 100, mm, ["float", "float"]),
+            launch(1, 20),
+            kernel("sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16", 1, 100, 200),
+        ]
+    )
     rf = rank_flops_from_shapes(0, tf32, steps_table((0, 0, 1000)))
     assert rf.dtype == "tf32"
     assert mfu_from_trace_shapes([rf], {0: "NVIDIA H100 80GB HBM3"}).peak_flops_per_s == pytest.approx(494.7e12)
-    fp8 = events_from_records([op("aten::mm", 10, 100, mm, ["c10::BFloat16"] * 2), launch(1, 20),
-                               kernel("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", 1, 100, 200)])
+    fp8 = events_from_records(
+        [
+            op("aten::mm", 10, 100, mm, ["c10::BFloat16"] * 2),
+            launch(1, 20),
+            kernel("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", 1, 100, 200),
+        ]
+    )
     rf = rank_flops_from_shapes(0, fp8, steps_table((0, 0, 1000)))
     assert rf.dtype == "fp8"
     assert mfu_from_trace_shapes([rf], {0: "NVIDIA H100 80GB HBM3"}).peak_flops_per_s == pytest.approx(1978.9e12)
@@ -402,8 +462,10 @@ def test_tf32_and_fp8_kernels_pick_their_peaks() -> None:
 
 def _conv_fwd(start: float, end: float, tid: int = 1) -> dict:
     # conv2d(x[2,4,8,8], w[6,4,3,3], bias None, stride 1, padding 1, dilation 1, groups 1): 2*2*64*6*9*4 FLOPs
-    return dict(op("aten::conv2d", start, end, [[2, 4, 8, 8], [6, 4, 3, 3], []], ["float"] * 2, tid=tid),
-                concrete_inputs=json.dumps(["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]))
+    return dict(
+        op("aten::conv2d", start, end, [[2, 4, 8, 8], [6, 4, 3, 3], []], ["float"] * 2, tid=tid),
+        concrete_inputs=json.dumps(["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]),
+    )
 
 
 CONV_FWD = 2 * 2 * 64 * 6 * 9 * 4
@@ -413,14 +475,16 @@ def test_each_family_without_recorded_backward_is_estimated_alone() -> None:
     # The fc layer's backward matmul is recorded; the convolution's backward is not (no shapes): the
     # convolution's backward is estimated from its own forward, the GEMM's counted as recorded.
     fc = 2 * 2 * 6 * 10
-    events = events_from_records([
-        _conv_fwd(10, 50),
-        op("aten::linear", 60, 80, [[2, 6], [10, 6], [10]], ["float"] * 3),
-        op("autograd::engine::evaluate_function: AddmmBackward0", 300, 400, tid=2),
-        op("aten::mm", 310, 390, [[2, 10], [10, 6]], ["float"] * 2, tid=2),
-        op("autograd::engine::evaluate_function: ConvolutionBackward0", 400, 600, tid=2),
-        op("aten::convolution_backward", 410, 590, None, None, tid=2),
-    ])
+    events = events_from_records(
+        [
+            _conv_fwd(10, 50),
+            op("aten::linear", 60, 80, [[2, 6], [10, 6], [10]], ["float"] * 3),
+            op("autograd::engine::evaluate_function: AddmmBackward0", 300, 400, tid=2),
+            op("aten::mm", 310, 390, [[2, 10], [10, 6]], ["float"] * 2, tid=2),
+            op("autograd::engine::evaluate_function: ConvolutionBackward0", 400, 600, tid=2),
+            op("aten::convolution_backward", 410, 590, None, None, tid=2),
+        ]
+    )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     assert dict(rf.families) == {"gemm": "recorded", "conv": "estimated"} and rf.backward == "partly-estimated"
     assert rf.steps["flops"].tolist() == [CONV_FWD + fc + 2 * 2 * 10 * 6 + 2 * CONV_FWD]
@@ -431,12 +495,23 @@ def test_each_family_without_recorded_backward_is_estimated_alone() -> None:
 
 def test_recorded_convolution_backward_counts_its_output_mask() -> None:
     mask_both = ["", "", "", "None", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1", "[True, True, False]"]
-    events = events_from_records([
-        _conv_fwd(10, 50),
-        op("autograd::engine::evaluate_function: ConvolutionBackward0", 400, 600, tid=2),
-        dict(op("aten::convolution_backward", 410, 590, [[2, 6, 8, 8], [2, 4, 8, 8], [6, 4, 3, 3]], ["float"] * 3,
-                tid=2), concrete_inputs=json.dumps(mask_both)),
-    ])
+    events = events_from_records(
+        [
+            _conv_fwd(10, 50),
+            op("autograd::engine::evaluate_function: ConvolutionBackward0", 400, 600, tid=2),
+            dict(
+                op(
+                    "aten::convolution_backward",
+                    410,
+                    590,
+                    [[2, 6, 8, 8], [2, 4, 8, 8], [6, 4, 3, 3]],
+                    ["float"] * 3,
+                    tid=2,
+                ),
+                concrete_inputs=json.dumps(mask_both),
+            ),
+        ]
+    )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     assert dict(rf.families) == {"conv": "recorded"}
     assert rf.steps["flops"].tolist() == [3 * CONV_FWD]
@@ -444,46 +519,55 @@ def test_recorded_convolution_backward_counts_its_output_mask() -> None:
 
 def test_tensorboard_era_backward_nodes_are_backward() -> None:
     # PyTorch 1.8-1.9: autograd nodes (AddmmBackward, MmBackward) on the backward thread, no evaluate_function.
-    events = events_from_records([
-        op("aten::addmm", 10, 50, [[32], [8, 16], [16, 32]], ["float"] * 3),
-        op("AddmmBackward", 300, 500, tid=2),
-        op("aten::mm", 310, 390, [[8, 32], [32, 16]], ["float"] * 2, tid=2),
-        op("aten::mm", 400, 490, [[16, 8], [8, 32]], ["float"] * 2, tid=2),
-    ])
+    events = events_from_records(
+        [
+            op("aten::addmm", 10, 50, [[32], [8, 16], [16, 32]], ["float"] * 3),
+            op("AddmmBackward", 300, 500, tid=2),
+            op("aten::mm", 310, 390, [[8, 32], [32, 16]], ["float"] * 2, tid=2),
+            op("aten::mm", 400, 490, [[16, 8], [8, 32]], ["float"] * 2, tid=2),
+        ]
+    )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     assert rf.backward == "recorded"
     assert rf.steps["recorded_bwd_flops"].tolist() == [2 * 2 * 8 * 16 * 32]
     # No shapes on the backward thread: estimated, never "forward only".
-    bare = events_from_records([op("aten::addmm", 10, 50, [[32], [8, 16], [16, 32]], ["float"] * 3),
-                                op("MmBackward", 300, 500, tid=2)])
+    bare = events_from_records(
+        [op("aten::addmm", 10, 50, [[32], [8, 16], [16, 32]], ["float"] * 3), op("MmBackward", 300, 500, tid=2)]
+    )
     assert rank_flops_from_shapes(0, bare, steps_table((0, 0, 1000))).backward == "estimated"
 
 
 def _recompute_linear(start: float, end: float, out: int = 32) -> dict:
     # A forward op run inside backward: it records an autograd node (Sequence number, Fwd thread id 0).
-    return dict(op("aten::linear", start, end, [[8, 16], [out, 16], [out]], ["float"] * 3, tid=2), seq_num=90, fwd_tid=0)
+    return dict(
+        op("aten::linear", start, end, [[8, 16], [out, 16], [out]], ["float"] * 3, tid=2), seq_num=90, fwd_tid=0
+    )
 
 
 def test_recompute_is_hardware_flops_not_model_flops() -> None:
     lin = 2 * 8 * 16 * 32
-    events = events_from_records([
-        op("aten::linear", 10, 50, [[8, 16], [32, 16], [32]], ["float"] * 3),
-        # Reentrant checkpointing: the forward runs again inside CheckpointFunctionBackward, then its backward.
-        op("autograd::engine::evaluate_function: CheckpointFunctionBackward", 300, 700, tid=2),
-        op("CheckpointFunctionBackward", 305, 695, tid=2),
-        _recompute_linear(310, 350),
-        op("aten::addmm", 312, 348, [[32], [8, 16], [16, 32]], ["float"] * 3, tid=2),
-        op("autograd::engine::evaluate_function: AddmmBackward0", 400, 600, tid=2),
-        op("aten::mm", 410, 490, [[8, 32], [32, 16]], ["float"] * 2, tid=2),
-        op("aten::mm", 500, 590, [[16, 8], [8, 32]], ["float"] * 2, tid=2),
-    ])
+    events = events_from_records(
+        [
+            op("aten::linear", 10, 50, [[8, 16], [32, 16], [32]], ["float"] * 3),
+            # Reentrant checkpointing: the forward runs again inside CheckpointFunctionBackward, then its backward.
+            op("autograd::engine::evaluate_function: CheckpointFunctionBackward", 300, 700, tid=2),
+            op("CheckpointFunctionBackward", 305, 695, tid=2),
+            _recompute_linear(310, 350),
+            op("aten::addmm", 312, 348, [[32], [8, 16], [16, 32]], ["float"] * 3, tid=2),
+            op("autograd::engine::evaluate_function: AddmmBackward0", 400, 600, tid=2),
+            op("aten::mm", 410, 490, [[8, 32], [32, 16]], ["float"] * 2, tid=2),
+            op("aten::mm", 500, 590, [[16, 8], [8, 32]], ["float"] * 2, tid=2),
+        ]
+    )
     ops = matmul_ops(events)
     assert ops["recompute"].tolist() == [False, True, True, False, False]
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     assert rf.steps["flops"].tolist() == [3 * lin]  # forward + recorded backward
     assert rf.steps["hardware_flops"].tolist() == [4 * lin]  # + the recomputed forward
     result = mfu_from_trace_shapes([rf], {0: None}, peak_flops=1e12)
-    assert result.hfu_median == pytest.approx(4 * lin / 1e-3 / 1e12) and result.median == pytest.approx(3 * lin / 1e-3 / 1e12)
+    assert result.hfu_median == pytest.approx(4 * lin / 1e-3 / 1e12) and result.median == pytest.approx(
+        3 * lin / 1e-3 / 1e12
+    )
 
 
 def test_non_reentrant_early_stop_leaves_the_last_recomputed_op_uncounted() -> None:
@@ -507,14 +591,16 @@ def test_non_reentrant_early_stop_leaves_the_last_recomputed_op_uncounted() -> N
 def test_attention_run_as_bmm_ops_is_not_estimated_twice() -> None:
     # The math SDPA backend: bmm ops inside it, whose backward is recorded as bmm (GEMM) backward.
     q = [[2, 16, 8], [2, 8, 16]]
-    events = events_from_records([
-        op("aten::_scaled_dot_product_attention_math", 10, 100, [[1, 2, 16, 8]] * 3, ["float"] * 3),
-        op("aten::bmm", 20, 40, q, ["float"] * 2),
-        op("aten::bmm", 50, 70, [[2, 16, 16], [2, 16, 8]], ["float"] * 2),
-        op("autograd::engine::evaluate_function: BmmBackward0", 300, 500, tid=2),
-        op("aten::bmm", 310, 390, [[2, 16, 8], [2, 8, 16]], ["float"] * 2, tid=2),
-        op("aten::bmm", 400, 490, [[2, 8, 16], [2, 16, 16]], ["float"] * 2, tid=2),
-    ])
+    events = events_from_records(
+        [
+            op("aten::_scaled_dot_product_attention_math", 10, 100, [[1, 2, 16, 8]] * 3, ["float"] * 3),
+            op("aten::bmm", 20, 40, q, ["float"] * 2),
+            op("aten::bmm", 50, 70, [[2, 16, 16], [2, 16, 8]], ["float"] * 2),
+            op("autograd::engine::evaluate_function: BmmBackward0", 300, 500, tid=2),
+            op("aten::bmm", 310, 390, [[2, 16, 8], [2, 8, 16]], ["float"] * 2, tid=2),
+            op("aten::bmm", 400, 490, [[2, 8, 16], [2, 16, 16]], ["float"] * 2, tid=2),
+        ]
+    )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     fwd = 2 * 2 * 16 * 16 * (8 + 8)
     assert rf.steps["estimated_bwd_flops"].tolist() == [0]
@@ -524,12 +610,20 @@ def test_attention_run_as_bmm_ops_is_not_estimated_twice() -> None:
 def test_cpu_flash_attention_without_the_outer_op_and_its_backward() -> None:
     # Compiled graphs call the backend op directly (no aten::scaled_dot_product_attention around it).
     qkv = [[1, 2, 64, 8]] * 3
-    events = events_from_records([
-        op("aten::_scaled_dot_product_flash_attention_for_cpu", 10, 100, qkv, ["float"] * 3),
-        op("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0", 300, 500, tid=2),
-        op("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 310, 490,
-           [[1, 2, 64, 8]] + qkv + [[1, 2, 64, 8], [1, 2, 64]], ["float"] * 6, tid=2),
-    ])
+    events = events_from_records(
+        [
+            op("aten::_scaled_dot_product_flash_attention_for_cpu", 10, 100, qkv, ["float"] * 3),
+            op("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0", 300, 500, tid=2),
+            op(
+                "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                310,
+                490,
+                [[1, 2, 64, 8]] + qkv + [[1, 2, 64, 8], [1, 2, 64]],
+                ["float"] * 6,
+                tid=2,
+            ),
+        ]
+    )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     fwd = 2 * 2 * 64 * 64 * 16
     assert dict(rf.families) == {"attention": "recorded"}
@@ -539,11 +633,13 @@ def test_cpu_flash_attention_without_the_outer_op_and_its_backward() -> None:
 def test_host_op_coverage_labels_a_lower_bound() -> None:
     # One linear with shapes that do not fit (its addmm child has none): 40 of the 100 us of top-level
     # FLOP-op time have known FLOPs.
-    events = events_from_records([
-        op("aten::mm", 0, 40, [[8, 16], [16, 32]], ["float"] * 2),
-        op("aten::linear", 50, 110, [[8, 16], [32, 99]], ["float"] * 2),
-        op("aten::addmm", 55, 105, None, None),
-    ])
+    events = events_from_records(
+        [
+            op("aten::mm", 0, 40, [[8, 16], [16, 32]], ["float"] * 2),
+            op("aten::linear", 50, 110, [[8, 16], [32, 99]], ["float"] * 2),
+            op("aten::addmm", 55, 105, None, None),
+        ]
+    )
     rf = rank_flops_from_shapes(0, events, steps_table((0, 0, 1000)))
     assert rf.attribution == "host-ops" and rf.coverage == pytest.approx(40 / 100)
     result = mfu_from_trace_shapes([rf], {0: None}, peak_flops=1e12)

@@ -1,4 +1,5 @@
 """HTA-style overlap, idle and exposed communication on hand-built timelines."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -26,7 +27,11 @@ def ev(name: str, start_us: float, end_us: float, cat: str = "kernel", tid: int 
 
 def steps_table(*windows_us) -> pd.DataFrame:
     return pd.DataFrame(
-        {"step": [w[0] for w in windows_us], "start_ns": [w[1] * US for w in windows_us], "end_ns": [w[2] * US for w in windows_us]}
+        {
+            "step": [w[0] for w in windows_us],
+            "start_ns": [w[1] * US for w in windows_us],
+            "end_ns": [w[2] * US for w in windows_us],
+        }
     )
 
 

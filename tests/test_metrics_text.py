@@ -1,4 +1,5 @@
 """analyzer.metrics.text: per-row results of a function evaluated once per distinct value."""
+
 from __future__ import annotations
 
 import sys

@@ -5,6 +5,7 @@ step window starts 100 us before the first kernel (host time inside the
 step: idle in the breakdown, outside the GPU span), and one kernel runs
 after the last step ends (in the GPU span, outside every step).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ def _trace(tmp_path: Path, with_step: bool = True) -> Path:
     t = KinetoTrace(rank=0, world_size=1, distributed=False)
     if with_step:
         t.step(1, 0, 1000)  # ProfilerStep#1: 0..1000 us
-    t.kernel("sm90_xmma_gemm_f32f32", 100, 200, launch_us=90)   # 100..300: compute
-    t.memcpy(400, 50, launch_us=395)                            # 400..450: copy, nothing else runs
-    t.kernel("elementwise_kernel", 1100, 100, launch_us=1050)   # 1100..1200: after the step
+    t.kernel("sm90_xmma_gemm_f32f32", 100, 200, launch_us=90)  # 100..300: compute
+    t.memcpy(400, 50, launch_us=395)  # 400..450: copy, nothing else runs
+    t.kernel("elementwise_kernel", 1100, 100, launch_us=1050)  # 1100..1200: after the step
     return t.write(tmp_path / "rank0.json.gz")
 
 
@@ -35,10 +36,19 @@ def test_whole_trace_timeline_and_step_breakdown_differ_by_the_known_amount(tmp_
     # GPU span 100..1200 us = 1100 us: busy 200 + 100 compute, 50 copy.
     assert r.gpu_span_ms == pytest.approx(1.1, abs=1e-12)
     assert r.gpu_timeline == pytest.approx(
-        {"computation": 100 * 300 / 1100, "exposed_comm": 0.0, "exposed_memcpy": 100 * 50 / 1100, "idle": 100 * 750 / 1100}, abs=1e-9)
+        {
+            "computation": 100 * 300 / 1100,
+            "exposed_comm": 0.0,
+            "exposed_memcpy": 100 * 50 / 1100,
+            "idle": 100 * 750 / 1100,
+        },
+        abs=1e-9,
+    )
     # The step 0..1000 us: 200 us compute, 50 us copy, 750 us idle (100 us of it before the first kernel).
     b = r.breakdown
-    assert (b["compute"]["pct"], b["exposed_memcpy"]["pct"], b["idle"]["pct"]) == pytest.approx((20.0, 5.0, 75.0), abs=1e-9)
+    assert (b["compute"]["pct"], b["exposed_memcpy"]["pct"], b["idle"]["pct"]) == pytest.approx(
+        (20.0, 5.0, 75.0), abs=1e-9
+    )
     # Known difference: computation 27.27 % vs 20 %: +7.27 points (the kernel after the step and the host time before the first kernel).
     assert r.gpu_timeline["computation"] - b["compute"]["pct"] == pytest.approx(100 * 300 / 1100 - 20.0, abs=1e-9)
     doc = report_json(a)

@@ -1,5 +1,6 @@
 """Jupyter summaries of a RunAnalysis and a Comparison (analyzer/render/notebook.py), as IPython's
 HTML formatter shows them once the views are registered."""
+
 from __future__ import annotations
 
 import os
@@ -83,7 +84,9 @@ def test_the_docs_notebook_example_runs(tmp_path, monkeypatch, capsys):
     section = text.split("## In a notebook", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     for name in ("example-ddp-w2", "example-ddp-w2-slow-rank1"):
-        shutil.copytree(REPO / "traces" / name, tmp_path / "traces" / name, ignore=shutil.ignore_patterns(".analyzer-cache"))
+        shutil.copytree(
+            REPO / "traces" / name, tmp_path / "traces" / name, ignore=shutil.ignore_patterns(".analyzer-cache")
+        )
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(code, "docs/api.md", "exec"), scope)  # the documented example itself
@@ -111,14 +114,21 @@ def test_import_in_a_running_ipython_registers_the_views(tmp_path):
     """``import analyzer`` inside IPython registers both views with the shell (a fresh process: the
     shell is a process-wide singleton); outside IPython it imports no renderer."""
     pytest.importorskip("IPython", reason="IPython renders notebook cells")
-    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
-            "shell = InteractiveShell.instance()\n"
-            "import analyzer.api\n"
-            "print(sorted(shell.display_formatter.formatters['text/html'].deferred_printers))\n")
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shell = InteractiveShell.instance()\n"
+        "import analyzer.api\n"
+        "print(sorted(shell.display_formatter.formatters['text/html'].deferred_printers))\n"
+    )
     env = {**os.environ, "IPYTHONDIR": str(tmp_path)}  # the shell's history database goes there, not to ~
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr
     assert "('analyzer.api', 'RunAnalysis')" in out.stdout and "('analyzer.verbs.compare', 'Comparison')" in out.stdout
-    plain = subprocess.run([sys.executable, "-c", "import sys, analyzer.api; print('analyzer.render.notebook' in sys.modules)"],
-                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    plain = subprocess.run(
+        [sys.executable, "-c", "import sys, analyzer.api; print('analyzer.render.notebook' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert plain.stdout.strip() == "False", plain.stderr

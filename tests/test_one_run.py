@@ -2,6 +2,7 @@
 docs/loading.md, "One run"): ranks that disagree on the device type or the job identity their traces record
 are an error naming the files; ranks far apart in time are a warning naming them. A normal run, the real
 2-rank example runs and every shared trace folder give neither."""
+
 from __future__ import annotations
 
 import sys
@@ -23,7 +24,9 @@ SHARED = REPO.parent / "shared" / "traces"
 EXAMPLE, EXAMPLE_SLOW = REPO / "traces" / "example-ddp-w2", REPO / "traces" / "example-ddp-w2-slow-rank1"
 
 
-def _rank(rank: int, *, gpu: bool = True, offset_us: float = 0.0, step_us: float = 1000.0, dist: dict | None = None) -> KinetoTrace:
+def _rank(
+    rank: int, *, gpu: bool = True, offset_us: float = 0.0, step_us: float = 1000.0, dist: dict | None = None
+) -> KinetoTrace:
     """One rank of a 2-rank job: three steps of `step_us` from `offset_us`, a kernel (GPU) or an op (CPU) each."""
     t = KinetoTrace(rank=rank, world_size=2, gpu=gpu)
     for i in range(3):
@@ -48,9 +51,11 @@ def test_a_gpu_rank_and_a_cpu_gloo_rank_are_an_error_naming_both(tmp_path, capsy
     with pytest.raises(AnalyzerError) as exc:
         analyze(tmp_path, cache=False)
     message = str(exc.value)
-    assert message == ("traces of different runs: rank0.json.gz: GPU, backend nccl, default pg backend_config "
-                       "cpu:gloo,cuda:nccl; rank1.json.gz: CPU-only, backend gloo, default pg backend_config "
-                       "cpu:gloo,cuda:gloo. Ranks of one run share these; analyze each run's traces on its own")
+    assert message == (
+        "traces of different runs: rank0.json.gz: GPU, backend nccl, default pg backend_config "
+        "cpu:gloo,cuda:nccl; rank1.json.gz: CPU-only, backend gloo, default pg backend_config "
+        "cpu:gloo,cuda:gloo. Ranks of one run share these; analyze each run's traces on its own"
+    )
     # The loader the dashboard's timeline uses says the same.
     with pytest.raises(AnalyzerError, match="traces of different runs"):
         load_traces(sorted(tmp_path.glob("*.json.gz")), cache=False, progress=False)
@@ -79,9 +84,11 @@ def test_short_windows_far_apart_are_a_warning(tmp_path, shift_s, warned) -> Non
     _rank(1, offset_us=shift_s * 1e6).write(tmp_path / "rank1.json.gz")
     ra = analyze(tmp_path, cache=False)
     assert sorted(r.rank for r in ra.ranks) == [0, 1]  # still analyzed
-    expected = [f"rank1.json.gz starts {shift_s:,.1f} s after rank0.json.gz, further apart than "
-                f"{FAR_APART_MIN_NS / 1e9:,.1f} s (2x the longest rank's trace, at least 10 s): traces of different "
-                "runs? Ranks of one run record the same steps"]
+    expected = [
+        f"rank1.json.gz starts {shift_s:,.1f} s after rank0.json.gz, further apart than "
+        f"{FAR_APART_MIN_NS / 1e9:,.1f} s (2x the longest rank's trace, at least 10 s): traces of different "
+        "runs? Ranks of one run record the same steps"
+    ]
     assert _mixed_warnings(ra) == (expected if warned else [])
 
 
@@ -102,15 +109,26 @@ def test_the_real_example_runs_give_none_and_mixing_them_warns() -> None:
     Rank 0 of one with rank 1 of the other (same job config, recorded 52 s apart) is warned about."""
     for run in (EXAMPLE, EXAMPLE_SLOW):
         assert _mixed_warnings(analyze(run, cache=False)) == []
-    ra = analyze([EXAMPLE / "traces" / "rank0.step7.json.gz", EXAMPLE_SLOW / "traces" / "rank1.step7.json.gz"], cache=False)
+    ra = analyze(
+        [EXAMPLE / "traces" / "rank0.step7.json.gz", EXAMPLE_SLOW / "traces" / "rank1.step7.json.gz"], cache=False
+    )
     warnings = _mixed_warnings(ra)
-    assert len(warnings) == 1 and "rank1.step7.json.gz starts 5" in warnings[0] and "after rank0.step7.json.gz" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and "rank1.step7.json.gz starts 5" in warnings[0]
+        and "after rank0.step7.json.gz" in warnings[0]
+    )
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent (the shared real traces)")
 def test_shared_traces_give_no_false_alarm_and_mixed_real_traces_an_error() -> None:
-    folders = sorted({p.parent for p in SHARED.rglob("*.json*")
-                      if "csvs" not in p.parent.name and p.name != "execution_details.json"})
+    folders = sorted(
+        {
+            p.parent
+            for p in SHARED.rglob("*.json*")
+            if "csvs" not in p.parent.name and p.name != "execution_details.json"
+        }
+    )
     assert len(folders) >= 15
     for folder in folders:
         assert _mixed_warnings(analyze(folder)) == [], folder

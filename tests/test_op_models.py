@@ -1,5 +1,6 @@
 """The roofline's per-call models (analyzer.metrics.op_models) on hand-computed shapes: each family's FLOPs and bytes
 exactly, the dtype key, and the ShapeError for shapes that do not fit."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,8 +46,9 @@ def test_binary_ops_broadcast_and_scalars_move_no_bytes():
 
 def test_reductions_write_the_reduced_output():
     # mean over the last dim, keepdim: [16, 559, 1024] -> [16, 559, 1].
-    c = per_call("aten::mean", [[16, 559, 1024], [], [], []], [F32, "ScalarList", "Scalar", ""],
-                 ["", "[-1]", "True", ""])
+    c = per_call(
+        "aten::mean", [[16, 559, 1024], [], [], []], [F32, "ScalarList", "Scalar", ""], ["", "[-1]", "True", ""]
+    )
     assert c.flops == 16 * 559 * 1024 and c.bytes == 4 * (16 * 559 * 1024 + 16 * 559) and c.family == "reduction"
     # No dim argument (sum(x)): every dim, one output element.
     c = per_call("aten::sum", [[8, 16], []], [BF16, ""], ["", ""])
@@ -54,8 +56,12 @@ def test_reductions_write_the_reduced_output():
     # argmax writes int64 indices; linalg_vector_norm's dim is its third argument.
     c = per_call("aten::argmax", [[32, 100], [], []], [BF16, "Scalar", "Scalar"], ["", "1", "False"])
     assert c.bytes == 2 * 3200 + 8 * 32
-    c = per_call("aten::linalg_vector_norm", [[6, 7, 8], [], [], [], []], [F32, "Scalar", "ScalarList", "Scalar", ""],
-                 ["", "2", "[0, 2]", "False", ""])
+    c = per_call(
+        "aten::linalg_vector_norm",
+        [[6, 7, 8], [], [], [], []],
+        [F32, "Scalar", "ScalarList", "Scalar", ""],
+        ["", "2", "[0, 2]", "False", ""],
+    )
     assert c.flops == 336 and c.bytes == 4 * (336 + 7)
     with pytest.raises(ShapeError, match="outside"):
         per_call("aten::sum", [[8, 16], [], []], [F32, "ScalarList", "Scalar"], ["", "[2]", "False"])
@@ -71,8 +77,12 @@ def test_softmax_counts_five_flops_and_its_fp32_output():
 
 def test_normalization_counts_statistics_affine_and_running_stats():
     n, C = 4 * 128 * 768, 768
-    c = per_call("aten::native_layer_norm", [[4, 128, 768], [], [C], [C], []],
-                 [BF16, "ScalarList", BF16, BF16, "Scalar"], ["", "[768]", "", "", "1e-05"])
+    c = per_call(
+        "aten::native_layer_norm",
+        [[4, 128, 768], [], [C], [C], []],
+        [BF16, "ScalarList", BF16, BF16, "Scalar"],
+        ["", "[768]", "", "", "1e-05"],
+    )
     assert c.flops == 8 * n and c.bytes == 2 * 2 * n + 2 * 2 * C and c.family == "normalization"
     # Without weight and bias: 6 FLOPs per element, input and output only.
     c = per_call("aten::native_layer_norm", [[4, 128, 768], [], [], [], []], [F32, "ScalarList", "", "", "Scalar"])
@@ -99,14 +109,19 @@ def test_convolution_moves_input_weight_bias_and_output():
     # A ViT patch embedding: [128, 3, 224, 224] * [768, 3, 16, 16] stride 16 -> [128, 768, 14, 14].
     dims = [[128, 3, 224, 224], [768, 3, 16, 16], [768], [], [], [], [], [], []]
     concrete = ["", "", "", "[16, 16]", "[0, 0]", "[1, 1]", "False", "[0, 0]", "1"]
-    c = per_call("aten::convolution", dims, [BF16] * 3 + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"],
-                 concrete)
+    c = per_call(
+        "aten::convolution", dims, [BF16] * 3 + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"], concrete
+    )
     out = 128 * 768 * 14 * 14
     assert c.flops == 2 * out * 3 * 16 * 16 and c.family == "conv" and c.dtype == "bf16"
     assert c.bytes == 2 * (128 * 3 * 224 * 224 + 768 * 3 * 16 * 16 + 768 + out)
     # Transposed, stride 2, padding 1, output_padding 1: out = (8 - 1) * 2 - 2 + 2 + 1 + 1 = 16 per dim.
-    t = per_call("aten::convolution", [[1, 4, 8, 8], [4, 2, 3, 3], [], [], [], [], [], [], []], [F32, F32],
-                 ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "True", "[1, 1]", "1"])
+    t = per_call(
+        "aten::convolution",
+        [[1, 4, 8, 8], [4, 2, 3, 3], [], [], [], [], [], [], []],
+        [F32, F32],
+        ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "True", "[1, 1]", "1"],
+    )
     assert t.flops == 2 * 1 * 64 * 4 * 9 * 2 and t.bytes == 4 * (4 * 64 + 4 * 2 * 9 + 2 * 16 * 16)
     with pytest.raises(ShapeError, match="Concrete Inputs"):
         per_call("aten::convolution", dims, [BF16] * 3, None)

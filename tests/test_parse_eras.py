@@ -1,5 +1,6 @@
 """Format eras: the TensorBoard-plugin era's
 categories and ``computeProperties``, and ``displayTimeUnit: "ns"``."""
+
 from __future__ import annotations
 
 import copy
@@ -28,11 +29,26 @@ def tb_plugin_trace() -> Path:
 
 def test_category_names_of_every_era() -> None:
     # Today's names are their own canonical form; the old era's map onto them.
-    for cat in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation",
-                "gpu_user_annotation", "python_function", "cuda_sync", "cpu_instant_event", "ac2g"):
+    for cat in (
+        "kernel",
+        "gpu_memcpy",
+        "gpu_memset",
+        "cpu_op",
+        "cuda_runtime",
+        "cuda_driver",
+        "user_annotation",
+        "gpu_user_annotation",
+        "python_function",
+        "cuda_sync",
+        "cpu_instant_event",
+        "ac2g",
+    ):
         assert canonical_category(cat) == cat
     assert {old: canonical_category(old.title()) for old in CATEGORY_ALIASES} == {
-        "operator": "cpu_op", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy", "memset": "gpu_memset",
+        "operator": "cpu_op",
+        "runtime": "cuda_runtime",
+        "memcpy": "gpu_memcpy",
+        "memset": "gpu_memset",
         "python": "python_function",
     }
     assert classify("Kernel", "void gemmSN_TN_kernel") == "compute"
@@ -51,7 +67,10 @@ def test_tensorboard_plugin_sample_is_read_as_todays_format(tb_plugin_trace: Pat
     ev = rt.events
     by_cat = ev.groupby(ev["cat"].astype(str), observed=True)["kind"].agg(lambda k: sorted(set(k.astype(str))))
     assert by_cat.to_dict() == {
-        "cpu_op": ["cpu_op"], "cuda_runtime": ["runtime"], "gpu_memcpy": ["memcpy"], "kernel": ["compute"]
+        "cpu_op": ["cpu_op"],
+        "cuda_runtime": ["runtime"],
+        "gpu_memcpy": ["memcpy"],
+        "kernel": ["compute"],
     }
     assert (ev["kind"] == "memcpy").sum() == 2
     assert (ev["kind"] == "compute").sum() == 30 and (ev["kind"] == "cpu_op").sum() == 179
@@ -76,20 +95,73 @@ def _old_era_trace() -> dict:
         "computeProperties": [{"id": 0, "name": "Tesla V100-SXM2-16GB"}],
         "traceEvents": [
             {**op, "name": "ProfilerStep#3", "ts": 1000, "dur": 900, "args": {"External id": 1}},
-            {**op, "name": "aten::linear", "ts": 1010, "dur": 300,
-             "args": {"External id": 2, "Input Dims": [[64, 128], [256, 128], [256]], "Input type": ["float", "float", "float"]}},
-            {**op, "name": "aten::addmm", "ts": 1020, "dur": 200,
-             "args": {"External id": 3, "Input dims": [[256], [64, 128], [128, 256]]}},
-            {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": "100", "ts": 1030, "dur": 10,
-             "args": {"correlation": 7, "external id": 3}},
-            {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_tn", "pid": 0, "tid": "stream 7", "ts": 1050,
-             "dur": 100, "args": {"stream": 7, "correlation": 7, "external id": 3}},
-            {"ph": "X", "cat": "Memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "pid": 0, "tid": "stream 7",
-             "ts": 1200, "dur": 40, "args": {"stream": 7, "correlation": 8, "external id": 4}},
-            {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7", "ts": 1300, "dur": 5,
-             "args": {"stream": 7, "correlation": 9, "external id": 5}},
-            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Traces", "tid": "PyTorch Profiler",
-             "ts": 900, "dur": 1200},
+            {
+                **op,
+                "name": "aten::linear",
+                "ts": 1010,
+                "dur": 300,
+                "args": {
+                    "External id": 2,
+                    "Input Dims": [[64, 128], [256, 128], [256]],
+                    "Input type": ["float", "float", "float"],
+                },
+            },
+            {
+                **op,
+                "name": "aten::addmm",
+                "ts": 1020,
+                "dur": 200,
+                "args": {"External id": 3, "Input dims": [[256], [64, 128], [128, 256]]},
+            },
+            {
+                "ph": "X",
+                "cat": "Runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 100,
+                "tid": "100",
+                "ts": 1030,
+                "dur": 10,
+                "args": {"correlation": 7, "external id": 3},
+            },
+            {
+                "ph": "X",
+                "cat": "Kernel",
+                "name": "volta_sgemm_128x64_tn",
+                "pid": 0,
+                "tid": "stream 7",
+                "ts": 1050,
+                "dur": 100,
+                "args": {"stream": 7, "correlation": 7, "external id": 3},
+            },
+            {
+                "ph": "X",
+                "cat": "Memcpy",
+                "name": "Memcpy DtoH (Device -> Pageable)",
+                "pid": 0,
+                "tid": "stream 7",
+                "ts": 1200,
+                "dur": 40,
+                "args": {"stream": 7, "correlation": 8, "external id": 4},
+            },
+            {
+                "ph": "X",
+                "cat": "Memset",
+                "name": "Memset (Device)",
+                "pid": 0,
+                "tid": "stream 7",
+                "ts": 1300,
+                "dur": 5,
+                "args": {"stream": 7, "correlation": 9, "external id": 5},
+            },
+            {
+                "ph": "X",
+                "cat": "Trace",
+                "name": "PyTorch Profiler (0)",
+                "pid": "Traces",
+                "tid": "PyTorch Profiler",
+                "ts": 900,
+                "dur": 1200,
+            },
         ],
     }
 

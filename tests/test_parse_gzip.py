@@ -5,6 +5,7 @@ bound (decompressed size, longest JSON piece) is one error naming the flag
 that raises it, found while streaming, with peak memory measured in a
 child process. Hostile files are generated small on disk at test time.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -238,7 +239,9 @@ def test_small_well_compressed_trace_is_under_the_floor(tmp_path: Path) -> None:
 
 def test_json_size_ceiling_applies_to_plain_files(tmp_path: Path) -> None:
     path = _trace(500).write(tmp_path / "rank0.json", gz=False)
-    with pytest.raises(TraceError, match=r"^rank0\.json: more than .* GiB of JSON \(raise the bound with --max-json-gb\)$"):
+    with pytest.raises(
+        TraceError, match=r"^rank0\.json: more than .* GiB of JSON \(raise the bound with --max-json-gb\)$"
+    ):
         parse_columns(path, ParseLimits(max_json_bytes=4096))
 
 
@@ -257,7 +260,12 @@ def test_bounds_reach_parse_workers_through_the_environment(tmp_path: Path, monk
     big.cpu_op("aten::add", 5, 1, args={"Call stack": "x" * (3 * MIB)})
     big.write(folder / "rank0.json.gz")
     _trace(50, rank=1).write(folder / "rank1.json.gz")
-    for var in ("TRAINPERF_MAX_EVENT_BYTES", "TRAINPERF_MAX_GZIP_RATIO", "TRAINPERF_MAX_JSON_BYTES", "TRAINPERF_GZIP_FLOOR_BYTES"):
+    for var in (
+        "TRAINPERF_MAX_EVENT_BYTES",
+        "TRAINPERF_MAX_GZIP_RATIO",
+        "TRAINPERF_MAX_JSON_BYTES",
+        "TRAINPERF_GZIP_FLOOR_BYTES",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert limits_mod.current() == ParseLimits()
     limits = limits_mod.from_options(max_event_mb=1)
@@ -282,7 +290,11 @@ def test_cli_skips_the_bomb_and_reports_the_good_rank(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINPERF_")}
     out = subprocess.run(
         [PY, "-m", "analyzer.cli", "report", "--no-cache", str(folder)],
-        capture_output=True, text=True, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     skipped = [line for line in out.stderr.splitlines() if "skipped:" in line]

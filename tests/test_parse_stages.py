@@ -3,6 +3,7 @@ bytes (analyzer.ingest.parse.read), the splitter (JSON text -> decoded event
 lists, parse.split and parse.decode), the row rules (parse.classify), the
 column builder (events -> typed columns, parse.columns), and the file-level
 result they make together."""
+
 from __future__ import annotations
 
 import os
@@ -64,10 +65,26 @@ def test_columns_stage_builds_typed_columns() -> None:
     events = decode_events(
         orjson.dumps(
             [
-                {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": "stream 7", "ts": 10, "dur": 2,
-                 "args": {"correlation": 5, "external id": 9}},
-                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 4.5, "dur": 1,
-                 "args": {"External id": 9, "Input Dims": [[2, 3], [3, 4]]}},
+                {
+                    "ph": "X",
+                    "cat": "Kernel",
+                    "name": "k",
+                    "pid": 0,
+                    "tid": "stream 7",
+                    "ts": 10,
+                    "dur": 2,
+                    "args": {"correlation": 5, "external id": 9},
+                },
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::mm",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": 4.5,
+                    "dur": 1,
+                    "args": {"External id": 9, "Input Dims": [[2, 3], [3, 4]]},
+                },
                 {"ph": "X", "cat": "cpu_op", "name": "bad", "pid": 1, "tid": 1, "ts": "x", "dur": 1},
             ]
         )
@@ -88,14 +105,24 @@ def test_rows_over_int64_at_the_end_renumber_sparse_rows(tmp_path: Path) -> None
     dropped there, and the shapes of the rows after it stay on their rows."""
     events = [
         {"ph": "X", "cat": "cpu_op", "name": "too late", "pid": 1, "tid": 1, "ts": 5e15, "dur": 1},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 3, "dur": 1,
-         "args": {"Input Dims": [[2, 3], [3, 4]]}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 3,
+            "dur": 1,
+            "args": {"Input Dims": [[2, 3], [3, 4]]},
+        },
     ]
     path = tmp_path / "t.json"
     path.write_bytes(orjson.dumps({"traceEvents": events}))
     parsed = parse_columns(path)
     assert parsed.rows == 1 and parsed.sparse["input_dims"] == {0: "[[2,3],[3,4]]"}
-    assert parsed.notes[0].startswith("1 complete events dropped") and parsed.notes[0].endswith("first: 'too late' beyond int64 ns)")
+    assert parsed.notes[0].startswith("1 complete events dropped") and parsed.notes[0].endswith(
+        "first: 'too late' beyond int64 ns)"
+    )
 
 
 def test_read_stage_gives_the_bytes_in_blocks(tmp_path: Path) -> None:
@@ -137,20 +164,46 @@ def test_classify_stage_trace_span_streams_and_kept_args() -> None:
     kept, cats, names, ts, dur = classify.drop_trace_span(xs, cats, names, ts, dur)
     assert (cats, names, ts.tolist(), dur.tolist()) == (["kernel"], ["k"], [1], [1])
     memo: dict = {}
-    assert classify.on_gpu_timeline(["Kernel", "cpu_op", "Memcpy"], memo) == {"Kernel": True, "cpu_op": False, "Memcpy": True}
+    assert classify.on_gpu_timeline(["Kernel", "cpu_op", "Memcpy"], memo) == {
+        "Kernel": True,
+        "cpu_op": False,
+        "Memcpy": True,
+    }
     # aten::view launches no kernel and has no roofline model: its args are not read. aten::add is a binary
     # elementwise op (the roofline's memory-bound families).
-    assert classify.wants_args(["aten::mm", "aten::add", "aten::view", "record_param_comms", "gloo:all_reduce"], {}) == {
-        "aten::mm": True, "aten::add": True, "aten::view": False, "record_param_comms": True, "gloo:all_reduce": True,
+    assert classify.wants_args(
+        ["aten::mm", "aten::add", "aten::view", "record_param_comms", "gloo:all_reduce"], {}
+    ) == {
+        "aten::mm": True,
+        "aten::add": True,
+        "aten::view": False,
+        "record_param_comms": True,
+        "gloo:all_reduce": True,
     }
 
 
 def test_columns_stage_keeps_autograd_sequence_numbers() -> None:
     events = _events(
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
-         "args": {"Sequence number": 17}},
-        {"ph": "X", "cat": "cpu_op", "name": "MmBackward0", "pid": 1, "tid": 2, "ts": 5, "dur": 2,
-         "args": {"Sequence number": 17, "Fwd thread id": 1}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1,
+            "dur": 2,
+            "args": {"Sequence number": 17},
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "MmBackward0",
+            "pid": 1,
+            "tid": 2,
+            "ts": 5,
+            "dur": 2,
+            "args": {"Sequence number": 17, "Fwd thread id": 1},
+        },
         {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 6, "dur": 1},
     )
     cols = Columns()

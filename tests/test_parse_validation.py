@@ -1,5 +1,6 @@
 """Hostile nesting and out-of-range values at the parse edge: each is one file's error or one warning, never a
 traceback, a RecursionError or a numpy warning."""
+
 from __future__ import annotations
 
 import gzip
@@ -55,7 +56,9 @@ def test_deep_nesting_is_one_error(tmp_path: Path, where: str) -> None:
     }[where]
     path = tmp_path / "rank1.json"
     path.write_bytes(content)
-    with pytest.raises(TraceError, match=r"^rank1\.json: JSON nested too deeply \(over about \d+ levels, the decoder's limit\)$"):
+    with pytest.raises(
+        TraceError, match=r"^rank1\.json: JSON nested too deeply \(over about \d+ levels, the decoder's limit\)$"
+    ):
         load_trace(path)
 
 
@@ -183,7 +186,11 @@ def test_cli_prints_one_line_per_bad_file_and_no_python_warnings(tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINPERF_", "PYTHONWARNINGS"))}
     out = subprocess.run(
         [sys.executable, "-m", "analyzer.cli", "report", "--no-cache", str(folder)],
-        capture_output=True, text=True, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     lines = out.stderr.splitlines()

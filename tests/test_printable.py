@@ -2,6 +2,7 @@
 (analyzer/verbs/printable.py): kernel, op and annotation names and file and run names carrying ESC
 sequences, NUL, C1 controls and bidi overrides are escaped in the text and Markdown output of report,
 compare, check, suggest and history, and stay readable there; the JSON report keeps the real names."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,14 @@ def _write_run(folder: Path, extra_us: int) -> Path:
             t.annotation(EVIL_ANNOTATION, s + 5, 400)
             t.cpu_op(EVIL_OP, s + 20, 50, input_dims=[[64, 64], [64, 64]], input_types=["float", "float"])
             t.kernel(EVIL_KERNEL, s + 100, 200 + extra_us, launch_us=s + 30)
-            t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", s + 350 + extra_us, 100, stream=20,
-                     args=t.comm_args("allreduce", 1024), launch_us=s + 40)
+            t.kernel(
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                s + 350 + extra_us,
+                100,
+                stream=20,
+                args=t.comm_args("allreduce", 1024),
+                launch_us=s + 40,
+            )
         t.write(folder / name)
     return folder
 
@@ -77,7 +84,7 @@ def _strings(obj):
 
 def _assert_clean(text: str, *readable: str) -> None:
     found = RAW.search(text)
-    assert found is None, f"raw {found.group()!r} in output: {text[max(0, found.start() - 60):found.end() + 60]!r}"
+    assert found is None, f"raw {found.group()!r} in output: {text[max(0, found.start() - 60) : found.end() + 60]!r}"
     for piece in readable:
         assert piece in text, (piece, text[:2000])
 
@@ -96,7 +103,9 @@ def test_report_compare_check_suggest_escape_trace_names(evil_runs, capsys, tmp_
     _assert_clean(out + err, "sgemm\\x1b[2J", "aten::\\u202emm\\u2066x\\u2069")
 
     summary = tmp_path / "summary.md"
-    code, out, err = run_main(capsys, "check", str(cand), "--baseline", str(base), "--no-cache", "--summary", str(summary))
+    code, out, err = run_main(
+        capsys, "check", str(cand), "--baseline", str(base), "--no-cache", "--summary", str(summary)
+    )
     assert code == 1  # 300 us more kernel time in every 1000 us step: a regression far beyond any threshold
     _assert_clean(out + err + summary.read_text(encoding="utf-8"), "sgemm\\x1b[2J")
 

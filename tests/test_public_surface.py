@@ -18,6 +18,7 @@ regenerate with the same flag as the goldens and commit the diff::
 
     .venv/bin/python -m pytest -q tests/test_public_surface.py --update-goldens
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,8 +118,11 @@ def cli_surface() -> dict[str, Any]:
     from dashboard.cli import build_parser as dashboard_parser
     from reftrain.cli import build_parser as reftrain_parser
 
-    return {"analyzer": flags(analyzer_parser()), "reftrain": flags(reftrain_parser()),
-            "dashboard": flags(dashboard_parser())}
+    return {
+        "analyzer": flags(analyzer_parser()),
+        "reftrain": flags(reftrain_parser()),
+        "dashboard": flags(dashboard_parser()),
+    }
 
 
 # ----------------------------------------------------------------------------- report keys
@@ -184,9 +188,15 @@ def test_the_snapshot_sees_a_new_flag_and_a_new_key() -> None:
     p.add_argument("--engine", choices=("local", "ray"))
     p.add_argument("path")
     before = flags(parser)
-    assert before == {"options": {}, "commands": {"report": {"options": {
-        "--top": "value", "--engine": "value choices=local|ray", "<path>": "value"}}}}
+    assert before == {
+        "options": {},
+        "commands": {
+            "report": {"options": {"--top": "value", "--engine": "value choices=local|ray", "<path>": "value"}}
+        },
+    }
     p.add_argument("--new", action="store_true")
     assert differences(before, flags(parser)) == ["$.commands.report.options.--new: unexpected (new key)"]
-    assert key_tree({"a": [{"b": 1}, {"c": {"d": 2}}], "e": []}) == {"a": {"[]": {"b": None, "c": {"d": None}}},
-                                                                     "e": {"[]": None}}
+    assert key_tree({"a": [{"b": 1}, {"c": {"d": 2}}], "e": []}) == {
+        "a": {"[]": {"b": None, "c": {"d": None}}},
+        "e": {"[]": None},
+    }

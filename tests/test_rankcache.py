@@ -4,6 +4,7 @@ A second analysis of unchanged traces must give the same whole report
 without running the per-rank map (nothing reads a trace); a changed file, a
 corrupt entry or a planted one must never be served.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,13 @@ def _synth_folder(tmp_path: Path) -> Path:
         for i in range(3):
             t.step(i + 1, 1000 * i, 1000)
             t.kernel("sgemm", 1000 * i + 100, 300 + 50 * rank)
-            t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1000 * i + 450, 200, stream=20,
-                     args=t.comm_args("allreduce", 1 << 20))
+            t.kernel(
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                1000 * i + 450,
+                200,
+                stream=20,
+                args=t.comm_args("allreduce", 1 << 20),
+            )
         t.write(folder / f"rank{rank}.json.gz")
     return folder
 
@@ -68,16 +74,19 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_codec_round_trip_keeps_types():
-    frame = pd.DataFrame({
-        "i": np.array([1, 2, 3], dtype=np.int64),
-        "f": [0.5, np.nan, np.inf],
-        "b": [True, False, True],
-        "cat": pd.Categorical(["a", "b", "a"]),
-        "s": pd.array(["x", None, "z"], dtype="str"),
-        "o": np.array([("k", 1), None, float("nan")], dtype=object),
-        "n": pd.array([1, None, 3], dtype="Int64"),
-        "u8": np.array([1, 2, 3], dtype=np.uint8),
-    }, index=pd.Index([10, 20, 30], name="row"))
+    frame = pd.DataFrame(
+        {
+            "i": np.array([1, 2, 3], dtype=np.int64),
+            "f": [0.5, np.nan, np.inf],
+            "b": [True, False, True],
+            "cat": pd.Categorical(["a", "b", "a"]),
+            "s": pd.array(["x", None, "z"], dtype="str"),
+            "o": np.array([("k", 1), None, float("nan")], dtype=object),
+            "n": pd.array([1, None, 3], dtype="Int64"),
+            "u8": np.array([1, 2, 3], dtype=np.uint8),
+        },
+        index=pd.Index([10, 20, 30], name="row"),
+    )
     value = {
         "frame": frame,
         "empty": pd.DataFrame({"step": np.array([], dtype=np.int64)}),
@@ -143,8 +152,13 @@ def test_a_changed_trace_is_summarized_again_and_its_old_summary_removed(tmp_pat
     for i in range(3):
         t.step(i + 1, 1000 * i, 1000)
         t.kernel("sgemm", 1000 * i + 100, 700)
-        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1000 * i + 850, 100, stream=20,
-                 args=t.comm_args("allreduce", 1 << 20))
+        t.kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            1000 * i + 850,
+            100,
+            stream=20,
+            args=t.comm_args("allreduce", 1 << 20),
+        )
     t.write(folder / "rank0.json.gz")
     again = analyze(folder)
     assert _report(again) == _report(analyze(folder, cache=False))
@@ -173,11 +187,11 @@ def test_a_planted_summary_cannot_name_another_class(tmp_path):
     entry = _summaries(folder)[0]
     data = entry.read_bytes()
     start = len(b"trainperf rank summary\n") + 8
-    n = int.from_bytes(data[start - 8:start], "little")
-    meta = json.loads(data[start:start + n])
+    n = int.from_bytes(data[start - 8 : start], "little")
+    meta = json.loads(data[start : start + n])
     meta["result"] = {"$": "dc", "cls": "Popen", "v": {"args": ["touch", str(tmp_path / "pwned")]}}
     planted = json.dumps(meta).encode()
-    entry.write_bytes(data[:start - 8] + len(planted).to_bytes(8, "little") + planted + data[start + n:])
+    entry.write_bytes(data[: start - 8] + len(planted).to_bytes(8, "little") + planted + data[start + n :])
     hurt = analyze(folder)
     (warning,) = [w for w in hurt.warnings if "rank summary" in w]
     assert "unreadable (unknown class 'Popen')" in warning

@@ -3,6 +3,7 @@
 Each case: what the user sees (one line on stderr, or their own exception
 unchanged), what run.json says, and that the analyzer still reads the run.
 """
+
 from __future__ import annotations
 
 import json
@@ -130,7 +131,8 @@ def test_sigterm_saves_the_final_checkpoint_and_ends_the_run_preempted(tmp_path,
     assert man.checkpoint_saves[0].stall_s > 0
     assert man.attempts[-1].status == "preempted" and "SIGTERM" in man.attempts[-1].cause
     assert _recorder_lines(capsys.readouterr().err) == [
-        "recorder: rank 0: SIGTERM received: stopping after this step with the final checkpoint"]
+        "recorder: rank 0: SIGTERM received: stopping after this step with the final checkpoint"
+    ]
     good = analyze(run_dir, cache=False).goodput()
     assert good.preempted and good.lost_s["checkpoint"] == pytest.approx(man.checkpoint_saves[0].stall_s)
 
@@ -144,7 +146,8 @@ def test_a_profiler_window_that_cannot_be_written_costs_the_window_not_the_run(t
     rec = train(tmp_path, 5, profile=ProfileSchedule(wait=1, warmup=1, active=1, repeat=1))
     trace = rec.run_dir / "traces/step2/rank0.pt.trace.json.gz"
     assert _recorder_lines(capsys.readouterr().err) == [
-        f"rank 0: {trace}: cannot write the profiler trace: No space left on device"]
+        f"rank 0: {trace}: cannot write the profiler trace: No space left on device"
+    ]
     assert not trace.exists()
     man = _manifest(rec.run_dir)
     assert man.status == "completed" and man.files.traces == []
@@ -158,8 +161,9 @@ def test_an_existing_run_name_is_one_error_and_the_old_run_is_untouched(tmp_path
     before = (rec.run_dir / "metrics/rank0.jsonl").read_bytes()
     with pytest.raises(recorder.RecorderError) as err:
         train(tmp_path, 2, profile=ProfileSchedule(enabled=False))
-    assert str(err.value) == (f"run directory {rec.run_dir} already exists; the recorder never overwrites a run "
-                              "(choose another name=)")
+    assert str(err.value) == (
+        f"run directory {rec.run_dir} already exists; the recorder never overwrites a run (choose another name=)"
+    )
     assert (rec.run_dir / "metrics/rank0.jsonl").read_bytes() == before
 
 
@@ -172,8 +176,10 @@ def test_a_restarted_attempt_writes_its_own_files_into_the_same_run(tmp_path, mo
     second = train(tmp_path, 2, start_step=2, profile=ProfileSchedule(enabled=False))
     assert second.run_dir == first.run_dir
     man = _manifest(first.run_dir)
-    assert [(a.attempt, a.status, a.resumed_from_step) for a in man.attempts] == [(0, "completed", 0),
-                                                                                (1, "completed", 2)]
+    assert [(a.attempt, a.status, a.resumed_from_step) for a in man.attempts] == [
+        (0, "completed", 0),
+        (1, "completed", 2),
+    ]
     assert man.max_restarts == 2
     assert man.files.metrics == ["metrics/rank0.jsonl", "metrics/attempt1/rank0.jsonl"]
     assert _steps(first.run_dir, "metrics/attempt1/rank0.jsonl") == [2, 3]
@@ -196,8 +202,10 @@ def test_a_ddp_model_with_its_own_comm_hook_keeps_it(tmp_path):
                 s.loss.backward()
         man = _manifest(rec.run_dir)
         assert man.status == "completed"
-        assert man.collective_timing == ("not DDP's bucket all-reduces (the model has its own comm hook, allreduce_hook); "
-                                         "torch.distributed collective functions wrapped")
+        assert man.collective_timing == (
+            "not DDP's bucket all-reduces (the model has its own comm hook, allreduce_hook); "
+            "torch.distributed collective functions wrapped"
+        )
         assert model._get_ddp_logging_data().get("comm_hook") == "allreduce_hook"
     finally:
         dist.destroy_process_group()
@@ -222,6 +230,7 @@ def test_a_full_disk_under_the_step_records_is_one_line_and_training_goes_on(tmp
     assert trained == [0, 1, 2, 3, 4]  # every step of the user's loop ran
     assert _recorder_lines(capsys.readouterr().err) == [
         f"recorder: rank 0: {rec.run_dir / 'metrics/rank0.jsonl'}: cannot write the step records from step 2 on: "
-        "No space left on device; training goes on unrecorded"]
+        "No space left on device; training goes on unrecorded"
+    ]
     monkeypatch.setattr(JsonlWriter, "flush", real_flush)
     assert _manifest(rec.run_dir).status == "completed"

@@ -5,6 +5,7 @@ per multiply-add, as torch's FlopCounterMode counts), independently of the
 code under test; the reftrain test compares with PaLM's formula
 (reftrain/flops.py), a second independent path.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -135,8 +136,10 @@ def test_attention_model_flops_do_not_depend_on_the_backend(backend):
     assert result.model == 3 * forward  # backward = 2 x forward: dP, dV, dQ, dK (PaLM's 12LHQT)
     if backend == SDPBackend.FLASH_ATTENTION:  # on CPU: _scaled_dot_product_flash_attention_for_cpu
         assert result.recompute == forward // 2  # the fused backward computes QK^T again
-        assert result.added_formulas == ["aten._scaled_dot_product_flash_attention_for_cpu",
-                                         "aten._scaled_dot_product_flash_attention_for_cpu_backward"]
+        assert result.added_formulas == [
+            "aten._scaled_dot_product_flash_attention_for_cpu",
+            "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+        ]
     else:
         assert result.recompute == 0
         assert result.added_formulas == []
@@ -180,11 +183,14 @@ def test_mixture_of_experts_counts_the_routed_tokens():
 
 
 @pytest.mark.parametrize("activation_checkpointing", [False, True])
-@pytest.mark.parametrize("model_cfg", [
-    {"preset": "tiny"},
-    {"preset": "small"},
-    {"preset": "tiny", "mlp": "swiglu", "tie_embeddings": False},
-])
+@pytest.mark.parametrize(
+    "model_cfg",
+    [
+        {"preset": "tiny"},
+        {"preset": "small"},
+        {"preset": "tiny", "mlp": "swiglu", "tie_embeddings": False},
+    ],
+)
 def test_reftrain_models_agree_with_the_palm_formula(model_cfg, activation_checkpointing):
     """Measured model and hardware FLOPs per token within 1 % of reftrain's formulas (reftrain/flops.py).
 
@@ -198,9 +204,16 @@ def test_reftrain_models_agree_with_the_palm_formula(model_cfg, activation_check
     cfg = config.resolve(config.from_dict({"model": model_cfg}), world_size=1).model
     torch.manual_seed(0)
     model = Transformer(cfg)
-    formula = flops.flops_per_token(parameter_counts(model)["non_embedding"], block_parameter_count(model),
-                                    cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.seq_len, cfg.d_ff,
-                                    activation_checkpointing)
+    formula = flops.flops_per_token(
+        parameter_counts(model)["non_embedding"],
+        block_parameter_count(model),
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.d_model // cfg.n_heads,
+        cfg.seq_len,
+        cfg.d_ff,
+        activation_checkpointing,
+    )
     if activation_checkpointing:
         parallel.apply_activation_checkpointing(model)
     idx = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))

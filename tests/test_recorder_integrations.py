@@ -3,6 +3,7 @@
 In-process fits of a one-layer model, without profiler windows (tests/test_examples.py runs the
 full examples, with traces and several processes).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,11 +50,21 @@ def _lightning_fit(runs: Path, fail_at: int | None = None, accumulate: int = 1, 
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (BATCH * accumulate * steps, SEQ))
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x), batch_size=BATCH)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accumulate,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False,
-                         callbacks=[RecorderCallback(runs, tokens=lambda b: b[0].numel(), warmup_steps=0,
-                                                     profile=ProfileSchedule(enabled=False))])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            RecorderCallback(
+                runs, tokens=lambda b: b[0].numel(), warmup_steps=0, profile=ProfileSchedule(enabled=False)
+            )
+        ],
+    )
     trainer.fit(Tiny(), data)
 
 
@@ -96,10 +107,17 @@ def test_hugging_face_failing_marks_the_run_failed(tmp_path):
 
     x = torch.randint(0, VOCAB, (BATCH * 4, SEQ))
     data = [{"input_ids": row, "labels": row} for row in x]
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4,
-                                          per_device_train_batch_size=BATCH, use_cpu=True, report_to=[],
-                                          save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                                          include_num_input_tokens_seen=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=BATCH,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        include_num_input_tokens_seen=True,
+    )
     runs = tmp_path / "runs"
     callback = RecorderCallback(runs, warmup_steps=0, profile=ProfileSchedule(enabled=False))
     trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback])

@@ -1,5 +1,6 @@
 """The recorder in a 2-rank DDP job under torchrun on gloo: every rank's files, DDP's bucket
 all-reduces timed through the comm hook, and the multi-rank bad uses (one rank recording, one failing)."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,24 @@ LOOP = REPO / "tests" / "recorder_ddp_loop.py"
 
 def _torchrun(runs: Path, mode: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           str(LOOP), str(runs), mode], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            str(LOOP),
+            str(runs),
+            mode,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _manifest(run_dir: Path) -> RunManifest:
@@ -63,8 +79,10 @@ def test_a_recorder_opened_on_rank_0_only_records_rank_0_and_says_so(tmp_path):
     done = _torchrun(tmp_path, "rank0-only")
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("recorder:")]
-    assert said == ["recorder: rank(s) 1 of 2 did not open the recorder within 5 s: recording the ranks that did "
-                    "(call recorder.open on every rank)"]
+    assert said == [
+        "recorder: rank(s) 1 of 2 did not open the recorder within 5 s: recording the ranks that did "
+        "(call recorder.open on every rank)"
+    ]
     man = _manifest(tmp_path / "ddp-rank0-only")
     assert man.status == "completed" and man.files.metrics == ["metrics/rank0.jsonl"]
     assert man.collective_timing == "none: not every rank opened the recorder"
@@ -75,8 +93,10 @@ def test_a_recorder_opened_on_rank_1_only_is_one_line_and_training_goes_on(tmp_p
     done = _torchrun(tmp_path, "rank1-only")
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("recorder:")]
-    assert said == ["recorder: rank 1: rank 0 did not open the recorder within 5 s: not recording "
-                    "(call recorder.open on every rank)"]
+    assert said == [
+        "recorder: rank 1: rank 0 did not open the recorder within 5 s: not recording "
+        "(call recorder.open on every rank)"
+    ]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,4 +1,5 @@
 """The recorder on a plain loop: the run directory it writes, and the analyzer reading it unchanged."""
+
 from __future__ import annotations
 
 import json
@@ -83,13 +84,26 @@ def test_the_analyzer_reads_it_unchanged(run_dir):
     assert good.lost_s["data_wait"] >= (STEPS - 1) * DATA_SLEEP_S
 
 
-@pytest.mark.parametrize("verb", [["report"], ["suggest"], ["check", "{run}", "--baseline", "{run}"],
-                                  ["history"], ["export", "--to", "csv", "{tmp}/export"]])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["report"],
+        ["suggest"],
+        ["check", "{run}", "--baseline", "{run}"],
+        ["history"],
+        ["export", "--to", "csv", "{tmp}/export"],
+    ],
+)
 def test_every_analyzer_command_reads_it(run_dir, tmp_path, verb):
     args = [a.format(run=run_dir, tmp=tmp_path) for a in verb]
     target = [str(run_dir.parent)] if verb == ["history"] else ([] if "check" in verb else [str(run_dir)])
-    done = subprocess.run([sys.executable, "-m", "analyzer.cli", args[0], *target, *args[1:]], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "analyzer.cli", args[0], *target, *args[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     if verb == ["report"]:
         assert "MFU:" in done.stdout and "source: manifest" in done.stdout
@@ -130,8 +144,10 @@ def test_the_loop_in_docs_record_md_runs_as_written(tmp_path, monkeypatch):
 def test_reftrains_launcher_imports_the_recorder_without_torch():
     """reftrain's command line validates a config before any rank starts, without torch; it uses
     the recorder's torch-free modules (manifest, heartbeat, ranks), so importing them must not import torch."""
-    code = ("import sys, reftrain.cli, recorder, recorder.manifest, recorder.heartbeat, recorder.ranks; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, reftrain.cli, recorder, recorder.manifest, recorder.heartbeat, recorder.ranks; "
+        "print('torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
 
@@ -151,9 +167,15 @@ def test_ddp_comm_hook_false_leaves_ddps_own_all_reduce(tmp_path, ddp_comm_hook)
         torch.manual_seed(0)
         model = DDP(torch.nn.Linear(8, 8))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        rec = recorder.open(tmp_path / "runs", name="ddp", model=model, optimizer=opt,
-                            profile=ProfileSchedule(enabled=False), peak_flops_per_s=PEAK,
-                            ddp_comm_hook=ddp_comm_hook)
+        rec = recorder.open(
+            tmp_path / "runs",
+            name="ddp",
+            model=model,
+            optimizer=opt,
+            profile=ProfileSchedule(enabled=False),
+            peak_flops_per_s=PEAK,
+            ddp_comm_hook=ddp_comm_hook,
+        )
         with rec:
             for _ in range(3):
                 with rec.step(tokens=4) as s:

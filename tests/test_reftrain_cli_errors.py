@@ -3,6 +3,7 @@
 These fail in the command line before any rank starts (the config module does
 not import torch), so each case costs one short Python start-up.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,9 @@ import pytest
 
 
 def reftrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reftrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "reftrain", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -52,8 +54,11 @@ def test_wrong_type(tmp_path: Path) -> None:
 
 
 def test_heads_not_dividing_width(tmp_path: Path) -> None:
-    msg = one_error_line(reftrain("--nproc", "2", "--set", "model.d_model=100", "--set", "model.n_heads=3",
-                                  "--runs-dir", "runs", cwd=tmp_path))
+    msg = one_error_line(
+        reftrain(
+            "--nproc", "2", "--set", "model.d_model=100", "--set", "model.n_heads=3", "--runs-dir", "runs", cwd=tmp_path
+        )
+    )
     assert msg == "config: model.d_model=100 is not divisible by model.n_heads=3"
     assert not (tmp_path / "runs").exists()
 
@@ -87,14 +92,19 @@ def test_existing_run_dir_is_never_overwritten(tmp_path: Path) -> None:
     existing.mkdir(parents=True)
     (existing / "run.json").write_text("{}")
     msg = one_error_line(reftrain("--nproc", "2", "--runs-dir", "runs", "--run-name", "mine", cwd=tmp_path))
-    assert msg == (f"run directory {Path('runs') / 'mine'} already exists; "
-                   "reftrain never overwrites a run (choose another --run-name)")
+    assert msg == (
+        f"run directory {Path('runs') / 'mine'} already exists; "
+        "reftrain never overwrites a run (choose another --run-name)"
+    )
     assert (existing / "run.json").read_text() == "{}" and sorted(existing.iterdir()) == [existing / "run.json"]
 
 
 def test_slow_rank_outside_world(tmp_path: Path) -> None:
-    msg = one_error_line(reftrain("--nproc", "2", "--inject-slow-rank", "2", "--inject-delay-ms", "10",
-                                  "--runs-dir", "runs", cwd=tmp_path))
+    msg = one_error_line(
+        reftrain(
+            "--nproc", "2", "--inject-slow-rank", "2", "--inject-delay-ms", "10", "--runs-dir", "runs", cwd=tmp_path
+        )
+    )
     assert msg == "config: inject.slow_rank=2 but the world has 2 ranks"
 
 
@@ -142,7 +152,9 @@ def test_repeated_config_of_a_two_rank_run_starts_two_ranks(monkeypatch, capsys,
     """
     if not EXAMPLE_RUN.is_dir():
         pytest.skip(f"{EXAMPLE_RUN} not in this checkout")
-    how, nproc, err = _planned(monkeypatch, capsys, "--config", str(EXAMPLE_RUN / "config.yaml"), "--runs-dir", str(tmp_path))
+    how, nproc, err = _planned(
+        monkeypatch, capsys, "--config", str(EXAMPLE_RUN / "config.yaml"), "--runs-dir", str(tmp_path)
+    )
     assert (how, nproc) == ("launch", 2)
     assert "starting 2 local ranks, the config's parallel.world_size" in err
 
@@ -178,4 +190,5 @@ def test_print_config_shows_the_recorded_world_size(tmp_path: Path) -> None:
 
 def test_world_size_below_one_is_an_error(tmp_path: Path) -> None:
     assert one_error_line(reftrain("--set", "parallel.world_size=0", "--print-config", cwd=tmp_path)) == (
-        "config: parallel.world_size=0 must be > 0")
+        "config: parallel.world_size=0 must be > 0"
+    )

@@ -1,6 +1,7 @@
 """The fault-injection flags in-process (no ranks): where each fires, when it is refused
 or warned about, and that a repeated or resumed run does not re-arm it
 (reftrain/faults.py, reftrain/cli.py; the jobs that really crash: tests/test_reftrain_restart.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,6 +25,7 @@ class Died(Exception):
 @pytest.fixture
 def no_exit(monkeypatch):
     """os._exit of the fault raises instead, with the exit status."""
+
     def fake_exit(code: int) -> None:
         raise Died(code)
 
@@ -44,11 +46,17 @@ def test_crash_in_save_fires_in_the_save_of_its_step(no_exit) -> None:
     faults.Faults(cfg.fault, rank=0).in_save(4)  # another rank: nothing
 
 
-@pytest.mark.parametrize("sets, message", [
-    (("fault.crash_step=3",), "no checkpoint is saved at fault.crash_step=3 (train.checkpoint_every=2 saves steps 2, 4"),
-    (("fault.crash_step=4", "train.checkpoint_every=0"), "train.checkpoint_every=0 saves none"),
-    (("fault.crash_step=0",), "no checkpoint is saved at fault.crash_step=0"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (
+            ("fault.crash_step=3",),
+            "no checkpoint is saved at fault.crash_step=3 (train.checkpoint_every=2 saves steps 2, 4",
+        ),
+        (("fault.crash_step=4", "train.checkpoint_every=0"), "train.checkpoint_every=0 saves none"),
+        (("fault.crash_step=0",), "no checkpoint is saved at fault.crash_step=0"),
+    ],
+)
 def test_crash_in_save_at_a_step_without_a_save_is_refused(sets: tuple[str, ...], message: str) -> None:
     with pytest.raises(ReftrainError, match=message.replace("(", r"\(").replace(".", r"\.")):
         tiny("fault.crash_rank=1", "fault.crash_in_save=true", *sets)
@@ -73,8 +81,13 @@ def test_a_fault_before_the_start_of_a_resumed_run_is_warned_about() -> None:
 
 def _fault_injected_run(tmp_path):
     """A run directory as a fault-injected run leaves it: config.yaml, run.json, one checkpoint."""
-    cfg = tiny("fault.crash_rank=1", "fault.crash_step=4", "fault.crash_in_save=true",
-               f"run.runs_dir={tmp_path}", "run.name=crashed")
+    cfg = tiny(
+        "fault.crash_rank=1",
+        "fault.crash_step=4",
+        "fault.crash_in_save=true",
+        f"run.runs_dir={tmp_path}",
+        "run.name=crashed",
+    )
     run = rundir.create_run_dir(cfg, 2)
     (run / "run.json").write_text("{}")
     (run / "checkpoints" / "step2").mkdir(parents=True)
@@ -94,8 +107,10 @@ def test_resume_and_config_of_a_fault_injected_run_do_not_rearm_it(tmp_path) -> 
     for argv in (["--resume", str(run)], ["--config", str(run / "config.yaml")]):
         cfg, notes = _build(*argv)
         assert (cfg.fault.crash_rank, cfg.fault.crash_step, cfg.fault.crash_in_save) == (None, None, False)
-        assert notes == [f"{' '.join(argv)}: the run's fault injection (fault.crash_rank=1, fault.crash_step=4, "
-                         "fault.crash_in_save=True) is not repeated; pass the flags again to inject it"]
+        assert notes == [
+            f"{' '.join(argv)}: the run's fault injection (fault.crash_rank=1, fault.crash_step=4, "
+            "fault.crash_in_save=True) is not repeated; pass the flags again to inject it"
+        ]
     # Flags on the command line inject again.
     cfg, _ = _build("--resume", str(run), "--crash-rank", "0", "--crash-step", "5")
     assert (cfg.fault.crash_rank, cfg.fault.crash_step, cfg.fault.crash_in_save) == (0, 5, False)
@@ -112,6 +127,7 @@ def test_a_users_own_config_file_keeps_its_faults(tmp_path) -> None:
 # ---------------------------------------------------------------------------
 # The first failure: the rank whose process exited first
 # ---------------------------------------------------------------------------
+
 
 class _Failure:
     def __init__(self, pid: int) -> None:

@@ -6,6 +6,7 @@ in its own session, and every test checks that no rank process outlives it
 (the ranks' pids come from their heartbeat files). Timing is judged only
 against bounds far beyond any load (see each test).
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,18 @@ from reftrain.exits import children
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 240  # a busy 2-core machine starts 3 torch processes per job
-BASE = ["--nproc", "2", "--preset", "tiny", "--device", "cpu", "--set", "data.num_workers=0",
-        "--set", "profile.enabled=false"]
+BASE = [
+    "--nproc",
+    "2",
+    "--preset",
+    "tiny",
+    "--device",
+    "cpu",
+    "--set",
+    "data.num_workers=0",
+    "--set",
+    "profile.enabled=false",
+]
 
 
 def command(runs: Path, name: str, *args: str) -> list[str]:
@@ -65,8 +76,14 @@ def assert_no_rank_left(run: Path) -> None:
 
 def reftrain(runs: Path, name: str, *args: str) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(command(runs, name, *args), cwd=runs, capture_output=True, text=True,
-                              timeout=TIMEOUT_S, start_new_session=True)
+        proc = subprocess.run(
+            command(runs, name, *args),
+            cwd=runs,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            start_new_session=True,
+        )
     finally:
         if (runs / name).is_dir():
             assert_no_rank_left(runs / name)
@@ -134,8 +151,14 @@ def test_sigterm_preempts_saves_and_resumes_bit_for_bit(runs: Path, preempt_base
     name = f"preempted_w{workers}"
     run = runs / name
     loader = ["--set", f"data.num_workers={workers}"]
-    proc = subprocess.Popen(command(runs, name, *PREEMPT, *loader), cwd=runs, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command(runs, name, *PREEMPT, *loader),
+        cwd=runs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for_steps(proc, run, 3)
         os.kill(proc.pid, signal.SIGTERM)  # the launcher, as a scheduler would: the agent forwards it
@@ -172,14 +195,22 @@ def test_a_step_longer_than_the_grace_period_is_killed_and_recorded_failed(runs:
     the ranks: no checkpoint at the stop, the run and its attempt closed `failed` with the reason."""
     name = "grace_exceeded"
     run = runs / name
-    proc = subprocess.Popen(command(runs, name, "--steps", "3", "--set", "data.delay_ms=6000",
-                                    "--set", "preemption.grace_s=1"),
-                            cwd=runs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command(runs, name, "--steps", "3", "--set", "data.delay_ms=6000", "--set", "preemption.grace_s=1"),
+        cwd=runs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
-            beats = [json.loads(f.read_text()) for f in (run / "heartbeat").glob("rank*.json")] \
-                if (run / "heartbeat").is_dir() else []
+            beats = (
+                [json.loads(f.read_text()) for f in (run / "heartbeat").glob("rank*.json")]
+                if (run / "heartbeat").is_dir()
+                else []
+            )
             if len(beats) == 2 and all((b["step"], b["phase"]) == (1, "start") for b in beats):
                 break
             time.sleep(0.02)
@@ -208,8 +239,20 @@ HANG_TIMEOUT_S = 3.0
 
 
 def test_a_hung_rank_is_named_with_every_ranks_stacks(runs: Path) -> None:
-    proc = reftrain(runs, "hang", "--steps", "6", "--hang-rank", "1", "--hang-step", "3",
-                    "--set", f"watchdog.timeout_s={HANG_TIMEOUT_S}", "--set", "watchdog.interval_s=0.5")
+    proc = reftrain(
+        runs,
+        "hang",
+        "--steps",
+        "6",
+        "--hang-rank",
+        "1",
+        "--hang-step",
+        "3",
+        "--set",
+        f"watchdog.timeout_s={HANG_TIMEOUT_S}",
+        "--set",
+        "watchdog.interval_s=0.5",
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "hang: rank 1 made no progress" in proc.stderr
     run = runs / "hang"
@@ -238,9 +281,25 @@ def test_a_frozen_rank_is_named_and_its_missing_stacks_explained(runs: Path) -> 
     A stopped process cannot dump its stacks: its file says so instead of being empty."""
     name = "frozen"
     run = runs / name
-    proc = subprocess.Popen(command(runs, name, "--steps", "400", "--set", "data.delay_ms=20",
-                                    "--set", f"watchdog.timeout_s={HANG_TIMEOUT_S}", "--set", "watchdog.interval_s=0.5"),
-                            cwd=runs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command(
+            runs,
+            name,
+            "--steps",
+            "400",
+            "--set",
+            "data.delay_ms=20",
+            "--set",
+            f"watchdog.timeout_s={HANG_TIMEOUT_S}",
+            "--set",
+            "watchdog.interval_s=0.5",
+        ),
+        cwd=runs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     stopped = None
     try:
         wait_for_steps(proc, run, 3)
@@ -270,14 +329,21 @@ def test_a_frozen_rank_is_named_and_its_missing_stacks_explained(runs: Path) -> 
 # The launcher's death ends the ranks; the first rank to fail is the run's error
 # ---------------------------------------------------------------------------
 
+
 def test_ranks_do_not_outlive_a_killed_launcher(runs: Path) -> None:
     """SIGKILL to the launcher (a scheduler past its grace period, the OOM killer): the ranks and their
     DataLoader workers get the kernel's parent-death SIGKILL, so none trains on unsupervised and the
     run is never recorded completed. 5 s is the bound asked for; the kernel signals at once."""
     name = "launcher_killed"
     run = runs / name
-    proc = subprocess.Popen(command(runs, name, *PREEMPT, "--set", "data.num_workers=1"), cwd=runs,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command(runs, name, *PREEMPT, "--set", "data.num_workers=1"),
+        cwd=runs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for_steps(proc, run, 3)
         ranks = rank_pids(run)

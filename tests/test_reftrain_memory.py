@@ -2,6 +2,7 @@
 Three training steps of the tiny model on CPU (one profiler warm-up, two recorded),
 in this process, through reftrain's own StepProfiler; the analyzer's peaks equal a plain JSON read
 of the same trace."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,14 @@ def _profiled_steps(cfg: Config, traces: Path) -> list[Path]:
 
 def _config(*settings: str) -> Config:
     cfg = Config()
-    for s in ("model.preset=tiny", "profile.wait=0", "profile.warmup=1", "profile.active=2", "profile.repeat=1",
-              *settings):
+    for s in (
+        "model.preset=tiny",
+        "profile.wait=0",
+        "profile.warmup=1",
+        "profile.active=2",
+        "profile.repeat=1",
+        *settings,
+    ):
         apply_set(cfg, s)
     return resolve(cfg)
 

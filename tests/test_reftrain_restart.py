@@ -4,6 +4,7 @@ checkpoints and the attempts in run.json, with injected crashes (reftrain/faults
 Tiny runs (6 steps, 2 CPU ranks, checkpoint every 2 steps) so each takes seconds;
 every subprocess is bounded by a timeout. Nothing here judges timing.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,34 @@ pytestmark = pytest.mark.slow
 # so they run by default and allow exactly the one restart the one crash needs.
 
 TIMEOUT_S = 300  # a busy 2-core machine starts 3 torch processes per attempt
-BASE = ["--nproc", "2", "--preset", "tiny", "--device", "cpu", "--steps", "6", "--checkpoint-every", "2",
-        "--set", "data.num_workers=0", "--set", "profile.enabled=false"]
+BASE = [
+    "--nproc",
+    "2",
+    "--preset",
+    "tiny",
+    "--device",
+    "cpu",
+    "--steps",
+    "6",
+    "--checkpoint-every",
+    "2",
+    "--set",
+    "data.num_workers=0",
+    "--set",
+    "profile.enabled=false",
+]
 
 
 def reftrain(runs: Path, name: str, *args: str) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([sys.executable, "-m", "reftrain", *BASE, "--runs-dir", str(runs), "--run-name", name,
-                               *args], cwd=runs, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              start_new_session=True)
+        return subprocess.run(
+            [sys.executable, "-m", "reftrain", *BASE, "--runs-dir", str(runs), "--run-name", name, *args],
+            cwd=runs,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            start_new_session=True,
+        )
     finally:
         if (runs / name).is_dir():
             assert_no_rank_left(runs / name)
@@ -110,21 +130,27 @@ def _goodput_is_reported(run: Path) -> None:
     # Recomputed: the steps attempt 0 ran that attempt 1 ran again (from its resume step on), and
     # their time at the slowest rank; known from the records alone, independent of the analyzer.
     redone = {r["step"] for r in records if r["attempt"] == 0 and r["step"] >= resumed}
-    redone_s = sum(max(r["step_time_ms"] for r in records if r["attempt"] == 0 and r["step"] == s)
-                   for s in redone) / 1e3
+    redone_s = (
+        sum(max(r["step_time_ms"] for r in records if r["attempt"] == 0 and r["step"] == s) for s in redone) / 1e3
+    )
     g = analyze(run).goodput()
     assert g is not None and g.attempts == 2 and g.recomputed_steps == len(redone) >= 1
     assert abs(g.lost_s["recomputed"] - redone_s) < 1e-6
     assert g.lost_s["restarts"] > 0  # the relaunch between the attempts
     assert abs(g.productive_s + sum(g.lost_s.values()) - g.wall_s) < 1e-6  # the parts add up to the wall time
-    text = subprocess.run([str(Path(sys.executable).with_name("analyzer")), "report", str(run), "--no-cache"],
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    text = subprocess.run(
+        [str(Path(sys.executable).with_name("analyzer")), "report", str(run), "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert text.returncode == 0 and f"Goodput: {100 * g.goodput:.1f}%" in text.stdout and "2 attempt(s)" in text.stdout
 
 
 def test_a_save_killed_before_publishing_is_never_loaded(runs: Path, baseline: dict) -> None:
-    proc = reftrain(runs, "crash_in_save", "--crash-rank", "1", "--crash-step", "4", "--crash-in-save",
-                    "--max-restarts", "1")
+    proc = reftrain(
+        runs, "crash_in_save", "--crash-rank", "1", "--crash-step", "4", "--crash-in-save", "--max-restarts", "1"
+    )
     must_succeed(proc)
     assert "rank 1 dies inside the save of checkpoint step4" in proc.stderr
     m = _restarted(runs / "crash_in_save")
@@ -141,15 +167,29 @@ def test_a_crash_after_the_last_checkpoint_completes_the_job(runs: Path, baselin
     must_succeed(proc)
     m = _restarted(runs / "crash_at_end")
     assert m["attempts"][1]["resumed_from_step"] == 6
-    assert not any(rel.startswith("metrics/attempt1") and (runs / "crash_at_end" / rel).read_text()
-                   for rel in m["files"]["metrics"])
+    assert not any(
+        rel.startswith("metrics/attempt1") and (runs / "crash_at_end" / rel).read_text()
+        for rel in m["files"]["metrics"]
+    )
     assert losses(runs / "crash_at_end") == baseline
 
 
 def test_a_hung_rank_is_killed_and_the_job_restarts_bit_for_bit(runs: Path, baseline: dict) -> None:
     """The watchdog (3 s) names rank 1, kills the attempt; torchelastic restarts it from step 2."""
-    proc = reftrain(runs, "hang_restart", "--hang-rank", "1", "--hang-step", "3", "--max-restarts", "1",
-                    "--set", "watchdog.timeout_s=3", "--set", "watchdog.interval_s=0.5")
+    proc = reftrain(
+        runs,
+        "hang_restart",
+        "--hang-rank",
+        "1",
+        "--hang-step",
+        "3",
+        "--max-restarts",
+        "1",
+        "--set",
+        "watchdog.timeout_s=3",
+        "--set",
+        "watchdog.interval_s=0.5",
+    )
     must_succeed(proc)
     m = json.loads((runs / "hang_restart" / "run.json").read_text())
     assert m["status"] == "completed" and [h["rank"] for h in m["hangs"]] == [1]

@@ -4,6 +4,7 @@ One DDP run (profiled, with an injected straggler and checkpoints) is shared
 by most assertions; an FSDP2 run and a resumed run check their own paths.
 Timing assertions are lower bounds set by the injected sleep, never speeds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,9 @@ TIMEOUT_S = 600  # a busy 2-core machine starts 3 torch processes per run
 
 
 def reftrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reftrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "reftrain", *args], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
 
 def must_succeed(proc: subprocess.CompletedProcess) -> None:
@@ -54,10 +56,30 @@ def ddp_run(runs: Path) -> Path:
     """6 steps, tiny model, 2 ranks; profiler waits 1, warms up 1, records steps 2-3;
     rank 1 sleeps DELAY_MS in every forward; checkpoints after steps 3 and 6."""
     proc = reftrain(
-        "--nproc", "2", "--runs-dir", str(runs), "--run-name", "ddp", *TINY, "--steps", "6",
-        "--inject-slow-rank", "1", "--inject-delay-ms", str(DELAY_MS), "--checkpoint-every", "3",
-        "--set", "profile.wait=1", "--set", "profile.warmup=1", "--set", "profile.active=2",
-        "--set", "train.warmup_steps=1", cwd=runs,
+        "--nproc",
+        "2",
+        "--runs-dir",
+        str(runs),
+        "--run-name",
+        "ddp",
+        *TINY,
+        "--steps",
+        "6",
+        "--inject-slow-rank",
+        "1",
+        "--inject-delay-ms",
+        str(DELAY_MS),
+        "--checkpoint-every",
+        "3",
+        "--set",
+        "profile.wait=1",
+        "--set",
+        "profile.warmup=1",
+        "--set",
+        "profile.active=2",
+        "--set",
+        "train.warmup_steps=1",
+        cwd=runs,
     )
     must_succeed(proc)
     return runs / "ddp"
@@ -100,8 +122,11 @@ def test_manifest(ddp_run: Path) -> None:
     assert "NVML" in m["telemetry_note"] or "GPU" in m["telemetry_note"]
     assert m["config"] == yaml.safe_load((ddp_run / "config.yaml").read_text())
     assert m["config"]["run"]["name"] is None  # a repeat gets a new directory
-    assert m["schemas"] == {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1",
-                            "telemetry": "reftrain.telemetry/1"}
+    assert m["schemas"] == {
+        "metrics": "reftrain.metrics/1",
+        "collectives": "reftrain.collectives/1",
+        "telemetry": "reftrain.telemetry/1",
+    }
 
 
 def test_traces_have_steps_phases_and_distributed_info(ddp_run: Path) -> None:
@@ -122,9 +147,26 @@ def test_traces_have_steps_phases_and_distributed_info(ddp_run: Path) -> None:
 
 
 def test_metrics(ddp_run: Path) -> None:
-    fields = {"step", "rank", "loss", "step_time_ms", "data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms",
-              "grad_sync_ms", "comm_ms", "tokens", "tokens_per_s", "mfu", "hfu", "mem_bytes", "mem_kind",
-              "profiled", "time_ns"}
+    fields = {
+        "step",
+        "rank",
+        "loss",
+        "step_time_ms",
+        "data_wait_ms",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
+        "grad_sync_ms",
+        "comm_ms",
+        "tokens",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "mem_bytes",
+        "mem_kind",
+        "profiled",
+        "time_ns",
+    }
     m = json.loads((ddp_run / "run.json").read_text())
     for rank in (0, 1):
         recs = read_jsonl(ddp_run / "metrics" / f"rank{rank}.jsonl")
@@ -191,8 +233,13 @@ def test_injected_straggler(ddp_run: Path) -> None:
     assert all(r["injected_ms"] == 0 for r in recs[0])
     # The injected time is measured (a busy wait to a deadline, which load can only overshoot), so
     # it is at least the delay; all of it is in the forward, which it is part of.
-    assert all(r["injected_ms"] >= DELAY_MS and r["injected_forward_ms"] == r["injected_ms"]
-               and r["injected_backward_ms"] == 0 and r["forward_ms"] >= r["injected_ms"] for r in recs[1])
+    assert all(
+        r["injected_ms"] >= DELAY_MS
+        and r["injected_forward_ms"] == r["injected_ms"]
+        and r["injected_backward_ms"] == 0
+        and r["forward_ms"] >= r["injected_ms"]
+        for r in recs[1]
+    )
     assert statistics.median(r["forward_ms"] for r in recs[1]) > statistics.median(r["forward_ms"] for r in recs[0])
     # Arrival skew at each step's all-reduce, on rank-0-aligned clocks: rank 1 is last.
     # Steps that begin right after the profiler's start, trace export or a
@@ -222,9 +269,23 @@ def test_resume_reproduces_losses(ddp_run: Path, runs: Path) -> None:
     (scale by 1/world, sum), so the losses must still agree; its time shows
     up as the grad_sync phase.
     """
-    proc = reftrain("--nproc", "2", "--resume", str(ddp_run / "checkpoints" / "step3"), "--run-name", "resumed",
-                    "--set", "profile.enabled=false", "--set", "inject.slow_rank=null",
-                    "--set", "inject.delay_ms=null", "--set", "parallel.overlap_grad_sync=false", cwd=runs)
+    proc = reftrain(
+        "--nproc",
+        "2",
+        "--resume",
+        str(ddp_run / "checkpoints" / "step3"),
+        "--run-name",
+        "resumed",
+        "--set",
+        "profile.enabled=false",
+        "--set",
+        "inject.slow_rank=null",
+        "--set",
+        "inject.delay_ms=null",
+        "--set",
+        "parallel.overlap_grad_sync=false",
+        cwd=runs,
+    )
     must_succeed(proc)
     resumed = runs / "resumed"
     m = json.loads((resumed / "run.json").read_text())
@@ -254,9 +315,28 @@ def fsdp_run(runs: Path) -> Path:
     """FSDP2, 2 micro-batches per step, activation checkpointing, no profiler (fp32: this
     CPU path is what CI has; bf16 matmuls on CPUs without bf16 instructions are ~100x slower);
     every rank's forward and backward SLOWDOWN times slower (--inject-slowdown)."""
-    proc = reftrain("--nproc", "2", "--runs-dir", str(runs), "--run-name", "fsdp", *TINY, "--steps", "6",
-                    "--strategy", "fsdp", "--set", "train.grad_accum=2", "--set", "train.activation_checkpointing=true",
-                    "--set", "profile.enabled=false", "--inject-slowdown", str(SLOWDOWN), cwd=runs)
+    proc = reftrain(
+        "--nproc",
+        "2",
+        "--runs-dir",
+        str(runs),
+        "--run-name",
+        "fsdp",
+        *TINY,
+        "--steps",
+        "6",
+        "--strategy",
+        "fsdp",
+        "--set",
+        "train.grad_accum=2",
+        "--set",
+        "train.activation_checkpointing=true",
+        "--set",
+        "profile.enabled=false",
+        "--inject-slowdown",
+        str(SLOWDOWN),
+        cwd=runs,
+    )
     must_succeed(proc)
     return runs / "fsdp"
 
@@ -276,8 +356,9 @@ def test_fsdp_run(fsdp_run: Path) -> None:
             assert r["hfu"] / r["mfu"] == pytest.approx(1067392 / 886656, rel=1e-12)
             assert 0 < r["loss"] < 7
     colls = [read_jsonl(fsdp_run / "collectives" / f"rank{r}.jsonl") for r in (0, 1)]
-    assert [(c["pg"], c["seq"], c["kind"], c["bytes"]) for c in colls[0]] == \
-        [(c["pg"], c["seq"], c["kind"], c["bytes"]) for c in colls[1]]
+    assert [(c["pg"], c["seq"], c["kind"], c["bytes"]) for c in colls[0]] == [
+        (c["pg"], c["seq"], c["kind"], c["bytes"]) for c in colls[1]
+    ]
     kinds = defaultdict(int)
     for c in colls[0]:
         kinds[c["kind"]] += 1
@@ -318,12 +399,27 @@ def test_error_inside_ranks_is_one_line(tmp_path: Path) -> None:
 
     data = tmp_path / "tokens.bin"
     np.arange(0, 5000, dtype=np.uint16).tofile(data)
-    proc = reftrain("--nproc", "1", "--runs-dir", str(tmp_path / "runs"), "--run-name", "bad", *TINY,
-                    "--data", str(data), "--set", "profile.enabled=false", cwd=tmp_path)
+    proc = reftrain(
+        "--nproc",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        "bad",
+        *TINY,
+        "--data",
+        str(data),
+        "--set",
+        "profile.enabled=false",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
-    assert re.fullmatch(rf"reftrain: error: data\.path: {re.escape(str(data))}: token id (\d+) >= "
-                        r"model\.vocab_size=512; set model\.vocab_size to the tokenizer's size", lines[0]), lines[0]
+    assert re.fullmatch(
+        rf"reftrain: error: data\.path: {re.escape(str(data))}: token id (\d+) >= "
+        r"model\.vocab_size=512; set model\.vocab_size to the tokenizer's size",
+        lines[0],
+    ), lines[0]
     m = json.loads((tmp_path / "runs" / "bad" / "run.json").read_text())
     assert m["status"] == "failed" and lines[0].endswith(m["error"])

@@ -8,6 +8,7 @@ equal to the record's value rounded to float32), the config must equal
 config.yaml, and the summary must equal the figures recomputed from the
 metrics lines. The start-up errors and the failure handling run in-process.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,8 +30,23 @@ from reftrain import trackers as trk
 
 STEPS = 4
 WARMUP = 1
-RECORD_FIELDS = ("loss", "lr", "grad_norm", "step_time_ms", "tokens_per_s", "mfu", "hfu", "mem_bytes", "forward_ms",
-                 "backward_ms", "optimizer_ms", "data_wait_ms", "comm_ms", "cpu_ms", "tokens")
+RECORD_FIELDS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "step_time_ms",
+    "tokens_per_s",
+    "mfu",
+    "hfu",
+    "mem_bytes",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "data_wait_ms",
+    "comm_ms",
+    "cpu_ms",
+    "tokens",
+)
 
 
 def _have(*modules: str) -> bool:
@@ -49,10 +65,37 @@ def logged_run(tmp_path_factory) -> Path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["NETRC"] = str(runs / "no-netrc")  # no W&B login here, whatever the machine has: offline mode
     proc = subprocess.run(
-        [sys.executable, "-m", "reftrain", "--nproc", "2", "--runs-dir", str(runs), "--run-name", "logged",
-         "--preset", "tiny", "--steps", str(STEPS), "--peak-flops", "1e12", "--log", "tensorboard,wandb,mlflow",
-         "--set", "profile.enabled=false", "--set", "data.num_workers=0", "--set", f"train.warmup_steps={WARMUP}"],
-        cwd=runs, capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "-m",
+            "reftrain",
+            "--nproc",
+            "2",
+            "--runs-dir",
+            str(runs),
+            "--run-name",
+            "logged",
+            "--preset",
+            "tiny",
+            "--steps",
+            str(STEPS),
+            "--peak-flops",
+            "1e12",
+            "--log",
+            "tensorboard,wandb,mlflow",
+            "--set",
+            "profile.enabled=false",
+            "--set",
+            "data.num_workers=0",
+            "--set",
+            f"train.warmup_steps={WARMUP}",
+        ],
+        cwd=runs,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, f"reftrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "reftrain: warning:" not in proc.stderr, proc.stderr  # no tracker failed
     return runs / "logged"
@@ -75,11 +118,15 @@ def _expected_summary(run: Path) -> dict:
     tokens_per_step = json.loads((run / "run.json").read_text())["tokens_per_step"]
     report = analyze(run)
     return {
-        "steps_run": STEPS, "steady_steps": STEPS - WARMUP,
+        "steps_run": STEPS,
+        "steady_steps": STEPS - WARMUP,
         "step_time_ms": statistics.median(statistics.fmean(t) for t in times.values()),
-        "tokens_per_s": statistics.median(statistics.fmean(tokens_per_step / (ms / 1e3) for ms in t)
-                                          for t in times.values()),
-        "mfu": report.mfu.median, "hfu": report.mfu.hfu_median, "final_loss": per_rank[0][-1]["loss"],
+        "tokens_per_s": statistics.median(
+            statistics.fmean(tokens_per_step / (ms / 1e3) for ms in t) for t in times.values()
+        ),
+        "mfu": report.mfu.median,
+        "hfu": report.mfu.hfu_median,
+        "final_loss": per_rank[0][-1]["loss"],
     }
 
 
@@ -101,8 +148,10 @@ def test_tensorboard_scalars_hparams_and_summary(logged_run: Path) -> None:
         assert got["step"].tolist() == [r["step"] for r in records], field
         assert got["value"].tolist() == [_f32(r[field]) for r in records], field
     assert not (scalars["tag"] == "train/rank").any() and not (scalars["tag"] == "train/time_ns").any()
-    summary = {tag.removeprefix("summary/"): v for tag, v in
-               scalars[scalars["tag"].str.startswith("summary/")][["tag", "value"]].itertuples(index=False)}
+    summary = {
+        tag.removeprefix("summary/"): v
+        for tag, v in scalars[scalars["tag"].str.startswith("summary/")][["tag", "value"]].itertuples(index=False)
+    }
     for key, want in _expected_summary(logged_run).items():
         assert summary[key] == _f32(want), key
     # hparams plugin: the flattened config.yaml (nulls left out), bools as bools
@@ -118,8 +167,9 @@ def test_tensorboard_scalars_hparams_and_summary(logged_run: Path) -> None:
 def _wandb_inspect(folder: Path, *flags: str):
     """wandb's own reader of a .wandb transaction log (`wandb leet inspect --json`, wandb-core)."""
     wandb_cli = Path(sys.executable).with_name("wandb")
-    done = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", *flags, str(folder)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", *flags, str(folder)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -136,8 +186,11 @@ def test_wandb_offline_run_history_config_and_summary(logged_run: Path) -> None:
     for key, want in _expected_summary(logged_run).items():
         assert summary[f"summary/{key}"] == want, key
     assert summary["summary/status"] == "completed"
-    history = [json.loads(line)["history"]["item"] for line in _wandb_inspect(folder).splitlines()
-               if json.loads(line).get("type") == "history"]
+    history = [
+        json.loads(line)["history"]["item"]
+        for line in _wandb_inspect(folder).splitlines()
+        if json.loads(line).get("type") == "history"
+    ]
     records = _rank0(logged_run)
     assert [h["_step"] for h in history] == [r["step"] for r in records]
     for h, r in zip(history, records):
@@ -172,6 +225,7 @@ def test_mlflow_params_metrics_and_summary(logged_run: Path, monkeypatch) -> Non
 # Start-up errors, failures, modes: in-process, no training
 # ---------------------------------------------------------------------------
 
+
 def _main_stderr(capsys, *argv: str) -> tuple[int, list[str]]:
     rc = cli.main(list(argv))
     return rc, capsys.readouterr().err.splitlines()
@@ -182,8 +236,9 @@ def test_unknown_tracker_is_one_line(tmp_path, capsys) -> None:
     assert rc == 1
     assert err == ["reftrain: error: --log tensorboard,foo: unknown tracker 'foo' (known: tensorboard, wandb, mlflow)"]
     rc, err = _main_stderr(capsys, "--set", "log.trackers=bar", "--runs-dir", str(tmp_path / "runs"))
-    assert rc == 1 and err == ["reftrain: error: config: log.trackers: unknown tracker 'bar' "
-                               "(known: tensorboard, wandb, mlflow)"]
+    assert rc == 1 and err == [
+        "reftrain: error: config: log.trackers: unknown tracker 'bar' (known: tensorboard, wandb, mlflow)"
+    ]
     assert not (tmp_path / "runs").exists()
 
 
@@ -228,10 +283,13 @@ def test_failing_tracker_warns_once_and_training_goes_on(tmp_path, capsys, monke
     t.finish({"status": "completed", "mfu": 0.5}, "completed")
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and err == t.warnings
-    assert err[0].startswith("reftrain: warning: mlflow: could not start (") and \
-        err[0].endswith("); not logging to mlflow, training continues")
-    assert err[1] == ("reftrain: warning: tensorboard: logging step 0 failed (OSError: [Errno 28] No space left on "
-                      "device); not logging to tensorboard, training continues")
+    assert err[0].startswith("reftrain: warning: mlflow: could not start (") and err[0].endswith(
+        "); not logging to mlflow, training continues"
+    )
+    assert err[1] == (
+        "reftrain: warning: tensorboard: logging step 0 failed (OSError: [Errno 28] No space left on "
+        "device); not logging to tensorboard, training continues"
+    )
     assert broken.steps == [0] and broken.finished == ["failed"]  # dropped after its first failure, closed
     assert good.steps == [0, 1, 2] and good.finished == ["completed"]  # the others went on
 
@@ -245,8 +303,18 @@ def test_other_ranks_log_nothing(tmp_path) -> None:
 
 
 def test_step_metrics_are_the_numeric_fields() -> None:
-    record = {"step": 3, "rank": 0, "loss": 2.5, "tokens": 256, "grad_norm": None, "profiled": True,
-              "mem_kind": "rss", "time_ns": 10, "attempt": 0, "mfu": math.nan}
+    record = {
+        "step": 3,
+        "rank": 0,
+        "loss": 2.5,
+        "tokens": 256,
+        "grad_norm": None,
+        "profiled": True,
+        "mem_kind": "rss",
+        "time_ns": 10,
+        "attempt": 0,
+        "mfu": math.nan,
+    }
     assert trk.step_metrics(record) == {"train/loss": 2.5, "train/tokens": 256.0}
 
 

@@ -1,4 +1,5 @@
 """In-process tests of reftrain's parts: config, model size and FLOPs, peaks, data, schedules."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,14 @@ import torch
 
 from reftrain import flops
 from reftrain.config import (
-    Config, ProfileConfig, apply_set, from_dict, load_file, reference_markdown, resolve, to_yaml,
+    Config,
+    ProfileConfig,
+    apply_set,
+    from_dict,
+    load_file,
+    reference_markdown,
+    resolve,
+    to_yaml,
 )
 from reftrain.data import SYNTHETIC_NOISE, SyntheticTokens, build_loader, check_batch
 from reftrain.errors import ReftrainError
@@ -36,7 +44,9 @@ def test_the_model_takes_its_sizes_from_the_resolved_config() -> None:
     cfg = Config()
     apply_set(cfg, "model.preset=tiny")
     apply_set(cfg, "model.d_model=128")
-    with pytest.raises(ReftrainError, match=r"model\.n_layers is not set \(resolve\(\) fills it from model\.preset=tiny\)"):
+    with pytest.raises(
+        ReftrainError, match=r"model\.n_layers is not set \(resolve\(\) fills it from model\.preset=tiny\)"
+    ):
         Transformer(cfg.model)
     model = Transformer(resolve(cfg).model)
     assert (model.cfg.d_model, model.cfg.n_layers, model.cfg.d_ff) == (128, 2, 512)  # d_ff = 4 * d_model (gelu)
@@ -45,6 +55,7 @@ def test_the_model_takes_its_sizes_from_the_resolved_config() -> None:
 # ---------------------------------------------------------------------------
 # Config
 # ---------------------------------------------------------------------------
+
 
 def test_config_round_trip_yaml_and_toml(tmp_path: Path) -> None:
     cfg = tiny(train__dtype="bf16", optim__lr="3e-4", parallel__strategy="fsdp", run__name="x")
@@ -59,8 +70,15 @@ def test_config_round_trip_yaml_and_toml(tmp_path: Path) -> None:
 
 def test_set_parses_yaml_values() -> None:
     cfg = Config()
-    for s in ("optim.lr=2e-3", "train.compile=true", "inject.slowdown=2", "run.name=2024",
-              "model.preset=1.3b", "data.path=null", "run.peak_flops=1e12"):
+    for s in (
+        "optim.lr=2e-3",
+        "train.compile=true",
+        "inject.slowdown=2",
+        "run.name=2024",
+        "model.preset=1.3b",
+        "data.path=null",
+        "run.peak_flops=1e12",
+    ):
         apply_set(cfg, s)
     assert cfg.optim.lr == 2e-3 and cfg.train.compile is True and cfg.inject.slowdown == 2.0
     assert cfg.run.name == "2024" and cfg.model.preset == "1.3b" and cfg.data.path is None
@@ -73,14 +91,17 @@ def test_explicit_sizes_override_the_preset() -> None:
     assert cfg.model.d_ff == 2048  # 8/3 * 768 = 2048, already a multiple of 64
 
 
-@pytest.mark.parametrize("assignment, message", [
-    ("model.foo=1", "unknown config key 'model.foo'"),
-    ("foo.bar=1", "unknown config section 'foo'"),
-    ("train.dtype=fp16", "train.dtype='fp16' is not one of fp32, bf16"),
-    ("train.steps=1.5", "train.steps=1.5 is not an integer"),
-    ("profile.enabled=1", "profile.enabled=1 is not true or false"),
-    ("train.steps", "expected section.key=value"),
-])
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("model.foo=1", "unknown config key 'model.foo'"),
+        ("foo.bar=1", "unknown config section 'foo'"),
+        ("train.dtype=fp16", "train.dtype='fp16' is not one of fp32, bf16"),
+        ("train.steps=1.5", "train.steps=1.5 is not an integer"),
+        ("profile.enabled=1", "profile.enabled=1 is not true or false"),
+        ("train.steps", "expected section.key=value"),
+    ],
+)
 def test_bad_assignments(assignment: str, message: str) -> None:
     with pytest.raises(ReftrainError, match=message.replace(".", r"\.").replace("(", r"\(")):
         apply_set(Config(), assignment)
@@ -107,6 +128,7 @@ def test_docs_hold_the_generated_config_reference() -> None:
 # ---------------------------------------------------------------------------
 # Model size and FLOPs (hand-computed)
 # ---------------------------------------------------------------------------
+
 
 def test_tiny_parameter_count_and_flops() -> None:
     """tiny: L=2, d=64, H=4 (Q=16), T=64, V=512, GELU d_ff=256, tied embeddings.
@@ -136,8 +158,22 @@ def test_swiglu_untied_parameter_count() -> None:
     Final norm 8, head 16*8 = 128 -> N = 1944. Lookup tables: tokens 128 + positions 32 = 160.
     FLOPs/token = 6*1944 + 12*1*2*4*4 = 11664 + 384 = 12048.
     """
-    cfg = resolve(from_dict({"model": {"preset": "tiny", "n_layers": 1, "d_model": 8, "n_heads": 2,
-                                       "seq_len": 4, "vocab_size": 16, "mlp": "swiglu", "tie_embeddings": False}}))
+    cfg = resolve(
+        from_dict(
+            {
+                "model": {
+                    "preset": "tiny",
+                    "n_layers": 1,
+                    "d_model": 8,
+                    "n_heads": 2,
+                    "seq_len": 4,
+                    "vocab_size": 16,
+                    "mlp": "swiglu",
+                    "tie_embeddings": False,
+                }
+            }
+        )
+    )
     assert cfg.model.d_ff == 64
     model = Transformer(cfg.model)
     assert parameter_counts(model) == {"total": 2104, "non_embedding": 1944, "embedding": 160}
@@ -164,21 +200,24 @@ def test_mfu_formula() -> None:
     assert flops.mfu(1000, 10**6, 0.5, 4e9) == 0.5
 
 
-@pytest.mark.parametrize("name, dtype, expected", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12),
-    ("NVIDIA H100 PCIe", "bf16", 756e12),
-    ("NVIDIA H100 NVL", "tf32", 417.5e12),
-    ("NVIDIA H200", "bf16", 989.4e12),
-    ("NVIDIA A100-SXM4-80GB", "tf32", 156e12),
-    ("NVIDIA A100 80GB PCIe", "bf16", 312e12),
-    ("NVIDIA B200", "bf16", 2250e12),
-    ("AMD Instinct MI300X", "bf16", 1307.4e12),
-    ("NVIDIA L4", "bf16", 121e12),
-    ("NVIDIA L40S", "bf16", 362.05e12),
-    ("NVIDIA A10G", "fp32", 31.2e12),
-    ("Tesla V100-SXM2-16GB", "bf16", None),
-    ("Some Future GPU", "bf16", None),
-])
+@pytest.mark.parametrize(
+    "name, dtype, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12),
+        ("NVIDIA H100 PCIe", "bf16", 756e12),
+        ("NVIDIA H100 NVL", "tf32", 417.5e12),
+        ("NVIDIA H200", "bf16", 989.4e12),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156e12),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312e12),
+        ("NVIDIA B200", "bf16", 2250e12),
+        ("AMD Instinct MI300X", "bf16", 1307.4e12),
+        ("NVIDIA L4", "bf16", 121e12),
+        ("NVIDIA L40S", "bf16", 362.05e12),
+        ("NVIDIA A10G", "fp32", 31.2e12),
+        ("Tesla V100-SXM2-16GB", "bf16", None),
+        ("Some Future GPU", "bf16", None),
+    ],
+)
 def test_peak_table(name: str, dtype: str, expected: float | None) -> None:
     peak = flops.table_peak(name, dtype)
     assert (peak.per_s if peak else None) == expected
@@ -203,6 +242,7 @@ def test_cpu_matmul_measurement_is_plausible() -> None:
 # ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
+
 
 def batches(cfg: Config, rank: int, start_step: int, workers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     apply_set(cfg, f"data.num_workers={workers}")
@@ -262,6 +302,7 @@ def test_slow_data_source_sleeps() -> None:
 # ---------------------------------------------------------------------------
 # Schedules
 # ---------------------------------------------------------------------------
+
 
 def test_profiler_schedule_counts_from_the_first_step(tmp_path: Path) -> None:
     cfg = ProfileConfig(enabled=True, wait=1, warmup=1, active=2, repeat=1)

@@ -1,4 +1,5 @@
 """The one set of formatters every renderer uses (analyzer/render/format.py): exact strings."""
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,9 @@ from analyzer.render.format import (
 
 
 def test_missing_numbers_print_as_a_dash_everywhere():
-    assert [num(None), num(math.nan), num(math.inf), pct(None), pct(math.nan), mib(None), value_text("mfu", None)] == ["-"] * 7
+    assert [num(None), num(math.nan), num(math.inf), pct(None), pct(math.nan), mib(None), value_text("mfu", None)] == [
+        "-"
+    ] * 7
     assert (num(1.25, ".1f"), pct(0.4551), pct(0.4551, 2), mib(3 * 2**20 + 2**19)) == ("1.2", "45.5%", "45.51%", "3.5")
 
 
@@ -38,15 +41,19 @@ def test_short_kernel_names_keep_head_and_tail():
     assert short_kernel_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
     # A CUTLASS 3 kernel as Kineto reports it: about 2,000 characters; the parameter list goes, then the middle.
     tmpl = ", ".join(f"cute::C<{i}>" for i in range(150))
-    long = (f"void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, {tmpl}>>"
-            f"(cutlass::gemm::kernel::GemmUniversal<{tmpl}>::Params)")
+    long = (
+        f"void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, {tmpl}>>"
+        f"(cutlass::gemm::kernel::GemmUniversal<{tmpl}>::Params)"
+    )
     short = short_kernel_name(long)
     assert len(short) == KERNEL_NAME_WIDTH == 72
     head, tail = short.split("…")
-    assert head == "cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<"[:len(head)] and len(head) == 42
-    assert tail == "C<147>, cute::C<148>, cute::C<149>>>"[-len(tail):] and len(tail) == 29
+    assert head == "cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<"[: len(head)] and len(head) == 42
+    assert tail == "C<147>, cute::C<148>, cute::C<149>>>"[-len(tail) :] and len(tail) == 29
     # A signature loses its parameter list; a name with a parenthesized note that is no signature keeps it.
-    assert short_kernel_name("void at::native::elementwise_kernel<128, 2>(int, float*)") == \
-        "at::native::elementwise_kernel<128, 2>"
+    assert (
+        short_kernel_name("void at::native::elementwise_kernel<128, 2>(int, float*)")
+        == "at::native::elementwise_kernel<128, 2>"
+    )
     assert short_kernel_name("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD (Pinned -> Device)"
     assert short_kernel_name("evil\x1b[2Jname") == "evil\\x1b[2Jname"

@@ -1,4 +1,5 @@
 """HTML pages without optional packages, and the SVG charts they hold (analyzer/render/html.py, svg.py)."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,9 @@ print("exit codes", codes, "plotly loaded", any(m.startswith("plotly.") for m in
 def test_report_and_check_html_without_plotly_or_streamlit(tmp_path):
     run = tmp_path / "example-ddp-w2"
     shutil.copytree(REPO / "traces" / "example-ddp-w2", run, ignore=shutil.ignore_patterns(".analyzer-cache"))
-    out = subprocess.run([sys.executable, "-c", BLOCKED, str(run), str(tmp_path)], capture_output=True, text=True,
-                         timeout=300, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCKED, str(run), str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
     assert "exit codes [0, 0] plotly loaded False" in out.stdout, out.stdout + out.stderr
     report = (tmp_path / "report.html").read_text()
     for section in ("Per rank", "Training curves", "Step breakdown", "Step time", "MFU", "Stragglers", "Suggestions"):
@@ -51,16 +53,18 @@ def test_nice_ticks_are_round_and_cover_the_range():
 
 def test_stacked_bars_are_drawn_to_scale():
     # Two ranks, parts 3 + 1 ms and 2 + 2 ms: both stacks 4 ms tall on an axis from 0 to 4.
-    chart = svg.bar_chart("t", ["rank 0", "rank 1"], [svg.Bars("a", [3.0, 2.0]), svg.Bars("b", [1.0, 2.0])],
-                          y_title="ms", stacked=True)
+    chart = svg.bar_chart(
+        "t", ["rank 0", "rank 1"], [svg.Bars("a", [3.0, 2.0]), svg.Bars("b", [1.0, 2.0])], y_title="ms", stacked=True
+    )
     heights = [float(h) for h in re.findall(r'height="([^"]+)" fill="[^"]+"><title>', chart)]  # bars, not the legend
     plot = svg.HEIGHT - svg.BOTTOM - svg.TOP
     assert heights == [3 / 4 * plot, 1 / 4 * plot, 2 / 4 * plot, 2 / 4 * plot]
 
 
 def test_line_chart_breaks_at_missing_values_and_escapes_names():
-    chart = svg.line_chart("<b>", [svg.Series("rank <0>", [0, 1, 2, 3], [1.0, None, 2.0, 3.0])],
-                           x_title="step", y_title="ms")
+    chart = svg.line_chart(
+        "<b>", [svg.Series("rank <0>", [0, 1, 2, 3], [1.0, None, 2.0, 3.0])], x_title="step", y_title="ms"
+    )
     assert chart.count("<polyline") == 1  # 0 alone, then 2-3: one segment with two points or more
     assert chart.count("<circle") == 3 and "<b>" not in chart and "rank &lt;0&gt;" in chart
     assert svg.line_chart("empty", [svg.Series("s", [0], [None])], x_title="x", y_title="y") == ""

@@ -1,5 +1,6 @@
 """The render layer's rules that import-linter cannot state: no module of it, and no verb module
 it was split from, imports another module's private name; its package imports nothing."""
+
 from __future__ import annotations
 
 import ast
@@ -8,7 +9,8 @@ from pathlib import Path
 ANALYZER = Path(__file__).resolve().parent.parent / "analyzer"
 # The renderers and the verbs whose rendering moved into them.
 CHECKED = sorted((ANALYZER / "render").glob("*.py")) + [
-    ANALYZER / "verbs" / name for name in ("report.py", "check.py", "compare.py", "history.py")]
+    ANALYZER / "verbs" / name for name in ("report.py", "check.py", "compare.py", "history.py")
+]
 
 
 def private_imports(path: Path) -> list[str]:
@@ -16,7 +18,9 @@ def private_imports(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("analyzer")):
-            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_") and a.name != "__future__"]
+            found += [
+                f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_") and a.name != "__future__"
+            ]
     return found
 
 

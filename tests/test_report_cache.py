@@ -5,6 +5,7 @@ must miss whenever an input, an option or the code changed; the parse
 jobs must give the same tables as parsing in-process, and the CLI's start
 must not import numpy or pandas (the point of both).
 """
+
 from __future__ import annotations
 
 import json
@@ -212,7 +213,10 @@ def test_nothing_a_worker_does_ends_the_analysis(run: Path, monkeypatch) -> None
                 outcomes[f.name] = len(pending.take(f).columns["ts_ns"])
             except TraceError as err:
                 outcomes[f.name] = str(err)
-    assert outcomes[files[0].name] == f"{files[0].name}: could not be parsed (RecursionError: maximum recursion depth exceeded)"
+    assert (
+        outcomes[files[0].name]
+        == f"{files[0].name}: could not be parsed (RecursionError: maximum recursion depth exceeded)"
+    )
     assert outcomes[files[1].name] == f"{files[1].name}: could not be parsed (MemoryError: no message)"
     assert outcomes["killer.json.gz"] == "killer.json.gz: the parse worker died (killed by SIGKILL (out of memory?))"
     assert outcomes[files[2].name] == len(load.parse_trace(files[2]).events)  # parsed, alone or not

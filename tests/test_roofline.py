@@ -6,6 +6,7 @@ FLOPs per call equal (TraceLens adds the bias, m x n FLOPs, to addmm's),
 bytes moved per call equal, calls equal, and TFLOP/s within 2 % of
 TraceLens's FLOPs over its mean kernel time.
 """
+
 from __future__ import annotations
 
 import ast
@@ -45,8 +46,9 @@ def test_gemm_forward_and_backward_exact():
     m, k, n = 1024, 2048, 512
     dims = _dims([[n], [m, k], [k, n], [], []])
     types = json.dumps([BF16] * 3 + ["Scalar", "Scalar"])
-    rf = roofline(_shapes([("aten::addmm", False, dims, types, 3, 3, 0.3),
-                           ("aten::addmm", True, dims, types, 3, 6, 0.6)]), H100)
+    rf = roofline(
+        _shapes([("aten::addmm", False, dims, types, 3, 3, 0.3), ("aten::addmm", True, dims, types, 3, 6, 0.6)]), H100
+    )
     fwd, bwd = rf.points.set_index("backward").loc[False], rf.points.set_index("backward").loc[True]
     per_call_bytes = 2 * (n + m * k + k * n + m * n)
     assert fwd["flops"] == 3 * 2 * m * k * n and fwd["bytes"] == 3 * per_call_bytes
@@ -64,15 +66,30 @@ def test_gemm_forward_and_backward_exact():
 
 def test_attention_and_out_variant_bytes():
     b, h, L, S, E = 2, 8, 128, 256, 64
-    f, nbytes, dtype, causal, _ = per_call("aten::scaled_dot_product_attention",
-                                        [[b, h, L, E], [b, h, S, E], [b, h, S, E]], [BF16] * 3)
+    f, nbytes, dtype, causal, _ = per_call(
+        "aten::scaled_dot_product_attention", [[b, h, L, E], [b, h, S, E], [b, h, S, E]], [BF16] * 3
+    )
     assert f == 2 * b * h * L * S * E * 2 and dtype == "bf16" and causal is None
     assert nbytes == 2 * (b * h * L * E + 2 * b * h * S * E + b * h * L * E)
     # mm(a, b, out=c): the output is one of the inputs, counted once.
     f, nbytes, _, _, _ = per_call("aten::mm", [[64, 32], [32, 16], [64, 16]], [BF16] * 3)
     assert f == 2 * 64 * 32 * 16 and nbytes == 2 * (64 * 32 + 32 * 16 + 64 * 16)
-    rf = roofline(_shapes([("aten::scaled_dot_product_attention", True, _dims([[b, h, L, E], [b, h, S, E], [b, h, S, E]]),
-                            json.dumps([BF16] * 3), 1, 3, 0.1)]), H100)
+    rf = roofline(
+        _shapes(
+            [
+                (
+                    "aten::scaled_dot_product_attention",
+                    True,
+                    _dims([[b, h, L, E], [b, h, S, E], [b, h, S, E]]),
+                    json.dumps([BF16] * 3),
+                    1,
+                    3,
+                    0.1,
+                )
+            ]
+        ),
+        H100,
+    )
     assert rf.points["flops"].item() == 2.5 * 2 * b * h * L * S * E * 2  # FlashAttention-2's 5 products against 2
 
 
@@ -84,28 +101,55 @@ def test_causal_attention_backends_count_in_full_and_convert_to_the_kept_scores(
     full = lambda L, S: 2 * b * h * L * S * E * 2  # noqa: E731 - Q K^T and P V
     sq = [[b, h, 512, E]] * 3
     flash = ["", "", "", "0.", "True", "False", "0.125"]
-    f, nbytes, dtype, causal, _ = per_call("aten::_scaled_dot_product_flash_attention", sq + [[]] * 4,
-                                        [BF16] * 3 + ["Scalar"] * 4, flash)
+    f, nbytes, dtype, causal, _ = per_call(
+        "aten::_scaled_dot_product_flash_attention", sq + [[]] * 4, [BF16] * 3 + ["Scalar"] * 4, flash
+    )
     assert causal is True and f == full(512, 512) and nbytes == 2 * 4 * b * h * 512 * E
     assert causal_fraction(512, 512) == 0.5
     # The efficient backend's attn_bias (a tensor at position 3) is not counted in bytes; is_causal is argument 6.
     eff = ["", "", "", "", "True", "0.", "False", ""]
-    f, nbytes, _, causal, _ = per_call("aten::_scaled_dot_product_efficient_attention", sq + [[b, h, 512, 512]],
-                                    [BF16] * 4, eff)
+    f, nbytes, _, causal, _ = per_call(
+        "aten::_scaled_dot_product_efficient_attention", sq + [[b, h, 512, 512]], [BF16] * 4, eff
+    )
     assert causal is False and f == full(512, 512) and nbytes == 2 * 4 * b * h * 512 * E
     short_q = [[b, h, 128, E], [b, h, 512, E], [b, h, 512, E]]
     sdpa = ["", "", "", "", "0.", "True", "", "False"]
     f, _, _, causal, _ = per_call("aten::scaled_dot_product_attention", short_q + [[]] * 5, [BF16] * 3, sdpa)
     assert causal is True and f == full(128, 512) and causal_fraction(128, 512) == 128 / (2 * 512)
     long_q = [[b, h, 512, E], [b, h, 128, E], [b, h, 128, E]]
-    f, _, _, causal, _ = per_call("aten::_scaled_dot_product_flash_attention_for_cpu", long_q, ["float"] * 3,
-                                  ["", "", "", "0.", "True", ""])
+    f, _, _, causal, _ = per_call(
+        "aten::_scaled_dot_product_flash_attention_for_cpu", long_q, ["float"] * 3, ["", "", "", "0.", "True", ""]
+    )
     assert causal is True and f == full(512, 128) and causal_fraction(512, 128) == 1 - 128 / (2 * 512)
     # Backward rows: 2.5x the forward; a note names the causal calls counted in full.
-    rf = roofline(_shapes([("aten::_scaled_dot_product_flash_attention", True, _dims(sq + [[]] * 4),
-                            json.dumps([BF16] * 3 + ["Scalar"] * 4), json.dumps(flash), 3, 6, 0.2),
-                           ("aten::_scaled_dot_product_flash_attention", False, _dims(sq + [[]] * 4),
-                            json.dumps([BF16] * 3 + ["Scalar"] * 4), "", 3, 3, 0.1)], concrete=True), H100)
+    rf = roofline(
+        _shapes(
+            [
+                (
+                    "aten::_scaled_dot_product_flash_attention",
+                    True,
+                    _dims(sq + [[]] * 4),
+                    json.dumps([BF16] * 3 + ["Scalar"] * 4),
+                    json.dumps(flash),
+                    3,
+                    6,
+                    0.2,
+                ),
+                (
+                    "aten::_scaled_dot_product_flash_attention",
+                    False,
+                    _dims(sq + [[]] * 4),
+                    json.dumps([BF16] * 3 + ["Scalar"] * 4),
+                    "",
+                    3,
+                    3,
+                    0.1,
+                ),
+            ],
+            concrete=True,
+        ),
+        H100,
+    )
     pts = rf.points.set_index("backward")
     assert pts.loc[True, "flops"] == 3 * 2.5 * full(512, 512) and bool(pts.loc[True, "causal"]) is True
     assert pts.loc[False, "flops"] == 3 * full(512, 512) and pts.loc[False, "causal"] is None
@@ -118,11 +162,20 @@ def test_unknown_device_no_shapes_and_unfit_shapes():
     assert len(rf.points) == 1 and rf.roofs.empty and rf.hbm_bytes_per_s is None
     assert rf.points["bound"].isna().all() and rf.points["efficiency_pct"].isna().all()
     assert any("no datasheet peaks" in n for n in rf.notes)
-    assert roofline(_shapes([("aten::mm", False, dims, types, 1, 1, 0.01)]), None).notes[-1].startswith("device unknown")
+    assert (
+        roofline(_shapes([("aten::mm", False, dims, types, 1, 1, 0.01)]), None).notes[-1].startswith("device unknown")
+    )
     empty = roofline(_shapes([]), H100)
     assert empty.points.empty and "record_shapes=True" in empty.notes[0] and empty.hbm_bytes_per_s == 3.35e12
-    bad = roofline(_shapes([("aten::mm", False, _dims([[64, 32], [31, 16]]), types, 1, 1, 0.01),
-                            ("aten::cudnn_convolution", False, _dims([[1, 3, 8, 8]]), types, 1, 1, 0.01)]), H100)
+    bad = roofline(
+        _shapes(
+            [
+                ("aten::mm", False, _dims([[64, 32], [31, 16]]), types, 1, 1, 0.01),
+                ("aten::cudnn_convolution", False, _dims([[1, 3, 8, 8]]), types, 1, 1, 0.01),
+            ]
+        ),
+        H100,
+    )
     assert bad.points.empty and bad.modeled_device_ms == 0 and bad.shapes_device_ms == pytest.approx(0.02)
     assert "aten::cudnn_convolution (1 shape(s))" in bad.notes[0] and "aten::mm (1 shape(s))" in bad.notes[0]
 
@@ -139,9 +192,14 @@ def test_hbm_table_matches_device_names():
 # --------------------------------------------------------------------------- TraceLens GEMM.csv
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "tracelens-samples"
-SAMPLES = ["h100/Qwen_Qwen1.5-0.5B-Chat__1016005", "h100/facebook_timesformer-base-finetuned-k400__1016002",
-           "h100/gaunernst_bert-small-uncased__1016001", "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005",
-           "mi300/gaunernst_bert-small-uncased__1016001", "torch_compile_triton/trace"]
+SAMPLES = [
+    "h100/Qwen_Qwen1.5-0.5B-Chat__1016005",
+    "h100/facebook_timesformer-base-finetuned-k400__1016002",
+    "h100/gaunernst_bert-small-uncased__1016001",
+    "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005",
+    "mi300/gaunernst_bert-small-uncased__1016001",
+    "torch_compile_triton/trace",
+]
 
 
 @pytest.mark.parametrize("sample", SAMPLES)
@@ -172,9 +230,13 @@ def test_gemm_rows_match_tracelens(sample):
     assert matched == len(theirs) > 0
 
 
-SDPA_SAMPLES = ["h100/Qwen_Qwen1.5-0.5B-Chat__1016005", "h100/gaunernst_bert-small-uncased__1016001",
-                "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005", "mi300/gaunernst_bert-small-uncased__1016001",
-                "torch_compile_triton/trace"]
+SDPA_SAMPLES = [
+    "h100/Qwen_Qwen1.5-0.5B-Chat__1016005",
+    "h100/gaunernst_bert-small-uncased__1016001",
+    "mi300/Qwen_Qwen1.5-0.5B-Chat__1016005",
+    "mi300/gaunernst_bert-small-uncased__1016001",
+    "torch_compile_triton/trace",
+]
 
 
 @pytest.mark.parametrize("sample", SDPA_SAMPLES)
@@ -216,7 +278,8 @@ def test_the_report_carries_the_roofline_per_op():
     assert block["schema"] == "analyzer.roofline/1" and block["device_name"] == rf.device_name
     assert block["hbm_bytes_per_s"] == rf.hbm_bytes_per_s == 3.35e12  # H100 SXM datasheet
     assert [(o["op"], o["backward"], o["calls"]) for o in block["ops"]] == list(
-        zip(rf.ops["op"], rf.ops["backward"], rf.ops["calls"]))
+        zip(rf.ops["op"], rf.ops["backward"], rf.ops["calls"])
+    )
     assert [o["flops"] for o in block["ops"]] == pytest.approx(rf.ops["flops"].tolist())
     text = render_text(a)
     assert "Roofline per op (all ranks; NVIDIA H100" in text
@@ -240,9 +303,16 @@ def test_tf32_kernels_take_the_tf32_peak_and_over_100_pct_is_named():
     dims = _dims([[m], [m, m], [m, m], [], []])
     types = json.dumps(["float"] * 3 + ["Scalar", "Scalar"])
     shapes = _shapes([("aten::addmm", False, dims, types, 10, 10, 1.0)])
-    kernels = pd.DataFrame({"op": ["aten::addmm"], "backward": [False], "cls": ["gemm"], "count": [10],
-                            "device_ms": [1.0],
-                            "kernel": ["void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>"]})
+    kernels = pd.DataFrame(
+        {
+            "op": ["aten::addmm"],
+            "backward": [False],
+            "cls": ["gemm"],
+            "count": [10],
+            "device_ms": [1.0],
+            "kernel": ["void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>"],
+        }
+    )
     tf = roofline(shapes, a100, kernels).ops.iloc[0]
     assert tf["dtype"] == "tf32" and tf["peak_flops_per_s"] == pytest.approx(156e12)
     assert tf["efficiency_pct"] == pytest.approx(100 * 2.147483648e13 / 156e12)
@@ -280,8 +350,13 @@ def test_memory_bound_families_are_timed_against_the_hbm():
 ROOFLINE_OPS = MEMORY_BOUND_OPS | CONV_OPS
 FAMILY_CSVS = ("UnaryElementwise", "BinaryElementwise", "Reduce_fwd", "Normalization", "CONV_fwd")
 # TraceLens lists these wrappers beside the native op that launches their kernels (ours: the native op's row).
-WRAPPERS = {"aten::layer_norm", "aten::batch_norm", "aten::_batch_norm_impl_index", "aten::instance_norm",
-            "aten::group_norm"}
+WRAPPERS = {
+    "aten::layer_norm",
+    "aten::batch_norm",
+    "aten::_batch_norm_impl_index",
+    "aten::instance_norm",
+    "aten::group_norm",
+}
 ELEM = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "long int": 8, "int": 4, "bool": 1}
 
 
@@ -290,8 +365,11 @@ def _raw_events(trace: Path) -> tuple[list, list]:
     """A trace's raw events and its autograd nodes (tid, start, end), read once per trace."""
     with gzip.open(trace) as f:
         events = json.load(f)["traceEvents"]
-    nodes = [(e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
-             if e.get("name", "").startswith("autograd::engine::evaluate_function:") and "dur" in e]
+    nodes = [
+        (e["tid"], e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("name", "").startswith("autograd::engine::evaluate_function:") and "dur" in e
+    ]
     return events, nodes
 
 
@@ -299,10 +377,14 @@ def _all_inside_backward(trace: Path, name: str, dims: list) -> bool:
     """Whether every call of ``name`` with ``dims`` runs inside an autograd node (an
     ``autograd::engine::evaluate_function:`` range on its thread): read from the raw trace, apart from ours."""
     events, nodes = _raw_events(trace)
-    calls = [e for e in events if e.get("cat") == "cpu_op" and e.get("name") == name
-             and e.get("args", {}).get("Input Dims") == dims]
-    return bool(calls) and all(any(t == c["tid"] and s <= c["ts"] and c["ts"] + c["dur"] <= f for t, s, f in nodes)
-                               for c in calls)
+    calls = [
+        e
+        for e in events
+        if e.get("cat") == "cpu_op" and e.get("name") == name and e.get("args", {}).get("Input Dims") == dims
+    ]
+    return bool(calls) and all(
+        any(t == c["tid"] and s <= c["ts"] and c["ts"] + c["dur"] <= f for t, s, f in nodes) for c in calls
+    )
 
 
 @pytest.mark.parametrize("sample", SAMPLES + ["perf_model/normalization/normalization_layer_test"])
@@ -320,12 +402,14 @@ def test_memory_bound_and_conv_rows_match_tracelens(sample):
         pytest.skip(f"{trace} or its TraceLens tables absent (../shared/traces)")
     a = analyze(trace, cache=False)
     rf = a.roofline()
-    ours = (rf.points.loc[~rf.points["backward"]]
-            .groupby(["op", "input_dims", "input_types"])[["calls", "flops", "bytes", "device_ms"]].sum())
+    ours = (
+        rf.points.loc[~rf.points["backward"]]
+        .groupby(["op", "input_dims", "input_types"])[["calls", "flops", "bytes", "device_ms"]]
+        .sum()
+    )
     ok = a.attribution.op_kernels
     not_kernel = ok.loc[~ok["backward"] & ok["cls"].isin(["memset", "memcpy"])].groupby("op")["device_ms"].sum()
-    conv_channels = {json.loads(d)[1][0] for op, d in zip(rf.points["op"], rf.points["input_dims"])
-                     if op in CONV_OPS}
+    conv_channels = {json.loads(d)[1][0] for op, d in zip(rf.points["op"], rf.points["input_dims"]) if op in CONV_OPS}
     compared = 0
     for csv in csvs:
         family = csv.stem
@@ -338,10 +422,20 @@ def test_memory_bound_and_conv_rows_match_tracelens(sample):
                 # host-side copy), a convolution's bias add (counted in its aten::convolution row; TraceLens
                 # counts it in both) and calls inside autograd nodes (AccumulateGrad's add_, a norm's backward
                 # sum): backward kernels, which count to their node.
-                bias_add = (name == "aten::add_" and len(dims) > 1 and len(dims[1]) >= 2
-                            and dims[1][1] in conv_channels and math.prod(dims[1]) == dims[1][1])
-                assert (name in WRAPPERS or name not in ROOFLINE_OPS or row["Kernel Time (µs)_sum"] == 0
-                        or bias_add or _all_inside_backward(trace, name, dims)), (family, key)
+                bias_add = (
+                    name == "aten::add_"
+                    and len(dims) > 1
+                    and len(dims[1]) >= 2
+                    and dims[1][1] in conv_channels
+                    and math.prod(dims[1]) == dims[1][1]
+                )
+                assert (
+                    name in WRAPPERS
+                    or name not in ROOFLINE_OPS
+                    or row["Kernel Time (µs)_sum"] == 0
+                    or bias_add
+                    or _all_inside_backward(trace, name, dims)
+                ), (family, key)
                 continue
             p = ours.loc[key]
             calls = int(p["calls"])
@@ -388,9 +482,10 @@ def test_per_op_rows_sum_the_shapes_and_take_the_dtype_of_most_device_time():
     op = rf.ops.iloc[0]
     assert op["dtype"] == "bf16" and op["calls"] == 6
     assert op["device_ms"] == math.fsum([0.4, 0.3, 0.2])
-    assert op["flops"] == 2 * (2 * 64 * 128 * 256) + 3 * (2 * 32 * 64 * 128) + 2 * 128 ** 3
-    assert op["bytes"] == (2 * 2 * (64 * 128 + 128 * 256 + 64 * 256) + 3 * 2 * (32 * 64 + 64 * 128 + 32 * 128)
-                           + 4 * 3 * 128 ** 2)
+    assert op["flops"] == 2 * (2 * 64 * 128 * 256) + 3 * (2 * 32 * 64 * 128) + 2 * 128**3
+    assert op["bytes"] == (
+        2 * 2 * (64 * 128 + 128 * 256 + 64 * 256) + 3 * 2 * (32 * 64 + 64 * 128 + 32 * 128) + 4 * 3 * 128**2
+    )
     # Equal device time in either dtype: the dtype of the op's first point (points by device time, then
     # op, then the shapes table's order).
     pair = [mm(64, 128, 256, BF16, 1, 0.5), mm(128, 128, 128, "float", 1, 0.5)]

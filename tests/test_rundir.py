@@ -1,4 +1,5 @@
 """Run-directory reader tests on a hand-built reftrain run directory."""
+
 from __future__ import annotations
 
 import sys
@@ -23,16 +24,42 @@ from analyzer.ingest.rundir import (
 
 def _metrics(rank: int, step: int) -> dict:
     return {
-        "step": step, "rank": rank, "loss": 5.0 - 0.1 * step, "step_time_ms": 100.0 + 10 * rank + step,
-        "data_wait_ms": 1.0, "forward_ms": 30.0, "backward_ms": 50.0, "optimizer_ms": 5.0, "grad_sync_ms": 0.0,
-        "comm_ms": 20.0, "tokens": 512, "tokens_per_s": 5120.0, "mfu": 0.25, "hfu": 0.25, "mem_bytes": 1 << 30,
-        "mem_kind": "cpu_rss", "profiled": step == 2, "lr": 0.001, "time_ns": 1_700_000_000_000_000_000 + step,
+        "step": step,
+        "rank": rank,
+        "loss": 5.0 - 0.1 * step,
+        "step_time_ms": 100.0 + 10 * rank + step,
+        "data_wait_ms": 1.0,
+        "forward_ms": 30.0,
+        "backward_ms": 50.0,
+        "optimizer_ms": 5.0,
+        "grad_sync_ms": 0.0,
+        "comm_ms": 20.0,
+        "tokens": 512,
+        "tokens_per_s": 5120.0,
+        "mfu": 0.25,
+        "hfu": 0.25,
+        "mem_bytes": 1 << 30,
+        "mem_kind": "cpu_rss",
+        "profiled": step == 2,
+        "lr": 0.001,
+        "time_ns": 1_700_000_000_000_000_000 + step,
     }
 
 
 def _collective(rank: int, step: int) -> dict:
-    return {"step": step, "rank": rank, "seq": step, "kind": "all_reduce", "bytes": 4096, "dtype": "float32", "pg": "0",
-            "group_size": 2, "start_ns": 1000 * step + rank, "end_ns": 1000 * step + 500, "clock": "host"}
+    return {
+        "step": step,
+        "rank": rank,
+        "seq": step,
+        "kind": "all_reduce",
+        "bytes": 4096,
+        "dtype": "float32",
+        "pg": "0",
+        "group_size": 2,
+        "start_ns": 1000 * step + rank,
+        "end_ns": 1000 * step + 500,
+        "clock": "host",
+    }
 
 
 def _write_jsonl(path: Path, records: list[dict], tail: bytes = b"") -> None:
@@ -50,12 +77,31 @@ def _run_dir(root: Path, *, files: bool = True, schema: str = "reftrain.run/1") 
         t = KinetoTrace(rank=rank, world_size=2, gpu=False)
         t.step(2, 0, 100)
         t.write(run / f"traces/rank{rank}.step2.json.gz")
-    _write_jsonl(run / "telemetry/gpu1.jsonl", [
-        {"time_ns": 20, "gpu_util_pct": 90, "mem_util_pct": 40, "sm_clock_mhz": 1980, "power_w": 650.5,
-         "mem_used_bytes": 10, "temp_c": 60, "throttle_reasons": []},
-        {"time_ns": 10, "gpu_util_pct": 80, "mem_util_pct": 30, "sm_clock_mhz": 1980, "power_w": None,
-         "mem_used_bytes": 11, "temp_c": 61, "throttle_reasons": ["sw_power_cap"]},
-    ])
+    _write_jsonl(
+        run / "telemetry/gpu1.jsonl",
+        [
+            {
+                "time_ns": 20,
+                "gpu_util_pct": 90,
+                "mem_util_pct": 40,
+                "sm_clock_mhz": 1980,
+                "power_w": 650.5,
+                "mem_used_bytes": 10,
+                "temp_c": 60,
+                "throttle_reasons": [],
+            },
+            {
+                "time_ns": 10,
+                "gpu_util_pct": 80,
+                "mem_util_pct": 30,
+                "sm_clock_mhz": 1980,
+                "power_w": None,
+                "mem_used_bytes": 11,
+                "temp_c": 61,
+                "throttle_reasons": ["sw_power_cap"],
+            },
+        ],
+    )
     listing = {
         "config": "config.yaml",
         "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
@@ -65,9 +111,26 @@ def _run_dir(root: Path, *, files: bool = True, schema: str = "reftrain.run/1") 
         "checkpoints": [],
     }
     manifest = {
-        "schema": schema, "run_id": run.name, "status": "completed", "world_size": 2, "backend": "gloo",
-        "files": listing if files else {"config": "config.yaml", "metrics": [], "collectives": [], "telemetry": [], "traces": [], "checkpoints": []},
-        "schemas": {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1", "telemetry": "reftrain.telemetry/1"},
+        "schema": schema,
+        "run_id": run.name,
+        "status": "completed",
+        "world_size": 2,
+        "backend": "gloo",
+        "files": listing
+        if files
+        else {
+            "config": "config.yaml",
+            "metrics": [],
+            "collectives": [],
+            "telemetry": [],
+            "traces": [],
+            "checkpoints": [],
+        },
+        "schemas": {
+            "metrics": "reftrain.metrics/1",
+            "collectives": "reftrain.collectives/1",
+            "telemetry": "reftrain.telemetry/1",
+        },
     }
     (run / "run.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     return run
@@ -93,7 +156,10 @@ def test_read_complete_run_dir(tmp_path: Path) -> None:
     assert t["rank"].tolist() == [1, 1] and t["time_ns"].tolist() == [10, 20]
     assert pd.isna(t["power_w"].iloc[0]) and t["power_w"].iloc[1] == 650.5
     assert t["throttle_reasons"].tolist() == [["sw_power_cap"], []]
-    assert rd.trace_paths == [(run / "traces/rank0.step2.json.gz").absolute(), (run / "traces/rank1.step2.json.gz").absolute()]
+    assert rd.trace_paths == [
+        (run / "traces/rank0.step2.json.gz").absolute(),
+        (run / "traces/rank1.step2.json.gz").absolute(),
+    ]
 
 
 def test_analysis_carries_the_telemetry(tmp_path: Path) -> None:
@@ -109,7 +175,9 @@ def test_damaged_rank_files_are_error_lines_and_the_rest_is_read(tmp_path: Path)
     run = _run_dir(tmp_path)
     (run / "metrics/rank1.jsonl").unlink()
     # A writer killed mid-line leaves a torn last line.
-    _write_jsonl(run / "collectives/rank1.jsonl", [_collective(1, 0), _collective(1, 1)], tail=b'{"step": 2, "rank": 1, "se')
+    _write_jsonl(
+        run / "collectives/rank1.jsonl", [_collective(1, 0), _collective(1, 1)], tail=b'{"step": 2, "rank": 1, "se'
+    )
     (run / "telemetry/gpu1.jsonl").write_bytes(b"\x00\x01garbage\nmore garbage\n")
     rd = read_run_dir(run)
     assert rd.errors == [
@@ -138,7 +206,10 @@ def test_minor_schema_versions_are_accepted(tmp_path: Path) -> None:
 def test_unknown_major_schema_is_an_error(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, schema="reftrain.run/2")
     assert is_run_dir(run)
-    with pytest.raises(AnalyzerError, match=r"run\.json: schema reftrain\.run/2 is not supported \(this analyzer reads reftrain\.run/1\)"):
+    with pytest.raises(
+        AnalyzerError,
+        match=r"run\.json: schema reftrain\.run/2 is not supported \(this analyzer reads reftrain\.run/1\)",
+    ):
         read_run_dir(run)
 
 

@@ -26,6 +26,7 @@ and the metadata of the real trace; about 30 events per rank) so the test
 parses 1,024 of them in seconds on 2 cores; tests/test_rundir.py and the
 bench (bench/bench_scale.py) cover full traces.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -55,8 +56,11 @@ def _jsonl(path: Path) -> list[dict]:
 
 def _small_trace(doc: dict) -> dict:
     keep = [
-        e for e in doc["traceEvents"]
-        if e.get("ph") == "M" or e.get("cat") in ("Trace", "user_annotation") or str(e.get("name", "")).startswith("c10d::")
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "M"
+        or e.get("cat") in ("Trace", "user_annotation")
+        or str(e.get("name", "")).startswith("c10d::")
     ]
     return dict(doc, traceEvents=keep)
 
@@ -78,7 +82,14 @@ def make_run_dir(dst: Path, world: int = WORLD, straggler: int = STRAGGLER) -> d
     for family in ("metrics", "collectives", f"traces/step{window}"):
         (dst / family).mkdir(parents=True)
     shutil.copy(SOURCE / "config.yaml", dst / "config.yaml")
-    files = {"config": "config.yaml", "metrics": [], "collectives": [], "telemetry": [], "traces": [], "checkpoints": []}
+    files = {
+        "config": "config.yaml",
+        "metrics": [],
+        "collectives": [],
+        "telemetry": [],
+        "traces": [],
+        "checkpoints": [],
+    }
     for rank in range(world):
         src = rank % 2
         off = offsets[rank]
@@ -107,8 +118,11 @@ def make_run_dir(dst: Path, world: int = WORLD, straggler: int = STRAGGLER) -> d
         run_id=dst.name,
         world_size=world,
         command=[a if a != "2" else str(world) for a in man["command"]],
-        hardware=dict(hw, device_names=[hw["device_names"][r % 2] for r in range(world)],
-                      hostnames=[f"node{r // 8:03d}" for r in range(world)]),
+        hardware=dict(
+            hw,
+            device_names=[hw["device_names"][r % 2] for r in range(world)],
+            hostnames=[f"node{r // 8:03d}" for r in range(world)],
+        ),
         clock=dict(man["clock"], offsets_ns=offsets),
         files=files,
     )
@@ -151,8 +165,11 @@ def test_layout_one_file_per_rank(big_run):
     """Every per-rank family has exactly one file per rank, and run.json's lists one entry per rank."""
     man = json.loads((big_run / "run.json").read_text())
     assert man["world_size"] == WORLD
-    for family, pattern in (("metrics", "metrics/rank*.jsonl"), ("collectives", "collectives/rank*.jsonl"),
-                            ("traces", "traces/step*/rank*.pt.trace.json.gz")):
+    for family, pattern in (
+        ("metrics", "metrics/rank*.jsonl"),
+        ("collectives", "collectives/rank*.jsonl"),
+        ("traces", "traces/step*/rank*.pt.trace.json.gz"),
+    ):
         on_disk = sorted(str(p.relative_to(big_run)) for p in big_run.glob(pattern))
         assert on_disk == sorted(man["files"][family])
         assert len(on_disk) == WORLD

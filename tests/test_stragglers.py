@@ -1,4 +1,5 @@
 """Stragglers from collective arrivals and step times, with exact waits and skews."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +21,9 @@ MS = 1_000_000
 STEP_MS = 100.0
 
 
-def records(n_ranks: int, n_steps: int, late: dict[int, float], jitter_ms: float = 0.0, seed: int = 0, per_step: int = 3) -> pd.DataFrame:
+def records(
+    n_ranks: int, n_steps: int, late: dict[int, float], jitter_ms: float = 0.0, seed: int = 0, per_step: int = 3
+) -> pd.DataFrame:
     """reftrain-like collective records: per step ``per_step`` all-reduces of 1 GB.
 
     Rank r's first collective of each step starts ``late[r]`` ms after the
@@ -33,17 +36,32 @@ def records(n_ranks: int, n_steps: int, late: dict[int, float], jitter_ms: float
         base = step * STEP_MS * MS
         for k in range(per_step):
             t0 = base + (20 + 20 * k) * MS
-            starts = {r: t0 + (late.get(r, 0.0) * MS if k == 0 else 0) + int(rng.normal(0, jitter_ms) * MS) for r in range(n_ranks)}
+            starts = {
+                r: t0 + (late.get(r, 0.0) * MS if k == 0 else 0) + int(rng.normal(0, jitter_ms) * MS)
+                for r in range(n_ranks)
+            }
             end = max(starts.values()) + 10 * MS
             for r in range(n_ranks):
                 rows.append(
-                    {"rank": r, "step": step, "seq": step * per_step + k, "pg": "0", "kind": "all_reduce", "bytes": 1_000_000_000,
-                     "group_size": n_ranks, "start_ns": int(starts[r]), "end_ns": int(end), "clock": "host"}
+                    {
+                        "rank": r,
+                        "step": step,
+                        "seq": step * per_step + k,
+                        "pg": "0",
+                        "kind": "all_reduce",
+                        "bytes": 1_000_000_000,
+                        "group_size": n_ranks,
+                        "start_ns": int(starts[r]),
+                        "end_ns": int(end),
+                        "clock": "host",
+                    }
                 )
     return pd.DataFrame(rows)
 
 
-def step_times(n_ranks: int, n_steps: int, slow: dict[int, float] | None = None, jitter_ms: float = 0.0, seed: int = 1) -> pd.DataFrame:
+def step_times(
+    n_ranks: int, n_steps: int, slow: dict[int, float] | None = None, jitter_ms: float = 0.0, seed: int = 1
+) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     slow = slow or {}
     return pd.DataFrame(
@@ -82,7 +100,9 @@ def test_two_ranks_late_rank_is_named_and_others_wait_five_ms() -> None:
 def test_clean_noisy_run_names_no_one() -> None:
     for seed in range(5):
         arrivals = arrivals_from_records(records(2, 20, late={}, jitter_ms=0.5, seed=seed), offsets_ns=None)
-        result = find_stragglers(step_times(2, 20, jitter_ms=1.0, seed=seed), arrivals, step_source="t", arrival_source="t")
+        result = find_stragglers(
+            step_times(2, 20, jitter_ms=1.0, seed=seed), arrivals, step_source="t", arrival_source="t"
+        )
         assert result.ranks == [], result.verdict
         assert result.verdict == "no persistent straggler among 2 ranks"
 
@@ -99,15 +119,24 @@ def test_clock_offsets_are_subtracted_before_comparing_arrivals() -> None:
     shifted = raw.copy()
     one_second = 1_000_000_000
     shifted.loc[shifted["rank"] == 1, ["start_ns", "end_ns"]] += one_second  # rank 1's clock runs 1 s ahead
-    aligned = find_stragglers(step_times(2, 6), arrivals_from_records(shifted, [0, one_second]), step_source="t", arrival_source="t")
+    aligned = find_stragglers(
+        step_times(2, 6), arrivals_from_records(shifted, [0, one_second]), step_source="t", arrival_source="t"
+    )
     assert aligned.ranks == []
     assert collective_table(arrivals_from_records(shifted, [0, one_second]))["skew_ms"].max() == pytest.approx(0.0)
-    unaligned = find_stragglers(step_times(2, 6), arrivals_from_records(shifted, None), step_source="t", arrival_source="t")
+    unaligned = find_stragglers(
+        step_times(2, 6), arrivals_from_records(shifted, None), step_source="t", arrival_source="t"
+    )
     assert unaligned.ranks == [1]
 
 
 def test_step_time_signal_without_collectives() -> None:
-    result = find_stragglers(step_times(4, 12, slow={3: 8.0}, jitter_ms=0.5), records(0, 0, {}).iloc[0:0], step_source="t", arrival_source=None)
+    result = find_stragglers(
+        step_times(4, 12, slow={3: 8.0}, jitter_ms=0.5),
+        records(0, 0, {}).iloc[0:0],
+        step_source="t",
+        arrival_source=None,
+    )
     assert result.ranks == [3]
     r3 = result.per_rank[3]
     assert r3.signals == ["step_time"]
@@ -129,18 +158,30 @@ def test_late_in_seven_of_nine_steps_is_not_persistent() -> None:
     assert result.ranks == []
     # One more late step (8 of 9, p = 10/512) and it is.
     rows.loc[early & (rows["step"] == 6), "start_ns"] -= 40 * MS
-    assert find_stragglers(step_times(2, 9), arrivals_from_records(rows, None), step_source="t", arrival_source="t").ranks == [1]
+    assert find_stragglers(
+        step_times(2, 9), arrivals_from_records(rows, None), step_source="t", arrival_source="t"
+    ).ranks == [1]
 
 
 def test_small_excess_is_not_a_straggler() -> None:
     # Rank 1 is consistently 0.5 ms late: real, but under min_excess_ms (1 ms).
-    result = find_stragglers(step_times(2, 10), arrivals_from_records(records(2, 10, late={1: 0.5}), None), step_source="t", arrival_source="t")
+    result = find_stragglers(
+        step_times(2, 10),
+        arrivals_from_records(records(2, 10, late={1: 0.5}), None),
+        step_source="t",
+        arrival_source="t",
+    )
     assert result.ranks == []
     assert result.per_rank[1].lateness_excess_ms == pytest.approx(0.5)
 
 
 def test_too_few_steps_or_ranks_gives_no_verdict() -> None:
-    few = find_stragglers(step_times(2, 4), arrivals_from_records(records(2, 4, late={1: 50.0}), None), step_source="t", arrival_source="t")
+    few = find_stragglers(
+        step_times(2, 4),
+        arrivals_from_records(records(2, 4, late={1: 50.0}), None),
+        step_source="t",
+        arrival_source="t",
+    )
     assert few.ranks == [] and few.verdict.startswith("no verdict: fewer than 5 steps")
     # Late in all 4 steps: a fair coin does that 1 time in 16, too often to call it persistent.
     assert few.per_rank[1].lateness_sign_p == pytest.approx(1 / 16)
@@ -153,12 +194,51 @@ def host_trace(rank: int, late_ms: float, n_steps: int = 6):
     rows = []
     for s in range(n_steps):
         base = s * 100 * MS
-        rows.append({"rank": rank, "cat": "user_annotation", "name": f"ProfilerStep#{s}", "start_ns": base, "end_ns": base + 100 * MS})
-        rows.append({"rank": rank, "cat": "cpu_op", "name": "c10d::allreduce_", "start_ns": base + int((30 + late_ms) * MS), "end_ns": base + int((30.1 + late_ms) * MS)})
-        rows.append({"rank": rank, "cat": "user_annotation", "name": "gloo:all_reduce", "tid": 9, "start_ns": base + int((30.2 + late_ms) * MS), "end_ns": base + 45 * MS})
-        rows.append({"rank": rank, "cat": "cpu_op", "name": "c10d::allreduce_", "start_ns": base + 60 * MS, "end_ns": base + 61 * MS})
+        rows.append(
+            {
+                "rank": rank,
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{s}",
+                "start_ns": base,
+                "end_ns": base + 100 * MS,
+            }
+        )
+        rows.append(
+            {
+                "rank": rank,
+                "cat": "cpu_op",
+                "name": "c10d::allreduce_",
+                "start_ns": base + int((30 + late_ms) * MS),
+                "end_ns": base + int((30.1 + late_ms) * MS),
+            }
+        )
+        rows.append(
+            {
+                "rank": rank,
+                "cat": "user_annotation",
+                "name": "gloo:all_reduce",
+                "tid": 9,
+                "start_ns": base + int((30.2 + late_ms) * MS),
+                "end_ns": base + 45 * MS,
+            }
+        )
+        rows.append(
+            {
+                "rank": rank,
+                "cat": "cpu_op",
+                "name": "c10d::allreduce_",
+                "start_ns": base + 60 * MS,
+                "end_ns": base + 61 * MS,
+            }
+        )
     events = events_from_records(rows)
-    steps = pd.DataFrame({"step": range(n_steps), "start_ns": [s * 100 * MS for s in range(n_steps)], "end_ns": [(s + 1) * 100 * MS for s in range(n_steps)]})
+    steps = pd.DataFrame(
+        {
+            "step": range(n_steps),
+            "start_ns": [s * 100 * MS for s in range(n_steps)],
+            "end_ns": [(s + 1) * 100 * MS for s in range(n_steps)],
+        }
+    )
     return events, steps
 
 
@@ -177,12 +257,36 @@ def test_trace_arrivals_match_host_ops_by_order() -> None:
 
 
 def device_trace(rank: int, starts_ms: list[float]):
-    rows = [{"rank": rank, "cat": "user_annotation", "name": f"ProfilerStep#{i}", "start_ns": i * 100 * MS, "end_ns": (i + 1) * 100 * MS} for i in range(len(starts_ms))]
+    rows = [
+        {
+            "rank": rank,
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{i}",
+            "start_ns": i * 100 * MS,
+            "end_ns": (i + 1) * 100 * MS,
+        }
+        for i in range(len(starts_ms))
+    ]
     for t in starts_ms:
-        rows.append({"rank": rank, "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "tid": 13 + rank, "start_ns": int(t * MS), "end_ns": int((t + 2) * MS)})
+        rows.append(
+            {
+                "rank": rank,
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                "tid": 13 + rank,
+                "start_ns": int(t * MS),
+                "end_ns": int((t + 2) * MS),
+            }
+        )
     rows.append({"rank": rank, "cat": "kernel", "name": "sm90_gemm", "tid": 7, "start_ns": 0, "end_ns": MS})
     events = events_from_records(rows)
-    steps = pd.DataFrame({"step": range(len(starts_ms)), "start_ns": [i * 100 * MS for i in range(len(starts_ms))], "end_ns": [(i + 1) * 100 * MS for i in range(len(starts_ms))]})
+    steps = pd.DataFrame(
+        {
+            "step": range(len(starts_ms)),
+            "start_ns": [i * 100 * MS for i in range(len(starts_ms))],
+            "end_ns": [(i + 1) * 100 * MS for i in range(len(starts_ms))],
+        }
+    )
     return events, steps
 
 
@@ -218,7 +322,12 @@ def test_collective_kind(name: str, kind: str) -> None:
 def test_straggler_result_is_json_ready() -> None:
     import json
 
-    result = find_stragglers(step_times(2, 10), arrivals_from_records(records(2, 10, late={1: 5.0}), None), step_source="t", arrival_source="t")
+    result = find_stragglers(
+        step_times(2, 10),
+        arrivals_from_records(records(2, 10, late={1: 5.0}), None),
+        step_source="t",
+        arrival_source="t",
+    )
     out = json.loads(json.dumps(result.to_json()))
     assert out["ranks"] == [1]
     assert out["per_rank"][1]["flagged"] is True
@@ -246,7 +355,16 @@ def test_disturbed_steps_follow_profiler_windows_and_checkpoints() -> None:
     from analyzer.metrics.stragglers import disturbed_steps
 
     assert disturbed_steps([4, 5, 6, 10, 11], ["checkpoints/step3", "checkpoints/step9/"]) == {
-        4, 5, 6, 7, 10, 11, 12, 3, 9}
+        4,
+        5,
+        6,
+        7,
+        10,
+        11,
+        12,
+        3,
+        9,
+    }
     assert disturbed_steps([], []) == set()
 
 
@@ -294,32 +412,78 @@ def write_long_metrics_run(root: Path, n_steps: int, slow_rank: int = 1, delay_m
         for s in range(n_steps):
             step_ms = 100.0 + (s % 10) * 0.1
             start = t0 + s * 100 * MS
-            metrics.append({
-                "step": s, "rank": rank, "loss": 5.0, "step_time_ms": step_ms, "data_wait_ms": 1.0,
-                "forward_ms": 30.0, "backward_ms": 50.0, "optimizer_ms": 5.0, "grad_sync_ms": 0.0, "comm_ms": 10.0,
-                "tokens": tokens, "tokens_per_s": tokens / step_ms * 1e3,
-                "mfu": tokens * flops_per_token / (step_ms / 1e3 * peak), "hfu": tokens * flops_per_token / (step_ms / 1e3 * peak),
-                "mem_bytes": 1 << 30, "mem_kind": "cpu_rss", "profiled": False, "lr": 1e-3, "grad_norm": 1.0,
-                "injected_ms": 0.0, "time_ns": start + int(step_ms * MS),
-            })
+            metrics.append(
+                {
+                    "step": s,
+                    "rank": rank,
+                    "loss": 5.0,
+                    "step_time_ms": step_ms,
+                    "data_wait_ms": 1.0,
+                    "forward_ms": 30.0,
+                    "backward_ms": 50.0,
+                    "optimizer_ms": 5.0,
+                    "grad_sync_ms": 0.0,
+                    "comm_ms": 10.0,
+                    "tokens": tokens,
+                    "tokens_per_s": tokens / step_ms * 1e3,
+                    "mfu": tokens * flops_per_token / (step_ms / 1e3 * peak),
+                    "hfu": tokens * flops_per_token / (step_ms / 1e3 * peak),
+                    "mem_bytes": 1 << 30,
+                    "mem_kind": "cpu_rss",
+                    "profiled": False,
+                    "lr": 1e-3,
+                    "grad_norm": 1.0,
+                    "injected_ms": 0.0,
+                    "time_ns": start + int(step_ms * MS),
+                }
+            )
             arrive = start + 60 * MS + (int(delay_ms * MS) if rank == slow_rank else 0)
-            colls.append({"step": s, "rank": rank, "seq": s, "kind": "all_reduce", "bytes": 1 << 20, "dtype": "float32",
-                          "pg": "0", "group_size": 2, "start_ns": arrive, "end_ns": start + 60 * MS + int(delay_ms * MS) + 2 * MS,
-                          "clock": "host"})
+            colls.append(
+                {
+                    "step": s,
+                    "rank": rank,
+                    "seq": s,
+                    "kind": "all_reduce",
+                    "bytes": 1 << 20,
+                    "dtype": "float32",
+                    "pg": "0",
+                    "group_size": 2,
+                    "start_ns": arrive,
+                    "end_ns": start + 60 * MS + int(delay_ms * MS) + 2 * MS,
+                    "clock": "host",
+                }
+            )
         (run / f"metrics/rank{rank}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in metrics))
         (run / f"collectives/rank{rank}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in colls))
     (run / "config.yaml").write_text("train:\n  steps: %d\n" % n_steps)
     manifest = {
-        "schema": "reftrain.run/1", "run_id": run.name, "status": "completed", "world_size": 2, "backend": "gloo",
+        "schema": "reftrain.run/1",
+        "run_id": run.name,
+        "status": "completed",
+        "world_size": 2,
+        "backend": "gloo",
         "flops": {"per_token": flops_per_token, "per_token_hardware": flops_per_token},
         "peak_flops": {"per_s": peak, "source": "override", "detail": "test", "dtype": "fp32"},
-        "tokens_per_step": 2 * tokens, "steps": n_steps, "start_step": 0, "warmup_steps": 3, "profiled_steps": [],
+        "tokens_per_step": 2 * tokens,
+        "steps": n_steps,
+        "start_step": 0,
+        "warmup_steps": 3,
+        "profiled_steps": [],
         "clock": {"method": "same host", "offsets_ns": [0, 0], "uncertainty_ns": 0},
         "inject": {"slow_rank": None, "delay_ms": None, "slowdown": None},
-        "files": {"config": "config.yaml", "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
-                  "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"], "telemetry": [], "traces": [],
-                  "checkpoints": []},
-        "schemas": {"metrics": "reftrain.metrics/1", "collectives": "reftrain.collectives/1", "telemetry": "reftrain.telemetry/1"},
+        "files": {
+            "config": "config.yaml",
+            "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
+            "collectives": ["collectives/rank0.jsonl", "collectives/rank1.jsonl"],
+            "telemetry": [],
+            "traces": [],
+            "checkpoints": [],
+        },
+        "schemas": {
+            "metrics": "reftrain.metrics/1",
+            "collectives": "reftrain.collectives/1",
+            "telemetry": "reftrain.telemetry/1",
+        },
     }
     (run / "run.json").write_bytes(orjson.dumps(manifest))
     return run

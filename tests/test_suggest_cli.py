@@ -1,5 +1,6 @@
 """`analyzer suggest` end to end on a real 2-rank CPU reftrain run: ranked suggestions, their JSON,
 and an emitted config that reftrain accepts and runs (docs/suggestions.md)."""
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,42 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 def micro_batch_1_run(tmp_path_factory) -> Path:
     """tiny preset, micro-batch 1: a step made of fixed costs."""
     runs = tmp_path_factory.mktemp("runs")
-    proc = _run([str(BIN / "reftrain"), "--nproc", "2", "--runs-dir", str(runs), "--run-name", "mb1", "--preset", "tiny",
-                 "--steps", "12", "--device", "cpu", "--set", "train.micro_batch_size=1"])
+    proc = _run(
+        [
+            str(BIN / "reftrain"),
+            "--nproc",
+            "2",
+            "--runs-dir",
+            str(runs),
+            "--run-name",
+            "mb1",
+            "--preset",
+            "tiny",
+            "--steps",
+            "12",
+            "--device",
+            "cpu",
+            "--set",
+            "train.micro_batch_size=1",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return runs / "mb1"
 
 
 def test_suggest_json_and_emitted_config_run(micro_batch_1_run, tmp_path):
     out_json, out_cfg = tmp_path / "s.json", tmp_path / "next.yaml"
-    proc = _run([str(BIN / "analyzer"), "suggest", str(micro_batch_1_run), "--json", str(out_json),
-                 "--emit-config", str(out_cfg)])
+    proc = _run(
+        [
+            str(BIN / "analyzer"),
+            "suggest",
+            str(micro_batch_1_run),
+            "--json",
+            str(out_json),
+            "--emit-config",
+            str(out_cfg),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     assert "1. [micro_batch]" in proc.stdout
     doc = json.loads(out_json.read_text())
@@ -48,8 +75,9 @@ def test_suggest_json_and_emitted_config_run(micro_batch_1_run, tmp_path):
     pred = top["predicted"]
     assert pred["tokens_per_step"]["after"] == pred["tokens_per_step"]["before"] * new_mb
     assert pred["mfu"]["after"] == pytest.approx(pred["mfu"]["before"] * (1 + pred["gain"]))
-    assert top["change"]["command"] == (f"reftrain --nproc 2 --config {micro_batch_1_run / 'config.yaml'} "
-                                        f"--set train.micro_batch_size={new_mb}")
+    assert top["change"]["command"] == (
+        f"reftrain --nproc 2 --config {micro_batch_1_run / 'config.yaml'} --set train.micro_batch_size={new_mb}"
+    )
 
     # The emitted config: the run's config with the change, a new run name, valid for reftrain as is.
     emitted = yaml.safe_load(out_cfg.read_text())
@@ -118,11 +146,16 @@ def test_emitted_config_overlays_the_runs_own_file_and_refuses_unknown_keys(micr
 
     ra = analyze(micro_batch_1_run)
     top = suggest(ra)[0]
-    two = dataclasses.replace(top, change=dataclasses.replace(top.change, overrides={"train.micro_batch_size": 2,
-                                                                                     "data.num_workers": 0}))
+    two = dataclasses.replace(
+        top, change=dataclasses.replace(top.change, overrides={"train.micro_batch_size": 2, "data.num_workers": 0})
+    )
     emitted = yaml.safe_load(emitted_config_text(ra, two, run_name="next"))
     original = yaml.safe_load((micro_batch_1_run / "config.yaml").read_text())
-    assert (emitted["train"]["micro_batch_size"], emitted["data"]["num_workers"], emitted["run"]["name"]) == (2, 0, "next")
+    assert (emitted["train"]["micro_batch_size"], emitted["data"]["num_workers"], emitted["run"]["name"]) == (
+        2,
+        0,
+        "next",
+    )
     for section, key in (("train", "micro_batch_size"), ("data", "num_workers"), ("run", "name")):
         emitted[section][key] = original[section][key]
     assert emitted == original

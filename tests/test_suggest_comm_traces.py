@@ -1,6 +1,7 @@
 """Communication suggestions on foreign traces: the collectives diagnosis wired into the rules, the
 ranking that puts exposed comm over 20 % first and says why, and each suggestion's coverage capping its confidence.
 Exact answers: synthetic facts and one synthetic trace whose collectives and windows are laid out by hand."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +22,19 @@ MiB = 2**20
 
 
 def _rows(sizes, durations_ns, busbw):
-    return pd.DataFrame({"kind": "all_reduce", "start_ns": np.arange(len(sizes)), "duration_ns": durations_ns,
-                         "size_bytes": np.asarray(sizes, np.float64), "group_size": 8, "dtype": "Float",
-                         "algbw_gbps": np.nan, "busbw_gbps": np.asarray(busbw, np.float64), "protocol": "SIMPLE"})
+    return pd.DataFrame(
+        {
+            "kind": "all_reduce",
+            "start_ns": np.arange(len(sizes)),
+            "duration_ns": durations_ns,
+            "size_bytes": np.asarray(sizes, np.float64),
+            "group_size": 8,
+            "dtype": "Float",
+            "algbw_gbps": np.nan,
+            "busbw_gbps": np.asarray(busbw, np.float64),
+            "protocol": "SIMPLE",
+        }
+    )
 
 
 # Large all-reduces at 5-200 GB/s busbw on a 450 GB/s link: median 40 GB/s (9 % of peak), spread (p90-p10)/median >= 1.
@@ -32,8 +43,13 @@ NEAR_PEAK = diagnose(_rows([1e8] * 4, [1000] * 4, [300, 310, 320, 330]), 450.0)
 
 
 def test_comm_waiting_fires_with_the_diagnosis_evidence():
-    f = trace_facts(exposed_comm_ms=3.0, shares={"exposed_comm": 0.3, "compute": 0.7}, comm_diagnosis=WAITING,
-                    link_name="NVLink 4", ranks_traced=1)
+    f = trace_facts(
+        exposed_comm_ms=3.0,
+        shares={"exposed_comm": 0.3, "compute": 0.7},
+        comm_diagnosis=WAITING,
+        link_name="NVLink 4",
+        ranks_traced=1,
+    )
     s = rules_comm.rule_comm_waiting(f)
     assert WAITING.verdict == "waiting" and s is not None and s.kind == "diagnosis"
     assert s.evidence["large_busbw_median_gbps"] == pytest.approx(40.0)
@@ -60,12 +76,16 @@ def test_unsized_collectives_waiting_by_duration_spread():
     assert d.evidence["waiting_time_share"] == pytest.approx(990 / 1090)
     assert d.evidence["long_count"] == 1 and d.evidence["sizes_known"] is False
     # Equal short LL kernels: latency-bound (NCCL's small-message protocol), not waiting.
-    assert diagnose(_rows([np.nan] * 4, [10_000] * 4, [np.nan] * 4).assign(protocol="LL"), 450.0).verdict == "latency_bound"
+    assert (
+        diagnose(_rows([np.nan] * 4, [10_000] * 4, [np.nan] * 4).assign(protocol="LL"), 450.0).verdict
+        == "latency_bound"
+    )
 
 
 def test_waiting_verdict_silences_the_transfer_advice():
-    f = trace_facts(exposed_comm_ms=3.0, comm=comm(n=40, nbytes=MiB, service=3.0, alpha=0.04, per_byte=1e-7),
-                    comm_diagnosis=WAITING)
+    f = trace_facts(
+        exposed_comm_ms=3.0, comm=comm(n=40, nbytes=MiB, service=3.0, alpha=0.04, per_byte=1e-7), comm_diagnosis=WAITING
+    )
     assert rules_comm.rule_ddp_bucket_size(f) is None
     assert rules_comm.rule_grad_accumulation(f) is None
     assert rules_comm.rule_comm_one_rank(dataclasses.replace(f, ranks_traced=1)) is None  # comm_waiting says it
@@ -85,7 +105,9 @@ def test_grad_accumulation_per_step_without_tokens():
 
 def _s(rule, gain_step_after, kind="change", confidence="low"):
     f = trace_facts()
-    return Suggestion(rule, "t", {}, Change({}, "x"), whatif.prediction(f, gain_step_after, "m"), confidence, kind, rule=rule)
+    return Suggestion(
+        rule, "t", {}, Change({}, "x"), whatif.prediction(f, gain_step_after, "m"), confidence, kind, rule=rule
+    )
 
 
 def test_comm_first_and_the_note_when_not_the_largest_part():
@@ -109,14 +131,18 @@ def test_coverage_caps_confidence():
     f = trace_facts(world_size=1, comm_group_size=8, ranks_traced=1, windows_used=3, windows_total=4, flop_coverage=0.5)
     cov, conf = coverage(f, _s("ddp_bucket_size", 9.0, confidence="medium"))
     assert conf == "low" and cov["ranks_traced"] == 1 and cov["ranks_in_job"] == 8
-    assert any("1 of 8 ranks traced" in x for x in cov["limits"]) and any("1 of 4 step windows" in x for x in cov["limits"])
+    assert any("1 of 8 ranks traced" in x for x in cov["limits"]) and any(
+        "1 of 4 step windows" in x for x in cov["limits"]
+    )
     cov, conf = coverage(f, _s("torch_compile", 9.0, confidence="high"))
     assert conf == "low" and cov["flop_coverage"] == 0.5
     cov, conf = coverage(dataclasses.replace(f, flop_coverage=0.95), _s("torch_compile", 9.0, confidence="high"))
     assert conf == "medium"  # only the flagged window caps it
     full = dataclasses.replace(f, windows_used=4, comm_group_size=1, flop_coverage=0.95)
     assert coverage(full, _s("ddp_bucket_size", 9.0, confidence="medium")) == (
-        {"windows_used": 4, "windows_total": 4, "ranks_traced": 1, "ranks_in_job": 1, "limits": ()}, "medium")
+        {"windows_used": 4, "windows_total": 4, "ranks_traced": 1, "ranks_in_job": 1, "limits": ()},
+        "medium",
+    )
 
 
 def test_ddp_bucket_size_on_a_foreign_trace_end_to_end(tmp_path):
@@ -156,11 +182,18 @@ def test_ddp_bucket_size_on_a_foreign_trace_end_to_end(tmp_path):
 
 def test_fsdp_prefetch_hides_all_but_the_first_gather():
     """3 ms exposed of 10 ms, all-gathers half the service time, 4 per step: 3 x 0.5 x 3/4 = 1.125 ms hidden."""
-    fsdp = dataclasses.replace(comm(n=8, service=4.0, kinds=("all_gather", "reduce_scatter"), gather=0.5), gathers_per_step=4.0)
+    fsdp = dataclasses.replace(
+        comm(n=8, service=4.0, kinds=("all_gather", "reduce_scatter"), gather=0.5), gathers_per_step=4.0
+    )
     s = rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=fsdp))
     assert s is not None and "forward_prefetch=True" in s.change.advice
     assert s.predicted.step_time_ms_after == pytest.approx(10.0 - 1.125)
-    assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=dataclasses.replace(fsdp, gathers_per_step=1.0))) is None
+    assert (
+        rules_comm.rule_fsdp_prefetch(
+            trace_facts(exposed_comm_ms=3.0, comm=dataclasses.replace(fsdp, gathers_per_step=1.0))
+        )
+        is None
+    )
     assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=fsdp, comm_diagnosis=WAITING)) is None
     assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=0.5, comm=fsdp)) is None  # 5 % < 10 %
     assert rules_comm.rule_fsdp_prefetch(trace_facts(exposed_comm_ms=3.0, comm=comm(n=8, alpha=0.1))) is None  # DDP
@@ -177,8 +210,13 @@ def test_last_bucket_overlap_on_a_foreign_ddp_trace(tmp_path):
     t.step(1, 0, 5_000)
     at = 100
     for mib, dur in ((4, 100), (4, 100), (8, 180), (24, 500)):
-        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_SIMPLE", at, dur, stream=20,
-                 args=t.comm_args("allreduce", mib * MiB // 4))
+        t.kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_SIMPLE",
+            at,
+            dur,
+            stream=20,
+            args=t.comm_args("allreduce", mib * MiB // 4),
+        )
         at += dur + 200
     run = analyze(t.write(tmp_path / "rank0.json.gz"))
     f = run_facts(run)

@@ -1,5 +1,6 @@
 """Suggest computes an analysis' facts and ranked suggestions once and keeps them beside the analysis
 (analyzer/verbs/suggest/memo.py), never inside it: no verb writes into a RunAnalysis."""
+
 from __future__ import annotations
 
 import dataclasses

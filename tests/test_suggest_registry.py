@@ -1,6 +1,7 @@
 """The suggestion rules are registered once (analyzer/verbs/suggest/engine.py, ``@rule``): the id comes from the
 function's name, the part and FLOP need from the registration, and every rule module sits under the import
 contract that keeps the engine from importing a rule (pyproject.toml)."""
+
 from __future__ import annotations
 
 import tomllib
@@ -52,8 +53,13 @@ def test_registered_parts_are_breakdown_parts():
         assert set(r.parts) <= parts, (r.id, r.parts)
     assert part_of("ddp_bucket_size") == "exposed_comm" and parts_of("launch_bound") == ("idle", "exposed_comm")
     assert part_of("mfu_gap") is None and parts_of("mfu_gap") == () and part_of("no_such_rule") is None
-    assert {r.id for r in RULES if r.needs_flops} == {"mfu_gap", "torch_compile", "bf16_autocast", "tf32",
-                                                      "activation_checkpointing"}
+    assert {r.id for r in RULES if r.needs_flops} == {
+        "mfu_gap",
+        "torch_compile",
+        "bf16_autocast",
+        "tf32",
+        "activation_checkpointing",
+    }
     assert needs_flops("tf32") and not needs_flops("data_wait") and not needs_flops("no_such_rule")
 
 
@@ -61,7 +67,8 @@ def test_a_fired_rule_names_itself():
     from tests.test_suggest_rules import config
 
     s = RULES[[r.id for r in RULES].index("data_wait")](
-        facts(config(data__num_workers=0), phases={"data_wait": 100.0}, step_time_ms=200.0))
+        facts(config(data__num_workers=0), phases={"data_wait": 100.0}, step_time_ms=200.0)
+    )
     assert s is not None and s.rule == "data_wait"
 
 

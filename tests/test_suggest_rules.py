@@ -1,5 +1,6 @@
 """Each suggestion rule fires on facts built to trigger it, with the predicted step worked out by hand,
 and stays silent on facts that are not (analyzer/verbs/suggest/rules_*.py, docs/suggestions.md)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,15 @@ MiB = 2**20
 
 
 def no_stragglers() -> StragglerResult:
-    return StragglerResult(ranks=[], per_rank=[], verdict="none", step_source=None, arrival_source=None,
-                           config=StragglerConfig(), per_step=pd.DataFrame())
+    return StragglerResult(
+        ranks=[],
+        per_rank=[],
+        verdict="none",
+        step_source=None,
+        arrival_source=None,
+        config=StragglerConfig(),
+        per_step=pd.DataFrame(),
+    )
 
 
 def config(**settings) -> dict:
@@ -33,12 +41,32 @@ def config(**settings) -> dict:
 def facts(cfg: dict | None = None, **fields) -> RunFacts:
     """A 2-rank CPU reftrain run, 100 ms steps, 1024 tokens per step, MFU 0.1, nothing else measured."""
     base = dict(
-        kind="reftrain", device="cpu", device_name="AMD EPYC", config=cfg if cfg is not None else config(),
-        config_path="/runs/r/config.yaml", world_size=2, step_time_ms=100.0, step_time_source="test", n_steps=20,
-        tokens_per_step=1024.0, mfu=0.1, peak_flops_per_s=1e10, flops_per_token=1e6, dtype="fp32", phases={},
-        profiled_step_time_ms=None, shares={}, shares_source=None, exposed_comm_ms=None, exposed_comm_source=None,
-        comm=None, kernels=None, memory=MemoryFacts(None, None, None, None), stragglers=no_stragglers(),
-        cpu_cores=8, ranks_per_host=2,
+        kind="reftrain",
+        device="cpu",
+        device_name="AMD EPYC",
+        config=cfg if cfg is not None else config(),
+        config_path="/runs/r/config.yaml",
+        world_size=2,
+        step_time_ms=100.0,
+        step_time_source="test",
+        n_steps=20,
+        tokens_per_step=1024.0,
+        mfu=0.1,
+        peak_flops_per_s=1e10,
+        flops_per_token=1e6,
+        dtype="fp32",
+        phases={},
+        profiled_step_time_ms=None,
+        shares={},
+        shares_source=None,
+        exposed_comm_ms=None,
+        exposed_comm_source=None,
+        comm=None,
+        kernels=None,
+        memory=MemoryFacts(None, None, None, None),
+        stragglers=no_stragglers(),
+        cpu_cores=8,
+        ranks_per_host=2,
     )
     base.update(fields)
     return RunFacts(**base)
@@ -46,16 +74,37 @@ def facts(cfg: dict | None = None, **fields) -> RunFacts:
 
 def trace_facts(**fields) -> RunFacts:
     """A 2-rank foreign GPU trace set: no config, no tokens, 10 ms steps."""
-    base = dict(kind="traces", device="cuda", device_name="NVIDIA H100 80GB HBM3", config=None, config_path=None,
-                step_time_ms=10.0, tokens_per_step=None, mfu=None, peak_flops_per_s=None, flops_per_token=None,
-                dtype="bf16", shares_source="device")
+    base = dict(
+        kind="traces",
+        device="cuda",
+        device_name="NVIDIA H100 80GB HBM3",
+        config=None,
+        config_path=None,
+        step_time_ms=10.0,
+        tokens_per_step=None,
+        mfu=None,
+        peak_flops_per_s=None,
+        flops_per_token=None,
+        dtype="bf16",
+        shares_source="device",
+    )
     base.update(fields)
     return facts(**base)
 
 
-def comm(n=1.0, nbytes=20 * MiB, service=50.0, alpha=None, per_byte=None, kinds=("all_reduce",), gather=None) -> CommFacts:
-    return CommFacts(n_per_step=n, bytes_per_step=float(nbytes), mean_bytes=nbytes / n, service_ms_per_step=service,
-                     alpha_ms=alpha, per_byte_ms=per_byte, kinds=kinds, gather_service_share=gather)
+def comm(
+    n=1.0, nbytes=20 * MiB, service=50.0, alpha=None, per_byte=None, kinds=("all_reduce",), gather=None
+) -> CommFacts:
+    return CommFacts(
+        n_per_step=n,
+        bytes_per_step=float(nbytes),
+        mean_bytes=nbytes / n,
+        service_ms_per_step=service,
+        alpha_ms=alpha,
+        per_byte_ms=per_byte,
+        kinds=kinds,
+        gather_service_share=gather,
+    )
 
 
 def test_cpu_eta_interpolates_the_calibration_points():
@@ -76,7 +125,9 @@ def test_at_least_fifteen_documented_rules():
 
 
 def test_data_wait_sizes_workers_from_the_inferred_load_time():
-    f = facts(config(data__num_workers=0), phases={"data_wait": 100.0, "forward": 30.0, "backward": 60.0}, step_time_ms=200.0)
+    f = facts(
+        config(data__num_workers=0), phases={"data_wait": 100.0, "forward": 30.0, "backward": 60.0}, step_time_ms=200.0
+    )
     s = rules_data.rule_data_wait(f)
     # Synchronous loading: 100 ms per batch; consume 100 ms; ceil(100 / (0.7 * 100)) = 2 workers;
     # wait after = max(floor 8, 100/2 - 100) = 8 ms: step 200 - (100 - 8) = 108 ms.
@@ -118,8 +169,12 @@ def test_exposed_memcpy_on_device_traces():
 
 
 def test_ddp_bucket_size_saves_alpha_per_removed_collective():
-    f = facts(config(parallel__bucket_cap_mb=1.0), step_time_ms=200.0, exposed_comm_ms=40.0,
-              comm=comm(n=20, nbytes=20 * MiB, service=60.0, alpha=2.0, per_byte=1e-6))
+    f = facts(
+        config(parallel__bucket_cap_mb=1.0),
+        step_time_ms=200.0,
+        exposed_comm_ms=40.0,
+        comm=comm(n=20, nbytes=20 * MiB, service=60.0, alpha=2.0, per_byte=1e-6),
+    )
     s = rules_comm.rule_ddp_bucket_size(f)
     # cap 1 -> 25 MiB: 1 MiB first bucket + ceil(19/25) = 2 buckets; saved min(40, 18 * 2) = 36 ms.
     assert s.change.overrides == {"parallel.bucket_cap_mb": 25.0}
@@ -142,8 +197,12 @@ def test_gradient_as_bucket_view_estimates_the_copy():
 
 
 def test_overlap_grad_sync_keeps_only_the_last_bucket():
-    f = facts(config(parallel__overlap_grad_sync=False), step_time_ms=400.0, phases={"grad_sync": 100.0},
-              comm=comm(n=1, nbytes=20 * MiB, service=80.0))
+    f = facts(
+        config(parallel__overlap_grad_sync=False),
+        step_time_ms=400.0,
+        phases={"grad_sync": 100.0},
+        comm=comm(n=1, nbytes=20 * MiB, service=80.0),
+    )
     s = rules_comm.rule_overlap_grad_sync(f)
     # DDP buckets: 1 MiB first, then 19 MiB last; tail 80 * 19/20 = 76 ms replaces the 100 ms sync.
     assert s.predicted.step_time_ms_after == pytest.approx(376.0)
@@ -163,8 +222,12 @@ def test_grad_accumulation_amortizes_exposed_comm():
 
 def test_fsdp_reshard_needs_headroom():
     cfg = config(parallel__strategy="fsdp")
-    f = facts(cfg, step_time_ms=200.0, exposed_comm_ms=50.0,
-              comm=comm(n=10, service=100.0, kinds=("all_gather", "reduce_scatter"), gather=0.6))
+    f = facts(
+        cfg,
+        step_time_ms=200.0,
+        exposed_comm_ms=50.0,
+        comm=comm(n=10, service=100.0, kinds=("all_gather", "reduce_scatter"), gather=0.6),
+    )
     s = rules_comm.rule_fsdp_reshard(f)
     assert s.change.overrides == {"parallel.reshard_after_forward": False}
     assert s.predicted.step_time_ms_after == pytest.approx(170.0)  # half of 60 ms of gathers
@@ -203,8 +266,11 @@ def test_micro_batch_scales_from_fixed_and_per_sequence_cost(monkeypatch):
     # The communication tail at the end of backward is not per-token work: 49.5 - 16.5 = 33 = P x 3.3.
     tail = dataclasses.replace(f, exposed_comm_ms=16.5)
     assert rules_compute.rule_micro_batch(tail).evidence["per_sequence_ms"] == pytest.approx(10.0)
-    big = facts(config(model__preset="tiny", train__micro_batch_size=16),
-                phases={"data_wait": 30.0, "forward": 100.0, "backward": 200.0}, step_time_ms=330.0)
+    big = facts(
+        config(model__preset="tiny", train__micro_batch_size=16),
+        phases={"data_wait": 30.0, "forward": 100.0, "backward": 200.0},
+        step_time_ms=330.0,
+    )
     assert rules_compute.rule_micro_batch(big) is None  # P = 300 / 18.3: 16 x 16.4 = 262 of 330 ms is per-token work
 
 
@@ -212,8 +278,9 @@ def test_micro_batch_share_is_taken_of_the_phase_sum_not_the_median_step(monkeyp
     # The model's arithmetic on fixed calibration points (the shipped ones are measured, docs/suggestions.md).
     monkeypatch.setattr(whatif, "CPU_FIXED_SEQUENCES_POINTS", ((64, 2.3), (256, 0.55)))
     # d_model 128: kappa (2.3 + 0.55) / 2 = 1.425; fb 900 ms = P (1.425 + 16): P = 51.65, 826.4 ms per-token work.
-    cfg = config(model__preset="tiny", model__d_model=128, model__n_layers=4, model__vocab_size=4096,
-                 train__micro_batch_size=16)
+    cfg = config(
+        model__preset="tiny", model__d_model=128, model__n_layers=4, model__vocab_size=4096, train__micro_batch_size=16
+    )
     phases = {"data_wait": 10.0, "forward": 300.0, "backward": 600.0, "optimizer": 40.0, "comm": 2000.0}
     # Against the 950 ms phase sum the fixed share is 13 %: silent, though a 1250 ms median step (other steps
     # than the phase medians') would have made it 34 %. comm_ms overlaps backward and is not part of the sum.
@@ -223,7 +290,9 @@ def test_micro_batch_share_is_taken_of_the_phase_sum_not_the_median_step(monkeyp
     s = rules_compute.rule_micro_batch(slow_data)
     assert s.evidence["phase_sum_ms"] == pytest.approx(1250.0)
     assert s.evidence["fixed_share"] == pytest.approx(1 - 16 * 900 / 17.425 / 1250)
-    assert s.predicted.step_time_ms_after == pytest.approx(1250 + 16 * 900 / 17.425 * (s.change.overrides["train.micro_batch_size"] / 16 - 1))
+    assert s.predicted.step_time_ms_after == pytest.approx(
+        1250 + 16 * 900 / 17.425 * (s.change.overrides["train.micro_batch_size"] / 16 - 1)
+    )
 
 
 def test_fixed_sequences_scale_with_width_and_sequence_length(monkeypatch):
@@ -246,8 +315,11 @@ def test_a_run_that_syncs_after_backward_has_a_smaller_fixed_forward_backward(mo
     assert whatif.cpu_fixed_sequences(64, 64, overlap_grad_sync=False, micro_batch=4) == pytest.approx(0.575)
     phases = {"data_wait": 2.0, "forward": 10.0, "backward": 20.0, "optimizer": 8.0, "grad_sync": 12.0}
     overlap = facts(config(model__preset="tiny", train__micro_batch_size=4), phases=phases, step_time_ms=52.0)
-    after = facts(config(model__preset="tiny", train__micro_batch_size=4, parallel__overlap_grad_sync=False),
-                  phases=phases, step_time_ms=52.0)
+    after = facts(
+        config(model__preset="tiny", train__micro_batch_size=4, parallel__overlap_grad_sync=False),
+        phases=phases,
+        step_time_ms=52.0,
+    )
     # tiny is d_model 64. fb 30 ms = P (kappa + 4): overlapped P = 30 / 6.3, after backward P = 30 / 4.575.
     assert rules_compute.rule_micro_batch(overlap).evidence["per_sequence_ms"] == pytest.approx(30 / 6.3)
     s = rules_compute.rule_micro_batch(after)
@@ -264,8 +336,13 @@ def test_launch_bound_grows_the_batch_while_the_device_idles():
     assert s.predicted.step_time_ms_after == pytest.approx(10.0)
     assert s.predicted.gain == pytest.approx(1.0)
     assert rules_compute.rule_launch_bound(trace_facts(shares={"idle": 0.1, "compute": 0.9})) is None
-    reft = facts(config(train__micro_batch_size=4), device="cuda", shares={"idle": 0.8, "compute": 0.2},
-                 shares_source="device", memory=MemoryFacts(8e9, "cuda_peak_allocated", 80e9, "test"))
+    reft = facts(
+        config(train__micro_batch_size=4),
+        device="cuda",
+        shares={"idle": 0.8, "compute": 0.2},
+        shares_source="device",
+        memory=MemoryFacts(8e9, "cuda_peak_allocated", 80e9, "test"),
+    )
     s = rules_compute.rule_launch_bound(reft)
     # 20 ms of device work in a 100 ms step: 4x fits (80 ms), 8x does not (160 ms); memory 10 % x 4 is fine.
     assert s.change.overrides == {"train.micro_batch_size": 16}
@@ -276,8 +353,15 @@ def test_launch_bound_grows_the_batch_while_the_device_idles():
 
 def test_launch_bound_scales_all_to_all_with_the_batch():
     """An embedding job's all-to-all grows with the batch; the what-if must not hold it constant."""
-    ks = KernelFacts(n_per_step=100, gemm_ms_per_step=1.0, kernel_ms_per_step=4.0, short_share=0.1, mean_us=40.0,
-                     comm_ms_per_step=2.0, batch_comm_ms_per_step=2.0)  # every collective an all-to-all
+    ks = KernelFacts(
+        n_per_step=100,
+        gemm_ms_per_step=1.0,
+        kernel_ms_per_step=4.0,
+        short_share=0.1,
+        mean_us=40.0,
+        comm_ms_per_step=2.0,
+        batch_comm_ms_per_step=2.0,
+    )  # every collective an all-to-all
     f = trace_facts(shares={"idle": 0.5, "compute": 0.2, "exposed_comm": 0.3}, kernels=ks)
     s = rules_compute.rule_launch_bound(f)
     # 2 ms compute + 3 ms all-to-all, both x2 = 10 ms: the 10 ms step stays 10 ms for 2x the tokens. Holding the
@@ -299,8 +383,14 @@ def test_cuda_graphs_on_short_kernels():
 
 
 def test_torch_compile_on_fusable_heavy_device_bound_steps():
-    ks = KernelFacts(n_per_step=500, gemm_ms_per_step=3.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0,
-                     fusable_ms_per_step=5.0)
+    ks = KernelFacts(
+        n_per_step=500,
+        gemm_ms_per_step=3.0,
+        kernel_ms_per_step=8.0,
+        short_share=0.1,
+        mean_us=16.0,
+        fusable_ms_per_step=5.0,
+    )
     f = trace_facts(shares={"idle": 0.1, "compute": 0.9}, kernels=ks)
     s = rules_compute.rule_torch_compile(f)
     assert s.predicted.step_time_ms_after == pytest.approx(7.5)  # 5 ms fusable x 0.5
@@ -321,14 +411,21 @@ def test_bf16_autocast_by_datasheet_peak_ratio():
     assert s.predicted.step_time_ms_after == pytest.approx(7.5)
     assert s.predicted.mfu_after == pytest.approx(0.2 * (10 / 7.5) * 0.5)  # against the bf16 peak
     assert rules_compute.rule_bf16_autocast(dataclasses.replace(f, dtype="bf16")) is None
-    reft = facts(config(train__dtype="fp32", train__tf32=True), device="cuda", device_name="NVIDIA A100-SXM4-80GB",
-                 kernels=ks, step_time_ms=10.0)
+    reft = facts(
+        config(train__dtype="fp32", train__tf32=True),
+        device="cuda",
+        device_name="NVIDIA A100-SXM4-80GB",
+        kernels=ks,
+        step_time_ms=10.0,
+    )
     assert rules_compute.rule_bf16_autocast(reft).change.overrides == {"train.dtype": "bf16"}
 
 
 def test_tf32_for_plain_fp32_matmuls_where_tensor_cores_have_it():
     ks = KernelFacts(n_per_step=500, gemm_ms_per_step=4.0, kernel_ms_per_step=8.0, short_share=0.1, mean_us=16.0)
-    f = facts(config(train__tf32=False), device="cuda", device_name="NVIDIA A100-SXM4-80GB", kernels=ks, step_time_ms=10.0)
+    f = facts(
+        config(train__tf32=False), device="cuda", device_name="NVIDIA A100-SXM4-80GB", kernels=ks, step_time_ms=10.0
+    )
     s = rules_compute.rule_tf32(f)
     # A100 fp32 19.5 / tf32 156 TFLOP/s.
     assert s.predicted.step_time_ms_after == pytest.approx(10.0 - 4.0 * (1 - 19.5 / 156))
@@ -341,7 +438,9 @@ def test_tf32_for_plain_fp32_matmuls_where_tensor_cores_have_it():
 def test_fused_adamw():
     f = facts(phases={"optimizer": 30.0})
     s = rules_compute.rule_fused_adamw(f)
-    assert s.predicted.step_time_ms_after == pytest.approx(100.0 - 30.0 * (1 - rules_compute.FUSED_OPTIMIZER_TIME_FACTOR["cpu"]))
+    assert s.predicted.step_time_ms_after == pytest.approx(
+        100.0 - 30.0 * (1 - rules_compute.FUSED_OPTIMIZER_TIME_FACTOR["cpu"])
+    )
     assert s.change.overrides == {"optim.impl": "fused"}
     assert rules_compute.rule_fused_adamw(dataclasses.replace(f, config=config(optim__impl="fused"))) is None
     assert rules_compute.rule_fused_adamw(facts(phases={"optimizer": 9.0})) is None
@@ -351,8 +450,13 @@ def test_fused_adamw():
 
 
 def _full(cfg: dict, **fields) -> RunFacts:
-    return facts(cfg, device="cuda", device_name="NVIDIA H100 80GB HBM3",
-                 memory=MemoryFacts(76e9, "cuda_peak_allocated", 80e9, "test"), **fields)
+    return facts(
+        cfg,
+        device="cuda",
+        device_name="NVIDIA H100 80GB HBM3",
+        memory=MemoryFacts(76e9, "cuda_peak_allocated", 80e9, "test"),
+        **fields,
+    )
 
 
 def test_activation_checkpointing_over_ninety_percent():
@@ -360,14 +464,18 @@ def test_activation_checkpointing_over_ninety_percent():
     assert s.change.overrides == {"train.activation_checkpointing": True}
     assert s.predicted.step_time_ms_after == pytest.approx(130.0)
     assert s.predicted.gain < 0
-    low = facts(config(), device="cuda", phases={"forward": 30.0}, memory=MemoryFacts(40e9, "cuda_peak_allocated", 80e9, "t"))
+    low = facts(
+        config(), device="cuda", phases={"forward": 30.0}, memory=MemoryFacts(40e9, "cuda_peak_allocated", 80e9, "t")
+    )
     assert rules_memory.rule_activation_checkpointing(low) is None
     on = _full(config(train__activation_checkpointing=True), phases={"forward": 30.0})
     assert rules_memory.rule_activation_checkpointing(on) is None
 
 
 def test_smaller_micro_batch_keeps_tokens_per_step():
-    s = rules_memory.rule_smaller_micro_batch(_full(config(train__micro_batch_size=8), shares={"idle": 0.2}, shares_source="device"))
+    s = rules_memory.rule_smaller_micro_batch(
+        _full(config(train__micro_batch_size=8), shares={"idle": 0.2}, shares_source="device")
+    )
     assert s.change.overrides == {"train.micro_batch_size": 4, "train.grad_accum": 2}
     assert s.predicted.step_time_ms_after == pytest.approx(120.0)
     assert s.predicted.tokens_per_step_after == s.predicted.tokens_per_step_before
@@ -379,15 +487,23 @@ def test_smaller_micro_batch_keeps_tokens_per_step():
 
 def _straggling(rank: int, excess_ms: float) -> StragglerResult:
     """The analyzer's verdict on 20 steps where ``rank`` takes ``excess_ms`` longer (a little noise on both)."""
-    rows = [{"rank": r, "step": s, "step_time_ms": 100.0 + (excess_ms if r == rank else 0.0) + (s % 3) * 0.1}
-            for s in range(20) for r in (0, 1)]
-    result = find_stragglers(pd.DataFrame(rows), pd.DataFrame(columns=list(ARRIVAL_COLUMNS)), step_source="test", arrival_source=None)
+    rows = [
+        {"rank": r, "step": s, "step_time_ms": 100.0 + (excess_ms if r == rank else 0.0) + (s % 3) * 0.1}
+        for s in range(20)
+        for r in (0, 1)
+    ]
+    result = find_stragglers(
+        pd.DataFrame(rows), pd.DataFrame(columns=list(ARRIVAL_COLUMNS)), step_source="test", arrival_source=None
+    )
     assert result.ranks == [rank]
     return result
 
 
 def test_straggler_names_rank_phase_and_removes_an_injection():
-    phases = {0: {"data_wait": 2.0, "forward": 20.0, "backward": 40.0}, 1: {"data_wait": 2.0, "forward": 60.0, "backward": 40.0}}
+    phases = {
+        0: {"data_wait": 2.0, "forward": 20.0, "backward": 40.0},
+        1: {"data_wait": 2.0, "forward": 60.0, "backward": 40.0},
+    }
     f = facts(stragglers=_straggling(1, 40.0), rank_phases=phases)
     s = rules_health.rule_straggler(f)
     assert s.evidence["rank"] == 1 and s.evidence["slowest_phase"] == "forward"
@@ -412,13 +528,17 @@ def test_straggler_names_rank_phase_and_removes_an_injection():
 #   spinning on CPU 1; rank 0 arrived last at every step's collectives by what the scheduler took from it.
 CONTENDED_LATENESS_MS = [517.5, 492.2, 1266.9, 150.9, 826.1, 337.1, 140.7, 186.6, 91.4]  # rank 0
 CONTENDED_LATENESS_OTHER_MS = [4.1, 69.3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # rank 1
-CONTENDED_STEP_MS = ([348.1, 341.8, 318.1, 314.6, 337.0, 286.0, 307.1, 309.4, 310.6],  # rank 0
-                     [339.7, 320.5, 314.5, 306.0, 330.6, 282.2, 300.2, 298.5, 306.9])  # rank 1
+CONTENDED_STEP_MS = (
+    [348.1, 341.8, 318.1, 314.6, 337.0, 286.0, 307.1, 309.4, 310.6],  # rank 0
+    [339.7, 320.5, 314.5, 306.0, 330.6, 282.2, 300.2, 298.5, 306.9],
+)  # rank 1
 # * persistent: the "straggler" scenario (inject.slow_rank=1, delay_ms=400, one all-reduce per step) with
 #   another process spinning on CPU 0; rank 1's lateness at the step's all-reduce.
 INJECTED_LATENESS_MS = [385.6, 354.3, 392.1, 415.7, 378.3, 413.5, 370.8, 386.0, 459.7]  # rank 1
-INJECTED_STEP_MS = ([486.2, 518.9, 496.6, 491.1, 459.2, 486.5, 483.9, 500.6, 525.3],
-                    [485.0, 514.3, 489.9, 489.6, 463.4, 492.5, 493.3, 485.4, 507.0])
+INJECTED_STEP_MS = (
+    [486.2, 518.9, 496.6, 491.1, 459.2, 486.5, 483.9, 500.6, 525.3],
+    [485.0, 514.3, 489.9, 489.6, 463.4, 492.5, 493.3, 485.4, 507.0],
+)
 
 
 def _arrival_run(lateness_ms: dict[int, list[float]], step_ms: tuple[list[float], ...] | None = None):
@@ -434,8 +554,18 @@ def _arrival_run(lateness_ms: dict[int, list[float]], step_ms: tuple[list[float]
         t0 = s * 10_000_000_000  # 10 s apart
         end = t0 + int((max(late[s] for late in lateness_ms.values()) + 5.0) * 1e6)
         for r, late in lateness_ms.items():
-            arrivals.append({"rank": r, "key": f"0:{s}", "step": s, "kind": "all_reduce", "bytes": 4e6, "group_size": 2,
-                             "start_ns": t0 + int(round(late[s] * 1e6)), "end_ns": end})
+            arrivals.append(
+                {
+                    "rank": r,
+                    "key": f"0:{s}",
+                    "step": s,
+                    "kind": "all_reduce",
+                    "bytes": 4e6,
+                    "group_size": 2,
+                    "start_ns": t0 + int(round(late[s] * 1e6)),
+                    "end_ns": end,
+                }
+            )
             steps.append({"rank": r, "step": s, "step_time_ms": step_ms[r][s] if step_ms else 1000.0})
     arr = pd.DataFrame(arrivals, columns=list(ARRIVAL_COLUMNS))
     result = find_stragglers(pd.DataFrame(steps), arr, step_source="test", arrival_source="test")
@@ -447,12 +577,16 @@ def test_straggler_silent_when_the_late_rank_changes_at_random():
     rng = np.random.default_rng(18)
     slow = rng.integers(0, 2, size=24)
     result, sync = _arrival_run({r: [400.0 * (slow[s] == r) for s in range(24)] for r in (0, 1)})
-    assert result.ranks == [] and rules_health.rule_straggler(facts(stragglers=result, sync_delay_ms=sync,
-                                                                    step_time_ms=1000.0)) is None
+    assert (
+        result.ranks == []
+        and rules_health.rule_straggler(facts(stragglers=result, sync_delay_ms=sync, step_time_ms=1000.0)) is None
+    )
     noisy = rng.uniform(0.0, 400.0, size=(2, 24))
     result, sync = _arrival_run({r: list(noisy[r]) for r in (0, 1)})
-    assert result.ranks == [] and rules_health.rule_straggler(facts(stragglers=result, sync_delay_ms=sync,
-                                                                    step_time_ms=1000.0)) is None
+    assert (
+        result.ranks == []
+        and rules_health.rule_straggler(facts(stragglers=result, sync_delay_ms=sync, step_time_ms=1000.0)) is None
+    )
 
 
 def test_straggler_silent_on_a_rank_slowed_by_machine_contention():
@@ -474,14 +608,18 @@ def test_straggler_silent_on_a_rank_slowed_by_machine_contention():
     result, sync = _arrival_run({0: [0.0] * 9, 1: [0.0] * 9}, CONTENDED_STEP_MS)
     assert result.ranks == [0] and result.per_rank[0].signals == ["step_time"] and sync == {}
     assert rules_health.excess_effect(result, 0, "step_time").effect == pytest.approx(1.501, abs=1e-3)
-    assert rules_health.rule_straggler(facts(stragglers=result, step_time_ms=float(np.median(CONTENDED_STEP_MS)))) is None
+    assert (
+        rules_health.rule_straggler(facts(stragglers=result, step_time_ms=float(np.median(CONTENDED_STEP_MS)))) is None
+    )
 
 
 def test_straggler_fires_on_a_rank_persistently_400_ms_late():
     result, sync = _arrival_run({0: [0.0] * 9, 1: INJECTED_LATENESS_MS}, INJECTED_STEP_MS)
     assert result.ranks == [1]
     # d: median 386.0 ms, MAD 15.2 ms (sigma 22.54 ms): 17.1 spreads clear of zero.
-    assert rules_health.excess_effect(result, 1, "lateness").effect == pytest.approx(386.0 / (15.2 / 0.6744897501960817), abs=0.01)
+    assert rules_health.excess_effect(result, 1, "lateness").effect == pytest.approx(
+        386.0 / (15.2 / 0.6744897501960817), abs=0.01
+    )
     assert sync == {1: pytest.approx(386.0)}  # the median step's skew at the all-reduce rank 1 arrived last at
     f = facts(stragglers=result, sync_delay_ms=sync, step_time_ms=491.6448645)  # that run's steady step
     s = rules_health.rule_straggler(f)
@@ -489,8 +627,11 @@ def test_straggler_fires_on_a_rank_persistently_400_ms_late():
     assert s.evidence["effect_size"] == pytest.approx(17.13, abs=0.01)
     assert s.predicted.step_time_ms_after == pytest.approx(491.6448645 - 386.0)
     assert s.predicted.gain == pytest.approx(3.6538, abs=1e-4)  # 491.64 / 105.64 - 1
-    injected = rules_health.rule_straggler(dataclasses.replace(
-        f, inject={"slow_rank": 1, "delay_ms": 400.0, "slowdown": None}, rank_phases={0: {}, 1: {"injected": 400.0}}))
+    injected = rules_health.rule_straggler(
+        dataclasses.replace(
+            f, inject={"slow_rank": 1, "delay_ms": 400.0, "slowdown": None}, rank_phases={0: {}, 1: {"injected": 400.0}}
+        )
+    )
     # min(excess 386.0, injected 400.0): the same step; the exact change that removes the injection.
     assert injected.predicted.gain == pytest.approx(3.6538, abs=1e-4) and injected.confidence == "high"
     assert injected.change.overrides == {"inject.slow_rank": None, "inject.delay_ms": None}
@@ -508,8 +649,12 @@ def test_profiler_overhead_is_about_run_wall_time():
 
 def test_mfu_gap_lists_top_contributors():
     cfg = config(model__preset="tiny", train__micro_batch_size=1)
-    f = facts(cfg, mfu=0.05, phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0},
-              exposed_comm_ms=12.0)
+    f = facts(
+        cfg,
+        mfu=0.05,
+        phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0},
+        exposed_comm_ms=12.0,
+    )
     s = rules_health.rule_mfu_gap(f)
     assert s.kind == "diagnosis" and s.evidence["reference_mfu"] == pytest.approx(whatif.cpu_eta(64))
     assert list(k for k in s.evidence if k.endswith("_ms") and k != "step_time_ms")[0] == "fixed_overhead_ms"
@@ -518,9 +663,16 @@ def test_mfu_gap_lists_top_contributors():
 
 
 def test_ranking_puts_changes_first_by_gain():
-    f = facts(config(model__preset="tiny", train__micro_batch_size=1), mfu=0.05,
-              phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0})
-    found = [s for s in (rules_compute.rule_fused_adamw(f), rules_health.rule_mfu_gap(f), rules_compute.rule_micro_batch(f)) if s]
+    f = facts(
+        config(model__preset="tiny", train__micro_batch_size=1),
+        mfu=0.05,
+        phases={"data_wait": 10.0, "forward": 20.0, "backward": 40.0, "optimizer": 15.0},
+    )
+    found = [
+        s
+        for s in (rules_compute.rule_fused_adamw(f), rules_health.rule_mfu_gap(f), rules_compute.rule_micro_batch(f))
+        if s
+    ]
     ranked = rank(found)
     assert [s.rule for s in ranked] == ["micro_batch", "fused_adamw", "mfu_gap"]
     assert ranked[0].gain > ranked[1].gain

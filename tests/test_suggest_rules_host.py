@@ -1,6 +1,7 @@
 """The idle-cause rules (analyzer/verbs/suggest/rules_host.py) and the refined launch_bound / cuda_graphs:
 each fires on facts built to trigger it with the predicted step worked out by hand, stays silent otherwise,
 and predicts no more than removing the part of the step it addresses (docs/suggestions.md)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,15 +21,40 @@ from synth import KinetoTrace
 def _facts(**fields) -> RunFacts:
     """A foreign GPU trace: 10 ms steps, device breakdown 40 % idle, nothing about idle causes."""
     base = dict(
-        kind="traces", device="cuda", device_name="NVIDIA H100 80GB HBM3", config=None, config_path=None, world_size=1,
-        step_time_ms=10.0, step_time_source="test", n_steps=5, tokens_per_step=None, mfu=None, peak_flops_per_s=None,
-        flops_per_token=None, dtype="bf16", phases={}, profiled_step_time_ms=None,
-        shares={"compute": 0.5, "idle": 0.4, "exposed_memcpy": 0.1}, shares_source="device", exposed_comm_ms=0.0,
-        exposed_comm_source=None, comm=None,
-        kernels=KernelFacts(n_per_step=1000, gemm_ms_per_step=2.0, kernel_ms_per_step=5.0, short_share=0.8, mean_us=5.0),
+        kind="traces",
+        device="cuda",
+        device_name="NVIDIA H100 80GB HBM3",
+        config=None,
+        config_path=None,
+        world_size=1,
+        step_time_ms=10.0,
+        step_time_source="test",
+        n_steps=5,
+        tokens_per_step=None,
+        mfu=None,
+        peak_flops_per_s=None,
+        flops_per_token=None,
+        dtype="bf16",
+        phases={},
+        profiled_step_time_ms=None,
+        shares={"compute": 0.5, "idle": 0.4, "exposed_memcpy": 0.1},
+        shares_source="device",
+        exposed_comm_ms=0.0,
+        exposed_comm_source=None,
+        comm=None,
+        kernels=KernelFacts(
+            n_per_step=1000, gemm_ms_per_step=2.0, kernel_ms_per_step=5.0, short_share=0.8, mean_us=5.0
+        ),
         memory=MemoryFacts(None, None, None, None),
-        stragglers=StragglerResult(ranks=[], per_rank=[], verdict="none", step_source=None, arrival_source=None,
-                                   config=StragglerConfig(), per_step=pd.DataFrame()),
+        stragglers=StragglerResult(
+            ranks=[],
+            per_rank=[],
+            verdict="none",
+            step_source=None,
+            arrival_source=None,
+            config=StragglerConfig(),
+            per_step=pd.DataFrame(),
+        ),
     )
     base.update(fields)
     return RunFacts(**base)
@@ -74,8 +100,14 @@ def test_dependency_idle_silent_under_the_idle_threshold() -> None:
 
 
 def test_host_sync_fires_with_the_idle_after_syncs_removed() -> None:
-    f = _facts(idle=_idle(syncs_per_step=3.0, sync_names={"aten::item": 2.0, "cudaStreamSynchronize": 1.0},
-                          sync_host_share=0.05, sync_idle_share=0.06))
+    f = _facts(
+        idle=_idle(
+            syncs_per_step=3.0,
+            sync_names={"aten::item": 2.0, "cudaStreamSynchronize": 1.0},
+            sync_host_share=0.05,
+            sync_idle_share=0.06,
+        )
+    )
     s = rules_host.rule_host_sync(f)
     assert s is not None
     assert s.predicted.step_time_ms_after == pytest.approx(9.4)  # 6 % of 10 ms
@@ -102,16 +134,24 @@ def test_pageable_copies_fire_and_stay_within_exposed_memcpy() -> None:
 
 
 def test_pageable_copies_silent() -> None:
-    assert rules_host.rule_pageable_copies(_facts(idle=_idle(pageable_per_step=2.0, pageable_exposed_share=0.005))) is None
-    assert rules_host.rule_pageable_copies(_facts(idle=_idle(pageable_per_step=0.0, pageable_exposed_share=0.5))) is None
+    assert (
+        rules_host.rule_pageable_copies(_facts(idle=_idle(pageable_per_step=2.0, pageable_exposed_share=0.005))) is None
+    )
+    assert (
+        rules_host.rule_pageable_copies(_facts(idle=_idle(pageable_per_step=0.0, pageable_exposed_share=0.5))) is None
+    )
     # A reftrain run with pin_memory off: rule pin_memory gives the exact override instead.
-    reftrain = _facts(kind="reftrain", config={"data": {"pin_memory": False}},
-                      idle=_idle(pageable_per_step=2.0, pageable_exposed_share=0.05))
+    reftrain = _facts(
+        kind="reftrain",
+        config={"data": {"pin_memory": False}},
+        idle=_idle(pageable_per_step=2.0, pageable_exposed_share=0.05),
+    )
     assert rules_host.rule_pageable_copies(reftrain) is None
 
 
-@pytest.mark.parametrize("rule", [rules_host.rule_dependency_idle, rules_host.rule_host_sync,
-                                  rules_host.rule_pageable_copies])
+@pytest.mark.parametrize(
+    "rule", [rules_host.rule_dependency_idle, rules_host.rule_host_sync, rules_host.rule_pageable_copies]
+)
 def test_silent_without_idle_facts(rule) -> None:
     assert rule(_facts(idle=None)) is None
 
@@ -158,7 +198,9 @@ def test_dependency_idle_end_to_end_on_a_synthetic_trace(tmp_path: Path) -> None
     ra = analyze(t.write(tmp_path / "rank0.json.gz"), cache=False)
     f = run_facts(ra)
     assert f.idle is not None
-    assert (f.idle.other_frac, f.idle.host_wait_frac, f.idle.kernel_wait_frac) == pytest.approx((800 / 860, 60 / 860, 0.0))
+    assert (f.idle.other_frac, f.idle.host_wait_frac, f.idle.kernel_wait_frac) == pytest.approx(
+        (800 / 860, 60 / 860, 0.0)
+    )
     assert f.shares["idle"] == pytest.approx(920 / 2000)  # per window: 50 + 400 + 10 us
     fired = {s.rule: s for s in suggest(ra)}
     assert "dependency_idle" in fired and "launch_bound" not in fired and "cuda_graphs" not in fired

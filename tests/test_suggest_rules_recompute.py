@@ -1,6 +1,7 @@
 """Recompute and tokens from a trace (analyzer/metrics/workload.py) and rule selective_checkpointing
 (analyzer/verbs/suggest/rules_recompute.py): synthetic traces with hand-worked answers, fire and silent
 cases, a prediction never above removing the recompute, and the shared samples' embedding shapes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,9 @@ from synth import KinetoTrace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 GEMM = "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x32"
-ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::launch_clamp_scalar>"
+ELEMENTWISE = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::launch_clamp_scalar>"
+)
 MB = 2**20
 # The linear of the trace: input [4, 128, 64] x weight [256, 64], fp32: 4 x 128 x 256 elements x 4 bytes.
 LINEAR_OUT_BYTES = 4 * 128 * 256 * 4
@@ -31,8 +34,17 @@ def fwd(seq: int) -> dict:
     return {"Sequence number": seq, "Fwd thread id": 0}
 
 
-def _trace(tmp: Path, *, recompute: bool = True, gemm_recompute: bool = True, peak: float | None = 60e9,
-           micro_batches: int = 1, name: str = "rank0.json", embedding: bool = True, comm: bool = False) -> Path:
+def _trace(
+    tmp: Path,
+    *,
+    recompute: bool = True,
+    gemm_recompute: bool = True,
+    peak: float | None = 60e9,
+    micro_batches: int = 1,
+    name: str = "rank0.json",
+    embedding: bool = True,
+    comm: bool = False,
+) -> Path:
     """One 1000 us step: forward (embedding, a linear), then backward on the autograd thread, where
 
     * with ``recompute``: the linear (aten::linear around aten::addmm, launching a 100 us GEMM) and a relu
@@ -50,30 +62,68 @@ def _trace(tmp: Path, *, recompute: bool = True, gemm_recompute: bool = True, pe
     for i in range(micro_batches):
         base = 10 + 100 * i
         if embedding:
-            t.cpu_op("aten::embedding", base, 8, args=fwd(1 + 10 * i), input_dims=[[1000, 64], [4, 128], [], [], []],
-                     input_types=["float", "long int", "Scalar", "Scalar", "Scalar"])
+            t.cpu_op(
+                "aten::embedding",
+                base,
+                8,
+                args=fwd(1 + 10 * i),
+                input_dims=[[1000, 64], [4, 128], [], [], []],
+                input_types=["float", "long int", "Scalar", "Scalar", "Scalar"],
+            )
             # A position embedding of another shape takes the same ids: not counted again.
-            t.cpu_op("aten::embedding", base + 10, 5, args=fwd(2 + 10 * i), input_dims=[[128, 64], [4, 128], [], [], []],
-                     input_types=["float", "long int", "Scalar", "Scalar", "Scalar"])
-        t.cpu_op("aten::linear", base + 20, 50, args=fwd(3 + 10 * i),
-                 input_dims=[[4, 128, 64] if embedding else [512, 64], [256, 64], [256]], input_types=["float"] * 3)
+            t.cpu_op(
+                "aten::embedding",
+                base + 10,
+                5,
+                args=fwd(2 + 10 * i),
+                input_dims=[[128, 64], [4, 128], [], [], []],
+                input_types=["float", "long int", "Scalar", "Scalar", "Scalar"],
+            )
+        t.cpu_op(
+            "aten::linear",
+            base + 20,
+            50,
+            args=fwd(3 + 10 * i),
+            input_dims=[[4, 128, 64] if embedding else [512, 64], [256, 64], [256]],
+            input_types=["float"] * 3,
+        )
         t.kernel(GEMM, base + 200, 100, launch_us=base + 25)
     t.cpu_op("autograd::engine::evaluate_function: AddmmBackward0", 400, 300, tid=bw)
     t.cpu_op("AddmmBackward0", 402, 290, tid=bw, args={"Sequence number": 3, "Fwd thread id": 1})
     if recompute:
         if gemm_recompute:
-            t.cpu_op("aten::linear", 410, 50, tid=bw, args=fwd(20), input_dims=[[4, 128, 64], [256, 64], [256]],
-                     input_types=["float"] * 3)
-            t.cpu_op("aten::addmm", 415, 30, tid=bw, args=fwd(21),
-                     input_dims=[[256], [512, 64], [64, 256], [], []], input_types=["float"] * 3 + ["Scalar"] * 2)
+            t.cpu_op(
+                "aten::linear",
+                410,
+                50,
+                tid=bw,
+                args=fwd(20),
+                input_dims=[[4, 128, 64], [256, 64], [256]],
+                input_types=["float"] * 3,
+            )
+            t.cpu_op(
+                "aten::addmm",
+                415,
+                30,
+                tid=bw,
+                args=fwd(21),
+                input_dims=[[256], [512, 64], [64, 256], [], []],
+                input_types=["float"] * 3 + ["Scalar"] * 2,
+            )
             t.kernel(GEMM, 500, 100, launch_us=420)
         t.cpu_op("aten::relu", 470, 10, tid=bw, args=fwd(22), input_dims=[[4, 128, 256]], input_types=["float"])
         t.kernel(ELEMENTWISE, 610, 20, launch_us=472)
     t.cpu_op("aten::mm", 490, 30, tid=bw, input_dims=[[512, 256], [256, 64]], input_types=["float", "float"])
     t.kernel(GEMM, 640, 150, launch_us=495)
     if comm:
-        t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 800, 150, stream=20, launch_us=780,
-                 args=t.comm_args("allreduce", 1 << 20))
+        t.kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            800,
+            150,
+            stream=20,
+            launch_us=780,
+            args=t.comm_args("allreduce", 1 << 20),
+        )
     if peak is not None:
         t.memory(5, int(peak), int(peak) + 2**30, 4096)
     # Launch calls of the backward's kernels come from the autograd thread.
@@ -90,8 +140,10 @@ def test_output_numel_of_matmul_like_ops() -> None:
     assert output_numel("aten::addmm", [[256], [512, 64], [64, 256], [], []]) == 512 * 256
     assert output_numel("aten::bmm", [[8, 16, 32], [8, 32, 4]]) == 8 * 16 * 4
     assert output_numel("aten::matmul", [[2, 1, 16, 32], [3, 32, 4]]) == 2 * 3 * 16 * 4  # broadcast batch
-    assert output_numel("aten::scaled_dot_product_attention", [[2, 8, 128, 64], [2, 8, 128, 64], [2, 8, 128, 32]]) \
+    assert (
+        output_numel("aten::scaled_dot_product_attention", [[2, 8, 128, 64], [2, 8, 128, 64], [2, 8, 128, 32]])
         == 2 * 8 * 128 * 32
+    )
     assert output_numel("aten::matmul", [[2, 16, 32], [3, 32, 4]]) is None  # batch dims do not broadcast
     assert output_numel("aten::linear", [[4, 64]]) is None
 
@@ -192,16 +244,22 @@ def test_selective_checkpointing_silent_without_expensive_recompute(tmp_path: Pa
 
 def test_activation_checkpointing_rule_is_silent_when_the_trace_recomputes(tmp_path: Path) -> None:
     f = run_facts(analyze(_trace(tmp_path, peak=0.95 * CAPACITY).parent))
-    high = dataclasses.replace(f, memory=dataclasses.replace(f.memory, peak_bytes=0.95 * CAPACITY,
-                                                             capacity_bytes=CAPACITY, kind="cuda_peak_allocated"))
+    high = dataclasses.replace(
+        f,
+        memory=dataclasses.replace(
+            f.memory, peak_bytes=0.95 * CAPACITY, capacity_bytes=CAPACITY, kind="cuda_peak_allocated"
+        ),
+    )
     assert high.memory.fraction == pytest.approx(0.95)
     assert rules_memory.rule_activation_checkpointing(high) is None
 
 
 def test_reftrain_turns_checkpointing_off_when_all_activations_fit(tmp_path: Path) -> None:
     f = run_facts(analyze(_trace(tmp_path).parent))
-    cfg = {"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 128},
-           "train": {"micro_batch_size": 4, "dtype": "fp32", "activation_checkpointing": True}}
+    cfg = {
+        "model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 128},
+        "train": {"micro_batch_size": 4, "dtype": "fp32", "activation_checkpointing": True},
+    }
     ref = dataclasses.replace(f, kind="reftrain", config=cfg)
     s = rules_recompute.rule_selective_checkpointing(ref)
     assert s is not None and s.change.overrides == {"train.activation_checkpointing": False}
@@ -226,20 +284,26 @@ def test_grad_accumulation_predicts_tokens_from_the_trace_shapes(tmp_path: Path)
     assert with_ids[0].coverage["tokens_source"] == with_ids[0].evidence["tokens_source"]
     assert "tokens per step unknown" not in p.method
     # Without shapes that say tokens, the prediction is per step of the trace (work ratio 4, no tokens).
-    no_ids = [s for s in suggest(analyze(_trace(tmp_path / "b", comm=True, embedding=False).parent))
-              if s.rule == "grad_accumulation"]
+    no_ids = [
+        s
+        for s in suggest(analyze(_trace(tmp_path / "b", comm=True, embedding=False).parent))
+        if s.rule == "grad_accumulation"
+    ]
     assert no_ids and no_ids[0].predicted.tokens_per_step_before is None
     assert no_ids[0].predicted.work_ratio == 4.0 and "tokens per step unknown" in no_ids[0].predicted.method
     assert p.step_time_ms_after == pytest.approx(no_ids[0].predicted.step_time_ms_after)  # same what-if either way
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent")
-@pytest.mark.parametrize(("trace", "tokens"), [
-    ("tracelens-samples/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 16 * 559),
-    ("tracelens-samples/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 16 * 559),
-    ("tracelens-samples/h100/gaunernst_bert-small-uncased__1016001.json.gz", 141),
-    ("tracelens-samples/mi300/gaunernst_bert-small-uncased__1016001.json.gz", 141),
-])
+@pytest.mark.parametrize(
+    ("trace", "tokens"),
+    [
+        ("tracelens-samples/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 16 * 559),
+        ("tracelens-samples/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 16 * 559),
+        ("tracelens-samples/h100/gaunernst_bert-small-uncased__1016001.json.gz", 141),
+        ("tracelens-samples/mi300/gaunernst_bert-small-uncased__1016001.json.gz", 141),
+    ],
+)
 def test_tokens_from_the_shared_samples_embedding(trace: str, tokens: int) -> None:
     # The embeddings' recorded ids: Qwen [16, 559]; bert [1, 141] on its word, token-type and position embeddings.
     f = run_facts(analyze(SHARED / trace))
@@ -256,11 +320,38 @@ def ac_run(tmp_path_factory) -> Path:
 
     runs = tmp_path_factory.mktemp("runs")
     proc = subprocess.run(
-        [sys.executable, "-m", "reftrain", "--nproc", "2", "--runs-dir", str(runs), "--run-name", "ac", "--preset", "tiny",
-         "--steps", "6", "--set", "train.activation_checkpointing=true", "--set", "train.grad_accum=2",
-         "--set", "profile.wait=1", "--set", "profile.warmup=1", "--set", "profile.active=2",
-         "--set", "train.warmup_steps=1"],
-        cwd=runs, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "reftrain",
+            "--nproc",
+            "2",
+            "--runs-dir",
+            str(runs),
+            "--run-name",
+            "ac",
+            "--preset",
+            "tiny",
+            "--steps",
+            "6",
+            "--set",
+            "train.activation_checkpointing=true",
+            "--set",
+            "train.grad_accum=2",
+            "--set",
+            "profile.wait=1",
+            "--set",
+            "profile.warmup=1",
+            "--set",
+            "profile.active=2",
+            "--set",
+            "train.warmup_steps=1",
+        ],
+        cwd=runs,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return runs / "ac"
 
@@ -277,6 +368,7 @@ def test_recompute_and_tokens_of_a_real_checkpointed_run(ac_run: Path) -> None:
     assert 0 < r.flop_share <= r.share < 1
     # The trace's own estimate of the tokens (embedding ids, both micro-batches, both ranks) is run.json's.
     from analyzer.verbs.suggest.facts import trace_tokens, usable_windows, usable_workload
+
     tokens, source = trace_tokens(usable_workload(ra, usable_windows(ra.steps)))
     assert tokens == f.tokens_per_step == 2 * 2 * 4 * 64 and "aten::embedding input ids [4, 64]" in source
 

@@ -8,6 +8,7 @@ us copy. A fourth ProfilerStep starts after the last event and runs 13 s.
 Written today's way and the TensorBoard-plugin era's way, in microseconds
 and in nanoseconds, the analysis must give the same exact numbers.
 """
+
 from __future__ import annotations
 
 import pytest

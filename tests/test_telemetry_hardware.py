@@ -1,4 +1,5 @@
 """Tests for recorder.telemetry (NVML sampling, with a stand-in NVML) and recorder.hardware."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,7 @@ import torch
 
 from reftrain.errors import ReftrainError
 from recorder.hardware import describe_hardware, git_state
-from recorder.telemetry import (THROTTLE_REASON_BITS, GpuTelemetry, decode_throttle_reasons,
-                                nvml_index_of, sample)
+from recorder.telemetry import THROTTLE_REASON_BITS, GpuTelemetry, decode_throttle_reasons, nvml_index_of, sample
 
 
 class FakeNVMLError(Exception):
@@ -131,8 +131,12 @@ def test_sample_formats_a_record():
     rec = sample(fake, fake.nvmlDeviceGetHandleByIndex(0))
     assert before <= rec.pop("time_ns") <= time.time_ns()
     assert rec == {
-        "gpu_util_pct": 87, "mem_util_pct": 41, "sm_clock_mhz": 1980, "power_w": 612.345,
-        "mem_used_bytes": 70 * 2**30, "temp_c": 71,
+        "gpu_util_pct": 87,
+        "mem_util_pct": 41,
+        "sm_clock_mhz": 1980,
+        "power_w": 612.345,
+        "mem_used_bytes": 70 * 2**30,
+        "temp_c": 71,
         "throttle_reasons": ["sw_power_cap", "hw_thermal_slowdown"],
     }
     unsupported = sample(fake, fake.nvmlDeviceGetHandleByIndex(1))
@@ -204,10 +208,18 @@ def test_nvml_index_of_matches_uuid(monkeypatch):
 # hardware
 # ---------------------------------------------------------------------------
 
+
 def test_describe_hardware_cpu():
     info = describe_hardware(torch.device("cpu"))
-    models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-              if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    models = (
+        [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        if Path("/proc/cpuinfo").exists()
+        else []
+    )
     if models:
         assert info["cpu_model"] == models[0]
     assert info["device_type"] == "cpu" and info["device_name"] == info["cpu_model"]

@@ -1,4 +1,5 @@
 """analyzer.metrics.throughput: tokens per second over steady-state steps, exact answers."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -42,8 +43,11 @@ def test_tokens_per_s_is_the_mean_over_ranks_of_each_ranks_rate_on_steady_steps(
 
 def test_overall_rate_counts_the_slow_steps_the_median_skips():
     """A bursty DataLoader: three steps of 90 ms, then one of 330 ms, on both ranks."""
-    rows = [dict(step=s, rank=r, step_time_ms=330.0 if s % 4 == 3 else 90.0, profiled=False)
-            for s in range(1, 13) for r in (0, 1)]
+    rows = [
+        dict(step=s, rank=r, step_time_ms=330.0 if s % 4 == 3 else 90.0, profiled=False)
+        for s in range(1, 13)
+        for r in (0, 1)
+    ]
     tp = throughput({"tokens_per_step": 1500, "warmup_steps": 0, "profiled_steps": []}, pd.DataFrame(rows))
     assert tp.median == pytest.approx(1500 / 0.09)
     assert tp.overall == pytest.approx(1500 / 0.15)  # mean step (3 x 90 + 330) / 4 = 150 ms

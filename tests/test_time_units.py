@@ -1,6 +1,7 @@
 """The time unit decided from the events (the header a hint), and events
 stamped far outside their rank's span dropped with a warning
 (analyzer/ingest/parse/units.py, analyzer/ingest/strays.py)."""
+
 from __future__ import annotations
 
 import copy
@@ -71,7 +72,9 @@ def test_header_saying_ns_over_us_data_with_ns_decimals_reads_us(tmp_path: Path)
     rt = _load(tmp_path, _with_times(_realistic(), 1, "ns"), "lying.json")
     assert _step_ms(rt) == 95.50025
     (note,) = rt.notes
-    assert note.startswith('timestamps read as microseconds, not nanoseconds (the trace says "displayTimeUnit": \'ns\')')
+    assert note.startswith(
+        "timestamps read as microseconds, not nanoseconds (the trace says \"displayTimeUnit\": 'ns')"
+    )
     assert "100 % of durations have decimals" in note
 
 

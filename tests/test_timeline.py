@@ -1,4 +1,5 @@
 """analyzer.metrics.timeline: binned occupancy and event windows, exact answers."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -32,7 +33,14 @@ def _device_events():
 
 def test_occupancy_device_parts_partition_each_bin_exactly():
     occ = occupancy(_device_events(), origin_ns=1000, span_ns=(0, 200), n_bins=2)
-    assert states_of("device") == ("compute", "overlapped_comm", "collective_wait", "exposed_comm", "exposed_memcpy", "idle")
+    assert states_of("device") == (
+        "compute",
+        "overlapped_comm",
+        "collective_wait",
+        "exposed_comm",
+        "exposed_memcpy",
+        "idle",
+    )
     assert occ["start_ns"].tolist() == [0, 100]
     assert occ["end_ns"].tolist() == [100, 200]
     # Bin 0: compute only [0,40) = 40; overlapped [40,60) = 20; exposed comm [60,100) = 40.
@@ -93,7 +101,9 @@ def test_occupancy_rejects_empty_span():
 
 
 def _steps(pairs):
-    return pd.DataFrame({"step": [p[0] for p in pairs], "start_ns": [p[1] for p in pairs], "end_ns": [p[2] for p in pairs]})
+    return pd.DataFrame(
+        {"step": [p[0] for p in pairs], "start_ns": [p[1] for p in pairs], "end_ns": [p[2] for p in pairs]}
+    )
 
 
 def test_align_origins_uses_first_common_profiler_step():

@@ -4,6 +4,7 @@ the slowest ranks (StragglerResult.slowest) and finished analyses kept (analyzer
 The grid path must give exactly what binning the events gives over the same bin edges
 (analyzer.metrics.timeline.occupancy, waits at collectives included), for GPU and CPU traces.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -66,7 +67,9 @@ def test_grid_bins_equal_event_bins_on_gpu_traces(tmp_path):
 
 def test_grid_bins_equal_event_bins_on_a_cpu_run_with_waits(tmp_path):
     run = tmp_path / "slow"
-    shutil.copytree(REPO / "traces" / "example-ddp-w2-slow-rank1", run, ignore=shutil.ignore_patterns(".analyzer-cache"))
+    shutil.copytree(
+        REPO / "traces" / "example-ddp-w2-slow-rank1", run, ignore=shutil.ignore_patterns(".analyzer-cache")
+    )
     ra = analyze(run)
     assert ra.timeline_windows() == [7]  # the profiler window of rank{R}.step7.json.gz
     _assert_same_as_events(ra, sorted((run / "traces").glob("*.json.gz")))
@@ -105,8 +108,10 @@ def test_timeline_grid_is_bounded_and_covers_the_events():
     from analyzer.ingest.tables import events_from_records
 
     events = events_from_records(
-        [dict(rank=0, cat="user_annotation", name="ProfilerStep#1", start_ns=1_000, end_ns=2_001_000, tid=1),
-         dict(rank=0, cat="kernel", name="sm90_gemm", start_ns=500, end_ns=3_000_500, tid=7)]
+        [
+            dict(rank=0, cat="user_annotation", name="ProfilerStep#1", start_ns=1_000, end_ns=2_001_000, tid=1),
+            dict(rank=0, cat="kernel", name="sm90_gemm", start_ns=500, end_ns=3_000_500, tid=7),
+        ]
     )
     steps = pd.DataFrame({"step": [1], "start_ns": [1_000], "end_ns": [2_001_000]})
     g = timeline_grid(events, steps, "device", None, "rank0.json")
@@ -149,7 +154,9 @@ def test_third_analysis_is_the_stored_one_and_identical(kind, tmp_path, monkeypa
         write_many_rank_traces(folder, world=4, straggler=2)
     else:
         folder = tmp_path / "run"
-        shutil.copytree(REPO / "traces" / "example-ddp-w2-slow-rank1", folder, ignore=shutil.ignore_patterns(".analyzer-cache"))
+        shutil.copytree(
+            REPO / "traces" / "example-ddp-w2-slow-rank1", folder, ignore=shutil.ignore_patterns(".analyzer-cache")
+        )
     fresh = analyze(folder, cache=False)
     analyze(folder)  # parses, writes the rank summaries: not stored (summaries written meanwhile)
     assert _runs(folder) == []
@@ -205,11 +212,11 @@ def test_a_stored_analysis_naming_a_foreign_class_is_ignored(tmp_path):
     data = entry.read_bytes()
     magic = b"trainperf run analysis\n"
     start = len(magic) + 8
-    n = int.from_bytes(data[len(magic):start], "little")
-    meta = orjson.loads(data[start:start + n])
+    n = int.from_bytes(data[len(magic) : start], "little")
+    meta = orjson.loads(data[start : start + n])
     meta["classes"].append(["subprocess", "Popen"])
     planted = orjson.dumps(meta)
-    hurt = magic + len(planted).to_bytes(8, "little") + planted + data[start + n:]
+    hurt = magic + len(planted).to_bytes(8, "little") + planted + data[start + n :]
     entry.write_bytes(hurt)
     again = analyze(folder)  # refused: analyzed from the summaries instead, and the entry rewritten
     assert again.stragglers.ranks == [1] and entry.read_bytes() != hurt
@@ -224,5 +231,9 @@ def test_a_value_the_store_cannot_hold_is_one_warning(tmp_path):
     key = runcache.key_for([folder], None)
     ra.manifest = {"odd": {1, 2}}  # a set: the format holds no sets
     problem = runcache.write(key, ra)
-    assert problem is not None and problem.startswith(key.entry.name) and "could not store the finished analysis" in problem
+    assert (
+        problem is not None
+        and problem.startswith(key.entry.name)
+        and "could not store the finished analysis" in problem
+    )
     assert not key.entry.exists()

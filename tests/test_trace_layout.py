@@ -5,6 +5,7 @@ older runs (and the examples under traces/ in the repository) hold
 ``traces/rank{R}.step{N}.json.gz``. The analyzer groups either by window and
 merges a rank's windows into one trace.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,10 +27,25 @@ OLD = "traces/rank{r}.step{n}.json.gz"
 
 def _metrics(rank: int, step: int) -> dict:
     return {
-        "step": step, "rank": rank, "loss": 5.0, "step_time_ms": 100.0, "data_wait_ms": 1.0, "forward_ms": 30.0,
-        "backward_ms": 50.0, "optimizer_ms": 5.0, "grad_sync_ms": 0.0, "comm_ms": 20.0, "tokens": 512,
-        "tokens_per_s": 5120.0, "mfu": 0.25, "hfu": 0.25, "mem_bytes": 1 << 30, "mem_kind": "cpu_rss",
-        "profiled": step in (2, 5), "lr": 0.001, "time_ns": 1_700_000_000_000_000_000 + step,
+        "step": step,
+        "rank": rank,
+        "loss": 5.0,
+        "step_time_ms": 100.0,
+        "data_wait_ms": 1.0,
+        "forward_ms": 30.0,
+        "backward_ms": 50.0,
+        "optimizer_ms": 5.0,
+        "grad_sync_ms": 0.0,
+        "comm_ms": 20.0,
+        "tokens": 512,
+        "tokens_per_s": 5120.0,
+        "mfu": 0.25,
+        "hfu": 0.25,
+        "mem_bytes": 1 << 30,
+        "mem_kind": "cpu_rss",
+        "profiled": step in (2, 5),
+        "lr": 0.001,
+        "time_ns": 1_700_000_000_000_000_000 + step,
     }
 
 
@@ -39,17 +55,32 @@ def _run(root: Path, layout: str, listed: bool) -> Path:
     traces = []
     for rank in (0, 1):
         (run / "metrics").mkdir(parents=True, exist_ok=True)
-        (run / f"metrics/rank{rank}.jsonl").write_bytes(b"".join(orjson.dumps(_metrics(rank, s)) + b"\n" for s in range(6)))
+        (run / f"metrics/rank{rank}.jsonl").write_bytes(
+            b"".join(orjson.dumps(_metrics(rank, s)) + b"\n" for s in range(6))
+        )
         for n, start in ((2, 0), (5, 10_000)):
             t = KinetoTrace(rank=rank, world_size=2, gpu=False)
             t.step(n, start, 100)
             rel = layout.format(n=n, r=rank)
             t.write(run / rel)
             traces.append(rel)
-    files = {"config": "config.yaml", "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"], "collectives": [],
-             "telemetry": [], "traces": sorted(traces) if listed else [], "checkpoints": []}
-    manifest = {"schema": "reftrain.run/1", "run_id": "run", "status": "completed", "world_size": 2,
-                "backend": "gloo", "files": files, "schemas": {"metrics": "reftrain.metrics/1"}}
+    files = {
+        "config": "config.yaml",
+        "metrics": ["metrics/rank0.jsonl", "metrics/rank1.jsonl"],
+        "collectives": [],
+        "telemetry": [],
+        "traces": sorted(traces) if listed else [],
+        "checkpoints": [],
+    }
+    manifest = {
+        "schema": "reftrain.run/1",
+        "run_id": "run",
+        "status": "completed",
+        "world_size": 2,
+        "backend": "gloo",
+        "files": files,
+        "schemas": {"metrics": "reftrain.metrics/1"},
+    }
     (run / "run.json").write_bytes(orjson.dumps(manifest))
     return run
 

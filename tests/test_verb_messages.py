@@ -1,5 +1,6 @@
 """Every verb says the same about the same input: `analyzer suggest` prints the skipped files and
 the warnings `analyzer report` prints (analyzer/verbs/printable.py, run_messages)."""
+
 from __future__ import annotations
 
 import sys

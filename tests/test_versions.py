@@ -1,4 +1,5 @@
 """Every command answers --version with the installed trainperf version."""
+
 from __future__ import annotations
 
 from importlib import metadata

@@ -33,6 +33,7 @@ off: an entry planted in a shared folder can hold data, never code.
 This module imports neither numpy nor pandas at import time: the CLI
 locates entries before forking the parse workers (analyzer/ingest/jobs.py).
 """
+
 from __future__ import annotations
 
 import glob
@@ -93,7 +94,9 @@ class TraceCache:
         candidates = [self.root] if self.root is not None else [trace_dir / CACHE_DIRNAME, user_cache_dir()]
         chosen = next((c for c in candidates if _usable_dir(c)), None)
         if chosen is None and self.note is None:
-            self.note = f"no writable cache folder ({', '.join(str(c) for c in candidates)}); traces are parsed every time"
+            self.note = (
+                f"no writable cache folder ({', '.join(str(c) for c in candidates)}); traces are parsed every time"
+            )
         self._dirs[trace_dir] = chosen
         return chosen
 
@@ -174,7 +177,9 @@ def _write(entry: Path, parsed: ParsedTrace) -> None:
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, allow_pickle=False, **members)  # uncompressed: zlib would cost 10x the write time for a 5 MB entry
+            np.savez(
+                f, allow_pickle=False, **members
+            )  # uncompressed: zlib would cost 10x the write time for a 5 MB entry
         os.replace(tmp, entry)
     finally:
         if tmp.exists():
@@ -204,9 +209,12 @@ def read_entry(entry: Path, trace: Path) -> ParsedTrace:
             if not isinstance(meta, dict) or meta.get("loader_version") != LOADER_VERSION:
                 raise ValueError(f"loader version {meta.get('loader_version') if isinstance(meta, dict) else '?'}")
             columns = {c: z[c] for c in _CODE_COLUMNS + _INT_COLUMNS}
-            memory = {name[len(_MEMORY_PREFIX):]: z[name] for name in z.files if name.startswith(_MEMORY_PREFIX)}
-        if memory and (set(memory) != set(MEMORY_FIELDS) or len({v.shape for v in memory.values()}) != 1
-                       or any(v.dtype != np.int64 or v.ndim != 1 for v in memory.values())):
+            memory = {name[len(_MEMORY_PREFIX) :]: z[name] for name in z.files if name.startswith(_MEMORY_PREFIX)}
+        if memory and (
+            set(memory) != set(MEMORY_FIELDS)
+            or len({v.shape for v in memory.values()}) != 1
+            or any(v.dtype != np.int64 or v.ndim != 1 for v in memory.values())
+        ):
             raise ValueError("memory columns of unequal length or type")
         rows = int(meta["rows"])
         cats, names = [str(c) for c in meta["cats"]], [str(n) for n in meta["names"]]
@@ -236,11 +244,12 @@ def read_entry(entry: Path, trace: Path) -> ParsedTrace:
             memory=memory,
         )
     except Exception as exc:  # noqa: BLE001 - any failure means "parse again"
-        raise CacheEntryError(f"{Path(trace).name}: cache entry {entry.name} unreadable ({_short(exc)}); parsed again") from None
+        raise CacheEntryError(
+            f"{Path(trace).name}: cache entry {entry.name} unreadable ({_short(exc)}); parsed again"
+        ) from None
     return parsed
 
 
 def _short(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:120]
-

@@ -17,6 +17,7 @@ dict literal reftrain wrote before wrote them.
 
 Torch-free and pandas-free: reftrain's launcher imports this before any rank starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,6 +79,7 @@ def trace_window_dir(step: int) -> str:
 def trace_file(step: int, rank: int) -> str:
     """A rank's trace of the profiler window that ends at ``step``, relative to the traces folder."""
     return f"{trace_window_dir(step)}/rank{rank}.pt.trace.json.gz"
+
 
 T = TypeVar("T", bound="Record")
 _OMIT = "omit_none"
@@ -471,9 +473,25 @@ class MetricsLine(Record):
     # are columns only where the lines carry them, as before they were typed here).
     DTYPES: ClassVar[dict[str, str]] = {}
     TABLE_FIELDS: ClassVar[tuple[str, ...]] = (
-        "step", "rank", "loss", "step_time_ms", "data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms",
-        "grad_sync_ms", "comm_ms", "tokens", "tokens_per_s", "mfu", "hfu", "mem_bytes", "mem_kind",
-        "mem_reserved_bytes", "profiled", "time_ns",
+        "step",
+        "rank",
+        "loss",
+        "step_time_ms",
+        "data_wait_ms",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
+        "grad_sync_ms",
+        "comm_ms",
+        "tokens",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "mem_bytes",
+        "mem_kind",
+        "mem_reserved_bytes",
+        "profiled",
+        "time_ns",
     )
 
 
@@ -495,6 +513,7 @@ MetricsLine.DTYPES = _dtypes(MetricsLine, {"mem_reserved_bytes": "float64"}, Met
 # ---------------------------------------------------------------------------
 # The report document (analyzer.report/1): its top level
 # ---------------------------------------------------------------------------
+
 
 class RunSection(typing.TypedDict):
     """The report's ``run``: the run's identity and its headline figures."""

@@ -36,6 +36,7 @@ before), on a thread named :data:`SPLICED_THREAD_NAME`. A replay that
 matches no capture is left as it was and named in a note, so its kernel
 time stays without FLOPs (the FLOP coverage shows it).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -100,8 +101,11 @@ def launched_kernel_names(path: Path) -> dict[int, str]:
             doc = _LAUNCH_DOC.decode(f.read())
     except (OSError, EOFError, msgspec.DecodeError) as exc:
         raise TraceError(path, f"cannot be read as a trace ({type(exc).__name__}: {str(exc)[:100]})") from None
-    return {e.args.correlation: e.args.kernel for e in doc.traceEvents
-            if e.args is not None and isinstance(e.args.kernel, str) and isinstance(e.args.correlation, int)}
+    return {
+        e.args.correlation: e.args.kernel
+        for e in doc.traceEvents
+        if e.args is not None and isinstance(e.args.kernel, str) and isinstance(e.args.correlation, int)
+    }
 
 
 class _LaunchArgs(msgspec.Struct):
@@ -121,7 +125,9 @@ class _LaunchDoc(msgspec.Struct):
 _LAUNCH_DOC = msgspec.json.Decoder(_LaunchDoc)
 
 
-def captured_graphs(events: pd.DataFrame, kernel_of: dict[int, str], source: str, entry: dict[str, Any]) -> list[CapturedGraph]:
+def captured_graphs(
+    events: pd.DataFrame, kernel_of: dict[int, str], source: str, entry: dict[str, Any]
+) -> list[CapturedGraph]:
     """The graphs captured in one capture trace: one per ``*StreamBeginCapture`` .. ``*StreamEndCapture``
     pair on a thread (in order), each with its kernel launches and the ops around them."""
     names = events["name"].astype(str).to_numpy(object)
@@ -144,14 +150,24 @@ def captured_graphs(events: pd.DataFrame, kernel_of: dict[int, str], source: str
             continue
         launches = events.iloc[rows]
         ops = _enclosing(cpu_ops, launches)
-        graphs.append(CapturedGraph(source, entry.get("batch_size"), entry.get("mode"),
-                                    tuple(kernel_of[int(c)] for c in corr[rows]), launches, ops))
+        graphs.append(
+            CapturedGraph(
+                source,
+                entry.get("batch_size"),
+                entry.get("mode"),
+                tuple(kernel_of[int(c)] for c in corr[rows]),
+                launches,
+                ops,
+            )
+        )
     return graphs
 
 
 def _enclosing(ops: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
     """The ops (same pid and tid) whose interval holds at least one launch call's start."""
-    ops = ops.loc[(ops["pid"].to_numpy() == launches["pid"].iloc[0]) & (ops["tid"].to_numpy() == launches["tid"].iloc[0])]
+    ops = ops.loc[
+        (ops["pid"].to_numpy() == launches["pid"].iloc[0]) & (ops["tid"].to_numpy() == launches["tid"].iloc[0])
+    ]
     t = np.sort(launches["start_ns"].to_numpy(np.int64))
     lo = np.searchsorted(t, ops["start_ns"].to_numpy(np.int64), side="left")
     hi = np.searchsorted(t, ops["end_ns"].to_numpy(np.int64), side="left")
@@ -180,7 +196,9 @@ def load_captures(folder: Path, load: Callable[[Path], Any]) -> tuple[list[Captu
             continue
         found = captured_graphs(rt.events, kernel_of, entry["file"], entry)
         if not found:
-            notes.append(f"capture trace not used: {path}: no kernel launches between a stream's begin and end of capture")
+            notes.append(
+                f"capture trace not used: {path}: no kernel launches between a stream's begin and end of capture"
+            )
         graphs += found
     return graphs, notes
 
@@ -207,8 +225,10 @@ def uncovered_replays_note(events: pd.DataFrame, rows: np.ndarray, n_launches: i
     total = int(dur[(kind == "compute") | (kind == "comm")].sum())
     replayed = int(dur[rows].sum())
     share = 100.0 * replayed / total if total else 0.0
-    return (f"CUDA-graph replays: {replayed / 1e6:.3f} ms of kernels ({share:.1f} % of the GPU kernel time) from "
-            f"{n_launches} graph launches {why}: no ops, shapes or FLOPs for them")
+    return (
+        f"CUDA-graph replays: {replayed / 1e6:.3f} ms of kernels ({share:.1f} % of the GPU kernel time) from "
+        f"{n_launches} graph launches {why}: no ops, shapes or FLOPs for them"
+    )
 
 
 def splice_replays(events: pd.DataFrame, graphs: Sequence[CapturedGraph]) -> tuple[pd.DataFrame, list[str]]:
@@ -249,8 +269,11 @@ def splice_replays(events: pd.DataFrame, graphs: Sequence[CapturedGraph]) -> tup
     if unmapped:
         shown = "; ".join(unmapped[:3]) + (f"; {len(unmapped) - 3} more" if len(unmapped) > 3 else "")
         left = kernel_rows[np.isin(new_corr[kernel_rows], corr[launches])]
-        notes.append(uncovered_replays_note(events, left, len(unmapped),
-                                            f"whose kernels match no captured graph (kernel names in order; {shown})"))
+        notes.append(
+            uncovered_replays_note(
+                events, left, len(unmapped), f"whose kernels match no captured graph (kernel names in order; {shown})"
+            )
+        )
     if not added:
         return events, notes
     out = events.copy()
@@ -265,8 +288,12 @@ def _laid_out(graph: CapturedGraph, launch: pd.Series, ids: np.ndarray) -> pd.Da
     calls["correlation"] = ids
     # Renamed so that launch statistics and sync rules, which go by the runtime call's name, do not take
     # these laid-out rows for calls the host made at replay time: the replay had one call, the graph launch.
-    calls["name"] = calls["name"].cat.remove_unused_categories().cat.rename_categories(lambda n: f"{n}{CAPTURED_SUFFIX}")
-    points = np.unique(np.concatenate([ops["start_ns"], ops["end_ns"], calls["start_ns"], calls["end_ns"]]).astype(np.int64))
+    calls["name"] = (
+        calls["name"].cat.remove_unused_categories().cat.rename_categories(lambda n: f"{n}{CAPTURED_SUFFIX}")
+    )
+    points = np.unique(
+        np.concatenate([ops["start_ns"], ops["end_ns"], calls["start_ns"], calls["end_ns"]]).astype(np.int64)
+    )
     lo, hi = int(launch["start_ns"]), int(launch["end_ns"])
     step = max(1, (hi - lo) // (len(points) + 1))
     rows = pd.concat([ops, calls], ignore_index=True)
@@ -289,14 +316,20 @@ def _concat_sorted(events: pd.DataFrame, added: list[pd.DataFrame]) -> pd.DataFr
         col = f[c]
         return list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else list(pd.unique(col.dropna()))
 
-    cats = {c: pd.Index(list(dict.fromkeys(v for f in frames for v in values(f, c))), dtype=events[c].cat.categories.dtype)
-            for c in categorical}
+    cats = {
+        c: pd.Index(list(dict.fromkeys(v for f in frames for v in values(f, c))), dtype=events[c].cat.categories.dtype)
+        for c in categorical
+    }
     unified = []
     for f in frames:
         f = f.copy(deep=False)
         for c, index in cats.items():
             col = f[c]
-            f[c] = col.cat.set_categories(index) if isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col, categories=index)
+            f[c] = (
+                col.cat.set_categories(index)
+                if isinstance(col.dtype, pd.CategoricalDtype)
+                else pd.Categorical(col, categories=index)
+            )
         f["kind"] = pd.Categorical(f["kind"].astype(object), categories=events["kind"].cat.categories)
         unified.append(f)
     out = pd.concat(unified, ignore_index=True)

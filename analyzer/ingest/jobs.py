@@ -32,6 +32,7 @@ Whatever a worker raises, or a worker that dies (killed by the kernel's OOM
 killer, say), becomes that file's :class:`~analyzer.errors.TraceError`: one
 bad file never ends the analysis of the others.
 """
+
 from __future__ import annotations
 
 import ast
@@ -128,8 +129,12 @@ class ParseJobs:
         n = max(1, min(len(files), workers or usable_cpus()))
         # The parse bounds (analyzer/ingest/limits.py) travel in the environment; a
         # forkserver's children have the server's, so hand them over.
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(self.method),
-                                         initializer=_start_worker, initargs=(limits.environment(),))
+        self._pool = ProcessPoolExecutor(
+            max_workers=n,
+            mp_context=multiprocessing.get_context(self.method),
+            initializer=_start_worker,
+            initargs=(limits.environment(),),
+        )
         for f in files:
             self._pending[f] = self._pool.submit(task, named[f], self._entries.get(f))
 
@@ -172,9 +177,11 @@ class ParseJobs:
         # no Process; each of the three concrete contexts has one.
         context = cast("ForkContext | ForkServerContext | SpawnContext", multiprocessing.get_context(method))
         receive, send = context.Pipe(duplex=False)
-        proc = context.Process(target=_parse_to_pipe,
-                               args=(send, named, self._entries.get(path), limits.environment(), self.task),
-                               daemon=True)
+        proc = context.Process(
+            target=_parse_to_pipe,
+            args=(send, named, self._entries.get(path), limits.environment(), self.task),
+            daemon=True,
+        )
         proc.start()
         send.close()
         try:
@@ -226,7 +233,9 @@ def _start_worker(limits_env: dict[str, str | None] | None) -> None:
         limits.use_environment(limits_env)
 
 
-def _parse_to_pipe(conn, path: Path, entry: Path | None, limits_env: dict | None = None, task: Task = parse_file) -> None:
+def _parse_to_pipe(
+    conn, path: Path, entry: Path | None, limits_env: dict | None = None, task: Task = parse_file
+) -> None:
     _start_worker(limits_env)
     try:
         result = (True, task(path, entry))

@@ -12,6 +12,7 @@ workers. They travel to the workers in the environment
 inherit, so every process that parses a file applies the same bounds
 without each caller threading them through.
 """
+
 from __future__ import annotations
 
 import os
@@ -84,8 +85,9 @@ def apply(limits: ParseLimits) -> None:
         os.environ[var] = repr(getattr(limits, name))
 
 
-def from_options(max_gzip_ratio: float | None = None, max_json_gb: float | None = None,
-                 max_event_mb: float | None = None) -> ParseLimits:
+def from_options(
+    max_gzip_ratio: float | None = None, max_json_gb: float | None = None, max_event_mb: float | None = None
+) -> ParseLimits:
     """The defaults with the CLI's options applied (None keeps a default)."""
     base = ParseLimits()
     return ParseLimits(

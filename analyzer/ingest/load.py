@@ -9,6 +9,7 @@ processes, and the parsed columns kept in a cache (:mod:`analyzer.ingest.cache`,
 written by the parse workers), so a second load reads a few MB of numpy
 arrays instead of re-parsing JSON.
 """
+
 from __future__ import annotations
 
 import os
@@ -109,8 +110,18 @@ class FileFacts:
 
     @classmethod
     def of(cls, rt: RankTrace) -> FileFacts:
-        return cls(rt.path, rt.rank, rt.rank_source, list(rt.notes), rt.steps, rt.world_size,
-                   rt.device_kind, rt.job, rt.first_ns, rt.last_ns)
+        return cls(
+            rt.path,
+            rt.rank,
+            rt.rank_source,
+            list(rt.notes),
+            rt.steps,
+            rt.world_size,
+            rt.device_kind,
+            rt.job,
+            rt.first_ns,
+            rt.last_ns,
+        )
 
 
 _Loaded = TypeVar("_Loaded", RankTrace, FileFacts)
@@ -143,8 +154,14 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
     else:
         replayed, n_launches = replay_kernels(events)
         if len(replayed):
-            notes.append(uncovered_replays_note(events, replayed, n_launches, "and no capture traces beside the trace "
-                                                "(capture_traces/ with execution_details.json)"))
+            notes.append(
+                uncovered_replays_note(
+                    events,
+                    replayed,
+                    n_launches,
+                    "and no capture traces beside the trace (capture_traces/ with execution_details.json)",
+                )
+            )
     return RankTrace(
         rank=resolved,
         path=parsed.path,
@@ -184,8 +201,13 @@ def _with_captured_ops(
     notes.extend(splice_notes)
     if spliced is not events:
         pids = sorted(set(spliced.loc[spliced["tid"] == SPLICED_TID, "pid"].tolist()))
-        extra = pd.DataFrame({"pid": np.array(pids, dtype=np.int64), "tid": np.full(len(pids), SPLICED_TID, dtype=np.int64),
-                              "name": pd.Series([SPLICED_THREAD_NAME] * len(pids), dtype=object)})
+        extra = pd.DataFrame(
+            {
+                "pid": np.array(pids, dtype=np.int64),
+                "tid": np.full(len(pids), SPLICED_TID, dtype=np.int64),
+                "name": pd.Series([SPLICED_THREAD_NAME] * len(pids), dtype=object),
+            }
+        )
         threads = pd.concat([threads, extra], ignore_index=True)
     return spliced, threads
 
@@ -231,7 +253,9 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
         "rank": np.full(n, rank, dtype=np.int32),
         "cat": _compact_categorical(cat_code, cat_list),
         "name": _compact_categorical(name_code, name_list),
-        "kind": pd.Categorical.from_codes(_kind_codes(cat_list, cat_code, name_list, name_code), categories=pd.Index(KINDS)),
+        "kind": pd.Categorical.from_codes(
+            _kind_codes(cat_list, cat_code, name_list, name_code), categories=pd.Index(KINDS)
+        ),
     }
     del cat_code, name_code
     for key in ("pid", "tid", "stream"):
@@ -242,6 +266,7 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     # Sparse columns: row numbers of the file order -> positions in the table.
     position = np.full(len(keep), -1, dtype=np.int64)
     position[order] = np.arange(n)
+
     def scatter(col: str, values: np.ndarray, given: np.ndarray) -> np.ndarray:
         """``values`` with the sparse column's entries (``given``, in its row order) at their table positions."""
         sparse = parsed.sparse[col]
@@ -261,7 +286,9 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
     for col in ("coll_name", "msg_dtype", "pg_name"):
         cats = sorted(set(parsed.sparse[col].values()))
         index = {c: i for i, c in enumerate(cats)}
-        given = np.fromiter((index[v] for v in parsed.sparse[col].values()), dtype=np.int32, count=len(parsed.sparse[col]))
+        given = np.fromiter(
+            (index[v] for v in parsed.sparse[col].values()), dtype=np.int32, count=len(parsed.sparse[col])
+        )
         codes = scatter(col, np.full(n, -1, dtype=np.int32), given)
         frame[col] = pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype="str"))
     events = pd.DataFrame({c: frame[c] for c in COLUMNS}, copy=False)
@@ -555,9 +582,7 @@ def assemble(files: list[Path], loaded: Mapping[Path, _Loaded]) -> tuple[dict[in
         ranks[rank] = kept
     for rank, rt in sorted(ranks.items()):
         if rt.steps.empty:
-            warnings.append(
-                f"{rt.path.name}: no ProfilerStep markers; per-step metrics unavailable for rank {rank}"
-            )
+            warnings.append(f"{rt.path.name}: no ProfilerStep markers; per-step metrics unavailable for rank {rank}")
     _check_step_counts(ranks, warnings)
     _check_world(ranks, warnings)
     _check_one_run(ranks, warnings)
@@ -594,15 +619,19 @@ def _check_one_run(ranks: Mapping[int, _Loaded], warnings: list[str]) -> None:
     if differ:
         groups: dict[tuple[str, ...], list[str]] = {}
         for rt in files:
-            values = tuple(rt.device_kind if k == "device type" else f"{k} {rt.job.get(k, 'not recorded')}" for k in differ)
+            values = tuple(
+                rt.device_kind if k == "device type" else f"{k} {rt.job.get(k, 'not recorded')}" for k in differ
+            )
             groups.setdefault(values, []).append(rt.path.name)
         described = "; ".join(f"{_first_names(names)}: {', '.join(values)}" for values, names in groups.items())
         raise AnalyzerError(
             f"traces of different runs: {described}. Ranks of one run share these; analyze each run's traces on its own"
         )
     # (first_ns, last_ns, file name) of each rank whose trace has a time span, earliest first.
-    timed = sorted(((rt.first_ns, rt.last_ns, rt.path.name) for rt in files
-                    if rt.first_ns is not None and rt.last_ns is not None), key=lambda span: span[0])
+    timed = sorted(
+        ((rt.first_ns, rt.last_ns, rt.path.name) for rt in files if rt.first_ns is not None and rt.last_ns is not None),
+        key=lambda span: span[0],
+    )
     if len(timed) < 2:
         return
     longest_ns = max(last_ns - first_ns for first_ns, last_ns, _ in timed)

@@ -4,6 +4,7 @@ Only the standard library and orjson, so that ``analyzer report`` can find
 a cached report, and the CLI can start parsing traces, before numpy or
 pandas is imported (analyzer/ingest/jobs.py says why).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -259,8 +260,9 @@ def listed_or_found(root: Path, listed: object, pattern: str | tuple[str, ...], 
                 errors.append(f"{rel}: listed in {MANIFEST} but missing")
         return out
     patterns = (pattern,) if isinstance(pattern, str) else pattern
-    found = {str(p.relative_to(root)) for pat in patterns for p in root.glob(pat)
-             if not p.is_dir() and not _hidden(p, root)}
+    found = {
+        str(p.relative_to(root)) for pat in patterns for p in root.glob(pat) if not p.is_dir() and not _hidden(p, root)
+    }
     return sorted(found, key=lambda rel: _natural_key(Path(rel)))
 
 

@@ -12,6 +12,7 @@ schema in the manifest's ``schemas`` (a family with an unknown major is
 skipped with an error line). Minor versions may add fields: unknown fields
 are kept as extra columns.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,9 @@ METRICS_RANGES: dict[str, tuple[str, float, float, bool]] = {
 DERIVED_FIELDS = frozenset({"tokens_per_s", "mfu", "hfu"})
 
 
-def _out_of_range(rec: dict, ranges: dict[str, tuple[str, float, float, bool]],
-                  skip: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+def _out_of_range(
+    rec: dict, ranges: dict[str, tuple[str, float, float, bool]], skip: frozenset[str] = frozenset()
+) -> tuple[str, str] | None:
     """The first field of ``rec`` (not in ``skip``) outside its range, as (field, description); None when all fit."""
     for name, (kind, low, high, low_inclusive) in ranges.items():
         v = rec.get(name)
@@ -301,9 +303,13 @@ def _read_jsonl(
         torn = len(bad) == 1 and bad[0][0] == last_line
         bad_line, bad_reason = bad[0]
         if torn:
-            errors.append(f"{rel}: last line {bad_line} is incomplete ({bad_reason}; run killed while writing?); {len(records)} records read")
+            errors.append(
+                f"{rel}: last line {bad_line} is incomplete ({bad_reason}; run killed while writing?); {len(records)} records read"
+            )
         else:
-            errors.append(f"{rel}: {len(bad)} unreadable lines skipped (first: line {bad_line}, {bad_reason}); {len(records)} records read")
+            errors.append(
+                f"{rel}: {len(bad)} unreadable lines skipped (first: line {bad_line}, {bad_reason}); {len(records)} records read"
+            )
     if not records:
         if not bad and not out_of_range:
             errors.append(f"{rel}: empty")

@@ -5,6 +5,7 @@ path (which parses traces while pandas is still being imported, see
 analyzer/ingest/parse/) can use them; :mod:`analyzer.ingest.tables` re-exports every
 name and documents the columns.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,9 +23,7 @@ KINDS = DEVICE_KINDS + HOST_KINDS
 COMM_KERNEL_RE = re.compile(r"nccl|rccl")
 # Host-side collective ops: c10d dispatcher ops, gloo/nccl annotations and
 # record_param_comms, the marker PyTorch emits around every collective.
-CPU_COMM_RE = re.compile(
-    r"^(c10d::|record_param_comms$|gloo:|nccl:|c10d_functional::)", re.IGNORECASE
-)
+CPU_COMM_RE = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:|c10d_functional::)", re.IGNORECASE)
 # The op names of the FLOP table (analyzer.metrics.flop_table holds their formulas; a test holds the two
 # equal). The loader keeps these ops' shapes and scalar arguments. GEMMs, with scaled (fp8) and grouped (MoE)
 # matmuls; the outer scaled_dot_product_attention is here too, as the MFU's first FLOP op.
@@ -66,10 +65,15 @@ CONV_OPS = frozenset(
 )
 # Convolution gradients (their ``output_mask`` says which of input and weight gradient they compute).
 CONV_BACKWARD_OPS = frozenset(
-    f"aten::{n}" for n in (
-        "convolution_backward", "convolution_backward_overrideable", "cudnn_convolution_backward",
-        "cudnn_convolution_transpose_backward", "miopen_convolution_backward",
-        "miopen_convolution_transpose_backward", "miopen_depthwise_convolution_backward",
+    f"aten::{n}"
+    for n in (
+        "convolution_backward",
+        "convolution_backward_overrideable",
+        "cudnn_convolution_backward",
+        "cudnn_convolution_transpose_backward",
+        "miopen_convolution_backward",
+        "miopen_convolution_transpose_backward",
+        "miopen_depthwise_convolution_backward",
     )
 )
 # Scaled-dot-product attention and the backend ops it dispatches to, which launch its kernels (a kernel
@@ -90,10 +94,14 @@ ATTENTION_INNER_OPS = frozenset(
     {"aten::_scaled_dot_product_attention_math", "aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
 )
 ATTENTION_BACKWARD_OPS = frozenset(
-    f"aten::{n}" for n in (
-        "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward",
-        "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-        "_flash_attention_backward", "_efficient_attention_backward",
+    f"aten::{n}"
+    for n in (
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_flash_attention_backward",
+        "_efficient_attention_backward",
     )
 )
 FLOP_OPS = MATMUL_OPS | CONV_OPS | CONV_BACKWARD_OPS | ATTENTION_OPS | ATTENTION_INNER_OPS | ATTENTION_BACKWARD_OPS
@@ -101,34 +109,102 @@ FLOP_OPS = MATMUL_OPS | CONV_OPS | CONV_BACKWARD_OPS | ATTENTION_OPS | ATTENTION
 # kernels (aten::gelu's kernel, aten::copy_'s for .to()/.contiguous()/clone, aten::native_layer_norm's under
 # aten::layer_norm).
 UNARY_OPS = frozenset(
-    f"aten::{n}" for n in (
-        "copy_", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
-        "erf", "relu", "relu_", "gelu", "gelu_", "silu", "silu_", "hardswish", "leaky_relu", "elu", "pow",
-        "exp_", "sigmoid_", "tanh_", "neg_",
+    f"aten::{n}"
+    for n in (
+        "copy_",
+        "neg",
+        "abs",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "sin",
+        "cos",
+        "tanh",
+        "sigmoid",
+        "erf",
+        "relu",
+        "relu_",
+        "gelu",
+        "gelu_",
+        "silu",
+        "silu_",
+        "hardswish",
+        "leaky_relu",
+        "elu",
+        "pow",
+        "exp_",
+        "sigmoid_",
+        "tanh_",
+        "neg_",
     )
 )
 BINARY_OPS = frozenset(
-    f"aten::{n}" for n in (
-        "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_", "maximum", "minimum",
+    f"aten::{n}"
+    for n in (
+        "add",
+        "add_",
+        "sub",
+        "sub_",
+        "rsub",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "maximum",
+        "minimum",
     )
 )
 REDUCTION_OPS = frozenset(
-    f"aten::{n}" for n in (
-        "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "logsumexp", "var", "std",
-        "linalg_vector_norm", "norm",
+    f"aten::{n}"
+    for n in (
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "argmax",
+        "argmin",
+        "prod",
+        "logsumexp",
+        "var",
+        "std",
+        "linalg_vector_norm",
+        "norm",
     )
 )
 SOFTMAX_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_log_softmax", "aten::log_softmax"})
 NORM_OPS = frozenset(
-    f"aten::{n}" for n in (
-        "native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "native_batch_norm", "batch_norm",
-        "_batch_norm_impl_index", "cudnn_batch_norm", "miopen_batch_norm", "native_group_norm", "group_norm",
+    f"aten::{n}"
+    for n in (
+        "native_layer_norm",
+        "layer_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+        "native_batch_norm",
+        "batch_norm",
+        "_batch_norm_impl_index",
+        "cudnn_batch_norm",
+        "miopen_batch_norm",
+        "native_group_norm",
+        "group_norm",
     )
 )
 MEMORY_BOUND_OPS = UNARY_OPS | BINARY_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
 # Host ops whose ``Concrete Inputs`` (scalar arguments) the loader keeps: convolution geometry, is_causal,
 # the reduced dims, softmax's half_to_float, batch norm's training flag.
-CONCRETE_OPS = CONV_OPS | CONV_BACKWARD_OPS | ATTENTION_OPS | ATTENTION_INNER_OPS | ATTENTION_BACKWARD_OPS | REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS
+CONCRETE_OPS = (
+    CONV_OPS
+    | CONV_BACKWARD_OPS
+    | ATTENTION_OPS
+    | ATTENTION_INNER_OPS
+    | ATTENTION_BACKWARD_OPS
+    | REDUCTION_OPS
+    | SOFTMAX_OPS
+    | NORM_OPS
+)
 # Host ops whose shapes the loader keeps: the FLOP counter's ops, attention's backends and the memory-bound
 # families (the roofline), and the embedding, whose token ids give the tokens per step of a foreign trace
 # (analyzer.metrics.workload).

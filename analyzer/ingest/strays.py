@@ -14,6 +14,7 @@ trace whose events crowd into a short burst (small ``W``) from losing
 its legitimately sparse remainder. Percentiles need a few events on each
 side: ranks with fewer than 20 events are left alone.
 """
+
 from __future__ import annotations
 
 import numpy as np

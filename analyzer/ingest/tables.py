@@ -82,6 +82,7 @@ group_size      int64      ``args["Group size"]``, -1 when absent
 pg_name         category   ``args["Process Group Name"]``, else NaN
 =============== ========== ===================================================
 """
+
 from __future__ import annotations
 
 import re
@@ -189,30 +190,44 @@ def memory_table(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
     without memory events.
     """
     if not columns or not len(columns.get("ts_ns", ())):
-        return pd.DataFrame({"ts_ns": pd.Series(dtype="int64"), "device": pd.Series(dtype=object),
-                             "allocated_bytes": pd.Series(dtype="int64"), "reserved_bytes": pd.Series(dtype="int64"),
-                             "delta_bytes": pd.Series(dtype="int64")})
-    pairs, inv = np.unique(np.stack([columns["device_type"], columns["device_id"]], axis=1), axis=0, return_inverse=True)
+        return pd.DataFrame(
+            {
+                "ts_ns": pd.Series(dtype="int64"),
+                "device": pd.Series(dtype=object),
+                "allocated_bytes": pd.Series(dtype="int64"),
+                "reserved_bytes": pd.Series(dtype="int64"),
+                "delta_bytes": pd.Series(dtype="int64"),
+            }
+        )
+    pairs, inv = np.unique(
+        np.stack([columns["device_type"], columns["device_id"]], axis=1), axis=0, return_inverse=True
+    )
     labels = np.array([device_label(int(t), int(i)) for t, i in pairs], dtype=object)
     inv = inv.reshape(-1)
     order = np.argsort(columns["ts_ns"], kind="stable")
-    return pd.DataFrame({
-        "ts_ns": columns["ts_ns"][order],
-        "device": labels[inv][order],
-        "allocated_bytes": columns["total_allocated"][order],
-        "reserved_bytes": columns["total_reserved"][order],
-        "delta_bytes": columns["bytes"][order],
-    })
+    return pd.DataFrame(
+        {
+            "ts_ns": columns["ts_ns"][order],
+            "device": labels[inv][order],
+            "allocated_bytes": columns["total_allocated"][order],
+            "reserved_bytes": columns["total_reserved"][order],
+            "delta_bytes": columns["bytes"][order],
+        }
+    )
 
 
 def empty_processes() -> pd.DataFrame:
     """A processes table with no rows (see :class:`RankTrace`)."""
-    return pd.DataFrame({"pid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object), "labels": pd.Series(dtype=object)})
+    return pd.DataFrame(
+        {"pid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object), "labels": pd.Series(dtype=object)}
+    )
 
 
 def empty_threads() -> pd.DataFrame:
     """A threads table with no rows (see :class:`RankTrace`)."""
-    return pd.DataFrame({"pid": pd.Series(dtype="int64"), "tid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object)})
+    return pd.DataFrame(
+        {"pid": pd.Series(dtype="int64"), "tid": pd.Series(dtype="int64"), "name": pd.Series(dtype=object)}
+    )
 
 
 @dataclass
@@ -290,7 +305,11 @@ def job_identity(distributed_info: dict) -> dict[str, str]:
     where present; values as text, keys absent from the trace left out."""
     out = {k: str(distributed_info[k]) for k in _JOB_KEYS if distributed_info.get(k) is not None}
     pgs = distributed_info.get("pg_config")
-    default = next((pg for pg in pgs if isinstance(pg, dict) and pg.get("pg_name") == "0"), None) if isinstance(pgs, list) else None
+    default = (
+        next((pg for pg in pgs if isinstance(pg, dict) and pg.get("pg_name") == "0"), None)
+        if isinstance(pgs, list)
+        else None
+    )
     if default is not None:
         for key in ("backend_config", "pg_size"):
             if default.get(key) is not None:
@@ -322,13 +341,15 @@ def steps_from_events(events: pd.DataFrame) -> pd.DataFrame:
     rows = np.flatnonzero(mask)
     kinds = events["kind"].to_numpy(object)[rows]
     cats_at = events["cat"].to_numpy(object)[rows]
-    host = np.array([k not in DEVICE_KINDS and str(c) != "gpu_user_annotation" for k, c in zip(kinds, cats_at)],
-                    dtype=bool)
+    host = np.array(
+        [k not in DEVICE_KINDS and str(c) != "gpu_user_annotation" for k, c in zip(kinds, cats_at)], dtype=bool
+    )
     rows = rows[host]
     out = pd.DataFrame(
         {
-            "step": np.array([int(str(n)[len("ProfilerStep#"):]) for n in events["name"].to_numpy(object)[rows]],
-                             dtype=np.int64),
+            "step": np.array(
+                [int(str(n)[len("ProfilerStep#") :]) for n in events["name"].to_numpy(object)[rows]], dtype=np.int64
+            ),
             "start_ns": events["start_ns"].to_numpy(np.int64)[rows],
             "end_ns": events["end_ns"].to_numpy(np.int64)[rows],
         }

@@ -48,6 +48,7 @@ window, exactly (tests/test_metrics_attribution.py).
 Everything is vectorized: the host ranges of one thread nest like a call
 stack (analyzer.metrics.nesting).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -75,8 +76,23 @@ RECOMPUTE_SUFFIX = " (recompute)"
 CONV_ENTRY = "aten::convolution"
 
 KERNEL_COLUMNS = (
-    "name", "kind", "cls", "stream", "start_ns", "dur_ns", "launch_tid", "graph", "op", "backward",
-    "attributed_op", "module", "annotation", "shape_op", "input_dims", "input_types", "concrete_inputs",
+    "name",
+    "kind",
+    "cls",
+    "stream",
+    "start_ns",
+    "dur_ns",
+    "launch_tid",
+    "graph",
+    "op",
+    "backward",
+    "attributed_op",
+    "module",
+    "annotation",
+    "shape_op",
+    "input_dims",
+    "input_types",
+    "concrete_inputs",
 )
 
 
@@ -126,8 +142,15 @@ class _Events:
         pc, pids = pd.factorize(events["pid"].to_numpy(np.int64))
         tc, tids = pd.factorize(events["tid"].to_numpy(np.int64))
         tkey, threads = pd.factorize(pc.astype(np.int64) * (len(tids) + 1) + tc)
-        return cls(_object_names(events["name"]), tkey.astype(np.int64), events["start_ns"].to_numpy(np.int64),
-                   events["end_ns"].to_numpy(np.int64), pd.Index(pids), pd.Index(tids), pd.Index(threads))
+        return cls(
+            _object_names(events["name"]),
+            tkey.astype(np.int64),
+            events["start_ns"].to_numpy(np.int64),
+            events["end_ns"].to_numpy(np.int64),
+            pd.Index(pids),
+            pd.Index(tids),
+            pd.Index(threads),
+        )
 
     def key_of(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         """Thread keys of (pid, tid) pairs; -1 for a thread with no event (never: launches are events)."""
@@ -149,7 +172,7 @@ def _object_names(column: pd.Series) -> np.ndarray:
 
 def _module_paths(mods: _Host) -> np.ndarray:
     """Path of each module range: the enclosing module ranges' names joined by ``/`` (object array)."""
-    names = np.array([n[len(MODULE_PREFIX):] for n in mods.names], dtype=object)
+    names = np.array([n[len(MODULE_PREFIX) :] for n in mods.names], dtype=object)
     paths = names.copy()
     for level in range(1, int(mods.depth.max()) + 1 if len(names) else 0):
         idx = np.flatnonzero(mods.depth == level)
@@ -208,8 +231,13 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     # Recompute (activation checkpointing): a forward op (Fwd thread id 0) run inside a node, and the ops under
     # it, are forward work reported as their own op marked RECOMPUTE_SUFFIX, not as the node's backward.
     in_node = nearest_node >= 0
-    recomputed = nearest(ops.parent, in_node & (seq >= 0) & (fwd_tid == 0) & ~node
-                         & ~_starts_with(events["name"], "autograd::")[ops.rows]) >= 0
+    recomputed = (
+        nearest(
+            ops.parent,
+            in_node & (seq >= 0) & (fwd_tid == 0) & ~node & ~_starts_with(events["name"], "autograd::")[ops.rows],
+        )
+        >= 0
+    )
     backward = in_node & ~recomputed
     # The outermost node around each op: each node's enclosing node, then the root of that forest.
     idx = np.arange(n_ops)
@@ -246,8 +274,11 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     on = np.flatnonzero(is_outer_node)
     if len(on):
         f = fwd_of_node[on]
-        key[on] = np.where(f >= 0, op_names[np.clip(f, 0, None)],
-                           np.array([n.removeprefix(EVALUATE_PREFIX) for n in op_names[on]], dtype=object))
+        key[on] = np.where(
+            f >= 0,
+            op_names[np.clip(f, 0, None)],
+            np.array([n.removeprefix(EVALUATE_PREFIX) for n in op_names[on]], dtype=object),
+        )
     # Module of each op: the innermost module range at its start; backward ops take their forward op's.
     mod_paths = _module_paths(mods)
     op_module = _take(mod_paths, mods.at(ops.tkey, ops.start))
@@ -264,7 +295,9 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     l_pid = lk["pid"].fillna(-1).to_numpy(np.int64)
     l_tid = lk["tid"].fillna(-1).to_numpy(np.int64)
     l_t = lk["start_ns"].fillna(-1).to_numpy(np.int64)
-    graph = has_launch & (np.isin(_launch_names(events, dev_rows, ev.names), list(GRAPH_LAUNCHES)) | (l_tid == SPLICED_TID))
+    graph = has_launch & (
+        np.isin(_launch_names(events, dev_rows, ev.names), list(GRAPH_LAUNCHES)) | (l_tid == SPLICED_TID)
+    )
     q_tkey = np.full(len(dev_rows), -1, dtype=np.int64)
     q_tkey[has_launch] = ev.key_of(l_pid[has_launch], l_tid[has_launch])
     op_pos = np.where(has_launch, ops.at(q_tkey, l_t), -1)
@@ -324,17 +357,45 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     )
     # Text columns as object arrays, as the kernels' (pandas 3 would convert 40k op names to its str dtype).
     at = pd.RangeIndex(n_ops)
-    ops_out = pd.DataFrame({
-        "name": _obj(op_names, at), "tid": events["tid"].to_numpy(np.int64)[ops.rows], "start_ns": ops.start,
-        "end_ns": ops.end, "parent": ops.parent, "depth": ops.depth, "backward": backward, "key": _obj(key, at),
-        "node": outer, "module": _obj(op_module_attr, at), "is_outer_node": is_outer_node,
-    }, index=at)
+    ops_out = pd.DataFrame(
+        {
+            "name": _obj(op_names, at),
+            "tid": events["tid"].to_numpy(np.int64)[ops.rows],
+            "start_ns": ops.start,
+            "end_ns": ops.end,
+            "parent": ops.parent,
+            "depth": ops.depth,
+            "backward": backward,
+            "key": _obj(key, at),
+            "node": outer,
+            "module": _obj(op_module_attr, at),
+            "is_outer_node": is_outer_node,
+        },
+        index=at,
+    )
     at = pd.RangeIndex(len(mods.rows))
-    mods_out = pd.DataFrame({"name": _obj(mods.names, at), "start_ns": mods.start, "end_ns": mods.end,
-                             "parent": mods.parent, "depth": mods.depth, "path": _obj(mod_paths, at)}, index=at)
+    mods_out = pd.DataFrame(
+        {
+            "name": _obj(mods.names, at),
+            "start_ns": mods.start,
+            "end_ns": mods.end,
+            "parent": mods.parent,
+            "depth": mods.depth,
+            "path": _obj(mod_paths, at),
+        },
+        index=at,
+    )
     at = pd.RangeIndex(len(annos.rows))
-    annos_out = pd.DataFrame({"name": _obj(annos.names, at), "start_ns": annos.start, "end_ns": annos.end,
-                              "parent": annos.parent, "depth": annos.depth}, index=at)
+    annos_out = pd.DataFrame(
+        {
+            "name": _obj(annos.names, at),
+            "start_ns": annos.start,
+            "end_ns": annos.end,
+            "parent": annos.parent,
+            "depth": annos.depth,
+        },
+        index=at,
+    )
     tid_codes, tid_values = pd.factorize(ops_out["tid"].to_numpy(np.int64))
     main_tid = int(tid_values[np.bincount(tid_codes).argmax()]) if n_ops else None
     return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
@@ -353,7 +414,9 @@ def _take(values: np.ndarray, pos: np.ndarray, missing: object = None) -> np.nda
     out = values[np.clip(pos, 0, None)]
     if missing is None:
         out = out.astype(object)
-    result: np.ndarray = np.where(pos >= 0, out, np.asarray(missing, dtype=out.dtype if missing is not None else object))
+    result: np.ndarray = np.where(
+        pos >= 0, out, np.asarray(missing, dtype=out.dtype if missing is not None else object)
+    )
     return result
 
 
@@ -466,8 +529,11 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     n_ops = len(o)
     # --- ops
     attr_ns = np.bincount(k["attr_pos"].to_numpy(np.int64)[found], weights=dur[found], minlength=n_ops)
-    graph_ns = np.bincount(k["attr_pos"].to_numpy(np.int64)[found & k["graph"].to_numpy(bool)],
-                           weights=dur[found & k["graph"].to_numpy(bool)], minlength=n_ops)
+    graph_ns = np.bincount(
+        k["attr_pos"].to_numpy(np.int64)[found & k["graph"].to_numpy(bool)],
+        weights=dur[found & k["graph"].to_numpy(bool)],
+        minlength=n_ops,
+    )
     n_k = np.bincount(k["attr_pos"].to_numpy(np.int64)[found], minlength=n_ops)
     launched = k["op_pos"].to_numpy(np.int64)
     own_ns = np.bincount(launched[launched >= 0], weights=dur[launched >= 0], minlength=n_ops)
@@ -484,18 +550,21 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     top = ~nested
     m = len(uniq_codes)
     if m:
-        ops_t = pd.DataFrame({
-            "op": np.asarray(key_names, dtype=object)[uniq_codes // 2],
-            "backward": (uniq_codes % 2).astype(bool),
-            "calls": np.bincount(codes, minlength=m).astype(np.int64),
-            "host_ms": np.bincount(codes[top], weights=host_ns[top], minlength=m) / 1e6,
-            "device_ms": np.bincount(codes, weights=attr_ns, minlength=m) / 1e6,
-            "device_inclusive_ms": np.bincount(codes[top], weights=incl_ns[top], minlength=m) / 1e6,
-            "graph_ms": np.bincount(codes, weights=graph_ns, minlength=m) / 1e6,
-            "n_kernels": np.bincount(codes, weights=n_k, minlength=m).astype(np.int64),
-        })
-        ops_t = ops_t.sort_values(["device_ms", "device_inclusive_ms", "op"], ascending=[False, False, True],
-                                  kind="stable").reset_index(drop=True)
+        ops_t = pd.DataFrame(
+            {
+                "op": np.asarray(key_names, dtype=object)[uniq_codes // 2],
+                "backward": (uniq_codes % 2).astype(bool),
+                "calls": np.bincount(codes, minlength=m).astype(np.int64),
+                "host_ms": np.bincount(codes[top], weights=host_ns[top], minlength=m) / 1e6,
+                "device_ms": np.bincount(codes, weights=attr_ns, minlength=m) / 1e6,
+                "device_inclusive_ms": np.bincount(codes[top], weights=incl_ns[top], minlength=m) / 1e6,
+                "graph_ms": np.bincount(codes, weights=graph_ns, minlength=m) / 1e6,
+                "n_kernels": np.bincount(codes, weights=n_k, minlength=m).astype(np.int64),
+            }
+        )
+        ops_t = ops_t.sort_values(
+            ["device_ms", "device_inclusive_ms", "op"], ascending=[False, False, True], kind="stable"
+        ).reset_index(drop=True)
     else:
         ops_t = empty_frame(OPS_COLUMNS)
     # --- shapes (only ops whose shapes the loader keeps)
@@ -517,21 +586,25 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         rank_in_row = np.arange(len(order)) - np.searchsorted(g_row_sorted, g_row_sorted, side="left")
         keep = order[rank_in_row < TOP_KERNELS_PER_OP]
         cls = k["cls"].to_numpy(object)[found]
-        op_kernels = pd.DataFrame({
-            "op": pd.Series(np.asarray(key_names, dtype=object)[uniq_codes[g_row[keep]] // 2], dtype=object),
-            "backward": (uniq_codes[g_row[keep]] % 2).astype(bool),
-            "kernel": pd.Series(np.asarray(kname_values, dtype=object)[g_name[keep]], dtype=object),
-            "cls": pd.Series(cls[first[keep]], dtype=object),
-            "count": g_n[keep].astype(np.int64),
-            "device_ms": g_ms[keep],
-        })
+        op_kernels = pd.DataFrame(
+            {
+                "op": pd.Series(np.asarray(key_names, dtype=object)[uniq_codes[g_row[keep]] // 2], dtype=object),
+                "backward": (uniq_codes[g_row[keep]] % 2).astype(bool),
+                "kernel": pd.Series(np.asarray(kname_values, dtype=object)[g_name[keep]], dtype=object),
+                "cls": pd.Series(cls[first[keep]], dtype=object),
+                "count": g_n[keep].astype(np.int64),
+                "device_ms": g_ms[keep],
+            }
+        )
     else:
         op_kernels = empty_frame(OP_KERNELS_COLUMNS)
     modules = _module_table(ka)
     annotations = _annotation_table(ka, events)
     kb = k["backward"].to_numpy(bool)
     graph = k["graph"].to_numpy(bool)
-    other = (k["launch_tid"].to_numpy(np.int64) >= 0) & (k["launch_tid"].to_numpy(np.int64) != (ka.main_tid if ka.main_tid is not None else -2))
+    other = (k["launch_tid"].to_numpy(np.int64) >= 0) & (
+        k["launch_tid"].to_numpy(np.int64) != (ka.main_tid if ka.main_tid is not None else -2)
+    )
     step_ns = int((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else 0
     totals = {
         "device_ns": int(dur.sum()),
@@ -547,7 +620,11 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         "n_unattributed": int((~found).sum()),
     }
     # Text as categoricals: a rank summary stores each distinct name once (kernel names repeat across ops).
-    for frame, cols in ((ops_t, ("op",)), (shapes, ("op", "input_dims", "input_types", "concrete_inputs")), (op_kernels, ("op", "kernel", "cls"))):
+    for frame, cols in (
+        (ops_t, ("op",)),
+        (shapes, ("op", "input_dims", "input_types", "concrete_inputs")),
+        (op_kernels, ("op", "kernel", "cls")),
+    ):
         for c in cols:
             if len(frame):
                 frame[c] = frame[c].astype("category")
@@ -562,12 +639,18 @@ def _shape_table(k: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     thousand kernels, where pandas' groupby machinery cost more than the arithmetic. Device time is
     summed in integer ns, then scaled: exact.
     """
+
     def text(column: str) -> np.ndarray:  # the rows' values, "" where missing
         values = k[column].to_numpy(object)[rows]
         return np.where(pd.isna(values), "", values)
 
-    keys = [k["shape_op"].to_numpy(object)[rows], k["backward"].to_numpy(bool)[rows],
-            k["input_dims"].to_numpy(object)[rows], text("input_types"), text("concrete_inputs")]
+    keys = [
+        k["shape_op"].to_numpy(object)[rows],
+        k["backward"].to_numpy(bool)[rows],
+        k["input_dims"].to_numpy(object)[rows],
+        text("input_types"),
+        text("concrete_inputs"),
+    ]
     group = np.zeros(len(rows), dtype=np.int64)
     for values in keys:  # (group so far, next key) pairs renumbered: the codes stay below len(rows)
         codes, uniq = pd.factorize(values)
@@ -582,13 +665,18 @@ def _shape_table(k: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     call = k["shape_call"].to_numpy(np.int64)[rows] + 1  # op positions, -1 for none
     width = int(call.max()) + 1
     pairs = np.unique(group * width + call)
-    table = pd.DataFrame({
-        "op": keys[0][first], "backward": keys[1][first], "input_dims": keys[2][first],
-        "input_types": keys[3][first], "concrete_inputs": keys[4][first],
-        "calls": np.bincount(pairs // width, minlength=n).astype(np.int64),
-        "n_kernels": np.bincount(group, minlength=n).astype(np.int64),
-        "device_ms": device_ns / 1e6,
-    })
+    table = pd.DataFrame(
+        {
+            "op": keys[0][first],
+            "backward": keys[1][first],
+            "input_dims": keys[2][first],
+            "input_types": keys[3][first],
+            "concrete_inputs": keys[4][first],
+            "calls": np.bincount(pairs // width, minlength=n).astype(np.int64),
+            "n_kernels": np.bincount(group, minlength=n).astype(np.int64),
+            "device_ms": device_ns / 1e6,
+        }
+    )
     return table.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
@@ -610,12 +698,24 @@ def _module_table(ka: KernelAttribution) -> pd.DataFrame:
     # Backward host time and calls: the outermost autograd nodes, under their forward op's module (self).
     nodes = o.loc[o["is_outer_node"].to_numpy(bool) & o["module"].notna().to_numpy()]
     if len(nodes):
-        frames.append(pd.DataFrame({"module": nodes["module"].to_numpy(object), "backward": True, "calls": 1,
-                                    "host_ns": (nodes["end_ns"] - nodes["start_ns"]).to_numpy(np.float64),
-                                    "self_host": True}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "module": nodes["module"].to_numpy(object),
+                    "backward": True,
+                    "calls": 1,
+                    "host_ns": (nodes["end_ns"] - nodes["start_ns"]).to_numpy(np.float64),
+                    "self_host": True,
+                }
+            )
+        )
     if not frames and selfd.empty:
         return empty_frame(MODULES_COLUMNS)
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["module", "backward", "calls", "host_ns"])
+    rows = (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(columns=["module", "backward", "calls", "host_ns"])
+    )
     if "self_host" not in rows.columns:
         rows["self_host"] = False
     rows["self_host"] = rows["self_host"].fillna(False).astype(bool)
@@ -638,8 +738,13 @@ def _module_table(ka: KernelAttribution) -> pd.DataFrame:
     host_b = bwd_rows.groupby(["module", "backward"])["host_ns"].sum()
     # Inclusive: a row's own plus every row whose path extends it (same direction).
     pos = {key: i for i, key in enumerate(zip(table["module"], table["backward"]))}
-    parent = np.array([pos.get(("/".join(m.split("/")[:-1]), b), -1) if "/" in m else -1
-                       for m, b in zip(table["module"], table["backward"])], dtype=np.int64)
+    parent = np.array(
+        [
+            pos.get(("/".join(m.split("/")[:-1]), b), -1) if "/" in m else -1
+            for m, b in zip(table["module"], table["backward"])
+        ],
+        dtype=np.int64,
+    )
     depth = table["depth"].to_numpy(np.int64)
     incl = subtree_sum(parent, depth, self_ns)
     # Backward host time is known per node's module (self); forward per module range (already inclusive).
@@ -663,8 +768,9 @@ def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFra
     cost more than the sums); GPU copies' time summed in integer ns, then scaled.
     """
     k, an = ka.kernels, ka.annotations
-    gpu_rows = np.flatnonzero(is_in(events["cat"], ("gpu_user_annotation",))
-                              & ~_starts_with(events["name"], "ProfilerStep#"))
+    gpu_rows = np.flatnonzero(
+        is_in(events["cat"], ("gpu_user_annotation",)) & ~_starts_with(events["name"], "ProfilerStep#")
+    )
     if an.empty and not len(gpu_rows):
         return empty_frame(ANNOTATIONS_COLUMNS)
     n = len(an)
@@ -687,17 +793,20 @@ def _annotation_table(ka: KernelAttribution, events: pd.DataFrame) -> pd.DataFra
     g_ns = events["end_ns"].to_numpy(np.int64)[gpu_rows] - events["start_ns"].to_numpy(np.int64)[gpu_rows]
     g_sum = np.zeros(m, dtype=np.int64)
     np.add.at(g_sum, g_code, g_ns)
-    table = pd.DataFrame({
-        "name": pd.Series(list(row_of), dtype=object),
-        "calls": np.bincount(codes, minlength=m).astype(np.int64),
-        "host_ms": np.bincount(codes[top], weights=hd[top], minlength=m) / 1e6,
-        "device_self_ms": np.bincount(codes, weights=own, minlength=m) / 1e6,
-        "device_ms": np.bincount(codes[top], weights=incl[top], minlength=m) / 1e6,
-        "gpu_calls": np.bincount(g_code, minlength=m).astype(np.int64),
-        "gpu_ms": g_sum / 1e6,
-    })
-    return table.sort_values(["device_ms", "gpu_ms", "name"], ascending=[False, False, True],
-                             kind="stable").reset_index(drop=True)[list(ANNOTATIONS_COLUMNS)]
+    table = pd.DataFrame(
+        {
+            "name": pd.Series(list(row_of), dtype=object),
+            "calls": np.bincount(codes, minlength=m).astype(np.int64),
+            "host_ms": np.bincount(codes[top], weights=hd[top], minlength=m) / 1e6,
+            "device_self_ms": np.bincount(codes, weights=own, minlength=m) / 1e6,
+            "device_ms": np.bincount(codes[top], weights=incl[top], minlength=m) / 1e6,
+            "gpu_calls": np.bincount(g_code, minlength=m).astype(np.int64),
+            "gpu_ms": g_sum / 1e6,
+        }
+    )
+    return table.sort_values(
+        ["device_ms", "gpu_ms", "name"], ascending=[False, False, True], kind="stable"
+    ).reset_index(drop=True)[list(ANNOTATIONS_COLUMNS)]
 
 
 # ---------------------------------------------------------------------------
@@ -724,8 +833,13 @@ class RunAttribution:
     op_kernels: pd.DataFrame
     totals: pd.DataFrame
 
-    KEYS = {"ops": ["op", "backward"], "shapes": ["op", "backward", "input_dims", "input_types", "concrete_inputs"],
-            "modules": ["module", "backward"], "annotations": ["name"], "op_kernels": ["op", "backward", "kernel", "cls"]}
+    KEYS = {
+        "ops": ["op", "backward"],
+        "shapes": ["op", "backward", "input_dims", "input_types", "concrete_inputs"],
+        "modules": ["module", "backward"],
+        "annotations": ["name"],
+        "op_kernels": ["op", "backward", "kernel", "cls"],
+    }
 
     def summed(self, name: str) -> pd.DataFrame:
         """Table ``name`` summed over ranks: rows keyed as per rank, ``n_ranks`` ranks having the row, and for
@@ -743,7 +857,9 @@ class RunAttribution:
     def _summed(self, name: str) -> pd.DataFrame:
         frame, keys = getattr(self, name), self.KEYS[name]
         if frame.empty:
-            empty: pd.DataFrame = frame.drop(columns=[c for c in ("rank", "share_of_step_pct", "share_of_device_pct") if c in frame.columns])
+            empty: pd.DataFrame = frame.drop(
+                columns=[c for c in ("rank", "share_of_step_pct", "share_of_device_pct") if c in frame.columns]
+            )
             return empty
         out = _sum_over_ranks(frame, keys)
         if name == "modules":
@@ -756,8 +872,11 @@ class RunAttribution:
             out["share_of_step_pct"] = 100.0 * out["device_ms"] / step_ms if step_ms > 0 else np.nan
             out["share_of_device_pct"] = 100.0 * out["device_ms"] / device_ms if device_ms > 0 else np.nan
         if name == "ops":
-            out = out.sort_values(["device_ms", "device_inclusive_ms", "host_ms", "op"],
-                                  ascending=[False, False, False, True], kind="stable")
+            out = out.sort_values(
+                ["device_ms", "device_inclusive_ms", "host_ms", "op"],
+                ascending=[False, False, False, True],
+                kind="stable",
+            )
         result: pd.DataFrame = out.reset_index(drop=True)
         return result
 
@@ -800,12 +919,24 @@ def _sum_over_ranks_grouped(frame: pd.DataFrame, keys: list[str]) -> pd.DataFram
     return out.reset_index()
 
 
-_TOTAL_PCTS = (("attributed", "attributed_ns"), ("unattributed", "unattributed_ns"), ("graph", "graph_ns"),
-               ("backward", "backward_ns"), ("other_thread", "other_thread_ns"), ("module", "module_ns"),
-               ("annotated", "annotated_ns"))
+_TOTAL_PCTS = (
+    ("attributed", "attributed_ns"),
+    ("unattributed", "unattributed_ns"),
+    ("graph", "graph_ns"),
+    ("backward", "backward_ns"),
+    ("other_thread", "other_thread_ns"),
+    ("module", "module_ns"),
+    ("annotated", "annotated_ns"),
+)
 # RunAttribution.totals: one row per rank (the same columns when no rank has tables).
-TOTALS_COLUMNS = ("rank", "device_ms", "step_ms", "n_device", "n_unattributed",
-                  *(f"{label}_{unit}" for label, _ in _TOTAL_PCTS for unit in ("ms", "pct")))
+TOTALS_COLUMNS = (
+    "rank",
+    "device_ms",
+    "step_ms",
+    "n_device",
+    "n_unattributed",
+    *(f"{label}_{unit}" for label, _ in _TOTAL_PCTS for unit in ("ms", "pct")),
+)
 
 
 def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttribution:
@@ -832,8 +963,13 @@ def run_attribution(parts: dict[int, AttributionTables | None]) -> RunAttributio
     for rank, a in have.items():
         t = a.totals
         dev = t.get("device_ns", 0)
-        row: dict[str, float | int | None] = {"rank": rank, "device_ms": dev / 1e6, "step_ms": t.get("step_ns", 0) / 1e6,
-               "n_device": t.get("n_device", 0), "n_unattributed": t.get("n_unattributed", 0)}
+        row: dict[str, float | int | None] = {
+            "rank": rank,
+            "device_ms": dev / 1e6,
+            "step_ms": t.get("step_ns", 0) / 1e6,
+            "n_device": t.get("n_device", 0),
+            "n_unattributed": t.get("n_unattributed", 0),
+        }
         for label, key in _TOTAL_PCTS:
             row[f"{label}_ms"] = t.get(key, 0) / 1e6
             row[f"{label}_pct"] = 100.0 * t.get(key, 0) / dev if dev else None

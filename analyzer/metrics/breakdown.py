@@ -38,6 +38,7 @@ phase's time, as the trainer's own phase timers see it; ``comm_ms``
 (the union of collective time in ``W``, both timelines) is reported beside
 the parts and is not one of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,7 +53,14 @@ from analyzer.ingest.tables import DEVICE_KINDS
 
 Source = Literal["device", "host"]
 
-DEVICE_PARTS = ("compute_ms", "overlapped_comm_ms", "collective_wait_ms", "exposed_comm_ms", "exposed_memcpy_ms", "idle_ms")
+DEVICE_PARTS = (
+    "compute_ms",
+    "overlapped_comm_ms",
+    "collective_wait_ms",
+    "exposed_comm_ms",
+    "exposed_memcpy_ms",
+    "idle_ms",
+)
 # record_function names the reference trainer wraps its phases in.
 HOST_PHASES = ("data", "forward", "backward", "optimizer", "grad_sync")
 # Which phase an instant belongs to when ranges overlap (nesting): the more
@@ -237,7 +245,11 @@ def breakdown_pieces(events: pd.DataFrame, steps: pd.DataFrame, source: Source |
 
 
 def parts_with_waits(
-    parts_ns: dict[str, np.ndarray], movable: dict[str, Intervals], waits: Intervals | None, lo: np.ndarray, hi: np.ndarray
+    parts_ns: dict[str, np.ndarray],
+    movable: dict[str, Intervals],
+    waits: Intervals | None,
+    lo: np.ndarray,
+    hi: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """``parts_ns`` (ns per window ``[lo, hi)``, before the waits) with ``|movable ∩ A ∩ W|``
     moved from each part to ``collective_wait_ms`` (:class:`BreakdownPieces`); new arrays."""

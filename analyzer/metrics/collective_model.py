@@ -17,13 +17,19 @@ From it:
 
 The suggestion rules read these (analyzer/verbs/suggest/facts.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-TIMES_COLUMNS: dict[str, str] = {"step": "int64", "bytes": "float64", "kind": "object", "start_ns": "float64",
-                                 "end_ns": "float64"}
+TIMES_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "bytes": "float64",
+    "kind": "object",
+    "start_ns": "float64",
+    "end_ns": "float64",
+}
 
 
 def collective_times(collectives: pd.DataFrame) -> pd.DataFrame:
@@ -39,8 +45,15 @@ def collective_times(collectives: pd.DataFrame) -> pd.DataFrame:
     first = collectives["first_arrival_ns"].to_numpy(np.int64)
     start = (first - first.min()).astype(np.float64) + collectives["skew_ms"].to_numpy(np.float64) * 1e6
     end = start + collectives["duration_ms"].to_numpy(np.float64) * 1e6
-    out = pd.DataFrame({"step": collectives["step"].to_numpy(np.int64), "bytes": collectives["bytes"].to_numpy(np.float64),
-                        "kind": collectives["kind"].astype(str).to_numpy(object), "start_ns": start, "end_ns": end})
+    out = pd.DataFrame(
+        {
+            "step": collectives["step"].to_numpy(np.int64),
+            "bytes": collectives["bytes"].to_numpy(np.float64),
+            "kind": collectives["kind"].astype(str).to_numpy(object),
+            "start_ns": start,
+            "end_ns": end,
+        }
+    )
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
@@ -120,4 +133,11 @@ def sync_delay_ms(collectives: pd.DataFrame) -> dict[int, float]:
     return out
 
 
-__all__ = ["TIMES_COLUMNS", "collective_times", "collective_tail_ms", "fit_alpha_beta", "service_times_ms", "sync_delay_ms"]
+__all__ = [
+    "TIMES_COLUMNS",
+    "collective_times",
+    "collective_tail_ms",
+    "fit_alpha_beta",
+    "service_times_ms",
+    "sync_delay_ms",
+]

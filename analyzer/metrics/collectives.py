@@ -19,6 +19,7 @@ Definitions (docs/suggestions.md, "Communication from the trace alone"):
   over that kind's collectives (needs two or more distinct sizes);
 - diagnosis over the collectives with a known size, by their time share.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,17 @@ from analyzer.metrics.text import text_map
 from analyzer.metrics.dtypes import MESSAGE_DTYPE_BYTES
 from analyzer.metrics.stragglers import _busbw_factor
 
-COLUMNS = ("kind", "start_ns", "duration_ns", "size_bytes", "group_size", "dtype", "algbw_gbps", "busbw_gbps", "protocol")
+COLUMNS = (
+    "kind",
+    "start_ns",
+    "duration_ns",
+    "size_bytes",
+    "group_size",
+    "dtype",
+    "algbw_gbps",
+    "busbw_gbps",
+    "protocol",
+)
 
 # NCCL's protocol in the kernel name (``ncclKernel_AllReduce_RING_LL_Sum_float``,
 # ``ncclDevKernel_AllGather_RING_LL128``): NCCL's tuner picks LL only for small
@@ -90,19 +101,23 @@ def collective_table(events: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(duration > 0, size / duration, np.nan)  # bytes/ns == GB/s
     factor = np.array([_busbw_factor(str(k), int(m)) for k, m in zip(kinds, group)], dtype=np.float64)
-    return pd.DataFrame(
-        {
-            "kind": kinds,
-            "start_ns": comm["start_ns"].to_numpy(np.int64),
-            "duration_ns": duration,
-            "size_bytes": size,
-            "group_size": group,
-            "dtype": dtype,
-            "algbw_gbps": algbw,
-            "busbw_gbps": algbw * factor,
-            "protocol": [protocol_of(str(n)) for n in comm["name"].astype(object)],
-        }
-    ).sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return (
+        pd.DataFrame(
+            {
+                "kind": kinds,
+                "start_ns": comm["start_ns"].to_numpy(np.int64),
+                "duration_ns": duration,
+                "size_bytes": size,
+                "group_size": group,
+                "dtype": dtype,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * factor,
+                "protocol": [protocol_of(str(n)) for n in comm["name"].astype(object)],
+            }
+        )
+        .sort_values("start_ns", kind="stable")
+        .reset_index(drop=True)
+    )
 
 
 def protocol_of(kernel_name: str) -> str | None:
@@ -178,21 +193,33 @@ def diagnose(table: pd.DataFrame, link_gbps: float | None) -> CommDiagnosis | No
         "link_gbps": link_gbps,
     }
     if small_share > 0.5:
-        return CommDiagnosis("latency_bound", f"{small_share:.0%} of collective time is in {int(small.sum())} messages under {SMALL_BYTES >> 20} MiB", ev)
+        return CommDiagnosis(
+            "latency_bound",
+            f"{small_share:.0%} of collective time is in {int(small.sum())} messages under {SMALL_BYTES >> 20} MiB",
+            ev,
+        )
     busbw = known.loc[~small, "busbw_gbps"].to_numpy(np.float64)
     busbw = busbw[np.isfinite(busbw)]
     if busbw.size == 0 or not link_gbps:
-        return CommDiagnosis("mixed", "large collectives cannot be rated: no bus bandwidth or no link peak for this device", ev)
+        return CommDiagnosis(
+            "mixed", "large collectives cannot be rated: no bus bandwidth or no link peak for this device", ev
+        )
     med = float(np.median(busbw))
     spread = float((np.percentile(busbw, 90) - np.percentile(busbw, 10)) / med) if med > 0 else float("inf")
     large_dur = dur[~small]
-    ev.update(large_count=int((~small).sum()),
-              large_size_median_bytes=float(np.median(known["size_bytes"].to_numpy(np.float64)[~small])),
-              large_duration_p10_us=float(np.percentile(large_dur, 10)) / 1e3,
-              large_duration_p90_us=float(np.percentile(large_dur, 90)) / 1e3,
-              large_busbw_median_gbps=med, large_busbw_spread=spread, fraction_of_peak=med / link_gbps)
+    ev.update(
+        large_count=int((~small).sum()),
+        large_size_median_bytes=float(np.median(known["size_bytes"].to_numpy(np.float64)[~small])),
+        large_duration_p10_us=float(np.percentile(large_dur, 10)) / 1e3,
+        large_duration_p90_us=float(np.percentile(large_dur, 90)) / 1e3,
+        large_busbw_median_gbps=med,
+        large_busbw_spread=spread,
+        fraction_of_peak=med / link_gbps,
+    )
     if med >= NEAR_PEAK * link_gbps:
-        return CommDiagnosis("bandwidth_bound", f"large collectives reach {med / link_gbps:.0%} of the {link_gbps:g} GB/s link", ev)
+        return CommDiagnosis(
+            "bandwidth_bound", f"large collectives reach {med / link_gbps:.0%} of the {link_gbps:g} GB/s link", ev
+        )
     if med < FAR_BELOW * link_gbps and spread >= WIDE_SPREAD:
         return CommDiagnosis(
             "waiting",
@@ -225,7 +252,9 @@ def diagnose_unsized(table: pd.DataFrame) -> CommDiagnosis | None:
     long_ = dur > WAIT_FACTOR * median
     total = float(dur.sum())
     wait_share = float((dur - median)[long_].sum()) / total
-    proto = rows["protocol"].astype(object).to_numpy() if "protocol" in rows.columns else np.full(len(rows), None, object)
+    proto = (
+        rows["protocol"].astype(object).to_numpy() if "protocol" in rows.columns else np.full(len(rows), None, object)
+    )
     ll = proto == "LL"
     ll_share = float(dur[ll].sum()) / total
     ev: dict[str, Any] = {
@@ -248,5 +277,9 @@ def diagnose_unsized(table: pd.DataFrame) -> CommDiagnosis | None:
             ev,
         )
     if ll_share > 0.5:
-        return CommDiagnosis("latency_bound", f"{ll_share:.0%} of collective time is in NCCL LL-protocol kernels (small messages)", ev)
-    return CommDiagnosis("mixed", f"no message sizes; {wait_share:.0%} of collective time over {WAIT_FACTOR:g}x the median", ev)
+        return CommDiagnosis(
+            "latency_bound", f"{ll_share:.0%} of collective time is in NCCL LL-protocol kernels (small messages)", ev
+        )
+    return CommDiagnosis(
+        "mixed", f"no message sizes; {wait_share:.0%} of collective time over {WAIT_FACTOR:g}x the median", ev
+    )

@@ -20,6 +20,7 @@ falls back as for an inconsistent GEMM.
 The loader keeps ``Concrete Inputs`` for :data:`analyzer.ingest.schema.CONV_OPS`
 only; :func:`analyzer.metrics.matmul_flops.matmul_ops` calls this for them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -81,9 +82,15 @@ def _per_dim(v: object, n: int, what: str) -> list[int]:
 
 
 # Position of output_padding (transposed convolutions only; their output's spatial size needs it).
-_OUTPUT_PADDING = {"aten::convolution": 7, "aten::_convolution": 7, "aten::cudnn_convolution_transpose": 3,
-                   "aten::miopen_convolution_transpose": 4,
-                   "aten::conv_transpose1d": 5, "aten::conv_transpose2d": 5, "aten::conv_transpose3d": 5}
+_OUTPUT_PADDING = {
+    "aten::convolution": 7,
+    "aten::_convolution": 7,
+    "aten::cudnn_convolution_transpose": 3,
+    "aten::miopen_convolution_transpose": 4,
+    "aten::conv_transpose1d": 5,
+    "aten::conv_transpose2d": 5,
+    "aten::conv_transpose3d": 5,
+}
 
 
 def conv_flops(name: str, dims: list[list[int]], concrete: Sequence[str]) -> int:
@@ -129,8 +136,10 @@ def conv_geometry(name: str, dims: list[list[int]], concrete: Sequence[str]) -> 
         p = _per_dim(pad, n_sp, "padding")
         i_op = _OUTPUT_PADDING.get(name)
         op_ = _per_dim(_value(concrete, i_op, "0"), n_sp, "output_padding") if i_op is not None else [0] * n_sp
-        out = [(i - 1) * s - 2 * pp + d * (k - 1) + o + 1
-               for i, s, pp, d, k, o in zip(x[2:], stride, p, dilation, kernel, op_)]
+        out = [
+            (i - 1) * s - 2 * pp + d * (k - 1) + o + 1
+            for i, s, pp, d, k, o in zip(x[2:], stride, p, dilation, kernel, op_)
+        ]
         if any(o < 1 for o in out):
             raise ShapeError(f"transposed output spatial dims {out} from input {x} and weight {w}")
         flops = 2 * batch * math.prod(x[2:]) * c_in * math.prod(kernel) * (c_out // groups)

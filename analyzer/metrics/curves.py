@@ -23,6 +23,7 @@ no rows, and ``missing`` says why.
 :func:`smooth` is the optional smoothing of a chart: the trailing mean over
 the last ``window`` steps present (fewer at the start), per run and metric.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -96,8 +97,11 @@ class Curves:
 def training_curves(manifest: RunManifest | Mapping[str, Any] | None, metrics: pd.DataFrame | None) -> Curves:
     """The per-step curves of a run (see module doc)."""
     if manifest is None or metrics is None or metrics.empty or "step" not in metrics.columns:
-        reason = ("a folder of traces has no per-step metrics records" if manifest is None
-                  else "no metrics records (metrics/rank*.jsonl)")
+        reason = (
+            "a folder of traces has no per-step metrics records"
+            if manifest is None
+            else "no metrics records (metrics/rank*.jsonl)"
+        )
         return Curves(missing={m: reason for m in METRICS})
     man = RunManifest.read(manifest)
     warmup = man.warmup_steps or 0
@@ -118,14 +122,22 @@ def training_curves(manifest: RunManifest | Mapping[str, Any] | None, metrics: p
         if name not in rows.columns:
             missing[name] = f"the metrics records have no {name} field"
             continue
-        values = pd.DataFrame({"step": rows["step"].astype("int64"), "rank": rows["rank"],
-                               "value": pd.to_numeric(rows[name], errors="coerce").astype("float64")})
+        values = pd.DataFrame(
+            {
+                "step": rows["step"].astype("int64"),
+                "rank": rows["rank"],
+                "value": pd.to_numeric(rows[name], errors="coerce").astype("float64"),
+            }
+        )
         values = values[np.isfinite(values["value"].to_numpy())]
         if values.empty:
             missing[name] = f"no record has a {name} value" + (
-                " (grad_norm is null when optim.grad_clip is 0)" if name == "grad_norm" else "")
+                " (grad_norm is null when optim.grad_clip is 0)" if name == "grad_norm" else ""
+            )
             continue
-        per_step = values.groupby("step", sort=True).agg(value=("value", how), n_ranks=("rank", "nunique")).reset_index()
+        per_step = (
+            values.groupby("step", sort=True).agg(value=("value", how), n_ranks=("rank", "nunique")).reset_index()
+        )
         per_step.insert(0, "metric", name)
         parts.append(per_step)
     if not parts:
@@ -144,8 +156,8 @@ def smooth(table: pd.DataFrame, window: int, by: tuple[str, ...] = ("metric",)) 
         raise ValueError(f"smoothing window must be at least 1 step, got {window}")
     out = table.sort_values([*by, "step"]).reset_index(drop=True)
     if window > 1 and len(out):
-        out["value"] = (
-            out.groupby(list(by), sort=False)["value"].transform(lambda v: v.rolling(window, min_periods=1).mean())
+        out["value"] = out.groupby(list(by), sort=False)["value"].transform(
+            lambda v: v.rolling(window, min_periods=1).mean()
         )
     return out
 

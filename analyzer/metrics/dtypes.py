@@ -5,6 +5,7 @@ precision (analyzer.metrics.op_models), the FLOP counter's dtype
 (analyzer.metrics.matmul_flops), activation sizes (analyzer.metrics.workload)
 and collective message sizes (analyzer.metrics.stragglers, collectives).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -40,13 +41,29 @@ def float_key(types: Iterable[object]) -> str | None:
             return FLOAT_KEYS[t]
     return None
 
+
 # A collective message's dtype as the trace names it -> bytes per element: record_param_comms' ``dtype``
 # (c10::ScalarType names: Float, BFloat16, Long, ...), torch/numpy names, and the "Input type" spellings
 # (gloo's annotations carry their input's).
 MESSAGE_DTYPE_BYTES: dict[str, int] = {
     **{t: size for t, (size, _) in INPUT_TYPES.items()},
-    "Float": 4, "float32": 4, "Double": 8, "float64": 8,
-    "Half": 2, "float16": 2, "BFloat16": 2, "bfloat16": 2,
-    "Long": 8, "int64": 8, "Int": 4, "int32": 4, "Short": 2, "int16": 2,
-    "Byte": 1, "uint8": 1, "Char": 1, "int8": 1, "Bool": 1,
+    "Float": 4,
+    "float32": 4,
+    "Double": 8,
+    "float64": 8,
+    "Half": 2,
+    "float16": 2,
+    "BFloat16": 2,
+    "bfloat16": 2,
+    "Long": 8,
+    "int64": 8,
+    "Int": 4,
+    "int32": 4,
+    "Short": 2,
+    "int16": 2,
+    "Byte": 1,
+    "uint8": 1,
+    "Char": 1,
+    "int8": 1,
+    "Bool": 1,
 }

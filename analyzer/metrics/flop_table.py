@@ -53,6 +53,7 @@ Layouts: the ``aten::_scaled_dot_product_*`` ops and the outer
 A variable-length call (``cum_seq_q`` recorded) has per-sequence lengths
 the trace does not hold: its FLOPs are unknown (:class:`ShapeError`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -63,8 +64,16 @@ from typing import Any
 from analyzer.metrics.conv_flops import CONV_SCHEMAS, conv_geometry
 from analyzer.metrics.shapes import ShapeError, arg, bias_fits, broadcast, inner, prod, shape
 
-__all__ = ["BACKWARD_RATIO", "FLOP_TABLE", "FlopModel", "ShapeError", "causal_fraction", "flops_of", "is_causal",
-           "op_flops"]
+__all__ = [
+    "BACKWARD_RATIO",
+    "FLOP_TABLE",
+    "FlopModel",
+    "ShapeError",
+    "causal_fraction",
+    "flops_of",
+    "is_causal",
+    "op_flops",
+]
 
 # Backward over forward FLOPs per family, for a family whose backward ops the trace lacks (module docstring).
 BACKWARD_RATIO = {"gemm": 2.0, "conv": 2.0, "attention": 2.5}
@@ -176,8 +185,10 @@ def _qkv(dims: Dims, first: int, heads_first: bool) -> tuple[int, int, int, int,
         seq_v = v[-2]
     else:
         if len(q) != 4 or len(k) != 4 or len(v) != 4:
-            raise ShapeError(f"attention needs [B, L, H, E] operands (a variable-length call's lengths are not "
-                             f"recorded): {q}, {k}, {v}")
+            raise ShapeError(
+                f"attention needs [B, L, H, E] operands (a variable-length call's lengths are not "
+                f"recorded): {q}, {k}, {v}"
+            )
         bh, seq_q, seq_k, seq_v = q[0] * q[2], q[1], k[1], v[1]
     inner(q[-1], k[-1], q, k)
     if seq_k != seq_v:
@@ -190,6 +201,7 @@ def _sdpa(first: int = 0, heads_first: bool = True) -> Callable[[Dims, Concrete]
     def forward(dims: Dims, _c: Concrete) -> int:
         bh, lq, sk, e, ev = _qkv(dims, first, heads_first)
         return 2 * bh * lq * sk * (e + ev)
+
     return forward
 
 
@@ -197,16 +209,19 @@ def _sdpa_backward(heads_first: bool = True) -> Callable[[Dims, Concrete], int]:
     def backward(dims: Dims, _c: Concrete) -> int:
         bh, lq, sk, e, ev = _qkv(dims, 1, heads_first)  # grad_out first
         return 2 * bh * lq * sk * (3 * e + 2 * ev)
+
     return backward
 
 
 def _varlen_free(formula: Callable[[Dims, Concrete], int], cum_seq_arg: int) -> Callable[[Dims, Concrete], int]:
     """A formula that refuses variable-length calls (their per-sequence lengths are not in the trace)."""
+
     def checked(dims: Dims, c: Concrete) -> int:
         cum = arg(dims, cum_seq_arg)
         if isinstance(cum, list) and cum:
             raise ShapeError(f"variable-length attention (cum_seq {cum}): per-sequence lengths not recorded")
         return formula(dims, c)
+
     return checked
 
 
@@ -228,6 +243,7 @@ def _conv(name: str) -> Callable[[Dims, Concrete], int]:
         if concrete is None:
             raise ShapeError("no recorded Concrete Inputs (stride, padding, dilation, groups)")
         return conv_geometry(name, dims, concrete)[0]
+
     return forward
 
 
@@ -241,10 +257,12 @@ def _literal(concrete: Concrete, i: int | None) -> object:
         return None
 
 
-def _conv_backward(grad: int, inp: int, transposed: int | bool, groups: int, mask: int
-                   ) -> Callable[[Dims, Concrete], int]:
+def _conv_backward(
+    grad: int, inp: int, transposed: int | bool, groups: int, mask: int
+) -> Callable[[Dims, Concrete], int]:
     """convolution_backward-like ops: argument positions of grad_output, input (the weight follows the
     later of the two), ``transposed`` (or the fixed value), ``groups`` and ``output_mask``."""
+
     def backward(dims: Dims, concrete: Concrete) -> int:
         g, x = shape(arg(dims, grad), what="grad_output"), shape(arg(dims, inp), what="input")
         w = shape(arg(dims, max(grad, inp) + 1), what="weight")
@@ -266,6 +284,7 @@ def _conv_backward(grad: int, inp: int, transposed: int | bool, groups: int, mas
                 raise ShapeError(f"input {x}, weight {w}, grad_output {g} and groups {n_groups} disagree")
             forward = 2 * g[0] * prod(g[2:]) * w[0] * w[1] * prod(w[2:])
         return forward * (int(flags[0]) + int(flags[1]))
+
     return backward
 
 
@@ -312,12 +331,10 @@ def _table() -> dict[str, FlopModel]:
     # cum_seq_k, max_q, max_k, dropout_p), 7 (CPU flash: after dropout_p), 11 (efficient: after attn_bias, out,
     # logsumexp, philox_seed, philox_offset, dropout_p, grad_input_mask), 14 (cudnn).
     t["aten::_scaled_dot_product_flash_attention_backward"] = FlopModel("attention", True, _sdpa_backward(), 11)
-    t["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] = FlopModel(
-        "attention", True, _sdpa_backward(), 7)
+    t["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] = FlopModel("attention", True, _sdpa_backward(), 7)
     t["aten::_scaled_dot_product_efficient_attention_backward"] = FlopModel("attention", True, _sdpa_backward(), 11)
     t["aten::_scaled_dot_product_cudnn_attention_backward"] = FlopModel("attention", True, _sdpa_backward(), 14)
-    t["aten::_flash_attention_backward"] = FlopModel(
-        "attention", True, _varlen_free(_sdpa_backward(False), 6), 11)
+    t["aten::_flash_attention_backward"] = FlopModel("attention", True, _varlen_free(_sdpa_backward(False), 6), 11)
     t["aten::_efficient_attention_backward"] = FlopModel("attention", True, _varlen_free(_sdpa_backward(False), 6))
     return t
 

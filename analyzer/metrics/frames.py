@@ -1,4 +1,5 @@
 """Small table helpers shared by the metrics."""
+
 from __future__ import annotations
 
 from typing import Iterable

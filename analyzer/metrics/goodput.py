@@ -37,6 +37,7 @@ directory, counts its own start-up (the checkpoint load).
 Withheld (None) without a start time, without step records, or for a
 restarted run whose records carry no ``attempt``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -93,7 +94,9 @@ def goodput(manifest: RunManifest | Mapping[str, Any], metrics: pd.DataFrame) ->
         return None  # restarted, but the records do not say which attempt ran them: withheld
     m = metrics.copy()
     m["attempt"] = m["attempt"].fillna(0).astype("int64") if "attempt" in m else 0
-    per = m.groupby(["attempt", "step"], sort=True).agg(step_ms=("step_time_ms", "max"), data_ms=("data_wait_ms", "max"))
+    per = m.groupby(["attempt", "step"], sort=True).agg(
+        step_ms=("step_time_ms", "max"), data_ms=("data_wait_ms", "max")
+    )
     r0 = m[m["rank"] == m["rank"].min()].set_index(["attempt", "step"])["time_ns"]
     per = per.join(r0.rename("end_ns"), how="inner")
     per["end_s"] = per["end_ns"] / 1e9
@@ -141,5 +144,12 @@ def goodput(manifest: RunManifest | Mapping[str, Any], metrics: pd.DataFrame) ->
     productive = float((kept["step_ms"] - kept["data_ms"]).sum()) / 1e3
     lost["other"] = wall - productive - sum(lost.values())
     hung = sum(a.status == "hung" for a in attempts)
-    return Goodput(wall, productive, lost, len(attempts), len(redone), hung_attempts=hung,
-                   preempted=attempts[-1].status == "preempted")
+    return Goodput(
+        wall,
+        productive,
+        lost,
+        len(attempts),
+        len(redone),
+        hung_attempts=hung,
+        preempted=attempts[-1].status == "preempted",
+    )

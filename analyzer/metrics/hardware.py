@@ -17,6 +17,7 @@ Patterns are tried in order on the lower-cased device name (as
 ``torch.cuda.get_device_name`` or Kineto's ``deviceProperties`` write it);
 more specific names first.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,46 +39,104 @@ class GpuModel:
 
 GPU_PEAKS: tuple[GpuModel, ...] = (
     # NVIDIA Blackwell. HGX B200 / GB200 NVL72 datasheets (2024), per GPU, dense = half the sparse figures.
-    GpuModel(r"gb200", "GB200", {"fp8": 5000 * _T, "bf16": 2500 * _T, "fp16": 2500 * _T, "tf32": 1250 * _T, "fp32": 90 * _T},
-             "NVIDIA GB200 NVL72 datasheet (per GPU)"),
-    GpuModel(r"b200", "B200", {"fp8": 4500 * _T, "bf16": 2250 * _T, "fp16": 2250 * _T, "tf32": 1100 * _T, "fp32": 75 * _T},
-             "NVIDIA HGX B200 datasheet (1000 W, per GPU)"),
+    GpuModel(
+        r"gb200",
+        "GB200",
+        {"fp8": 5000 * _T, "bf16": 2500 * _T, "fp16": 2500 * _T, "tf32": 1250 * _T, "fp32": 90 * _T},
+        "NVIDIA GB200 NVL72 datasheet (per GPU)",
+    ),
+    GpuModel(
+        r"b200",
+        "B200",
+        {"fp8": 4500 * _T, "bf16": 2250 * _T, "fp16": 2250 * _T, "tf32": 1100 * _T, "fp32": 75 * _T},
+        "NVIDIA HGX B200 datasheet (1000 W, per GPU)",
+    ),
     # NVIDIA Hopper. H100 and H200 datasheets (H200 keeps H100's compute).
-    GpuModel(r"h200.*nvl", "H200 NVL", {"fp8": 1670.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T},
-             "NVIDIA H200 datasheet (NVL)"),
-    GpuModel(r"h200", "H200 SXM", {"fp8": 1978.9 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T},
-             "NVIDIA H200 datasheet (SXM)"),
-    GpuModel(r"h100.*nvl", "H100 NVL", {"fp8": 1670.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T},
-             "NVIDIA H100 datasheet (NVL)"),
-    GpuModel(r"h100.*pcie", "H100 PCIe", {"fp8": 1513 * _T, "bf16": 756 * _T, "fp16": 756 * _T, "tf32": 378 * _T, "fp32": 51.2 * _T},
-             "NVIDIA H100 datasheet (PCIe)"),
-    GpuModel(r"gh200|h100", "H100 SXM", {"fp8": 1978.9 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T},
-             "NVIDIA H100 datasheet (SXM)"),
+    GpuModel(
+        r"h200.*nvl",
+        "H200 NVL",
+        {"fp8": 1670.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T},
+        "NVIDIA H200 datasheet (NVL)",
+    ),
+    GpuModel(
+        r"h200",
+        "H200 SXM",
+        {"fp8": 1978.9 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T},
+        "NVIDIA H200 datasheet (SXM)",
+    ),
+    GpuModel(
+        r"h100.*nvl",
+        "H100 NVL",
+        {"fp8": 1670.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T, "tf32": 417.5 * _T, "fp32": 60 * _T},
+        "NVIDIA H100 datasheet (NVL)",
+    ),
+    GpuModel(
+        r"h100.*pcie",
+        "H100 PCIe",
+        {"fp8": 1513 * _T, "bf16": 756 * _T, "fp16": 756 * _T, "tf32": 378 * _T, "fp32": 51.2 * _T},
+        "NVIDIA H100 datasheet (PCIe)",
+    ),
+    GpuModel(
+        r"gh200|h100",
+        "H100 SXM",
+        {"fp8": 1978.9 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "tf32": 494.7 * _T, "fp32": 66.9 * _T},
+        "NVIDIA H100 datasheet (SXM)",
+    ),
     # NVIDIA Ampere: A100 (SXM and PCIe share the tensor-core peak), A10/A10G, A30, A40.
-    GpuModel(r"a100|a800", "A100", {"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
-             "NVIDIA A100 datasheet"),
+    GpuModel(
+        r"a100|a800",
+        "A100",
+        {"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T},
+        "NVIDIA A100 datasheet",
+    ),
     # A10G is AWS's variant of the A10; NVIDIA publishes no separate datasheet, so the A10's is used.
-    GpuModel(r"a10g?\b", "A10", {"bf16": 125 * _T, "fp16": 125 * _T, "tf32": 62.5 * _T, "fp32": 31.2 * _T},
-             "NVIDIA A10 datasheet"),
-    GpuModel(r"a30\b", "A30", {"bf16": 165 * _T, "fp16": 165 * _T, "tf32": 82 * _T, "fp32": 1300e9},
-             "NVIDIA A30 datasheet"),
-    GpuModel(r"a40\b", "A40", {"bf16": 149.7 * _T, "fp16": 149.7 * _T, "tf32": 74.8 * _T, "fp32": 37.4 * _T},
-             "NVIDIA A40 datasheet"),
+    GpuModel(
+        r"a10g?\b",
+        "A10",
+        {"bf16": 125 * _T, "fp16": 125 * _T, "tf32": 62.5 * _T, "fp32": 31.2 * _T},
+        "NVIDIA A10 datasheet",
+    ),
+    GpuModel(
+        r"a30\b", "A30", {"bf16": 165 * _T, "fp16": 165 * _T, "tf32": 82 * _T, "fp32": 1300e9}, "NVIDIA A30 datasheet"
+    ),
+    GpuModel(
+        r"a40\b",
+        "A40",
+        {"bf16": 149.7 * _T, "fp16": 149.7 * _T, "tf32": 74.8 * _T, "fp32": 37.4 * _T},
+        "NVIDIA A40 datasheet",
+    ),
     # NVIDIA Ada: L40S, L4 (fp8 tensor cores).
-    GpuModel(r"l40s", "L40S", {"fp8": 733 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T},
-             "NVIDIA L40S datasheet"),
-    GpuModel(r"\bl4\b", "L4", {"fp8": 242.5 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "tf32": 60 * _T, "fp32": 3300e9},
-             "NVIDIA L4 datasheet"),
+    GpuModel(
+        r"l40s",
+        "L40S",
+        {"fp8": 733 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T},
+        "NVIDIA L40S datasheet",
+    ),
+    GpuModel(
+        r"\bl4\b",
+        "L4",
+        {"fp8": 242.5 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "tf32": 60 * _T, "fp32": 3300e9},
+        "NVIDIA L4 datasheet",
+    ),
     # Volta/Turing: fp16 tensor cores only; no TF32 (fp32 matmuls run on FP32 cores, so the tf32
     # key carries the fp32 rate) and no bf16.
-    GpuModel(r"v100", "V100 SXM2", {"fp16": 125 * _T, "tf32": 15.7 * _T, "fp32": 15.7 * _T},
-             "NVIDIA V100 datasheet (SXM2)"),
+    GpuModel(
+        r"v100", "V100 SXM2", {"fp16": 125 * _T, "tf32": 15.7 * _T, "fp32": 15.7 * _T}, "NVIDIA V100 datasheet (SXM2)"
+    ),
     GpuModel(r"\bt4\b", "T4", {"fp16": 65 * _T, "tf32": 8.1 * _T, "fp32": 8.1 * _T}, "NVIDIA T4 datasheet"),
     # AMD Instinct (ROCm reports "AMD Instinct MI300X"): CDNA3 / CDNA2 datasheets, dense matrix peaks.
-    GpuModel(r"mi325x|mi300x", "MI300X", {"fp8": 2614.9 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T, "tf32": 653.7 * _T, "fp32": 163.4 * _T},
-             "AMD Instinct MI300X / MI325X datasheets"),
-    GpuModel(r"mi250x", "MI250X", {"bf16": 383 * _T, "fp16": 383 * _T, "tf32": 95.7 * _T, "fp32": 95.7 * _T},
-             "AMD Instinct MI250X datasheet (FP32 matrix)"),
+    GpuModel(
+        r"mi325x|mi300x",
+        "MI300X",
+        {"fp8": 2614.9 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T, "tf32": 653.7 * _T, "fp32": 163.4 * _T},
+        "AMD Instinct MI300X / MI325X datasheets",
+    ),
+    GpuModel(
+        r"mi250x",
+        "MI250X",
+        {"bf16": 383 * _T, "fp16": 383 * _T, "tf32": 95.7 * _T, "fp32": 95.7 * _T},
+        "AMD Instinct MI250X datasheet (FP32 matrix)",
+    ),
 )
 
 _LABELS = {"fp8": "fp8 dense", "bf16": "bf16 dense", "fp16": "fp16 dense", "tf32": "tf32 dense", "fp32": "fp32"}
@@ -107,7 +166,8 @@ def datasheet_peak(device_name: str, dtype_key: str) -> TablePeak | None:
     if model is None or dtype_key not in model.peaks_per_s:
         return None
     return TablePeak(
-        model.peaks_per_s[dtype_key], dtype_key,
+        model.peaks_per_s[dtype_key],
+        dtype_key,
         f"{model.label} {_LABELS[dtype_key]} (datasheet: {model.source}; device '{device_name}')",
     )
 
@@ -119,6 +179,7 @@ def datasheet_peak(device_name: str, dtype_key: str) -> TablePeak | None:
 # one-direction bandwidth (nccl-tests doc/PERFORMANCE.md, "bus bandwidth"),
 # so every figure here is unidirectional GB/s (1e9 bytes/s) per GPU: half
 # the "total" or "bidirectional" figure datasheets print.
+
 
 @dataclass(frozen=True)
 class LinkPeak:
@@ -132,14 +193,26 @@ class LinkPeak:
 # Scale-up fabric per GPU model: pattern (same matching as GPU_PEAKS), label, link peak.
 GPU_LINKS: tuple[tuple[str, LinkPeak], ...] = (
     (r"gb200|b200", LinkPeak("NVLink 5", 900.0, "NVIDIA HGX B200 / GB200 datasheets: NVLink 1.8 TB/s total per GPU")),
-    (r"h200.*nvl|h100.*nvl", LinkPeak("NVLink bridge", 300.0, "NVIDIA H100/H200 NVL datasheets: NVLink bridge 600 GB/s total")),
+    (
+        r"h200.*nvl|h100.*nvl",
+        LinkPeak("NVLink bridge", 300.0, "NVIDIA H100/H200 NVL datasheets: NVLink bridge 600 GB/s total"),
+    ),
     (r"h100.*pcie", LinkPeak("NVLink bridge", 300.0, "NVIDIA H100 PCIe datasheet: NVLink bridge 600 GB/s total")),
     (r"gh200|h200|h100", LinkPeak("NVLink 4", 450.0, "NVIDIA H100/H200 SXM datasheets: NVLink 900 GB/s total per GPU")),
     (r"a100|a800", LinkPeak("NVLink 3", 300.0, "NVIDIA A100 datasheet: NVLink 600 GB/s total per GPU (SXM)")),
     (r"v100", LinkPeak("NVLink 2", 150.0, "NVIDIA V100 datasheet: NVLink 300 GB/s total per GPU (SXM2)")),
-    (r"mi325x|mi300x", LinkPeak("xGMI (Infinity Fabric)", 448.0,
-                                "AMD Instinct MI300X datasheet: 7 x 128 GB/s bidirectional Infinity Fabric links, 896 GB/s total")),
-    (r"mi250x", LinkPeak("xGMI (Infinity Fabric)", 400.0, "AMD Instinct MI250X datasheet: 800 GB/s peak Infinity Fabric total")),
+    (
+        r"mi325x|mi300x",
+        LinkPeak(
+            "xGMI (Infinity Fabric)",
+            448.0,
+            "AMD Instinct MI300X datasheet: 7 x 128 GB/s bidirectional Infinity Fabric links, 896 GB/s total",
+        ),
+    ),
+    (
+        r"mi250x",
+        LinkPeak("xGMI (Infinity Fabric)", 400.0, "AMD Instinct MI250X datasheet: 800 GB/s peak Infinity Fabric total"),
+    ),
 )
 
 # Links without a per-model figure: PCIe x16 per direction (PCI-SIG base specs: 16 GT/s and 32 GT/s
@@ -190,8 +263,10 @@ GPU_HBM: tuple[tuple[str, MemoryPeak], ...] = (
     (r"h100.*nvl", MemoryPeak("H100 NVL", 3.9 * _T, "NVIDIA H100 datasheet (NVL): HBM3 3.9 TB/s")),
     (r"h100.*pcie", MemoryPeak("H100 PCIe", 2.0 * _T, "NVIDIA H100 datasheet (PCIe): HBM2e 2 TB/s")),
     (r"h100", MemoryPeak("H100 SXM", 3.35 * _T, "NVIDIA H100 datasheet (SXM): HBM3 3.35 TB/s")),
-    (r"(a100|a800).*80gb.*pcie|(a100|a800).*pcie.*80gb",
-     MemoryPeak("A100 80GB PCIe", 1935e9, "NVIDIA A100 datasheet: 80 GB PCIe HBM2e 1,935 GB/s")),
+    (
+        r"(a100|a800).*80gb.*pcie|(a100|a800).*pcie.*80gb",
+        MemoryPeak("A100 80GB PCIe", 1935e9, "NVIDIA A100 datasheet: 80 GB PCIe HBM2e 1,935 GB/s"),
+    ),
     (r"(a100|a800).*80gb", MemoryPeak("A100 80GB SXM", 2039e9, "NVIDIA A100 datasheet: 80 GB SXM HBM2e 2,039 GB/s")),
     (r"a100|a800", MemoryPeak("A100 40GB", 1555e9, "NVIDIA A100 datasheet: 40 GB HBM2 1,555 GB/s")),
     (r"a10g?\b", MemoryPeak("A10", 600e9, "NVIDIA A10 datasheet: GDDR6 600 GB/s")),

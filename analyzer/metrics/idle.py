@@ -50,6 +50,7 @@ compute or communication kernel runs meanwhile).
 
 Everything is vectorized: one sort per rank, no Python loop over events.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -77,12 +78,27 @@ CATEGORIES = ("host_wait", "kernel_wait", "other")
 # The launch calls HTA pairs (include_memory_events=True): kernels, then async copies and memsets.
 HTA_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
 # Ours add the driver API (Triton's kernels) and HIP's names, which HTA's list misses (a ROCm trace has no pairs there).
-LAUNCH_CALLS = HTA_LAUNCH_CALLS + ("cuLaunchKernel", "cuLaunchKernelEx", "hipLaunchKernel", "hipExtModuleLaunchKernel",
-                                   "hipModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync")
+LAUNCH_CALLS = HTA_LAUNCH_CALLS + (
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "hipLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "hipModuleLaunchKernel",
+    "hipMemcpyAsync",
+    "hipMemsetAsync",
+)
 # Runtime calls that block the host until the device (or a stream, or an event) catches up; cudaMemcpy is the
 # synchronous copy.
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy")
+SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "hipStreamSynchronize",
+    "hipDeviceSynchronize",
+    "hipEventSynchronize",
+    "hipMemcpy",
+)
 # Ops that copy a device scalar to the host (tensor.item(), bool(tensor), print of a device tensor).
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
 
@@ -134,9 +150,18 @@ class _Columns:
     @classmethod
     def of(cls, events: pd.DataFrame, steps: pd.DataFrame) -> "_Columns":
         kind = events["kind"]
-        return cls(events, kind, events["name"], events["stream"].to_numpy(np.int64), events["start_ns"].to_numpy(np.int64),
-                   events["end_ns"].to_numpy(np.int64), events["correlation"].to_numpy(np.int64),
-                   events["tid"].to_numpy(np.int64), is_in(kind, DEVICE_KINDS), hta_window(events, steps))
+        return cls(
+            events,
+            kind,
+            events["name"],
+            events["stream"].to_numpy(np.int64),
+            events["start_ns"].to_numpy(np.int64),
+            events["end_ns"].to_numpy(np.int64),
+            events["correlation"].to_numpy(np.int64),
+            events["tid"].to_numpy(np.int64),
+            is_in(kind, DEVICE_KINDS),
+            hta_window(events, steps),
+        )
 
 
 def _window_device(c: _Columns) -> pd.DataFrame:
@@ -147,8 +172,9 @@ def _window_device(c: _Columns) -> pd.DataFrame:
     launch_ns = np.full(len(pos), -1, dtype=np.int64)
     if len(link):
         launch_ns[pos >= 0] = link["start_ns"].to_numpy(np.int64)[pos[pos >= 0]]
-    return pd.DataFrame({"stream": c.stream[c.window], "start_ns": c.start[c.window], "end_ns": c.end[c.window],
-                         "launch_ns": launch_ns})
+    return pd.DataFrame(
+        {"stream": c.stream[c.window], "start_ns": c.start[c.window], "end_ns": c.end[c.window], "launch_ns": launch_ns}
+    )
 
 
 def window_device(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -194,9 +220,15 @@ def stream_idle(dev: pd.DataFrame) -> pd.DataFrame:
     total = idle.reshape(-1, len(CATEGORIES)).sum(axis=1).repeat(len(CATEGORIES)).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(total > 0, idle / np.where(total > 0, total, 1.0), np.nan)
-    return pd.DataFrame({"stream": streams.repeat(len(CATEGORIES)),
-                         "idle_category": np.tile(np.array(CATEGORIES, dtype=object), len(streams)),
-                         "idle_ns": idle, "n_gaps": count, "idle_ratio": ratio})
+    return pd.DataFrame(
+        {
+            "stream": streams.repeat(len(CATEGORIES)),
+            "idle_category": np.tile(np.array(CATEGORIES, dtype=object), len(streams)),
+            "idle_ns": idle,
+            "n_gaps": count,
+            "idle_ratio": ratio,
+        }
+    )
 
 
 def device_gaps(dev: pd.DataFrame) -> DeviceGaps:
@@ -251,9 +283,14 @@ def _launch_stats(c: _Columns, steps: pd.DataFrame, calls: tuple[str, ...]) -> p
     offsets = np.arange(len(d_rows)) - np.repeat(np.cumsum(n) - n, n)
     h_rows = h[np.repeat(lo, n) + offsets]
     cpu_end, gpu_start = c.end[h_rows], c.start[d_rows]
-    return pd.DataFrame({"correlation": c.corr[d_rows], "cpu_duration_ns": cpu_end - c.start[h_rows],
-                         "gpu_duration_ns": c.end[d_rows] - gpu_start,
-                         "launch_delay_ns": np.clip(gpu_start - cpu_end, 0, None)})
+    return pd.DataFrame(
+        {
+            "correlation": c.corr[d_rows],
+            "cpu_duration_ns": cpu_end - c.start[h_rows],
+            "gpu_duration_ns": c.end[d_rows] - gpu_start,
+            "launch_delay_ns": np.clip(gpu_start - cpu_end, 0, None),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -290,15 +327,24 @@ class LaunchSummary:
         gpu = stats["gpu_duration_ns"].to_numpy(np.float64)
         delay = stats["launch_delay_ns"].to_numpy(np.float64)
         short = (cpu <= RUNTIME_CUTOFF_NS) & (gpu < cpu)
-        c50, c95, g50, d50, d95 = (float(v) / 1e3 for v in (*np.percentile(cpu, [50, 95]), np.median(gpu),
-                                                             *np.percentile(delay, [50, 95])))
+        c50, c95, g50, d50, d95 = (
+            float(v) / 1e3 for v in (*np.percentile(cpu, [50, 95]), np.median(gpu), *np.percentile(delay, [50, 95]))
+        )
         return cls(
-            n_launches=len(stats), cpu_duration_us_p50=c50, cpu_duration_us_p95=c95,
-            cpu_duration_us_mean=float(cpu.mean()) / 1e3, gpu_duration_us_p50=g50,
-            gpu_duration_us_mean=float(gpu.mean()) / 1e3, launch_delay_us_p50=d50, launch_delay_us_p95=d95,
-            launch_delay_us_max=float(delay.max()) / 1e3, short_share=float(short.mean()), n_short=int(short.sum()),
+            n_launches=len(stats),
+            cpu_duration_us_p50=c50,
+            cpu_duration_us_p95=c95,
+            cpu_duration_us_mean=float(cpu.mean()) / 1e3,
+            gpu_duration_us_p50=g50,
+            gpu_duration_us_mean=float(gpu.mean()) / 1e3,
+            launch_delay_us_p50=d50,
+            launch_delay_us_p95=d95,
+            launch_delay_us_max=float(delay.max()) / 1e3,
+            short_share=float(short.mean()),
+            n_short=int(short.sum()),
             n_runtime_outliers=int((cpu > RUNTIME_CUTOFF_NS).sum()),
-            n_delay_outliers=int((delay > LAUNCH_DELAY_CUTOFF_NS).sum()), cpu_launch_ms=float(cpu.sum()) / 1e6,
+            n_delay_outliers=int((delay > LAUNCH_DELAY_CUTOFF_NS).sum()),
+            cpu_launch_ms=float(cpu.sum()) / 1e6,
         )
 
 
@@ -337,7 +383,9 @@ def host_syncs(events: pd.DataFrame, steps: pd.DataFrame, gaps: DeviceGaps) -> t
 
 
 def _host_syncs(c: _Columns, w: tuple[np.ndarray, np.ndarray], gaps: DeviceGaps) -> tuple[pd.DataFrame, SyncPoints]:
-    sync = (is_in(c.kind, ("runtime",)) & _named(c.name, SYNC_CALLS)) | (is_in(c.kind, ("cpu_op",)) & _named(c.name, SYNC_OPS))
+    sync = (is_in(c.kind, ("runtime",)) & _named(c.name, SYNC_CALLS)) | (
+        is_in(c.kind, ("cpu_op",)) & _named(c.name, SYNC_OPS)
+    )
     sync &= _in_windows(c.start, w)
     end = c.end[sync]
     host_ns = end - c.start[sync]
@@ -399,8 +447,11 @@ def _pageable_copies(c: _Columns, w: tuple[np.ndarray, np.ndarray]) -> PageableC
     kernels = is_in(c.kind, ("compute", "comm"))
     tl = sweep([union(c.start[copy], c.end[copy]), union(c.start[kernels], c.end[kernels]), w])
     inside = (tl.mask & 1 != 0) & (tl.mask & 4 != 0)
-    return PageableCopies(n=int(_in_windows(c.start[copy], w).sum()), time_ns=tl.total(inside),
-                          exposed_ns=tl.total(inside & (tl.mask & 2 == 0)))
+    return PageableCopies(
+        n=int(_in_windows(c.start[copy], w).sum()),
+        time_ns=tl.total(inside),
+        exposed_ns=tl.total(inside & (tl.mask & 2 == 0)),
+    )
 
 
 STREAM_COLUMNS = ("stream", "idle_category", "idle_ns", "n_gaps", "idle_ratio")
@@ -432,18 +483,33 @@ def rank_idle(events: pd.DataFrame, steps: pd.DataFrame) -> IdleTables:
     c = _Columns.of(events, steps)
     w = _windows(steps)
     if not c.device.any():  # a CPU-only trace: no device to be idle (its figures are the empty ones)
-        return IdleTables(streams=stream_idle(_window_device(c)), device=dict(_NO_DEVICE), launch=LaunchSummary(),
-                          syncs=pd.DataFrame({"name": pd.Series(dtype=object), "calls": pd.Series(dtype=np.int64),
-                                              "host_ns": pd.Series(dtype=np.int64)}),
-                          n_steps=len(steps), step_ns=int((w[1] - w[0]).sum()))
+        return IdleTables(
+            streams=stream_idle(_window_device(c)),
+            device=dict(_NO_DEVICE),
+            launch=LaunchSummary(),
+            syncs=pd.DataFrame(
+                {
+                    "name": pd.Series(dtype=object),
+                    "calls": pd.Series(dtype=np.int64),
+                    "host_ns": pd.Series(dtype=np.int64),
+                }
+            ),
+            n_steps=len(steps),
+            step_ns=int((w[1] - w[0]).sum()),
+        )
     dev = _window_device(c)
     gaps = device_gaps(dev)
     device = {f"{k}_ns": gaps.idle_ns(k) for k in CATEGORIES}
     device.update(idle_ns=gaps.idle_ns(), span_ns=gaps.span_ns, n_gaps=len(gaps.start))
     syncs, points = _host_syncs(c, w, gaps)
     return IdleTables(
-        streams=stream_idle(dev), device=device, launch=LaunchSummary.of(_launch_stats(c, steps, LAUNCH_CALLS)),
-        syncs=syncs, sync_points=points, pageable=_pageable_copies(c, w), n_steps=len(steps),
+        streams=stream_idle(dev),
+        device=device,
+        launch=LaunchSummary.of(_launch_stats(c, steps, LAUNCH_CALLS)),
+        syncs=syncs,
+        sync_points=points,
+        pageable=_pageable_copies(c, w),
+        n_steps=len(steps),
         step_ns=int((w[1] - w[0]).sum()),
     )
 
@@ -472,31 +538,58 @@ class RunIdle:
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``idle`` block."""
-        return {"schema": SCHEMA, "ranks": self.ranks.to_dict("records"), "streams": self.streams.to_dict("records"),
-                "syncs": self.syncs.to_dict("records")}
+        return {
+            "schema": SCHEMA,
+            "ranks": self.ranks.to_dict("records"),
+            "streams": self.streams.to_dict("records"),
+            "syncs": self.syncs.to_dict("records"),
+        }
 
 
-RANK_COLUMNS = ("rank", "span_ms", "idle_ms", "idle_pct", *(f"{c}_ms" for c in CATEGORIES),
-                *(f"{c}_pct" for c in CATEGORIES), *LaunchSummary.__dataclass_fields__, "n_steps", "step_ms",
-                "syncs_per_step", "sync_host_ms", "sync_idle_ms", "pageable_htod_per_step", "pageable_htod_ms",
-                "pageable_htod_exposed_ms")
+RANK_COLUMNS = (
+    "rank",
+    "span_ms",
+    "idle_ms",
+    "idle_pct",
+    *(f"{c}_ms" for c in CATEGORIES),
+    *(f"{c}_pct" for c in CATEGORIES),
+    *LaunchSummary.__dataclass_fields__,
+    "n_steps",
+    "step_ms",
+    "syncs_per_step",
+    "sync_host_ms",
+    "sync_idle_ms",
+    "pageable_htod_per_step",
+    "pageable_htod_ms",
+    "pageable_htod_exposed_ms",
+)
 
 
 def _rank_row(rank: int, t: IdleTables) -> dict[str, Any]:
     d = t.device
     idle = d.get("idle_ns", 0)
-    row: dict[str, Any] = {"rank": rank, "span_ms": d.get("span_ns", 0) / 1e6, "idle_ms": idle / 1e6,
-                           "idle_pct": 100.0 * idle / d["span_ns"] if d.get("span_ns") else None}
+    row: dict[str, Any] = {
+        "rank": rank,
+        "span_ms": d.get("span_ns", 0) / 1e6,
+        "idle_ms": idle / 1e6,
+        "idle_pct": 100.0 * idle / d["span_ns"] if d.get("span_ns") else None,
+    }
     for c in CATEGORIES:
         row[f"{c}_ms"] = d.get(f"{c}_ns", 0) / 1e6
     for c in CATEGORIES:
         row[f"{c}_pct"] = 100.0 * d.get(f"{c}_ns", 0) / idle if idle else None
     row.update(t.launch.__dict__)
     sp = t.sync_points
-    row.update(n_steps=t.n_steps, step_ms=t.step_ns / 1e6, syncs_per_step=sp.n / t.n_steps if t.n_steps else None,
-               sync_host_ms=sp.host_ns / 1e6, sync_idle_ms=sp.idle_ns / 1e6,
-               pageable_htod_per_step=t.pageable.n / t.n_steps if t.n_steps else None,
-               pageable_htod_ms=t.pageable.time_ns / 1e6, pageable_htod_exposed_ms=t.pageable.exposed_ns / 1e6)
+    row.update(
+        n_steps=t.n_steps,
+        step_ms=t.step_ns / 1e6,
+        syncs_per_step=sp.n / t.n_steps if t.n_steps else None,
+        sync_host_ms=sp.host_ns / 1e6,
+        sync_idle_ms=sp.idle_ns / 1e6,
+        pageable_htod_per_step=t.pageable.n / t.n_steps if t.n_steps else None,
+        pageable_htod_ms=t.pageable.time_ns / 1e6,
+        pageable_htod_exposed_ms=t.pageable.exposed_ns / 1e6,
+    )
     return row
 
 
@@ -506,10 +599,19 @@ def run_idle(parts: dict[int, IdleTables | None]) -> RunIdle:
     ranks = pd.DataFrame([_rank_row(r, t) for r, t in have.items()], columns=list(RANK_COLUMNS))
     streams = [t.streams.assign(rank=r) for r, t in have.items() if len(t.streams)]
     s = pd.concat(streams, ignore_index=True) if streams else empty_frame(("rank", *STREAM_COLUMNS))
-    s = pd.DataFrame({"rank": s["rank"], "stream": s["stream"], "idle_category": s["idle_category"],
-                      "idle_ms": pd.to_numeric(s["idle_ns"]) / 1e6, "n_gaps": s["n_gaps"],
-                      "idle_pct": 100.0 * pd.to_numeric(s["idle_ratio"])})
+    s = pd.DataFrame(
+        {
+            "rank": s["rank"],
+            "stream": s["stream"],
+            "idle_category": s["idle_category"],
+            "idle_ms": pd.to_numeric(s["idle_ns"]) / 1e6,
+            "n_gaps": s["n_gaps"],
+            "idle_pct": 100.0 * pd.to_numeric(s["idle_ratio"]),
+        }
+    )
     syncs = [t.syncs.assign(rank=r) for r, t in have.items() if len(t.syncs)]
     y = pd.concat(syncs, ignore_index=True) if syncs else empty_frame(("rank", *SYNC_COLUMNS))
-    y = pd.DataFrame({"rank": y["rank"], "name": y["name"], "calls": y["calls"], "host_ms": pd.to_numeric(y["host_ns"]) / 1e6})
+    y = pd.DataFrame(
+        {"rank": y["rank"], "name": y["name"], "calls": y["calls"], "host_ms": pd.to_numeric(y["host_ns"]) / 1e6}
+    )
     return RunIdle(ranks=ranks, streams=s, syncs=y)

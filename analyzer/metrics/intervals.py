@@ -21,6 +21,7 @@ three steps, none of which loops over events in Python:
 All times are integer nanoseconds (int64), so sums are exact and parts that
 partition a window add up to it to the nanosecond.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

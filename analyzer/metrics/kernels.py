@@ -18,6 +18,7 @@ Definitions (docs/metrics.md, "Top kernels and ops"):
   wall time`` (sum of the ProfilerStep windows, or the span of the host
   events without steps); host shares do not sum to 100.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -77,7 +78,9 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
             "source": source,
             "kind": [str(kinds[i]) for i in first],
             "cls": [classes[i] for i in first] if classes is not None else None,
-            "coll_kind": pd.Series([coll.get(int(codes[i])) for i in first], dtype=object) if coll is not None else None,
+            "coll_kind": pd.Series([coll.get(int(codes[i])) for i in first], dtype=object)
+            if coll is not None
+            else None,
             "name": [str(v) for v in names],
             "count": count.astype(np.int64),
             "total_ms": total_ns / 1e6,
@@ -90,7 +93,9 @@ def top_kernels(events: pd.DataFrame, steps: pd.DataFrame, rank: int, limit: int
     return out if limit is None else out.head(limit).reset_index(drop=True)
 
 
-def _dominant_collective_kind(events: pd.DataFrame, sel: pd.DataFrame, codes: np.ndarray, dur_ns: np.ndarray) -> dict[int, str]:
+def _dominant_collective_kind(
+    events: pd.DataFrame, sel: pd.DataFrame, codes: np.ndarray, dur_ns: np.ndarray
+) -> dict[int, str]:
     """Per name code of the communication kernels in ``sel``: the collective kind with most of its time."""
     comm = (sel["kind"] == "comm").to_numpy()
     if not comm.any():

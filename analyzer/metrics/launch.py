@@ -12,6 +12,7 @@ whatever the host was doing when the GPU got round to it.
 
 Everything here is vectorized (the nesting of host ops: analyzer.metrics.nesting).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,10 @@ def innermost_containing(ops: pd.DataFrame, q_pid: np.ndarray, q_tid: np.ndarray
         return out
     n = len(ops)
     # One thread key over the ops' and the queries' (pid, tid) pairs together.
-    key = thread_keys(np.concatenate([ops["pid"].to_numpy(np.int64), np.asarray(q_pid, dtype=np.int64)]),
-                      np.concatenate([ops["tid"].to_numpy(np.int64), np.asarray(q_tid, dtype=np.int64)]))
+    key = thread_keys(
+        np.concatenate([ops["pid"].to_numpy(np.int64), np.asarray(q_pid, dtype=np.int64)]),
+        np.concatenate([ops["tid"].to_numpy(np.int64), np.asarray(q_tid, dtype=np.int64)]),
+    )
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     order, parent, _ = nest(key[:n], start, end)
     return innermost(key[:n], start, end, order, parent, key[n:], np.asarray(q_t, dtype=np.int64))

@@ -34,6 +34,7 @@ checkpointing), so the MFU counts model FLOPs and the HFU adds recompute.
 Shapes repeat every step, so formulas run once per distinct
 ``(name, Input Dims, Concrete Inputs)`` triple, not once per event.
 """
+
 from __future__ import annotations
 
 import json
@@ -99,8 +100,11 @@ def _passes(events: pd.DataFrame, ops: pd.DataFrame) -> tuple[np.ndarray, np.nda
 
 def _parent_positions(ops: pd.DataFrame) -> np.ndarray:
     """Position of each op's innermost enclosing matmul op on its thread (-1 at top level)."""
-    _, parent, _ = nest(thread_keys(ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)),
-                        ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64))
+    _, parent, _ = nest(
+        thread_keys(ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)),
+        ops["start_ns"].to_numpy(np.int64),
+        ops["end_ns"].to_numpy(np.int64),
+    )
     return parent
 
 
@@ -130,14 +134,25 @@ def matmul_ops(events: pd.DataFrame) -> pd.DataFrame:
     ops = ops.assign(name=[str(n) for n in ops["name"]]).reset_index(drop=True)
     if ops.empty:
         return ops.assign(
-            flops=np.float64(0), shape_error=None, parent=np.int64(-1), top_level=True, leaf=True, counted=True,
-            family=None, backward=False, recompute=False, stopped=False, dtype=None,
+            flops=np.float64(0),
+            shape_error=None,
+            parent=np.int64(-1),
+            top_level=True,
+            leaf=True,
+            counted=True,
+            family=None,
+            backward=False,
+            recompute=False,
+            stopped=False,
+            dtype=None,
         ).drop(columns=["input_types", "concrete_inputs"])
     # Formulas once per distinct (name, dims, scalar arguments) triple.
     keys = ops[["name", "input_dims", "concrete_inputs"]].astype(object).fillna("")
     uniq = keys.drop_duplicates()
-    lookup = {(n, d, c): _flops_or_error(n, d or None, c or None)
-              for n, d, c in zip(uniq["name"], uniq["input_dims"], uniq["concrete_inputs"])}
+    lookup = {
+        (n, d, c): _flops_or_error(n, d or None, c or None)
+        for n, d, c in zip(uniq["name"], uniq["input_dims"], uniq["concrete_inputs"])
+    }
     found = [lookup[k] for k in zip(keys["name"], keys["input_dims"], keys["concrete_inputs"])]
     flops = np.array([f for f, _ in found], dtype=np.float64)
     errors = np.array([e for _, e in found], dtype=object)

@@ -16,6 +16,7 @@ modified in place after they are built (analyzer.ingest.load), which is
 what makes the identity a sound key; callers must not modify the cached
 result either (none does: they index, reindex and read it).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,6 +35,7 @@ def per_table(fn: Callable[[pd.DataFrame], T]) -> Callable[[pd.DataFrame], T]:
     def forgetter(key: int) -> Callable[[weakref.ref[Any]], None]:
         def forget(_ref: weakref.ref[Any]) -> None:
             memo.pop(key, None)  # the table is gone: so is its entry
+
         return forget
 
     @functools.wraps(fn)

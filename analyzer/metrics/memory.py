@@ -21,6 +21,7 @@ Two sources (docs/metrics.md, "Memory"):
 
 Everything here is a pure function of those tables; bytes are int64.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,8 +41,16 @@ EVENT_COLUMNS = MEMORY_COLUMNS  # RankTrace.memory (analyzer.ingest.tables.memor
 STEP_COLUMNS = ("step", "device", "peak_allocated_bytes", "peak_reserved_bytes", "n_events")
 TIMELINE_COLUMNS = ("device", "start_ns", "end_ns", "allocated_bytes", "reserved_bytes")
 RUN_STEP_COLUMNS = ("rank", "step", "source", "kind", "peak_allocated_bytes", "peak_reserved_bytes", "profiled")
-RANK_COLUMNS = ("rank", "source", "kind", "peak_allocated_bytes", "peak_allocated_step", "peak_reserved_bytes",
-                "peak_reserved_step", "n_steps")
+RANK_COLUMNS = (
+    "rank",
+    "source",
+    "kind",
+    "peak_allocated_bytes",
+    "peak_allocated_step",
+    "peak_reserved_bytes",
+    "peak_reserved_step",
+    "n_steps",
+)
 
 
 def empty_events() -> pd.DataFrame:
@@ -148,8 +157,13 @@ def rank_memory(events: pd.DataFrame, steps: pd.DataFrame) -> RankMemory | None:
     if events is None or events.empty:
         return None
     g = events.groupby("device", sort=False)
-    peaks = pd.DataFrame({"peak_allocated_bytes": g["allocated_bytes"].max(), "peak_reserved_bytes": g["reserved_bytes"].max(),
-                          "n_events": g.size()}).reset_index()
+    peaks = pd.DataFrame(
+        {
+            "peak_allocated_bytes": g["allocated_bytes"].max(),
+            "peak_reserved_bytes": g["reserved_bytes"].max(),
+            "n_events": g.size(),
+        }
+    ).reset_index()
     order = {d: i for i, d in enumerate(_devices(events))}
     peaks = peaks.sort_values("device", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
     return RankMemory(steps=step_peaks(events, steps), timeline=memory_timeline(events), peaks=peaks)
@@ -175,19 +189,32 @@ def metrics_step_memory(metrics: pd.DataFrame | None) -> pd.DataFrame:
     if "attempt" in m.columns:
         m = m.sort_values("attempt", kind="stable")
     m = m.drop_duplicates(["rank", "step"], keep="last")
-    reserved = (pd.to_numeric(m["mem_reserved_bytes"], errors="coerce") if "mem_reserved_bytes" in m.columns
-                else pd.Series(np.nan, index=m.index))
-    out = pd.DataFrame({
-        "rank": m["rank"].astype(np.int64).to_numpy(),
-        "step": m["step"].astype(np.int64).to_numpy(),
-        "source": "metrics",
-        "kind": (m["mem_kind"].astype(object).where(m["mem_kind"].notna(), "unknown") if "mem_kind" in m.columns
-                 else pd.Series("unknown", index=m.index)).astype(str).to_numpy(),
-        "peak_allocated_bytes": pd.to_numeric(m["mem_bytes"], errors="coerce").to_numpy(np.float64),
-        "peak_reserved_bytes": reserved.to_numpy(np.float64),
-        "profiled": (m["profiled"].fillna(False).astype(bool).to_numpy() if "profiled" in m.columns
-                     else np.zeros(len(m), dtype=bool)),
-    })
+    reserved = (
+        pd.to_numeric(m["mem_reserved_bytes"], errors="coerce")
+        if "mem_reserved_bytes" in m.columns
+        else pd.Series(np.nan, index=m.index)
+    )
+    out = pd.DataFrame(
+        {
+            "rank": m["rank"].astype(np.int64).to_numpy(),
+            "step": m["step"].astype(np.int64).to_numpy(),
+            "source": "metrics",
+            "kind": (
+                m["mem_kind"].astype(object).where(m["mem_kind"].notna(), "unknown")
+                if "mem_kind" in m.columns
+                else pd.Series("unknown", index=m.index)
+            )
+            .astype(str)
+            .to_numpy(),
+            "peak_allocated_bytes": pd.to_numeric(m["mem_bytes"], errors="coerce").to_numpy(np.float64),
+            "peak_reserved_bytes": reserved.to_numpy(np.float64),
+            "profiled": (
+                m["profiled"].fillna(False).astype(bool).to_numpy()
+                if "profiled" in m.columns
+                else np.zeros(len(m), dtype=bool)
+            ),
+        }
+    )
     return out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
 
 
@@ -208,12 +235,19 @@ def trace_step_memory(parts: dict[int, RankMemory | None]) -> pd.DataFrame:
         use = acc if len(acc) else s
         use = use.assign(kind=use["device"].astype(str).str.split(":").str[0])
         g = use.groupby("step", sort=True)
-        frames.append(pd.DataFrame({
-            "rank": rank, "step": g["peak_allocated_bytes"].max().index.to_numpy(np.int64), "source": "trace",
-            "kind": g["kind"].agg(lambda k: ",".join(sorted(k.unique()))).to_numpy(object),
-            "peak_allocated_bytes": g["peak_allocated_bytes"].max().to_numpy(np.float64),
-            "peak_reserved_bytes": g["peak_reserved_bytes"].max().to_numpy(np.float64), "profiled": True,
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "rank": rank,
+                    "step": g["peak_allocated_bytes"].max().index.to_numpy(np.int64),
+                    "source": "trace",
+                    "kind": g["kind"].agg(lambda k: ",".join(sorted(k.unique()))).to_numpy(object),
+                    "peak_allocated_bytes": g["peak_allocated_bytes"].max().to_numpy(np.float64),
+                    "peak_reserved_bytes": g["peak_reserved_bytes"].max().to_numpy(np.float64),
+                    "profiled": True,
+                }
+            )
+        )
     if not frames:
         return empty_frame(RUN_STEP_COLUMNS)
     return pd.concat(frames, ignore_index=True)
@@ -235,10 +269,16 @@ def trace_rank_peaks(parts: dict[int, RankMemory | None]) -> pd.DataFrame:
         use = acc if len(acc) else rm.peaks
         devices = set(use["device"].astype(str))
         steps = rm.steps.loc[rm.steps["device"].astype(str).isin(devices)] if not rm.steps.empty else rm.steps
-        row: dict[str, Any] = {"rank": int(rank), "source": "trace",
-                               "kind": ",".join(sorted({d.split(":")[0] for d in devices})),
-                               "n_steps": int(steps["step"].nunique()) if len(steps) else 0}
-        for col, step_col in (("peak_allocated_bytes", "peak_allocated_step"), ("peak_reserved_bytes", "peak_reserved_step")):
+        row: dict[str, Any] = {
+            "rank": int(rank),
+            "source": "trace",
+            "kind": ",".join(sorted({d.split(":")[0] for d in devices})),
+            "n_steps": int(steps["step"].nunique()) if len(steps) else 0,
+        }
+        for col, step_col in (
+            ("peak_allocated_bytes", "peak_allocated_step"),
+            ("peak_reserved_bytes", "peak_reserved_step"),
+        ):
             peak = float(use[col].max())
             at = steps.loc[steps[col] == peak, "step"] if len(steps) else pd.Series(dtype=np.int64)
             row[col], row[step_col] = peak, (int(at.min()) if len(at) else None)
@@ -262,9 +302,16 @@ def rank_peaks(steps: pd.DataFrame) -> pd.DataFrame:
         s = steps.loc[steps["rank"] == rank]
         if s["source"].iloc[0] == "metrics" and (~s["profiled"].astype(bool)).any():
             s = s.loc[~s["profiled"].astype(bool)]
-        row: dict[str, Any] = {"rank": rank, "source": str(s["source"].iloc[0]),
-                               "kind": ",".join(sorted(s["kind"].astype(str).unique())), "n_steps": int(len(s))}
-        for col, step_col in (("peak_allocated_bytes", "peak_allocated_step"), ("peak_reserved_bytes", "peak_reserved_step")):
+        row: dict[str, Any] = {
+            "rank": rank,
+            "source": str(s["source"].iloc[0]),
+            "kind": ",".join(sorted(s["kind"].astype(str).unique())),
+            "n_steps": int(len(s)),
+        }
+        for col, step_col in (
+            ("peak_allocated_bytes", "peak_allocated_step"),
+            ("peak_reserved_bytes", "peak_reserved_step"),
+        ):
             values = pd.to_numeric(s[col], errors="coerce").to_numpy(np.float64)
             if np.isfinite(values).any():
                 i = int(np.nanargmax(values))
@@ -295,8 +342,11 @@ class RunMemory:
     steps: pd.DataFrame = field(default_factory=lambda: empty_frame(RUN_STEP_COLUMNS))
     ranks: pd.DataFrame = field(default_factory=lambda: empty_frame(RANK_COLUMNS))
     timeline: pd.DataFrame = field(default_factory=lambda: empty_frame(("rank", *TIMELINE_COLUMNS)))
-    trace_peaks: pd.DataFrame = field(default_factory=lambda: empty_frame(("rank", "device", "peak_allocated_bytes",
-                                                                        "peak_reserved_bytes", "n_events")))
+    trace_peaks: pd.DataFrame = field(
+        default_factory=lambda: empty_frame(
+            ("rank", "device", "peak_allocated_bytes", "peak_reserved_bytes", "n_events")
+        )
+    )
     source: str | None = None
 
     @property
@@ -330,12 +380,14 @@ class RunMemory:
         s = s.assign(_a=alloc.fillna(-1.0))
         idx = s.groupby(["source", "step"], sort=True)["_a"].idxmax()
         g = s.groupby(["source", "step"], sort=True)
-        out = pd.DataFrame({
-            "peak_allocated_bytes": g["peak_allocated_bytes"].max(),
-            "peak_reserved_bytes": g["peak_reserved_bytes"].max(),
-            "rank": s.loc[idx.to_numpy(), "rank"].to_numpy(np.int64),
-            "n_ranks": g["rank"].nunique(),
-        }).reset_index()
+        out = pd.DataFrame(
+            {
+                "peak_allocated_bytes": g["peak_allocated_bytes"].max(),
+                "peak_reserved_bytes": g["peak_reserved_bytes"].max(),
+                "rank": s.loc[idx.to_numpy(), "rank"].to_numpy(np.int64),
+                "n_ranks": g["rank"].nunique(),
+            }
+        ).reset_index()
         return out[["step", "source", "peak_allocated_bytes", "peak_reserved_bytes", "rank", "n_ranks"]]
 
     def to_json(self) -> dict[str, Any]:
@@ -364,23 +416,43 @@ def _whole(v: Any) -> Any:
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{str(k): _whole(v) if str(k).endswith(("_bytes", "_step", "step", "rank", "n_ranks", "n_steps", "n_events")) else v
-             for k, v in row.items()} for row in frame.to_dict("records")]
+    return [
+        {
+            str(k): _whole(v)
+            if str(k).endswith(("_bytes", "_step", "step", "rank", "n_ranks", "n_steps", "n_events"))
+            else v
+            for k, v in row.items()
+        }
+        for row in frame.to_dict("records")
+    ]
 
 
 def run_memory(metrics: pd.DataFrame | None, parts: dict[int, RankMemory | None]) -> RunMemory:
     """The run's :class:`RunMemory` from its metrics records and every rank's :class:`RankMemory`."""
     from_metrics = metrics_step_memory(metrics)
     from_trace = trace_step_memory(parts)
-    steps = pd.concat([t for t in (from_metrics, from_trace) if not t.empty], ignore_index=True) \
-        if not (from_metrics.empty and from_trace.empty) else empty_frame(RUN_STEP_COLUMNS)
+    steps = (
+        pd.concat([t for t in (from_metrics, from_trace) if not t.empty], ignore_index=True)
+        if not (from_metrics.empty and from_trace.empty)
+        else empty_frame(RUN_STEP_COLUMNS)
+    )
     trace_ranks = trace_rank_peaks(parts)
     source = "metrics" if not from_metrics.empty else "trace" if not trace_ranks.empty else None
     ranks = rank_peaks(from_metrics) if source == "metrics" else trace_ranks
-    timelines = [rm.timeline.assign(rank=r) for r, rm in sorted(parts.items()) if rm is not None and not rm.timeline.empty]
-    timeline = (pd.concat(timelines, ignore_index=True)[["rank", *TIMELINE_COLUMNS]] if timelines
-                else empty_frame(("rank", *TIMELINE_COLUMNS)))
+    timelines = [
+        rm.timeline.assign(rank=r) for r, rm in sorted(parts.items()) if rm is not None and not rm.timeline.empty
+    ]
+    timeline = (
+        pd.concat(timelines, ignore_index=True)[["rank", *TIMELINE_COLUMNS]]
+        if timelines
+        else empty_frame(("rank", *TIMELINE_COLUMNS))
+    )
     peaks = [rm.peaks.assign(rank=r) for r, rm in sorted(parts.items()) if rm is not None and not rm.peaks.empty]
-    trace_peaks = (pd.concat(peaks, ignore_index=True)[["rank", "device", "peak_allocated_bytes", "peak_reserved_bytes",
-                                                         "n_events"]] if peaks else RunMemory().trace_peaks)
+    trace_peaks = (
+        pd.concat(peaks, ignore_index=True)[
+            ["rank", "device", "peak_allocated_bytes", "peak_reserved_bytes", "n_events"]
+        ]
+        if peaks
+        else RunMemory().trace_peaks
+    )
     return RunMemory(steps=steps, ranks=ranks, timeline=timeline, trace_peaks=trace_peaks, source=source)

@@ -56,6 +56,7 @@ of the outermost FLOP-table host ops (CPU traces); under ``COVERAGE_MIN``
 suggestion rule reads it. A step's value is the mean over ranks; the run
 value the median over steps.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -90,7 +91,14 @@ class Peak:
 # Trace dtype -> the peak-table keys tried in order (analyzer.metrics.hardware).
 # fp16 falls back to bf16 only where the table lacks fp16 (never: every
 # device with one has the other); fp8 has its own tensor-core rate.
-_PEAK_KEYS = {"bf16": ("bf16",), "fp16": ("fp16", "bf16"), "fp8": ("fp8",), "tf32": ("tf32", "fp32"), "fp32": ("fp32",), "fp64": ()}
+_PEAK_KEYS = {
+    "bf16": ("bf16",),
+    "fp16": ("fp16", "bf16"),
+    "fp8": ("fp8",),
+    "tf32": ("tf32", "fp32"),
+    "fp32": ("fp32",),
+    "fp64": (),
+}
 
 
 def lookup_peak(device_name: str, dtype: str | None) -> Peak | None:
@@ -116,7 +124,9 @@ class MfuResult:
     median: float | None = None
     hfu_median: float | None = None
     reason: str | None = None
-    steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: pd.Series(dtype="float64") for c in STEP_COLUMNS}))
+    steps: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame({c: pd.Series(dtype="float64") for c in STEP_COLUMNS})
+    )
     step_time_source: str | None = None
     # Manifest source: where the model FLOPs came from (``measured: ...`` by
     # FlopCounterMode, ``formula: ...``), run.json's ``flops`` (docs/rundir.md).
@@ -367,8 +377,10 @@ def _inconsistent(ops: pd.DataFrame) -> tuple[dict[str, Any], ...]:
     if bad.empty:
         return ()
     grouped = bad.groupby(["name", "input_dims", "shape_error"], sort=True).size()
-    return tuple({"name": n, "input_dims": d, "reason": e, "count": int(c)}
-                 for (n, d, e), c in zip(grouped.index.tolist(), grouped.to_numpy()))
+    return tuple(
+        {"name": n, "input_dims": d, "reason": e, "count": int(c)}
+        for (n, d, e), c in zip(grouped.index.tolist(), grouped.to_numpy())
+    )
 
 
 def _fused_backward(ops: pd.DataFrame) -> np.ndarray:
@@ -457,10 +469,17 @@ def rank_flops_from_shapes(rank: int, events: pd.DataFrame, steps: pd.DataFrame)
     # Host time: the outermost table ops (their total time) against the counted ones inside them.
     host_dur = (ops["end_ns"] - ops["start_ns"]).to_numpy(np.int64)
     return RankFlops(
-        rank, table, _overall_mode(modes), int(len(ops)), int(ops["flops"].isna().sum()), dtype,
+        rank,
+        table,
+        _overall_mode(modes),
+        int(len(ops)),
+        int(ops["flops"].isna().sum()),
+        dtype,
         n_counted=int(counted.sum()),
         attribution="kernels" if linked else "host-ops",
-        flop_kernel_ns=int(dur.sum()), covered_kernel_ns=covered, inconsistent=_inconsistent(ops),
+        flop_kernel_ns=int(dur.sum()),
+        covered_kernel_ns=covered,
+        inconsistent=_inconsistent(ops),
         families=tuple(modes),
         flop_host_ns=int(host_dur[ops["top_level"].to_numpy(bool)].sum()),
         covered_host_ns=int(host_dur[ops["counted"].to_numpy(bool)].sum()),
@@ -504,13 +523,19 @@ def mfu_from_trace_shapes(
     coverage = flop_coverage(ranks)
     lower_bound = coverage is not None and coverage < COVERAGE_MIN
     inconsistent = [dict(item, rank=r.rank) for r in ranks for item in r.inconsistent]
-    coverage_fields: dict[str, Any] = dict(flop_coverage=coverage, lower_bound=lower_bound, inconsistent_ops=inconsistent,
-                           attribution="+".join(sorted({r.attribution for r in ranks})))
+    coverage_fields: dict[str, Any] = dict(
+        flop_coverage=coverage,
+        lower_bound=lower_bound,
+        inconsistent_ops=inconsistent,
+        attribution="+".join(sorted({r.attribution for r in ranks})),
+    )
     if n_known == 0:
         why = "no matmul-like ops in the trace" if n_ops == 0 else "matmul-like ops lack usable shapes"
         if coverage is not None:
             why += f" (FLOP coverage {coverage:.1%} of GEMM/attention/conv {_time_kind(ranks)})"
-        return MfuResult("none", reason=f"{why} (profile with record_shapes=True, or give a run directory)", **coverage_fields)
+        return MfuResult(
+            "none", reason=f"{why} (profile with record_shapes=True, or give a run directory)", **coverage_fields
+        )
     dtypes = [r.dtype for r in ranks if r.dtype]
     dtype = max(set(dtypes), key=dtypes.count) if dtypes else None
     notes: list[str] = []
@@ -545,7 +570,8 @@ def mfu_from_trace_shapes(
         steps.insert(1, "n_ranks", 1)
     else:
         per_step = table.groupby("step", sort=True).agg(
-            n_ranks=("rank", "nunique"), **{c: (c, "mean") for c in averaged})
+            n_ranks=("rank", "nunique"), **{c: (c, "mean") for c in averaged}
+        )
         steps = per_step.reset_index()
     steps = steps[list(STEP_COLUMNS)]
     modes = sorted({r.backward for r in ranks})
@@ -556,27 +582,39 @@ def mfu_from_trace_shapes(
             families[family] = mode if families.get(family, mode) == mode else "mixed"
     estimated = [f for f, m in families.items() if m == "estimated"]
     if estimated:
-        notes.append("no recorded backward op for " + ", ".join(
-            f"{f} (backward estimated as {BACKWARD_RATIO[f]:g}x its forward)" for f in estimated))
+        notes.append(
+            "no recorded backward op for "
+            + ", ".join(f"{f} (backward estimated as {BACKWARD_RATIO[f]:g}x its forward)" for f in estimated)
+        )
     if backward == "absent":
         notes.append("no autograd backward in the trace: forward FLOPs only (inference or forward-only profile)")
     unknown = sum(r.n_unknown_shapes for r in ranks)
     if unknown:
-        notes.append(f"{unknown} of {n_ops} matmul-like ops lack usable shapes (their children or enclosing op count instead, where usable)")
+        notes.append(
+            f"{unknown} of {n_ops} matmul-like ops lack usable shapes (their children or enclosing op count instead, where usable)"
+        )
     if inconsistent:
-        notes.append(f"{sum(i['count'] for i in inconsistent)} matmul-like op(s) recorded shapes that do not fit the op "
-                     f"(e.g. {inconsistent[0]['name']} {inconsistent[0]['input_dims']}: {inconsistent[0]['reason']}); listed in inconsistent_ops")
+        notes.append(
+            f"{sum(i['count'] for i in inconsistent)} matmul-like op(s) recorded shapes that do not fit the op "
+            f"(e.g. {inconsistent[0]['name']} {inconsistent[0]['input_dims']}: {inconsistent[0]['reason']}); listed in inconsistent_ops"
+        )
     if coverage is not None:
-        notes.append(f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv {_time_kind(ranks)} whose FLOPs "
-                     "are known")
+        notes.append(
+            f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv {_time_kind(ranks)} whose FLOPs are known"
+        )
     if lower_bound:
-        notes.insert(0, f"lower bound: FLOPs known for only {coverage:.1%} of GEMM/attention/conv {_time_kind(ranks)} "
-                        f"(< {COVERAGE_MIN:.0%}: compiled regions, CUDA graphs or record_shapes off); no suggestion uses it")
+        notes.insert(
+            0,
+            f"lower bound: FLOPs known for only {coverage:.1%} of GEMM/attention/conv {_time_kind(ranks)} "
+            f"(< {COVERAGE_MIN:.0%}: compiled regions, CUDA graphs or record_shapes off); no suggestion uses it",
+        )
     recompute = float(np.nansum(steps["hardware_flops"] - steps["flops"]))
     if recompute > 0:
-        notes.append(f"activation recompute: forward ops run again in backward add "
-                     f"{float((steps['hardware_flops'] / steps['flops']).median()) - 1:.1%} to the model FLOPs "
-                     "(counted in the HFU, not the MFU)")
+        notes.append(
+            f"activation recompute: forward ops run again in backward add "
+            f"{float((steps['hardware_flops'] / steps['flops']).median()) - 1:.1%} to the model FLOPs "
+            "(counted in the HFU, not the MFU)"
+        )
     common: dict[str, Any] = dict(
         backward_families=families,
         hardware_flops_per_step=float(steps["hardware_flops"].median()),

@@ -13,6 +13,7 @@ vectorized path matches on properly nested ranges.
 
 Pure functions over numpy arrays; positions index the caller's arrays.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -104,8 +105,15 @@ def _nest_sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return parent, d
 
 
-def innermost(tkey: np.ndarray, start: np.ndarray, end: np.ndarray, order: np.ndarray, parent: np.ndarray,
-              q_tkey: np.ndarray, q_t: np.ndarray) -> np.ndarray:
+def innermost(
+    tkey: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    order: np.ndarray,
+    parent: np.ndarray,
+    q_tkey: np.ndarray,
+    q_t: np.ndarray,
+) -> np.ndarray:
     """Position of the innermost range (of :func:`nest`'s inputs) open at each query instant on its thread; -1 for none."""
     out = np.full(len(q_t), -1, dtype=np.int64)
     if len(order) == 0 or len(q_t) == 0:

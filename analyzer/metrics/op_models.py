@@ -54,6 +54,7 @@ attention's five against two, 2.5x); bytes 2x. The memory-bound families'
 backward ops vary too much per op to scale (no entry for them), so the
 roofline leaves their backward rows out and says so.
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,8 +75,16 @@ from analyzer.metrics.conv_flops import conv_geometry
 from analyzer.metrics.dtypes import INPUT_TYPES, float_key
 from analyzer.metrics.flop_table import BACKWARD_RATIO, ShapeError, causal_fraction, flops_of, is_causal, op_flops
 
-__all__ = ["BACKWARD_BYTES", "BACKWARD_FLOPS", "MEMORY_FAMILIES", "CallCost", "causal_fraction", "is_causal",
-           "numel", "per_call"]
+__all__ = [
+    "BACKWARD_BYTES",
+    "BACKWARD_FLOPS",
+    "MEMORY_FAMILIES",
+    "CallCost",
+    "causal_fraction",
+    "is_causal",
+    "numel",
+    "per_call",
+]
 
 # Backward over forward FLOPs per family (the FLOP table's); bytes: BACKWARD_BYTES. Families without an entry
 # have no backward model.
@@ -85,8 +94,15 @@ BACKWARD_BYTES = 2.0
 # device's ridge (the roofline times them against the HBM).
 MEMORY_FAMILIES = frozenset({"elementwise", "reduction", "softmax", "normalization"})
 # Where the first matrix operand sits (its last dimension is the product's inner dimension).
-_FIRST_MATRIX = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1, "aten::matmul": 0, "aten::linear": 0,
-                 "aten::_scaled_mm": 0}
+_FIRST_MATRIX = {
+    "aten::mm": 0,
+    "aten::addmm": 1,
+    "aten::bmm": 0,
+    "aten::baddbmm": 1,
+    "aten::matmul": 0,
+    "aten::linear": 0,
+    "aten::_scaled_mm": 0,
+}
 # Position of a reduction's ``dim`` argument: sum.dim_IntList(self, dim, keepdim, dtype), mean, amax, amin,
 # argmax, max.dim, logsumexp, var.correction(self, dim, ...), std; linalg_vector_norm(self, ord, dim, ...) and
 # norm.ScalarOpt_dim(self, p, dim, ...).
@@ -187,8 +203,14 @@ def _conv(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | None
         raise ShapeError(f"{op}: no recorded Concrete Inputs (stride, padding, dilation, groups)")
     flops, out_numel = op_flops(op, dims, concrete), conv_geometry(op, dims, concrete)[1]
     elem, dtype = _first_size(op, types)
-    bias = dims[2] if len(dims) > 2 and _is_shape(dims[2]) and dims[2] and op not in (
-        "aten::cudnn_convolution", "aten::cudnn_convolution_transpose") else []
+    bias = (
+        dims[2]
+        if len(dims) > 2
+        and _is_shape(dims[2])
+        and dims[2]
+        and op not in ("aten::cudnn_convolution", "aten::cudnn_convolution_transpose")
+        else []
+    )
     n = numel(dims[0]) + numel(dims[1]) + (numel(bias) if bias else 0) + out_numel
     return CallCost(float(flops), float(n * elem), dtype, None, "conv")
 
@@ -222,8 +244,13 @@ def _broadcast(a: list[int], b: list[int]) -> list[int]:
 
 
 def _elementwise(op: str, dims: list[Any], types: list[Any]) -> CallCost:
-    binary = op in BINARY_OPS or (op == "aten::pow" and len(dims) > 1 and _is_shape(dims[1]) and bool(dims[1])
-                                  and (types[1] if len(types) > 1 else None) != "Scalar")
+    binary = op in BINARY_OPS or (
+        op == "aten::pow"
+        and len(dims) > 1
+        and _is_shape(dims[1])
+        and bool(dims[1])
+        and (types[1] if len(types) > 1 else None) != "Scalar"
+    )
     if binary:
         (a, ea), (b, eb) = _operands(op, dims, types, 2)
         out = _broadcast(a, b)
@@ -234,8 +261,13 @@ def _elementwise(op: str, dims: list[Any], types: list[Any]) -> CallCost:
     if op == "aten::copy_":  # copy_(self: destination, src): each at its own dtype
         (dst, e_dst), (src, e_src) = _operands(op, dims, types, 2)
         n = numel(dst)
-        return CallCost(float(n), float(n * e_dst + numel(src) * e_src), float_key(types[1:2]) or float_key(types),
-                        None, "elementwise")
+        return CallCost(
+            float(n),
+            float(n * e_dst + numel(src) * e_src),
+            float_key(types[1:2]) or float_key(types),
+            None,
+            "elementwise",
+        )
     ((x, e),) = _operands(op, dims, types, 1)
     if not e:
         raise ShapeError(f"{op}: no tensor input")
@@ -301,8 +333,7 @@ def _normalization(op: str, dims: list[Any], types: list[Any], concrete: list[An
             per_elem = 2  # inference: normalize with the running statistics, no statistics pass
         stats = 2 * sum(tensor(i) for i in _BATCH_NORM_STATS)  # running mean and variance, read and written
     flops = n * (per_elem + (1 if w_bytes else 0) + (1 if b_bytes else 0))
-    return CallCost(float(flops), float(2 * n * e + w_bytes + b_bytes + stats), float_key(types), None,
-                    "normalization")
+    return CallCost(float(flops), float(2 * n * e + w_bytes + b_bytes + stats), float_key(types), None, "normalization")
 
 
 def per_call(op: str, dims: list[Any], types: list[Any], concrete: list[Any] | None = None) -> CallCost:

@@ -29,6 +29,7 @@ rounds start up and end down to whole microseconds); and ``cuda_sync``
 events are not device activity (HTA counts a ``Stream Sync`` with a stream
 id as a kernel).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -143,7 +144,9 @@ def span_breakdown(events: pd.DataFrame, memset_as: str = "memcpy", launched_onl
     return {k: 100.0 * v / span for k, v in parts.items()} if span > 0 else {}
 
 
-def span_parts_ns(events: pd.DataFrame, memset_as: str = "memcpy", launched_only: bool = False) -> tuple[dict[str, int], int]:
+def span_parts_ns(
+    events: pd.DataFrame, memset_as: str = "memcpy", launched_only: bool = False
+) -> tuple[dict[str, int], int]:
     """Breakdown of one rank over its whole device span, in ns, and the span (TraceLens's window).
 
     TraceLens's ``gpu_timeline.csv`` (``GPUEventAnalyser.compute_metrics``):
@@ -177,8 +180,12 @@ def span_parts_ns(events: pd.DataFrame, memset_as: str = "memcpy", launched_only
     c, m, y = (tl.mask & 1) != 0, (tl.mask & 2) != 0, (tl.mask & 4) != 0
     span = int(end[device].max() - start[device].min())
     busy = tl.total(c | m | y)
-    parts = {"computation": tl.total(c), "exposed_comm": tl.total(m & ~c), "exposed_memcpy": tl.total(y & ~c & ~m),
-             "idle": span - busy}
+    parts = {
+        "computation": tl.total(c),
+        "exposed_comm": tl.total(m & ~c),
+        "exposed_memcpy": tl.total(y & ~c & ~m),
+        "idle": span - busy,
+    }
     return parts, span
 
 

@@ -34,6 +34,7 @@ region (the recompute ops inside one backward range without a
 ``CheckpointFunctionBackward``), the range of its last outermost recompute
 op when that op is one of ``flop_ops``; its FLOPs do not count.
 """
+
 from __future__ import annotations
 
 import re
@@ -91,8 +92,12 @@ def in_backward(events: pd.DataFrame) -> np.ndarray:
     ranges = backward_ranges(events)
     if not ranges:
         return np.zeros(len(events), dtype=bool)
-    return inside(ranges, events["pid"].to_numpy(np.int64), events["tid"].to_numpy(np.int64),
-                  events["start_ns"].to_numpy(np.int64))
+    return inside(
+        ranges,
+        events["pid"].to_numpy(np.int64),
+        events["tid"].to_numpy(np.int64),
+        events["start_ns"].to_numpy(np.int64),
+    )
 
 
 def recompute_ops(events: pd.DataFrame, backward: np.ndarray) -> np.ndarray:

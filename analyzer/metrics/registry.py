@@ -16,6 +16,7 @@ function of ``analyzer.metrics.*`` that takes a ``pd.DataFrame`` to be
 registered here. Adding a metric: write the function, add one
 :func:`metric` line below.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -80,7 +81,9 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "comm_kernels": lambda: collectives.collective_table(tables.empty_events()),
     "launches": lambda: launch.launches(tables.empty_events()),
     "matmul_ops": lambda: matmul_flops.matmul_ops(tables.empty_events()),
-    "flop_kernels": lambda: matmul_flops.flop_kernels(tables.empty_events(), matmul_flops.matmul_ops(tables.empty_events())),
+    "flop_kernels": lambda: matmul_flops.flop_kernels(
+        tables.empty_events(), matmul_flops.matmul_ops(tables.empty_events())
+    ),
     "arrivals": lambda: stragglers.arrivals_from_records(_frame(COLLECTIVES_COLUMNS), None),
     "spans": lambda: stragglers.match_collective_spans({0: None}),
     "matched_collectives": lambda: stragglers.collective_table(EMPTY_INPUTS["arrivals"]()),
@@ -130,8 +133,9 @@ class Metric:
         return self.fn(**args, **self.params)
 
 
-def metric(fn: Callable[..., Any], params: Mapping[str, Any] | None = None, echoes: tuple[str, ...] = (),
-           **reads: str) -> Metric:
+def metric(
+    fn: Callable[..., Any], params: Mapping[str, Any] | None = None, echoes: tuple[str, ...] = (), **reads: str
+) -> Metric:
     """A :class:`Metric`: ``metric(overlap.overlap, events="events", steps="steps")``."""
     unknown = sorted(set(reads.values()) - set(EMPTY_INPUTS))
     if unknown:
@@ -239,8 +243,13 @@ METRICS: tuple[Metric, ...] = (
     metric(stragglers.match_collective_spans, per_rank="rank_spans"),
     metric(stragglers.wait_intervals, spans="spans"),
     # The thresholds it applied are part of the result (StragglerResult.config).
-    metric(stragglers.find_stragglers, params={"step_source": None, "arrival_source": None}, echoes=("config",),
-           step_times="metrics", arrivals="arrivals"),
+    metric(
+        stragglers.find_stragglers,
+        params={"step_source": None, "arrival_source": None},
+        echoes=("config",),
+        step_times="metrics",
+        arrivals="arrivals",
+    ),
     # taxonomy: kernel classes
     metric(taxonomy.kernel_class, events="events"),
     metric(taxonomy.row_classes, events="events"),
@@ -250,18 +259,40 @@ METRICS: tuple[Metric, ...] = (
     # timeline: occupancy over time. A span is a coordinate, not a measurement: active_span's
     # fallback (0, 1) keeps callers' spans non-empty. occupancy's rows are its bins (n_bins of
     # the given span), all in the remainder state ("other"/"idle") when nothing ran.
-    metric(timeline.occupancy, params={"origin_ns": 0, "span_ns": (0, 1000), "n_bins": 10}, echoes=("<result>",),
-           events="events"),
+    metric(
+        timeline.occupancy,
+        params={"origin_ns": 0, "span_ns": (0, 1000), "n_bins": 10},
+        echoes=("<result>",),
+        events="events",
+    ),
     metric(timeline.align_origins, steps_by_rank="steps_by_rank", events_by_rank="events_by_rank"),
-    metric(timeline.active_span, params={"source": "device"}, echoes=("<result>",), events_by_rank="events_by_rank",
-           origins="origins"),
-    metric(timeline.select_window, params={"span_ns": (0, 1000), "max_events": 100, "source": "device"},
-           events_by_rank="events_by_rank", origins="origins"),
-    metric(timeline.overview, params={"n_bins": 10}, echoes=("span_ns", "occupancy"),
-           events_by_rank="events_by_rank", steps_by_rank="steps_by_rank"),
+    metric(
+        timeline.active_span,
+        params={"source": "device"},
+        echoes=("<result>",),
+        events_by_rank="events_by_rank",
+        origins="origins",
+    ),
+    metric(
+        timeline.select_window,
+        params={"span_ns": (0, 1000), "max_events": 100, "source": "device"},
+        events_by_rank="events_by_rank",
+        origins="origins",
+    ),
+    metric(
+        timeline.overview,
+        params={"n_bins": 10},
+        echoes=("span_ns", "occupancy"),
+        events_by_rank="events_by_rank",
+        steps_by_rank="steps_by_rank",
+    ),
     # One rank's fine grid of one window (None without timeline events): the map's share of the overview.
-    metric(timeline.timeline_grid, params={"source": "device", "window": None, "trace": "rank0.json"},
-           events="events", steps="steps"),
+    metric(
+        timeline.timeline_grid,
+        params={"source": "device", "window": None, "trace": "rank0.json"},
+        events="events",
+        steps="steps",
+    ),
     # windows: ProfilerStep windows and their checks
     metric(windows.events_extent, events="events"),
     metric(windows.check_windows, params={"rank": 0}, events="events", steps="steps"),

@@ -48,6 +48,7 @@ without ``record_shapes=True``) is not on the roofline, and
 :attr:`Roofline.modeled_device_ms` against :attr:`Roofline.shapes_device_ms`
 says how much of the device time is.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,12 +66,44 @@ from analyzer.metrics.op_models import BACKWARD_BYTES, BACKWARD_FLOPS, MEMORY_FA
 from analyzer.metrics.taxonomy import kernel_precision
 from analyzer.metrics.text import text_map
 
-POINT_COLUMNS = ("op", "family", "backward", "input_dims", "input_types", "concrete_inputs", "causal", "dtype", "calls", "device_ms", "flops", "bytes",
-                 "flop_per_byte", "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s",
-                 "ridge_flop_per_byte", "bound", "efficiency_pct")
-OP_COLUMNS = ("op", "family", "backward", "dtype", "calls", "device_ms", "flops", "bytes", "flop_per_byte",
-              "achieved_flops_per_s", "achieved_bytes_per_s", "peak_flops_per_s", "ridge_flop_per_byte",
-              "bound", "efficiency_pct")
+POINT_COLUMNS = (
+    "op",
+    "family",
+    "backward",
+    "input_dims",
+    "input_types",
+    "concrete_inputs",
+    "causal",
+    "dtype",
+    "calls",
+    "device_ms",
+    "flops",
+    "bytes",
+    "flop_per_byte",
+    "achieved_flops_per_s",
+    "achieved_bytes_per_s",
+    "peak_flops_per_s",
+    "ridge_flop_per_byte",
+    "bound",
+    "efficiency_pct",
+)
+OP_COLUMNS = (
+    "op",
+    "family",
+    "backward",
+    "dtype",
+    "calls",
+    "device_ms",
+    "flops",
+    "bytes",
+    "flop_per_byte",
+    "achieved_flops_per_s",
+    "achieved_bytes_per_s",
+    "peak_flops_per_s",
+    "ridge_flop_per_byte",
+    "bound",
+    "efficiency_pct",
+)
 ROOF_COLUMNS = ("dtype", "peak_flops_per_s", "ridge_flop_per_byte", "source")
 
 
@@ -102,10 +135,17 @@ class Roofline:
     def to_json(self) -> dict[str, Any]:
         """The report's ``roofline`` block (schema ``analyzer.roofline/1``): the per-op rows and the roofs;
         the per-shape points stay in the API (``RunAnalysis.roofline().points``)."""
-        return {"schema": "analyzer.roofline/1", "device_name": self.device_name,
-                "hbm_bytes_per_s": self.hbm_bytes_per_s, "hbm_source": self.hbm_source,
-                "shapes_device_ms": self.shapes_device_ms, "modeled_device_ms": self.modeled_device_ms,
-                "ops": self.ops.to_dict("records"), "roofs": self.roofs.to_dict("records"), "notes": list(self.notes)}
+        return {
+            "schema": "analyzer.roofline/1",
+            "device_name": self.device_name,
+            "hbm_bytes_per_s": self.hbm_bytes_per_s,
+            "hbm_source": self.hbm_source,
+            "shapes_device_ms": self.shapes_device_ms,
+            "modeled_device_ms": self.modeled_device_ms,
+            "ops": self.ops.to_dict("records"),
+            "roofs": self.roofs.to_dict("records"),
+            "notes": list(self.notes),
+        }
 
 
 def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
@@ -131,8 +171,9 @@ def _rates(frame: pd.DataFrame, hbm: float | None) -> pd.DataFrame:
             bound[compute] = "compute"
             bound[memory] = "memory"
             frame["bound"] = pd.Series(bound, index=frame.index)
-            frame["efficiency_pct"] = np.where(compute, 100.0 * achieved_f / peak,
-                                               np.where(memory, 100.0 * achieved_b / hbm, np.nan))
+            frame["efficiency_pct"] = np.where(
+                compute, 100.0 * achieved_f / peak, np.where(memory, 100.0 * achieved_b / hbm, np.nan)
+            )
         else:
             frame["ridge_flop_per_byte"] = np.nan
             frame["bound"] = pd.Series([None] * len(frame), index=frame.index, dtype=object)
@@ -151,8 +192,15 @@ def _per_op(points: pd.DataFrame) -> pd.DataFrame:
     sums: dict[tuple[str, str, bool], tuple[list[int], list[float], list[float], list[float]]] = {}
     dtype_ms: dict[tuple[str, bool], dict[str | None, list[float]]] = {}
     for op, family, backward, dtype, calls, ms, flops, nbytes in zip(
-            points["op"], points["family"], points["backward"], points["dtype"], points["calls"],
-            points["device_ms"], points["flops"], points["bytes"]):
+        points["op"],
+        points["family"],
+        points["backward"],
+        points["dtype"],
+        points["calls"],
+        points["device_ms"],
+        points["flops"],
+        points["bytes"],
+    ):
         calls_, ms_, flops_, bytes_ = sums.setdefault((op, family, bool(backward)), ([], [], [], []))
         calls_.append(int(calls))
         ms_.append(ms)
@@ -166,14 +214,18 @@ def _per_op(points: pd.DataFrame) -> pd.DataFrame:
         totals = {d: math.fsum(v) for d, v in by_dtype.items()}
         main_dtype[key] = max(totals, key=totals.__getitem__)  # max() keeps the first of equal totals
     keys = list(sums)
-    return pd.DataFrame({
-        "op": [k[0] for k in keys], "family": [k[1] for k in keys], "backward": [k[2] for k in keys],
-        "calls": np.array([sum(s[0]) for s in sums.values()], dtype=np.int64),
-        "device_ms": np.array([math.fsum(s[1]) for s in sums.values()], dtype=np.float64),
-        "flops": np.array([math.fsum(s[2]) for s in sums.values()], dtype=np.float64),
-        "bytes": np.array([math.fsum(s[3]) for s in sums.values()], dtype=np.float64),
-        "dtype": pd.Series([main_dtype[(k[0], k[2])] for k in keys], dtype=object),
-    })
+    return pd.DataFrame(
+        {
+            "op": [k[0] for k in keys],
+            "family": [k[1] for k in keys],
+            "backward": [k[2] for k in keys],
+            "calls": np.array([sum(s[0]) for s in sums.values()], dtype=np.int64),
+            "device_ms": np.array([math.fsum(s[1]) for s in sums.values()], dtype=np.float64),
+            "flops": np.array([math.fsum(s[2]) for s in sums.values()], dtype=np.float64),
+            "bytes": np.array([math.fsum(s[3]) for s in sums.values()], dtype=np.float64),
+            "dtype": pd.Series([main_dtype[(k[0], k[2])] for k in keys], dtype=object),
+        }
+    )
 
 
 def _tf32_ops(op_kernels: pd.DataFrame | None) -> set[tuple[str, bool]]:
@@ -187,8 +239,7 @@ def _tf32_ops(op_kernels: pd.DataFrame | None) -> set[tuple[str, bool]]:
     return {(str(o), bool(b)) for o, b in sub.drop_duplicates().itertuples(index=False)}
 
 
-def roofline(shapes: pd.DataFrame, device_name: str | None = None,
-             op_kernels: pd.DataFrame | None = None) -> Roofline:
+def roofline(shapes: pd.DataFrame, device_name: str | None = None, op_kernels: pd.DataFrame | None = None) -> Roofline:
     """Each modeled shapes row on the device's roofline (module docstring); ``shapes`` as
     :attr:`analyzer.metrics.attribution.RunAttribution.shapes` (one rank's rows, or summed over ranks:
     calls and device time add, so the rates are those of the sums); ``op_kernels`` (the attribution's
@@ -197,10 +248,21 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     total_ms = float(shapes["device_ms"].sum()) if len(shapes) else 0.0
     hbm = hbm_peak(device_name) if device_name else None
     if not len(shapes):
-        notes.append("no device kernels attributed to ops with recorded input shapes (a CPU-only trace, "
-                     "or one taken without record_shapes=True)")
-        return Roofline(empty_frame(POINT_COLUMNS), empty_frame(OP_COLUMNS), empty_frame(ROOF_COLUMNS), device_name,
-                        None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source, 0.0, 0.0, notes)
+        notes.append(
+            "no device kernels attributed to ops with recorded input shapes (a CPU-only trace, "
+            "or one taken without record_shapes=True)"
+        )
+        return Roofline(
+            empty_frame(POINT_COLUMNS),
+            empty_frame(OP_COLUMNS),
+            empty_frame(ROOF_COLUMNS),
+            device_name,
+            None if hbm is None else hbm.bytes_per_s,
+            None if hbm is None else hbm.source,
+            0.0,
+            0.0,
+            notes,
+        )
     rows = []
     tf32 = _tf32_ops(op_kernels)
     unfit: dict[str, int] = {}
@@ -208,13 +270,23 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     no_backward: dict[str, int] = {}
     causal_calls: dict[str, int] = {}
     for op, backward, dims_json, types_json, concrete_json, calls, device_ms in zip(
-            shapes["op"], shapes["backward"], shapes["input_dims"], shapes["input_types"], shapes["concrete_inputs"],
-            shapes["calls"], shapes["device_ms"]):
+        shapes["op"],
+        shapes["backward"],
+        shapes["input_dims"],
+        shapes["input_types"],
+        shapes["concrete_inputs"],
+        shapes["calls"],
+        shapes["device_ms"],
+    ):
         key = (str(op), str(dims_json), str(types_json), str(concrete_json))
         if key not in cache:
             try:
-                cache[key] = per_call(str(op), json.loads(dims_json), json.loads(types_json) if types_json else [],
-                                      json.loads(concrete_json) if concrete_json else None)
+                cache[key] = per_call(
+                    str(op),
+                    json.loads(dims_json),
+                    json.loads(types_json) if types_json else [],
+                    json.loads(concrete_json) if concrete_json else None,
+                )
             except (ShapeError, ValueError, TypeError, IndexError, KeyError):
                 cache[key] = None
         got = cache[key]
@@ -231,39 +303,71 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
             continue
         scale_f = BACKWARD_FLOPS[got.family] if backward else 1.0
         scale_b = BACKWARD_BYTES if backward else 1.0
-        rows.append({"op": str(op), "family": got.family, "backward": bool(backward), "input_dims": str(dims_json),
-                     "input_types": str(types_json) if types_json is not None else "",
-                     "concrete_inputs": str(concrete_json) if concrete_json is not None else "", "causal": got.causal,
-                     "dtype": dtype,
-                     "calls": int(calls), "device_ms": float(device_ms),
-                     "flops": got.flops * scale_f * int(calls), "bytes": got.bytes * scale_b * int(calls)})
+        rows.append(
+            {
+                "op": str(op),
+                "family": got.family,
+                "backward": bool(backward),
+                "input_dims": str(dims_json),
+                "input_types": str(types_json) if types_json is not None else "",
+                "concrete_inputs": str(concrete_json) if concrete_json is not None else "",
+                "causal": got.causal,
+                "dtype": dtype,
+                "calls": int(calls),
+                "device_ms": float(device_ms),
+                "flops": got.flops * scale_f * int(calls),
+                "bytes": got.bytes * scale_b * int(calls),
+            }
+        )
     if causal_calls:
-        notes.append("causal attention counted in full, as torch's FlopCounterMode and the MFU count it (TraceLens "
-                     "counts the unmasked half of a square score matrix): " + ", ".join(
-                         f"{op} ({n} call(s))" for op, n in sorted(causal_calls.items())))
+        notes.append(
+            "causal attention counted in full, as torch's FlopCounterMode and the MFU count it (TraceLens "
+            "counts the unmasked half of a square score matrix): "
+            + ", ".join(f"{op} ({n} call(s))" for op, n in sorted(causal_calls.items()))
+        )
     if no_backward:
-        notes.append("backward of memory-bound ops not on the roofline (no backward model: their gradient ops "
-                     "differ per op): " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(no_backward.items())))
+        notes.append(
+            "backward of memory-bound ops not on the roofline (no backward model: their gradient ops "
+            "differ per op): " + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(no_backward.items()))
+        )
     if unfit:
-        notes.append("not on the roofline (no model, or shapes that do not fit the op): "
-                     + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items())))
+        notes.append(
+            "not on the roofline (no model, or shapes that do not fit the op): "
+            + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items()))
+        )
     roofs = []
     peaks: dict[str | None, float] = {}
     for dtype in sorted({str(r["dtype"]) for r in rows if r["dtype"]}):
         tp = datasheet_peak(device_name, dtype) if device_name else None
         if tp is not None:
             peaks[dtype] = tp.per_s
-            roofs.append({"dtype": dtype, "peak_flops_per_s": tp.per_s,
-                          "ridge_flop_per_byte": tp.per_s / hbm.bytes_per_s if hbm else np.nan, "source": tp.detail})
+            roofs.append(
+                {
+                    "dtype": dtype,
+                    "peak_flops_per_s": tp.per_s,
+                    "ridge_flop_per_byte": tp.per_s / hbm.bytes_per_s if hbm else np.nan,
+                    "source": tp.detail,
+                }
+            )
     if not device_name:
         notes.append("device unknown (no deviceProperties in the trace): no peaks, so no bound or efficiency")
     elif hbm is None or not roofs:
-        notes.append(f"no datasheet peaks for '{device_name}' in the peak table (analyzer.metrics.hardware): "
-                     "no bound or efficiency")
+        notes.append(
+            f"no datasheet peaks for '{device_name}' in the peak table (analyzer.metrics.hardware): "
+            "no bound or efficiency"
+        )
     if not rows:
-        return Roofline(empty_frame(POINT_COLUMNS), empty_frame(OP_COLUMNS), pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
-                        device_name, None if hbm is None else hbm.bytes_per_s, None if hbm is None else hbm.source,
-                        total_ms, 0.0, notes)
+        return Roofline(
+            empty_frame(POINT_COLUMNS),
+            empty_frame(OP_COLUMNS),
+            pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
+            device_name,
+            None if hbm is None else hbm.bytes_per_s,
+            None if hbm is None else hbm.source,
+            total_ms,
+            0.0,
+            notes,
+        )
     points = pd.DataFrame(rows)
     points["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in points["dtype"]]
     hbm_bps = hbm.bytes_per_s if hbm else None
@@ -275,8 +379,21 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None,
     ops = ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
     over = ops.loc[ops["efficiency_pct"].to_numpy(np.float64) > 100.0]
     if len(over):
-        notes.append("efficiency over 100 % (the FLOPs model or the peak table is wrong for these rows): "
-                     + ", ".join(f"{o}{' bwd' if b else ''} {d} {e:.1f} %" for o, b, d, e in
-                                 over[["op", "backward", "dtype", "efficiency_pct"]].itertuples(index=False)))
-    return Roofline(points, ops, pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)), device_name, hbm_bps,
-                    None if hbm is None else hbm.source, total_ms, float(points["device_ms"].sum()), notes)
+        notes.append(
+            "efficiency over 100 % (the FLOPs model or the peak table is wrong for these rows): "
+            + ", ".join(
+                f"{o}{' bwd' if b else ''} {d} {e:.1f} %"
+                for o, b, d, e in over[["op", "backward", "dtype", "efficiency_pct"]].itertuples(index=False)
+            )
+        )
+    return Roofline(
+        points,
+        ops,
+        pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
+        device_name,
+        hbm_bps,
+        None if hbm is None else hbm.source,
+        total_ms,
+        float(points["device_ms"].sum()),
+        notes,
+    )

@@ -5,6 +5,7 @@ geometry (:mod:`analyzer.metrics.conv_flops`) read shapes through these;
 a shape that does not fit raises :class:`ShapeError`, which callers turn
 into "FLOPs unknown" (and a coverage gap), never a guess.
 """
+
 from __future__ import annotations
 
 import math

@@ -22,6 +22,7 @@ The **headline** (``ms``) is the steady-state step time when the run has
 metrics records, else the profiled-window one (trace folders). Per rank the
 same choice applies to that rank's median over its steps.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

@@ -37,6 +37,7 @@ the gradient all-reduce), so the lateness signal is usually the one that
 names the straggler; the step-time ratio (``step_time / median over ranks``)
 is reported for every rank regardless.
 """
+
 from __future__ import annotations
 
 import math
@@ -112,6 +113,7 @@ class StragglerResult:
         rank's step time over the median across ranks), then ``lateness_excess_ms``; ranks
         without a step-time ratio last, flagged ranks first among equals. For views of
         many ranks (a top-k table instead of one row or bar per rank)."""
+
         def known(x: float | None) -> float | None:
             return float(x) if x is not None and math.isfinite(float(x)) else None
 
@@ -191,7 +193,9 @@ def arrivals_from_records(collectives: pd.DataFrame, offsets_ns: Sequence[int] |
             "key": (pg + ":" + frame["seq"].astype(np.int64).astype(str)).to_numpy(),
             "step": frame["step"].to_numpy(np.int64) if "step" in frame.columns else -1,
             "kind": frame["kind"].astype(str).to_numpy() if "kind" in frame.columns else "unknown",
-            "bytes": pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(np.float64) if "bytes" in frame.columns else np.nan,
+            "bytes": pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(np.float64)
+            if "bytes" in frame.columns
+            else np.nan,
             "group_size": frame["group_size"].to_numpy(np.int64) if "group_size" in frame.columns else -1,
             "start_ns": frame["start_ns"].to_numpy(np.int64) - offsets,
             "end_ns": frame["end_ns"].to_numpy(np.int64) - offsets,
@@ -231,7 +235,9 @@ def rank_collective_events(events: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return host.sort_values("start_ns", kind="stable"), "host c10d collective ops"
 
 
-def arrivals_from_traces(per_rank: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]]) -> tuple[pd.DataFrame, str | None, list[str]]:
+def arrivals_from_traces(
+    per_rank: Mapping[int, tuple[pd.DataFrame, pd.DataFrame]],
+) -> tuple[pd.DataFrame, str | None, list[str]]:
     """Arrivals matched across ranks by order within the process group.
 
     ``per_rank`` maps rank to ``(events, steps)``. The k-th collective of a
@@ -285,7 +291,9 @@ def rank_arrivals(rank: int, events: pd.DataFrame, steps: pd.DataFrame) -> tuple
     return frame, source
 
 
-def match_arrivals(per_rank: Mapping[int, tuple[pd.DataFrame | None, str]]) -> tuple[pd.DataFrame, str | None, list[str]]:
+def match_arrivals(
+    per_rank: Mapping[int, tuple[pd.DataFrame | None, str]],
+) -> tuple[pd.DataFrame, str | None, list[str]]:
     """The cross-rank stage of :func:`arrivals_from_traces` over each rank's
     :func:`rank_arrivals`; ``source`` is the highest rank's."""
     notes: list[str] = []
@@ -302,7 +310,9 @@ def match_arrivals(per_rank: Mapping[int, tuple[pd.DataFrame | None, str]]) -> t
     counts = arrivals.groupby([group_of, arrivals["rank"]]).size().unstack(fill_value=0)
     uneven = counts.index[counts.nunique(axis=1) > 1]
     if len(uneven):
-        notes.append(f"collective groups {sorted(map(str, uneven))} have different counts across ranks; left out of arrival matching")
+        notes.append(
+            f"collective groups {sorted(map(str, uneven))} have different counts across ranks; left out of arrival matching"
+        )
         arrivals = arrivals.loc[~group_of.isin(uneven)].reset_index(drop=True)
     return arrivals, source, notes
 
@@ -310,6 +320,7 @@ def match_arrivals(per_rank: Mapping[int, tuple[pd.DataFrame | None, str]]) -> t
 # ---------------------------------------------------------------------------
 # Per-collective skew and per-rank waits
 # ---------------------------------------------------------------------------
+
 
 # nccl-tests' bus-bandwidth factors (PERFORMANCE.md), n = ranks in the group.
 def _busbw_factor(kind: str, n: int) -> float:
@@ -335,7 +346,20 @@ def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
     nccl-tests) and ``busbw_gbps`` (algbw times the nccl-tests factor).
     """
     if arrivals.empty:
-        cols = ("key", "step", "kind", "bytes", "n_ranks", "first_arrival_ns", "skew_ms", "last_rank", "wait_ms", "duration_ms", "algbw_gbps", "busbw_gbps")
+        cols = (
+            "key",
+            "step",
+            "kind",
+            "bytes",
+            "n_ranks",
+            "first_arrival_ns",
+            "skew_ms",
+            "last_rank",
+            "wait_ms",
+            "duration_ms",
+            "algbw_gbps",
+            "busbw_gbps",
+        )
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
     a = arrivals.sort_values(["key", "start_ns", "rank"], kind="stable")
     g = a.groupby("key", sort=False)
@@ -432,21 +456,29 @@ def rank_collective_spans(rank: int, events: pd.DataFrame) -> pd.DataFrame | Non
     if sel.empty:
         return None
     order = pd.Series(group).groupby(group).cumcount().to_numpy()
-    return pd.DataFrame({
-        "rank": rank,
-        "key": group + ":" + order.astype(str).astype(object),
-        "group": group,
-        "start_ns": sel["start_ns"].to_numpy(np.int64),
-        "end_ns": sel["end_ns"].to_numpy(np.int64),
-    })
+    return pd.DataFrame(
+        {
+            "rank": rank,
+            "key": group + ":" + order.astype(str).astype(object),
+            "group": group,
+            "start_ns": sel["start_ns"].to_numpy(np.int64),
+            "end_ns": sel["end_ns"].to_numpy(np.int64),
+        }
+    )
 
 
 def match_collective_spans(per_rank: Mapping[int, pd.DataFrame | None]) -> pd.DataFrame:
     """The cross-rank stage of :func:`collective_spans`: groups with the same count on every rank."""
     frames = [frame for _rank, frame in sorted(per_rank.items()) if frame is not None]
     if len(frames) < 2:
-        return pd.DataFrame({"rank": pd.Series(dtype="int64"), "key": pd.Series(dtype=object),
-                             "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64")})
+        return pd.DataFrame(
+            {
+                "rank": pd.Series(dtype="int64"),
+                "key": pd.Series(dtype=object),
+                "start_ns": pd.Series(dtype="int64"),
+                "end_ns": pd.Series(dtype="int64"),
+            }
+        )
     spans = pd.concat(frames, ignore_index=True)
     counts = spans.groupby(["group", "rank"]).size().unstack(fill_value=0)
     even = counts.index[(counts.nunique(axis=1) == 1) & (counts.min(axis=1) > 0)]
@@ -636,7 +668,11 @@ def find_stragglers(
     step_sig = _score(step_table, cfg) if not step_table.empty else None
     median_step_ms = float(st["step_time_ms"].median()) if not st.empty else None
 
-    waits = _rank_waits(arrivals) if not arrivals.empty else pd.DataFrame(columns=["rank", "step", "lateness_ns", "wait_ns", "is_last", "key"])
+    waits = (
+        _rank_waits(arrivals)
+        if not arrivals.empty
+        else pd.DataFrame(columns=["rank", "step", "lateness_ns", "wait_ns", "is_last", "key"])
+    )
     late_table = pd.DataFrame()
     if not waits.empty:
         per = waits.loc[waits["step"] >= 0] if (waits["step"] >= 0).any() else waits.assign(step=0)
@@ -647,9 +683,7 @@ def find_stragglers(
     ratio = pd.DataFrame()
     if not step_table.empty:
         ratio = step_table.div(step_table.median(axis=1), axis=0)
-        per_step = (
-            _stacked(step_table, "step_time_ms").to_frame().join(_stacked(ratio, "step_time_ratio"))
-        )
+        per_step = _stacked(step_table, "step_time_ms").to_frame().join(_stacked(ratio, "step_time_ratio"))
         if not late_table.empty:
             per_step = per_step.join(_stacked(late_table, "lateness_ms"), how="outer")
         per_step = per_step.reset_index()
@@ -662,7 +696,9 @@ def find_stragglers(
         # The others' wait at a collective is its total wait (the last arriver waits 0).
         coll_wait = waits.groupby("key")["wait_ns"].sum()
         last = waits.loc[waits["is_last"], ["key", "rank"]]
-        caused_ns = pd.Series(coll_wait.reindex(last["key"]).to_numpy(), index=last["rank"].to_numpy()).groupby(level=0).sum()
+        caused_ns = (
+            pd.Series(coll_wait.reindex(last["key"]).to_numpy(), index=last["rank"].to_numpy()).groupby(level=0).sum()
+        )
     else:
         n_colls = n_last = wait_ns = caused_ns = empty
     step_n = step_table.notna().sum() if not step_table.empty else empty

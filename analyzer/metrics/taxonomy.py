@@ -50,6 +50,7 @@ MFU counts and whose time FLOP coverage is measured against.
 ``torch.compile`` can fuse; a kernel Inductor already generated
 (``triton_*``) is fusable-class but :func:`is_compiled`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,16 @@ from analyzer.metrics.memo import per_table
 from analyzer.metrics.text import is_in, text_map
 
 CLASSES = (
-    "gemm", "convolution", "attention", "elementwise", "reduction", "normalization",
-    "communication", "memcpy", "memset", "other",
+    "gemm",
+    "convolution",
+    "attention",
+    "elementwise",
+    "reduction",
+    "normalization",
+    "communication",
+    "memcpy",
+    "memset",
+    "other",
 )
 FLOP_CLASSES = frozenset({"gemm", "attention", "convolution"})
 FUSABLE_CLASSES = frozenset({"elementwise", "reduction", "normalization"})
@@ -72,26 +81,53 @@ FUSABLE_CLASSES = frozenset({"elementwise", "reduction", "normalization"})
 # compiled without re.I, which made each search about 7x slower on kernel names of a few hundred
 # characters (174 names of trace_diff/control: 25 ms against 3.5 ms, all of it on a cold report's path).
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("communication", re.compile(r"nccl|rccl|multimem_all_reduce|one_shot_all_reduce|two_shot_all_reduce|cross_device_reduce")),
-    ("attention", re.compile(
-        r"flash_?(fwd|bwd|attn)|fmha|attn_(fwd|bwd)|_attention|attention_|paged_attention|native_sdpa|sdpa_|mha_|"
-        r"efficient_attention|flashinfer.*(prefill|decode)(?!.*indices)")),
-    ("convolution", re.compile(
-        r"fprop|dgrad|wgrad|implicit_?gemm|convolution|conv2d|conv3d|conv1d|_conv_|scudnn|winograd|fft2d_|fft3d_|"
-        r"cutlass_?_?\w*cudnn|miopen\w*conv|sp3asmconv|igemm_(fwd|bwd|wrw)|naive_conv|depthwise")),
-    ("normalization", re.compile(
-        r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|bn_fw|bn_bw|gammabeta|rowwisemoments|"
-        r"computeinternalgradients|computefusedparams|computebackwardfusedparams|cuapplylayernorm|"
-        r"cucomputepartgradgammabeta|cucomputegradgammabeta|miopenbatchnorm")),
-    ("gemm", re.compile(
-        r"gemm|gemv|nvjet|cublas|cutlass|xmma|cijk_|wgmma|splitkreduce|magma_|^bmm_|triton_tem_\w*mm|"
-        r"device_gemm|kernel_gemm|hipblaslt|rocblas")),
-    ("reduction", re.compile(
-        r"reduce_kernel|softmax|devicereduce|devicesegmentedreduce|devicescan|triton_red_|triton_per_|"
-        r"reduce_row|reduce_col|norm_kernel|argmax|argmin|_sum_|cumsum")),
-    ("elementwise", re.compile(
-        r"elementwise|triton_poi_|multi_tensor_apply|catarraybatchedcopy|copy_kernel|fill_kernel|dropout|"
-        r"distribution_|silu|gelu|relu|act_and_mul|rotary|upsample|pool")),
+    (
+        "communication",
+        re.compile(r"nccl|rccl|multimem_all_reduce|one_shot_all_reduce|two_shot_all_reduce|cross_device_reduce"),
+    ),
+    (
+        "attention",
+        re.compile(
+            r"flash_?(fwd|bwd|attn)|fmha|attn_(fwd|bwd)|_attention|attention_|paged_attention|native_sdpa|sdpa_|mha_|"
+            r"efficient_attention|flashinfer.*(prefill|decode)(?!.*indices)"
+        ),
+    ),
+    (
+        "convolution",
+        re.compile(
+            r"fprop|dgrad|wgrad|implicit_?gemm|convolution|conv2d|conv3d|conv1d|_conv_|scudnn|winograd|fft2d_|fft3d_|"
+            r"cutlass_?_?\w*cudnn|miopen\w*conv|sp3asmconv|igemm_(fwd|bwd|wrw)|naive_conv|depthwise"
+        ),
+    ),
+    (
+        "normalization",
+        re.compile(
+            r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|bn_fw|bn_bw|gammabeta|rowwisemoments|"
+            r"computeinternalgradients|computefusedparams|computebackwardfusedparams|cuapplylayernorm|"
+            r"cucomputepartgradgammabeta|cucomputegradgammabeta|miopenbatchnorm"
+        ),
+    ),
+    (
+        "gemm",
+        re.compile(
+            r"gemm|gemv|nvjet|cublas|cutlass|xmma|cijk_|wgmma|splitkreduce|magma_|^bmm_|triton_tem_\w*mm|"
+            r"device_gemm|kernel_gemm|hipblaslt|rocblas"
+        ),
+    ),
+    (
+        "reduction",
+        re.compile(
+            r"reduce_kernel|softmax|devicereduce|devicesegmentedreduce|devicescan|triton_red_|triton_per_|"
+            r"reduce_row|reduce_col|norm_kernel|argmax|argmin|_sum_|cumsum"
+        ),
+    ),
+    (
+        "elementwise",
+        re.compile(
+            r"elementwise|triton_poi_|multi_tensor_apply|catarraybatchedcopy|copy_kernel|fill_kernel|dropout|"
+            r"distribution_|silu|gelu|relu|act_and_mul|rotary|upsample|pool"
+        ),
+    ),
 )
 # Inductor-generated kernels: already fused by torch.compile.
 _COMPILED_RE = re.compile(r"^triton_")
@@ -203,18 +239,27 @@ def collective_kinds(events: pd.DataFrame) -> pd.Series:
     if comm.empty:
         return pd.Series([], dtype=object)
     own = pd.Series(text_map(comm["coll_name"], collective_kind_of), index=comm.index)
-    host = events.loc[(events["kind"] == "cpu_comm").to_numpy(), ["name", "coll_name", "pid", "tid", "start_ns", "end_ns"]]
-    host_kind = np.where(
-        pd.isna(text_map(host["coll_name"], collective_kind_of)),
-        text_map(host["name"], collective_kind_of),
-        text_map(host["coll_name"], collective_kind_of),
-    ) if not host.empty else np.empty(0, dtype=object)
+    host = events.loc[
+        (events["kind"] == "cpu_comm").to_numpy(), ["name", "coll_name", "pid", "tid", "start_ns", "end_ns"]
+    ]
+    host_kind = (
+        np.where(
+            pd.isna(text_map(host["coll_name"], collective_kind_of)),
+            text_map(host["name"], collective_kind_of),
+            text_map(host["coll_name"], collective_kind_of),
+        )
+        if not host.empty
+        else np.empty(0, dtype=object)
+    )
     # Host ops whose kind is unknown (a bare record_param_comms) cannot name the collective.
     named = host_kind != "unknown"
     host, host_kind = host.loc[named], host_kind[named]
     pos = launching_op(events, comm.index, host.reset_index(drop=True))
     from_host = np.where(pos >= 0, host_kind[np.clip(pos, 0, None)] if len(host_kind) else None, None)
     by_name = text_map(comm["name"], collective_kind_of)
-    kind = np.where(pd.notna(own.to_numpy()) & (own.to_numpy() != "unknown"), own.to_numpy(),
-                    np.where(pd.notna(np.asarray(from_host, dtype=object)), from_host, by_name))
+    kind = np.where(
+        pd.notna(own.to_numpy()) & (own.to_numpy() != "unknown"),
+        own.to_numpy(),
+        np.where(pd.notna(np.asarray(from_host, dtype=object)), from_host, by_name),
+    )
     return pd.Series(kind, index=comm.index, dtype=object)

@@ -25,6 +25,7 @@ find a batch ready (90 ms) and the fourth waits (300 ms); the median says
 A folder of traces records no token counts, so it has no throughput
 (``source`` ``none`` with the reason).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -17,6 +17,7 @@ Pure functions over the events tables of :mod:`analyzer.ingest.tables`:
 Times are relative to a per-rank *origin* (see :func:`align_origins`), in
 integer nanoseconds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,7 +83,9 @@ def occupancy(
     return out
 
 
-def align_origins(steps_by_rank: Mapping[int, pd.DataFrame], events_by_rank: Mapping[int, pd.DataFrame]) -> dict[int, int]:
+def align_origins(
+    steps_by_rank: Mapping[int, pd.DataFrame], events_by_rank: Mapping[int, pd.DataFrame]
+) -> dict[int, int]:
     """Per-rank time origin (ns, the rank's own clock) that lines ranks up.
 
     Each rank's trace has its own clock. The origin is the start of the first
@@ -107,7 +110,9 @@ def align_origins(steps_by_rank: Mapping[int, pd.DataFrame], events_by_rank: Map
     return origins
 
 
-def active_span(events_by_rank: Mapping[int, pd.DataFrame], origins: Mapping[int, int], source: Source) -> tuple[int, int]:
+def active_span(
+    events_by_rank: Mapping[int, pd.DataFrame], origins: Mapping[int, int], source: Source
+) -> tuple[int, int]:
     """``(t0, t1)`` relative ns covering every rank's events of ``source``.
 
     Falls back to ``(0, 1)`` when there are no such events, so that callers
@@ -186,7 +191,9 @@ def select_window(
         )
     if not parts:
         empty = pd.DataFrame({"rank": [], "lane": [], "kind": [], "name": [], "start_ns": [], "end_ns": []})
-        return Window(events=empty.astype({"rank": "int64", "lane": "int64", "start_ns": "int64", "end_ns": "int64"}), n_total=0)
+        return Window(
+            events=empty.astype({"rank": "int64", "lane": "int64", "start_ns": "int64", "end_ns": "int64"}), n_total=0
+        )
     table = pd.concat(parts, ignore_index=True)
     n_total = len(table)
     if n_total > max_events:
@@ -317,7 +324,9 @@ def timeline_grid(
             break
         bin_ns *= 2
     edges = anchor + np.arange(first, last + 1, dtype=np.int64) * bin_ns
-    windows = pd.DataFrame({"step": np.arange(last - first, dtype=np.int64), "start_ns": edges[:-1], "end_ns": edges[1:]})
+    windows = pd.DataFrame(
+        {"step": np.arange(last - first, dtype=np.int64), "start_ns": edges[:-1], "end_ns": edges[1:]}
+    )
     pieces = breakdown_pieces(events, windows, source)
     dtype = np.int32 if bin_ns < 2**31 else np.int64
     return TimelineGrid(
@@ -384,8 +393,10 @@ def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tup
     grids = {r: g for r, gs in sorted(tl.grids.items()) for g in gs if g.window == window}
     other = sorted(r for r, g in grids.items() if g.source != source)
     if other:
-        notes.append(f"{len(other)} rank(s) without a {source} timeline left out: {', '.join(map(str, other[:10]))}"
-                     + (" ..." if len(other) > 10 else ""))
+        notes.append(
+            f"{len(other)} rank(s) without a {source} timeline left out: {', '.join(map(str, other[:10]))}"
+            + (" ..." if len(other) > 10 else "")
+        )
     grids = {r: g for r, g in grids.items() if g.source == source}
     states = [f"{s}_frac" for s in states_of(source)]
     columns = ["rank", "bin", "start_ns", "end_ns"] + states
@@ -424,23 +435,39 @@ def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tup
     shares = {p: np.empty(len(grids) * nb, dtype=np.float64) for p in parts_list}
     for i, (r, g) in enumerate(grids.items()):
         where = index[r] // group - first_bin
-        parts = {p: np.bincount(where, weights=v.astype(np.float64), minlength=nb).astype(np.int64)
-                 for p, v in g.parts_ns.items()}
+        parts = {
+            p: np.bincount(where, weights=v.astype(np.float64), minlength=nb).astype(np.int64)
+            for p, v in g.parts_ns.items()
+        }
         covered = sum(parts.values())
         parts[remainder] = parts[remainder] + (width - covered)  # time outside the rank's grid: nothing ran
         lo_abs = edges[:-1] + origins[r]
         parts = parts_with_waits(parts, tl.movable.get(r, {}), tl.waits.get(r), lo_abs, lo_abs + width)
         for p in parts_list:
             # ms over ms, as occupancy() divides, so the shares are equal to the last bit.
-            shares[p][i * nb:(i + 1) * nb] = (parts[p] / 1e6) / (width / 1e6)
+            shares[p][i * nb : (i + 1) * nb] = (parts[p] / 1e6) / (width / 1e6)
     ranks = np.fromiter(grids, dtype=np.int64, count=len(grids))
-    occ = pd.DataFrame({"rank": np.repeat(ranks, nb), "bin": np.tile(np.arange(nb, dtype=np.int64), len(grids)),
-                        "start_ns": np.tile(edges[:-1], len(grids)), "end_ns": np.tile(edges[1:], len(grids)),
-                        **{p.removesuffix("_ms") + "_frac": shares[p] for p in parts_list}})[columns]
+    occ = pd.DataFrame(
+        {
+            "rank": np.repeat(ranks, nb),
+            "bin": np.tile(np.arange(nb, dtype=np.int64), len(grids)),
+            "start_ns": np.tile(edges[:-1], len(grids)),
+            "end_ns": np.tile(edges[1:], len(grids)),
+            **{p.removesuffix("_ms") + "_frac": shares[p] for p in parts_list},
+        }
+    )[columns]
     step_rows = [
-        pd.DataFrame({"rank": r, "step": g.step, "start_ns": g.step_start_ns - origins[r], "end_ns": g.step_end_ns - origins[r]})
-        for r, g in grids.items() if len(g.step)
+        pd.DataFrame(
+            {"rank": r, "step": g.step, "start_ns": g.step_start_ns - origins[r], "end_ns": g.step_end_ns - origins[r]}
+        )
+        for r, g in grids.items()
+        if len(g.step)
     ]
-    steps = (pd.concat(step_rows, ignore_index=True) if step_rows
-             else pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64"))
-    return Overview(source=source, span_ns=(int(edges[0]), int(edges[-1])), origins=origins, occupancy=occ, steps=steps), notes
+    steps = (
+        pd.concat(step_rows, ignore_index=True)
+        if step_rows
+        else pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64")
+    )
+    return Overview(
+        source=source, span_ns=(int(edges[0]), int(edges[-1])), origins=origins, occupancy=occ, steps=steps
+    ), notes

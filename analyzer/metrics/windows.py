@@ -31,6 +31,7 @@ measurement of the step.
 The events' extent is taken over every event except the ProfilerStep
 markers themselves (host annotations and their GPU copies).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,8 +79,9 @@ def check_windows(events: pd.DataFrame, steps: pd.DataFrame, rank: int) -> Windo
     lengths = (order["end_ns"] - order["start_ns"]).to_numpy(np.int64)
     out, warnings = [], []
     prev_end = None
-    for i, (step, start, end) in enumerate(zip(order["step"].to_numpy(np.int64), order["start_ns"].to_numpy(np.int64),
-                                               order["end_ns"].to_numpy(np.int64))):
+    for i, (step, start, end) in enumerate(
+        zip(order["step"].to_numpy(np.int64), order["start_ns"].to_numpy(np.int64), order["end_ns"].to_numpy(np.int64))
+    ):
         s, e, why = int(start), int(end), []
         others = np.delete(lengths, i)
         typical = float(np.median(others)) if len(others) else float(lengths[i])
@@ -100,12 +102,23 @@ def check_windows(events: pd.DataFrame, steps: pd.DataFrame, rank: int) -> Windo
             warnings.append(f"rank {rank}: ProfilerStep#{step} dropped: {'; '.join(why) or 'no time left'}")
             continue
         if why:
-            warnings.append(f"rank {rank}: ProfilerStep#{step} clipped to the trace ({'; '.join(why)}): "
-                            f"{(end - start) / 1e6:.1f} ms -> {(e - s) / 1e6:.1f} ms, not used by suggestions")
+            warnings.append(
+                f"rank {rank}: ProfilerStep#{step} clipped to the trace ({'; '.join(why)}): "
+                f"{(end - start) / 1e6:.1f} ms -> {(e - s) / 1e6:.1f} ms, not used by suggestions"
+            )
         out.append((int(step), s, e, bool(why)))
         prev_end = e
-    table = pd.DataFrame(out, columns=list(COLUMNS)) if out else pd.DataFrame(
-        {"step": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
-         "flagged": pd.Series(dtype=bool)})
+    table = (
+        pd.DataFrame(out, columns=list(COLUMNS))
+        if out
+        else pd.DataFrame(
+            {
+                "step": pd.Series(dtype="int64"),
+                "start_ns": pd.Series(dtype="int64"),
+                "end_ns": pd.Series(dtype="int64"),
+                "flagged": pd.Series(dtype=bool),
+            }
+        )
+    )
     table = table.astype({"step": "int64", "start_ns": "int64", "end_ns": "int64", "flagged": bool})
     return WindowCheck(table.reset_index(drop=True), warnings)

@@ -39,6 +39,7 @@ told apart from the model's other layers). Otherwise NaN.
 A window is the step's ``[start_ns, end_ns)``; an op or a launch belongs to
 the window its start lies in.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,9 +60,16 @@ EMBEDDING_OP = "aten::embedding"
 REENTRANT_NODE = "CheckpointFunctionBackward"
 
 COLUMNS = {
-    "step": np.int64, "tokens": np.float64, "tokens_source": object, "recompute_ranges": np.int64,
-    "recompute_host_ms": np.float64, "recompute_device_ms": np.float64, "recompute_flop_ms": np.float64,
-    "recompute_flop_ops": np.int64, "recompute_shaped": np.int64, "recompute_out_bytes": np.float64,
+    "step": np.int64,
+    "tokens": np.float64,
+    "tokens_source": object,
+    "recompute_ranges": np.int64,
+    "recompute_host_ms": np.float64,
+    "recompute_device_ms": np.float64,
+    "recompute_flop_ms": np.float64,
+    "recompute_flop_ops": np.int64,
+    "recompute_shaped": np.int64,
+    "recompute_out_bytes": np.float64,
     "reentrant": bool,
 }
 
@@ -150,8 +158,9 @@ def _outermost(frame: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _tokens(events: pd.DataFrame, backward: np.ndarray, w_start: np.ndarray, w_end: np.ndarray
-            ) -> tuple[np.ndarray, list[str | None]]:
+def _tokens(
+    events: pd.DataFrame, backward: np.ndarray, w_start: np.ndarray, w_end: np.ndarray
+) -> tuple[np.ndarray, list[str | None]]:
     n = len(w_start)
     tokens = np.full(n, np.nan)
     sources: list[str | None] = [None] * n
@@ -180,8 +189,9 @@ def _tokens(events: pd.DataFrame, backward: np.ndarray, w_start: np.ndarray, w_e
                 weight = calls[0][0]
                 same = [d for d in calls if d[0] == weight]
                 tokens[k] = float(sum(math.prod(d[1]) for d in same))
-                sources[k] = (f"aten::embedding input ids {calls[0][1]} (weight {weight}), "
-                              f"{len(same)} call(s) in the step")
+                sources[k] = (
+                    f"aten::embedding input ids {calls[0][1]} (weight {weight}), {len(same)} call(s) in the step"
+                )
             else:
                 first = next((d for d in calls if _shape(d[0]) and len(d[0]) == 3), None)
                 if first is None:
@@ -228,8 +238,12 @@ def rank_workload(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         if device.any():
             link = launches(events)
             link = link.loc[link.index.isin(events.index[device])]
-            launched = inside(rec_ranges, link["pid"].to_numpy(np.int64), link["tid"].to_numpy(np.int64),
-                              link["start_ns"].to_numpy(np.int64))
+            launched = inside(
+                rec_ranges,
+                link["pid"].to_numpy(np.int64),
+                link["tid"].to_numpy(np.int64),
+                link["start_ns"].to_numpy(np.int64),
+            )
             link = link.loc[launched]
             dur = (events.loc[link.index, "end_ns"] - events.loc[link.index, "start_ns"]).to_numpy(np.float64) / 1e6
             cls = kernel_class(events.loc[link.index])
@@ -249,8 +263,9 @@ def rank_workload(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         mm = is_in(ops["name"], MATMUL_OPS)
         mm_ops = ops.loc[mm]
         top = _outermost(mm_ops)
-        for (name, dims, types), k in zip(mm_ops.loc[top, ["name", "input_dims", "input_types"]].itertuples(index=False),
-                                         op_win[mm][top]):
+        for (name, dims, types), k in zip(
+            mm_ops.loc[top, ["name", "input_dims", "input_types"]].itertuples(index=False), op_win[mm][top]
+        ):
             if k < 0:
                 continue
             out["recompute_flop_ops"][k] += 1

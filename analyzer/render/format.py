@@ -4,6 +4,7 @@ One function per job, so that the text report, the Markdown summary, the
 HTML pages, the JUnit file and the notebook views print the same figure the
 same way. A missing or non-finite number prints as ``-`` everywhere.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,7 @@ def short_kernel_name(name: str, width: int = KERNEL_NAME_WIDTH) -> str:
     if len(text) <= width:
         return text
     head = (width - 1) * 3 // 5
-    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
 def value_text(metric: str, value: float | None) -> str:
@@ -99,8 +100,11 @@ def delta_rows(deltas: Sequence["Delta"], fmt: str = ".2f", kernel: bool = False
     for d in deltas:
         name = short_kernel_name(d.name) if kernel else d.name
         change = "new" if d.delta_pct is None and d.delta else num(d.delta_pct, "+.1f")
-        rows.append([name] + ([d.kind or MISSING] if kernel else [])
-                    + [num(d.base, fmt), num(d.cand, fmt), num(d.delta, "+" + fmt), change])
+        rows.append(
+            [name]
+            + ([d.kind or MISSING] if kernel else [])
+            + [num(d.base, fmt), num(d.cand, fmt), num(d.delta, "+" + fmt), change]
+        )
     return rows
 
 

@@ -6,6 +6,7 @@ commands (``::error title=...::message``) the CLI prints on stdout when
 Markdown summary to the file named by ``$GITHUB_STEP_SUMMARY``. docs/ci.md
 shows the workflow that uses them.
 """
+
 from __future__ import annotations
 
 import os
@@ -76,5 +77,7 @@ def append_step_summary(outcome: "GateOutcome") -> Path | None:
         with path.open("a", encoding="utf-8") as f:
             f.write(check_markdown(outcome, outcome.explanation) + "\n")
     except OSError as exc:
-        raise AnalyzerError(f"{path}: cannot append the step summary ($GITHUB_STEP_SUMMARY): {exc.strerror or exc}") from None
+        raise AnalyzerError(
+            f"{path}: cannot append the step summary ($GITHUB_STEP_SUMMARY): {exc.strerror or exc}"
+        ) from None
     return path

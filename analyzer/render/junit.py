@@ -21,6 +21,7 @@ schema allows properties on a suite, not on a case), named
 ``memory``; floats are written with ``repr`` so a reader gets the exact
 double back.
 """
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -40,8 +41,9 @@ def _case(suite: ET.Element, name: str) -> ET.Element:
     return ET.SubElement(suite, "testcase", classname="analyzer.check", name=name, time="0")
 
 
-def _statistic_case(suite: ET.Element, name: str, r: "CheckResult", overall: str, inconclusive: Inconclusive,
-                    message: str) -> str:
+def _statistic_case(
+    suite: ET.Element, name: str, r: "CheckResult", overall: str, inconclusive: Inconclusive, message: str
+) -> str:
     """One gated statistic's testcase; its JUnit outcome (passed, failure or skipped), by the module doc's rules."""
     case = _case(suite, name)
     if overall == "inconclusive" and (r.regression or r.inconclusive):
@@ -61,10 +63,23 @@ def _statistic_case(suite: ET.Element, name: str, r: "CheckResult", overall: str
 
 
 def _statistic_properties(key: str, r: "CheckResult") -> Properties:
-    return [(f"{key}.{k}", v) for k, v in (
-        ("verdict", r.verdict), ("metric", r.metric), ("base_value", r.base_value), ("cand_value", r.cand_value),
-        ("drop", r.drop), ("max_drop", r.max_drop), ("p_value", r.p_value), ("alpha", r.alpha), ("noise", r.noise),
-        ("min_detectable_drop", r.min_detectable_drop), ("n_base", r.n_base), ("n_cand", r.n_cand))]
+    return [
+        (f"{key}.{k}", v)
+        for k, v in (
+            ("verdict", r.verdict),
+            ("metric", r.metric),
+            ("base_value", r.base_value),
+            ("cand_value", r.cand_value),
+            ("drop", r.drop),
+            ("max_drop", r.max_drop),
+            ("p_value", r.p_value),
+            ("alpha", r.alpha),
+            ("noise", r.noise),
+            ("min_detectable_drop", r.min_detectable_drop),
+            ("n_base", r.n_base),
+            ("n_cand", r.n_cand),
+        )
+    ]
 
 
 def _bound_case(suite: ET.Element, name: str, failed: bool, failure: str, message: str) -> str:
@@ -79,35 +94,63 @@ def _bound_case(suite: ET.Element, name: str, failed: bool, failure: str, messag
 
 def _goodput(suite: ET.Element, g: "GoodputGate") -> tuple[str, Properties]:
     kind = _bound_case(suite, "goodput", g.failed, f"goodput {g.goodput:.1%} below {g.min_goodput:.1%}", g.text())
-    return kind, [(f"goodput.{k}", v) for k, v in (
-        ("goodput", g.goodput), ("min_goodput", g.min_goodput), ("wall_s", g.wall_s),
-        ("productive_s", g.productive_s), ("attempts", g.attempts), ("base_goodput", g.base_goodput))]
+    return kind, [
+        (f"goodput.{k}", v)
+        for k, v in (
+            ("goodput", g.goodput),
+            ("min_goodput", g.min_goodput),
+            ("wall_s", g.wall_s),
+            ("productive_s", g.productive_s),
+            ("attempts", g.attempts),
+            ("base_goodput", g.base_goodput),
+        )
+    ]
 
 
 def _memory(suite: ET.Element, g: "MemoryGate") -> tuple[str, Properties]:
-    kind = _bound_case(suite, "peak memory", g.failed, f"peak memory {g.growth:+.1%} over {g.max_growth:+.1%}",
-                       g.text())
-    return kind, [(f"memory.{k}", v) for k, v in (
-        ("growth", g.growth), ("max_growth", g.max_growth), ("base_bytes", g.base_bytes),
-        ("cand_bytes", g.cand_bytes), ("kind", g.kind), ("source", g.source), ("reserved_growth", g.reserved_growth))]
+    kind = _bound_case(
+        suite, "peak memory", g.failed, f"peak memory {g.growth:+.1%} over {g.max_growth:+.1%}", g.text()
+    )
+    return kind, [
+        (f"memory.{k}", v)
+        for k, v in (
+            ("growth", g.growth),
+            ("max_growth", g.max_growth),
+            ("base_bytes", g.base_bytes),
+            ("cand_bytes", g.cand_bytes),
+            ("kind", g.kind),
+            ("source", g.source),
+            ("reserved_growth", g.reserved_growth),
+        )
+    ]
 
 
 def check_junit(outcome: "GateOutcome", inconclusive: Inconclusive = "exit") -> str:
     """JUnit XML of the gate (see the module doc); the suite's ``tests``/``failures``/``skipped`` counts follow the cases."""
     r = outcome.result
-    suite = ET.Element("testsuite", name="analyzer check",
-                       timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    suite = ET.Element(
+        "testsuite", name="analyzer check", timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
     props_node = ET.SubElement(suite, "properties")
     props: list[tuple[str, object]] = [("verdict", outcome.verdict), *_statistic_properties("gate", r)]
     kinds = [_statistic_case(suite, r.statistic_label, r, outcome.verdict, inconclusive, outcome.explanation)]
     if outcome.cpu is not None:
         k = outcome.cpu
-        kinds.append(_statistic_case(suite, k.statistic_label, k, outcome.verdict, inconclusive,
-                                     f"CPU time per step: {k.statistic_label} drop {k.drop:+.1%} "
-                                     f"(p = {k.p_value:.2g}, noise {k.noise:.1%}); {k.verdict_label}"))
+        kinds.append(
+            _statistic_case(
+                suite,
+                k.statistic_label,
+                k,
+                outcome.verdict,
+                inconclusive,
+                f"CPU time per step: {k.statistic_label} drop {k.drop:+.1%} "
+                f"(p = {k.p_value:.2g}, noise {k.noise:.1%}); {k.verdict_label}",
+            )
+        )
         props += _statistic_properties("cpu", k)
     bounds = ([_goodput(suite, outcome.goodput)] if outcome.goodput is not None else []) + (
-        [_memory(suite, outcome.memory)] if outcome.memory is not None else [])
+        [_memory(suite, outcome.memory)] if outcome.memory is not None else []
+    )
     for kind, extra in bounds:
         kinds.append(kind)
         props += extra

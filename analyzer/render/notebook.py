@@ -10,6 +10,7 @@ IPython registers them. The tables are the export tables
 (analyzer.verbs.export), plain DataFrames a user can also slice. Everything
 shown is escaped (kernel and run names come from trace files).
 """
+
 from __future__ import annotations
 
 import html
@@ -45,7 +46,11 @@ def run_html(a: "RunAnalysis") -> str:
     m = a.mfu
     mfu = pct(m.median, 2) if m.source != "none" else "none"
     if m.lower_bound:
-        mfu = f"&ge; {mfu} (lower bound" + (f", FLOP coverage {pct(m.flop_coverage)}" if m.flop_coverage is not None else "") + ")"
+        mfu = (
+            f"&ge; {mfu} (lower bound"
+            + (f", FLOP coverage {pct(m.flop_coverage)}" if m.flop_coverage is not None else "")
+            + ")"
+        )
     flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
     tables = export_tables(a, top=10)
     parts = [
@@ -57,11 +62,15 @@ def run_html(a: "RunAnalysis") -> str:
         "</ul>",
     ]
     if "ranks" in tables:
-        parts.append(_table(tables["ranks"].drop(columns=[c for c in tables["ranks"].columns if c.startswith("breakdown_")])))
+        parts.append(
+            _table(tables["ranks"].drop(columns=[c for c in tables["ranks"].columns if c.startswith("breakdown_")]))
+        )
     if a.errors or a.warnings:
-        parts.append(f"<div>{len(a.errors)} input error(s), {len(a.warnings)} warning(s): see <code>.errors</code>, "
-                     "<code>.warnings</code></div>")
-    return "<div class=\"analyzer-run\">" + "".join(parts) + "</div>"
+        parts.append(
+            f"<div>{len(a.errors)} input error(s), {len(a.warnings)} warning(s): see <code>.errors</code>, "
+            "<code>.warnings</code></div>"
+        )
+    return '<div class="analyzer-run">' + "".join(parts) + "</div>"
 
 
 def compare_html(c: "Comparison") -> str:
@@ -72,18 +81,29 @@ def compare_html(c: "Comparison") -> str:
 
     sm = c.step_time_median
     mfu_change = points_change(c.mfu.base, c.mfu.cand)
-    rows = pd.DataFrame([
-        {"figure": "MFU", "baseline": pct(c.mfu.base, 2), "candidate": pct(c.mfu.cand, 2),
-         "change": mfu_change if mfu_change == "-" else f"{mfu_change} pts"},
-        {"figure": "step time", "baseline": _ms(sm.base), "candidate": _ms(sm.cand),
-         "change": "-" if sm.base is None or sm.cand is None else f"{num(sm.delta, '+.2f')} ms"},
-    ])
-    phases = pd.DataFrame([{"phase": d.name, "baseline ms": d.base, "candidate ms": d.cand, "delta ms": d.delta}
-                           for d in c.phases[:8]])
+    rows = pd.DataFrame(
+        [
+            {
+                "figure": "MFU",
+                "baseline": pct(c.mfu.base, 2),
+                "candidate": pct(c.mfu.cand, 2),
+                "change": mfu_change if mfu_change == "-" else f"{mfu_change} pts",
+            },
+            {
+                "figure": "step time",
+                "baseline": _ms(sm.base),
+                "candidate": _ms(sm.cand),
+                "change": "-" if sm.base is None or sm.cand is None else f"{num(sm.delta, '+.2f')} ms",
+            },
+        ]
+    )
+    phases = pd.DataFrame(
+        [{"phase": d.name, "baseline ms": d.base, "candidate ms": d.cand, "delta ms": d.delta} for d in c.phases[:8]]
+    )
     parts = [f"<div><b>{html.escape(c.base_path)}</b> &rarr; <b>{html.escape(c.cand_path)}</b></div>", _table(rows)]
     if len(phases):
         parts.append(f"<div>per phase ({html.escape(c.phase_source)}), largest change first:</div>" + _table(phases))
-    return "<div class=\"analyzer-compare\">" + "".join(parts) + "</div>"
+    return '<div class="analyzer-compare">' + "".join(parts) + "</div>"
 
 
 def register(formatter: Any) -> None:

@@ -7,6 +7,7 @@ the core install and a page works offline without scripts. Each chart is a
 axes with round-number ticks, a legend, and a ``<title>`` tooltip on every
 point and bar giving its exact value. Missing values (None, NaN) are gaps.
 """
+
 from __future__ import annotations
 
 import html
@@ -16,8 +17,7 @@ from typing import Sequence
 
 # Plotly's and matplotlib's default qualitative palette (category10): colour-blind
 # distinguishable for the first few series, which is all a chart here has.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 WIDTH, HEIGHT = 960, 380
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 40, 50
 
@@ -120,21 +120,28 @@ class _Frame:
 
 
 def _svg(title: str, body: list[str], height: int = HEIGHT) -> str:
-    return (f'<figure class="chart"><svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" '
-            f'width="100%" role="img" font-family="system-ui,sans-serif" font-size="12">'
-            f"<title>{_esc(title)}</title>"
-            f'<text x="{WIDTH / 2:.0f}" y="20" text-anchor="middle" font-size="14">{_esc(title)}</text>'
-            + "".join(body) + "</svg></figure>")
+    return (
+        f'<figure class="chart"><svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" '
+        f'width="100%" role="img" font-family="system-ui,sans-serif" font-size="12">'
+        f"<title>{_esc(title)}</title>"
+        f'<text x="{WIDTH / 2:.0f}" y="20" text-anchor="middle" font-size="14">{_esc(title)}</text>'
+        + "".join(body)
+        + "</svg></figure>"
+    )
 
 
 def _y_axis(f: _Frame, ticks: Sequence[float], title: str) -> list[str]:
     out = []
     for t in ticks:
         y = f.py(t)
-        out.append(f'<line x1="{f.left}" x2="{f.right_px}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-                   f'<text x="{f.left - 6}" y="{y + 4:.1f}" text-anchor="end">{_esc(_tick_text(t))}</text>')
-    out.append(f'<text transform="translate(14,{(TOP + f.bottom_px) / 2:.0f}) rotate(-90)" '
-               f'text-anchor="middle">{_esc(title)}</text>')
+        out.append(
+            f'<line x1="{f.left}" x2="{f.right_px}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+            f'<text x="{f.left - 6}" y="{y + 4:.1f}" text-anchor="end">{_esc(_tick_text(t))}</text>'
+        )
+    out.append(
+        f'<text transform="translate(14,{(TOP + f.bottom_px) / 2:.0f}) rotate(-90)" '
+        f'text-anchor="middle">{_esc(title)}</text>'
+    )
     return out
 
 
@@ -142,14 +149,24 @@ def _legend(names: Sequence[tuple[str, str]], f: _Frame) -> list[str]:
     out, x = [], float(f.left)
     y = f.height - 10
     for name, colour in names:
-        out.append(f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" fill="{colour}"/>'
-                   f'<text x="{x + 14:.0f}" y="{y}">{_esc(name)}</text>')
+        out.append(
+            f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{x + 14:.0f}" y="{y}">{_esc(name)}</text>'
+        )
         x += 24 + 7.5 * len(name)
     return out
 
 
-def line_chart(title: str, series: Sequence[Series], *, x_title: str, y_title: str, bands: Sequence[Band] = (),
-               hlines: Sequence[HLine] = (), integer_x: bool = True) -> str:
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    *,
+    x_title: str,
+    y_title: str,
+    bands: Sequence[Band] = (),
+    hlines: Sequence[HLine] = (),
+    integer_x: bool = True,
+) -> str:
     """Numeric series over a numeric x axis, as markers joined by lines (:attr:`Series.lines`); "" with no finite point."""
     points = [p for s in series for p in map(_xy, s.x, s.y) if p is not None]
     if not points:
@@ -164,21 +181,29 @@ def line_chart(title: str, series: Sequence[Series], *, x_title: str, y_title: s
     body = _y_axis(f, yticks, y_title)
     for b in bands:
         x0, x1 = f.px(max(b.x0, f.x0)), f.px(min(b.x1, f.x1))
-        body.append(f'<rect x="{x0:.1f}" y="{TOP}" width="{max(0.0, x1 - x0):.1f}" height="{f.bottom_px - TOP}" '
-                    f'fill="{b.colour}" fill-opacity="0.18"><title>{_esc(b.label)}</title></rect>')
+        body.append(
+            f'<rect x="{x0:.1f}" y="{TOP}" width="{max(0.0, x1 - x0):.1f}" height="{f.bottom_px - TOP}" '
+            f'fill="{b.colour}" fill-opacity="0.18"><title>{_esc(b.label)}</title></rect>'
+        )
     xticks = [t for t in nice_ticks(xlo, xhi, 10) if xlo - pad <= t <= xhi + pad and (not integer_x or t == int(t))]
     for t in xticks:
-        body.append(f'<text x="{f.px(t):.1f}" y="{f.bottom_px + 16}" text-anchor="middle">'
-                    f"{_esc(_tick_text(t, integer_x))}</text>")
-    body.append(f'<line x1="{f.left}" x2="{f.right_px}" y1="{f.bottom_px}" y2="{f.bottom_px}" stroke="#888"/>'
-                f'<text x="{(f.left + f.right_px) / 2:.0f}" y="{f.bottom_px + 32}" text-anchor="middle">'
-                f"{_esc(x_title)}</text>")
+        body.append(
+            f'<text x="{f.px(t):.1f}" y="{f.bottom_px + 16}" text-anchor="middle">'
+            f"{_esc(_tick_text(t, integer_x))}</text>"
+        )
+    body.append(
+        f'<line x1="{f.left}" x2="{f.right_px}" y1="{f.bottom_px}" y2="{f.bottom_px}" stroke="#888"/>'
+        f'<text x="{(f.left + f.right_px) / 2:.0f}" y="{f.bottom_px + 32}" text-anchor="middle">'
+        f"{_esc(x_title)}</text>"
+    )
     for h in hlines:
         if _finite(h.y):
             y = f.py(h.y)
-            body.append(f'<line x1="{f.left}" x2="{f.right_px}" y1="{y:.1f}" y2="{y:.1f}" stroke="{h.colour}" '
-                        f'stroke-dasharray="6 4"/><text x="{f.left + 4}" y="{y - 4:.1f}" fill="{h.colour}">'
-                        f"{_esc(h.label)}</text>")
+            body.append(
+                f'<line x1="{f.left}" x2="{f.right_px}" y1="{y:.1f}" y2="{y:.1f}" stroke="{h.colour}" '
+                f'stroke-dasharray="6 4"/><text x="{f.left + 4}" y="{y - 4:.1f}" fill="{h.colour}">'
+                f"{_esc(h.label)}</text>"
+            )
     legend = []
     for i, s in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
@@ -194,17 +219,23 @@ def line_chart(title: str, series: Sequence[Series], *, x_title: str, y_title: s
             x, y = point
             px, py = f.px(x), f.py(y)
             run.append(f"{px:.1f},{py:.1f}")
-            dots.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{3 if s.lines else 5}" fill="{colour}">'
-                        f"<title>{_esc(s.name)}: {_esc(_tick_text(x, integer_x))}, {y:.6g}</title></circle>")
+            dots.append(
+                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="{3 if s.lines else 5}" fill="{colour}">'
+                f"<title>{_esc(s.name)}: {_esc(_tick_text(x, integer_x))}, {y:.6g}</title></circle>"
+            )
         if s.lines:
-            body += [f'<polyline points="{" ".join(seg)}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
-                     for seg in segments if len(seg) > 1]
+            body += [
+                f'<polyline points="{" ".join(seg)}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
+                for seg in segments
+                if len(seg) > 1
+            ]
         body += dots
     return _svg(title, body + _legend(legend, f))
 
 
-def bar_chart(title: str, categories: Sequence[str], bars: Sequence[Bars], *, y_title: str,
-              stacked: bool = False) -> str:
+def bar_chart(
+    title: str, categories: Sequence[str], bars: Sequence[Bars], *, y_title: str, stacked: bool = False
+) -> str:
     """Vertical bars per category, one colour per series, grouped side by side or stacked; "" with no finite value."""
     values = [[v if _finite(v) else None for v in b.values] for b in bars]
     if not categories or not any(v is not None for vs in values for v in vs):
@@ -233,8 +264,10 @@ def bar_chart(title: str, categories: Sequence[str], bars: Sequence[Bars], *, y_
             x = cx - slot * 0.35 + (0 if stacked else j * width)
             y0, y1 = f.py(hi), f.py(lo)
             tip = b.hover[i] if i < len(b.hover) else f"{b.name}, {cat}: {v:.6g}"
-            body.append(f'<rect x="{x:.1f}" y="{y0:.1f}" width="{width:.1f}" height="{max(0.0, y1 - y0):.1f}" '
-                        f'fill="{colour}"><title>{_esc(tip)}</title></rect>')
+            body.append(
+                f'<rect x="{x:.1f}" y="{y0:.1f}" width="{width:.1f}" height="{max(0.0, y1 - y0):.1f}" '
+                f'fill="{colour}"><title>{_esc(tip)}</title></rect>'
+            )
             if stacked:
                 base += v
     body.append(f'<line x1="{f.left}" x2="{f.right_px}" y1="{f.py(0.0):.1f}" y2="{f.py(0.0):.1f}" stroke="#888"/>')
@@ -242,8 +275,9 @@ def bar_chart(title: str, categories: Sequence[str], bars: Sequence[Bars], *, y_
     return _svg(title, body + _legend(legend, f))
 
 
-def hbar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, x_title: str,
-               hover: Sequence[str] = ()) -> str:
+def hbar_chart(
+    title: str, labels: Sequence[str], values: Sequence[float], *, x_title: str, hover: Sequence[str] = ()
+) -> str:
     """One horizontal bar per label, top to bottom in the order given; "" with no finite value."""
     if not labels or not any(_finite(v) for v in values):
         return ""
@@ -255,15 +289,20 @@ def hbar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, x_
     body = []
     for t in xticks:
         x = f.px(t)
-        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{f.bottom_px}" stroke="#e5e5e5"/>'
-                    f'<text x="{x:.1f}" y="{f.bottom_px + 16}" text-anchor="middle">{_esc(_tick_text(t))}</text>')
-    body.append(f'<text x="{(left + f.right_px) / 2:.0f}" y="{f.bottom_px + 32}" text-anchor="middle">'
-                f"{_esc(x_title)}</text>")
+        body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{f.bottom_px}" stroke="#e5e5e5"/>'
+            f'<text x="{x:.1f}" y="{f.bottom_px + 16}" text-anchor="middle">{_esc(_tick_text(t))}</text>'
+        )
+    body.append(
+        f'<text x="{(left + f.right_px) / 2:.0f}" y="{f.bottom_px + 32}" text-anchor="middle">{_esc(x_title)}</text>'
+    )
     for i, (label, v) in enumerate(zip(labels, values)):
         y = TOP + i * row
         tip = hover[i] if i < len(hover) else label
         body.append(f'<text x="{left - 6}" y="{y + row * 0.65:.1f}" text-anchor="end">{_esc(label)}</text>')
         if _finite(v):
-            body.append(f'<rect x="{left}" y="{y + 3}" width="{max(0.0, f.px(float(v)) - left):.1f}" '
-                        f'height="{row - 6}" fill="{PALETTE[0]}"><title>{_esc(tip)}: {float(v):.6g}</title></rect>')
+            body.append(
+                f'<rect x="{left}" y="{y + 3}" width="{max(0.0, f.px(float(v)) - left):.1f}" '
+                f'height="{row - 6}" fill="{PALETTE[0]}"><title>{_esc(tip)}: {float(v):.6g}</title></rect>'
+            )
     return _svg(title, body, height=height)

@@ -4,6 +4,7 @@ Every function draws a result computed elsewhere (analyzer.api, analyzer.verbs)
 with the formatters of :mod:`analyzer.render.format`; none computes a metric.
 Names from trace files pass through :func:`~analyzer.verbs.printable.printable`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -49,7 +50,6 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, left:
     return "\n".join([line(list(headers)), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-
 def kind_text(a: "RunAnalysis") -> str:
     n = len(a.ranks)
     if a.kind == "reftrain":
@@ -76,10 +76,13 @@ def mfu_lines(a: "RunAnalysis") -> list[str]:
         return [f"MFU: none ({m.reason})"] + flop_lines(m)
     peak = f"{m.peak_flops_per_s / 1e12:.3g} TFLOP/s" if m.peak_flops_per_s else "?"
     # A lower bound (FLOP coverage under COVERAGE_MIN) says so in the headline, with its coverage.
-    bound = f">= {pct(m.median, 2)} (lower bound: FLOP coverage {pct(m.flop_coverage, 1)})" if m.lower_bound else pct(m.median, 2)
+    bound = (
+        f">= {pct(m.median, 2)} (lower bound: FLOP coverage {pct(m.flop_coverage, 1)})"
+        if m.lower_bound
+        else pct(m.median, 2)
+    )
     lines = [
-        f"MFU: {bound} median over {len(m.steps)} step(s), HFU {pct(m.hfu_median, 2)}  "
-        f"[source: {m.source}]",
+        f"MFU: {bound} median over {len(m.steps)} step(s), HFU {pct(m.hfu_median, 2)}  [source: {m.source}]",
         f"  peak {peak} per device ({m.peak_source}: {m.peak_detail})" + (f", dtype {m.dtype}" if m.dtype else ""),
     ]
     if m.flops_source:
@@ -94,8 +97,10 @@ def flop_lines(m: "MfuResult") -> list[str]:
     lines = []
     if m.flops_per_step is not None:
         hw = m.hardware_flops_per_step if m.hardware_flops_per_step is not None else m.flops_per_step
-        lines.append(f"  FLOPs per device per step: model {m.flops_per_step / 1e9:,.4g} GFLOP (MFU), "
-                     f"hardware {hw / 1e9:,.4g} GFLOP (HFU, with recompute)")
+        lines.append(
+            f"  FLOPs per device per step: model {m.flops_per_step / 1e9:,.4g} GFLOP (MFU), "
+            f"hardware {hw / 1e9:,.4g} GFLOP (HFU, with recompute)"
+        )
     if m.backward_families:
         lines.append("  backward per family: " + ", ".join(f"{f} {mode}" for f, mode in m.backward_families.items()))
     return lines + [f"  note: {n}" for n in m.notes]
@@ -110,8 +115,10 @@ def goodput_lines(a: "RunAnalysis") -> list[str]:
     extra = f", {gp.recomputed_steps} step(s) recomputed" if gp.recomputed_steps else ""
     extra += f", {gp.hung_attempts} hung attempt(s)" if gp.hung_attempts else ""
     extra += ", preempted (resumable)" if gp.preempted else ""
-    return [f"Goodput: {pct(gp.goodput, 1)} (productive step time {gp.productive_s:.2f} s of wall "
-            f"{gp.wall_s:.2f} s, {gp.attempts} attempt(s){extra}); lost s: {lost}"]
+    return [
+        f"Goodput: {pct(gp.goodput, 1)} (productive step time {gp.productive_s:.2f} s of wall "
+        f"{gp.wall_s:.2f} s, {gp.attempts} attempt(s){extra}); lost s: {lost}"
+    ]
 
 
 def straggler_lines(a: "RunAnalysis") -> list[str]:
@@ -133,7 +140,8 @@ def straggler_lines(a: "RunAnalysis") -> list[str]:
             for r in s.per_rank
         ]
         table = format_table(
-            ["rank", "steps", "judged step ms", "ratio", "late ms", "late z", "last in", "others waited ms", "flagged"], rows
+            ["rank", "steps", "judged step ms", "ratio", "late ms", "late z", "last in", "others waited ms", "flagged"],
+            rows,
         )
         lines += ["  " + line for line in table.splitlines()]
         lines += [f"  rank {r.rank}: {r.evidence}" for r in s.per_rank if r.flagged and r.evidence]
@@ -174,14 +182,22 @@ def rank_step_cells(a: "RunAnalysis", r: "RankSummary") -> list[str]:
 
 
 TIMELINE_PARTS = ("computation", "exposed_comm", "exposed_memcpy", "idle")
-TIMELINE_TITLE = ("Whole-trace GPU timeline (TraceLens's gpu_timeline definition: % of each rank's GPU span, "
-                  "first to last device event; the parts sum to 100)")
-TIMELINE_NOTE = ("  computation: some compute kernel runs; exposed comm: communication with no compute; exposed memcpy: "
-                 "copies/memsets with neither; idle: no device activity, gaps between steps included.")
-NO_STEPS_LINE = ("No ProfilerStep windows in the trace(s): no per-step breakdown; the whole-trace GPU timeline above is "
-                 "the only breakdown.")
-BREAKDOWN_TITLE = ("Step breakdown over the profiled windows (mean ms per step, % of step time; the parts sum to "
-                   "the profiled step time; idle counts host time inside a step)")
+TIMELINE_TITLE = (
+    "Whole-trace GPU timeline (TraceLens's gpu_timeline definition: % of each rank's GPU span, "
+    "first to last device event; the parts sum to 100)"
+)
+TIMELINE_NOTE = (
+    "  computation: some compute kernel runs; exposed comm: communication with no compute; exposed memcpy: "
+    "copies/memsets with neither; idle: no device activity, gaps between steps included."
+)
+NO_STEPS_LINE = (
+    "No ProfilerStep windows in the trace(s): no per-step breakdown; the whole-trace GPU timeline above is "
+    "the only breakdown."
+)
+BREAKDOWN_TITLE = (
+    "Step breakdown over the profiled windows (mean ms per step, % of step time; the parts sum to "
+    "the profiled step time; idle counts host time inside a step)"
+)
 
 
 def has_timeline(a: "RunAnalysis") -> bool:
@@ -189,8 +205,11 @@ def has_timeline(a: "RunAnalysis") -> bool:
 
 
 def timeline_rows(a: "RunAnalysis") -> list[list[str]]:
-    return [[r.rank, num(r.gpu_span_ms, ".2f"), *(num(r.gpu_timeline.get(p), ".2f") for p in TIMELINE_PARTS)]
-            for r in a.ranks if r.gpu_timeline]
+    return [
+        [r.rank, num(r.gpu_span_ms, ".2f"), *(num(r.gpu_timeline.get(p), ".2f") for p in TIMELINE_PARTS)]
+        for r in a.ranks
+        if r.gpu_timeline
+    ]
 
 
 TIMELINE_HEADERS = ["rank", "GPU span ms", "computation %", "exposed comm %", "exposed memcpy %", "idle %"]
@@ -201,17 +220,26 @@ def warning_lines(a: "RunAnalysis") -> list[str]:
     lines = [f"skipped: {e}" for e in a.errors] + [str(w) for w in a.warnings]
     m = a.mfu
     if m.lower_bound and m.flop_coverage is not None:
-        lines.append(f"MFU from shapes is a lower bound: FLOP coverage {pct(m.flop_coverage, 1)} of GEMM/attention/conv "
-                     f"{_coverage_time(m)}; no suggestion uses it")
+        lines.append(
+            f"MFU from shapes is a lower bound: FLOP coverage {pct(m.flop_coverage, 1)} of GEMM/attention/conv "
+            f"{_coverage_time(m)}; no suggestion uses it"
+        )
     elif m.source == "none" and m.flop_coverage is not None and m.flop_coverage < 1.0:
-        lines.append(f"MFU withheld: FLOP coverage {pct(m.flop_coverage, 1)} of GEMM/attention/conv {_coverage_time(m)}")
+        lines.append(
+            f"MFU withheld: FLOP coverage {pct(m.flop_coverage, 1)} of GEMM/attention/conv {_coverage_time(m)}"
+        )
     return [" ".join(line.split()) for line in lines]  # one line each, whatever the message held
 
 
 def _coverage_time(m: "MfuResult") -> str:
     """What the FLOP coverage is a share of: kernel time where kernels link to their ops, else host op time."""
-    return "kernel time" if m.attribution == "kernels" else "host op time" if m.attribution == "host-ops" else \
-        "kernel and host op time"
+    return (
+        "kernel time"
+        if m.attribution == "kernels"
+        else "host op time"
+        if m.attribution == "host-ops"
+        else "kernel and host op time"
+    )
 
 
 def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
@@ -239,8 +267,17 @@ def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
     out.append("Per rank")
     out.append(
         format_table(
-            ["rank", "timeline", "steps", *rank_step_headers(a), "compute %", "overlap % (HTA)", "exposed comm %",
-             "idle % (HTA)", "device"],
+            [
+                "rank",
+                "timeline",
+                "steps",
+                *rank_step_headers(a),
+                "compute %",
+                "overlap % (HTA)",
+                "exposed comm %",
+                "idle % (HTA)",
+                "device",
+            ],
             rows,
             left=(1, 8 + has_steady(a)),
         )
@@ -299,7 +336,14 @@ def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
         title = "Top host ops (inclusive time)" if host_ops(a) else "Top kernels"
         out.append(f"{title}, all ranks (ms/rank = total over the analysis window / ranks)")
         krows = [
-            [short_kernel_name(k.name), k.kind, k.count, num(k.total_ms, ".2f"), num(k.ms_per_rank, ".2f"), num(k.share_pct)]
+            [
+                short_kernel_name(k.name),
+                k.kind,
+                k.count,
+                num(k.total_ms, ".2f"),
+                num(k.ms_per_rank, ".2f"),
+                num(k.share_pct),
+            ]
             for k in kernels.itertuples(index=False)
         ]
         out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
@@ -313,27 +357,48 @@ def memory_lines(a: "RunAnalysis") -> list[str]:
         return []
     rss = m.kind == "cpu_rss"
     what = "resident set (RSS) at each step's end" if rss else "peak allocated and reserved bytes"
-    steps = ("metrics records, steps outside profiler windows" if m.source == "metrics"
-             else "profiler memory events, ProfilerStep windows")
+    steps = (
+        "metrics records, steps outside profiler windows"
+        if m.source == "metrics"
+        else "profiler memory events, ProfilerStep windows"
+    )
     lines = [f"Memory, {what}, MiB ({steps}; {m.kind})"]
     reserved = m.peak_reserved_bytes is not None  # CUDA only
-    rows = [[r.rank, mib(r.peak_allocated_bytes), "-" if r.peak_allocated_step is None else int(r.peak_allocated_step)]
-            + ([mib(r.peak_reserved_bytes), "-" if r.peak_reserved_step is None else int(r.peak_reserved_step)] if reserved else [])
-            + [r.n_steps] for r in m.ranks.itertuples(index=False)]
-    headers = ["rank", "peak RSS" if rss else "peak allocated", "at step"] + (["peak reserved", "at step"] if reserved else [])
+    rows = [
+        [r.rank, mib(r.peak_allocated_bytes), "-" if r.peak_allocated_step is None else int(r.peak_allocated_step)]
+        + (
+            [mib(r.peak_reserved_bytes), "-" if r.peak_reserved_step is None else int(r.peak_reserved_step)]
+            if reserved
+            else []
+        )
+        + [r.n_steps]
+        for r in m.ranks.itertuples(index=False)
+    ]
+    headers = ["rank", "peak RSS" if rss else "peak allocated", "at step"] + (
+        ["peak reserved", "at step"] if reserved else []
+    )
     lines.append(format_table(headers + ["steps"], rows))
     peak = m.peak_allocated_bytes
-    lines.append(f"  run peak (max over ranks): {mib(peak)} MiB {'RSS' if rss else 'allocated'}"
-                 + (f", {mib(m.peak_reserved_bytes)} MiB reserved" if m.peak_reserved_bytes is not None else ""))
+    lines.append(
+        f"  run peak (max over ranks): {mib(peak)} MiB {'RSS' if rss else 'allocated'}"
+        + (f", {mib(m.peak_reserved_bytes)} MiB reserved" if m.peak_reserved_bytes is not None else "")
+    )
     tp = m.trace_peaks
     if not tp.empty:
-        lines.append("  profiler memory events: " + "; ".join(
-            f"rank {r.rank} {r.device} {mib(r.peak_allocated_bytes)} allocated, {mib(r.peak_reserved_bytes)} reserved "
-            f"({r.n_events} events)" for r in tp.itertuples(index=False)))
+        lines.append(
+            "  profiler memory events: "
+            + "; ".join(
+                f"rank {r.rank} {r.device} {mib(r.peak_allocated_bytes)} allocated, {mib(r.peak_reserved_bytes)} reserved "
+                f"({r.n_events} events)"
+                for r in tp.itertuples(index=False)
+            )
+        )
     return lines
 
 
-ATTRIBUTION_TOP_KERNELS = 2  # per op in the text report (the JSON keeps analyzer.metrics.attribution.TOP_KERNELS_PER_OP)
+ATTRIBUTION_TOP_KERNELS = (
+    2  # per op in the text report (the JSON keeps analyzer.metrics.attribution.TOP_KERNELS_PER_OP)
+)
 
 
 def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
@@ -350,6 +415,7 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
     if by_host:
         out.append("Where the time goes (no device events: host time of ops, modules and annotations, ms per rank)")
     else:
+
         def share(col: str) -> str:
             return pct(float(t[col].sum()) / device_ms)
 
@@ -358,25 +424,41 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
             f"attributed to an op {share('attributed_ms')}, unattributed {share('unattributed_ms')} "
             f"({int(t['n_unattributed'].sum())} events with no launch call or no op around it); backward "
             f"{share('backward_ms')}; launched off the main thread {share('other_thread_ms')}; CUDA-graph replays "
-            f"{share('graph_ms')} (attributed to the graph launch); inside an nn.Module range {share('module_ms')}")
+            f"{share('graph_ms')} (attributed to the graph launch); inside an nn.Module range {share('module_ms')}"
+        )
     ops = ops.sort_values(["host_ms", "op"], ascending=[False, True], kind="stable") if by_host else ops
     kernels = at.summed("op_kernels")
     # Each op's kernels, largest first (ties in table order), gathered in one pass over the table.
     by_op: dict[tuple[str, bool], list[tuple[float, str, int]]] = {}
-    for op, bwd, kernel, count, ms in zip(kernels["op"], kernels["backward"], kernels["kernel"], kernels["count"],
-                                         kernels["device_ms"]):
+    for op, bwd, kernel, count, ms in zip(
+        kernels["op"], kernels["backward"], kernels["kernel"], kernels["count"], kernels["device_ms"]
+    ):
         by_op.setdefault((str(op), bool(bwd)), []).append((float(ms), str(kernel), int(count)))
     rows = []
     for r in ops.head(top).itertuples(index=False):
         mine = sorted(by_op.get((str(r.op), bool(r.backward)), []), key=lambda k: -k[0])[:ATTRIBUTION_TOP_KERNELS]
         names = "; ".join(f"{short_kernel_name(k, 40)} x{c}" for _, k, c in mine)
-        rows.append([short_kernel_name(r.op, 48), "bwd" if r.backward else "fwd", r.calls // n_ranks,
-                     num(r.device_ms / n_ranks, ".3f"), num(r.device_inclusive_ms / n_ranks, ".3f"),
-                     num(r.host_ms / n_ranks, ".3f"), num(r.share_of_step_pct), names or "-"])
-    out.append(f"Ops by {'host' if by_host else 'device'} time (per rank; bwd: the backward of that forward op, "
-               "from autograd sequence numbers; device ms: kernels counted to the op, incl: launched anywhere under it)")
-    out.append(format_table(["op", "dir", "calls", "device ms", "incl ms", "host ms", "% of step", "top kernels"],
-                            rows, left=(0, 1, 7)))
+        rows.append(
+            [
+                short_kernel_name(r.op, 48),
+                "bwd" if r.backward else "fwd",
+                r.calls // n_ranks,
+                num(r.device_ms / n_ranks, ".3f"),
+                num(r.device_inclusive_ms / n_ranks, ".3f"),
+                num(r.host_ms / n_ranks, ".3f"),
+                num(r.share_of_step_pct),
+                names or "-",
+            ]
+        )
+    out.append(
+        f"Ops by {'host' if by_host else 'device'} time (per rank; bwd: the backward of that forward op, "
+        "from autograd sequence numbers; device ms: kernels counted to the op, incl: launched anywhere under it)"
+    )
+    out.append(
+        format_table(
+            ["op", "dir", "calls", "device ms", "incl ms", "host ms", "% of step", "top kernels"], rows, left=(0, 1, 7)
+        )
+    )
     mods = at.summed("modules")
     if not mods.empty:
         shown = mods.loc[mods["depth"] <= 2]
@@ -388,19 +470,42 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
             sub = shown.loc[(shown["module"] == root) | shown["module"].str.startswith(root + "/")]
             for m in sub.itertuples(index=False):
                 name = "  " * int(m.depth) + m.module.rsplit("/", 1)[-1]
-                mrows.append([name, "bwd" if m.backward else "fwd", m.calls // n_ranks, num(m.device_ms / n_ranks, ".3f"),
-                              num(m.device_self_ms / n_ranks, ".3f"), num(m.host_ms / n_ranks, ".3f"), num(m.share_of_step_pct)])
+                mrows.append(
+                    [
+                        name,
+                        "bwd" if m.backward else "fwd",
+                        m.calls // n_ranks,
+                        num(m.device_ms / n_ranks, ".3f"),
+                        num(m.device_self_ms / n_ranks, ".3f"),
+                        num(m.host_ms / n_ranks, ".3f"),
+                        num(m.share_of_step_pct),
+                    ]
+                )
         out.append("Module tree (nn.Module ranges, depth <= 2, per rank; device ms inclusive of nested modules)")
-        out.append(format_table(["module", "dir", "calls", "device ms", "self ms", "host ms", "% of step"], mrows[: 4 * top],
-                                left=(0, 1)))
+        out.append(
+            format_table(
+                ["module", "dir", "calls", "device ms", "self ms", "host ms", "% of step"],
+                mrows[: 4 * top],
+                left=(0, 1),
+            )
+        )
     annos = at.summed("annotations")
     if not annos.empty:
         annos = annos.sort_values(["device_ms", "host_ms"], ascending=False).head(top)
-        arows = [[short_kernel_name(r.name, 48), r.calls // n_ranks, num(r.device_ms / n_ranks, ".3f"),
-                  num(r.host_ms / n_ranks, ".3f"), num(r.gpu_ms / n_ranks, ".3f") if r.gpu_calls else "-"]
-                 for r in annos.itertuples(index=False)]
-        out.append("User annotations (per rank; device ms: kernels launched under them; GPU ms: their GPU-side "
-                   "copies, HTA's user annotation breakdown)")
+        arows = [
+            [
+                short_kernel_name(r.name, 48),
+                r.calls // n_ranks,
+                num(r.device_ms / n_ranks, ".3f"),
+                num(r.host_ms / n_ranks, ".3f"),
+                num(r.gpu_ms / n_ranks, ".3f") if r.gpu_calls else "-",
+            ]
+            for r in annos.itertuples(index=False)
+        ]
+        out.append(
+            "User annotations (per rank; device ms: kernels launched under them; GPU ms: their GPU-side "
+            "copies, HTA's user annotation breakdown)"
+        )
         out.append(format_table(["annotation", "calls", "device ms", "host ms", "GPU ms"], arows, left=(0,)))
     return out
 
@@ -410,20 +515,50 @@ def idle_lines(a: "RunAnalysis") -> list[str]:
     t = a.idle.ranks if a.idle is not None else None
     if t is None or t.empty or not (t["span_ms"] > 0).any():
         return []
-    rows = [[r.rank, num(r.idle_pct), num(r.host_wait_pct), num(r.kernel_wait_pct), num(r.other_pct), r.n_launches,
-             num(r.cpu_duration_us_p50), num(r.launch_delay_us_p50), num(r.gpu_duration_us_p50),
-             pct(r.short_share), num(r.syncs_per_step), num(r.sync_idle_ms / r.n_steps if r.n_steps else None, ".2f"),
-             num(r.pageable_htod_per_step)]
-            for r in t.loc[t["span_ms"] > 0].itertuples(index=False)]
-    return ["Why the GPU is idle (HTA's idle breakdown and launch statistics, window as idle % (HTA); per step: "
-            "inside the ProfilerStep windows)",
-            format_table(["rank", "idle %", "host wait %", "kernel wait %", "other %", "launches", "launch us",
-                          "delay us", "kernel us", "short %", "syncs/step", "idle after sync ms/step",
-                          "pageable HtoD/step"], rows),
-            "  host wait: the next kernel was not launched yet; kernel wait: gaps under 30 us between launched kernels; "
-            "other: waiting on something else (another stream, a collective). Cause shares are of the idle time.",
-            "  launch/delay/kernel us: medians of the launch call, of kernel start - call end, of the kernel; short: "
-            "kernels shorter than their launch call (HTA's). syncs: stream/device/event syncs, blocking copies, .item()."]
+    rows = [
+        [
+            r.rank,
+            num(r.idle_pct),
+            num(r.host_wait_pct),
+            num(r.kernel_wait_pct),
+            num(r.other_pct),
+            r.n_launches,
+            num(r.cpu_duration_us_p50),
+            num(r.launch_delay_us_p50),
+            num(r.gpu_duration_us_p50),
+            pct(r.short_share),
+            num(r.syncs_per_step),
+            num(r.sync_idle_ms / r.n_steps if r.n_steps else None, ".2f"),
+            num(r.pageable_htod_per_step),
+        ]
+        for r in t.loc[t["span_ms"] > 0].itertuples(index=False)
+    ]
+    return [
+        "Why the GPU is idle (HTA's idle breakdown and launch statistics, window as idle % (HTA); per step: "
+        "inside the ProfilerStep windows)",
+        format_table(
+            [
+                "rank",
+                "idle %",
+                "host wait %",
+                "kernel wait %",
+                "other %",
+                "launches",
+                "launch us",
+                "delay us",
+                "kernel us",
+                "short %",
+                "syncs/step",
+                "idle after sync ms/step",
+                "pageable HtoD/step",
+            ],
+            rows,
+        ),
+        "  host wait: the next kernel was not launched yet; kernel wait: gaps under 30 us between launched kernels; "
+        "other: waiting on something else (another stream, a collective). Cause shares are of the idle time.",
+        "  launch/delay/kernel us: medians of the launch call, of kernel start - call end, of the kernel; short: "
+        "kernels shorter than their launch call (HTA's). syncs: stream/device/event syncs, blocking copies, .item().",
+    ]
 
 
 def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
@@ -436,19 +571,39 @@ def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
     def tera(x: Any) -> str:  # per second, in T (_num says "-" for a missing or NaN rate)
         return num(None if x is None else float(x) / 1e12, ".2f")
 
-    rows = [[o.op, "bwd" if o.backward else "fwd", o.dtype or "-", o.calls, num(o.device_ms, ".3f"),
-             tera(o.achieved_flops_per_s), tera(o.achieved_bytes_per_s), num(o.flop_per_byte, ".1f"),
-             num(o.ridge_flop_per_byte, ".1f"), o.bound or "-", num(o.efficiency_pct)]
-            for o in ops.itertuples(index=False)]
+    rows = [
+        [
+            o.op,
+            "bwd" if o.backward else "fwd",
+            o.dtype or "-",
+            o.calls,
+            num(o.device_ms, ".3f"),
+            tera(o.achieved_flops_per_s),
+            tera(o.achieved_bytes_per_s),
+            num(o.flop_per_byte, ".1f"),
+            num(o.ridge_flop_per_byte, ".1f"),
+            o.bound or "-",
+            num(o.efficiency_pct),
+        ]
+        for o in ops.itertuples(index=False)
+    ]
     hbm = f"HBM {r.hbm_bytes_per_s / 1e12:.2f} TB/s ({r.hbm_source})" if r.hbm_bytes_per_s else "HBM bandwidth unknown"
-    cover = (f"{pct(r.modeled_device_ms / r.shapes_device_ms, 1)} of the device time of ops with shapes"
-             if r.shapes_device_ms else "no op shapes")
-    out = [f"Roofline per op (all ranks; {r.device_name or 'device unknown'}, {hbm}; modeled: {cover})",
-           format_table(["op", "dir", "dtype", "calls", "device ms", "TFLOP/s", "TB/s", "FLOP/B", "ridge",
-                         "bound", "eff %"], rows, left=(0, 1, 2, 9)),
-           "  eff %: achieved FLOP/s over peak FLOP/s (compute-bound) or TB/s over the HBM bandwidth (memory-bound); "
-           "bound: memory below the ridge point (peak FLOP/s / HBM bandwidth) and for elementwise, reduction, "
-           "softmax and normalization ops, else compute. Backward of memory-bound ops: not modeled."]
+    cover = (
+        f"{pct(r.modeled_device_ms / r.shapes_device_ms, 1)} of the device time of ops with shapes"
+        if r.shapes_device_ms
+        else "no op shapes"
+    )
+    out = [
+        f"Roofline per op (all ranks; {r.device_name or 'device unknown'}, {hbm}; modeled: {cover})",
+        format_table(
+            ["op", "dir", "dtype", "calls", "device ms", "TFLOP/s", "TB/s", "FLOP/B", "ridge", "bound", "eff %"],
+            rows,
+            left=(0, 1, 2, 9),
+        ),
+        "  eff %: achieved FLOP/s over peak FLOP/s (compute-bound) or TB/s over the HBM bandwidth (memory-bound); "
+        "bound: memory below the ridge point (peak FLOP/s / HBM bandwidth) and for elementwise, reduction, "
+        "softmax and normalization ops, else compute. Backward of memory-bound ops: not modeled.",
+    ]
     return out + [f"  note: {n}" for n in r.notes]
 
 
@@ -458,17 +613,24 @@ def compare_text(c: "Comparison", *, top: int = 10) -> str:
     m = c.mfu
     if m.base is not None and m.cand is not None:
         # Each run's own MFU first (the figure of its report and the runs page), then the comparable one.
-        rescaled = (f"; candidate on the baseline's measured peak {pct(m.cand_on_base_peak, 2)}, which the change uses"
-                    if m.cand_on_base_peak is not None else "")
+        rescaled = (
+            f"; candidate on the baseline's measured peak {pct(m.cand_on_base_peak, 2)}, which the change uses"
+            if m.cand_on_base_peak is not None
+            else ""
+        )
         out.append(
             f"MFU: {pct(m.base, 2)} -> {pct(m.cand, 2)} ({points_change(m.base, m.cand)} points, drop {m.drop:+.1%}{rescaled})"
             f"  [{m.base_source} / {m.cand_source}]"
         )
     else:
-        out.append(f"MFU: {pct(m.base, 2) if m.base is not None else 'none'} -> {pct(m.cand, 2) if m.cand is not None else 'none'}")
+        out.append(
+            f"MFU: {pct(m.base, 2) if m.base is not None else 'none'} -> {pct(m.cand, 2) if m.cand is not None else 'none'}"
+        )
     if m.base_hfu is not None or m.cand_hfu is not None:
-        out.append(f"HFU (with recompute): {pct(m.base_hfu, 2) if m.base_hfu is not None else 'none'} -> "
-                   f"{pct(m.cand_hfu, 2) if m.cand_hfu is not None else 'none'}")
+        out.append(
+            f"HFU (with recompute): {pct(m.base_hfu, 2) if m.base_hfu is not None else 'none'} -> "
+            f"{pct(m.cand_hfu, 2) if m.cand_hfu is not None else 'none'}"
+        )
     st, sm = c.step_time, c.step_time_median
     out.append(
         f"Step time: {num(sm.base, '.2f')} -> {num(sm.cand, '.2f')} ms ({num(sm.delta, '+.2f')} ms, "
@@ -478,23 +640,36 @@ def compare_text(c: "Comparison", *, top: int = 10) -> str:
     out.append("")
     if c.phases:
         out.append(f"Phases, largest change first ({c.phase_source})")
-        out.append(format_table(["phase", "base ms", "cand ms", "delta ms", "delta %"], delta_rows(c.phases), left=(0,)))
+        out.append(
+            format_table(["phase", "base ms", "cand ms", "delta ms", "delta %"], delta_rows(c.phases), left=(0,))
+        )
         out.append("")
     if c.kernels:
         out.append(f"Kernels, largest change first ({c.kernel_source})")
         out.append(
-            format_table(["name", "kind", "base ms", "cand ms", "delta ms", "delta %"], delta_rows(c.kernels[:top], ".3f", kernel=True), left=(0, 1))
+            format_table(
+                ["name", "kind", "base ms", "cand ms", "delta ms", "delta %"],
+                delta_rows(c.kernels[:top], ".3f", kernel=True),
+                left=(0, 1),
+            )
         )
         out.append("")
     for title, deltas, what in (("Ops", c.ops, "op"), ("Modules", c.modules, "module")):
         if deltas:
             out.append(f"{title}, largest change first ({c.op_source})")
-            out.append(format_table([what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
-                                    delta_rows(deltas[:top], ".3f", kernel=True), left=(0, 1)))
+            out.append(
+                format_table(
+                    [what, "pass", "base ms", "cand ms", "delta ms", "delta %"],
+                    delta_rows(deltas[:top], ".3f", kernel=True),
+                    left=(0, 1),
+                )
+            )
             out.append("")
     if c.memory:
         out.append(f"Peak memory ({c.memory_source}){growth_text(c)}")
-        out.append(format_table(["", "base MiB", "cand MiB", "delta MiB", "delta %"], delta_rows(c.memory, ".1f"), left=(0,)))
+        out.append(
+            format_table(["", "base MiB", "cand MiB", "delta MiB", "delta %"], delta_rows(c.memory, ".1f"), left=(0,))
+        )
         out.append("")
     if c.ranks:
         out.append("Per-rank median step time")
@@ -515,31 +690,55 @@ def check_text(outcome: "GateOutcome", explanation: str) -> str:
 
 def history_text(h: "History") -> str:
     """The table ``analyzer history`` prints."""
-    rows = [[p.start_time, p.run, (p.commit or "-")[:10] + ("+" if p.dirty else ""), num(p.mfu and 100 * p.mfu, ".2f"),
-             num(p.step_time_ms, ".1f"), num(p.tokens_per_s, ".1f"), num(p.goodput and 100 * p.goodput, ".1f"),
-             p.verdict or ("-" if p.verdict_error is None else "cannot judge"),
-             f"CHANGE ({p.direction})" if p.change_point else ""] for p in h.points]
-    out = [f"Run history ({len(h.points)} run(s), by {h.by}); verdict: the CI gate from the previous run",
-           format_table(["start", "run", "commit", "MFU %", "step ms", "tokens/s", "goodput %", "verdict",
-                                     "change point"], rows, left=(0, 1, 2, 7, 8))]
+    rows = [
+        [
+            p.start_time,
+            p.run,
+            (p.commit or "-")[:10] + ("+" if p.dirty else ""),
+            num(p.mfu and 100 * p.mfu, ".2f"),
+            num(p.step_time_ms, ".1f"),
+            num(p.tokens_per_s, ".1f"),
+            num(p.goodput and 100 * p.goodput, ".1f"),
+            p.verdict or ("-" if p.verdict_error is None else "cannot judge"),
+            f"CHANGE ({p.direction})" if p.change_point else "",
+        ]
+        for p in h.points
+    ]
+    out = [
+        f"Run history ({len(h.points)} run(s), by {h.by}); verdict: the CI gate from the previous run",
+        format_table(
+            ["start", "run", "commit", "MFU %", "step ms", "tokens/s", "goodput %", "verdict", "change point"],
+            rows,
+            left=(0, 1, 2, 7, 8),
+        ),
+    ]
     out += [f"  {p.run}: gate cannot judge: {p.verdict_error}" for p in h.points if p.verdict_error]
     out += [f"  skipped {s}" for s in h.skipped]
     return printable("\n".join(out))
 
 
-def suggestions_text(suggestions: Sequence[Suggestion], config_path: str | None = None, *, nproc: int | None = None,
-                evidence: bool = True) -> str:
+def suggestions_text(
+    suggestions: Sequence[Suggestion],
+    config_path: str | None = None,
+    *,
+    nproc: int | None = None,
+    evidence: bool = True,
+) -> str:
     """Ranked suggestions, one block each: why, evidence, change, command, prediction."""
     if not suggestions:
         return "Suggestions: none: no rule fired (docs/suggestions.md lists the rules and their thresholds)\n"
-    out = [f"Suggestions ({len(suggestions)}, ranked: on traces exposed comm over 20% first, then changes by predicted gain; "
-           "docs/suggestions.md)"]
+    out = [
+        f"Suggestions ({len(suggestions)}, ranked: on traces exposed comm over 20% first, then changes by predicted gain; "
+        "docs/suggestions.md)"
+    ]
     for i, s in enumerate(suggestions, 1):
         tag = "diagnosis" if s.kind == "diagnosis" else f"confidence {s.confidence}"
         out.append(f"{i:>2}. [{s.rule}] {s.title}  ({tag})")
         out.append(f"    why: {s.trigger}")
         if evidence:
-            ev = ", ".join(f"{k} {evidence_value(v)}" for k, v in s.evidence.items() if v is not None and k != "verdict")
+            ev = ", ".join(
+                f"{k} {evidence_value(v)}" for k, v in s.evidence.items() if v is not None and k != "verdict"
+            )
             out.append(f"    evidence: {ev}")
             if "verdict" in s.evidence:
                 out.append(f"    verdict: {s.evidence['verdict']}")

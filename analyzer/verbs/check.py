@@ -41,6 +41,7 @@ Definitions (also in docs/ci.md, with the reasons for each choice):
 Deterministic (the same runs always give the same verdict): no resampling,
 no seed.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,11 @@ if TYPE_CHECKING:
 Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s", "canary_probes_per_s"]
 Verdict = Literal["pass", "regression", "inconclusive"]
 # The word ``analyzer check`` prints for each verdict (the step statistic's and the overall one alike).
-VERDICT_LABELS: dict[str, str] = {"pass": "PASS", "regression": "REGRESSION", "inconclusive": "INCONCLUSIVE (too noisy)"}
+VERDICT_LABELS: dict[str, str] = {
+    "pass": "PASS",
+    "regression": "REGRESSION",
+    "inconclusive": "INCONCLUSIVE (too noisy)",
+}
 METRIC_LABELS: dict[str, str] = {
     "mfu": "MFU",
     "tokens_per_s": "throughput (tokens/s per rank)",
@@ -124,7 +129,9 @@ class StepSamples:
         keep = self.steps <= step
         if keep.all():
             return self
-        return replace(self, values=self.values[keep], steps=self.steps[keep], source=f"{self.source}, through step {step}")
+        return replace(
+            self, values=self.values[keep], steps=self.steps[keep], source=f"{self.source}, through step {step}"
+        )
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,9 @@ class CheckResult:
 def _ordinal(q: float) -> str:
     n = round(100 * q, 1)
     text = f"{n:g}"
-    suffix = "th" if 10 <= n % 100 < 20 or not float(n).is_integer() else {1: "st", 2: "nd", 3: "rd"}.get(int(n) % 10, "th")
+    suffix = (
+        "th" if 10 <= n % 100 < 20 or not float(n).is_integer() else {1: "st", 2: "nd", 3: "rd"}.get(int(n) % 10, "th")
+    )
     return text + suffix
 
 
@@ -409,7 +418,9 @@ def samples_from_steps(steps: pd.DataFrame, *, value_column: str, metric: Metric
     values = pd.to_numeric(steps[value_column], errors="coerce")
     if value_column == "step_time_ms":
         values = 1000.0 / values
-    frame = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "value": values.to_numpy()})
+    frame = pd.DataFrame(
+        {"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "value": values.to_numpy()}
+    )
     frame = frame.replace([np.inf, -np.inf], np.nan).dropna(subset=["value"])
     if frame.empty:
         raise AnalyzerError(f"{label}: no usable ProfilerStep durations")
@@ -455,8 +466,10 @@ class GoodputGate:
     def text(self) -> str:
         base = f"; baseline {self.base_goodput:.1%}" if self.base_goodput is not None else ""
         state = "below the floor" if self.failed else "at or above the floor"
-        return (f"goodput {self.goodput:.1%} ({state} {self.min_goodput:.1%}; productive {self.productive_s:.2f} s "
-                f"of wall {self.wall_s:.2f} s, {self.attempts} attempt(s){base}); largest losses: {self.lost_text()}")
+        return (
+            f"goodput {self.goodput:.1%} ({state} {self.min_goodput:.1%}; productive {self.productive_s:.2f} s "
+            f"of wall {self.wall_s:.2f} s, {self.attempts} attempt(s){base}); largest losses: {self.lost_text()}"
+        )
 
     def to_json(self) -> dict:
         return asdict(self) | {"failed": self.failed}
@@ -470,10 +483,18 @@ def goodput_gate(candidate: "RunAnalysis", min_goodput: float, baseline: "RunAna
     if gp is None:
         raise AnalyzerError(
             f"--min-goodput: {candidate.path}: no goodput (it needs a reftrain run directory with run.json start "
-            "times and per-step records; a folder of traces has neither)")
+            "times and per-step records; a folder of traces has neither)"
+        )
     base = baseline.goodput() if baseline is not None else None
-    return GoodputGate(min_goodput=min_goodput, goodput=gp.goodput, wall_s=gp.wall_s, productive_s=gp.productive_s,
-                       lost_s=dict(gp.lost_s), attempts=gp.attempts, base_goodput=None if base is None else base.goodput)
+    return GoodputGate(
+        min_goodput=min_goodput,
+        goodput=gp.goodput,
+        wall_s=gp.wall_s,
+        productive_s=gp.productive_s,
+        lost_s=dict(gp.lost_s),
+        attempts=gp.attempts,
+        base_goodput=None if base is None else base.goodput,
+    )
 
 
 # ----------------------------------------------------------------- memory
@@ -506,9 +527,11 @@ class MemoryGate:
         what = "resident set" if self.kind == "cpu_rss" else "allocated"
         state = "over" if self.failed else "within"
         reserved = f"; reserved {self.reserved_growth:+.1%}" if self.reserved_growth is not None else ""
-        return (f"peak memory {self.base_bytes / 2**20:,.1f} -> {self.cand_bytes / 2**20:,.1f} MiB {what} "
-                f"({self.growth:+.1%}, {state} the allowed {self.max_growth:+.1%}{reserved}; {self.source} {self.kind}, "
-                "max over ranks)")
+        return (
+            f"peak memory {self.base_bytes / 2**20:,.1f} -> {self.cand_bytes / 2**20:,.1f} MiB {what} "
+            f"({self.growth:+.1%}, {state} the allowed {self.max_growth:+.1%}{reserved}; {self.source} {self.kind}, "
+            "max over ranks)"
+        )
 
     def to_json(self) -> dict:
         return asdict(self) | {"failed": self.failed}
@@ -519,25 +542,36 @@ def memory_gate(bases: "Sequence[RunAnalysis]", candidate: "RunAnalysis", max_gr
     the runs' figures are not of the same kind (GPU allocated against CPU resident set, records against traces)."""
     if not max_growth >= 0.0:
         raise AnalyzerError(f"--max-memory-growth must be >= 0 (a fraction: 0.05 allows +5%), got {max_growth}")
-    runs = [("candidate", candidate)] + [("baseline" if len(bases) == 1 else f"baseline {i + 1}", b)
-                                         for i, b in enumerate(bases)]
+    runs = [("candidate", candidate)] + [
+        ("baseline" if len(bases) == 1 else f"baseline {i + 1}", b) for i, b in enumerate(bases)
+    ]
     for label, a in runs:
         if not a.memory.peak_allocated_bytes:
-            raise AnalyzerError(f"--max-memory-growth: the {label} ({a.path}) has no peak memory (needs metrics records "
-                                "with mem_bytes, or traces taken with profile_memory=True)")
+            raise AnalyzerError(
+                f"--max-memory-growth: the {label} ({a.path}) has no peak memory (needs metrics records "
+                "with mem_bytes, or traces taken with profile_memory=True)"
+            )
     kinds = {(a.memory.source, a.memory.kind) for _, a in runs}
     if len(kinds) > 1:
-        raise AnalyzerError("--max-memory-growth: the runs' peak memory figures differ in kind ("
-                            + "; ".join(f"{label}: {a.memory.source} {a.memory.kind}" for label, a in runs)
-                            + "); they cannot be compared")
+        raise AnalyzerError(
+            "--max-memory-growth: the runs' peak memory figures differ in kind ("
+            + "; ".join(f"{label}: {a.memory.source} {a.memory.kind}" for label, a in runs)
+            + "); they cannot be compared"
+        )
     base = max(float(b.memory.peak_allocated_bytes or 0.0) for b in bases)
     cand = float(candidate.memory.peak_allocated_bytes or 0.0)
     reserved = [b.memory.peak_reserved_bytes for b in bases]
     rc = candidate.memory.peak_reserved_bytes
     rb = max(r for r in reserved) if all(r for r in reserved) else None
-    return MemoryGate(max_growth=max_growth, growth=(cand - base) / base, base_bytes=base, cand_bytes=cand,
-                      kind=str(candidate.memory.kind), source=str(candidate.memory.source),
-                      reserved_growth=(rc - rb) / rb if rb and rc is not None else None)
+    return MemoryGate(
+        max_growth=max_growth,
+        growth=(cand - base) / base,
+        base_bytes=base,
+        cand_bytes=cand,
+        kind=str(candidate.memory.kind),
+        source=str(candidate.memory.source),
+        reserved_growth=(rc - rb) / rb if rb and rc is not None else None,
+    )
 
 
 # ----------------------------------------------------------------- runs
@@ -586,9 +620,11 @@ class GateOutcome:
         out = self.result.to_json()
         out["notes"] = list(self.result.notes) + list(self.notes)
         out["explanation"] = self.explanation
-        out["cpu_time"] = None if self.cpu is None else {
-            k: v for k, v in self.cpu.to_json().items() if k not in ("schema", "base_source", "cand_source")
-        }
+        out["cpu_time"] = (
+            None
+            if self.cpu is None
+            else {k: v for k, v in self.cpu.to_json().items() if k not in ("schema", "base_source", "cand_source")}
+        )
         out["compare"] = self.comparison.to_json()
         # ``verdict`` is the overall one (the exit code); ``step_verdict`` that of the step statistic alone.
         out["step_verdict"] = self.result.verdict
@@ -626,16 +662,13 @@ def check_compatible(base: "RunAnalysis", cand: "RunAnalysis") -> list[str]:
     """
     if base.kind != cand.kind:
         what = {"reftrain": "a reftrain run directory", "traces": "a trace folder"}
-        raise AnalyzerError(
-            f"incompatible runs: the baseline is {what[base.kind]}, the candidate {what[cand.kind]}"
-        )
+        raise AnalyzerError(f"incompatible runs: the baseline is {what[base.kind]}, the candidate {what[cand.kind]}")
     notes: list[str] = []
     if base.kind == "reftrain":
         bm, cm = base.run_manifest, cand.run_manifest
         if _model_identity(bm) != _model_identity(cm):
             raise AnalyzerError(
-                f"incompatible runs: different model (baseline {_describe_model(bm)}; "
-                f"candidate {_describe_model(cm)})"
+                f"incompatible runs: different model (baseline {_describe_model(bm)}; candidate {_describe_model(cm)})"
             )
         bw, cw = bm.world_size, cm.world_size
         if bw != cw:
@@ -790,13 +823,15 @@ def run_probes(a: "RunAnalysis", label: str) -> Probes | None:
         per_step = _steady_per_step(a, column, "mean", sparse=True)
         if per_step is None:
             return None
-        found.append(StepSamples(
-            metric="canary_probes_per_s",
-            values=1000.0 / per_step.to_numpy(dtype=np.float64),
-            steps=per_step.index.to_numpy(dtype=np.int64),
-            source=f"{label}: metrics {column}, mean over ranks, {len(per_step)} probe(s)",
-            n_ranks=int(a.metrics["rank"].nunique()),
-        ))
+        found.append(
+            StepSamples(
+                metric="canary_probes_per_s",
+                values=1000.0 / per_step.to_numpy(dtype=np.float64),
+                steps=per_step.index.to_numpy(dtype=np.int64),
+                source=f"{label}: metrics {column}, mean over ranks, {len(per_step)} probe(s)",
+                n_ranks=int(a.metrics["rank"].nunique()),
+            )
+        )
     return Probes(wall=found[0], cpu=found[1])
 
 
@@ -973,24 +1008,39 @@ def machine_speed_gate(
     assert probes_cand is not None  # checked above with the others; for the type checker
     base_ms, cand_ms = _probe_ms([p.wall for p in known], probes_cand.wall, config.quantile)
     base_cpu, cand_cpu = _probe_ms([p.cpu for p in known], probes_cand.cpu, config.quantile)
-    adjusted, adjusted_cpu = gate_samples(base, _scaled(cand, cand_ms / base_ms), config, cpu_base,
-                                          None if cpu_cand is None else _scaled(cpu_cand, cand_cpu / base_cpu))
+    adjusted, adjusted_cpu = gate_samples(
+        base,
+        _scaled(cand, cand_ms / base_ms),
+        config,
+        cpu_base,
+        None if cpu_cand is None else _scaled(cpu_cand, cand_cpu / base_cpu),
+    )
     machine = MachineSpeed(
-        base_probe_ms=base_ms, cand_probe_ms=cand_ms, slowdown=cand_ms / base_ms - 1.0,
-        base_probe_cpu_ms=base_cpu, cand_probe_cpu_ms=cand_cpu, cpu_slowdown=cand_cpu / base_cpu - 1.0,
-        adjusted_drop=adjusted.drop, adjusted_cpu_drop=None if adjusted_cpu is None else adjusted_cpu.drop,
-        adjusted_verdict=adjusted.verdict, n_base=sum(len(p.wall.values) for p in known),
+        base_probe_ms=base_ms,
+        cand_probe_ms=cand_ms,
+        slowdown=cand_ms / base_ms - 1.0,
+        base_probe_cpu_ms=base_cpu,
+        cand_probe_cpu_ms=cand_cpu,
+        cpu_slowdown=cand_cpu / base_cpu - 1.0,
+        adjusted_drop=adjusted.drop,
+        adjusted_cpu_drop=None if adjusted_cpu is None else adjusted_cpu.drop,
+        adjusted_verdict=adjusted.verdict,
+        n_base=sum(len(p.wall.values) for p in known),
         n_cand=len(probes_cand.wall.values),
     )
     probe = f"canary probe {base_ms:.3f} -> {cand_ms:.3f} ms, CPU {base_cpu:.3f} -> {cand_cpu:.3f} ms"
     cpu_text = "" if adjusted_cpu is None else f", the CPU-time drop {adjusted_cpu.drop:+.1%}"
     taken_out = f"with that taken out the drop is {adjusted.drop:+.1%}{cpu_text}, and the gate says {adjusted.verdict}"
     if result.regression and not adjusted.regression:
-        note = (f"inconclusive: the machine was {machine.slowdown:.0%} slower during the candidate's run ({probe}); "
-                f"{taken_out}: rerun")
+        note = (
+            f"inconclusive: the machine was {machine.slowdown:.0%} slower during the candidate's run ({probe}); "
+            f"{taken_out}: rerun"
+        )
     elif result.verdict == "pass" and adjusted.verdict != "pass":
-        note = (f"inconclusive: the machine was {-machine.slowdown:.0%} faster during the candidate's run ({probe}); "
-                f"{taken_out}: the faster machine may hide a regression; rerun")
+        note = (
+            f"inconclusive: the machine was {-machine.slowdown:.0%} faster during the candidate's run ({probe}); "
+            f"{taken_out}: the faster machine may hide a regression; rerun"
+        )
     else:
         return result, cpu_result, machine
     return replace(result, verdict="inconclusive", notes=[*result.notes, note]), cpu_result, machine
@@ -1008,8 +1058,10 @@ def injected_notes(label: str, manifest: RunManifest) -> list[str]:
     if inject.slow_rank is not None and inject.delay_ms:
         ms = measured.get("injected_ms") or []
         got = f" (measured median {max(ms):.1f} ms per step)" if ms else ""
-        out.append(f"{label}: rank {inject.slow_rank} delayed {inject.delay_ms:g} ms per step on purpose "
-                   f"(--inject-slow-rank){got}")
+        out.append(
+            f"{label}: rank {inject.slow_rank} delayed {inject.delay_ms:g} ms per step on purpose "
+            f"(--inject-slow-rank){got}"
+        )
     return out
 
 
@@ -1070,14 +1122,23 @@ def check(
         labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
         probes_base = [run_probes(b, label) for b, label in zip(bases, labels)]
         probes_cand = run_probes(candidate, "candidate")
-    result, cpu_result, machine = machine_speed_gate(base_samples, cand_samples, config, cpu_base, cpu_cand,
-                                                     probes_base, probes_cand)
+    result, cpu_result, machine = machine_speed_gate(
+        base_samples, cand_samples, config, cpu_base, cpu_cand, probes_base, probes_cand
+    )
     if candidate.kind == "reftrain":
         notes += injected_notes("candidate", candidate.run_manifest)
         for i, b in enumerate(bases):
             notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.run_manifest)
-    return GateOutcome(result=result, comparison=compare(bases[0], candidate), notes=notes + sample_notes, cpu=cpu_result,
-                       samples=(base_samples, cand_samples), goodput=gp_gate, memory=mem_gate, machine=machine)
+    return GateOutcome(
+        result=result,
+        comparison=compare(bases[0], candidate),
+        notes=notes + sample_notes,
+        cpu=cpu_result,
+        samples=(base_samples, cand_samples),
+        goodput=gp_gate,
+        memory=mem_gate,
+        machine=machine,
+    )
 
 
 def _signed_ms(d: "Delta", kernel: bool = False, label: bool = False) -> str:
@@ -1090,7 +1151,9 @@ def _signed_ms(d: "Delta", kernel: bool = False, label: bool = False) -> str:
 def explain(outcome: GateOutcome) -> str:
     """One paragraph: the verdict, the numbers behind it, and what got slower."""
     r, c = outcome.result, outcome.comparison
-    runs = f"{r.n_base} vs {r.n_cand} steady-state steps" + (f", {r.n_baselines} baselines" if r.n_baselines > 1 else "")
+    runs = f"{r.n_base} vs {r.n_cand} steady-state steps" + (
+        f", {r.n_baselines} baselines" if r.n_baselines > 1 else ""
+    )
     head = (
         f"{r.statistic_label} {value_text(r.metric, r.base_value)} -> {value_text(r.metric, r.cand_value)} "
         f"(drop {r.drop:+.1%}, allowed {r.max_drop:.1%}; one-sided Mann-Whitney p = {r.p_value:.2g}, "
@@ -1102,8 +1165,10 @@ def explain(outcome: GateOutcome) -> str:
         text = f"Inconclusive, too noisy: {head}."
         if r.exceeds_threshold:
             text += " The drop exceeds the threshold but cannot be told from the runs' noise."
-        text += (f" The smallest drop these runs could show is {r.min_detectable_drop:.1%} ({r.noise_source});"
-                 " train more steps, or pass more baselines.")
+        text += (
+            f" The smallest drop these runs could show is {r.min_detectable_drop:.1%} ({r.noise_source});"
+            " train more steps, or pass more baselines."
+        )
     elif r.drop > 0 and r.significant:
         text = f"Within bounds: {head}; a significant but allowed slowdown."
     else:
@@ -1113,9 +1178,11 @@ def explain(outcome: GateOutcome) -> str:
         text += f" CPU time: {k.statistic_label} drop {k.drop:+.1%} (p = {k.p_value:.2g}, noise {k.noise:.1%})."
     if outcome.machine is not None:
         ms = outcome.machine
-        text += (f" Machine speed (canary probe {ms.base_probe_ms:.3f} -> {ms.cand_probe_ms:.3f} ms): the candidate's "
-                 f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; with that taken "
-                 f"out the drop is {ms.adjusted_drop:+.1%} ({ms.adjusted_verdict}).")
+        text += (
+            f" Machine speed (canary probe {ms.base_probe_ms:.3f} -> {ms.cand_probe_ms:.3f} ms): the candidate's "
+            f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; with that taken "
+            f"out the drop is {ms.adjusted_drop:+.1%} ({ms.adjusted_verdict})."
+        )
     st = c.step_time
     if st.base is not None and st.cand is not None:
         text += f" Mean step time {st.base:.1f} -> {st.cand:.1f} ms ({st.delta:+.1f} ms"
@@ -1136,11 +1203,17 @@ def explain(outcome: GateOutcome) -> str:
     if outcome.goodput is not None:
         g = outcome.goodput
         line = g.text()
-        text = (f"Regression: {line}. Step statistic: " + text) if g.failed else (text + f" {line[0].upper()}{line[1:]}.")
+        text = (
+            (f"Regression: {line}. Step statistic: " + text) if g.failed else (text + f" {line[0].upper()}{line[1:]}.")
+        )
     if outcome.memory is not None:
         line = outcome.memory.text()
         step = "" if outcome.goodput is not None and outcome.goodput.failed else "Step statistic: "
-        text = (f"Regression: {line}. {step}" + text) if outcome.memory.failed else (text + f" {line[0].upper()}{line[1:]}.")
+        text = (
+            (f"Regression: {line}. {step}" + text)
+            if outcome.memory.failed
+            else (text + f" {line[0].upper()}{line[1:]}.")
+        )
     for note in outcome.notes:
         text += f" Note: {note}."
     return text

@@ -61,6 +61,7 @@ and the other only profiled windows, both sides use their profiled
 windows, with a note. ``step_time`` is the **mean** over the phase table's
 rows (the phases add up to it), labelled as such wherever it is shown.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -239,9 +240,15 @@ def _trace_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
 def _phase_tables(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[pd.DataFrame | None, pd.DataFrame | None, str]:
     mb, mc = _metrics_phase_table(base), _metrics_phase_table(cand)
     if mb is not None and mc is not None:
-        return mb, mc, "metrics JSONL, steady-state steps (warmup and profiled steps excluded), mean over ranks and steps"
+        return (
+            mb,
+            mc,
+            "metrics JSONL, steady-state steps (warmup and profiled steps excluded), mean over ranks and steps",
+        )
     tb, tc = _trace_phase_table(base), _trace_phase_table(cand)
-    sources = {str(s) for a in (base, cand) if a.steps is not None and not a.steps.empty for s in a.steps["source"].unique()}
+    sources = {
+        str(s) for a in (base, cand) if a.steps is not None and not a.steps.empty for s in a.steps["source"].unique()
+    }
     timeline = " and ".join(sorted(sources)) or "no"
     return tb, tc, f"trace breakdown ({timeline} timeline), ProfilerStep windows, mean over ranks and steps"
 
@@ -286,7 +293,9 @@ def _kernel_ms_per_step(a: "RunAnalysis") -> pd.DataFrame:
     frame = k[["rank", "name", "kind", "total_ms"]].copy()
     frame["name"] = frame["name"].astype(str)
     # A trace without ProfilerStep windows counts as one window.
-    frame["per_step"] = frame["total_ms"].astype(float) / frame["rank"].map(n_steps).fillna(1).clip(lower=1).astype(float)
+    frame["per_step"] = frame["total_ms"].astype(float) / frame["rank"].map(n_steps).fillna(1).clip(lower=1).astype(
+        float
+    )
     grouped = frame.groupby("name", sort=False).agg(kind=("kind", "first"), total=("per_step", "sum"))
     grouped["ms_per_step"] = grouped["total"] / len(ranks)  # ranks lacking a kernel contribute 0
     return grouped.reset_index()[["name", "kind", "ms_per_step"]]
@@ -308,8 +317,19 @@ def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) ->
         )
         for row in joined.itertuples(index=False)
     ]
-    sources = {str(s) for a in (base, cand) if a.kernels is not None and not a.kernels.empty for s in a.kernels["source"].unique()}
-    what = "host ops (inclusive time)" if sources == {"host"} else "device kernels" if sources == {"device"} else "kernels and host ops"
+    sources = {
+        str(s)
+        for a in (base, cand)
+        if a.kernels is not None and not a.kernels.empty
+        for s in a.kernels["source"].unique()
+    }
+    what = (
+        "host ops (inclusive time)"
+        if sources == {"host"}
+        else "device kernels"
+        if sources == {"device"}
+        else "kernels and host ops"
+    )
     source = f"{what}, ms per profiled step, mean over ranks"
     deltas = _by_abs_delta(deltas)
     return (deltas if top is None else deltas[:top]), source
@@ -339,21 +359,27 @@ def _per_step(a: "RunAnalysis", table: pd.DataFrame, key: str, column: str) -> p
         return pd.Series(dtype=np.float64)
     n_steps = a.steps.groupby("rank").size() if a.steps is not None and not a.steps.empty else pd.Series(dtype=float)
     ranks = a.attribution.totals["rank"].nunique() if a.attribution is not None else 1
-    frame = pd.DataFrame({
-        "name": table[key].astype(str).to_numpy(),
-        "pass": np.where(table["backward"].astype(bool).to_numpy(), "backward", "forward"),
-        # A trace without ProfilerStep windows counts as one window (as for kernels).
-        "ms": pd.to_numeric(table[column], errors="coerce").fillna(0.0).to_numpy(np.float64)
-        / table["rank"].map(n_steps).fillna(1).clip(lower=1).to_numpy(np.float64),
-    })
+    frame = pd.DataFrame(
+        {
+            "name": table[key].astype(str).to_numpy(),
+            "pass": np.where(table["backward"].astype(bool).to_numpy(), "backward", "forward"),
+            # A trace without ProfilerStep windows counts as one window (as for kernels).
+            "ms": pd.to_numeric(table[column], errors="coerce").fillna(0.0).to_numpy(np.float64)
+            / table["rank"].map(n_steps).fillna(1).clip(lower=1).to_numpy(np.float64),
+        }
+    )
     return frame.groupby(["name", "pass"], sort=False)["ms"].sum() / max(int(ranks), 1)
 
 
 def _matched(sb: pd.Series, sc: pd.Series) -> list[Delta]:
     """One Delta per (name, pass) in either run (absent: 0), sorted by |delta|."""
     joined = pd.concat([sb.rename("base"), sc.rename("cand")], axis=1).fillna(0.0)
-    return _by_abs_delta([Delta(str(name), float(row.base), float(row.cand), str(kind))
-                          for (name, kind), row in zip(joined.index, joined.itertuples(index=False))])
+    return _by_abs_delta(
+        [
+            Delta(str(name), float(row.base), float(row.cand), str(kind))
+            for (name, kind), row in zip(joined.index, joined.itertuples(index=False))
+        ]
+    )
 
 
 def most_specific(deltas: list[Delta]) -> list[Delta]:
@@ -368,13 +394,18 @@ def most_specific(deltas: list[Delta]) -> list[Delta]:
     for d in deltas:
         if "/" in d.name:
             by_parent.setdefault((d.name.rsplit("/", 1)[0], d.kind), []).append(d)
-    return [d for d in deltas
-            if not any(c.delta * d.delta > 0 and abs(c.delta) >= 0.5 * abs(d.delta)
-                       for c in by_parent.get((d.name, d.kind), []))]
+    return [
+        d
+        for d in deltas
+        if not any(
+            c.delta * d.delta > 0 and abs(c.delta) >= 0.5 * abs(d.delta) for c in by_parent.get((d.name, d.kind), [])
+        )
+    ]
 
 
-def _op_module_deltas(base: "RunAnalysis", cand: "RunAnalysis",
-                      top: int | None) -> tuple[list[Delta], list[Delta], str, list[str]]:
+def _op_module_deltas(
+    base: "RunAnalysis", cand: "RunAnalysis", top: int | None
+) -> tuple[list[Delta], list[Delta], str, list[str]]:
     """(ops, modules, source, notes): per-step op and module deltas (module docstring)."""
     clocks = (_attribution_clock(base), _attribution_clock(cand))
     if None in clocks:
@@ -385,12 +416,16 @@ def _op_module_deltas(base: "RunAnalysis", cand: "RunAnalysis",
     if clocks[0] != clocks[1]:
         notes.append("ops and modules compared on host time: one run has device events and the other none")
     column = "device_ms" if clock == "device" else "host_ms"
-    what = ("device time (kernels counted to their op; modules inclusive of nested modules)" if clock == "device"
-            else "host time (inclusive: nested ops each carry what they contain)")
+    what = (
+        "device time (kernels counted to their op; modules inclusive of nested modules)"
+        if clock == "device"
+        else "host time (inclusive: nested ops each carry what they contain)"
+    )
     source = f"{what}, ms per profiled step, mean over ranks"
     ops = _matched(_per_step(base, base.ops(), "op", column), _per_step(cand, cand.ops(), "op", column))
-    modules = most_specific(_matched(_per_step(base, base.modules(), "module", column),
-                                     _per_step(cand, cand.modules(), "module", column)))
+    modules = most_specific(
+        _matched(_per_step(base, base.modules(), "module", column), _per_step(cand, cand.modules(), "module", column))
+    )
     return (ops if top is None else ops[:top]), (modules if top is None else modules[:top]), source, notes
 
 
@@ -400,24 +435,47 @@ def _memory_deltas(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[list[Delta
     mb, mc = base.memory, cand.memory
     if mb.source is None or mc.source is None:
         missing = " and ".join(n for n, m in (("baseline", mb), ("candidate", mc)) if m.source is None)
-        return [], "none", None, [f"no memory deltas: the {missing} has no memory figures (metrics records or "
-                                  "profiler memory events)"] if mb.source or mc.source else []
+        return (
+            [],
+            "none",
+            None,
+            [f"no memory deltas: the {missing} has no memory figures (metrics records or profiler memory events)"]
+            if mb.source or mc.source
+            else [],
+        )
     same = (mb.source, mb.kind) == (mc.source, mc.kind)
-    source = (f"{mb.source} ({mb.kind}), MiB, max over ranks" if same
-              else f"baseline {mb.source} ({mb.kind}), candidate {mc.source} ({mc.kind}), MiB")
-    notes = [] if same else [f"memory figures of different kinds: baseline {mb.source} {mb.kind}, candidate "
-                             f"{mc.source} {mc.kind}; no growth computed"]
+    source = (
+        f"{mb.source} ({mb.kind}), MiB, max over ranks"
+        if same
+        else f"baseline {mb.source} ({mb.kind}), candidate {mc.source} ({mc.kind}), MiB"
+    )
+    notes = (
+        []
+        if same
+        else [
+            f"memory figures of different kinds: baseline {mb.source} {mb.kind}, candidate "
+            f"{mc.source} {mc.kind}; no growth computed"
+        ]
+    )
 
     def mib(v: float | None) -> float | None:
         return None if v is None or v != v else float(v) / MIB
 
-    deltas = [Delta("peak allocated" if mb.kind != "cpu_rss" else "peak RSS", mib(mb.peak_allocated_bytes),
-                    mib(mc.peak_allocated_bytes), mb.kind)]
+    deltas = [
+        Delta(
+            "peak allocated" if mb.kind != "cpu_rss" else "peak RSS",
+            mib(mb.peak_allocated_bytes),
+            mib(mc.peak_allocated_bytes),
+            mb.kind,
+        )
+    ]
     if mb.peak_reserved_bytes is not None or mc.peak_reserved_bytes is not None:
         deltas.append(Delta("peak reserved", mib(mb.peak_reserved_bytes), mib(mc.peak_reserved_bytes), mb.kind))
     per_rank = [{int(r.rank): mib(r.peak_allocated_bytes) for r in m.ranks.itertuples(index=False)} for m in (mb, mc)]
-    deltas += [Delta(f"rank {r}", per_rank[0].get(r), per_rank[1].get(r), mb.kind)
-               for r in sorted(set(per_rank[0]) | set(per_rank[1]))]
+    deltas += [
+        Delta(f"rank {r}", per_rank[0].get(r), per_rank[1].get(r), mb.kind)
+        for r in sorted(set(per_rank[0]) | set(per_rank[1]))
+    ]
     b, c = mb.peak_allocated_bytes, mc.peak_allocated_bytes
     growth = (c - b) / b if same and b and c is not None else None
     return deltas, source, growth, notes
@@ -495,13 +553,22 @@ def compare(base: "RunAnalysis", cand: "RunAnalysis", *, top: int | None = 20) -
     steady = all(r.steady_step_time_ms is not None for a in (base, cand) for r in a.ranks)
     base_ranks = {r.rank: r.steady_step_time_ms if steady else r.step_time_ms for r in base.ranks}
     cand_ranks = {r.rank: r.steady_step_time_ms if steady else r.step_time_ms for r in cand.ranks}
-    ranks = [Delta(f"rank {r}", base_ranks.get(r), cand_ranks.get(r)) for r in sorted(set(base_ranks) | set(cand_ranks))]
+    ranks = [
+        Delta(f"rank {r}", base_ranks.get(r), cand_ranks.get(r)) for r in sorted(set(base_ranks) | set(cand_ranks))
+    ]
     if set(base_ranks) != set(cand_ranks):
         notes.append(f"different ranks: baseline {sorted(base_ranks)}, candidate {sorted(cand_ranks)}")
     scale, scale_note = candidate_peak_scale(base, cand)
     rescaled = None if cand.mfu.median is None or scale == 1.0 else cand.mfu.median * scale
-    mfu = MfuDelta(base.mfu.median, cand.mfu.median, base.mfu.source, cand.mfu.source, rescaled,
-                   base.mfu.hfu_median, cand.mfu.hfu_median)
+    mfu = MfuDelta(
+        base.mfu.median,
+        cand.mfu.median,
+        base.mfu.source,
+        cand.mfu.source,
+        rescaled,
+        base.mfu.hfu_median,
+        cand.mfu.hfu_median,
+    )
     if scale_note:
         notes.append(scale_note)
     if base.mfu.source != cand.mfu.source:

@@ -17,6 +17,7 @@ run, or the previous run a regression against it (``check(run, previous)``,
 an improvement). Folders of traces have no start time or token counts and
 are left out (``skipped``, with the reason), as are runs that cannot be read.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -58,8 +59,12 @@ class History:
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {"schema": "analyzer.history/1", "by": self.by, "points": [asdict(p) for p in self.points],
-                "skipped": list(self.skipped)}
+        return {
+            "schema": "analyzer.history/1",
+            "by": self.by,
+            "points": [asdict(p) for p in self.points],
+            "skipped": list(self.skipped),
+        }
 
 
 def _sha(a: "RunAnalysis") -> str | None:
@@ -120,9 +125,17 @@ def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = No
                     fields.update(change_point=True, direction="faster")
             except AnalyzerError as exc:
                 fields.update(verdict_error=str(exc))
-        points.append(HistoryPoint(
-            run=name, start_time=start, commit=git.sha, dirty=git.dirty,
-            mfu=a.mfu.median if a.mfu.source != "none" else None, step_time_ms=a.step_time.ms,
-            tokens_per_s=throughput(a.manifest, a.metrics).median, **fields))
+        points.append(
+            HistoryPoint(
+                run=name,
+                start_time=start,
+                commit=git.sha,
+                dirty=git.dirty,
+                mfu=a.mfu.median if a.mfu.source != "none" else None,
+                step_time_ms=a.step_time.ms,
+                tokens_per_s=throughput(a.manifest, a.metrics).median,
+                **fields,
+            )
+        )
         prev = a
     return History(by, points, skipped)

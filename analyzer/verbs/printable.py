@@ -12,6 +12,7 @@ for the bidi embeddings, overrides and isolates and the line and paragraph
 separators. Escaping twice gives the same text (the escapes are printable),
 so a renderer's output may pass through again at the CLI's edge unchanged.
 """
+
 from __future__ import annotations
 
 import re

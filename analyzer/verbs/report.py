@@ -2,6 +2,7 @@
 :func:`top_kernels_table` it and the renderers share. The text, Markdown and HTML reports are
 drawn by :mod:`analyzer.render`.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timezone

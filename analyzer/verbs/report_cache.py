@@ -29,6 +29,7 @@ One file per input, ``report.<path hash>.<key hash>.json``; writing a new
 entry deletes the input's older ones. An unreadable entry is ignored (and
 overwritten by the next report).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,7 +44,15 @@ import orjson
 
 from analyzer.ingest.formats import REPORT_TOP_LEVEL, ReportDocument
 
-from analyzer.ingest.locate import CACHE_DIRNAME, CAPTURE_DIR, capture_fingerprint, file_key, is_run_dir, usable_cache_dir, user_cache_dir
+from analyzer.ingest.locate import (
+    CACHE_DIRNAME,
+    CAPTURE_DIR,
+    capture_fingerprint,
+    file_key,
+    is_run_dir,
+    usable_cache_dir,
+    user_cache_dir,
+)
 
 # Bump when the entry's layout changes.
 REPORT_CACHE_VERSION = 2  # 2: inputs keyed on file_key (ctime, inode, fingerprint)

@@ -1,5 +1,6 @@
 """Communication: overlap and exposed communication per rank, and every
 collective's size, duration, bandwidth and arrival skew."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -55,8 +56,12 @@ def rank_figure(table: pd.DataFrame) -> go.Figure:
         fig.update_layout(barmode="group", yaxis_title="%", yaxis_range=[0, 100])
         return fig
     ranks = table["rank"].to_numpy()
-    fig.add_trace(go.Scattergl(name="comm/compute overlap (HTA)", x=ranks, y=overlap, mode="markers", marker=dict(size=4)))
-    fig.add_trace(go.Scattergl(name="exposed comm (% of step)", x=ranks, y=exposed, mode="markers", marker=dict(size=4)))
+    fig.add_trace(
+        go.Scattergl(name="comm/compute overlap (HTA)", x=ranks, y=overlap, mode="markers", marker=dict(size=4))
+    )
+    fig.add_trace(
+        go.Scattergl(name="exposed comm (% of step)", x=ranks, y=exposed, mode="markers", marker=dict(size=4))
+    )
     fig.update_layout(xaxis_title="rank", yaxis_title="%", yaxis_range=[0, 100])
     return fig
 
@@ -76,8 +81,10 @@ def render() -> None:
         show_chart(rank_figure(table), key="comm_ranks")
         show_table(table, hide_index=True)
         if len(table) > FEW_RANKS:
-            st.caption("Sort the table by a column (click its header) to find the ranks with the most exposed "
-                       "communication or waiting.")
+            st.caption(
+                "Sort the table by a column (click its header) to find the ranks with the most exposed "
+                "communication or waiting."
+            )
         st.caption(
             "Overlap (HTA): time with communication and compute kernels both running, over communication time. "
             "Exposed: communication with no compute running, as a share of step time. Waiting at collectives: "
@@ -111,7 +118,9 @@ def render() -> None:
         fig = go.Figure()
         for kind, rows in coll.groupby("kind", sort=True):
             fig.add_scatter(x=rows.index, y=rows["skew_ms"], mode="markers", name=html_text(str(kind)))
-        fig.update_layout(title="Arrival skew per collective", xaxis_title="collective (in order of arrival)", yaxis_title="skew (ms)")
+        fig.update_layout(
+            title="Arrival skew per collective", xaxis_title="collective (in order of arrival)", yaxis_title="skew (ms)"
+        )
         show_chart(fig, key="coll_skew")
     shown = coll[[c for c in COLLECTIVE_COLUMNS if c in coll.columns]].rename(columns=COLLECTIVE_COLUMNS)
     show_table(shown, hide_index=True)

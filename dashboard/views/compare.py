@@ -1,6 +1,7 @@
 """Compare: two runs side by side, with the analyzer's deltas per phase, per
 kernel and per rank, the MFU delta and the CI gate's verdict (the same
 paragraph ``analyzer check`` prints)."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -42,8 +43,12 @@ def delta_chart(deltas, title: str, unit: str) -> go.Figure:
             marker_color=["#d62728" if v > 0 else "#2ca02c" for v in values],
         )
     )
-    fig.update_layout(title=title, xaxis_title=f"candidate - baseline ({unit})", yaxis_autorange="reversed",
-                      height=160 + 24 * len(deltas))
+    fig.update_layout(
+        title=title,
+        xaxis_title=f"candidate - baseline ({unit})",
+        yaxis_autorange="reversed",
+        height=160 + 24 * len(deltas),
+    )
     return fig
 
 
@@ -57,8 +62,9 @@ def curves_overlay(runs, base, cand) -> None:
     from analyzer.metrics.curves import METRICS, overlay, smooth
 
     st.subheader("Training curves")
-    extra = st.multiselect("Also overlay", [r.name for r in runs if r.name not in (base.name, cand.name)],
-                           key=OVERLAY_RUNS_KEY)
+    extra = st.multiselect(
+        "Also overlay", [r.name for r in runs if r.name not in (base.name, cand.name)], key=OVERLAY_RUNS_KEY
+    )
     chosen = [base, cand] + [r for r in runs if r.name in extra]
     by_run = {r.name: curves(r) for r in chosen}
     available = [m for m in METRICS if any(m in c.metrics for c in by_run.values())]
@@ -67,19 +73,27 @@ def curves_overlay(runs, base, cand) -> None:
         return
     left, right = st.columns([3, 1])
     metric = left.selectbox("Metric", available, key=OVERLAY_METRIC_KEY, format_func=lambda m: METRICS[m][0])
-    window = right.number_input("Smoothing window (steps)", min_value=1, max_value=1000, value=1, step=1,
-                                key=OVERLAY_SMOOTH_KEY)
+    window = right.number_input(
+        "Smoothing window (steps)", min_value=1, max_value=1000, value=1, step=1, key=OVERLAY_SMOOTH_KEY
+    )
     title, unit, how = METRICS[metric]
     table = smooth(overlay(by_run, metric), int(window), by=("run",))
-    y = {"field": "value", "type": "quantitative", "title": f"{title} ({unit})" if unit else title,
-         "scale": {"zero": False}}
+    y = {
+        "field": "value",
+        "type": "quantitative",
+        "title": f"{title} ({unit})" if unit else title,
+        "scale": {"zero": False},
+    }
     if metric == "mfu":
         y["axis"] = {"format": ".1%"}
     spec = {
         "title": f"{title} per step",
         "mark": {"type": "line", "point": True, "tooltip": True},
-        "encoding": {"x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}}, "y": y,
-                     "color": {"field": "run", "type": "nominal", "title": None, "sort": list(by_run)}},
+        "encoding": {
+            "x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}},
+            "y": y,
+            "color": {"field": "run", "type": "nominal", "title": None, "sort": list(by_run)},
+        },
     }
     show_vega(spec, table[["run", "step", "value"]], key="compare_curves")
     lacking = [name for name, c in by_run.items() if metric not in c.metrics]
@@ -160,8 +174,10 @@ def render() -> None:
         delta_color="inverse",
         help="each run's headline step time (docs/metrics.md, Step time)",
     )
-    cols[3].caption(f"baseline {fmt_ms(sm.base)}; mean over the phase rows {fmt_ms(c.step_time.base)} → "
-                    f"{fmt_ms(c.step_time.cand)} (the phases add up to it)")
+    cols[3].caption(
+        f"baseline {fmt_ms(sm.base)}; mean over the phase rows {fmt_ms(c.step_time.base)} → "
+        f"{fmt_ms(c.step_time.cand)} (the phases add up to it)"
+    )
     for note in c.notes:
         st.caption(plain(note))
     for which, ra in (("baseline", analysis(base).value), ("candidate", analysis(cand).value)):
@@ -178,7 +194,9 @@ def render() -> None:
     st.subheader("Per kernel")
     st.caption(plain(c.kernel_source))
     if c.kernels:
-        show_chart(delta_chart(c.kernels, "Change per kernel, largest first", "ms per profiled step"), key="compare_kernels")
+        show_chart(
+            delta_chart(c.kernels, "Change per kernel, largest first", "ms per profiled step"), key="compare_kernels"
+        )
         show_table(delta_table(c.kernels, "ms"), hide_index=True)
     st.subheader("Per rank")
     show_table(delta_table(c.ranks, "ms"), hide_index=True)

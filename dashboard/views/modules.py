@@ -6,6 +6,7 @@ module path (``RunAnalysis.attribution.modules``: device time, or host time
 where a run has no device kernels); the icicle only places the bars, each
 child from its parent's left edge in path order, one row per depth.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -54,13 +55,41 @@ def icicle_rows(modules: pd.DataFrame, value: str, max_depth: int) -> pd.DataFra
         if width <= 0:
             continue
         left[path] = x0
-        out.append({"module": path, "name": path.rsplit("/", 1)[-1], "depth": int(r["depth"]), "depth_end": int(r["depth"]) + 1,
-                    "x0": x0, "x1": x0 + width, "value_ms": width, "top": path.split("/")[min(1, int(r["depth"]))],
-                    "calls": int(r["calls"]), "device_ms": float(r["device_ms"]), "device_self_ms": float(r["device_self_ms"]),
-                    "host_ms": float(r["host_ms"]),
-                    "share_of_step_pct": float(r["share_of_step_pct"]) if "share_of_step_pct" in modules.columns else None})
-    return pd.DataFrame(out, columns=["module", "name", "depth", "depth_end", "x0", "x1", "value_ms", "top", "calls",
-                                      "device_ms", "device_self_ms", "host_ms", "share_of_step_pct"])
+        out.append(
+            {
+                "module": path,
+                "name": path.rsplit("/", 1)[-1],
+                "depth": int(r["depth"]),
+                "depth_end": int(r["depth"]) + 1,
+                "x0": x0,
+                "x1": x0 + width,
+                "value_ms": width,
+                "top": path.split("/")[min(1, int(r["depth"]))],
+                "calls": int(r["calls"]),
+                "device_ms": float(r["device_ms"]),
+                "device_self_ms": float(r["device_self_ms"]),
+                "host_ms": float(r["host_ms"]),
+                "share_of_step_pct": float(r["share_of_step_pct"]) if "share_of_step_pct" in modules.columns else None,
+            }
+        )
+    return pd.DataFrame(
+        out,
+        columns=[
+            "module",
+            "name",
+            "depth",
+            "depth_end",
+            "x0",
+            "x1",
+            "value_ms",
+            "top",
+            "calls",
+            "device_ms",
+            "device_self_ms",
+            "host_ms",
+            "share_of_step_pct",
+        ],
+    )
 
 
 def icicle_spec(measure: str, n_depths: int) -> dict[str, Any]:
@@ -73,14 +102,29 @@ def icicle_spec(measure: str, n_depths: int) -> dict[str, Any]:
                 "encoding": {
                     "x": {"field": "x0", "type": "quantitative", "title": f"{measure} (ms)"},
                     "x2": {"field": "x1"},
-                    "y": {"field": "depth", "type": "quantitative", "scale": {"reverse": True, "domain": [0, n_depths]},
-                          "title": "depth", "axis": {"tickMinStep": 1}},
+                    "y": {
+                        "field": "depth",
+                        "type": "quantitative",
+                        "scale": {"reverse": True, "domain": [0, n_depths]},
+                        "title": "depth",
+                        "axis": {"tickMinStep": 1},
+                    },
                     "y2": {"field": "depth_end"},
                     "color": {"field": "top", "type": "nominal", "title": "module", "legend": None},
                     "tooltip": [
                         {"field": "module", "type": "nominal"},
-                        {"field": "device_ms", "type": "quantitative", "title": "device ms (inclusive)", "format": ".3f"},
-                        {"field": "device_self_ms", "type": "quantitative", "title": "device ms (self)", "format": ".3f"},
+                        {
+                            "field": "device_ms",
+                            "type": "quantitative",
+                            "title": "device ms (inclusive)",
+                            "format": ".3f",
+                        },
+                        {
+                            "field": "device_self_ms",
+                            "type": "quantitative",
+                            "title": "device ms (self)",
+                            "format": ".3f",
+                        },
                         {"field": "host_ms", "type": "quantitative", "title": "host ms", "format": ".3f"},
                         {"field": "share_of_step_pct", "type": "quantitative", "title": "% of step", "format": ".2f"},
                         {"field": "calls", "type": "quantitative"},
@@ -88,7 +132,14 @@ def icicle_spec(measure: str, n_depths: int) -> dict[str, Any]:
                 },
             },
             {
-                "mark": {"type": "text", "align": "left", "baseline": "middle", "dx": 3, "limit": 160, "color": "white"},
+                "mark": {
+                    "type": "text",
+                    "align": "left",
+                    "baseline": "middle",
+                    "dx": 3,
+                    "limit": 160,
+                    "color": "white",
+                },
                 "transform": [{"calculate": "(datum.depth + datum.depth_end) / 2", "as": "mid"}],
                 "encoding": {
                     "x": {"field": "x0", "type": "quantitative"},
@@ -109,21 +160,31 @@ def render() -> None:
     if ra.attribution is None or ra.attribution.totals.empty:
         st.info("No attribution tables for this run: no rank's trace could be analyzed.")
         return
-    rank = scope_rank(st.selectbox("Ranks", rank_options(ra), key=SCOPE_KEY,
-                                   help="every rank's module tree summed, or one rank's"))
+    rank = scope_rank(
+        st.selectbox("Ranks", rank_options(ra), key=SCOPE_KEY, help="every rank's module tree summed, or one rank's")
+    )
     modules = attribution_table(ra, "modules", rank)
     if modules.empty:
-        st.info("No nn.Module ranges in these traces: profile with with_modules=True (or with_stack=True), or wrap "
-                "modules in record_function('nn.Module: NAME') as reftrain does.")
+        st.info(
+            "No nn.Module ranges in these traces: profile with with_modules=True (or with_stack=True), or wrap "
+            "modules in record_function('nn.Module: NAME') as reftrain does."
+        )
         return
     has_device = float(modules["device_ms"].sum()) > 0
     left, right = st.columns([1, 1])
-    measure = left.radio("Width", list(MEASURES), key=MEASURE_KEY, horizontal=True, index=0 if has_device else 1,
-                         help="inclusive device time of the kernels attributed to the module, or the host time "
-                              "of its calls")
+    measure = left.radio(
+        "Width",
+        list(MEASURES),
+        key=MEASURE_KEY,
+        horizontal=True,
+        index=0 if has_device else 1,
+        help="inclusive device time of the kernels attributed to the module, or the host time of its calls",
+    )
     if not has_device:
-        st.caption("No device kernels in these traces (a CPU run): host time (the wall time of the module's calls) "
-                   "is the only measure; the table leaves the device columns out.")
+        st.caption(
+            "No device kernels in these traces (a CPU run): host time (the wall time of the module's calls) "
+            "is the only measure; the table leaves the device columns out."
+        )
     deepest = int(modules["depth"].max())
     depth = right.slider("Deepest level", 0, deepest, min(deepest, 3), key=DEPTH_KEY) if deepest > 0 else 0
     value = MEASURES[measure]
@@ -143,12 +204,21 @@ def render() -> None:
         shown = shown[[c for c in TABLE_COLUMNS if c in shown.columns]].rename(columns=TABLE_COLUMNS)
         if not has_device:  # every device figure is 0 on a CPU run: a column of 0.000 would read as measured
             shown = shown.drop(columns=["device ms (inclusive)", "device ms (self)", "% of step"], errors="ignore")
-        show_table(shown, hide_index=True, key="modules_table", column_config={
-            c: st.column_config.NumberColumn(c, format="%.3f") for c in
-            ("device ms (inclusive)", "device ms (self)", "host ms", "% of step") if c in shown.columns})
-    st.caption("Each bar: a module path (nn.Module ranges nested as the trace records them); its width the inclusive "
-               "time of the module, its children below it. Backward: the kernels of the autograd nodes whose forward "
-               "op ran inside the module (docs/metrics.md, \"Attribution\").")
+        show_table(
+            shown,
+            hide_index=True,
+            key="modules_table",
+            column_config={
+                c: st.column_config.NumberColumn(c, format="%.3f")
+                for c in ("device ms (inclusive)", "device ms (self)", "host ms", "% of step")
+                if c in shown.columns
+            },
+        )
+    st.caption(
+        "Each bar: a module path (nn.Module ranges nested as the trace records them); its width the inclusive "
+        "time of the module, its children below it. Backward: the kernels of the autograd nodes whose forward "
+        'op ran inside the module (docs/metrics.md, "Attribution").'
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Run overview: headline figures, training curves, per-rank breakdown,
 per-step MFU and step time, config and hardware, suggestions, raw trace
 downloads."""
+
 from __future__ import annotations
 
 import json
@@ -58,15 +59,18 @@ def headline(run: RunEntry, ra: RunAnalysis) -> None:
         step_note += f"; profiled windows {fmt_ms(st_.profiled_ms)}"
     top = st.columns(3)
     bound = "≥ " if ra.mfu.lower_bound and ra.mfu.median is not None else ""
-    top[0].metric("MFU", bound + fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)")
+    top[0].metric(
+        "MFU", bound + fmt_pct(ra.mfu.median), help="model FLOPs utilization, median over steps (docs/metrics.md)"
+    )
     top[0].caption(plain(mfu_caption(ra.mfu)))
     top[1].metric("HFU", fmt_pct(ra.mfu.hfu_median), help="hardware FLOPs utilization: MFU plus activation recompute")
     top[1].caption("counts activation recompute as work" if ra.mfu.hfu_median is not None else "")
     top[2].metric("Tokens/s", fmt_rate(tp.median), help="all ranks, median over steady-state steps")
     top[2].caption("all ranks" if tp.median is not None else plain(tp.reason or ""))
     bottom = st.columns(3)
-    bottom[0].metric("Step time", step_value,
-                     help="median over steps of the mean over ranks (docs/metrics.md, Step time)")
+    bottom[0].metric(
+        "Step time", step_value, help="median over steps of the mean over ranks (docs/metrics.md, Step time)"
+    )
     bottom[0].caption(plain(step_note))
     bottom[1].metric("Exposed communication", fmt_range([r.exposed_comm_pct for r in ra.ranks], fmt_pct_points))
     bottom[1].caption("% of step time, per rank (lowest–highest)")
@@ -86,8 +90,11 @@ def goodput_section(ra: RunAnalysis) -> None:
         return  # a folder of traces has no attempts or wall clock: nothing to show, nothing to claim
     st.subheader("Goodput")
     left, right = st.columns([1, 3])
-    left.metric("Goodput", fmt_pct(gp.goodput),
-                help="productive step time / wall time over every attempt (docs/rundir.md, Restarts and goodput)")
+    left.metric(
+        "Goodput",
+        fmt_pct(gp.goodput),
+        help="productive step time / wall time over every attempt (docs/rundir.md, Restarts and goodput)",
+    )
     notes = [f"{gp.attempts} attempt(s)"]
     if gp.recomputed_steps:
         notes.append(f"{gp.recomputed_steps} step(s) recomputed")
@@ -98,9 +105,17 @@ def goodput_section(ra: RunAnalysis) -> None:
     left.caption(f"productive {gp.productive_s:.2f} s of wall {gp.wall_s:.2f} s; " + ", ".join(notes))
     # One bar of the wall time: productive first, then each lost part (the analyzer's order).
     parts = ["productive", *gp.lost_s]
-    bar = pd.DataFrame([{"part": part, "order": i, "run": "wall time",
-                         "s": gp.productive_s if part == "productive" else gp.lost_s[part]}
-                        for i, part in enumerate(parts)])
+    bar = pd.DataFrame(
+        [
+            {
+                "part": part,
+                "order": i,
+                "run": "wall time",
+                "s": gp.productive_s if part == "productive" else gp.lost_s[part],
+            }
+            for i, part in enumerate(parts)
+        ]
+    )
     spec = {
         "mark": "bar",
         # Streamlit's default autosize ("fit") squeezes the plot and the legend into the given height: with
@@ -111,11 +126,19 @@ def goodput_section(ra: RunAnalysis) -> None:
         "encoding": {
             "y": {"field": "run", "type": "nominal", "title": None},
             "x": {"field": "s", "type": "quantitative", "stack": "zero", "title": "seconds of wall time"},
-            "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts,
-                      "legend": {"orient": "bottom", "columns": 4}},
+            "color": {
+                "field": "part",
+                "type": "nominal",
+                "title": "part",
+                "scale": {"domain": parts},
+                "sort": parts,
+                "legend": {"orient": "bottom", "columns": 4},
+            },
             "order": {"field": "order", "type": "quantitative"},
-            "tooltip": [{"field": "part", "type": "nominal"},
-                        {"field": "s", "type": "quantitative", "format": ".2f", "title": "seconds"}],
+            "tooltip": [
+                {"field": "part", "type": "nominal"},
+                {"field": "s", "type": "quantitative", "format": ".2f", "title": "seconds"},
+            ],
         },
     }
     with right:
@@ -134,7 +157,9 @@ def shown_ranks(ra: RunAnalysis) -> tuple[list[int], bool]:
 
 def breakdown_chart(ra: RunAnalysis) -> None:
     chosen, selection = shown_ranks(ra)
-    st.subheader(f"Step-time breakdown of the {len(chosen)} slowest ranks" if selection else "Step-time breakdown per rank")
+    st.subheader(
+        f"Step-time breakdown of the {len(chosen)} slowest ranks" if selection else "Step-time breakdown per rank"
+    )
     by_rank = {r.rank: r for r in ra.ranks if r.breakdown}
     all_ranks = list(by_rank.values())
     ranks = [by_rank[r] for r in chosen if r in by_rank]
@@ -154,7 +179,12 @@ def breakdown_chart(ra: RunAnalysis) -> None:
         "mark": "bar",
         "encoding": {
             "x": {"field": "rank", "type": "nominal", "title": None, "sort": None, "axis": {"labelAngle": 0}},
-            "y": {"field": "ms", "type": "quantitative", "stack": "zero", "title": "ms per step (mean over profiled steps)"},
+            "y": {
+                "field": "ms",
+                "type": "quantitative",
+                "stack": "zero",
+                "title": "ms per step (mean over profiled steps)",
+            },
             "color": {"field": "part", "type": "nominal", "title": "part", "scale": {"domain": parts}, "sort": parts},
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
@@ -165,18 +195,28 @@ def breakdown_chart(ra: RunAnalysis) -> None:
         },
     }
     show_vega(spec, bars, key="breakdown")
-    waits = "; collective_wait is time spent waiting at a collective for a later rank (not compute)" if any(
-        "collective_wait" in r.breakdown for r in ranks) else ""
-    picked = (f"The {len(ranks)} slowest of {len(ra.ranks):,} ranks (step time over the median across ranks; "
-              "the Stragglers page has every rank). ") if selection else ""
+    waits = (
+        "; collective_wait is time spent waiting at a collective for a later rank (not compute)"
+        if any("collective_wait" in r.breakdown for r in ranks)
+        else ""
+    )
+    picked = (
+        (
+            f"The {len(ranks)} slowest of {len(ra.ranks):,} ranks (step time over the median across ranks; "
+            "the Stragglers page has every rank). "
+        )
+        if selection
+        else ""
+    )
     st.caption(
         f"{picked}Parts of the step on the {ranks[0].source} timeline over the profiled windows; they add up to the "
         f"profiled step time ({fmt_ms(ra.step_time.profiled_ms)}), not to the steady-state headline{waits}. "
         "Percent of step time per part" + (", every rank:" if selection else ":")
     )
     if selection:  # one row per rank: a grid scrolls through 1,024 rows, 1,024 columns it does not
-        table = pd.DataFrame([{"rank": r.rank, **{p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown}}
-                              for r in all_ranks])
+        table = pd.DataFrame(
+            [{"rank": r.rank, **{p: r.breakdown[p]["pct"] for p in parts if p in r.breakdown}} for r in all_ranks]
+        )
         show_table(table.round(2), hide_index=True)
         return
     table = pd.DataFrame(
@@ -202,9 +242,19 @@ def idle_causes_section(ra: RunAnalysis) -> None:
     chosen, selection = shown_ranks(ra)
     causes = causes.loc[causes["rank"].isin(chosen)].sort_values("rank")
     order = list(IDLE_CAUSES.values())
-    bars = pd.DataFrame([{"rank": f"rank {row.rank}", "cause": label, "order": i, "ms": getattr(row, f"{key}_ms"),
-                          "pct": getattr(row, f"{key}_pct")}
-                         for row in causes.itertuples(index=False) for i, (key, label) in enumerate(IDLE_CAUSES.items())])
+    bars = pd.DataFrame(
+        [
+            {
+                "rank": f"rank {row.rank}",
+                "cause": label,
+                "order": i,
+                "ms": getattr(row, f"{key}_ms"),
+                "pct": getattr(row, f"{key}_pct"),
+            }
+            for row in causes.itertuples(index=False)
+            for i, (key, label) in enumerate(IDLE_CAUSES.items())
+        ]
+    )
     spec = {
         "mark": "bar",
         "encoding": {
@@ -212,19 +262,30 @@ def idle_causes_section(ra: RunAnalysis) -> None:
             "y": {"field": "ms", "type": "quantitative", "stack": "zero", "title": "idle ms (analysis window)"},
             "color": {"field": "cause", "type": "nominal", "title": "cause", "scale": {"domain": order}, "sort": order},
             "order": {"field": "order", "type": "quantitative"},
-            "tooltip": [{"field": "rank", "type": "nominal"}, {"field": "cause", "type": "nominal"},
-                        {"field": "ms", "type": "quantitative", "format": ".2f"},
-                        {"field": "pct", "type": "quantitative", "format": ".1f", "title": "% of idle"}],
+            "tooltip": [
+                {"field": "rank", "type": "nominal"},
+                {"field": "cause", "type": "nominal"},
+                {"field": "ms", "type": "quantitative", "format": ".2f"},
+                {"field": "pct", "type": "quantitative", "format": ".1f", "title": "% of idle"},
+            ],
         },
     }
     show_vega(spec, bars, key="idle_causes")
     which = f"the {len(chosen)} slowest of {len(ra.ranks):,} ranks; " if selection else ""
-    st.caption(plain(
-        f"{which}device idle by cause: host wait (the next kernel was launched after the device went idle: the "
-        "host is late), kernel wait (a gap under 30 us between kernels), other (queued but waiting on something "
-        "else: a dependency, a copy, a sync). Host syncs and launch statistics per rank:"))
-    cols = {"rank": "rank", "idle_pct": "idle % of span", "syncs_per_step": "host syncs / step",
-            "sync_idle_ms": "idle after syncs ms", "pageable_htod_per_step": "pageable HtoD / step"}
+    st.caption(
+        plain(
+            f"{which}device idle by cause: host wait (the next kernel was launched after the device went idle: the "
+            "host is late), kernel wait (a gap under 30 us between kernels), other (queued but waiting on something "
+            "else: a dependency, a copy, a sync). Host syncs and launch statistics per rank:"
+        )
+    )
+    cols = {
+        "rank": "rank",
+        "idle_pct": "idle % of span",
+        "syncs_per_step": "host syncs / step",
+        "sync_idle_ms": "idle after syncs ms",
+        "pageable_htod_per_step": "pageable HtoD / step",
+    }
     show_table(causes[[c for c in cols if c in causes]].rename(columns=cols).round(2), hide_index=True)
 
 
@@ -239,8 +300,13 @@ def memory_section(ra: RunAnalysis) -> None:
     steps = steps.loc[source == ("metrics" if (source == "metrics").any() else source.iloc[0])]
     chosen, selection = shown_ranks(ra)
     steps = steps.loc[steps["rank"].isin(chosen)].sort_values(["rank", "step"])
-    mib = pd.DataFrame({"rank": [f"rank {r}" for r in steps["rank"]], "step": steps["step"].to_numpy(),
-                        "peak_allocated_mib": steps["peak_allocated_bytes"].to_numpy(dtype=float) / 2**20})
+    mib = pd.DataFrame(
+        {
+            "rank": [f"rank {r}" for r in steps["rank"]],
+            "step": steps["step"].to_numpy(),
+            "peak_allocated_mib": steps["peak_allocated_bytes"].to_numpy(dtype=float) / 2**20,
+        }
+    )
     spec = {
         "mark": {"type": "line", "point": True, "tooltip": True},
         "encoding": {
@@ -253,33 +319,53 @@ def memory_section(ra: RunAnalysis) -> None:
     kinds = ", ".join(sorted(set(steps["kind"].astype(str))))
     peak = mem.peak_allocated_bytes
     which = f"; the {len(chosen)} slowest of {len(ra.ranks):,} ranks" if selection else ""
-    st.caption(plain(f"peak per step ({kinds}; from the {steps['source'].iloc[0]}){which}; the run's peak "
-                     + (f"{peak / 2**20:,.1f} MiB" if peak is not None else "n/a")))
+    st.caption(
+        plain(
+            f"peak per step ({kinds}; from the {steps['source'].iloc[0]}){which}; the run's peak "
+            + (f"{peak / 2**20:,.1f} MiB" if peak is not None else "n/a")
+        )
+    )
 
 
 def curve_spec(metric: str, title: str, unit: str) -> dict:
     """Vega-Lite: the metric per step as a line, profiled steps as orange rules,
     warmup steps as grey points (their statistics are left out of the headline)."""
-    y = {"field": "value", "type": "quantitative", "title": f"{title} ({unit})" if unit else title,
-         "scale": {"zero": False}}
+    y = {
+        "field": "value",
+        "type": "quantitative",
+        "title": f"{title} ({unit})" if unit else title,
+        "scale": {"zero": False},
+    }
     if metric == "mfu":
         y["axis"] = {"format": ".1%"}
     return {
         "title": f"{title} per step",
         "layer": [
-            {"transform": [{"filter": "datum.profiled"}],
-             "mark": {"type": "rule", "color": "orange", "opacity": 0.6, "strokeWidth": 2},
-             "encoding": {"x": {"field": "step", "type": "quantitative"}}},
-            {"mark": {"type": "line", "color": "#1f77b4"},
-             "encoding": {"x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}}, "y": y}},
-            {"mark": {"type": "point", "filled": True, "tooltip": True},
-             "encoding": {
-                 "x": {"field": "step", "type": "quantitative"},
-                 "y": {"field": "value", "type": "quantitative"},
-                 "color": {"field": "phase", "type": "nominal", "title": None,
-                           "scale": {"domain": ["warmup", "steady", "profiled"],
-                                     "range": ["#999999", "#1f77b4", "orange"]}},
-             }},
+            {
+                "transform": [{"filter": "datum.profiled"}],
+                "mark": {"type": "rule", "color": "orange", "opacity": 0.6, "strokeWidth": 2},
+                "encoding": {"x": {"field": "step", "type": "quantitative"}},
+            },
+            {
+                "mark": {"type": "line", "color": "#1f77b4"},
+                "encoding": {"x": {"field": "step", "type": "quantitative", "axis": {"tickMinStep": 1}}, "y": y},
+            },
+            {
+                "mark": {"type": "point", "filled": True, "tooltip": True},
+                "encoding": {
+                    "x": {"field": "step", "type": "quantitative"},
+                    "y": {"field": "value", "type": "quantitative"},
+                    "color": {
+                        "field": "phase",
+                        "type": "nominal",
+                        "title": None,
+                        "scale": {
+                            "domain": ["warmup", "steady", "profiled"],
+                            "range": ["#999999", "#1f77b4", "orange"],
+                        },
+                    },
+                },
+            },
         ],
     }
 
@@ -287,8 +373,14 @@ def curve_spec(metric: str, title: str, unit: str) -> dict:
 def curve_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The rows a curve chart draws: step, value and the step's phase for the legend."""
     phase = ["profiled" if p else "warmup" if w else "steady" for w, p in zip(table["warmup"], table["profiled"])]
-    return pd.DataFrame({"step": table["step"].to_numpy(), "value": table["value"].to_numpy(),
-                         "profiled": table["profiled"].to_numpy(), "phase": phase})
+    return pd.DataFrame(
+        {
+            "step": table["step"].to_numpy(),
+            "value": table["value"].to_numpy(),
+            "profiled": table["profiled"].to_numpy(),
+            "phase": phase,
+        }
+    )
 
 
 def training_curves_section(run: RunEntry) -> None:
@@ -303,8 +395,15 @@ def training_curves_section(run: RunEntry) -> None:
         return
     left, right = st.columns([3, 1])
     metric = left.selectbox("Metric", c.metrics, key=CURVE_METRIC_KEY, format_func=lambda m: METRICS[m][0])
-    window = right.number_input("Smoothing window (steps)", min_value=1, max_value=1000, value=1, step=1,
-                                key=CURVE_SMOOTH_KEY, help="trailing mean over this many steps; 1 = raw values")
+    window = right.number_input(
+        "Smoothing window (steps)",
+        min_value=1,
+        max_value=1000,
+        value=1,
+        step=1,
+        key=CURVE_SMOOTH_KEY,
+        help="trailing mean over this many steps; 1 = raw values",
+    )
     title, unit, how = METRICS[metric]
     series = smooth(c.series(metric), int(window))
     show_vega(curve_spec(metric, title, unit), curve_frame(series), key="training_curve")
@@ -312,7 +411,9 @@ def training_curves_section(run: RunEntry) -> None:
     if window > 1:
         notes.append(f"smoothed: trailing mean over {int(window)} steps")
     if c.profiled_steps:
-        notes.append("orange: profiled steps " + ", ".join(str(s) for s in c.profiled_steps) + " (run under the profiler)")
+        notes.append(
+            "orange: profiled steps " + ", ".join(str(s) for s in c.profiled_steps) + " (run under the profiler)"
+        )
     if c.warmup_steps:
         notes.append(f"grey: warmup steps below {c.warmup_steps}")
     absent = [f"{METRICS[m][0]}: {why}" for m, why in c.missing.items()]
@@ -372,7 +473,9 @@ def per_step_charts(ra: RunAnalysis) -> None:
             if manifest.warmup_steps:
                 notes.append(f"steps below {manifest.warmup_steps} are warmup")
             if manifest.profiled_steps:
-                notes.append("profiled steps " + ", ".join(str(s) for s in manifest.profiled_steps) + " run under the profiler")
+                notes.append(
+                    "profiled steps " + ", ".join(str(s) for s in manifest.profiled_steps) + " run under the profiler"
+                )
             st.caption(plain("; ".join(notes)))
         else:
             st.info("No step times recorded.")
@@ -426,9 +529,7 @@ def config_and_hardware(ra: RunAnalysis) -> None:
         facts.update({f"hardware.{k}": v for k, v in hw.items()})
         peak = manifest.peak_flops.to_json() if manifest.peak_flops else {}
         facts.update({f"peak_flops.{k}": v for k, v in peak.items()})
-        facts_table = pd.DataFrame(
-            {"field": list(facts), "value": [_cell(v) for v in facts.values()]}
-        )
+        facts_table = pd.DataFrame({"field": list(facts), "value": [_cell(v) for v in facts.values()]})
         show_table(facts_table, hide_index=True)
         with st.expander("Resolved config (run.json `config`)"):
             config = flat_config(manifest.config or {})
@@ -499,11 +600,14 @@ def downloads(run: RunEntry) -> None:
         st.caption("This run has no trace files.")
         return
     n_files = sum(len(files) for files in windows.values())
-    st.caption(plain(
-        f"{n_files:,} trace file(s) in {len(windows)} profiler window(s). To view one in Perfetto: download it, "
-        "open the Perfetto UI, choose \"Open trace file\" (or drop the file on the page) and pick the download; "
-        "Perfetto reads PyTorch profiler .json and .json.gz files in the browser and uploads nothing, "
-        "and the dashboard sends nothing to it."))
+    st.caption(
+        plain(
+            f"{n_files:,} trace file(s) in {len(windows)} profiler window(s). To view one in Perfetto: download it, "
+            'open the Perfetto UI, choose "Open trace file" (or drop the file on the page) and pick the download; '
+            "Perfetto reads PyTorch profiler .json and .json.gz files in the browser and uploads nothing, "
+            "and the dashboard sends nothing to it."
+        )
+    )
     st.link_button("Open the Perfetto UI", PERFETTO_URL)
     root = state.runs_root()
     if n_files > FEW_RANKS:  # one button per file is a page of buttons at 1,024 ranks: pick one file

@@ -3,6 +3,7 @@
 A run that cannot be read shows its one-line error in its own row; the other
 rows are unaffected.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -81,9 +82,14 @@ def run_row(run: RunEntry) -> dict[str, Any]:
             "MFU": ra.mfu.median,
             "HFU": ra.mfu.hfu_median,  # hardware FLOPs: activation recompute included
             # The lower-bound label travels with the source (docs/mfu.md, FLOP coverage).
-            "MFU source": ra.mfu.source + (f", lower bound (FLOP coverage {100 * ra.mfu.flop_coverage:.1f}%)"
-                                           if ra.mfu.lower_bound and ra.mfu.flop_coverage is not None
-                                           else ", lower bound" if ra.mfu.lower_bound else ""),
+            "MFU source": ra.mfu.source
+            + (
+                f", lower bound (FLOP coverage {100 * ra.mfu.flop_coverage:.1f}%)"
+                if ra.mfu.lower_bound and ra.mfu.flop_coverage is not None
+                else ", lower bound"
+                if ra.mfu.lower_bound
+                else ""
+            ),
             "step time (ms)": ra.step_time.ms,
             "steps": manifest.steps if has_manifest else max((r.n_steps for r in ra.ranks), default=None),
             # A trace folder has no recorded status: say whether every file was usable.
@@ -144,10 +150,12 @@ def render() -> None:
             "params": st.column_config.NumberColumn("params", format="compact"),
             "tokens/s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
             "step time (ms)": st.column_config.NumberColumn(
-                "step time (ms)", format="%.1f", help="the run's headline step time (analyzer; docs/metrics.md)"),
+                "step time (ms)", format="%.1f", help="the run's headline step time (analyzer; docs/metrics.md)"
+            ),
             "MFU": st.column_config.NumberColumn("MFU", format="percent", help="median over steps (analyzer)"),
             "HFU": st.column_config.NumberColumn(
-                "HFU", format="percent", help="hardware FLOPs utilization: MFU plus activation recompute (analyzer)"),
+                "HFU", format="percent", help="hardware FLOPs utilization: MFU plus activation recompute (analyzer)"
+            ),
             "world size": st.column_config.NumberColumn("world size", format="%d"),
             "steps": st.column_config.NumberColumn("steps", format="%d"),
         },

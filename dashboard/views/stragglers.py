@@ -6,6 +6,7 @@ Built for many ranks: the heatmaps put ranks on an axis (1,024 rows draw as
 one image), the slowest :data:`~dashboard.ui.TOP_K` ranks are a table, and
 one rank at a time is opened in full from the picker (its rows of the
 analysis' tables, which come from its rank summary)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,8 +52,9 @@ def color_span(values: np.ndarray, center: float, min_half_span: float) -> tuple
     return center - half, center + half
 
 
-def rank_step_heatmap(per_step: pd.DataFrame, value: str, title: str, colorbar: str, center: float,
-                      min_half_span: float) -> go.Figure:
+def rank_step_heatmap(
+    per_step: pd.DataFrame, value: str, title: str, colorbar: str, center: float, min_half_span: float
+) -> go.Figure:
     grid = per_step.pivot_table(index="rank", columns="step", values=value).sort_index()
     y, height, yaxis = rank_axis(grid.index)
     z = grid.to_numpy(dtype=float)
@@ -66,7 +68,10 @@ def rank_step_heatmap(per_step: pd.DataFrame, value: str, title: str, colorbar: 
             zmin=zmin,
             zmax=zmax,
             colorbar=dict(title=colorbar),
-            hovertemplate=("rank %{y}" if yaxis else "%{y}") + "<br>step %{x}<br>%{z:.3f} " + colorbar + "<extra></extra>",
+            hovertemplate=("rank %{y}" if yaxis else "%{y}")
+            + "<br>step %{x}<br>%{z:.3f} "
+            + colorbar
+            + "<extra></extra>",
         )
     )
     fig.update_layout(title=title, xaxis_title="step", height=140 + height)
@@ -96,8 +101,10 @@ def render() -> None:
         st.warning(plain(result.verdict))
     else:
         st.success(plain(result.verdict))
-    sources = [f"step times: {result.step_source}" if result.step_source else None,
-               f"arrivals: {result.arrival_source}" if result.arrival_source else None]
+    sources = [
+        f"step times: {result.step_source}" if result.step_source else None,
+        f"arrivals: {result.arrival_source}" if result.arrival_source else None,
+    ]
     st.caption(plain("; ".join(s for s in sources if s)))
     for note in result.notes:
         st.caption(plain(note))
@@ -105,23 +112,32 @@ def render() -> None:
     per_step = result.per_step
     if per_step is not None and not per_step.empty and "step_time_ratio" in per_step.columns:
         show_chart(
-            rank_step_heatmap(per_step, "step_time_ratio", "Step time over the median across ranks", "ratio", 1.0,
-                              RATIO_MIN_HALF_SPAN),
+            rank_step_heatmap(
+                per_step, "step_time_ratio", "Step time over the median across ranks", "ratio", 1.0, RATIO_MIN_HALF_SPAN
+            ),
             key="straggler_ratio",
         )
-        st.caption(f"Colour: white at 1.0; the scale spans at least {1 - RATIO_MIN_HALF_SPAN:.2f}-"
-                   f"{1 + RATIO_MIN_HALF_SPAN:.2f}, so a few percent of noise stays pale, and widens to the "
-                   "furthest rank.")
+        st.caption(
+            f"Colour: white at 1.0; the scale spans at least {1 - RATIO_MIN_HALF_SPAN:.2f}-"
+            f"{1 + RATIO_MIN_HALF_SPAN:.2f}, so a few percent of noise stays pale, and widens to the "
+            "furthest rank."
+        )
         if "lateness_ms" in per_step.columns and per_step["lateness_ms"].notna().any():
             show_chart(
                 rank_step_heatmap(
-                    per_step, "lateness_ms", "Lateness: arrival after the first rank, summed over the step's collectives", "ms", 0.0,
+                    per_step,
+                    "lateness_ms",
+                    "Lateness: arrival after the first rank, summed over the step's collectives",
+                    "ms",
+                    0.0,
                     LATENESS_MIN_HALF_SPAN_MS,
                 ),
                 key="straggler_lateness",
             )
-            st.caption(f"Colour: white at 0 ms; the scale spans at least {LATENESS_MIN_HALF_SPAN_MS:.0f} ms, "
-                       "and widens to the latest arrival.")
+            st.caption(
+                f"Colour: white at 0 ms; the scale spans at least {LATENESS_MIN_HALF_SPAN_MS:.0f} ms, "
+                "and widens to the latest arrival."
+            )
     else:
         st.info("No per-step times to compare across ranks.")
 
@@ -140,7 +156,7 @@ def render() -> None:
     st.caption(
         f"A rank is a persistent straggler when it is slow in at least {cfg.min_slow_share:.0%} of steps with a robust "
         f"z of at least {cfg.min_z} and an excess of at least {cfg.min_excess_ms} ms and {cfg.min_excess_frac:.0%} of "
-        f"the median step, over at least {cfg.min_steps} steps (docs/metrics.md, \"Stragglers\")."
+        f'the median step, over at least {cfg.min_steps} steps (docs/metrics.md, "Stragglers").'
     )
 
 
@@ -155,25 +171,33 @@ def rank_detail(ra: RunAnalysis, result: StragglerResult, slowest: list[RankStra
     if not order:
         st.info("No ranks were analyzed.")
         return
-    rank = st.selectbox("Rank (slowest first; type a rank to find it)", order, key=PICK_KEY,
-                        format_func=lambda r: f"rank {r}")
+    rank = st.selectbox(
+        "Rank (slowest first; type a rank to find it)", order, key=PICK_KEY, format_func=lambda r: f"rank {r}"
+    )
     evidence = next((r for r in result.per_rank if r.rank == rank), None)
     summary = next((r for r in ra.ranks if r.rank == rank), None)
     if evidence is not None:
-        st.markdown(plain(evidence.evidence) if evidence.evidence else
-                    f"rank {rank}: step time {fmt_ms(evidence.step_time_ms)}, "
-                    f"{evidence.last_arrivals} of {evidence.n_collectives} collectives arrived last")
+        st.markdown(
+            plain(evidence.evidence)
+            if evidence.evidence
+            else f"rank {rank}: step time {fmt_ms(evidence.step_time_ms)}, "
+            f"{evidence.last_arrivals} of {evidence.n_collectives} collectives arrived last"
+        )
     per_step = result.per_step
     if per_step is not None and not per_step.empty:
         mine = per_step.loc[per_step["rank"] == rank].drop(columns="rank")
         show_table(mine, hide_index=True, key="straggler_rank_steps")
     if summary is not None and summary.breakdown:
         parts = pd.DataFrame(
-            [{"part": p, "mean ms per step": v["mean_ms"], "median ms": v["median_ms"], "% of step": v["pct"]}
-             for p, v in summary.breakdown.items()]
+            [
+                {"part": p, "mean ms per step": v["mean_ms"], "median ms": v["median_ms"], "% of step": v["pct"]}
+                for p, v in summary.breakdown.items()
+            ]
         )
         show_table(parts, hide_index=True, key="straggler_rank_breakdown")
-        st.caption(f"rank {rank}'s step breakdown over its profiled steps ({summary.source} timeline; docs/metrics.md).")
+        st.caption(
+            f"rank {rank}'s step breakdown over its profiled steps ({summary.source} timeline; docs/metrics.md)."
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Telemetry: the NVML samples a GPU run recorded (utilization, SM clock,
 power, memory, temperature), one line per GPU; or why there are none."""
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -49,8 +50,12 @@ def render() -> None:
         fig = go.Figure()
         for device, rows in telemetry.groupby(device_col, sort=True):
             rows = rows.sort_values("time_ns")
-            fig.add_scattergl(x=(rows["time_ns"] - t0) / 1e9, y=rows[series], mode="lines", name=f"{device_col} {device}")
-        fig.update_layout(title=SERIES[series], xaxis_title="seconds since the first sample", yaxis_title=SERIES[series])
+            fig.add_scattergl(
+                x=(rows["time_ns"] - t0) / 1e9, y=rows[series], mode="lines", name=f"{device_col} {device}"
+            )
+        fig.update_layout(
+            title=SERIES[series], xaxis_title="seconds since the first sample", yaxis_title=SERIES[series]
+        )
         show_chart(fig, key=f"telemetry_{series}")
     if "throttle_reasons" in telemetry.columns:
         throttled = telemetry[telemetry["throttle_reasons"].map(lambda v: bool(v) if isinstance(v, list) else False)]

@@ -10,6 +10,7 @@ picker, the slowest rank and rank 0 by default) and draws them with WebGL
 SVG bar timelines take over 10 s at 100k events, WebGL lines stay
 interactive at tens of thousands.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -58,7 +59,10 @@ def heatmap(ov, state_name: str) -> go.Figure:
             zmax=1.0,
             colorscale="Viridis",
             colorbar=dict(title="share", tickformat=".0%"),
-            hovertemplate=("rank %{y}" if yaxis else "%{y}") + "<br>t = %{x:.2f} ms<br>" + state_name + " %{z:.1%}<extra></extra>",
+            hovertemplate=("rank %{y}" if yaxis else "%{y}")
+            + "<br>t = %{x:.2f} ms<br>"
+            + state_name
+            + " %{z:.1%}<extra></extra>",
         )
     )
     fig.update_layout(
@@ -78,8 +82,11 @@ def zoom_ranks(ranks: list[int], slowest: list[int]) -> list[int]:
         return ranks
     default = list(dict.fromkeys([r for r in slowest[:1] if r in ranks] + ranks[:1]))
     picked = st.multiselect(
-        f"Ranks to zoom into (at most {MAX_ZOOM_RANKS}; type a rank to find it)", ranks, default=default,
-        max_selections=MAX_ZOOM_RANKS, key="timeline_ranks",
+        f"Ranks to zoom into (at most {MAX_ZOOM_RANKS}; type a rank to find it)",
+        ranks,
+        default=default,
+        max_selections=MAX_ZOOM_RANKS,
+        key="timeline_ranks",
         help="Only these ranks' trace files are read; the heatmap above covers every rank.",
     )
     return sorted(int(r) for r in picked)
@@ -95,13 +102,16 @@ def window_figure(events: pd.DataFrame, source: str) -> go.Figure:
     what = "stream" if source == "device" else "thread"
     sub = np.where(events["kind"].to_numpy() == "annotation", 0, 1) if source == "host" else np.ones(len(events), int)
     keyed = events.assign(_sub=sub)
-    lanes = keyed[["rank", "lane", "_sub"]].drop_duplicates().sort_values(["rank", "lane", "_sub"]).reset_index(drop=True)
+    lanes = (
+        keyed[["rank", "lane", "_sub"]].drop_duplicates().sort_values(["rank", "lane", "_sub"]).reset_index(drop=True)
+    )
     # First lane on top. The y axis is not reversed (autorange="reversed"):
     # Streamlit's plotly.js draws scattergl lines on a reversed axis all on
     # one row; counting lanes down from the top gives the same picture.
     top = len(lanes) - 1
     lane_index = {
-        (int(r), int(lane), int(k)): top - i for i, (r, lane, k) in enumerate(zip(lanes["rank"], lanes["lane"], lanes["_sub"]))
+        (int(r), int(lane), int(k)): top - i
+        for i, (r, lane, k) in enumerate(zip(lanes["rank"], lanes["lane"], lanes["_sub"]))
     }
     row = np.array(
         [lane_index[(int(r), int(lane), int(k))] for r, lane, k in zip(keyed["rank"], keyed["lane"], keyed["_sub"])],
@@ -165,8 +175,13 @@ def render() -> None:
     names = list(windows)
     window_name = st.selectbox("Profiler window", names, key="timeline_window") if len(names) > 1 else names[0]
     window = windows[window_name]
-    n_bins = st.select_slider("Time bins", BIN_CHOICES, value=DEFAULT_BINS, key="timeline_bins",
-                              help="about this many: whole numbers of the ranks' fine time grids")
+    n_bins = st.select_slider(
+        "Time bins",
+        BIN_CHOICES,
+        value=DEFAULT_BINS,
+        key="timeline_bins",
+        help="about this many: whole numbers of the ranks' fine time grids",
+    )
     ov_loaded = timeline_overview(run, window, n_bins)
     if ov_loaded.value is None:
         st.error(plain(ov_loaded.error or "no timeline"))

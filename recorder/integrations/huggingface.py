@@ -23,6 +23,7 @@ Tokens need ``TrainingArguments(include_num_input_tokens_seen=True)``
 The Trainer has no event for an exception: wrap ``trainer.train()`` in
 ``with callback.failing():`` to mark the run failed with it.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ class RecorderCallback(TrainerCallback):
     defaults to the ``TrainingArguments`` as a dict.
     """
 
-    def __init__(self, runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None,
-                 **options: Any) -> None:
+    def __init__(
+        self, runs_dir: str | os.PathLike[str], name: str | None = None, config: Any = None, **options: Any
+    ) -> None:
         self.runs_dir, self.name, self.config, self.options = runs_dir, name, config, options
         self.rec: recorder.Recorder | None = None
         self._tokens_seen = 0
@@ -52,14 +54,27 @@ class RecorderCallback(TrainerCallback):
         self._hook: Any = None
         self._save: AbstractContextManager[None] | None = None
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        **kwargs: Any,
+    ) -> None:
         config = self.config if self.config is not None else args.to_dict()
         # The Trainer hands over accelerate's AcceleratedOptimizer, a wrapper that holds no hooks of its own.
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        self.rec = recorder.open(self.runs_dir, name=self.name, config=config, model=model, optimizer=optimizer,
-                                 steps=state.max_steps if state.max_steps > 0 else None, **self.options)
+        self.rec = recorder.open(
+            self.runs_dir,
+            name=self.name,
+            config=config,
+            model=model,
+            optimizer=optimizer,
+            steps=state.max_steps if state.max_steps > 0 else None,
+            **self.options,
+        )
         self._tokens_seen = state.num_input_tokens_seen
         if model is not None:
             self._hook = model.register_forward_hook(self._output_loss)
@@ -69,14 +84,14 @@ class RecorderCallback(TrainerCallback):
         if isinstance(loss, torch.Tensor) and module.training:
             self._losses.append(loss.detach())
 
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                      **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self.rec is not None:
             self._losses = []
             self.rec.step_start()
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.rec is None:
             return
         seen = state.num_input_tokens_seen - self._tokens_seen  # summed over processes by the Trainer
@@ -93,8 +108,9 @@ class RecorderCallback(TrainerCallback):
             save, self._save = self._save, None
             save.__exit__(None, None, None)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                     **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

@@ -17,6 +17,7 @@ optimizer (``global_step`` moved)              the loss Lightning returned, summ
 ``on_train_end``                               ``close``
 =============================================  ==========================================
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,14 @@ class RecorderCallback(pl.Callback):
     ``recorder.open``'s; ``config`` defaults to the module's ``hparams``.
     """
 
-    def __init__(self, runs_dir: str | os.PathLike[str], tokens: Callable[[Any], int] | None = None,
-                 name: str | None = None, config: Any = None, **options: Any) -> None:
+    def __init__(
+        self,
+        runs_dir: str | os.PathLike[str],
+        tokens: Callable[[Any], int] | None = None,
+        name: str | None = None,
+        config: Any = None,
+        **options: Any,
+    ) -> None:
         self.runs_dir, self.tokens, self.name, self.config, self.options = runs_dir, tokens, name, config, options
         self.rec: recorder.Recorder | None = None
         self._step_tokens: int | None = None
@@ -49,12 +56,19 @@ class RecorderCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         config = self.config if self.config is not None else dict(pl_module.hparams)
-        self.rec = recorder.open(self.runs_dir, name=self.name, config=config, model=trainer.strategy.model,
-                                 optimizer=trainer.optimizers[0] if trainer.optimizers else None,
-                                 steps=trainer.max_steps if trainer.max_steps > 0 else None, **self.options)
+        self.rec = recorder.open(
+            self.runs_dir,
+            name=self.name,
+            config=config,
+            model=trainer.strategy.model,
+            optimizer=trainer.optimizers[0] if trainer.optimizers else None,
+            steps=trainer.max_steps if trainer.max_steps > 0 else None,
+            **self.options,
+        )
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._saved()
         if self.rec is None:
             return
@@ -65,20 +79,24 @@ class RecorderCallback(pl.Callback):
         if self.tokens is not None and self._step_tokens is not None:
             self._step_tokens += int(self.tokens(batch))
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.rec is None or self._step_loss is None:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:
             self._step_loss = self._step_loss + loss.detach()
         if trainer.global_step != self._global_step:  # the optimizer stepped: the step is complete
-            self.rec.step_end(tokens=self._step_tokens if self.tokens is not None else None,
-                              loss=self._step_loss if loss is not None else None)
+            self.rec.step_end(
+                tokens=self._step_tokens if self.tokens is not None else None,
+                loss=self._step_loss if loss is not None else None,
+            )
             self._step_tokens = self._step_loss = None
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         # Lightning calls this just before it writes the checkpoint and has no event after the
         # write: the save's stall ends at the next event the loop reaches.
         if self.rec is not None and self._save is None:

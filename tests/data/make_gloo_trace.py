@@ -10,6 +10,7 @@ PyTorch writes no record_param_comms for gloo: collectives appear as
 ``c10d::*`` ops on the main thread and ``gloo:*`` annotations (with the
 input shape) on gloo's worker thread.
 """
+
 import gzip
 import os
 import sys
@@ -36,7 +37,9 @@ def main() -> None:
         os.remove(tmp)
 
     sched = schedule(wait=0, warmup=1, active=2, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU], schedule=sched, on_trace_ready=on_ready, record_shapes=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU], schedule=sched, on_trace_ready=on_ready, record_shapes=True
+    ) as prof:
         for _ in range(3):
             with record_function("data"):
                 x = torch.randn(32, 64)

@@ -41,6 +41,7 @@ alone:
                     :class:`ParsedTrace`; the rank of a file
 =================== ========================================================
 """
+
 from __future__ import annotations
 
 import gc
@@ -103,7 +104,6 @@ def _resolve_rank(distributed_info: dict, path: Path, hint: int | None) -> tuple
     if hint is not None:
         return int(hint), "argument"
     return 0, "default"
-
 
 
 # --------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
             raise TraceError(path, "traceEvents is empty")
         raise TraceError(
             path,
-            f"no timed events: none of the {cols.seen_events} events is a complete event (\"ph\": \"X\") with ts and dur",
+            f'no timed events: none of the {cols.seen_events} events is a complete event ("ph": "X") with ts and dur',
         )
     notes = []
     if cols.invalid:

@@ -14,6 +14,7 @@ applies them block by block:
 * :func:`on_gpu_timeline` and :func:`wants_args`: per distinct category or
   name, whether the row has a stream and whether its args are kept.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ keeps numpy arrays (times in the trace's unit until :meth:`Columns.finish`
 converts them to integer ns, names as integer codes) plus the sparse
 columns of the few rows that carry shapes or collective details.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,7 +48,20 @@ class Columns:
         self.cat_ids: dict[str, int] = {}
         self.name_ids: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("cat", "name", "pid", "tid", "stream", "ts", "dur", "correlation", "external_id", "seq_num", "fwd_tid")
+            k: []
+            for k in (
+                "cat",
+                "name",
+                "pid",
+                "tid",
+                "stream",
+                "ts",
+                "dur",
+                "correlation",
+                "external_id",
+                "seq_num",
+                "fwd_tid",
+            )
         }
         self.rows = 0
         # Sparse columns: row -> value, for the few rows that carry them.
@@ -108,9 +122,7 @@ class Columns:
         no_args = _NO_ARGS
         args = [e.args or no_args for e in xs]
         on_gpu = on_gpu_timeline(cats, self._gpu_cat)
-        streams = [
-            (e.tid if a.stream is None else a.stream) if on_gpu[c] else -1 for e, a, c in zip(xs, args, cats)
-        ]
+        streams = [(e.tid if a.stream is None else a.stream) if on_gpu[c] else -1 for e, a, c in zip(xs, args, cats)]
         wants = wants_args(names, self._wants_args)
         row0 = self.rows
         # Rows _special has something to keep from. An op of a wanted name without shapes, types or
@@ -119,9 +131,20 @@ class Columns:
         special = [
             (row0 + i, n, a)
             for i, (n, a) in enumerate(zip(names, args))
-            if a.collective is not None or a.in_nelems is not None or (wants[n] and (
-                len(a.input_dims) or len(a.input_dims_old) or len(a.input_types) or len(a.concrete_inputs)
-                or a.out_nelems is not None or a.group_size is not None or n.startswith(_COLL_ANNOTATION_PREFIXES)))
+            if a.collective is not None
+            or a.in_nelems is not None
+            or (
+                wants[n]
+                and (
+                    len(a.input_dims)
+                    or len(a.input_dims_old)
+                    or len(a.input_types)
+                    or len(a.concrete_inputs)
+                    or a.out_nelems is not None
+                    or a.group_size is not None
+                    or n.startswith(_COLL_ANNOTATION_PREFIXES)
+                )
+            )
         ]
         pids = list(map(_PID, xs))
         tids = list(map(_TID, xs))
@@ -149,9 +172,14 @@ class Columns:
         """Keep the ``[memory]`` instant events' raw ts and allocator fields (profile_memory=True);
         :meth:`memory_columns` checks and converts them."""
         # A comprehension picks the few memory events (a Python loop over every event cost ~40 % more).
-        self.memory_rows.extend([(e.ts, a.total_allocated, a.total_reserved, a.nbytes, a.device_type, a.device_id)
-                                 for e in events if e.name == "[memory]" and e.ph == "i"
-                                 for a in (e.args or _NO_ARGS,)])
+        self.memory_rows.extend(
+            [
+                (e.ts, a.total_allocated, a.total_reserved, a.nbytes, a.device_type, a.device_id)
+                for e in events
+                if e.name == "[memory]" and e.ph == "i"
+                for a in (e.args or _NO_ARGS,)
+            ]
+        )
 
     def memory_columns(self, unit_ns: int) -> dict[str, np.ndarray]:
         """The memory events as columns (MEMORY_FIELDS; ``ts_ns`` in ns), in file order; empty dict without any.
@@ -175,7 +203,9 @@ class Columns:
                 kept.append((ts, int(alloc), int(resv), *(_int_or(v, d) for v, d in zip(rest, _MEMORY_DEFAULTS[3:]))))
             if not kept:
                 return {}
-            raw = [np.asarray([r[0] for r in kept])] + [np.array([r[i] for r in kept], dtype=np.int64) for i in range(1, 6)]
+            raw = [np.asarray([r[0] for r in kept])] + [
+                np.array([r[i] for r in kept], dtype=np.int64) for i in range(1, 6)
+            ]
         ts_ns, over = to_ns(raw[0], unit_ns)
         cols = {"ts_ns": ts_ns.astype(np.int64)}
         for name, values in zip(MEMORY_FIELDS[1:], raw[1:]):
@@ -209,7 +239,8 @@ class Columns:
             columns = {key: col[keep] for key, col in columns.items()}
             new_row = np.cumsum(keep) - 1
             self.sparse = {
-                col: {int(new_row[row]): v for row, v in values.items() if keep[row]} for col, values in self.sparse.items()
+                col: {int(new_row[row]): v for row, v in values.items() if keep[row]}
+                for col, values in self.sparse.items()
             }
             self.rows = int(keep.sum())
         return columns
@@ -239,8 +270,13 @@ class Columns:
                 sp["input_types"][row] = types_text
             if name in CONCRETE_OPS and len(a.concrete_inputs):
                 sp["concrete_inputs"][row] = self._canonical(a.concrete_inputs)[0]
-        if (a.collective is None and a.in_nelems is None and a.out_nelems is None and a.group_size is None
-                and not name.startswith(_COLL_ANNOTATION_PREFIXES)):
+        if (
+            a.collective is None
+            and a.in_nelems is None
+            and a.out_nelems is None
+            and a.group_size is None
+            and not name.startswith(_COLL_ANNOTATION_PREFIXES)
+        ):
             return  # an op's shapes only (nearly every call): no message fields to keep
         coll = a.collective
         if coll is None and name.startswith(_COLL_ANNOTATION_PREFIXES):

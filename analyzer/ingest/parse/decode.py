@@ -4,6 +4,7 @@
 structs; :class:`analyzer.ingest.parse.split.Splitter` cuts a file's text into
 such arrays.
 """
+
 from __future__ import annotations
 
 import json
@@ -137,4 +138,11 @@ def _json_error(exc: msgspec.DecodeError, length: int) -> tuple[str, int]:
     return text, length
 
 
-_JSON_TYPES = {ord("{"): "dict", ord("["): "list", ord('"'): "str", ord("t"): "bool", ord("f"): "bool", ord("n"): "null"}
+_JSON_TYPES = {
+    ord("{"): "dict",
+    ord("["): "list",
+    ord('"'): "str",
+    ord("t"): "bool",
+    ord("f"): "bool",
+    ord("n"): "null",
+}

@@ -4,6 +4,7 @@ Gzip is recognized by its magic bytes; every bound of
 :class:`analyzer.ingest.limits.ParseLimits` on the text is checked here, as
 the text is produced (a gzip bomb stops at its bound).
 """
+
 from __future__ import annotations
 
 import os

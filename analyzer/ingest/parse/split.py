@@ -1,6 +1,7 @@
 """Stage 2 of reading a trace, the streaming half: a file's text is cut at
 event boundaries into blocks that :func:`analyzer.ingest.parse.decode.decode_events`
 decodes one at a time (docs/loading.md, "Speed and memory")."""
+
 from __future__ import annotations
 
 import re
@@ -260,7 +261,8 @@ class Splitter:
         where = f"line {line}" + (f", column {col}" if col is not None else "")
         if reason == "the text ends early" or at >= len(buf):
             raise TraceError(
-                self.path, f"invalid JSON: the text ends early, after {self.total / _MB:.1f} MB ({where}; file cut off?)"
+                self.path,
+                f"invalid JSON: the text ends early, after {self.total / _MB:.1f} MB ({where}; file cut off?)",
             ) from None
         raise TraceError(self.path, f"invalid JSON at {where}: {reason}") from None
 

@@ -31,6 +31,7 @@ borderline numbers:
   would be a step shorter than 1 µs as ns; 1e9 or more a step of over
   16 minutes as µs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -131,14 +132,34 @@ def votes(ev: UnitEvidence) -> list[Vote]:
         out.append(Vote(US, f"{share:.0f} % of durations have decimals, which integer ns never have", exact=True))
     if ev.kernel_p10 is not None and ev.kernels >= MIN_SHORT_EVENTS:
         if ev.kernel_p10 < 100:
-            out.append(Vote(US, f"the shortest tenth of {ev.kernels} kernels last under {ev.kernel_p10:.4g} units, under 0.1 µs as ns"))
+            out.append(
+                Vote(
+                    US,
+                    f"the shortest tenth of {ev.kernels} kernels last under {ev.kernel_p10:.4g} units, under 0.1 µs as ns",
+                )
+            )
         elif ev.kernel_p10 >= 500:
-            out.append(Vote(NS, f"the shortest tenth of {ev.kernels} kernels last {ev.kernel_p10:.4g} units or more, over 0.5 ms each as µs"))
+            out.append(
+                Vote(
+                    NS,
+                    f"the shortest tenth of {ev.kernels} kernels last {ev.kernel_p10:.4g} units or more, over 0.5 ms each as µs",
+                )
+            )
     if ev.host_op_p10 is not None and ev.host_ops >= MIN_SHORT_EVENTS:
         if ev.host_op_p10 < 50:
-            out.append(Vote(US, f"the shortest tenth of {ev.host_ops} host ops last under {ev.host_op_p10:.4g} units, under 50 ns as ns"))
+            out.append(
+                Vote(
+                    US,
+                    f"the shortest tenth of {ev.host_ops} host ops last under {ev.host_op_p10:.4g} units, under 50 ns as ns",
+                )
+            )
         elif ev.host_op_p10 >= 500:
-            out.append(Vote(NS, f"the shortest tenth of {ev.host_ops} host ops last {ev.host_op_p10:.4g} units or more, over 0.5 ms each as µs"))
+            out.append(
+                Vote(
+                    NS,
+                    f"the shortest tenth of {ev.host_ops} host ops last {ev.host_op_p10:.4g} units or more, over 0.5 ms each as µs",
+                )
+            )
     if ev.step_median is not None:
         if ev.step_median < 1000:
             out.append(Vote(US, f"the median ProfilerStep lasts {ev.step_median:.4g} units, under 1 µs as ns"))

@@ -23,6 +23,7 @@ table in the chosen format; ``tensorboard.py``, ``mlflow.py`` and
 
 An empty table (a trace folder has no curves) is not written.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,8 +101,13 @@ def summary_figures(tables: dict[str, pd.DataFrame]) -> dict[str, float]:
     out = {f"analysis/{col}": v for col in SUMMARY_FIGURES if (v := finite(summary.get(col))) is not None}
     ranks = tables.get("ranks")
     for row in ranks.to_dict("records") if ranks is not None else []:
-        out.update({f"rank{row['rank']}/{col}": v for col, value in row.items()
-                    if col not in _RANK_KEYS and (v := finite(value)) is not None})
+        out.update(
+            {
+                f"rank{row['rank']}/{col}": v
+                for col, value in row.items()
+                if col not in _RANK_KEYS and (v := finite(value)) is not None
+            }
+        )
     return out
 
 
@@ -118,20 +124,35 @@ def export_tables(a: "RunAnalysis", top: int = 50) -> dict[str, pd.DataFrame]:
     from analyzer.verbs.report import top_kernels_table
 
     m, st = a.mfu, a.step_time
-    summary = pd.DataFrame([{
-        "mfu": m.median, "mfu_source": m.source, "mfu_lower_bound": bool(m.lower_bound),
-        "flop_coverage": m.flop_coverage, "hfu": m.hfu_median,
-        "step_time_ms": st.ms, "step_time_source": st.label,
-        "tokens_per_s": throughput(a.manifest, a.metrics).median,
-        "straggler_ranks": ",".join(str(r) for r in a.stragglers.ranks),
-    }])
+    summary = pd.DataFrame(
+        [
+            {
+                "mfu": m.median,
+                "mfu_source": m.source,
+                "mfu_lower_bound": bool(m.lower_bound),
+                "flop_coverage": m.flop_coverage,
+                "hfu": m.hfu_median,
+                "step_time_ms": st.ms,
+                "step_time_source": st.label,
+                "tokens_per_s": throughput(a.manifest, a.metrics).median,
+                "straggler_ranks": ",".join(str(r) for r in a.stragglers.ranks),
+            }
+        ]
+    )
     rank_rows = []
     for r in a.ranks:
         row = {
-            "rank": r.rank, "timeline": r.source, "n_steps": r.n_steps, "step_time_ms": r.step_time_ms,
-            "steady_step_time_ms": r.steady_step_time_ms, "profiled_step_time_ms": r.profiled_step_time_ms,
-            "comm_comp_overlap_pct": r.comm_comp_overlap_pct, "exposed_comm_pct": r.exposed_comm_pct,
-            "idle_pct": r.idle_pct, "compute_pct": r.compute_pct, "device_name": r.device_name,
+            "rank": r.rank,
+            "timeline": r.source,
+            "n_steps": r.n_steps,
+            "step_time_ms": r.step_time_ms,
+            "steady_step_time_ms": r.steady_step_time_ms,
+            "profiled_step_time_ms": r.profiled_step_time_ms,
+            "comm_comp_overlap_pct": r.comm_comp_overlap_pct,
+            "exposed_comm_pct": r.exposed_comm_pct,
+            "idle_pct": r.idle_pct,
+            "compute_pct": r.compute_pct,
+            "device_name": r.device_name,
         }
         row.update({f"breakdown_{part}_ms": v.get("mean_ms") for part, v in r.breakdown.items()})
         rank_rows.append(row)
@@ -172,8 +193,14 @@ def export_run(a: "RunAnalysis", top: int = 50, with_report: bool = True, report
         artifacts["report.json"] = dumps_json(report_json(a))
         if report_html is not None:
             artifacts["report.html"] = report_html
-    return Export(export_tables(a, top), run_id, str(manifest_id) if manifest_id else folder.name,
-                  path_text(folder), artifacts, notes)
+    return Export(
+        export_tables(a, top),
+        run_id,
+        str(manifest_id) if manifest_id else folder.name,
+        path_text(folder),
+        artifacts,
+        notes,
+    )
 
 
 def write_tables(tables: dict[str, pd.DataFrame], fmt: str, out_dir: Path) -> list[Path]:

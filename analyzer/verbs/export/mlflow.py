@@ -21,6 +21,7 @@ MLflow 3 refuses a file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true
 is what a user asking for a file store means, so the export opts in for
 this process when the variable is unset.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,14 +50,14 @@ def write_mlflow(export: Export, uri: str) -> str:
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(EXPERIMENT)
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(EXPERIMENT)
-        found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{_quoted(export.run_id)}'",
-                                   max_results=1)
+        found = client.search_runs(
+            [exp_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{_quoted(export.run_id)}'", max_results=1
+        )
         if found:
             run_id = found[0].info.run_id
             client.update_run(run_id, status="RUNNING")
         else:
-            run_id = client.create_run(exp_id, run_name=export.run_name,
-                                       tags={RUN_ID_TAG: export.run_id}).info.run_id
+            run_id = client.create_run(exp_id, run_name=export.run_name, tags={RUN_ID_TAG: export.run_id}).info.run_id
     except Exception as exc:  # noqa: BLE001 - any store error is the URI's problem, one line
         raise AnalyzerError(f"{uri}: cannot open the MLflow tracking store ({type(exc).__name__}: {exc})") from None
     now = int(time.time() * 1000)
@@ -65,7 +66,7 @@ def write_mlflow(export: Export, uri: str) -> str:
     held = _held(client, run_id, {tag for tag, _, _ in curves}) if found else {}
     metrics = [Metric(tag, v, now, step) for tag, step, v in wanted if held.get((tag, step)) != v]
     for i in range(0, len(metrics), _BATCH):
-        client.log_batch(run_id, metrics=metrics[i:i + _BATCH])
+        client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
     client.set_tag(run_id, "analyzer.path", export.path_text)
     for key, text in summary_text(export.tables).items():
         client.set_tag(run_id, f"analysis.{key}", text)

@@ -15,6 +15,7 @@ writes end in ``.analyzer``, and those already in the run's folder are
 removed first (a TensorBoard run that holds two exports shows every point
 twice). Other event files there (the trainer's own) are left alone.
 """
+
 from __future__ import annotations
 
 import math

@@ -20,6 +20,7 @@ resumed (``resume="allow"``); each offline export is its own folder, which
 replaced; history points at steps the run already holds keep their values
 (W&B steps only go forward).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,13 +52,25 @@ def write_wandb(export: Export, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise AnalyzerError(f"{out_dir}: cannot create the export folder ({exc.strerror or exc})") from None
-    config: dict[str, str] = {**summary_text(export.tables), "analyzer.path": export.path_text,
-                              "analyzer.run_id": export.run_id}
+    config: dict[str, str] = {
+        **summary_text(export.tables),
+        "analyzer.path": export.path_text,
+        "analyzer.run_id": export.run_id,
+    }
     mode: Literal["online", "offline"] = "online" if os.environ.get("WANDB_MODE") == "online" else "offline"
     settings = wandb.Settings(silent=True, console="off", disable_git=True, save_code=False, x_disable_stats=True)
     try:
-        run = wandb.init(project=PROJECT, name=export.run_name, id=wandb_id(export.run_id), resume="allow",
-                         dir=str(out_dir), mode=mode, config=config, settings=settings, allow_val_change=True)
+        run = wandb.init(
+            project=PROJECT,
+            name=export.run_name,
+            id=wandb_id(export.run_id),
+            resume="allow",
+            dir=str(out_dir),
+            mode=mode,
+            config=config,
+            settings=settings,
+            allow_val_change=True,
+        )
     except Exception as exc:  # noqa: BLE001 - wandb's own errors (mode, folder): one line
         raise AnalyzerError(f"{out_dir}: cannot start a W&B run ({type(exc).__name__}: {exc})") from None
     by_step: dict[int, dict[str, float]] = defaultdict(dict)

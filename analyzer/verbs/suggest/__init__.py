@@ -11,6 +11,7 @@
 ``suggestions_document`` is ``analyzer suggest --json``'s document (the
 command itself is in analyzer/cli.py).
 """
+
 from __future__ import annotations
 
 from analyzer.verbs.suggest.emit import emit_config, emitted_config_text
@@ -26,7 +27,16 @@ def __getattr__(name: str) -> object:
         return getattr(run, name)
     raise AttributeError(f"module 'analyzer.verbs.suggest' has no attribute {name!r}")
 
+
 __all__ = [
-    "suggest", "suggestions_json", "report_suggestions", "Suggestion", "Change", "Prediction", "RULES",
-    "emit_config", "emitted_config_text", "suggestions_document",
+    "suggest",
+    "suggestions_json",
+    "report_suggestions",
+    "Suggestion",
+    "Change",
+    "Prediction",
+    "RULES",
+    "emit_config",
+    "emitted_config_text",
+    "suggestions_document",
 ]

@@ -9,6 +9,7 @@ config does not have is refused here, and the values are the rules' own
 typed values; tests/test_suggest_cli.py runs reftrain on the emitted file.
 The file runs as is: ``reftrain --nproc N --config FILE``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,7 +49,9 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
     if ra.kind != "reftrain" or manifest.config is None:
         raise AnalyzerError(f"{ra.path}: --emit-config needs a reftrain run directory (this is a folder of traces)")
     if not suggestion.change.overrides:
-        raise AnalyzerError(f"suggestion '{suggestion.rule}' has no reftrain override (advice only); pick another with --pick")
+        raise AnalyzerError(
+            f"suggestion '{suggestion.rule}' has no reftrain override (advice only); pick another with --pick"
+        )
     config = _run_config(ra, manifest)
     for key, value in suggestion.change.overrides.items():
         _overlay(config, key, value, f"suggestion '{suggestion.rule}'", ra.path)
@@ -63,8 +66,10 @@ def emitted_config_text(ra: "RunAnalysis", suggestion: Suggestion, run_name: str
         "# change: " + " ".join(f"{k}={format_value(v)}" for k, v in suggestion.change.overrides.items()),
     ]
     if p is not None:
-        lines.append(f"# predicted ({p.scope}): step {p.step_time_ms_before:.1f} -> {p.step_time_ms_after:.1f} ms, "
-                     f"throughput {p.gain:+.1%}")
+        lines.append(
+            f"# predicted ({p.scope}): step {p.step_time_ms_before:.1f} -> {p.step_time_ms_after:.1f} ms, "
+            f"throughput {p.gain:+.1%}"
+        )
     lines.append(f"# run it: reftrain --nproc {world} --config <this file>")
     import yaml  # here, not at the top: every analyzer command imports this package, few emit (10 ms)
 

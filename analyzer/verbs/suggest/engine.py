@@ -22,6 +22,7 @@ gain, largest first. Each rule is registered once with :func:`rule`, which
 records its id (the function's name), the part of the step it acts on and
 whether it needs FLOPs. docs/suggestions.md is the reference of every rule.
 """
+
 from __future__ import annotations
 
 import functools
@@ -119,7 +120,10 @@ class Prediction:
     def to_json(self) -> dict[str, Any]:
         return {
             "step_time_ms": {"before": jsonable(self.step_time_ms_before), "after": jsonable(self.step_time_ms_after)},
-            "tokens_per_step": {"before": jsonable(self.tokens_per_step_before), "after": jsonable(self.tokens_per_step_after)},
+            "tokens_per_step": {
+                "before": jsonable(self.tokens_per_step_before),
+                "after": jsonable(self.tokens_per_step_after),
+            },
             "tokens_per_s": {"before": jsonable(self.tokens_per_s_before), "after": jsonable(self.tokens_per_s_after)},
             "mfu": {"before": jsonable(self.mfu_before), "after": jsonable(self.mfu_after)},
             "gain": jsonable(self.gain),
@@ -194,8 +198,13 @@ class Rule:
     Calling it runs the rule.
     """
 
-    def __init__(self, fn: Callable[["RunFacts"], "Suggestion | None"], part: str | None,
-                 also_parts: tuple[str, ...], needs_flops: bool) -> None:
+    def __init__(
+        self,
+        fn: Callable[["RunFacts"], "Suggestion | None"],
+        part: str | None,
+        also_parts: tuple[str, ...],
+        needs_flops: bool,
+    ) -> None:
         if not fn.__name__.startswith("rule_"):
             raise ValueError(f"{fn.__module__}.{fn.__name__}: a rule function's name starts with 'rule_'")
         functools.update_wrapper(self, fn)
@@ -222,8 +231,9 @@ RULES: list[Rule] = []
 _BY_ID: dict[str, Rule] = {}
 
 
-def rule(part: str | None = None, *, also: tuple[str, ...] = (), flops: bool = False
-         ) -> Callable[[Callable[["RunFacts"], "Suggestion | None"]], Rule]:
+def rule(
+    part: str | None = None, *, also: tuple[str, ...] = (), flops: bool = False
+) -> Callable[[Callable[["RunFacts"], "Suggestion | None"]], Rule]:
     """Register a rule function: ``@rule(part="exposed_comm")`` above ``def rule_ddp_bucket_size(f)``.
 
     The rule id is the function's name without ``rule_``; registering the
@@ -268,12 +278,18 @@ def rank(suggestions: list[Suggestion], comm_first: bool = False) -> list[Sugges
     """
     return sorted(
         suggestions,
-        key=lambda s: (comm_first and part_of(s.rule) != "exposed_comm", s.kind != "change",
-                       -round(s.gain, 6), _CONFIDENCE_ORDER[s.confidence], s.rule),
+        key=lambda s: (
+            comm_first and part_of(s.rule) != "exposed_comm",
+            s.kind != "change",
+            -round(s.gain, 6),
+            _CONFIDENCE_ORDER[s.confidence],
+            s.rule,
+        ),
     )
 
 
-def suggestions_json(suggestions: list[Suggestion], config_path: str | None = None,
-                     nproc: int | None = None) -> list[dict[str, Any]]:
+def suggestions_json(
+    suggestions: list[Suggestion], config_path: str | None = None, nproc: int | None = None
+) -> list[dict[str, Any]]:
     """``suggestions[]`` of the report JSON, in rank order."""
     return [s.to_json(config_path, nproc) for s in suggestions]

@@ -43,6 +43,7 @@ their fields partition RunFacts' (all but ``notes``). Definitions
   share per step from the per-rank top-kernel table (its
   :data:`analyzer.rankmap.TOP_KERNELS_PER_RANK` names, so counts are lower bounds).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,7 +57,11 @@ import pandas as pd
 
 from analyzer.ingest.formats import RunManifest
 from analyzer.metrics.collective_model import (
-    collective_tail_ms, collective_times, fit_alpha_beta, service_times_ms, sync_delay_ms,
+    collective_tail_ms,
+    collective_times,
+    fit_alpha_beta,
+    service_times_ms,
+    sync_delay_ms,
 )
 from analyzer.metrics.mfu import steady_state
 from analyzer.metrics.taxonomy import FUSABLE_CLASSES, classify_name, is_compiled, kernel_precision
@@ -336,7 +341,9 @@ def rank_phase_medians(steady: pd.DataFrame) -> dict[int, dict[str, float]]:
     cols = [f"{p}_ms" for p in PHASES + ("step_time", "injected")]
     cols = [c for c in cols if c in steady.columns]
     med = steady.groupby("rank")[cols].median(numeric_only=True)
-    return {int(r): {c.removesuffix("_ms"): float(v) for c, v in row.items() if pd.notna(v)} for r, row in med.iterrows()}
+    return {
+        int(r): {c.removesuffix("_ms"): float(v) for c, v in row.items() if pd.notna(v)} for r, row in med.iterrows()
+    }
 
 
 def usable_windows(steps: pd.DataFrame) -> pd.DataFrame:
@@ -389,8 +396,13 @@ def comm_facts(ra: "RunAnalysis", steady_steps: set[int] | None) -> tuple[CommFa
         per_byte_ms=per_byte,
         kinds=tuple(sorted(set(times["kind"]))),
         gather_service_share=gather / total_service if total_service > 0 else None,
-        gathers_per_step=float(times.loc[times["kind"] == "all_gather"].groupby("step").size()
-                               .reindex(per_step.index, fill_value=0).median()),
+        gathers_per_step=float(
+            times.loc[times["kind"] == "all_gather"]
+            .groupby("step")
+            .size()
+            .reindex(per_step.index, fill_value=0)
+            .median()
+        ),
     )
     return facts, collective_tail_ms(times)
 
@@ -483,7 +495,11 @@ def kernel_facts(ra: "RunAnalysis") -> KernelFacts | None:
         names = [str(n) for n in mine["name"]]
         kind = mine["kind"].astype(str)
         # Kernel classes from the one taxonomy (analyzer.metrics.taxonomy); tables saved without them are classified here.
-        cls = mine["cls"].to_numpy(object) if "cls" in mine.columns else np.array([classify_name(n) for n in names], dtype=object)
+        cls = (
+            mine["cls"].to_numpy(object)
+            if "cls" in mine.columns
+            else np.array([classify_name(n) for n in names], dtype=object)
+        )
         count = mine["count"].to_numpy(np.float64)
         total = mine["total_ms"].to_numpy(np.float64)
         compute = (kind == "compute").to_numpy()
@@ -493,14 +509,26 @@ def kernel_facts(ra: "RunAnalysis") -> KernelFacts | None:
         fusable = compute & np.isin(cls.astype(str), list(FUSABLE_CLASSES)) & ~compiled
         short = compute & (mine["mean_us"].to_numpy(np.float64) < SHORT_KERNEL_US)
         comm = (kind == "comm").to_numpy()
-        coll = mine["coll_kind"].to_numpy(object) if "coll_kind" in mine.columns else np.full(len(mine), None, dtype=object)
+        coll = (
+            mine["coll_kind"].to_numpy(object)
+            if "coll_kind" in mine.columns
+            else np.full(len(mine), None, dtype=object)
+        )
         batch_comm = comm & np.isin(coll.astype(str), list(BATCH_SCALED_COLLECTIVES))
         n = count[compute].sum()
         rows.append(
-            (n / r.n_steps, total[gemm].sum() / r.n_steps, total[compute].sum() / r.n_steps,
-             count[short].sum() / n if n else 0.0, 1e3 * total[compute].sum() / n if n else 0.0,
-             total[tf32].sum() / r.n_steps, total[fusable].sum() / r.n_steps, total[compute & compiled].sum() / r.n_steps,
-             total[comm].sum() / r.n_steps, total[batch_comm].sum() / r.n_steps)
+            (
+                n / r.n_steps,
+                total[gemm].sum() / r.n_steps,
+                total[compute].sum() / r.n_steps,
+                count[short].sum() / n if n else 0.0,
+                1e3 * total[compute].sum() / n if n else 0.0,
+                total[tf32].sum() / r.n_steps,
+                total[fusable].sum() / r.n_steps,
+                total[compute & compiled].sum() / r.n_steps,
+                total[comm].sum() / r.n_steps,
+                total[batch_comm].sum() / r.n_steps,
+            )
         )
     if not rows:
         return None
@@ -532,7 +560,10 @@ def idle_facts(ra: "RunAnalysis") -> IdleFacts | None:
     names: dict[str, float] = {}
     if steps > 0 and len(at.syncs):
         mine = at.syncs.loc[at.syncs["rank"].isin(t["rank"])]
-        names = {str(k): float(v) / steps for k, v in mine.groupby("name")["calls"].sum().sort_values(ascending=False).items()}
+        names = {
+            str(k): float(v) / steps
+            for k, v in mine.groupby("name")["calls"].sum().sort_values(ascending=False).items()
+        }
     return IdleFacts(
         idle_ms=idle,
         host_wait_frac=float(t["host_wait_ms"].sum()) / idle,
@@ -546,7 +577,9 @@ def idle_facts(ra: "RunAnalysis") -> IdleFacts | None:
         sync_names=names,
         sync_host_share=share("sync_host_ms"),
         sync_idle_share=share("sync_idle_ms"),
-        pageable_per_step=float((t["pageable_htod_per_step"].fillna(0) * t["n_steps"]).sum()) / steps if steps > 0 else None,
+        pageable_per_step=float((t["pageable_htod_per_step"].fillna(0) * t["n_steps"]).sum()) / steps
+        if steps > 0
+        else None,
         pageable_share=share("pageable_htod_ms"),
         pageable_exposed_share=share("pageable_htod_exposed_ms"),
     )
@@ -588,8 +621,9 @@ def trace_tokens(table: pd.DataFrame | None) -> tuple[float | None, str | None]:
     return float(per_rank.sum()), f"trace input shapes: {first['tokens_source']} ({where}, median over step windows)"
 
 
-def recompute_facts(table: pd.DataFrame | None, ra: "RunAnalysis", memory: "MemoryFacts", device_name: str | None
-                    ) -> RecomputeFacts | None:
+def recompute_facts(
+    table: pd.DataFrame | None, ra: "RunAnalysis", memory: "MemoryFacts", device_name: str | None
+) -> RecomputeFacts | None:
     """RecomputeFacts over :func:`usable_workload`'s rows; None when no window recomputes anything."""
     if table is None:
         return None
@@ -638,8 +672,9 @@ def gpu_memory_bytes(device_name: str | None) -> tuple[float | None, str | None]
     return None, None
 
 
-def memory_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, device_name: str | None,
-                 man: RunManifest | None = None) -> MemoryFacts:
+def memory_facts(
+    ra: "RunAnalysis", steady: pd.DataFrame | None, device: str, device_name: str | None, man: RunManifest | None = None
+) -> MemoryFacts:
     """Peak memory over steady steps (max over ranks) against the device capacity (GPU runs)."""
     peak = kind = None
     if steady is not None and "mem_bytes" in steady.columns:
@@ -768,16 +803,23 @@ def setup_facts(ra: "RunAnalysis") -> SetupFacts:
     world = int(man.world_size or len(ra.ranks) or 1)
     run_path = ra.path if isinstance(ra.path, Path) else None
     return SetupFacts(
-        kind=ra.kind, device=device, device_name=device_name, config=man.config,
+        kind=ra.kind,
+        device=device,
+        device_name=device_name,
+        config=man.config,
         config_path=str(run_path / "config.yaml") if (man.config is not None and run_path is not None) else None,
-        world_size=world, ranks_traced=len(ra.ranks),
+        world_size=world,
+        ranks_traced=len(ra.ranks),
         params=man.params.to_json() if man.params is not None else None,
         cpu_cores=hw.cpu_cores_usable or hw.cpu_cores,
         inject=man.inject.to_json() if man.inject is not None else None,
-        hostnames=list(hw.hostnames) or None, ranks_per_host=_ranks_per_host(hw.hostnames, world),
+        hostnames=list(hw.hostnames) or None,
+        ranks_per_host=_ranks_per_host(hw.hostnames, world),
         telemetry=getattr(ra, "telemetry", None),
-        profile_steps=(len(man.profiled_steps), int(ra.metrics["step"].nunique())
-                       if ra.metrics is not None and not ra.metrics.empty else 0),
+        profile_steps=(
+            len(man.profiled_steps),
+            int(ra.metrics["step"].nunique()) if ra.metrics is not None and not ra.metrics.empty else 0,
+        ),
     )
 
 
@@ -799,9 +841,14 @@ def step_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, windows: pd.DataF
             profiled_ms = float(prof.groupby("step")["step_time_ms"].mean().median())
     shares, shares_source = breakdown_shares(windows)
     return StepFacts(
-        step_time_ms=step_time_ms, step_time_source=source, n_steps=n_steps, phases=phases,
-        rank_phases=rank_phase_medians(steady) if steady is not None else {}, profiled_step_time_ms=profiled_ms,
-        shares=shares, shares_source=shares_source,
+        step_time_ms=step_time_ms,
+        step_time_source=source,
+        n_steps=n_steps,
+        phases=phases,
+        rank_phases=rank_phase_medians(steady) if steady is not None else {},
+        profiled_step_time_ms=profiled_ms,
+        shares=shares,
+        shares_source=shares_source,
         windows_used=int(len(windows)) if windows is not None else 0,
         windows_total=int(len(ra.steps)) if ra.steps is not None else 0,
     )
@@ -822,8 +869,9 @@ def exposed_comm(step: StepFacts, tail: pd.Series | None) -> tuple[float | None,
     return None, None
 
 
-def communication_facts(ra: "RunAnalysis", step: StepFacts, steady: pd.DataFrame | None, windows: pd.DataFrame,
-                        gpu_name: str | None) -> CommunicationFacts:
+def communication_facts(
+    ra: "RunAnalysis", step: StepFacts, steady: pd.DataFrame | None, windows: pd.DataFrame, gpu_name: str | None
+) -> CommunicationFacts:
     """Exposed communication, the collectives per steady step, the kernels' diagnosis and the sync delays."""
     steady_steps = set(steady["step"].unique()) if steady is not None else None
     comm, tail = comm_facts(ra, steady_steps)
@@ -835,10 +883,16 @@ def communication_facts(ra: "RunAnalysis", step: StepFacts, steady: pd.DataFrame
     if comm is None and ra.kind == "traces":
         comm = trace_comm_facts(ra, windows)
     return CommunicationFacts(
-        exposed_comm_ms=exposed, exposed_comm_source=exposed_source, comm=comm, comm_diagnosis=diag,
-        comm_fits=fits, link_gbps=link.gbps if link is not None else None,
-        link_name=link.link if link is not None else None, comm_group_size=group,
-        sync_delay_ms=sync_delay_ms(coll) if coll is not None else {}, stragglers=ra.stragglers,
+        exposed_comm_ms=exposed,
+        exposed_comm_source=exposed_source,
+        comm=comm,
+        comm_diagnosis=diag,
+        comm_fits=fits,
+        link_gbps=link.gbps if link is not None else None,
+        link_name=link.link if link is not None else None,
+        comm_group_size=group,
+        sync_delay_ms=sync_delay_ms(coll) if coll is not None else {},
+        stragglers=ra.stragglers,
     )
 
 
@@ -852,14 +906,18 @@ def compute_facts(ra: "RunAnalysis") -> ComputeFacts:
     return ComputeFacts(
         # A lower-bound MFU (FLOP coverage under COVERAGE_MIN) is reported but never fed to a rule.
         mfu=median if median is not None and math.isfinite(median) and not ra.mfu.lower_bound else None,
-        peak_flops_per_s=ra.mfu.peak_flops_per_s, flops_per_token=float(per_token) if per_token else None,
+        peak_flops_per_s=ra.mfu.peak_flops_per_s,
+        flops_per_token=float(per_token) if per_token else None,
         dtype=dtype if dtype is not None else (ra.mfu.dtype or None),
-        flop_coverage=ra.mfu.flop_coverage, kernels=kernel_facts(ra), idle=idle_facts(ra),
+        flop_coverage=ra.mfu.flop_coverage,
+        kernels=kernel_facts(ra),
+        idle=idle_facts(ra),
     )
 
 
-def workload_facts(ra: "RunAnalysis", setup: SetupFacts, steady: pd.DataFrame | None,
-                   windows: pd.DataFrame) -> WorkloadFacts:
+def workload_facts(
+    ra: "RunAnalysis", setup: SetupFacts, steady: pd.DataFrame | None, windows: pd.DataFrame
+) -> WorkloadFacts:
     """Tokens per step (run.json's, else the trace's input shapes), peak memory and activation recompute."""
     man = ra.run_manifest
     tokens: float | None = float(man.tokens_per_step) if man.tokens_per_step else None
@@ -869,8 +927,12 @@ def workload_facts(ra: "RunAnalysis", setup: SetupFacts, steady: pd.DataFrame | 
         tokens, source = trace_tokens(workload)
     memory = memory_facts(ra, steady, setup.device, setup.device_name, man)
     gpu_name = setup.device_name if setup.device == "cuda" else None
-    return WorkloadFacts(tokens_per_step=tokens, tokens_source=source, memory=memory,
-                         recompute=recompute_facts(workload, ra, memory, gpu_name))
+    return WorkloadFacts(
+        tokens_per_step=tokens,
+        tokens_source=source,
+        memory=memory,
+        recompute=recompute_facts(workload, ra, memory, gpu_name),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -900,7 +962,14 @@ def _run_facts(ra: "RunAnalysis") -> RunFacts:
     if len(windows) < len(ra.steps):
         notes.append(f"{len(ra.steps) - len(windows)} step window(s) clipped to the trace are not used by any rule")
     if ra.mfu.lower_bound:
-        notes.append(f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule")
-    parts = (setup, step, communication_facts(ra, step, steady, windows, gpu_name), compute_facts(ra),
-             workload_facts(ra, setup, steady, windows))
+        notes.append(
+            f"MFU from trace shapes is a lower bound (FLOP coverage {ra.mfu.flop_coverage:.1%}): not used by any rule"
+        )
+    parts = (
+        setup,
+        step,
+        communication_facts(ra, step, steady, windows, gpu_name),
+        compute_facts(ra),
+        workload_facts(ra, setup, steady, windows),
+    )
     return RunFacts(**{f.name: getattr(p, f.name) for p in parts for f in fields(p)}, notes=notes)

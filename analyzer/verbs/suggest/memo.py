@@ -9,6 +9,7 @@ finalizer when the analysis is collected (before the id can be reused). An
 analysis copied with ``dataclasses.replace`` is another object, with its own
 entry.
 """
+
 from __future__ import annotations
 
 import threading

@@ -5,6 +5,7 @@ hides, ``facts.exposed_comm_ms``) over EXPOSED_COMM_MIN_SHARE of the step,
 except overlap_grad_sync (reftrain's explicit sync after backward).
 docs/suggestions.md is the reference.
 """
+
 from __future__ import annotations
 
 from analyzer.verbs.suggest import whatif
@@ -38,11 +39,18 @@ def _exposed(f: RunFacts) -> tuple[float, float] | None:
 
 
 def _comm_evidence(f: RunFacts, exposed_ms: float, share: float) -> dict:
-    ev = {"exposed_comm_ms": exposed_ms, "step_time_ms": f.step_time_ms, "exposed_comm_share": share,
-          "exposed_comm_source": f.exposed_comm_source}
+    ev = {
+        "exposed_comm_ms": exposed_ms,
+        "step_time_ms": f.step_time_ms,
+        "exposed_comm_share": share,
+        "exposed_comm_source": f.exposed_comm_source,
+    }
     if f.comm is not None:
-        ev |= {"collectives_per_step": f.comm.n_per_step, "comm_bytes_per_step": f.comm.bytes_per_step,
-               "comm_service_ms_per_step": f.comm.service_ms_per_step}
+        ev |= {
+            "collectives_per_step": f.comm.n_per_step,
+            "comm_bytes_per_step": f.comm.bytes_per_step,
+            "comm_service_ms_per_step": f.comm.service_ms_per_step,
+        }
         if f.comm.alpha_ms is not None:
             ev["comm_alpha_ms"] = f.comm.alpha_ms
     return ev
@@ -82,15 +90,19 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"Fewer, larger gradient buckets: bucket_cap_mb {cap:g} -> {new_cap:g}",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%} with {f.comm.n_per_step:.0f} collectives "
-                f"per step >= BUCKET_MIN_COLLECTIVES {BUCKET_MIN_COLLECTIVES}",
+        f"per step >= BUCKET_MIN_COLLECTIVES {BUCKET_MIN_COLLECTIVES}",
         evidence=_comm_evidence(f, exposed_ms, share) | {"bucket_cap_mb": cap},
-        change=Change({"parallel.bucket_cap_mb": new_cap},
-                      f"DistributedDataParallel(model, bucket_cap_mb={new_cap:g}); with a fixed graph also "
-                      "static_graph=True (DDP then skips re-checking which parameters get gradients)"),
+        change=Change(
+            {"parallel.bucket_cap_mb": new_cap},
+            f"DistributedDataParallel(model, bucket_cap_mb={new_cap:g}); with a fixed graph also "
+            "static_graph=True (DDP then skips re-checking which parameters get gradients)",
+        ),
         predicted=whatif.prediction(
-            f, whatif.remove(f.step_time_ms, saved),
+            f,
+            whatif.remove(f.step_time_ms, saved),
             f"{f.comm.n_per_step:.0f} -> {n_after} collectives per step at alpha {f.comm.alpha_ms:.2f} ms each "
-            f"(alpha-beta fit of service times), at most the {exposed_ms:.1f} ms exposed"),
+            f"(alpha-beta fit of service times), at most the {exposed_ms:.1f} ms exposed",
+        ),
         confidence="medium",
     )
 
@@ -103,7 +115,11 @@ def rule_gradient_as_bucket_view(f: RunFacts) -> Suggestion | None:
     BUCKET_COPY_MIN_SHARE of the step, or when memory is over 90 % (the
     view also saves one gradient-sized buffer). What-if: the copy removed.
     """
-    if not f.is_reftrain or f.cfg("parallel.strategy") != "ddp" or f.cfg("parallel.gradient_as_bucket_view") is not False:
+    if (
+        not f.is_reftrain
+        or f.cfg("parallel.strategy") != "ddp"
+        or f.cfg("parallel.gradient_as_bucket_view") is not False
+    ):
         return None
     if f.world_size < 2 or not f.step_time_ms or f.comm is None:
         return None
@@ -115,13 +131,21 @@ def rule_gradient_as_bucket_view(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Let gradients live in DDP's buckets (no copy, one gradient-sized buffer less)",
         trigger=f"estimated bucket copy {copy_ms / f.step_time_ms:.1%} of step > {BUCKET_COPY_MIN_SHARE:.0%}"
-                + (f" or memory {mem:.0%} > 90%" if mem is not None else ""),
-        evidence={"grad_bytes_per_step": grad_bytes, "copy_ms_estimate": copy_ms, "step_time_ms": f.step_time_ms,
-                  "memory_fraction": mem},
-        change=Change({"parallel.gradient_as_bucket_view": True},
-                      "DistributedDataParallel(model, gradient_as_bucket_view=True)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, copy_ms),
-                                    f"2 x {grad_bytes / 2**20:.1f} MiB copied at {COPY_BYTES_PER_S[f.device] / 1e9:.0f} GB/s removed"),
+        + (f" or memory {mem:.0%} > 90%" if mem is not None else ""),
+        evidence={
+            "grad_bytes_per_step": grad_bytes,
+            "copy_ms_estimate": copy_ms,
+            "step_time_ms": f.step_time_ms,
+            "memory_fraction": mem,
+        },
+        change=Change(
+            {"parallel.gradient_as_bucket_view": True}, "DistributedDataParallel(model, gradient_as_bucket_view=True)"
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, copy_ms),
+            f"2 x {grad_bytes / 2**20:.1f} MiB copied at {COPY_BYTES_PER_S[f.device] / 1e9:.0f} GB/s removed",
+        ),
         confidence="low",
     )
 
@@ -151,12 +175,21 @@ def rule_overlap_grad_sync(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Overlap the gradient all-reduce with backward (DDP's bucketed hooks)",
         trigger=f"grad_sync {sync / f.step_time_ms:.1%} of step > GRAD_SYNC_MIN_SHARE {GRAD_SYNC_MIN_SHARE:.0%}",
-        evidence={"grad_sync_ms": sync, "step_time_ms": f.step_time_ms, "grad_sync_share": sync / f.step_time_ms,
-                  "last_bucket_ms_estimate": tail},
-        change=Change({"parallel.overlap_grad_sync": True},
-                      "let DistributedDataParallel all-reduce during backward instead of a manual all_reduce after it"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, sync - tail),
-                                    f"the {sync:.1f} ms sync becomes the last bucket's {tail:.1f} ms tail"),
+        evidence={
+            "grad_sync_ms": sync,
+            "step_time_ms": f.step_time_ms,
+            "grad_sync_share": sync / f.step_time_ms,
+            "last_bucket_ms_estimate": tail,
+        },
+        change=Change(
+            {"parallel.overlap_grad_sync": True},
+            "let DistributedDataParallel all-reduce during backward instead of a manual all_reduce after it",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, sync - tail),
+            f"the {sync:.1f} ms sync becomes the last bucket's {tail:.1f} ms tail",
+        ),
         confidence="medium",
     )
 
@@ -189,16 +222,26 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"Synchronize gradients every {k * ga} micro-batches instead of {ga}",
         trigger=f"exposed comm {share:.1%} of step > EXPOSED_COMM_MIN_SHARE {EXPOSED_COMM_MIN_SHARE:.0%}",
-        evidence=_comm_evidence(f, exposed_ms, share) | {"grad_accum": ga, "per_micro_batch_ms": per_micro}
+        evidence=_comm_evidence(f, exposed_ms, share)
+        | {"grad_accum": ga, "per_micro_batch_ms": per_micro}
         | ({"tokens_per_step": f.tokens_per_step, "tokens_source": f.tokens_source} if f.tokens_per_step else {}),
-        change=Change({"train.grad_accum": k * ga},
-                      f"accumulate {k}x more micro-batches per optimizer step under model.no_sync() "
-                      "(the global batch grows; retune the learning rate)"),
+        change=Change(
+            {"train.grad_accum": k * ga},
+            f"accumulate {k}x more micro-batches per optimizer step under model.no_sync() "
+            "(the global batch grows; retune the learning rate)",
+        ),
         predicted=whatif.prediction(
-            f, step_after, f"{k}x the micro-batches ({per_micro:.1f} ms each) per step, exposed comm and optimizer once"
-            + ("" if f.tokens_per_step else " (tokens per step unknown: the gain is per micro-batch of the trace's step)"),
+            f,
+            step_after,
+            f"{k}x the micro-batches ({per_micro:.1f} ms each) per step, exposed comm and optimizer once"
+            + (
+                ""
+                if f.tokens_per_step
+                else " (tokens per step unknown: the gain is per micro-batch of the trace's step)"
+            ),
             tokens_per_step_after=f.tokens_per_step * k if f.tokens_per_step else None,
-            work_ratio=1.0 if f.tokens_per_step else float(k)),
+            work_ratio=1.0 if f.tokens_per_step else float(k),
+        ),
         confidence="medium",
         notes=("changes the global batch size (optimization, not only speed)",),
     )
@@ -227,13 +270,20 @@ def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Keep gathered parameters from forward to backward (FSDP reshard_after_forward=False)",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%}, memory "
-                + (f"{mem:.0%}" if mem is not None else "unknown") + f" <= {FSDP_RESHARD_MAX_MEMORY:.0%}",
-        evidence=_comm_evidence(f, exposed_ms, share) | {"memory_fraction": mem, "all_gather_service_share": gather_share},
-        change=Change({"parallel.reshard_after_forward": False},
-                      "fully_shard(module, reshard_after_forward=False) (FSDP1: ShardingStrategy.SHARD_GRAD_OP)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    "backward's all-gathers (half of the all-gather service time) removed, "
-                                    f"at most the {exposed_ms:.1f} ms exposed"),
+        + (f"{mem:.0%}" if mem is not None else "unknown")
+        + f" <= {FSDP_RESHARD_MAX_MEMORY:.0%}",
+        evidence=_comm_evidence(f, exposed_ms, share)
+        | {"memory_fraction": mem, "all_gather_service_share": gather_share},
+        change=Change(
+            {"parallel.reshard_after_forward": False},
+            "fully_shard(module, reshard_after_forward=False) (FSDP1: ShardingStrategy.SHARD_GRAD_OP)",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            "backward's all-gathers (half of the all-gather service time) removed, "
+            f"at most the {exposed_ms:.1f} ms exposed",
+        ),
         confidence="low" if mem is None else "medium",
     )
 
@@ -276,17 +326,21 @@ def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"Shorten the exposed last gradient bucket: bucket_cap_mb {cap:g} -> {new_cap:g}",
         trigger=f"last all-reduce of the step {c.last_ms:.2f} ms = {c.last_ms / f.step_time_ms:.1%} of step > "
-                f"{LAST_BUCKET_MIN_SHARE:.0%}, {c.last_bytes / 2**20:.1f} MiB > {new_cap:g} MiB",
-        evidence=_comm_evidence(f, exposed_ms, share) | {"last_bucket_bytes": c.last_bytes, "last_bucket_ms": c.last_ms,
-                                                         "comm_per_byte_ms": c.per_byte_ms},
-        change=Change({"parallel.bucket_cap_mb": new_cap},
-                      f"DistributedDataParallel(model, bucket_cap_mb={new_cap:g}): the bucket issued after backward "
-                      "(the first layers' gradients) gets smaller; with a large embedding first, consider its own bucket "
-                      "order (DDP buckets in reverse parameter order)"),
+        f"{LAST_BUCKET_MIN_SHARE:.0%}, {c.last_bytes / 2**20:.1f} MiB > {new_cap:g} MiB",
+        evidence=_comm_evidence(f, exposed_ms, share)
+        | {"last_bucket_bytes": c.last_bytes, "last_bucket_ms": c.last_ms, "comm_per_byte_ms": c.per_byte_ms},
+        change=Change(
+            {"parallel.bucket_cap_mb": new_cap},
+            f"DistributedDataParallel(model, bucket_cap_mb={new_cap:g}): the bucket issued after backward "
+            "(the first layers' gradients) gets smaller; with a large embedding first, consider its own bucket "
+            "order (DDP buckets in reverse parameter order)",
+        ),
         predicted=whatif.prediction(
-            f, whatif.remove(f.step_time_ms, saved),
+            f,
+            whatif.remove(f.step_time_ms, saved),
             f"tail {c.last_ms:.2f} ms -> alpha {c.alpha_ms:.3f} + {new_cap:g} MiB x per-byte = {tail_after:.2f} ms "
-            f"(alpha-beta fit), at most the {exposed_ms:.1f} ms exposed"),
+            f"(alpha-beta fit), at most the {exposed_ms:.1f} ms exposed",
+        ),
         confidence="low",
     )
 
@@ -316,15 +370,20 @@ def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Prefetch FSDP all-gathers one module ahead (overlap them with the previous module's compute)",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%} with {g:.0f} all-gathers per step",
-        evidence=_comm_evidence(f, exposed_ms, share) | {"all_gathers_per_step": g,
-                                                         "all_gather_service_share": f.comm.gather_service_share},
-        change=Change({}, "FSDP2: module.set_modules_to_forward_prefetch([next_block]) and "
-                          "set_modules_to_backward_prefetch([previous_block]) per transformer block; FSDP1: "
-                          "FullyShardedDataParallel(..., forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)"),
+        evidence=_comm_evidence(f, exposed_ms, share)
+        | {"all_gathers_per_step": g, "all_gather_service_share": f.comm.gather_service_share},
+        change=Change(
+            {},
+            "FSDP2: module.set_modules_to_forward_prefetch([next_block]) and "
+            "set_modules_to_backward_prefetch([previous_block]) per transformer block; FSDP1: "
+            "FullyShardedDataParallel(..., forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)",
+        ),
         predicted=whatif.prediction(
-            f, whatif.remove(f.step_time_ms, saved),
+            f,
+            whatif.remove(f.step_time_ms, saved),
             f"the all-gathers' {f.comm.gather_service_share:.0%} of the {exposed_ms:.1f} ms exposed hidden but the "
-            f"first of {g:.0f} per step"),
+            f"first of {g:.0f} per step",
+        ),
         confidence="low",
         notes=("prefetching holds one more module's gathered parameters: check memory headroom",),
     )
@@ -349,16 +408,21 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Send gradients in bf16 (DDP compression hook)",
         trigger=f"exposed comm {share:.1%} > {EXPOSED_COMM_MIN_SHARE:.0%}, bandwidth part {bytes_ms:.1f} ms of "
-                f"{f.comm.service_ms_per_step:.1f} ms service",
+        f"{f.comm.service_ms_per_step:.1f} ms service",
         evidence=_comm_evidence(f, exposed_ms, share) | {"comm_bandwidth_ms_per_step": bytes_ms},
-        change=Change({}, "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks; "
-                          "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"half of the {bytes_ms:.1f} ms bandwidth-bound service per step saved"),
+        change=Change(
+            {},
+            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks; "
+            "model.register_comm_hook(None, default_hooks.bf16_compress_hook)",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"half of the {bytes_ms:.1f} ms bandwidth-bound service per step saved",
+        ),
         confidence="low",
         notes=("gradients are averaged in bf16: a small numerical change",),
     )
-
 
 
 # Exposed communication above this share of the step on a single traced rank is diagnosed (rule_comm_one_rank):
@@ -388,12 +452,16 @@ def rule_comm_one_rank(f: RunFacts) -> Suggestion | None:
         title=f"Exposed communication is {share:.0%} of the step; one rank's trace cannot tell waiting for a peer from a slow transfer",
         trigger=f"exposed comm {share:.1%} > {ONE_RANK_COMM_MIN_SHARE:.0%} with {f.ranks_traced} rank traced",
         evidence=evidence,
-        change=Change({}, "profile every rank in the same steps (torch.profiler.profile on each rank with the same "
-                          "schedule, one trace file per rank in one folder) and run `analyzer suggest FOLDER`: the "
-                          "ranks' collective arrivals then show whether one rank arrives late (a straggler) or all "
-                          "wait on the transfer (bucket size, overlap, compression)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, f.exposed_comm_ms),
-                                    "upper bound: all exposed communication removed"),
+        change=Change(
+            {},
+            "profile every rank in the same steps (torch.profiler.profile on each rank with the same "
+            "schedule, one trace file per rank in one folder) and run `analyzer suggest FOLDER`: the "
+            "ranks' collective arrivals then show whether one rank arrives late (a straggler) or all "
+            "wait on the transfer (bucket size, overlap, compression)",
+        ),
+        predicted=whatif.prediction(
+            f, whatif.remove(f.step_time_ms, f.exposed_comm_ms), "upper bound: all exposed communication removed"
+        ),
         confidence="low",
         kind="diagnosis",
     )
@@ -421,19 +489,38 @@ def rule_comm_waiting(f: RunFacts) -> Suggestion | None:
     if share <= WAITING_MIN_SHARE:
         return None
     d = f.comm_diagnosis
-    evidence = ({"exposed_comm_ms": f.exposed_comm_ms, "step_time_ms": f.step_time_ms, "exposed_comm_share": share,
-                 "ranks_traced": f.ranks_traced, "link": f.link_name} | d.evidence | {"verdict": d.reason})
+    evidence = (
+        {
+            "exposed_comm_ms": f.exposed_comm_ms,
+            "step_time_ms": f.step_time_ms,
+            "exposed_comm_share": share,
+            "ranks_traced": f.ranks_traced,
+            "link": f.link_name,
+        }
+        | d.evidence
+        | {"verdict": d.reason}
+    )
     one = f.ranks_traced <= 1
     return Suggestion(
         title=f"Collectives wait for peers: exposed communication {share:.0%} of the step is mostly waiting, not transfer",
         trigger=f"collectives diagnosed waiting ({d.reason.split(':')[0]}), exposed comm {share:.1%} > {WAITING_MIN_SHARE:.0%}",
         evidence=evidence,
-        change=Change({}, ("profile every rank in the same steps (torch.profiler.profile on each rank with the same "
-                           "schedule, one trace file per rank in one folder) and run `analyzer suggest FOLDER` to name "
-                           "the rank that arrives late; " if one else "see the straggler report for the rank that arrives late; ")
-                      + "then look on it for a host sync (.item(), .cpu(), a barrier) or uneven input before the collective"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, f.exposed_comm_ms),
-                                    "upper bound: all exposed communication removed (the wait ends when the late peer is fixed)"),
+        change=Change(
+            {},
+            (
+                "profile every rank in the same steps (torch.profiler.profile on each rank with the same "
+                "schedule, one trace file per rank in one folder) and run `analyzer suggest FOLDER` to name "
+                "the rank that arrives late; "
+                if one
+                else "see the straggler report for the rank that arrives late; "
+            )
+            + "then look on it for a host sync (.item(), .cpu(), a barrier) or uneven input before the collective",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, f.exposed_comm_ms),
+            "upper bound: all exposed communication removed (the wait ends when the late peer is fixed)",
+        ),
         confidence="low" if one else "medium",
         kind="diagnosis",
     )

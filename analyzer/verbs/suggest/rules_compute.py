@@ -2,6 +2,7 @@
 
 docs/suggestions.md is the reference; thresholds are the module constants.
 """
+
 from __future__ import annotations
 
 from analyzer.metrics.hardware import datasheet_peak
@@ -102,25 +103,39 @@ def rule_micro_batch(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"Amortize fixed costs over more tokens: micro-batch {mb} -> {new_mb}",
         trigger=f"fixed (not per-token) share {fixed_share:.0%} of step > MICRO_BATCH_MIN_FIXED_SHARE "
-                f"{MICRO_BATCH_MIN_FIXED_SHARE:.0%}",
-        evidence={"step_time_ms": f.step_time_ms, "forward_backward_per_micro_batch_ms": per_micro,
-                  "micro_batch_size": mb, "grad_accum": ga, "per_sequence_ms": per_seq,
-                  "fixed_per_micro_batch_ms": c0, "fixed_in_sequences": kappa, "fixed_share": fixed_share,
-                  "phase_sum_ms": basis,
-                  "optimizer_ms": f.phases.get("optimizer"), "data_wait_ms": f.phases.get("data_wait"),
-                  "exposed_comm_ms": f.exposed_comm_ms},
-        change=Change({"train.micro_batch_size": new_mb},
-                      f"a {factor}x larger per-rank batch (DataLoader batch_size x{factor}); keep the global batch "
-                      f"by dividing gradient accumulation by {factor} where there is any"),
+        f"{MICRO_BATCH_MIN_FIXED_SHARE:.0%}",
+        evidence={
+            "step_time_ms": f.step_time_ms,
+            "forward_backward_per_micro_batch_ms": per_micro,
+            "micro_batch_size": mb,
+            "grad_accum": ga,
+            "per_sequence_ms": per_seq,
+            "fixed_per_micro_batch_ms": c0,
+            "fixed_in_sequences": kappa,
+            "fixed_share": fixed_share,
+            "phase_sum_ms": basis,
+            "optimizer_ms": f.phases.get("optimizer"),
+            "data_wait_ms": f.phases.get("data_wait"),
+            "exposed_comm_ms": f.exposed_comm_ms,
+        },
+        change=Change(
+            {"train.micro_batch_size": new_mb},
+            f"a {factor}x larger per-rank batch (DataLoader batch_size x{factor}); keep the global batch "
+            f"by dividing gradient accumulation by {factor} where there is any",
+        ),
         predicted=whatif.prediction(
-            f, step_after,
+            f,
+            step_after,
             f"forward+backward per micro-batch {per_micro:.1f} ms = {c0:.1f} ms fixed ({kappa:.2f} sequences' worth) "
             f"+ {per_seq:.2f} ms x {mb} sequences; at {new_mb} sequences the step is {f.step_time_ms:.1f} + "
             f"{ga} x {per_seq:.2f} x {mb} x {factor - 1} ms, the rest unchanged",
-            tokens_per_step_after=f.tokens_per_step * factor if f.tokens_per_step else None),
+            tokens_per_step_after=f.tokens_per_step * factor if f.tokens_per_step else None,
+        ),
         confidence="medium",
-        notes=("the global batch grows with the micro-batch: retune the learning rate, or lower train.grad_accum "
-               "by the same factor where it is > 1",),
+        notes=(
+            "the global batch grows with the micro-batch: retune the learning rate, or lower train.grad_accum "
+            "by the same factor where it is > 1",
+        ),
     )
 
 
@@ -178,23 +193,38 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
     mb = f.cfg("train.micro_batch_size")
     overrides = {"train.micro_batch_size": mb * k} if (f.is_reftrain and mb) else {}
     pred = whatif.prediction(
-        f, step_after,
+        f,
+        step_after,
         f"device busy {scaled:.2f} ms batch-proportional + {fixed:.2f} ms exposed comm of a {f.step_time_ms:.2f} ms "
         f"step: {k}x the batch costs max(step, {k} x {scaled:.2f} + {fixed:.2f}) = {step_after:.2f} ms",
-        tokens_per_step_after=f.tokens_per_step * k if f.tokens_per_step else None, work_ratio=float(k))
+        tokens_per_step_after=f.tokens_per_step * k if f.tokens_per_step else None,
+        work_ratio=float(k),
+    )
     ks = f.kernels
-    short = f.idle.short_share if f.idle is not None and f.idle.short_share is not None else (ks.short_share if ks else None)
+    short = (
+        f.idle.short_share
+        if f.idle is not None and f.idle.short_share is not None
+        else (ks.short_share if ks else None)
+    )
     return Suggestion(
         title=f"The GPU waits {idle:.0%} of the step: {k}x larger batch per GPU",
         trigger=f"device idle {idle:.1%} of step > IDLE_MIN_SHARE {IDLE_MIN_SHARE:.0%}",
-        evidence={"idle_share": idle, "step_time_ms": f.step_time_ms, "device_busy_scaled_ms": scaled,
-                  "exposed_comm_ms": fixed, "memory_fraction": mem,
-                  "kernels_per_step": ks.n_per_step if ks else None,
-                  "short_kernel_share": ks.short_share if ks else None,
-                  "host_wait_frac": f.idle.host_wait_frac if f.idle else None,
-                  "launch_short_share": f.idle.short_share if f.idle else None},
-        change=Change(overrides, f"a {k}x larger per-GPU batch (DataLoader batch_size x{k}); with a fixed global "
-                                 "batch, fewer gradient-accumulation steps"),
+        evidence={
+            "idle_share": idle,
+            "step_time_ms": f.step_time_ms,
+            "device_busy_scaled_ms": scaled,
+            "exposed_comm_ms": fixed,
+            "memory_fraction": mem,
+            "kernels_per_step": ks.n_per_step if ks else None,
+            "short_kernel_share": ks.short_share if ks else None,
+            "host_wait_frac": f.idle.host_wait_frac if f.idle else None,
+            "launch_short_share": f.idle.short_share if f.idle else None,
+        },
+        change=Change(
+            overrides,
+            f"a {k}x larger per-GPU batch (DataLoader batch_size x{k}); with a fixed global "
+            "batch, fewer gradient-accumulation steps",
+        ),
         predicted=pred,
         confidence="medium" if (short is not None and short >= SHORT_KERNEL_MIN_SHARE) else "low",
         notes=() if mem is not None else ("device memory unknown: check headroom before growing the batch",),
@@ -227,13 +257,24 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Replay the step as a CUDA graph to remove launch overhead",
         trigger=f"device idle {idle:.1%} > {IDLE_MIN_SHARE:.0%} and {ks.short_share:.0%} of launches under "
-                f"10 us >= SHORT_KERNEL_MIN_SHARE {SHORT_KERNEL_MIN_SHARE:.0%}",
-        evidence={"idle_share": idle, "short_kernel_share": ks.short_share, "kernels_per_step": ks.n_per_step,
-                  "mean_kernel_us": ks.mean_us, "step_time_ms": f.step_time_ms},
-        change=Change({}, 'torch.compile(model, mode="reduce-overhead") (CUDA graphs), or capture the step with '
-                          "torch.cuda.graphs / torch.cuda.make_graphed_callables; needs static shapes"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"idle x short-launch share = {saved:.2f} ms of launch gaps removed"),
+        f"10 us >= SHORT_KERNEL_MIN_SHARE {SHORT_KERNEL_MIN_SHARE:.0%}",
+        evidence={
+            "idle_share": idle,
+            "short_kernel_share": ks.short_share,
+            "kernels_per_step": ks.n_per_step,
+            "mean_kernel_us": ks.mean_us,
+            "step_time_ms": f.step_time_ms,
+        },
+        change=Change(
+            {},
+            'torch.compile(model, mode="reduce-overhead") (CUDA graphs), or capture the step with '
+            "torch.cuda.graphs / torch.cuda.make_graphed_callables; needs static shapes",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"idle x short-launch share = {saved:.2f} ms of launch gaps removed",
+        ),
         confidence="low",
     )
 
@@ -267,13 +308,23 @@ def rule_torch_compile(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title="Fuse elementwise kernels with torch.compile",
         trigger=f"fusable (elementwise, reduction, normalization) kernels {share:.0%} of kernel time > "
-                f"COMPILE_MIN_NON_GEMM_SHARE {COMPILE_MIN_NON_GEMM_SHARE:.0%}, idle {idle:.0%}",
-        evidence={"fusable_kernel_ms": fusable, "gemm_kernel_ms": ks.gemm_ms_per_step,
-                  "kernel_ms": ks.kernel_ms_per_step, "fusable_share": share, "step_time_ms": f.step_time_ms},
-        change=Change({"train.compile": True} if f.is_reftrain else {},
-                      "model = torch.compile(model) (or compile each transformer block)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"fusable kernel time {fusable:.2f} ms x {COMPILE_NON_GEMM_TIME_FACTOR} after fusion"),
+        f"COMPILE_MIN_NON_GEMM_SHARE {COMPILE_MIN_NON_GEMM_SHARE:.0%}, idle {idle:.0%}",
+        evidence={
+            "fusable_kernel_ms": fusable,
+            "gemm_kernel_ms": ks.gemm_ms_per_step,
+            "kernel_ms": ks.kernel_ms_per_step,
+            "fusable_share": share,
+            "step_time_ms": f.step_time_ms,
+        },
+        change=Change(
+            {"train.compile": True} if f.is_reftrain else {},
+            "model = torch.compile(model) (or compile each transformer block)",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"fusable kernel time {fusable:.2f} ms x {COMPILE_NON_GEMM_TIME_FACTOR} after fusion",
+        ),
         confidence="low",
         notes=("the first steps compile (minutes on large models); steady state only",),
     )
@@ -299,7 +350,12 @@ def _matmul_precision(f: RunFacts) -> str | None:
         return "tf32" if f.cfg("train.tf32") else "fp32"
     precision = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "bf16"}.get(f.dtype or "")
     ks = f.kernels
-    if precision == "fp32" and ks is not None and ks.gemm_ms_per_step > 0 and ks.tf32_gemm_ms_per_step >= 0.5 * ks.gemm_ms_per_step:
+    if (
+        precision == "fp32"
+        and ks is not None
+        and ks.gemm_ms_per_step > 0
+        and ks.tf32_gemm_ms_per_step >= 0.5 * ks.gemm_ms_per_step
+    ):
         precision = "tf32"  # fp32 tensors, but most GEMM time on TF32 tensor-core kernels
     return precision
 
@@ -321,25 +377,42 @@ def rule_bf16_autocast(f: RunFacts) -> Suggestion | None:
     precision = _matmul_precision(f)
     peaks = _gpu_peaks(f)
     gemm = _gemm_ms(f)
-    if precision not in ("fp32", "tf32") or peaks is None or "bf16" not in peaks or precision not in peaks or gemm is None:
+    if (
+        precision not in ("fp32", "tf32")
+        or peaks is None
+        or "bf16" not in peaks
+        or precision not in peaks
+        or gemm is None
+    ):
         return None
     share = gemm / f.step_time_ms
     if share <= GEMM_MIN_SHARE:
         return None
     ratio = peaks[precision] / peaks["bf16"]
     saved = gemm * (1.0 - ratio)
-    pred = whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                             f"GEMM time {gemm:.2f} ms x {peaks[precision] / 1e12:.0f}/{peaks['bf16'] / 1e12:.0f} "
-                             f"(datasheet {precision} / bf16 peak of {f.device_name})",
-                             peak_ratio=peaks[precision] / peaks["bf16"])
+    pred = whatif.prediction(
+        f,
+        whatif.remove(f.step_time_ms, saved),
+        f"GEMM time {gemm:.2f} ms x {peaks[precision] / 1e12:.0f}/{peaks['bf16'] / 1e12:.0f} "
+        f"(datasheet {precision} / bf16 peak of {f.device_name})",
+        peak_ratio=peaks[precision] / peaks["bf16"],
+    )
     return Suggestion(
         title=f"Run matmuls in bf16 ({precision} now)",
         trigger=f"{precision} GEMMs {share:.0%} of step > GEMM_MIN_SHARE {GEMM_MIN_SHARE:.0%} on a bf16-capable GPU",
-        evidence={"gemm_ms": gemm, "step_time_ms": f.step_time_ms, "gemm_share": share, "precision": precision,
-                  "peak_current_flops_per_s": peaks[precision], "peak_bf16_flops_per_s": peaks["bf16"]},
-        change=Change({"train.dtype": "bf16"} if f.is_reftrain else {},
-                      "with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x, y) "
-                      "(FSDP2: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))"),
+        evidence={
+            "gemm_ms": gemm,
+            "step_time_ms": f.step_time_ms,
+            "gemm_share": share,
+            "precision": precision,
+            "peak_current_flops_per_s": peaks[precision],
+            "peak_bf16_flops_per_s": peaks["bf16"],
+        },
+        change=Change(
+            {"train.dtype": "bf16"} if f.is_reftrain else {},
+            "with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x, y) "
+            "(FSDP2: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
+        ),
         predicted=pred,
         confidence="medium",
         notes=("bf16 changes numerics slightly; keep the optimizer state and reductions in fp32",),
@@ -364,17 +437,27 @@ def rule_tf32(f: RunFacts) -> Suggestion | None:
     if share <= GEMM_MIN_SHARE:
         return None
     ratio = peaks["fp32"] / peaks["tf32"]
-    pred = whatif.prediction(f, whatif.remove(f.step_time_ms, gemm * (1.0 - ratio)),
-                             f"GEMM time {gemm:.2f} ms x {peaks['fp32'] / 1e12:.1f}/{peaks['tf32'] / 1e12:.0f} "
-                             f"(datasheet fp32 / tf32 peak of {f.device_name})",
-                             peak_ratio=ratio)
+    pred = whatif.prediction(
+        f,
+        whatif.remove(f.step_time_ms, gemm * (1.0 - ratio)),
+        f"GEMM time {gemm:.2f} ms x {peaks['fp32'] / 1e12:.1f}/{peaks['tf32'] / 1e12:.0f} "
+        f"(datasheet fp32 / tf32 peak of {f.device_name})",
+        peak_ratio=ratio,
+    )
     return Suggestion(
         title="Allow TF32 tensor cores for fp32 matmuls",
         trigger=f"fp32 GEMMs {share:.0%} of step > GEMM_MIN_SHARE {GEMM_MIN_SHARE:.0%}, TF32 available",
-        evidence={"gemm_ms": gemm, "step_time_ms": f.step_time_ms, "gemm_share": share,
-                  "peak_fp32_flops_per_s": peaks["fp32"], "peak_tf32_flops_per_s": peaks["tf32"]},
-        change=Change({"train.tf32": True} if f.is_reftrain else {},
-                      'torch.set_float32_matmul_precision("high") (TF32 matmuls; cuDNN: torch.backends.cudnn.allow_tf32)'),
+        evidence={
+            "gemm_ms": gemm,
+            "step_time_ms": f.step_time_ms,
+            "gemm_share": share,
+            "peak_fp32_flops_per_s": peaks["fp32"],
+            "peak_tf32_flops_per_s": peaks["tf32"],
+        },
+        change=Change(
+            {"train.tf32": True} if f.is_reftrain else {},
+            'torch.set_float32_matmul_precision("high") (TF32 matmuls; cuDNN: torch.backends.cudnn.allow_tf32)',
+        ),
         predicted=pred,
         confidence="medium",
     )
@@ -405,9 +488,14 @@ def rule_fused_adamw(f: RunFacts) -> Suggestion | None:
         title=f"Fused AdamW ({impl or 'unknown'} now): one pass over all parameters",
         trigger=f"optimizer {share:.1%} of step > OPTIMIZER_MIN_SHARE {OPTIMIZER_MIN_SHARE:.0%}",
         evidence={"optimizer_ms": opt, "step_time_ms": f.step_time_ms, "optimizer_share": share, "impl": impl},
-        change=Change({"optim.impl": "fused"} if f.is_reftrain else {},
-                      "torch.optim.AdamW(params, ..., fused=True) (or foreach=True where fused is unsupported)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"optimizer {opt:.1f} ms x {factor} (measured fused/loop ratio on {f.device})"),
+        change=Change(
+            {"optim.impl": "fused"} if f.is_reftrain else {},
+            "torch.optim.AdamW(params, ..., fused=True) (or foreach=True where fused is unsupported)",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"optimizer {opt:.1f} ms x {factor} (measured fused/loop ratio on {f.device})",
+        ),
         confidence="medium" if f.device == "cpu" else "low",
     )

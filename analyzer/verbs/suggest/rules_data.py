@@ -3,6 +3,7 @@
 Each rule is ``rule_<id>(facts) -> Suggestion | None``; thresholds are the
 module constants; docs/suggestions.md is the reference.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,10 @@ def rule_data_wait(f: RunFacts) -> Suggestion | None:
         overrides["data.prefetch_factor"] = math.ceil(ga / new_workers)  # a whole step's micro-batches in flight
     if f.device == "cuda" and f.cfg("data.pin_memory") is False:
         overrides["data.pin_memory"] = True
-    advice = (f"DataLoader(num_workers={new_workers}, pin_memory=True, prefetch_factor=2, persistent_workers=True): "
-              "load batches in worker processes ahead of the step")
+    advice = (
+        f"DataLoader(num_workers={new_workers}, pin_memory=True, prefetch_factor=2, persistent_workers=True): "
+        "load batches in worker processes ahead of the step"
+    )
     return Suggestion(
         title=f"Data loading stalls the step: {known_workers if workers is not None else '?'} -> {new_workers} DataLoader workers",
         trigger=f"data wait {wait / step:.1%} of step > DATA_WAIT_MIN_SHARE {DATA_WAIT_MIN_SHARE:.0%}",
@@ -86,7 +89,8 @@ def rule_data_wait(f: RunFacts) -> Suggestion | None:
         },
         change=Change(overrides if f.is_reftrain else {}, advice),
         predicted=whatif.prediction(
-            f, step_after,
+            f,
+            step_after,
             f"source time per micro-batch {load:.1f} ms inferred from the wait; with {new_workers} worker(s) the wait "
             f"per micro-batch becomes max(floor {floor:.1f} ms, {load:.1f}/{new_workers} - {consume:.1f}) = {w_after:.1f} ms",
         ),
@@ -112,9 +116,12 @@ def rule_pin_memory(f: RunFacts) -> Suggestion | None:
         title="Pin host batches so copies overlap compute",
         trigger=f"exposed memcpy {memcpy / f.step_time_ms:.1%} of step > PIN_MIN_SHARE {PIN_MIN_SHARE:.0%} with pin_memory=false",
         evidence={"exposed_memcpy_ms": memcpy, "step_time_ms": f.step_time_ms, "pin_memory": False},
-        change=Change({"data.pin_memory": True}, "DataLoader(pin_memory=True) and tensor.to(device, non_blocking=True)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, memcpy),
-                                    f"exposed memcpy {memcpy:.2f} ms per step hidden behind compute"),
+        change=Change(
+            {"data.pin_memory": True}, "DataLoader(pin_memory=True) and tensor.to(device, non_blocking=True)"
+        ),
+        predicted=whatif.prediction(
+            f, whatif.remove(f.step_time_ms, memcpy), f"exposed memcpy {memcpy:.2f} ms per step hidden behind compute"
+        ),
         confidence="medium",
     )
 
@@ -141,10 +148,14 @@ def rule_exposed_memcpy(f: RunFacts) -> Suggestion | None:
         title="Host-device copies on the critical path",
         trigger=f"exposed memcpy {share:.1%} of step > MEMCPY_MIN_SHARE {MEMCPY_MIN_SHARE:.0%}",
         evidence={"exposed_memcpy_ms": memcpy, "step_time_ms": f.step_time_ms, "exposed_memcpy_share": share},
-        change=Change({}, "pin host tensors (DataLoader(pin_memory=True)), copy with .to(device, non_blocking=True), "
-                          "prefetch the next batch on a side CUDA stream, and avoid .item()/.cpu()/print of device "
-                          "tensors inside the step (each one blocks until the device catches up)"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, memcpy),
-                                    f"exposed memcpy {memcpy:.2f} ms per step hidden behind compute"),
+        change=Change(
+            {},
+            "pin host tensors (DataLoader(pin_memory=True)), copy with .to(device, non_blocking=True), "
+            "prefetch the next batch on a side CUDA stream, and avoid .item()/.cpu()/print of device "
+            "tensors inside the step (each one blocks until the device catches up)",
+        ),
+        predicted=whatif.prediction(
+            f, whatif.remove(f.step_time_ms, memcpy), f"exposed memcpy {memcpy:.2f} ms per step hidden behind compute"
+        ),
         confidence="medium",
     )

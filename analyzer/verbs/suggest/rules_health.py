@@ -2,6 +2,7 @@
 
 docs/suggestions.md is the reference; thresholds are the module constants.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,8 +77,10 @@ def _throttle_note(f: RunFacts, rank: int) -> str | None:
         return None
     parts = []
     if "throttle_reasons" in mine.columns:
-        reasons = sorted({str(x) for lst in mine["throttle_reasons"].dropna() for x in (lst if isinstance(lst, list) else [lst])}
-                         - {"gpu_idle", "none", "applications_clocks_setting"})
+        reasons = sorted(
+            {str(x) for lst in mine["throttle_reasons"].dropna() for x in (lst if isinstance(lst, list) else [lst])}
+            - {"gpu_idle", "none", "applications_clocks_setting"}
+        )
         if reasons:
             parts.append(f"throttle reasons {', '.join(reasons)}")
     if "sm_clock_mhz" in t.columns:
@@ -196,7 +199,9 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
         return None  # flagged, but costs the step too little to act on
     slow = _slowest_phase(f, worst.rank)
     where = f"; slowest phase on that rank: {slow[0]} (+{slow[1]:.1f} ms vs the others)" if slow and slow[1] > 0 else ""
-    checks = _PHASE_ADVICE.get(slow[0] if slow else "", "its host (other processes), its data shard, thermal throttling (NVML)")
+    checks = _PHASE_ADVICE.get(
+        slow[0] if slow else "", "its host (other processes), its data shard, thermal throttling (NVML)"
+    )
     throttle = _throttle_note(f, worst.rank)
     inject = f.inject or {}
     injected = inject.get("slow_rank") == worst.rank and inject.get("delay_ms")
@@ -208,25 +213,38 @@ def rule_straggler(f: RunFacts) -> Suggestion | None:
     injected_ms = (f.rank_phases.get(worst.rank) or {}).get("injected") if injected else None
     if injected_ms:
         saved = min(excess, injected_ms)
-        method = (f"rank {worst.rank} without its injected {injected_ms:.1f} ms per step: the step loses "
-                  f"min(excess {excess:.1f}, injected {injected_ms:.1f}) ms")
+        method = (
+            f"rank {worst.rank} without its injected {injected_ms:.1f} ms per step: the step loses "
+            f"min(excess {excess:.1f}, injected {injected_ms:.1f}) ms"
+        )
     else:
         saved = excess
         method = f"rank {worst.rank} at the median: the step loses its {excess:.1f} ms excess"
     return Suggestion(
         title=f"Rank {worst.rank} is a persistent straggler (+{excess:.1f} ms per step)",
         trigger=f"analyzer.stragglers flagged rank(s) {s.ranks} on {', '.join(worst.signals)}; rank {worst.rank}'s "
-                f"{effect.signal} excess {effect.excess_ms:.1f} ms = {effect.effect:.1f} x its step-to-step spread "
-                f"{effect.spread_ms:.1f} ms >= MIN_EFFECT_SIZE {MIN_EFFECT_SIZE:g}",
-        evidence={"rank": worst.rank, "excess_ms": excess, "step_time_ms": f.step_time_ms,
-                  "sync_delay_ms": f.sync_delay_ms.get(worst.rank),
-                  "lateness_excess_ms": worst.lateness_excess_ms, "step_excess_ms": worst.step_excess_ms,
-                  "last_arrivals": worst.last_arrivals, "n_collectives": worst.n_collectives,
-                  "others_waited_ms": worst.caused_wait_ms, "slowest_phase": slow[0] if slow else None,
-                  "slowest_phase_excess_ms": slow[1] if slow else None, "nvml": throttle, "host": host,
-                  "injected_ms": injected_ms, "effect_signal": effect.signal, "effect_size": effect.effect,
-                  "excess_spread_ms": effect.spread_ms,
-                  "verdict": worst.evidence + where},
+        f"{effect.signal} excess {effect.excess_ms:.1f} ms = {effect.effect:.1f} x its step-to-step spread "
+        f"{effect.spread_ms:.1f} ms >= MIN_EFFECT_SIZE {MIN_EFFECT_SIZE:g}",
+        evidence={
+            "rank": worst.rank,
+            "excess_ms": excess,
+            "step_time_ms": f.step_time_ms,
+            "sync_delay_ms": f.sync_delay_ms.get(worst.rank),
+            "lateness_excess_ms": worst.lateness_excess_ms,
+            "step_excess_ms": worst.step_excess_ms,
+            "last_arrivals": worst.last_arrivals,
+            "n_collectives": worst.n_collectives,
+            "others_waited_ms": worst.caused_wait_ms,
+            "slowest_phase": slow[0] if slow else None,
+            "slowest_phase_excess_ms": slow[1] if slow else None,
+            "nvml": throttle,
+            "host": host,
+            "injected_ms": injected_ms,
+            "effect_signal": effect.signal,
+            "effect_size": effect.effect,
+            "excess_spread_ms": effect.spread_ms,
+            "verdict": worst.evidence + where,
+        },
         change=Change(overrides, advice),
         predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved), method),
         confidence="high" if injected or (worst.lateness_z or 0) > 10 else "medium",
@@ -259,16 +277,29 @@ def rule_profiler_overhead(f: RunFacts) -> Suggestion | None:
         overrides["profile.with_stack"] = False
     if f.cfg("profile.memory") or f.cfg("profile.profile_memory"):  # profile_memory: the key's older name
         overrides["profile.memory"] = False
-    pred = whatif.prediction(f, mean_after, f"{n_prof} -> {keep} profiled steps of {n_all}, each {slowdown:.2f}x a steady step",
-                             scope="run wall time", step_before_ms=mean_before)
+    pred = whatif.prediction(
+        f,
+        mean_after,
+        f"{n_prof} -> {keep} profiled steps of {n_all}, each {slowdown:.2f}x a steady step",
+        scope="run wall time",
+        step_before_ms=mean_before,
+    )
     return Suggestion(
         title=f"The profiler runs in {n_prof} of {n_all} steps: trace one short window",
         trigger=f"profiled steps {slowdown:.2f}x slower >= {PROFILER_MIN_SLOWDOWN} and {n_prof / n_all:.0%} of the run "
-                f">= PROFILER_MIN_STEP_SHARE {PROFILER_MIN_STEP_SHARE:.0%}",
-        evidence={"profiled_steps": n_prof, "steps": n_all, "profiled_step_time_ms": f.profiled_step_time_ms,
-                  "step_time_ms": f.step_time_ms, "slowdown": slowdown},
-        change=Change(overrides, "torch.profiler.schedule(wait=..., warmup=1, active=2, repeat=1); "
-                                 "with_stack/profile_memory (profile.memory) only when needed"),
+        f">= PROFILER_MIN_STEP_SHARE {PROFILER_MIN_STEP_SHARE:.0%}",
+        evidence={
+            "profiled_steps": n_prof,
+            "steps": n_all,
+            "profiled_step_time_ms": f.profiled_step_time_ms,
+            "step_time_ms": f.step_time_ms,
+            "slowdown": slowdown,
+        },
+        change=Change(
+            overrides,
+            "torch.profiler.schedule(wait=..., warmup=1, active=2, repeat=1); "
+            "with_stack/profile_memory (profile.memory) only when needed",
+        ),
         predicted=pred,
         confidence="high",
     )
@@ -326,7 +357,9 @@ def rule_mfu_gap(f: RunFacts) -> Suggestion | None:
         return None
     top = contributors[:4]
     removed = sum(v for _, v in top)
-    listing = "; ".join(f"{k} {v:.1f} ms ({v / f.step_time_ms:.0%}) -> {_CONTRIBUTOR_RULES.get(k, '-')}" for k, v in top)
+    listing = "; ".join(
+        f"{k} {v:.1f} ms ({v / f.step_time_ms:.0%}) -> {_CONTRIBUTOR_RULES.get(k, '-')}" for k, v in top
+    )
     evidence = {"mfu": f.mfu, "reference_mfu": ref, "reference_source": ref_source, "step_time_ms": f.step_time_ms}
     evidence |= {f"{k}_ms": v for k, v in top}
     return Suggestion(
@@ -334,8 +367,9 @@ def rule_mfu_gap(f: RunFacts) -> Suggestion | None:
         trigger=f"MFU {f.mfu:.3f} < MFU_GAP_FRACTION {MFU_GAP_FRACTION} x reference {ref:.2f}",
         evidence=evidence,
         change=Change({}, f"top contributors (part, ms per step, share -> rules): {listing}"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, removed),
-                                    "upper bound: every listed contributor removed"),
+        predicted=whatif.prediction(
+            f, whatif.remove(f.step_time_ms, removed), "upper bound: every listed contributor removed"
+        ),
         confidence="medium",
         kind="diagnosis",
     )

@@ -9,6 +9,7 @@ dependency-bound; ``dependency_idle`` here says that case. Each predicted
 gain removes at most the part of the step the rule addresses.
 docs/suggestions.md is the reference; thresholds are the module constants.
 """
+
 from __future__ import annotations
 
 from analyzer.verbs.suggest import whatif
@@ -52,17 +53,28 @@ def rule_dependency_idle(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"The GPU waits on dependencies, not on the host ({idle.other_frac:.0%} of its idle time)",
         trigger=f"device idle {idle_share:.1%} of step > IDLE_MIN_SHARE {IDLE_MIN_SHARE:.0%} and 'other' (not host "
-                f"or kernel wait) {idle.other_frac:.0%} of it > OTHER_MIN_FRAC {OTHER_MIN_FRAC:.0%}",
-        evidence={"idle_share": idle_share, "other_frac": idle.other_frac, "host_wait_frac": idle.host_wait_frac,
-                  "kernel_wait_frac": idle.kernel_wait_frac, "step_time_ms": f.step_time_ms,
-                  "syncs_per_step": idle.syncs_per_step},
-        change=Change({}, "find what each stream waits on (the report's idle breakdown per stream: the streams with "
-                          "'other' idle): a cross-stream event (a copy or collective on another stream), a collective "
-                          "of a slower rank, a host sync; start that work earlier (prefetch the next batch, bucket and "
-                          "overlap collectives) or give the waiting stream independent work"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"upper bound: the 'other' idle, {idle_share:.1%} x {idle.other_frac:.0%} of the "
-                                    f"step = {saved:.2f} ms, removed"),
+        f"or kernel wait) {idle.other_frac:.0%} of it > OTHER_MIN_FRAC {OTHER_MIN_FRAC:.0%}",
+        evidence={
+            "idle_share": idle_share,
+            "other_frac": idle.other_frac,
+            "host_wait_frac": idle.host_wait_frac,
+            "kernel_wait_frac": idle.kernel_wait_frac,
+            "step_time_ms": f.step_time_ms,
+            "syncs_per_step": idle.syncs_per_step,
+        },
+        change=Change(
+            {},
+            "find what each stream waits on (the report's idle breakdown per stream: the streams with "
+            "'other' idle): a cross-stream event (a copy or collective on another stream), a collective "
+            "of a slower rank, a host sync; start that work earlier (prefetch the next batch, bucket and "
+            "overlap collectives) or give the waiting stream independent work",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"upper bound: the 'other' idle, {idle_share:.1%} x {idle.other_frac:.0%} of the "
+            f"step = {saved:.2f} ms, removed",
+        ),
         confidence="low",
         kind="diagnosis",
     )
@@ -89,17 +101,27 @@ def rule_host_sync(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"{idle.syncs_per_step:.3g} host sync(s) per step stall the GPU",
         trigger=f"device idle after host syncs {idle.sync_idle_share:.1%} of step > SYNC_IDLE_MIN_SHARE "
-                f"{SYNC_IDLE_MIN_SHARE:.0%}",
-        evidence={"syncs_per_step": idle.syncs_per_step, "sync_calls_per_step": names,
-                  "sync_host_ms_per_step": (idle.sync_host_share or 0.0) * f.step_time_ms,
-                  "idle_after_sync_ms_per_step": idle.sync_idle_share * f.step_time_ms, "step_time_ms": f.step_time_ms},
-        change=Change({}, "keep values on the device inside the step and read them every N steps (accumulate "
-                          "loss.detach(), call .item() when logging); no torch.cuda.synchronize() in the step (time with "
-                          "CUDA events); copy to the host with .to('cpu', non_blocking=True) into pinned memory; avoid "
-                          "Python control flow on device tensors (if t:, .tolist(), nonzero())"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"the device idle after the syncs, {saved:.2f} ms per step, removed (the host "
-                                    "queues ahead instead of waiting)"),
+        f"{SYNC_IDLE_MIN_SHARE:.0%}",
+        evidence={
+            "syncs_per_step": idle.syncs_per_step,
+            "sync_calls_per_step": names,
+            "sync_host_ms_per_step": (idle.sync_host_share or 0.0) * f.step_time_ms,
+            "idle_after_sync_ms_per_step": idle.sync_idle_share * f.step_time_ms,
+            "step_time_ms": f.step_time_ms,
+        },
+        change=Change(
+            {},
+            "keep values on the device inside the step and read them every N steps (accumulate "
+            "loss.detach(), call .item() when logging); no torch.cuda.synchronize() in the step (time with "
+            "CUDA events); copy to the host with .to('cpu', non_blocking=True) into pinned memory; avoid "
+            "Python control flow on device tensors (if t:, .tolist(), nonzero())",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"the device idle after the syncs, {saved:.2f} ms per step, removed (the host "
+            "queues ahead instead of waiting)",
+        ),
         confidence="medium",
     )
 
@@ -126,15 +148,23 @@ def rule_pageable_copies(f: RunFacts) -> Suggestion | None:
     return Suggestion(
         title=f"{idle.pageable_per_step:.3g} pageable host-to-device copies per step block the GPU",
         trigger=f"pageable HtoD copies exposed {idle.pageable_exposed_share:.1%} of step > PAGEABLE_MIN_SHARE "
-                f"{PAGEABLE_MIN_SHARE:.0%}",
-        evidence={"pageable_htod_per_step": idle.pageable_per_step,
-                  "pageable_htod_ms_per_step": (idle.pageable_share or 0.0) * f.step_time_ms,
-                  "pageable_htod_exposed_ms_per_step": idle.pageable_exposed_share * f.step_time_ms,
-                  "step_time_ms": f.step_time_ms},
-        change=Change({}, "pin the host tensors (DataLoader(pin_memory=True), or tensor.pin_memory() once for tensors "
-                          "reused every step) and copy with .to(device, non_blocking=True), ideally prefetching the next "
-                          "batch on a side stream"),
-        predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, saved),
-                                    f"the pageable copies' exposed time, {saved:.2f} ms per step, hidden behind compute"),
+        f"{PAGEABLE_MIN_SHARE:.0%}",
+        evidence={
+            "pageable_htod_per_step": idle.pageable_per_step,
+            "pageable_htod_ms_per_step": (idle.pageable_share or 0.0) * f.step_time_ms,
+            "pageable_htod_exposed_ms_per_step": idle.pageable_exposed_share * f.step_time_ms,
+            "step_time_ms": f.step_time_ms,
+        },
+        change=Change(
+            {},
+            "pin the host tensors (DataLoader(pin_memory=True), or tensor.pin_memory() once for tensors "
+            "reused every step) and copy with .to(device, non_blocking=True), ideally prefetching the next "
+            "batch on a side stream",
+        ),
+        predicted=whatif.prediction(
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"the pageable copies' exposed time, {saved:.2f} ms per step, hidden behind compute",
+        ),
         confidence="medium",
     )

@@ -5,6 +5,7 @@ they are shown because a run this close to the limit fails on the next
 longer sequence or larger batch, and because the headroom they free is what
 rules micro_batch / launch_bound spend. docs/suggestions.md is the reference.
 """
+
 from __future__ import annotations
 
 from analyzer.verbs.suggest import whatif
@@ -34,9 +35,14 @@ def _forward_ms(f: RunFacts) -> float | None:
 
 
 def _memory_evidence(f: RunFacts, mem: float) -> dict:
-    return {"peak_memory_bytes": f.memory.peak_bytes, "memory_capacity_bytes": f.memory.capacity_bytes,
-            "memory_fraction": mem, "memory_kind": f.memory.kind, "capacity_source": f.memory.capacity_source,
-            "step_time_ms": f.step_time_ms}
+    return {
+        "peak_memory_bytes": f.memory.peak_bytes,
+        "memory_capacity_bytes": f.memory.capacity_bytes,
+        "memory_fraction": mem,
+        "memory_kind": f.memory.kind,
+        "capacity_source": f.memory.capacity_source,
+        "step_time_ms": f.step_time_ms,
+    }
 
 
 @rule(part="compute", flops=True)
@@ -59,9 +65,11 @@ def rule_activation_checkpointing(f: RunFacts) -> Suggestion | None:
         title=f"Memory at {mem:.0%}: recompute activations in backward",
         trigger=f"peak memory {mem:.1%} of the device > MEMORY_HIGH {MEMORY_HIGH:.0%}",
         evidence=_memory_evidence(f, mem) | {"forward_ms": fwd},
-        change=Change({"train.activation_checkpointing": True} if f.is_reftrain else {},
-                      "wrap each transformer block: torch.distributed.algorithms._checkpoint.checkpoint_wrapper."
-                      "checkpoint_wrapper(block) or torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"),
+        change=Change(
+            {"train.activation_checkpointing": True} if f.is_reftrain else {},
+            "wrap each transformer block: torch.distributed.algorithms._checkpoint.checkpoint_wrapper."
+            "checkpoint_wrapper(block) or torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+        ),
         predicted=whatif.prediction(f, f.step_time_ms + fwd, f"one more forward ({fwd:.1f} ms) per step"),
         confidence="medium",
         notes=("costs speed; buys the headroom a larger micro-batch or longer sequence needs",),
@@ -94,8 +102,10 @@ def rule_smaller_micro_batch(f: RunFacts) -> Suggestion | None:
         title=f"Memory at {mem:.0%}: micro-batch {mb} -> {mb // 2} with grad_accum {ga} -> {2 * ga}",
         trigger=f"peak memory {mem:.1%} of the device > MEMORY_HIGH {MEMORY_HIGH:.0%}",
         evidence=_memory_evidence(f, mem) | {"micro_batch_size": mb, "grad_accum": ga},
-        change=Change({"train.micro_batch_size": mb // 2, "train.grad_accum": 2 * ga},
-                      "half the per-GPU batch and accumulate twice as many micro-batches under model.no_sync()"),
+        change=Change(
+            {"train.micro_batch_size": mb // 2, "train.grad_accum": 2 * ga},
+            "half the per-GPU batch and accumulate twice as many micro-batches under model.no_sync()",
+        ),
         predicted=whatif.prediction(f, step_after, method),
         confidence="medium",
         notes=("costs speed; keeps the same global batch with half the activation memory",),

@@ -7,6 +7,7 @@ number`` with ``Fwd thread id`` 0) running inside backward's
 ``torch.utils.checkpoint``'s implementations do. docs/suggestions.md
 ("Recompute") is the reference.
 """
+
 from __future__ import annotations
 
 from analyzer.verbs.suggest import whatif
@@ -36,8 +37,12 @@ _POLICY = (
 
 def _full_activation_bytes(f: RunFacts) -> float | None:
     """reftrain: the extra bytes all blocks' activations take without checkpointing (Korthikanti eq. 1), or None."""
-    layers, width, heads, seq = (f.cfg("model.n_layers"), f.cfg("model.d_model"), f.cfg("model.n_heads"),
-                                 f.cfg("model.seq_len"))
+    layers, width, heads, seq = (
+        f.cfg("model.n_layers"),
+        f.cfg("model.d_model"),
+        f.cfg("model.n_heads"),
+        f.cfg("model.seq_len"),
+    )
     batch = f.cfg("train.micro_batch_size")
     if not all(isinstance(v, int) and v > 0 for v in (layers, width, heads, seq, batch)):
         return None
@@ -70,29 +75,48 @@ def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
     recompute_ms = r.share * f.step_time_ms
     flop_ms = min(recompute_ms, r.flop_share * f.step_time_ms)
     shapes_known = r.flop_ops > 0 and r.shaped_ops >= r.flop_ops
-    evidence = {"recompute_ms": recompute_ms, "recompute_share": r.share, "recompute_flop_ms": flop_ms,
-                "recompute_ranges_per_window": r.ranges_per_window, "recompute_matmul_ops_per_window": r.flop_ops,
-                "matmul_output_bytes": r.out_bytes, "matmul_ops_with_known_size": r.shaped_ops,
-                "checkpoint_implementation": "reentrant (CheckpointFunctionBackward)" if r.reentrant else "non-reentrant",
-                "peak_memory_bytes": r.peak_bytes, "memory_capacity_bytes": r.capacity_bytes,
-                "memory_source": r.memory_source, "step_time_ms": f.step_time_ms,
-                "windows": r.windows, "ranks": r.ranks}
+    evidence = {
+        "recompute_ms": recompute_ms,
+        "recompute_share": r.share,
+        "recompute_flop_ms": flop_ms,
+        "recompute_ranges_per_window": r.ranges_per_window,
+        "recompute_matmul_ops_per_window": r.flop_ops,
+        "matmul_output_bytes": r.out_bytes,
+        "matmul_ops_with_known_size": r.shaped_ops,
+        "checkpoint_implementation": "reentrant (CheckpointFunctionBackward)" if r.reentrant else "non-reentrant",
+        "peak_memory_bytes": r.peak_bytes,
+        "memory_capacity_bytes": r.capacity_bytes,
+        "memory_source": r.memory_source,
+        "step_time_ms": f.step_time_ms,
+        "windows": r.windows,
+        "ranks": r.ranks,
+    }
     notes: list[str] = []
     limit = MEMORY_LIMIT * r.capacity_bytes if r.capacity_bytes is not None else None
-    if (f.is_reftrain and f.cfg("train.activation_checkpointing") is True and r.peak_bytes is not None
-            and r.capacity_bytes is not None and limit):
+    if (
+        f.is_reftrain
+        and f.cfg("train.activation_checkpointing") is True
+        and r.peak_bytes is not None
+        and r.capacity_bytes is not None
+        and limit
+    ):
         full = _full_activation_bytes(f)
         if full is not None and r.peak_bytes + full <= limit:
             return Suggestion(
                 title=f"Recompute is {r.share:.0%} of the step and the activations fit: turn activation checkpointing off",
                 trigger=f"recompute {r.share:.1%} of step > RECOMPUTE_MIN_SHARE {RECOMPUTE_MIN_SHARE:.0%}; peak "
-                        f"{r.peak_bytes / 2**30:.1f} GiB + all activations {full / 2**30:.1f} GiB <= "
-                        f"{MEMORY_LIMIT:.0%} of {r.capacity_bytes / 2**30:.0f} GiB",
+                f"{r.peak_bytes / 2**30:.1f} GiB + all activations {full / 2**30:.1f} GiB <= "
+                f"{MEMORY_LIMIT:.0%} of {r.capacity_bytes / 2**30:.0f} GiB",
                 evidence=evidence | {"activation_bytes_estimate": full},
-                change=Change({"train.activation_checkpointing": False},
-                              "stop wrapping the blocks in checkpoint_wrapper: every activation is kept"),
-                predicted=whatif.prediction(f, whatif.remove(f.step_time_ms, recompute_ms),
-                                            f"the {recompute_ms:.1f} ms of recompute per step removed"),
+                change=Change(
+                    {"train.activation_checkpointing": False},
+                    "stop wrapping the blocks in checkpoint_wrapper: every activation is kept",
+                ),
+                predicted=whatif.prediction(
+                    f,
+                    whatif.remove(f.step_time_ms, recompute_ms),
+                    f"the {recompute_ms:.1f} ms of recompute per step removed",
+                ),
                 confidence="medium",
                 notes=("activation bytes from Korthikanti et al. 2022 eq. 1 for a standard transformer layer",),
             )
@@ -107,31 +131,44 @@ def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
     confidence: Confidence
     if r.capacity_bytes is None:
         confidence = "low"
-        notes.append("memory headroom unknown (no peak memory or device capacity): check that the saved matmul "
-                     f"outputs (~{r.out_bytes / 2**20:.0f} MiB per rank) fit")
+        notes.append(
+            "memory headroom unknown (no peak memory or device capacity): check that the saved matmul "
+            f"outputs (~{r.out_bytes / 2**20:.0f} MiB per rank) fit"
+        )
     else:
         confidence = "medium" if shapes_known else "low"
     if not shapes_known:
-        notes.append(f"{r.shaped_ops:.0f} of {r.flop_ops:.0f} recomputed matmul ops have a known output size: "
-                     "the memory cost is a lower bound")
+        notes.append(
+            f"{r.shaped_ops:.0f} of {r.flop_ops:.0f} recomputed matmul ops have a known output size: "
+            "the memory cost is a lower bound"
+        )
     which = "the blocks' matmul outputs" if kept >= 1.0 else f"the matmul outputs of {kept:.0%} of the blocks"
     reftrain = f.is_reftrain and f.cfg("train.activation_checkpointing") is True
-    advice = (f"save {which} and recompute the rest: {_POLICY}"
-              + ("; reftrain has one switch (train.activation_checkpointing, every block), so this is a code change "
-                 "in reftrain/parallel.py apply_activation_checkpointing: checkpoint_wrapper(block, "
-                 "context_fn=partial(create_selective_checkpoint_contexts, policy))" if reftrain else ""))
+    advice = f"save {which} and recompute the rest: {_POLICY}" + (
+        "; reftrain has one switch (train.activation_checkpointing, every block), so this is a code change "
+        "in reftrain/parallel.py apply_activation_checkpointing: checkpoint_wrapper(block, "
+        "context_fn=partial(create_selective_checkpoint_contexts, policy))"
+        if reftrain
+        else ""
+    )
     return Suggestion(
         title=f"Recompute is {r.share:.0%} of the step: checkpoint selectively (save matmul outputs, recompute the rest)",
         trigger=f"recompute {r.share:.1%} of step > RECOMPUTE_MIN_SHARE {RECOMPUTE_MIN_SHARE:.0%}, "
-                f"{flop_ms:.1f} ms of it in GEMM/attention kernels"
-                + (f", memory after {(r.peak_bytes + kept * r.out_bytes) / r.capacity_bytes:.0%} <= {MEMORY_LIMIT:.0%}"
-                   if r.capacity_bytes is not None and r.peak_bytes is not None else ", memory unknown"),
+        f"{flop_ms:.1f} ms of it in GEMM/attention kernels"
+        + (
+            f", memory after {(r.peak_bytes + kept * r.out_bytes) / r.capacity_bytes:.0%} <= {MEMORY_LIMIT:.0%}"
+            if r.capacity_bytes is not None and r.peak_bytes is not None
+            else ", memory unknown"
+        ),
         evidence=evidence | {"kept_fraction": kept},
         change=Change({}, advice),
         predicted=whatif.prediction(
-            f, whatif.remove(f.step_time_ms, saved),
-            f"the recompute's GEMM/attention time {flop_ms:.1f} ms" + (f" x {kept:.2f} kept" if kept < 1.0 else "")
-            + f" removed, at most the {recompute_ms:.1f} ms recompute"),
+            f,
+            whatif.remove(f.step_time_ms, saved),
+            f"the recompute's GEMM/attention time {flop_ms:.1f} ms"
+            + (f" x {kept:.2f} kept" if kept < 1.0 else "")
+            + f" removed, at most the {recompute_ms:.1f} ms recompute",
+        ),
         confidence=confidence,
         notes=tuple(notes) + ("holds the saved outputs from forward to backward: more memory, less recompute",),
     )

@@ -12,6 +12,7 @@ inputs and caps its confidence by it (:func:`coverage`), ranks them
 does not act on the largest part of the step a rule can act on, says why in
 its notes (:func:`first_note`). docs/suggestions.md, "Ranking and confidence".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,10 +20,25 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from analyzer.verbs.suggest import (  # noqa: F401
-    rules_comm, rules_compute, rules_data, rules_health, rules_host, rules_memory, rules_recompute,
+    rules_comm,
+    rules_compute,
+    rules_data,
+    rules_health,
+    rules_host,
+    rules_memory,
+    rules_recompute,
 )
 from analyzer.verbs.suggest.engine import (
-    _CONFIDENCE_ORDER, COMM_FIRST_SHARE, SCHEMA, NOT_ACTIONABLE, RULES, Suggestion, needs_flops, part_of, parts_of, rank,
+    _CONFIDENCE_ORDER,
+    COMM_FIRST_SHARE,
+    SCHEMA,
+    NOT_ACTIONABLE,
+    RULES,
+    Suggestion,
+    needs_flops,
+    part_of,
+    parts_of,
+    rank,
     suggestions_json,
 )
 from analyzer.verbs.suggest.memo import memo_of
@@ -52,8 +68,12 @@ def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
     cap = 0
     limits: list[str] = []
     in_job = max(f.world_size or 1, f.comm_group_size or 1)
-    cov: dict[str, Any] = {"windows_used": f.windows_used, "windows_total": f.windows_total,
-                           "ranks_traced": f.ranks_traced, "ranks_in_job": in_job}
+    cov: dict[str, Any] = {
+        "windows_used": f.windows_used,
+        "windows_total": f.windows_total,
+        "ranks_traced": f.ranks_traced,
+        "ranks_in_job": in_job,
+    }
     if f.kind == "traces" and f.tokens_source and s.predicted is not None and s.predicted.tokens_per_step_before:
         cov["tokens_source"] = f.tokens_source  # tokens per step estimated from the trace's input shapes
     if f.windows_total and f.windows_used < f.windows_total:
@@ -93,14 +113,18 @@ def first_note(f: "RunFacts", ranked: list[Suggestion], comm_first: bool) -> str
         return None
     head = f"ranked first although {part} ({share:.0%} of the step) is the largest part a rule acts on"
     if comm_first and part_of(first.rule) == "exposed_comm":
-        return (f"{head}: exposed comm is {f.shares.get('exposed_comm', 0):.0%} of the step (> {COMM_FIRST_SHARE:.0%}), "
-                "and a collective holds every rank of the job, so it is settled first")
+        return (
+            f"{head}: exposed comm is {f.shares.get('exposed_comm', 0):.0%} of the step (> {COMM_FIRST_SHARE:.0%}), "
+            "and a collective holds every rank of the job, so it is settled first"
+        )
     on_part = [s for s in ranked if part in parts_of(s.rule)]
     if not on_part:
         return f"{head}: no rule acting on {part} fired (docs/suggestions.md lists their thresholds)"
     best = on_part[0]
-    return (f"{head}: its predicted gain ({first.gain:+.0%}) is above that of {best.rule} on {part} "
-            f"({best.gain:+.0%})" + (" (a diagnosis ranks after changes)" if best.kind == "diagnosis" else ""))
+    return (
+        f"{head}: its predicted gain ({first.gain:+.0%}) is above that of {best.rule} on {part} "
+        f"({best.gain:+.0%})" + (" (a diagnosis ranks after changes)" if best.kind == "diagnosis" else "")
+    )
 
 
 def suggest(ra: "RunAnalysis") -> list[Suggestion]:

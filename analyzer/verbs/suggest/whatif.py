@@ -10,6 +10,7 @@ The constants below were calibrated on the 2-core development machine
 (bench/bench_suggest.py, docs/suggestions.md "Calibration"); nothing here
 was calibrated on a GPU (none was available).
 """
+
 from __future__ import annotations
 
 import math
@@ -124,8 +125,9 @@ def data_load_ms_per_batch(wait_per_micro_ms: float, consume_per_micro_ms: float
     return num_workers * (wait_per_micro_ms + consume_per_micro_ms)
 
 
-def data_wait_after(load_ms: float, consume_per_micro_ms: float, num_workers: int,
-                    floor_ms: float = DATA_WORKER_FLOOR_MS) -> float:
+def data_wait_after(
+    load_ms: float, consume_per_micro_ms: float, num_workers: int, floor_ms: float = DATA_WORKER_FLOOR_MS
+) -> float:
     """Wait per micro-batch with ``num_workers`` workers: ``max(floor, load / W - consume)``."""
     if num_workers <= 0:
         return load_ms
@@ -179,8 +181,9 @@ CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_POINTS = ((1, 1.015), (2, 0.21), (4, -0.
 CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_WIDTH = 128
 
 
-def cpu_fixed_sequences(d_model: int | None, seq_len: int | None, overlap_grad_sync: bool = True,
-                        micro_batch: int | None = None) -> float:
+def cpu_fixed_sequences(
+    d_model: int | None, seq_len: int | None, overlap_grad_sync: bool = True, micro_batch: int | None = None
+) -> float:
     """kappa: the fixed forward+backward cost per micro-batch in sequences (see CPU_FIXED_SEQUENCES_POINTS);
     ``overlap_grad_sync`` False: of a run at ``micro_batch`` sequences that all-reduces after backward
     (CPU_FIXED_SEQUENCES_SYNC_AFTER_BACKWARD_POINTS)."""
@@ -209,8 +212,9 @@ def cpu_micro_batch_split(f: "RunFacts") -> tuple[float, float, float, float] | 
         return None
     tail = max(0.0, (f.exposed_comm_ms or 0.0) - f.phases.get("grad_sync", 0.0))
     fb = max(0.0, f.phases["forward"] + f.phases["backward"] - tail)
-    kappa = cpu_fixed_sequences(f.cfg("model.d_model"), f.cfg("model.seq_len"),
-                                f.cfg("parallel.overlap_grad_sync") is not False, int(mb))
+    kappa = cpu_fixed_sequences(
+        f.cfg("model.d_model"), f.cfg("model.seq_len"), f.cfg("parallel.overlap_grad_sync") is not False, int(mb)
+    )
     fixed, per_seq = split_micro_batch(fb / ga, mb, kappa)
     return fb / ga, fixed, per_seq, kappa
 
