@@ -169,6 +169,8 @@ def trace_files(run: RunEntry) -> list[Path]:
     analyzer finds them (``traces/`` and ``traces/step{N}/``, docs/rundir.md), else the folder's own."""
     from analyzer.ingest.locate import run_trace_files
 
+    if run.refusal() is not None:  # a path in it leads outside RUNS_DIR: read nothing of it, run.json included
+        return []
     if run.kind == "reftrain":
         found = [p for p in run_trace_files(run.path) if p.name.endswith(TRACE_SUFFIXES)]
     else:

@@ -42,15 +42,21 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def ray_instance():
+    """One local Ray instance for the module, started as the engine starts it (the CLI test
+    starts its own in a subprocess)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'trainperf[ray]')")
-    # ray.init() installs its own SIGTERM handler in the driver and ray.shutdown()
-    # leaves it there: put the suite's back, or every process forked later inherits it.
+    # ray.init() installs its own SIGTERM handler in the driver and ray.shutdown() leaves it
+    # there: put the suite's back at once, or every process forked later inherits it.
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield ray
-    if ray.is_initialized():
-        ray.shutdown()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def _bad_and_good(tmp_path: Path) -> Path:
