@@ -41,6 +41,11 @@ def runs(tmp_path_factory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def gate(runs):
+    return check(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
+
+
 def test_run_summary_shows_the_headline_and_the_rank_table(runs):
     a = runs["example-ddp-w2"]
     page = _html(a)
@@ -138,8 +143,8 @@ def test_import_in_a_running_ipython_registers_the_views(tmp_path):
     assert plain.stdout.strip() == "False", plain.stderr
 
 
-def test_gate_summary_shows_the_verdict_the_statistic_and_the_comparison(runs):
-    g = check(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
+def test_gate_summary_shows_the_verdict_the_statistic_and_the_comparison(gate):
+    g = gate
     r = g.result
     page = _html(g)
     assert page.startswith('<div class="analyzer-check analyzer-regression">')
@@ -152,7 +157,7 @@ def test_gate_summary_shows_the_verdict_the_statistic_and_the_comparison(runs):
     assert _html(g.comparison) in page  # the comparison's own view follows
 
 
-def test_reprs_are_a_few_lines(runs):
+def test_reprs_are_a_few_lines(runs, gate):
     """A console shows a result's repr: the generated dataclass repr printed every table (17 KB for this
     run, 31-45 KB for larger ones); the short one names the run and its headline figures."""
     a = runs["example-ddp-w2"]
@@ -172,8 +177,26 @@ def test_reprs_are_a_few_lines(runs):
     assert f"step time: {c.step_time_median.base:.2f} ms -> {c.step_time_median.cand:.2f} ms" in text
     assert f"largest phase change: {c.phases[0].name} {c.phases[0].delta:+.2f} ms per step" in text
 
-    g = check(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
-    text = repr(g)
+    text = repr(gate)
     assert len(text) < 600 and len(text.splitlines()) <= 3, text
     assert text.startswith(f"<GateOutcome REGRESSION: {c.base_path} -> {c.cand_path}")
-    assert f"drop {g.result.drop:+.1%}, allowed 5.0%" in text
+    assert f"drop {gate.result.drop:+.1%}, allowed 5.0%" in text
+
+
+def test_gate_summary_shows_the_goodput_and_memory_gates(gate):
+    from dataclasses import replace
+
+    from analyzer.verbs.check import GoodputGate, MemoryGate
+
+    g = replace(
+        gate,
+        goodput=GoodputGate(0.9, 0.85, 100.0, 85.0, {"restarts": 15.0}, 2, base_goodput=0.95),
+        memory=MemoryGate(0.05, 0.25, 2 * 2**30, 2.5 * 2**30, "allocated", "trace"),
+    )
+    page = _html(g)
+    assert (
+        "<td>goodput (floor 90.0%)</td>\n      <td>95.0%</td>\n      <td>85.0%</td>\n      <td>below the floor</td>"
+        in page
+    )
+    assert "<td>peak memory, MiB (allowed +5.0%)</td>\n      <td>2,048.0</td>\n      <td>2,560.0</td>" in page
+    assert "<td>+25.0%, over</td>" in page
