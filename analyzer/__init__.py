@@ -51,9 +51,9 @@ def __getattr__(name: str) -> object:
 
 
 def _register_notebook_views() -> None:
-    """Inside IPython (Jupyter), runs and comparisons display as HTML summaries: analyzer/render/notebook.py
-    registers them with the shell's HTML formatter. Loaded by name like the names above, and only when
-    IPython is running, so that importing an analyzer module loads no renderer."""
+    """Inside IPython (Jupyter), runs, comparisons and gate verdicts display as HTML summaries:
+    analyzer/render/notebook.py registers them with the shell's HTML formatter. Loaded by name like the names
+    above, and only when IPython is running, so that importing an analyzer module loads no renderer."""
     if "IPython" in sys.modules:
         importlib.import_module("analyzer.render.notebook").register_in_running_ipython()
 

@@ -221,6 +221,25 @@ class RunAnalysis:
     # Every rank's fine time grids, for timelines without events (analyzer.metrics.timeline; not in the report).
     timeline: RunTimeline | None = field(default=None, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        # A console shows this; the generated repr printed every table (tens of KB). A notebook shows the
+        # HTML view instead (analyzer/render/notebook.py). Equality and to_json are the dataclass's.
+        m, st = self.mfu, self.step_time
+        paths = self.path if isinstance(self.path, list) else [self.path]
+        ranks = [r.rank for r in self.ranks]
+        where = f"{paths[0]}" + (f" (+{len(paths) - 1} more)" if len(paths) > 1 else "")
+        mfu = f"{100 * m.median:.2f}% ({m.source}" if m.median is not None else f"none ({m.reason or m.source}"
+        step = f"{st.ms:.2f} ms" if st.ms is not None else "none"
+        return (
+            f"<RunAnalysis {where}: {self.kind}, {len(ranks)} rank(s)"
+            + (f" {ranks[0]}..{ranks[-1]}" if ranks else "")
+            + f"\n  steps: {st.n_steady_steps} steady-state, {st.n_profiled_steps} profiled"
+            + f"\n  MFU: {'>= ' if m.lower_bound else ''}{mfu}{', lower bound' if m.lower_bound else ''})"
+            + f"\n  step time: {step} ({st.label})"
+            + f"\n  stragglers: {', '.join(map(str, self.stragglers.ranks)) or 'none'}; "
+            + f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)>"
+        )
+
     def rank(self, rank: int) -> RankSummary:
         """The summary of one rank; KeyError when absent."""
         for r in self.ranks:

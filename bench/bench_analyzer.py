@@ -1,6 +1,7 @@
 """Benchmark `analyzer report` against HTA on the same trace folders.
 
     .venv/bin/python bench/bench_analyzer.py [--repeats 3] [--out bench/out/analyzer] [--folders NAME ...]
+    .venv/bin/python bench/bench_analyzer.py --quick    # the repository's example run, one repeat, no HTA
 
 For every folder, interleaved in one run (HTA, analyzer cold, analyzer warm,
 analyzer tables, then the next folder, rotated each repeat so neither tool always runs first
@@ -37,7 +38,16 @@ the median over repeats.
 Folders (``bench_load.prepare_cases``): the two largest shared HTA samples
 and an 8-rank folder made by copying the largest one under rank ids 0..7
 (``distributedInfo.rank`` and ``world_size`` rewritten), built once under
-``--out``. ``--before REF`` adds a fifth tool, **analyzer-before**: the
+``--out``. The samples are HTA's own test data: where
+``../shared/traces/hta-samples`` is absent (a clone of this repository has
+no ``../shared``), get them with
+``git clone --depth 1 https://github.com/facebookresearch/HolisticTraceAnalysis``
+and link its ``tests/data`` there. Without them the benchmark times the
+repository's example runs (``traces/``, copied under ``--out``) instead,
+without HTA: they are CPU traces, and HTA's temporal breakdown fails on a
+trace without GPU kernels. ``--quick`` does that for the first example run
+with one repeat and no memory-sampled run, in a few seconds: a check that
+the benchmark and the caches work, not a figure to quote. ``--before REF`` adds a fifth tool, **analyzer-before**: the
 cold report by the code of git revision REF (exported with ``git archive``
 (its ``analyzer`` and ``reftrain``, which the old analyzer imported) into ``--out``, byte-compiled like ``make install`` does, and run with the
 same interpreter and libraries with that source first on ``sys.path``), in
@@ -65,9 +75,11 @@ BIN = Path(sys.executable).parent
 SAMPLE_PERIOD_S = 0.01
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import json_mb, prepare_cases  # noqa: E402  (the same trace folders as the loader benchmark)
+from bench_load import SHARED, json_mb, prepare_cases  # noqa: E402  (the same trace folders as the loader benchmark)
 from proctree import run_timed, run_tree  # noqa: E402
 
+# The repository's own runs (traces/), timed when the shared HTA samples are absent.
+REPO_RUNS = ("example-ddp-w2", "example-ddp-w2-slow-rank1")
 HTA_SCRIPT = """
 import sys, logging
 logging.disable(logging.CRITICAL)
@@ -97,13 +109,19 @@ class Measurement:
         return self.json_mb / self.wall_s
 
 
-def run_measured(cmd: list[str], env: dict[str, str], prepare) -> tuple[float, float, int, int, int, str, float]:
+def run_measured(
+    cmd: list[str], env: dict[str, str], prepare, sample: bool = True
+) -> tuple[float, float, float, float, int, str, float]:
     """Run ``cmd`` twice, ``prepare()`` (the cache state) before each: once
     timed without sampling, once sampled for memory (proctree.run_timed
     says why). (wall s, CPU s, peak tree PSS bytes, peak tree RSS bytes,
-    returncode, stderr tail, wall s of the sampled run)."""
+    returncode, stderr tail, wall s of the sampled run). Without ``sample``
+    the timed run only, and NaN for the memory and the sampled run."""
     prepare()
     t = run_timed(cmd, env, REPO)
+    if not sample:
+        nan = float("nan")
+        return t.wall_s, t.cpu_s, nan, nan, t.returncode, t.stderr.decode(errors="replace")[-2000:], nan
     prepare()
     r = run_tree(cmd, env, REPO, SAMPLE_PERIOD_S)
     rc = t.returncode or r.returncode
@@ -150,8 +168,36 @@ BEFORE_SCRIPT = "import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 
 
 
 # ----------------------------------------------------------------- main
+def choose_folders(out: Path, quick: bool, shared: Path = SHARED) -> tuple[dict[str, Path], bool]:
+    """The folders to time and whether HTA runs on them: the shared HTA samples when present (and not
+    ``quick``); else copies under ``out`` of the repository's example runs, without HTA (module docstring)."""
+    if not quick and shared.is_dir():
+        return prepare_cases(out), True
+    if not quick:
+        print(
+            f"{shared}: not found; timing the repository's example runs without HTA. For the HTA comparison: "
+            "git clone --depth 1 https://github.com/facebookresearch/HolisticTraceAnalysis and link its "
+            f"tests/data as {shared}",
+            file=sys.stderr,
+        )
+    folders = {}
+    for name in REPO_RUNS[:1] if quick else REPO_RUNS:
+        # A copy: the analyzer's caches go beside the traces, which must not land in the working tree.
+        folders[name] = out / "repo-runs" / name
+        if not folders[name].is_dir():
+            shutil.copytree(REPO / "traces" / name, folders[name], ignore=shutil.ignore_patterns(".analyzer-cache"))
+    return folders, False
+
+
 def measure(
-    folder_name: str, folder: Path, tool: str, repeat: int, json_mb: float, out: Path, before_src: Path | None = None
+    folder_name: str,
+    folder: Path,
+    tool: str,
+    repeat: int,
+    json_mb: float,
+    out: Path,
+    before_src: Path | None = None,
+    sample: bool = True,
 ) -> Measurement:
     user_cache = out / "xdg-cache"
     env = dict(os.environ, PYTHONWARNINGS="ignore", XDG_CACHE_HOME=str(user_cache))
@@ -174,7 +220,7 @@ def measure(
                 "--json",
                 str(out / f"{folder_name}.before.json"),
             ]
-    wall, cpu, pss, rss, rc, err, sampled_wall = run_measured(cmd, env, prepare)
+    wall, cpu, pss, rss, rc, err, sampled_wall = run_measured(cmd, env, prepare, sample)
     if rc != 0:
         print(f"  {tool} on {folder_name} exited {rc}: {err.strip().splitlines()[-1:]}", file=sys.stderr)
     m = Measurement(folder_name, tool, repeat, wall, cpu, pss / 2**20, rss / 2**20, json_mb, rc, sampled_wall)
@@ -262,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs per tool and folder (median reported)")
     parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the repository's first example run, one repeat, without HTA or memory sampling",
+    )
+    parser.add_argument(
         "--out", type=Path, default=REPO / "bench" / "out" / "analyzer", help="working folder (git-ignored)"
     )
     parser.add_argument("--folders", nargs="*", help="subset of folder names to run")
@@ -272,23 +323,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    folders = prepare_cases(args.out)
+    folders, with_hta = choose_folders(args.out, args.quick)
+    repeats = 1 if args.quick else args.repeats
     if args.folders:
         folders = {k: v for k, v in folders.items() if k in args.folders}
-    sizes = {name: json_mb(path) for name, path in folders.items()}
+    # A run directory keeps its traces in traces/ (docs/rundir.md); a trace folder at its top.
+    sizes = {name: json_mb(path / "traces" if (path / "traces").is_dir() else path) for name, path in folders.items()}
     print(f"machine: {os.cpu_count()} CPUs; folders: " + ", ".join(f"{k} ({v:.0f} MB JSON)" for k, v in sizes.items()))
     before_src = export_revision(args.before, args.out) if args.before else None
-    tools = ["hta", "analyzer-cold", "analyzer-warm", "analyzer-tables"]
+    hta = ["hta"] if with_hta else []
+    analyzer = ["analyzer-cold", "analyzer-warm", "analyzer-tables"]
     before = ["analyzer-before"] if before_src else []
     results: list[Measurement] = []
-    for repeat in range(args.repeats):
+    for repeat in range(repeats):
         # Alternate which tool goes first; warm and tables always follow cold.
-        order = (
-            tools + before if repeat % 2 == 0 else before + ["analyzer-cold", "analyzer-warm", "analyzer-tables", "hta"]
-        )
+        order = hta + analyzer + before if repeat % 2 == 0 else before + analyzer + hta
         for name, path in folders.items():
             for tool in order:
-                results.append(measure(name, path, tool, repeat, sizes[name], args.out, before_src))
+                results.append(
+                    measure(name, path, tool, repeat, sizes[name], args.out, before_src, sample=not args.quick)
+                )
     rows = summarize(results)
     print_summary(rows)
     (args.out / "bench_analyzer.json").write_text(

@@ -173,6 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
+    # The help shows each flag's default. A config flag's argparse default stays None (unset: a config file's
+    # value is kept), so its default is the config key's own (reftrain/config.py), or what its help says null means.
+    config = Config()
+    for action in p._actions:
+        value, key = action.default, _FLAG_KEYS.get(action.dest)
+        if key:
+            section, name = key.split(".")
+            value = getattr(getattr(config, section), name)
+            if value is None:
+                meta = next(f.metadata for f in dataclasses.fields(getattr(config, section)) if f.name == name)
+                value = meta["help"].partition("null = ")[2] or None
+        if action.help not in (None, argparse.SUPPRESS) and value not in (None, "", [], argparse.SUPPRESS):
+            if value is not False and "default" not in action.help:
+                action.help += f" (default: {value})"
     return p
 
 

@@ -396,6 +396,9 @@ def test_end_to_end_gate_on_reftrain_runs(reftrain_runs, tmp_path) -> None:
     assert proc.stderr.strip().splitlines()[-1] == (
         "analyzer: error: incompatible runs: the baseline is a reftrain run directory, the candidate a trace folder"
     )
+    # compare shows their deltas all the same (docs/cli.md, exit codes; both analyses are cached by now).
+    proc = _analyzer("compare", str(base), str(base / "traces"))
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.slow

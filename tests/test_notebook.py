@@ -1,8 +1,9 @@
-"""Jupyter summaries of a RunAnalysis and a Comparison (analyzer/render/notebook.py), as IPython's
-HTML formatter shows them once the views are registered."""
+"""Jupyter summaries of a RunAnalysis, a Comparison and a GateOutcome (analyzer/render/notebook.py), as
+IPython's HTML formatter shows them once the views are registered; and their short text reprs."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import analyze
+from analyzer.verbs.check import check
 from analyzer.verbs.compare import compare
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +39,11 @@ def runs(tmp_path_factory) -> dict:
         shutil.copytree(REPO / "traces" / name, root / name, ignore=shutil.ignore_patterns(".analyzer-cache"))
         out[name] = analyze(root / name)
     return out
+
+
+@pytest.fixture(scope="module")
+def gate(runs):
+    return check(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
 
 
 def test_run_summary_shows_the_headline_and_the_rank_table(runs):
@@ -123,7 +130,9 @@ def test_import_in_a_running_ipython_registers_the_views(tmp_path):
     env = {**os.environ, "IPYTHONDIR": str(tmp_path)}  # the shell's history database goes there, not to ~
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr
-    assert "('analyzer.api', 'RunAnalysis')" in out.stdout and "('analyzer.verbs.compare', 'Comparison')" in out.stdout
+    for view in ("('analyzer.api', 'RunAnalysis')", "('analyzer.verbs.compare', 'Comparison')"):
+        assert view in out.stdout
+    assert "('analyzer.verbs.check', 'GateOutcome')" in out.stdout
     plain = subprocess.run(
         [sys.executable, "-c", "import sys, analyzer.api; print('analyzer.render.notebook' in sys.modules)"],
         capture_output=True,
@@ -132,3 +141,62 @@ def test_import_in_a_running_ipython_registers_the_views(tmp_path):
         cwd=REPO,
     )
     assert plain.stdout.strip() == "False", plain.stderr
+
+
+def test_gate_summary_shows_the_verdict_the_statistic_and_the_comparison(gate):
+    g = gate
+    r = g.result
+    page = _html(g)
+    assert page.startswith('<div class="analyzer-check analyzer-regression">')
+    assert f"<b>analyzer check: {g.verdict_label}</b>" in page and g.verdict_label == "REGRESSION"
+    assert html.escape(g.explanation) in page  # the paragraph `analyzer check` prints, escaped
+    assert f"<td>{r.statistic_label}</td>" in page
+    assert f"<td>{100 * r.base_value:.2f}%</td>" in page and f"<td>{100 * r.cand_value:.2f}%</td>" in page
+    assert f"drop {r.drop:+.1%} (allowed {r.max_drop:.1%}, p = {r.p_value:.3g}" in page
+    assert f"<td>{r.n_base}</td>" in page
+    assert _html(g.comparison) in page  # the comparison's own view follows
+
+
+def test_reprs_are_a_few_lines(runs, gate):
+    """A console shows a result's repr: the generated dataclass repr printed every table (17 KB for this
+    run, 31-45 KB for larger ones); the short one names the run and its headline figures."""
+    a = runs["example-ddp-w2"]
+    text = repr(a)
+    assert len(text) < 600 and len(text.splitlines()) <= 6, text
+    assert text.startswith(f"<RunAnalysis {a.path}: reftrain, 2 rank(s) 0..1")
+    assert f"steps: {a.step_time.n_steady_steps} steady-state, {a.step_time.n_profiled_steps} profiled" in text
+    assert f"MFU: {100 * a.mfu.median:.2f}% ({a.mfu.source})" in text
+    assert f"step time: {a.step_time.ms:.2f} ms ({a.step_time.label})" in text
+
+    c = compare(runs["example-ddp-w2"], runs["example-ddp-w2-slow-rank1"])
+    text = repr(c)
+    assert len(text) < 600 and len(text.splitlines()) <= 6, text
+    assert text.startswith(f"<Comparison {c.base_path} -> {c.cand_path}")
+    # the two figures as shown; no change computed on the rescaled candidate
+    assert f"MFU: {100 * c.mfu.base:.2f}% -> {100 * c.mfu.cand:.2f}%\n" in text
+    assert f"step time: {c.step_time_median.base:.2f} ms -> {c.step_time_median.cand:.2f} ms" in text
+    assert f"largest phase change: {c.phases[0].name} {c.phases[0].delta:+.2f} ms per step" in text
+
+    text = repr(gate)
+    assert len(text) < 600 and len(text.splitlines()) <= 3, text
+    assert text.startswith(f"<GateOutcome REGRESSION: {c.base_path} -> {c.cand_path}")
+    assert f"drop {gate.result.drop:+.1%}, allowed 5.0%" in text
+
+
+def test_gate_summary_shows_the_goodput_and_memory_gates(gate):
+    from dataclasses import replace
+
+    from analyzer.verbs.check import GoodputGate, MemoryGate
+
+    g = replace(
+        gate,
+        goodput=GoodputGate(0.9, 0.85, 100.0, 85.0, {"restarts": 15.0}, 2, base_goodput=0.95),
+        memory=MemoryGate(0.05, 0.25, 2 * 2**30, 2.5 * 2**30, "allocated", "trace"),
+    )
+    page = _html(g)
+    assert (
+        "<td>goodput (floor 90.0%)</td>\n      <td>95.0%</td>\n      <td>85.0%</td>\n      <td>below the floor</td>"
+        in page
+    )
+    assert "<td>peak memory, MiB (allowed +5.0%)</td>\n      <td>2,048.0</td>\n      <td>2,560.0</td>" in page
+    assert "<td>+25.0%, over</td>" in page

@@ -1,8 +1,9 @@
-"""Jupyter views: compact HTML summaries of a run and of a comparison.
+"""Jupyter views: compact HTML summaries of a run, a comparison and a gate verdict.
 
-A notebook cell that ends in ``analyze(path)`` or ``compare(a, b)`` shows the
-headline and the main table instead of a dataclass repr. The views are
-registered with IPython's HTML formatter for the two types by name
+A notebook cell that ends in ``analyze(path)``, ``compare(a, b)`` or
+``check(a, b)`` shows the headline and the main table instead of the short
+text repr. The views are registered with IPython's HTML formatter for the
+three types by name
 (:func:`register`, IPython's documented hook for types a library does not
 own), so the result types in ``analyzer.api`` and ``analyzer.verbs`` carry no
 rendering and import no renderer: ``import analyzer`` inside a running
@@ -21,10 +22,15 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from analyzer.api import RunAnalysis
+    from analyzer.verbs.check import GateOutcome
     from analyzer.verbs.compare import Comparison
 
-# (module, class) -> the function that draws it; registered by name, so that registering imports neither.
-VIEWS = {("analyzer.api", "RunAnalysis"): "run_html", ("analyzer.verbs.compare", "Comparison"): "compare_html"}
+# (module, class) -> the function that draws it; registered by name, so that registering imports none of them.
+VIEWS = {
+    ("analyzer.api", "RunAnalysis"): "run_html",
+    ("analyzer.verbs.compare", "Comparison"): "compare_html",
+    ("analyzer.verbs.check", "GateOutcome"): "gate_html",
+}
 
 
 def _ms(x: float | None) -> str:
@@ -104,6 +110,52 @@ def compare_html(c: "Comparison") -> str:
     if len(phases):
         parts.append(f"<div>per phase ({html.escape(c.phase_source)}), largest change first:</div>" + _table(phases))
     return '<div class="analyzer-compare">' + "".join(parts) + "</div>"
+
+
+def gate_html(g: "GateOutcome") -> str:
+    """The verdict, the paragraph ``analyzer check`` prints, the gated statistic of both runs (with the goodput
+    and memory gates when set), then the comparison's view."""
+    import pandas as pd
+
+    from analyzer.render.format import num, value_text
+
+    r = g.result
+    rows = [
+        {
+            "figure": r.statistic_label,
+            "baseline": value_text(r.metric, r.base_value),
+            "candidate": value_text(r.metric, r.cand_value),
+            "change": f"drop {r.drop:+.1%} (allowed {r.max_drop:.1%}, p = {r.p_value:.3g}, noise {r.noise:.1%})",
+        },
+        {"figure": "steady-state steps", "baseline": str(r.n_base), "candidate": str(r.n_cand), "change": ""},
+    ]
+    if g.goodput is not None:
+        gp = g.goodput
+        rows.append(
+            {
+                "figure": f"goodput (floor {gp.min_goodput:.1%})",
+                "baseline": "-" if gp.base_goodput is None else f"{gp.base_goodput:.1%}",
+                "candidate": f"{gp.goodput:.1%}",
+                "change": "below the floor" if gp.failed else "ok",
+            }
+        )
+    if g.memory is not None:
+        mg = g.memory
+        rows.append(
+            {
+                "figure": f"peak memory, MiB (allowed {mg.max_growth:+.1%})",
+                "baseline": num(mg.base_bytes / 2**20, ",.1f"),
+                "candidate": num(mg.cand_bytes / 2**20, ",.1f"),
+                "change": f"{mg.growth:+.1%}" + (", over" if mg.failed else ""),
+            }
+        )
+    parts = [
+        f"<div><b>analyzer check: {html.escape(g.verdict_label)}</b></div>",
+        f"<p>{html.escape(g.explanation)}</p>",
+        _table(pd.DataFrame(rows)),
+        compare_html(g.comparison),
+    ]
+    return f'<div class="analyzer-check analyzer-{html.escape(g.verdict)}">' + "".join(parts) + "</div>"
 
 
 def register(formatter: Any) -> None:

@@ -589,6 +589,16 @@ class GateOutcome:
     memory: MemoryGate | None = None  # ``--max-memory-growth``, else None
     machine: "MachineSpeed | None" = None  # the machine-speed canary of every run, else None
 
+    def __repr__(self) -> str:
+        # A console shows this; the generated repr printed both runs' comparison and samples (several KB).
+        # A notebook shows the HTML view instead (analyzer/render/notebook.py).
+        r = self.result
+        return (
+            f"<GateOutcome {self.verdict_label}: {self.comparison.base_path} -> {self.comparison.cand_path}"
+            + f"\n  {r.statistic_label}: {value_text(r.metric, r.base_value)} -> {value_text(r.metric, r.cand_value)}"
+            + f" (drop {r.drop:+.1%}, allowed {r.max_drop:.1%}, p = {r.p_value:.2g}, noise {r.noise:.1%})>"
+        )
+
     @property
     def verdict(self) -> Verdict:
         """The gate's overall verdict (the exit code): a goodput below its floor, or peak memory grown beyond

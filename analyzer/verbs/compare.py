@@ -166,6 +166,25 @@ class Comparison:
     memory: list[Delta] = field(default_factory=list)  # MiB: run peaks (allocated, reserved), then per rank
     memory_growth: float | None = None  # (cand - base) / base of the peak allocated; None when not comparable
 
+    def __repr__(self) -> str:
+        # A console shows this; the generated repr printed every delta (several KB). A notebook shows the
+        # HTML view instead (analyzer/render/notebook.py). Equality and to_json are the dataclass's.
+        def mfu(x: float | None) -> str:
+            return "-" if x is None else f"{100 * x:.2f}%"
+
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f} ms"
+
+        sm = self.step_time_median
+        top = self.phases[0] if self.phases else None
+        return (
+            f"<Comparison {self.base_path} -> {self.cand_path}"
+            + f"\n  MFU: {mfu(self.mfu.base)} -> {mfu(self.mfu.cand)}"
+            + f"\n  step time: {ms(sm.base)} -> {ms(sm.cand)}"
+            + ("" if top is None else f"\n  largest phase change: {top.name} {top.delta:+.2f} ms per step")
+            + f"\n  {len(self.phases)} phases, {len(self.kernels)} kernels, {len(self.ops)} ops compared>"
+        )
+
     def growing_phases(self, n: int = 3) -> list[Delta]:
         """The ``n`` phases that grew the most (positive delta), largest first."""
         return sorted((d for d in self.phases if d.delta > 0), key=lambda d: -d.delta)[:n]
