@@ -180,31 +180,34 @@ class ProgressLine:
             self.stream.flush()
 
 
-class RunsProgress(ProgressLine):
+class RunsProgress:
     """``analyzer history``'s progress: which run of how many is analyzed and, while its per-rank
     map runs, that map's counts (docs/cli.md, "Progress").
 
     The work is the runs, a run in progress counted by its share of trace files done, so the
     time left is elapsed x (runs - work done) / work done. ``history`` calls the object at each
     run's start (:data:`analyzer.verbs.history.RunProgress`) and gets that run's map listener;
-    :meth:`finish` draws the last plain line once every run is analyzed.
+    :meth:`finish` draws the last plain line once every run is analyzed. Drawn by a
+    :class:`ProgressLine` (in place or plain, as for one run).
     """
 
-    run, runs, name = 0, 0, ""
+    def __init__(self, label: str, stream: TextIO, in_place: bool, clock: Callable[[], float] = time.monotonic):
+        self.line = ProgressLine(label, stream, in_place, clock)
+        self.run, self.runs, self.name = 0, 0, ""
 
-    def __call__(self, number: int, total: int, name: str) -> Callable[[Progress], None]:  # type: ignore[override]
+    def __call__(self, number: int, total: int, name: str) -> Callable[[Progress], None]:
         from analyzer.verbs.printable import printable
 
         self.run, self.runs, self.name = number, total, printable(name, one_line=True)
-        self.draw(lambda elapsed_s: self.runs_text(None, elapsed_s), final=False)
+        self.line.draw(lambda elapsed_s: self.runs_text(None, elapsed_s), final=False)
         return self.ranks
 
     def ranks(self, p: Progress) -> None:
         if p.ranks_total:
-            self.draw(lambda elapsed_s: self.runs_text(p, elapsed_s), final=False)
+            self.line.draw(lambda elapsed_s: self.runs_text(p, elapsed_s), final=False)
 
     def runs_text(self, p: Progress | None, elapsed_s: float) -> str:
-        text = f"{PROG}: {self.label}: run {self.run}/{self.runs} ({self.name})"
+        text = f"{PROG}: {self.line.label}: run {self.run}/{self.runs} ({self.name})"
         done = self.run - 1.0
         if p is not None:
             text += f": {p.ranks_done}/{p.ranks_total} ranks ({p.files_done}/{p.files_total} trace files)"
@@ -216,7 +219,12 @@ class RunsProgress(ProgressLine):
 
     def finish(self) -> None:
         if self.runs:
-            self.draw(lambda elapsed_s: f"{PROG}: {self.label}: {self.runs}/{self.runs} runs, {elapsed_s:.0f} s", True)
+            self.line.draw(
+                lambda elapsed_s: f"{PROG}: {self.line.label}: {self.runs}/{self.runs} runs, {elapsed_s:.0f} s", True
+            )
+
+    def close(self) -> None:
+        self.line.close()
 
 
 def _drawn(args: argparse.Namespace) -> bool | None:
