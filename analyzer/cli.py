@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import os
 import shutil
 import sys
@@ -43,10 +44,19 @@ EXIT_INCONCLUSIVE = 4
 PROG = "analyzer"
 
 
+# --quiet: the command's own, set by main for the length of one command.
+_QUIET = contextvars.ContextVar("analyzer_quiet", default=False)
+# The stderr lines --quiet keeps: problems (and the interruption), never information such as note: lines.
+QUIET_KEEPS = frozenset({"skipped", "warning", "error", "internal error", ""})
+
+
 def _say(kind: str, message: str) -> None:
-    """One line on stderr: ``analyzer: <kind>: <message>`` (analyzer.verbs.printable.say)."""
+    """One line on stderr: ``analyzer: <kind>: <message>`` (analyzer.verbs.printable.say); with
+    ``--quiet`` only the kinds in :data:`QUIET_KEEPS`."""
     from analyzer.verbs.printable import say
 
+    if _QUIET.get() and kind not in QUIET_KEEPS:
+        return
     say(kind, message, PROG)
 
 
@@ -132,7 +142,9 @@ class ProgressLine:
     """
 
     def __init__(self, label: str, stream: TextIO, in_place: bool, clock: Callable[[], float] = time.monotonic):
-        self.label, self.stream, self.in_place, self.clock = label, stream, in_place, clock
+        from analyzer.verbs.printable import printable
+
+        self.label, self.stream, self.in_place, self.clock = printable(label, one_line=True), stream, in_place, clock
         self.start = self.last_line = clock()
         self.drawn = False
 
@@ -148,13 +160,17 @@ class ProgressLine:
     def __call__(self, p: Progress) -> None:
         if p.ranks_total == 0:
             return
+        self.draw(lambda elapsed_s: self.text(p, elapsed_s), final=p.ranks_done == p.ranks_total)
+
+    def draw(self, text_at: Callable[[float], str], final: bool) -> None:
+        """Show ``text_at(seconds elapsed)``: in place, or as a plain line when ``final`` or due."""
         now = self.clock()
         if self.in_place:
             width = shutil.get_terminal_size().columns - 1  # a longer line would wrap, and \r not go back
-            self.stream.write("\r" + self.text(p, now - self.start)[:width] + "\x1b[K")
+            self.stream.write("\r" + text_at(now - self.start)[:width] + "\x1b[K")
             self.drawn = True
-        elif p.ranks_done == p.ranks_total or now - self.last_line >= PLAIN_EVERY_S:
-            self.stream.write(self.text(p, now - self.start) + "\n")
+        elif final or now - self.last_line >= PLAIN_EVERY_S:
+            self.stream.write(text_at(now - self.start) + "\n")
             self.last_line = now
         self.stream.flush()
 
@@ -164,12 +180,70 @@ class ProgressLine:
             self.stream.flush()
 
 
+class RunsProgress:
+    """``analyzer history``'s progress: which run of how many is analyzed and, while its per-rank
+    map runs, that map's counts (docs/cli.md, "Progress").
+
+    The work is the runs, a run in progress counted by its share of trace files done, so the
+    time left is elapsed x (runs - work done) / work done. ``history`` calls the object at each
+    run's start (:data:`analyzer.verbs.history.RunProgress`) and gets that run's map listener;
+    :meth:`finish` draws the last plain line once every run is analyzed. Drawn by a
+    :class:`ProgressLine` (in place or plain, as for one run).
+    """
+
+    def __init__(self, label: str, stream: TextIO, in_place: bool, clock: Callable[[], float] = time.monotonic):
+        self.line = ProgressLine(label, stream, in_place, clock)
+        self.run, self.runs, self.name = 0, 0, ""
+
+    def __call__(self, number: int, total: int, name: str) -> Callable[[Progress], None]:
+        from analyzer.verbs.printable import printable
+
+        self.run, self.runs, self.name = number, total, printable(name, one_line=True)
+        self.line.draw(lambda elapsed_s: self.runs_text(None, elapsed_s), final=False)
+        return self.ranks
+
+    def ranks(self, p: Progress) -> None:
+        if p.ranks_total:
+            self.line.draw(lambda elapsed_s: self.runs_text(p, elapsed_s), final=False)
+
+    def runs_text(self, p: Progress | None, elapsed_s: float) -> str:
+        text = f"{PROG}: {self.line.label}: run {self.run}/{self.runs} ({self.name})"
+        done = self.run - 1.0
+        if p is not None:
+            text += f": {p.ranks_done}/{p.ranks_total} ranks ({p.files_done}/{p.files_total} trace files)"
+            done += p.files_done / p.files_total if p.files_total else 0.0
+        text += f", {elapsed_s:.0f} s"
+        if 0 < done < self.runs:
+            text += f", about {elapsed_s * (self.runs - done) / done:.0f} s left"
+        return text
+
+    def finish(self) -> None:
+        if self.runs:
+            self.line.draw(
+                lambda elapsed_s: f"{PROG}: {self.line.label}: {self.runs}/{self.runs} runs, {elapsed_s:.0f} s", True
+            )
+
+    def close(self) -> None:
+        self.line.close()
+
+
+def _drawn(args: argparse.Namespace) -> bool | None:
+    """Whether progress is drawn, and how: None (not at all), True (in place) or False (plain lines).
+
+    Never with ``--quiet``; with ``--progress``; on a terminal unless ``--no-progress``.
+    """
+    wanted, tty = getattr(args, "progress", None), sys.stderr.isatty()
+    if getattr(args, "quiet", False) or not (wanted or (wanted is None and tty)):
+        return None
+    return tty
+
+
 @contextlib.contextmanager
 def _progress(path: Path, args: argparse.Namespace) -> Iterator[ProgressLine | None]:
-    """A :class:`ProgressLine` for analyzing ``path``: with ``--progress``, or on a terminal unless
-    ``--no-progress``; never on stdout, so a report or JSON piped from stdout stays clean."""
-    wanted, tty = getattr(args, "progress", None), sys.stderr.isatty()
-    line = ProgressLine(str(path), sys.stderr, in_place=tty) if wanted or (wanted is None and tty) else None
+    """A :class:`ProgressLine` for analyzing ``path`` when :func:`_drawn` says so; never on
+    stdout, so a report or JSON piped from stdout stays clean."""
+    how = _drawn(args)
+    line = ProgressLine(str(path), sys.stderr, in_place=how) if how is not None else None
     try:
         yield line
     finally:
@@ -301,7 +375,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     from analyzer.render.text import history_text
     from analyzer.verbs.history import history
 
-    h = history(_existing(args.runs_dir), args.by)
+    runs_dir = _existing(args.runs_dir)
+    how = _drawn(args)
+    progress = RunsProgress(str(runs_dir), sys.stderr, in_place=how) if how is not None else None
+    try:
+        h = history(runs_dir, args.by, progress=progress)
+        if progress is not None:
+            progress.finish()
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         _write_text(args.json, dumps_json(h.to_json()))
     if args.html:
@@ -469,9 +552,26 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _progress_options() -> argparse.ArgumentParser:
+    """Progress and --quiet, of every command that analyzes runs (a parent parser; docs/cli.md, "Progress")."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the per-rank analysis' progress on stderr (default: only when stderr is a terminal)",
+    )
+    options.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress and no note: lines on stderr; skipped files, warnings and errors are still shown",
+    )
+    return options
+
+
 def _analysis_options() -> argparse.ArgumentParser:
     """The options of every command that analyzes runs (a parent parser)."""
-    analysis = argparse.ArgumentParser(add_help=False)
+    analysis = argparse.ArgumentParser(add_help=False, parents=[_progress_options()])
     analysis.add_argument(
         "--peak-flops",
         type=_positive,
@@ -497,12 +597,6 @@ def _analysis_options() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="with --engine ray: 'auto' (the cluster this machine belongs to) or "
         "ray://HOST:PORT (Ray Client); default: a local Ray instance with this machine's cores",
-    )
-    analysis.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="show the per-rank analysis' progress on stderr (default: only when stderr is a terminal)",
     )
     # Bounds on reading one trace file (analyzer/ingest/limits.py, docs/loading.md "Bounds").
     analysis.add_argument(
@@ -591,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "history",
-        parents=[common],
+        parents=[common, _progress_options()],
         help="headline figures of every run in a folder, in order",
         description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
         "CI gate's verdict between consecutive runs and change points (analyzer/verbs/history.py).",
@@ -794,11 +888,14 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
     args = parser.parse_args(argv)  # usage errors: argparse prints usage, exits 2
     if getattr(args, "ray_address", None) is not None and args.engine != "ray":
         parser.error("--ray-address needs --engine ray")
+    if getattr(args, "quiet", False) and getattr(args, "progress", None):
+        parser.error("--quiet shows no progress: leave out --progress")
     if own_process:
         _without_arrow(args)
         _one_blas_thread(args)
     _apply_limits(args)
     func: Callable[[argparse.Namespace], int] = args.func
+    quiet = _QUIET.set(getattr(args, "quiet", False))
     try:
         return func(args)
     except AnalyzerError as exc:
@@ -822,6 +919,8 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
             where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
         _say("internal error", f"{type(exc).__name__}: {exc}{where} (a bug; rerun with --debug for the traceback)")
         return EXIT_INTERNAL
+    finally:
+        _QUIET.reset(quiet)
 
 
 def console_main() -> None:

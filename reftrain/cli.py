@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URI",
         help="MLflow tracking URI or file-store folder (log.mlflow_uri; default RUN_DIR/mlruns)",
     )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no opening line and no progress lines; warnings, errors and the closing summary stay",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--attach", metavar="RUN_DIR", help=argparse.SUPPRESS)  # internal: a rank started by --nproc
     # The help shows each flag's default. A config flag's argparse default stays None (unset: a config file's
@@ -352,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         require_trackers(cfg.log)  # an absent tracker library: one line before any rank starts
         command = ["reftrain", *argv]
         if plan.nproc is not None:
-            return _launch(cfg, plan.nproc, resume, resumed_run, command, args.max_restarts)
+            return _launch(cfg, plan.nproc, resume, resumed_run, command, args.max_restarts, args.quiet)
         from reftrain import train  # imports torch
 
-        train.run(cfg, None, resume, command, resumed_run)
+        train.run(cfg, None, resume, command, resumed_run, args.quiet)
         return 0
     except ReftrainError as exc:
         return _fail(str(exc), launched, in_rank)
@@ -396,7 +401,7 @@ def _attached_rank(args: argparse.Namespace) -> int:
     if args.resume:
         resumed_run, resume = checkpoint.find_checkpoint(Path(args.resume))
     command = json.loads(os.environ.get(_ENV_COMMAND, "null")) or ["reftrain", *sys.argv[1:]]
-    train.run(cfg, run_dir, resume, command, resumed_run)
+    train.run(cfg, run_dir, resume, command, resumed_run, args.quiet)
     # Leave without interpreter and static destruction: a gloo rank has aborted there
     # ('terminate called without an active exception') after its work was done, and
     # torchelastic then restarted a finished job. Everything is written and closed.
@@ -430,7 +435,13 @@ def _fail(message: str, launched: bool, in_rank: bool) -> int:
 
 
 def _launch(
-    cfg: Config, nproc: int, resume: Path | None, resumed_run: Path | None, command: list[str], max_restarts: int = 0
+    cfg: Config,
+    nproc: int,
+    resume: Path | None,
+    resumed_run: Path | None,
+    command: list[str],
+    max_restarts: int = 0,
+    quiet: bool = False,
 ) -> int:
     """Create the run directory and start `nproc` local ranks through torch.distributed.run."""
     run_dir = rundir.create_run_dir(cfg, nproc)
@@ -454,6 +465,7 @@ def _launch(
     # torchrun would set 1 thread per rank and warn; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
+    child += ["--quiet"] if quiet else []
     # On SIGTERM/SIGINT the agent signals each rank and waits --shutdown-timeout seconds
     # before SIGKILL: the grace period in which the ranks finish their step and save.
     launch_args = torchrun.parse_args(

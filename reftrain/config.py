@@ -262,6 +262,11 @@ class LogConfig:
         None, "MLflow tracking URI (a server, or a file store folder); null = the file store RUN_DIR/mlruns"
     )
     mlflow_experiment: str = _opt("reftrain", "MLflow experiment")
+    console_interval_steps: int = _opt(
+        10,
+        "rank 0 prints a progress line (step k/N, step time, tokens/s, ETA) every N steps, after an attempt's "
+        "first step and after the last; 0 = none; not the trackers, which log every step",
+    )
 
 
 @dataclass
@@ -555,6 +560,7 @@ def _validate(cfg: Config, world_size: int | None) -> None:
         raise ReftrainError(f"config: inject.slowdown={inj.slowdown} must be >= 1 (a factor on compute time)")
     if cfg.run.name is not None and (not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", "..")):
         raise ReftrainError(f"config: run.name={cfg.run.name!r} must be a plain directory name")
+    _positive("log.console_interval_steps", cfg.log.console_interval_steps, allow_zero=True)
     tracker_names(cfg.log.trackers, "config: log.trackers")
     if d.path is not None:
         check_token_file(Path(d.path), shape.seq_len)

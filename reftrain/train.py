@@ -155,9 +155,17 @@ def _say(env: parallel.DistEnv, text: str) -> None:
 
 
 def run(
-    cfg: Config, run_dir: Path | None, resume: Path | None, command: list[str], resumed_from_run: Path | None = None
+    cfg: Config,
+    run_dir: Path | None,
+    resume: Path | None,
+    command: list[str],
+    resumed_from_run: Path | None = None,
+    quiet: bool = False,
 ) -> None:
-    """Train on this rank. Collective: every rank of the job calls it with the same arguments."""
+    """Train on this rank. Collective: every rank of the job calls it with the same arguments.
+
+    ``quiet``: rank 0 prints neither the opening line nor the progress lines (docs/reftrain.md,
+    "What a step records"); warnings, errors and the closing summary stay."""
     env = parallel.init_distributed(cfg)
     try:
         resolve(cfg, env.world_size)
@@ -172,7 +180,7 @@ def run(
                 resume, resumed_from_run = latest, run_dir
         trackers = Trackers(cfg.log, run_dir, env.rank)  # --log: rank 0 only (reftrain/trackers.py)
         try:
-            _train(cfg, env, run_dir, resume, command, resumed_from_run, trackers)
+            _train(cfg, env, run_dir, resume, command, resumed_from_run, trackers, quiet)
         except BaseException as exc:
             trackers.finish(None, "failed")
             if env.rank == 0:
@@ -198,6 +206,7 @@ def _train(
     command: list[str],
     resumed_from_run: Path | None,
     trackers: Trackers | None = None,
+    quiet: bool = False,
 ) -> fmt.RunManifest:
     t, device = cfg.train, env.device
     start_time = manifest.utc_now()
@@ -319,6 +328,7 @@ def _train(
             man.hangs = previous.hangs  # the launcher's watchdog ended an earlier attempt
     if env.rank == 0:
         manifest.write_json(run_dir / "run.json", man)
+    if env.rank == 0 and not quiet:
         print(
             f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
             f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
@@ -326,8 +336,8 @@ def _train(
         )
         if telemetry.note and cfg.telemetry.enabled:
             print(f"telemetry: {telemetry.note}", flush=True)
-        if trackers is not None:
-            trackers.start(man.config or cfg.to_dict(), run_dir.name, attempt)
+    if env.rank == 0 and trackers is not None:
+        trackers.start(man.config or cfg.to_dict(), run_dir.name, attempt)
 
     metrics_rel = fmt.records_file("metrics", env.rank, attempt)
     colls_rel = fmt.records_file("collectives", env.rank, attempt)
@@ -348,8 +358,9 @@ def _train(
             step_fn = TrainStep(
                 cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector, profiler, peak, fpt, canary
             )
+            console = None if env.rank != 0 or quiet else Console(cfg, start_step, env.world_size)
             stopped_by = _loop(
-                cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption, trackers
+                cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption, trackers, console
             )
         timer.flush(wait=True)
         heartbeat.beat(records[-1]["step"] if records else start_step, "done")
@@ -546,6 +557,7 @@ def _loop(
     heartbeat: Heartbeat | None = None,
     preemption: Preemption | None = None,
     trackers: Trackers | None = None,
+    console: Console | None = None,
 ) -> str | None:
     """Run the steps; returns None at the end, or the signal's name when preempted
     (the state after the last step run is then saved)."""
@@ -560,8 +572,8 @@ def _loop(
         records.append(record)
         if heartbeat is not None:
             heartbeat.beat(step, "end")
-        if env.rank == 0:
-            _print_step(record, t.steps, env.world_size)
+        if console is not None:
+            console.after(records)
         if trackers is not None:
             trackers.log_step(record)
         saver.poll()
@@ -671,13 +683,64 @@ def _fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k"
 
 
-def _print_step(r: dict, steps: int, world: int) -> None:
-    mark = "  [profiler]" if r["profiled"] else ""
-    print(
-        f"step {r['step']:>{len(str(steps))}}/{steps}  loss {r['loss']:.4f}  {r['step_time_ms']:7.1f} ms  "
-        f"{_fmt_rate(r['tokens_per_s'] * world)} tok/s  MFU {r['mfu']:.1%}{mark}",
-        flush=True,
+# The ETA's window: the last ETA_WINDOW steady-state steps of rank 0.
+ETA_WINDOW = 10
+
+
+def prints_after(step: int, start_step: int, steps: int, every: int) -> bool:
+    """Whether rank 0's progress line follows ``step`` (0-based): after the attempt's first step, whenever
+    ``every`` divides the steps done (counted from 0, so a resumed run prints at the same steps) and after
+    the last step; never with ``every`` 0."""
+    return every > 0 and (step == start_step or (step + 1) % every == 0 or step + 1 == steps)
+
+
+def eta_s(records: list[dict], start_step: int, warmup_steps: int, steps: int) -> float | None:
+    """Seconds until the last step ends: the median ``step_time_ms`` of rank 0's last :data:`ETA_WINDOW`
+    steady-state steps (:func:`steady_state`: after the warm-up, outside profiler windows) x the steps left.
+
+    The steps' own time: checkpoint saves and trace export between steps are not in it, nor are
+    the profiler's slower steps still to come. None before the first steady-state step and after
+    the last step.
+    """
+    left = steps - (records[-1]["step"] + 1) if records else steps
+    window = steady_state(records, start_step, warmup_steps)[-ETA_WINDOW:]
+    if left <= 0 or not window:
+        return None
+    return statistics.median(r["step_time_ms"] for r in window) * left / 1e3
+
+
+def _fmt_duration(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def progress_line(r: dict, steps: int, world: int, eta: float | None) -> str:
+    """Rank 0's line after a step: steps done of ``steps``, the step's loss, time, tokens/s of all ranks
+    (this rank's x ``world``), MFU, the ETA (:func:`eta_s`; left out when None), ``[profiler]`` in a
+    profiler window."""
+    done = r["step"] + 1
+    text = (
+        f"step {done:>{len(str(steps))}}/{steps}  loss {r['loss']:.4f}  {r['step_time_ms']:7.1f} ms  "
+        f"{_fmt_rate(r['tokens_per_s'] * world)} tok/s  MFU {r['mfu']:.1%}"
     )
+    if eta is not None:
+        text += f"  ETA {_fmt_duration(eta)}"
+    return text + ("  [profiler]" if r["profiled"] else "")
+
+
+class Console:
+    """Rank 0's progress lines while training: :func:`progress_line` after the steps :func:`prints_after`
+    picks (``log.console_interval_steps``)."""
+
+    def __init__(self, cfg: Config, start_step: int, world: int) -> None:
+        self.steps, self.start_step, self.world = cfg.train.steps, start_step, world
+        self.warmup_steps, self.every = cfg.train.warmup_steps, cfg.log.console_interval_steps
+
+    def after(self, records: list[dict]) -> None:
+        r = records[-1]
+        if prints_after(r["step"], self.start_step, self.steps, self.every):
+            eta = eta_s(records, self.start_step, self.warmup_steps, self.steps)
+            print(progress_line(r, self.steps, self.world, eta), flush=True)
 
 
 def steady_state(records: list[dict], start_step: int, warmup_steps: int) -> list[dict]:

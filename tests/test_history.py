@@ -8,6 +8,7 @@ not load-sensitive: the recorded runs are analyzed, nothing is timed here.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -72,16 +73,36 @@ def test_by_commit_keeps_the_latest_run_of_each_commit(runs):
     assert [(p.run, p.commit) for p in h.points] == [("c-first", "aaa"), ("a-second", "bbb"), ("d-fourth", "ccc")]
 
 
+def test_progress_hears_each_run_directory_in_name_order(runs):
+    heard: list[tuple[int, int, str]] = []
+    h = history(runs, "time", progress=lambda number, total, name: heard.append((number, total, name)))
+    assert heard == [(1, 4, "a-second"), (2, 4, "b-third"), (3, 4, "c-first"), (4, 4, "d-fourth")]  # not not-a-run
+    assert h.skipped == ["not-a-run: not a reftrain run directory (no run.json)"]
+
+
 def test_cli_prints_the_table_and_writes_json(runs, tmp_path):
     out = tmp_path / "h.json"
     page = tmp_path / "h.html"
     done = subprocess.run(
-        [sys.executable, "-m", "analyzer.cli", "history", str(runs), "--json", str(out), "--html", str(page)],
+        [
+            sys.executable,
+            "-m",
+            "analyzer.cli",
+            "history",
+            str(runs),
+            "--json",
+            str(out),
+            "--html",
+            str(page),
+            "--progress",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
+    # stderr is a pipe: with --progress, plain lines; the last says every run is done.
+    assert re.fullmatch(rf"analyzer: {re.escape(str(runs))}: 4/4 runs, \d+ s", done.stderr.splitlines()[-1])
     assert "CHANGE (slower)" in done.stdout and "CHANGE (faster)" in done.stdout
     doc = json.loads(out.read_text())
     assert doc["schema"] == "analyzer.history/1" and len(doc["points"]) == 4

@@ -52,9 +52,10 @@ def runs(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(runs: Path) -> Path:
+def ddp_launch(runs: Path) -> subprocess.CompletedProcess:
     """6 steps, tiny model, 2 ranks; profiler waits 1, warms up 1, records steps 2-3;
-    rank 1 sleeps DELAY_MS in every forward; checkpoints after steps 3 and 6."""
+    rank 1 sleeps DELAY_MS in every forward; checkpoints after steps 3 and 6; a progress line
+    every 5 steps."""
     proc = reftrain(
         "--nproc",
         "2",
@@ -79,10 +80,34 @@ def ddp_run(runs: Path) -> Path:
         "profile.active=2",
         "--set",
         "train.warmup_steps=1",
+        "--set",
+        "log.console_interval_steps=5",
         cwd=runs,
     )
     must_succeed(proc)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def ddp_run(ddp_launch: subprocess.CompletedProcess, runs: Path) -> Path:
     return runs / "ddp"
+
+
+def test_progress_lines_rank0_at_the_interval_with_eta(ddp_launch: subprocess.CompletedProcess, ddp_run: Path) -> None:
+    """Lines after the first step, at 5 steps done and after the last, once each (rank 0 only), with rank 0's
+    own record of that step; the ETA only once a steady-state step exists (step 4: after the warm-up step
+    and the profiler's steps 1-3), the median of those steps' time x steps left."""
+    from reftrain.train import progress_line
+
+    lines = [line for line in ddp_launch.stdout.splitlines() if line.startswith("step ")]
+    rec = {r["step"]: r for r in read_jsonl(ddp_run / "metrics" / "rank0.jsonl")}
+    eta_at_4 = rec[4]["step_time_ms"] / 1e3 * 1  # the one steady-state step so far x 1 step left
+    assert lines == [
+        progress_line(rec[0], 6, 2, None),
+        progress_line(rec[4], 6, 2, eta_at_4),
+        progress_line(rec[5], 6, 2, None),
+    ]
+    assert " ETA 0:00:0" in lines[1] and "ETA" not in lines[0] + lines[2]
 
 
 def test_manifest(ddp_run: Path) -> None:
@@ -284,9 +309,15 @@ def test_resume_reproduces_losses(ddp_run: Path, runs: Path) -> None:
         "inject.delay_ms=null",
         "--set",
         "parallel.overlap_grad_sync=false",
+        "--quiet",
         cwd=runs,
     )
     must_succeed(proc)
+    # --quiet reaches the ranks the launcher starts: no opening or progress line, the closing summary stays.
+    assert not [
+        line for line in proc.stdout.splitlines() if line.startswith(("step ", "telemetry:")) or "  |  " in line
+    ]
+    assert "reftrain: 3 steps in " in proc.stdout and "\nrun directory: " in proc.stdout
     resumed = runs / "resumed"
     m = json.loads((resumed / "run.json").read_text())
     assert m["resumed_from"]["step"] == 3 and m["start_step"] == 3 and m["steps"] == 6

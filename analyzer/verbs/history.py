@@ -22,15 +22,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Git
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+    from analyzer.execute import Progress
 
 Order = Literal["time", "commit"]
+# Told (run number from 1, runs to analyze, run folder name) as each run's analysis starts; returns
+# the listener of that run's per-rank map (analyze's ``progress``), or None.
+RunProgress = Callable[[int, int, str], "Callable[[Progress], None] | None"]
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,12 @@ def _sha(a: "RunAnalysis") -> str | None:
     return git.sha if git is not None else None
 
 
-def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = None) -> History:
+def history(
+    runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = None, progress: RunProgress | None = None
+) -> History:
     """The history of the reftrain runs directly under ``runs_dir`` (see module doc); ``runs``: the
-    run folders to consider instead of every folder there (a caller that vets what it reads)."""
+    run folders to consider instead of every folder there (a caller that vets what it reads);
+    ``progress``: told of each run directory as its analysis starts, in name order."""
     from analyzer.api import analyze
     from analyzer.verbs.check import check, explain
     from analyzer.ingest.locate import is_run_dir
@@ -85,20 +92,24 @@ def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = No
         raise AnalyzerError(f"history: --by must be time or commit, not {by!r}")
     if not runs_dir.is_dir():
         raise AnalyzerError(f"{runs_dir}: not a folder of runs")
-    analyzed, skipped = [], []
+    analyzed: list[tuple[str, str, RunAnalysis]] = []
+    skipped: list[tuple[Path, str]] = []  # reported in folder order
     folders = runs if runs is not None else [p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    run_dirs = []
     for path in sorted(folders):
-        if not is_run_dir(path):
-            skipped.append(f"{path.name}: not a reftrain run directory (no run.json)")
-            continue
+        if is_run_dir(path):
+            run_dirs.append(path)
+        else:
+            skipped.append((path, "not a reftrain run directory (no run.json)"))
+    for number, path in enumerate(run_dirs, 1):
         try:
-            a = analyze(path)
+            a = analyze(path, progress=progress(number, len(run_dirs), path.name) if progress else None)
         except AnalyzerError as exc:
-            skipped.append(f"{path.name}: {exc}")
+            skipped.append((path, str(exc)))
             continue
         start = a.run_manifest.start_time
         if not start:
-            skipped.append(f"{path.name}: run.json has no start_time")
+            skipped.append((path, "run.json has no start_time"))
             continue
         analyzed.append((start, path.name, a))
     analyzed.sort(key=lambda t: (t[0], t[1]))
@@ -138,4 +149,4 @@ def history(runs_dir: Path, by: Order = "time", runs: Sequence[Path] | None = No
             )
         )
         prev = a
-    return History(by, points, skipped)
+    return History(by, points, [f"{path.name}: {why}" for path, why in sorted(skipped)])
