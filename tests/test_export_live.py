@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import analyze
+from analyzer.errors import AnalyzerError
 from analyzer.metrics.curves import training_curves
 from analyzer.verbs.export import export_run
 
@@ -85,13 +86,12 @@ def test_mlflow_run_id_attaches_to_the_live_run_once(run, analysis, tmp_path, mo
     assert logged.data.tags["reftrain.run_id"] == analysis.run_manifest.run_id
     assert logged.data.tags["analyzer.run_id"].startswith(analysis.run_manifest.run_id + "@")
     assert {"report.json", "tables"} <= {a.path for a in client.list_artifacts(rid)}
-    # A run id the store does not hold, and the live run of another reftrain run: one line each, exit 2.
-    done = _cli("export", str(run), "--to", "mlflow", uri, "--run-id", "0" * 32)
-    assert done.returncode == 2 and done.stderr.strip() == (
-        f"analyzer: error: {uri}: no MLflow run '{'0' * 32}' (--run-id: the id of a run this store holds)"
-    )
+    # A run id the store does not hold, and the live run of another reftrain run: refused (one line on the CLI).
+    with pytest.raises(AnalyzerError) as exc:
+        write_mlflow(export_run(analysis), uri, "0" * 32)
+    assert str(exc.value) == f"{uri}: no MLflow run '{'0' * 32}' (--run-id: the id of a run this store holds)"
     other = _live("mlflow", LogConfig(mlflow_uri=str(store)), run, "another-run")
-    with pytest.raises(Exception, match="was logged by reftrain run 'another-run', not by 'example-ddp-w2'"):
+    with pytest.raises(AnalyzerError, match="was logged by reftrain run 'another-run', not by 'example-ddp-w2'"):
         write_mlflow(export_run(analysis), uri, other.run_id)
 
 
@@ -113,10 +113,10 @@ def test_tensorboard_run_id_writes_beside_the_live_scalars(run, analysis, tmp_pa
     assert live_loss == [5.0, 4.0, 3.0]
     mine = scalars[scalars["tag"] == "analysis/step_time_ms"]["value"].tolist()
     assert mine == [pytest.approx(analysis.step_time.ms, rel=1e-6)]  # once: the re-export replaced the first
-    # A folder with no live events is not a live run: one line, nothing written.
-    done = _cli("export", str(run), "--to", "tensorboard", str(live_dir), "--run-id", "typo")
-    assert done.returncode == 2 and done.stderr.strip() == (
-        f"analyzer: error: {live_dir / 'typo'}: no TensorBoard event files of a live run there "
-        "(--run-id names its folder)"
+    # A folder with no live events is not a live run: refused, nothing written.
+    with pytest.raises(AnalyzerError) as exc:
+        write_tensorboard(export_run(analysis), live_dir, "typo")
+    assert str(exc.value) == (
+        f"{live_dir / 'typo'}: no TensorBoard event files of a live run there (--run-id names its folder)"
     )
     assert not (live_dir / "typo").exists()
