@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analyzer.api import analyze
+from analyzer.errors import AnalyzerError
 from analyzer.metrics.curves import training_curves
 from analyzer.metrics.throughput import throughput
 from analyzer.verbs.export import export_tables, write_tables
@@ -98,6 +99,15 @@ def test_unknown_format_is_one_line(run, tmp_path):
         done.stderr.strip()
         == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, wandb, mlflow)"
     )
+    assert not (tmp_path / "x").exists()
+    # --run-id attaches to a tracker's run: a table export has none (refused before the analysis).
+    from analyzer import cli
+
+    with pytest.raises(AnalyzerError) as exc:
+        cli.cmd_export(
+            cli.build_parser().parse_args(["export", str(run), "--to", "csv", str(tmp_path / "x")] + ["--run-id", "r"])
+        )
+    assert str(exc.value) == "export: --run-id attaches to a tracker's run (tensorboard, mlflow, wandb), not to csv"
     assert not (tmp_path / "x").exists()
 
 
