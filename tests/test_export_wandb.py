@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,13 @@ def test_wandb_run_id_resumes_the_live_run_offline(run, tmp_path):
     assert sorted((out / "wandb").glob("offline-run-*")) == sorted([live_folder, folder])
     # One W&B run: the live run's id and project, which wandb sync joins; the trainer's names stay its own.
     _assert_export(folder, a, "reftrain", "example-ddp-w2")
+    # Once wandb sync has uploaded an export (its mark), a re-export of the same curves logs them no more.
+    (folder / "run-example-ddp-w2.wandb.synced").touch()
+    # W&B names an offline folder by the second the run started: start the next one in a later second.
+    time.sleep(1.01 - time.time() % 1.0)
+    again = write_wandb(export_run(a), out, "reftrain/example-ddp-w2")
+    assert sorted((out / "wandb").glob("offline-run-*")) == sorted([live_folder, folder, again])
+    assert not any(k.startswith("run/") for h in _records(again)[1] for k in h)
     record, history = _records(live_folder)
     assert (record["run_id"], record["project"]) == ("example-ddp-w2", "reftrain")
     assert [h["train/loss"] for h in history if "train/loss" in h] == [5.0, 4.0, 3.0]

@@ -22,7 +22,9 @@ the curves are logged once: the summary holds ``analysis/curves_digest``
 (SHA-1 of the curves' points), and a resumed online run whose summary holds
 this export's digest gets no curves again; offline, an earlier export of the
 same run id in ``DIR/wandb/`` that ``wandb sync`` has not uploaded yet (no
-``.synced`` mark) is replaced by this one.
+``.wandb.synced`` mark) is replaced by this one, and when one it has
+uploaded holds the same curves (``tables/curves.csv``) they are not logged
+again.
 
 ``--run-id [[ENTITY/]PROJECT/]ID`` attaches the analysis to that W&B run
 instead, the live run the trainer logged (reftrain's id is its run name,
@@ -99,8 +101,9 @@ def write_wandb(export: Export, out_dir: Path, run_id: str | None = None) -> Pat
     mode: Literal["online", "offline"] = "online" if os.environ.get("WANDB_MODE") == "online" else "offline"
     entity, project, wid = run_path(export, run_id)
     settings = wandb.Settings(silent=True, console="off", disable_git=True, save_code=False, x_disable_stats=True)
-    if mode == "offline":
-        _drop_unsynced_exports(out_dir / "wandb", wid)
+    curves = export.tables.get("curves")
+    curves_csv = curves.to_csv(index=False) if curves is not None else None
+    uploaded = mode == "offline" and _earlier_exports(out_dir / "wandb", wid, curves_csv)
     try:
         run = wandb.init(
             entity=entity,
@@ -122,7 +125,7 @@ def write_wandb(export: Export, out_dir: Path, run_id: str | None = None) -> Pat
         if v is not None:
             by_step[step][tag] = v
     digest = curves_digest(by_step)
-    if by_step and run.summary.get(DIGEST) != digest:
+    if by_step and not uploaded and run.summary.get(DIGEST) != digest:
         run.define_metric(STEP)
         run.define_metric(f"{CURVE_PREFIX}*", step_metric=STEP)
         for step in sorted(by_step):
@@ -142,13 +145,20 @@ def write_wandb(export: Export, out_dir: Path, run_id: str | None = None) -> Pat
     return folder
 
 
-def _drop_unsynced_exports(root: Path, wid: str) -> None:
-    """Remove the earlier offline exports of run ``wid`` under ``root`` that ``wandb sync`` has not uploaded: this
-    export replaces them (an export's folder holds ``files/report.json``; the trainer's own folders are kept)."""
+def _earlier_exports(root: Path, wid: str, curves_csv: str | None) -> bool:
+    """Remove the earlier offline exports of run ``wid`` under ``root`` that ``wandb sync`` has not uploaded (this
+    export replaces them); whether an uploaded one holds these curves (its ``tables/curves.csv``), so that they are
+    in the run already. An export's folder holds ``files/report.json``; the trainer's own folders are kept."""
+    uploaded = False
     for folder in root.glob(f"offline-run-*-{wid}"):
-        log = folder / f"run-{wid}.wandb"
-        if (folder / "files" / "report.json").is_file() and not log.with_name(log.name + ".synced").exists():
-            try:
-                shutil.rmtree(folder)
-            except OSError as exc:
-                raise AnalyzerError(f"{folder}: cannot replace the earlier export ({exc.strerror or exc})") from None
+        if not (folder / "files" / "report.json").is_file():
+            continue
+        if any(folder.glob("*.wandb.synced")):  # the mark wandb sync leaves beside the log it uploaded
+            held = folder / "files" / "tables" / "curves.csv"
+            uploaded = uploaded or (curves_csv is not None and held.is_file() and held.read_text() == curves_csv)
+            continue
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:
+            raise AnalyzerError(f"{folder}: cannot replace the earlier export ({exc.strerror or exc})") from None
+    return uploaded
