@@ -7,7 +7,7 @@ offline into ``DIR/wandb/offline-run-<time>-<id>/`` (no login, no network;
 instead): the training curves as history ``run/<metric>`` against their own x axis
 ``run/step``, the optimizer step (``run.define_metric``, W&B's way to plot
 against another step: W&B's own ``_step`` only goes forward, and a live
-run's already passed the curves' steps), the summary figures as
+run is already past the curves' steps), the summary figures as
 ``run.summary["analysis/<figure>"]`` and each rank's numeric columns as
 ``run.summary["rank<R>/<column>"]``; the text fields (MFU source, lower
 bound, step time source, straggler ranks), the analyzed path and the run's
