@@ -316,11 +316,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the run's analysis tables (analyzer/export) as CSV or Parquet files into a folder."""
-    from analyzer.verbs.export import TARGETS, export_run, write_tables
+    from analyzer.verbs.export import FORMATS, TARGETS, export_run, write_tables
 
     fmt, dest = args.to
     if fmt not in TARGETS:  # before the analysis: a typo should not cost a parse
         raise AnalyzerError(f"export: unknown format {fmt!r} (one of {', '.join(TARGETS)})")
+    if args.run_id is not None and fmt in FORMATS:
+        raise AnalyzerError(f"export: --run-id attaches to a tracker's run (tensorboard, mlflow, wandb), not to {fmt}")
     if fmt == "tensorboard":
         import importlib.util
 
@@ -355,14 +357,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     for note in export.notes:
         _say("note", note)
     if fmt == "tensorboard":
-        _say("note", f"wrote TensorBoard events to {write_tensorboard(export, Path(dest))}")
+        _say("note", f"wrote TensorBoard events to {write_tensorboard(export, Path(dest), args.run_id)}")
         return EXIT_OK
     if fmt == "mlflow":
-        run_id = write_mlflow(export, dest)
-        _say("note", f"logged MLflow run {run_id} (experiment analyzer) to {dest}")
+        run_id = write_mlflow(export, dest, args.run_id)
+        _say("note", f"logged the analysis into MLflow run {run_id} at {dest}")
         return EXIT_OK
     if fmt == "wandb":
-        _say("note", f"wrote the W&B run {write_wandb(export, Path(dest))} (project analyzer; wandb sync uploads it)")
+        _say("note", f"wrote the W&B run {write_wandb(export, Path(dest), args.run_id)} (wandb sync uploads it)")
         return EXIT_OK
     written = write_tables(export.tables, fmt, Path(dest))
     _say("note", f"wrote {len(written)} {fmt} table(s) to {dest}: " + ", ".join(p.name for p in written))
@@ -680,6 +682,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("FORMAT", "DIR"),
         required=True,
         help="csv DIR, parquet DIR, tensorboard DIR, wandb DIR (offline) or mlflow URI (extra trackers)",
+    )
+    p.add_argument(
+        "--run-id",
+        metavar="RUN_ID",
+        help="attach to the live run the trainer logged: its MLflow run id, W&B [[ENTITY/]PROJECT/]ID, "
+        "or TensorBoard run folder under DIR (docs/export.md)",
     )
     p.set_defaults(func=cmd_export)
 

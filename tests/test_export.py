@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analyzer.api import analyze
+from analyzer.errors import AnalyzerError
 from analyzer.metrics.curves import training_curves
 from analyzer.metrics.throughput import throughput
 from analyzer.verbs.export import export_tables, write_tables
@@ -99,6 +100,15 @@ def test_unknown_format_is_one_line(run, tmp_path):
         == "analyzer: error: export: unknown format 'excel' (one of csv, parquet, tensorboard, wandb, mlflow)"
     )
     assert not (tmp_path / "x").exists()
+    # --run-id attaches to a tracker's run: a table export has none (refused before the analysis).
+    from analyzer import cli
+
+    with pytest.raises(AnalyzerError) as exc:
+        cli.cmd_export(
+            cli.build_parser().parse_args(["export", str(run), "--to", "csv", str(tmp_path / "x")] + ["--run-id", "r"])
+        )
+    assert str(exc.value) == "export: --run-id attaches to a tracker's run (tensorboard, mlflow, wandb), not to csv"
+    assert not (tmp_path / "x").exists()
 
 
 def test_tensorboard_export_reads_back_through_tbparse(run, tmp_path):
@@ -163,10 +173,13 @@ def test_mlflow_export_reads_back_through_mlflowclient(run, tmp_path, monkeypatc
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()  # a file store: no server, no network
-    for _ in range(2):  # the second export updates the run the first created
-        done = _cli("export", str(run), "--to", "mlflow", uri)
-        assert done.returncode == 0, done.stderr
+    from analyzer.verbs.export import export_run
+    from analyzer.verbs.export.mlflow import write_mlflow
+
+    done = _cli("export", str(run), "--to", "mlflow", uri)
+    assert done.returncode == 0, done.stderr
     a = analyze(run)
+    write_mlflow(export_run(a), uri)  # the second export updates the run the first created
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("analyzer")
     (logged,) = client.search_runs([exp.experiment_id])

@@ -30,7 +30,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -70,7 +70,8 @@ class Export:
     TensorBoard sub-folder and the tracker run.
     ``artifacts``: file name -> text, the report as ``report.json`` (schema analyzer.report/1) and
     ``report.html`` where HTML can be rendered here (trackers only: a table export has none); ``notes``: what
-    was left out and why.
+    was left out and why. ``config``: the trainer's resolved config (run.json), empty for a folder of traces; it
+    says where the trainer's live logger wrote (its W&B project).
     """
 
     tables: dict[str, pd.DataFrame]
@@ -79,6 +80,7 @@ class Export:
     path_text: str
     artifacts: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 # The summary's numbers a tracker logs as analysis/<column>, and the ranks table's text columns it leaves out.
@@ -200,6 +202,7 @@ def export_run(a: "RunAnalysis", top: int = 50, with_report: bool = True, report
         path_text(folder),
         artifacts,
         notes,
+        dict(man.config or {}),
     )
 
 

@@ -14,6 +14,15 @@ Re-exporting a run replaces its earlier export: the event files this export
 writes end in ``.analyzer``, and those already in the run's folder are
 removed first (a TensorBoard run that holds two exports shows every point
 twice). Other event files there (the trainer's own) are left alone.
+
+``--run-id RUN`` names the TensorBoard run to attach the analysis to: the
+folder ``DIR/RUN/`` (a TensorBoard run is named by its folder under the
+log root), which must already hold the live run's event files, so that the
+analysis is the same TensorBoard run as the trainer's scalars. reftrain
+with ``--tensorboard-dir DIR`` writes ``DIR/<run id>/`` (the default
+without ``--run-id``); without it, ``RUN_DIR/tb/``: ``--to tensorboard
+RUN_DIR --run-id tb``. The trainer's tags are ``train/*`` and ``summary/*``,
+the export's ``run/*``, ``analysis/*`` and ``rank<R>/*``: they never mix.
 """
 
 from __future__ import annotations
@@ -29,14 +38,15 @@ EXTRA_LINE = "export to tensorboard needs the tensorboard package: pip install '
 SUFFIX = ".analyzer"
 
 
-def write_tensorboard(export: Export, out_dir: Path) -> Path:
-    """Write one event file into ``out_dir/<run name>/`` (replacing an earlier export's); that folder."""
+def write_tensorboard(export: Export, out_dir: Path, run_id: str | None = None) -> Path:
+    """Write one event file into ``out_dir/<run name>/``, or into the live run's ``out_dir/<run_id>/`` (replacing
+    an earlier export's); that folder."""
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise AnalyzerError(EXTRA_LINE) from None
-    run_dir = out_dir / export.run_name
+    run_dir = out_dir / export.run_name if run_id is None else live_run_dir(out_dir, run_id)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         for old in run_dir.glob(f"events.out.tfevents.*{SUFFIX}"):
@@ -58,4 +68,16 @@ def write_tensorboard(export: Export, out_dir: Path) -> Path:
         scalar(tag, value, 0)
     writer.flush()
     writer.close()
+    return run_dir
+
+
+def live_run_dir(out_dir: Path, run_id: str) -> Path:
+    """``out_dir/run_id``, the TensorBoard run a live logger wrote; AnalyzerError when ``run_id`` leaves
+    ``out_dir`` or the folder holds no event file but an export's."""
+    rel = Path(run_id)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise AnalyzerError(f"--run-id {run_id!r}: a TensorBoard run is a folder under {out_dir}, named relative to it")
+    run_dir = out_dir / rel
+    if not any(not p.name.endswith(SUFFIX) for p in run_dir.glob("events.out.tfevents.*")):
+        raise AnalyzerError(f"{run_dir}: no TensorBoard event files of a live run there (--run-id names its folder)")
     return run_dir
