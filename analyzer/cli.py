@@ -315,7 +315,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the run's analysis tables (analyzer/export) as CSV or Parquet files into a folder."""
+    """Write the run's analysis tables (analyzer/verbs/export) as CSV/Parquet files, or into a tracker's run."""
     from analyzer.verbs.export import FORMATS, TARGETS, export_run, write_tables
 
     fmt, dest = args.to
@@ -671,9 +671,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export",
         parents=[common, analysis],
-        help="the run's tables as CSV or Parquet files",
-        description="Write a run's analysis (summary, per rank, training curves, MFU per step, "
-        "stragglers, top kernels) as one file per table into a folder (docs/cli.md, export).",
+        help="the run's tables as CSV/Parquet files, or into TensorBoard, W&B or MLflow",
+        description="Write a run's analysis (summary, per rank, training curves, MFU per step, stragglers, "
+        "top kernels, ops, modules, roofline, collectives, memory) as one file per table into a folder, or "
+        "into a tracker's run with the report attached (docs/export.md).",
     )
     p.add_argument("path", help="reftrain run directory or folder of traces")
     p.add_argument(
