@@ -84,3 +84,48 @@ def test_the_real_probe_is_written_and_not_counted_as_model_flops(tmp_path):
     assert man.flops is not None and man.flops.measured is not None
     # Forward, input gradient and weight gradient of the (BATCH x SEQ) x WIDTH x VOCAB linear layer.
     assert man.flops.measured.model == 3 * 2 * BATCH * SEQ * WIDTH * VOCAB
+
+
+def _samples(values, metric: str = "mfu"):
+    import numpy as np
+
+    from analyzer.verbs.check import StepSamples
+
+    values = np.asarray(values, dtype=np.float64)
+    return StepSamples(metric, values, np.arange(len(values), dtype=np.int64), "synthetic", 1)
+
+
+def _probes(wall_ms: float, cpu_ms: float):
+    from analyzer.verbs.check import Probes
+
+    return Probes(
+        wall=_samples([1000 / wall_ms] * 4, metric="canary_probes_per_s"),
+        cpu=_samples([1000 / cpu_ms] * 4, metric="canary_probes_per_s"),
+    )
+
+
+def test_a_cpu_time_confirmed_regression_is_withdrawn_when_the_probes_cpu_time_explains_it():
+    """Contention raised the candidate's CPU time per step by 25 % and the probe's CPU time by 25 % too,
+    while the probe's fast wall time stayed put: the CPU-time drop that let the wall-clock regression
+    stand is the machine's, so the regression is withdrawn. Exact samples: every answer is a ratio."""
+    import numpy as np
+
+    from analyzer.verbs.check import CheckConfig, machine_speed_gate
+
+    jitter = np.linspace(0.999, 1.001, 12)
+    base, cand = _samples(0.2 * jitter), _samples(0.16 * jitter)  # steps 25 % longer: a 20 % drop, no noise
+    cpu_base = _samples(100 * jitter, metric="cpu_steps_per_s")
+    cpu_cand = _samples(80 * jitter, metric="cpu_steps_per_s")  # 25 % more CPU time per step
+    config = CheckConfig()
+    result, cpu, ms = machine_speed_gate(
+        [base], cand, config, [cpu_base], cpu_cand, [_probes(1.0, 1.0)], _probes(1.0, 1.25)
+    )
+    assert cpu.regression and cpu.drop == pytest.approx(0.2, abs=1e-3)  # CPU time alone confirms the drop
+    assert ms.slowdown == pytest.approx(0.0) and ms.cpu_slowdown == pytest.approx(0.25)
+    assert ms.adjusted_drop == pytest.approx(0.2, abs=1e-3) and ms.adjusted_cpu_drop == pytest.approx(0.0, abs=1e-3)
+    assert ms.adjusted_verdict == "inconclusive" and result.verdict == "inconclusive"
+    assert result.notes[-1].startswith("inconclusive: the machine was 25% slower during the candidate's run")
+    # The probe's CPU time up 10 % only: 1.25 / 1.10 = 13.6 % more CPU time per step remains, a 12 % drop,
+    # past half the 20 % wall drop: the regression stands.
+    kept, _, ms = machine_speed_gate([base], cand, config, [cpu_base], cpu_cand, [_probes(1.0, 1.0)], _probes(1.0, 1.1))
+    assert ms.adjusted_cpu_drop == pytest.approx(1 - 1.1 * 0.8, abs=1e-3) and kept.verdict == "regression"
