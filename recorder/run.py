@@ -32,6 +32,7 @@ import torch
 
 from analyzer.ingest import formats as fmt
 from recorder import manifest, peak
+from recorder.canary import Canary
 from recorder.clock import align_clocks
 from recorder.errors import RecorderError
 from recorder.flops import StepFlopCounter
@@ -244,6 +245,10 @@ class Recorder:
         self.profiler = StepProfiler(
             profile or ProfileSchedule(), rank, self.run_dir / "traces" / sub, self.device, self.step_index
         )
+        # The machine-speed canary on CPU runs, where the steps' work is host CPU time (docs/record.md,
+        # "Machine speed"); before the last step only when the loop said how many steps it runs.
+        self.canary = Canary(start_step, None if steps is None else steps - 1) if self.device.type == "cpu" else None
+        self._canary_ms: tuple[float, float] | None = None  # (wall, CPU) of the probe before this step
         self._telemetry, self._telemetry_files, telemetry_note = self._start_telemetry(telemetry_interval_ms)
         self._hooks: list[Any] = []
         self._hook_model(model, optimizer)
@@ -538,6 +543,16 @@ class Recorder:
             _say(f"step_start called twice for step {self.step_index} (no step_end between): the second is ignored")
             return
         self._in_step = True
+        self._canary_ms = None
+        if (
+            self.canary is not None
+            and self.canary.due(self.step_index)
+            and not self.profiler.collecting(self.step_index)
+        ):
+            probe_start = time.perf_counter_ns()
+            self._canary_ms = self.canary.probe()
+            if self._boundary_ns is not None:  # the probe's time is no part of the step's, nor of its data wait
+                self._boundary_ns += time.perf_counter_ns() - probe_start
         self.timer.set_step(self.step_index)
         self.heartbeat.note(self.step_index, "start")
         now = time.perf_counter_ns()
@@ -611,6 +626,8 @@ class Recorder:
             profiled=profiled,
             lr=None if lr is None else float(lr),
             grad_norm=_number(grad_norm),
+            canary_ms=None if self._canary_ms is None else self._canary_ms[0],
+            canary_cpu_ms=None if self._canary_ms is None else self._canary_ms[1],
             time_ns=time.time_ns(),
             attempt=self.attempt,
         ).to_json()

@@ -25,7 +25,7 @@ from analyzer.ingest import formats as fmt
 from recorder import manifest
 from recorder.clock import align_clocks
 from reftrain import checkpoint, data, flops, parallel, rundir
-from reftrain.canary import Canary
+from recorder.canary import Canary
 from reftrain.config import Config, resolve
 from reftrain.errors import ReftrainError
 from reftrain.faults import Faults, restart_count

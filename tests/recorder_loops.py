@@ -44,8 +44,10 @@ def batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.roll(x, -1, dims=1)
 
 
-def train(runs: Path, steps: int, *, name: str = "plain", on_step: Any = None, **options: Any) -> recorder.Recorder:
-    """A plain loop of `steps` steps recorded into runs/name; `on_step(rec, i)` runs before step i."""
+def train(runs: Path, steps: int, /, *, name: str = "plain", on_step: Any = None, **options: Any) -> recorder.Recorder:
+    """A plain loop of `steps` steps recorded into runs/name; `on_step(rec, i)` runs before step i.
+
+    `options` are recorder.open's (`steps=` among them: the steps the loop tells the recorder it runs)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = TinyLM()

@@ -223,7 +223,7 @@ def test_metrics(ddp_run: Path) -> None:
 
 
 def test_canary_probes_between_steps(ddp_run: Path) -> None:
-    """The machine-speed canary (reftrain/canary.py) ran before the first and the last step (0 and 5;
+    """The machine-speed canary (recorder/canary.py) ran before the first and the last step (0 and 5;
     every 5th step from 0 is 5 too), and never inside the profiler window (steps 1-3)."""
     for rank in (0, 1):
         recs = read_jsonl(ddp_run / "metrics" / f"rank{rank}.jsonl")

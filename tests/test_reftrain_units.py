@@ -25,7 +25,6 @@ from reftrain.data import SYNTHETIC_NOISE, SyntheticTokens, build_loader, check_
 from reftrain.errors import ReftrainError
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
 from recorder.profiling import StepProfiler
-from reftrain.canary import Canary
 from reftrain.inject import Injector
 from reftrain.train import lr_at
 
@@ -354,15 +353,3 @@ def test_injected_slowdown_and_straggler_delay() -> None:
         assert inj.injected_ms >= expected if expected else inj.injected_ms == 0
         assert inj.injected["forward"] == inj.injected_ms  # the straggler's delay belongs to the forward
         assert (time.perf_counter() - start) * 1e3 >= expected
-
-
-def test_canary_schedule_and_probe():
-    # Before the first step, every 5th from it, and before the last.
-    assert [s for s in range(12) if Canary(0, 11).due(s)] == [0, 5, 10, 11]
-    assert [s for s in range(3, 21) if Canary(3, 20).due(s)] == [3, 8, 13, 18, 20]
-    canary = Canary(0, 9)
-    threads = torch.get_num_threads()
-    wall_ms, cpu_ms = canary.probe()
-    # Real work took real time (40 turns of a 64x64 matmul: > 0.2 MFLOP each), and the probe
-    # leaves the thread count as it found it.
-    assert wall_ms > 0 and cpu_ms > 0 and torch.get_num_threads() == threads

@@ -460,7 +460,7 @@ class MetricsLine(Record):
     injected_backward_ms: float | None = None
     compute_cpu_ms: float | None = None  # --inject-slowdown on CPU: forward + backward's own CPU work
     injected_cpu_ms: float | None = None  # ... and the injected work's
-    # The machine-speed canary (reftrain/canary.py) when it ran before this step (CPU runs):
+    # The machine-speed canary (recorder/canary.py; reftrain and the recorder run it) before this step (CPU runs):
     # the fixed probe's wall time and its thread's CPU time; absent otherwise and in older runs.
     canary_ms: float | None = _omit_none()
     canary_cpu_ms: float | None = _omit_none()

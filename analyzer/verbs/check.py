@@ -33,8 +33,8 @@ Definitions (also in docs/ci.md, with the reasons for each choice):
   max_drop (a drop beyond the threshold that the noise cannot tell from
   chance); else ``pass``. The smallest drop the gate could flag on these
   runs, ``max(max_drop, noise)``, is reported as ``min_detectable_drop``.
-* **Machine speed** (CPU runs with reftrain's canary, a fixed compute probe
-  timed between steps): the gate runs again with the candidate's values
+* **Machine speed** (CPU runs with the canary that the recorder and reftrain
+  write, a fixed compute probe timed between steps): the gate runs again with the candidate's values
   put on the baselines' machine speed; a regression or a pass that does
   not survive that becomes inconclusive (:func:`machine_speed_gate`).
 
@@ -821,8 +821,9 @@ def run_probes(a: "RunAnalysis", label: str) -> Probes | None:
     """The machine-speed canary of a CPU run directory as probes per second, or None without it.
 
     From the metrics records' ``canary_ms`` and ``canary_cpu_ms`` (the wall
-    and CPU time of reftrain's fixed compute probe, run before the step on
-    the first, every 5th and the last step; reftrain/canary.py),
+    and CPU time of the fixed compute probe that the recorder and reftrain
+    run before the step on the first, every 5th and the last step;
+    recorder/canary.py),
     steady-state steps as in :func:`samples_from_metrics`; one value per
     probed step, ``1000 / ms`` of the mean over ranks (the ranks probe at
     the same moment). None for trace folders, GPU runs and runs recorded
@@ -1009,6 +1010,13 @@ def machine_speed_gate(
 
     Never the other way: the canary can only withdraw a verdict, so it
     cannot add a false alarm, and a run without it is gated as before.
+
+    CPU time's part goes through the same adjustment: a regression that
+    CPU time confirms (:func:`cpu_time_veto` let it stand, or
+    :func:`cpu_time_confirm` made it) is withdrawn when the probe's CPU
+    time grew enough to explain the CPU-time drop, even when its wall time
+    did not (contention raises the CPU time of the same work). The note
+    names the larger of the two slowdowns.
     """
     result, cpu_result = gate_samples(base, cand, config, cpu_base, cpu_cand)
     runs = [*probes_base, probes_cand]
@@ -1043,12 +1051,14 @@ def machine_speed_gate(
     taken_out = f"with that taken out the drop is {adjusted.drop:+.1%}{cpu_text}, and the gate says {adjusted.verdict}"
     if result.regression and not adjusted.regression:
         note = (
-            f"inconclusive: the machine was {machine.slowdown:.0%} slower during the candidate's run ({probe}); "
+            f"inconclusive: the machine was {max(machine.slowdown, machine.cpu_slowdown):.0%} slower during the "
+            f"candidate's run ({probe}); "
             f"{taken_out}: rerun"
         )
     elif result.verdict == "pass" and adjusted.verdict != "pass":
         note = (
-            f"inconclusive: the machine was {-machine.slowdown:.0%} faster during the candidate's run ({probe}); "
+            f"inconclusive: the machine was {-min(machine.slowdown, machine.cpu_slowdown):.0%} faster during the "
+            f"candidate's run ({probe}); "
             f"{taken_out}: the faster machine may hide a regression; rerun"
         )
     else:
@@ -1100,7 +1110,7 @@ def check(
     is inconclusive (:func:`cpu_time_veto`), while one that only the wall
     clock's own noise held back and CPU time confirms is a regression
     (:func:`cpu_time_confirm`); ``cpu_time=False`` turns both off.
-    Runs that all carry reftrain's machine-speed canary then have the
+    Runs that all carry the machine-speed canary (recorder/canary.py) then have the
     verdict checked against how fast the machine was during each
     (:func:`machine_speed_gate`); ``machine_speed=False`` turns it off.
 

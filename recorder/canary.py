@@ -10,11 +10,12 @@ as the step sees it (time lost to neighbours included), so the gate
 (`analyzer check`, docs/ci.md "Machine speed") can tell a slower machine
 from slower code.
 
-It runs before the step timer starts (outside `step_time_ms` and
-`cpu_ms`) on the first step, every `EVERY_STEPS` steps and the last step,
-never inside a profiler window (its ops would land in the trace), and its
-times go into that step's metrics record (`canary_ms`, `canary_cpu_ms`,
-docs/rundir.md).
+The recorder (recorder/run.py) and reftrain (reftrain/train.py) run it on
+CPU runs before the step timer starts (outside `step_time_ms` and `cpu_ms`)
+on the first step, every `EVERY_STEPS` steps and the last step when it is
+known, never inside a profiler window (its ops would land in the trace), and
+write its times into that step's metrics record (`canary_ms`,
+`canary_cpu_ms`, docs/rundir.md).
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ _SIZE = 64
 
 
 class Canary:
-    """The probe and its schedule; `due(step)` says whether it runs before `step`."""
+    """The probe and its schedule; `due(step)` says whether it runs before `step`.
 
-    def __init__(self, first_step: int, last_step: int, every: int = EVERY_STEPS) -> None:
+    `last_step` None: the loop did not say how many steps it runs, and the
+    probe runs on the first step and every `every` steps from it only.
+    """
+
+    def __init__(self, first_step: int, last_step: int | None, every: int = EVERY_STEPS) -> None:
         self.first_step, self.last_step, self.every = first_step, last_step, every
         g = torch.Generator().manual_seed(0)
         # Scaled so that the chain stays in tanh's non-saturated range: the same
