@@ -755,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-machine-speed",
         action="store_true",
-        help="CPU runs with reftrain's machine-speed canary: do not withdraw a verdict that the machine's "
+        help="CPU runs with the machine-speed canary (reftrain's or the recorder's): do not withdraw a verdict that the machine's "
         "own speed change explains (docs/ci.md)",
     )
     p.add_argument(
