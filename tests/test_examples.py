@@ -166,7 +166,12 @@ def test_gate_passes_twins_and_fails_the_slowdown(runs: Path) -> None:
     here: 101 -> 211 ms for the same run), which the gate rightly calls
     inconclusive; so the twin is gated with `--inconclusive pass` (the test: no
     false alarm) and the slow run with `--inconclusive fail` (the test: it never
-    passes), and the slow run's CPU time per step must show the work it added: a
+    passes). The twin is gated at a 10 % allowance, not the default 5 %: beside
+    other jobs, identical runs differ by more than 5 % often enough that the
+    default gate's false-alarm rate under load is a measured open problem
+    (docs/ci.md, "Measured error rates"; in a clean clone's `make test` beside
+    two other jobs a twin dropped 5.8 %, p = 0.00067, CPU time confirming 5.2 %).
+    The slow run's 20 % is twice that allowance. Its CPU time per step must show the work it added: a
     drop beyond the gate's 5 % bound with p < 0.05. Not CPU time's own verdict:
     load moves CPU time per step too (beside two busy loops, a twin's rose 26 %
     in one trial and the twins differed by 16.9 % in another, which made the
@@ -187,7 +192,17 @@ def test_gate_passes_twins_and_fails_the_slowdown(runs: Path) -> None:
     twin = run_example("plain_loop.py", gate, "--steps", "30")
     twin_verdict = gate / "twin-check.json"
     passed = analyzer(
-        "check", str(twin), "--baseline", str(base), "--inconclusive", "pass", "--no-cache", "--json", str(twin_verdict)
+        "check",
+        str(twin),
+        "--baseline",
+        str(base),
+        "--max-mfu-drop",
+        "0.10",
+        "--inconclusive",
+        "pass",
+        "--no-cache",
+        "--json",
+        str(twin_verdict),
     )
     assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
     machine = json.loads(twin_verdict.read_text())["machine_speed"]
