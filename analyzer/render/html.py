@@ -42,7 +42,7 @@ from analyzer.render.text import (
     host_ops,
     kind_text,
     mfu_lines,
-    rank_step_cells,
+    rank_rows,
     rank_step_headers,
     step_time_text,
     timeline_rows,
@@ -362,20 +362,7 @@ def report_html(a: "RunAnalysis", *, top: int = 15) -> str:
             for w in warns
         ]
         body.append(f"<h2>Input problems and warnings</h2><ul>{''.join(items)}</ul>")
-    rows = [
-        [
-            r.rank,
-            r.source or "-",
-            r.n_steps,
-            *rank_step_cells(a, r),
-            num(r.compute_pct),
-            num(r.comm_comp_overlap_pct),
-            num(r.exposed_comm_pct),
-            num(r.idle_pct),
-            r.device_name or "-",
-        ]
-        for r in a.ranks
-    ]
+    rows = rank_rows(a)
     body.append(
         "<h2>Per rank</h2>"
         + table(

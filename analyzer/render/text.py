@@ -181,6 +181,24 @@ def rank_step_cells(a: "RunAnalysis", r: "RankSummary") -> list[str]:
     return cells + [num(r.profiled_step_time_ms)]
 
 
+def rank_rows(a: "RunAnalysis") -> list[list[object]]:
+    """The per-rank table's rows, as the text and HTML reports show them."""
+    return [
+        [
+            r.rank,
+            r.source or "-",
+            r.n_steps,
+            *rank_step_cells(a, r),
+            num(r.compute_pct),
+            num(r.comm_comp_overlap_pct),
+            num(r.exposed_comm_pct),
+            num(r.idle_pct),
+            r.device_name or "-",
+        ]
+        for r in a.ranks
+    ]
+
+
 TIMELINE_PARTS = ("computation", "exposed_comm", "exposed_memcpy", "idle")
 TIMELINE_TITLE = (
     "Whole-trace GPU timeline (TraceLens's gpu_timeline definition: % of each rank's GPU span, "
@@ -250,20 +268,7 @@ def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
         out.append(f"Warnings ({len(warns)})")
         out += [f"  {w}" for w in warns]
         out.append("")
-    rows = [
-        [
-            r.rank,
-            r.source or "-",
-            r.n_steps,
-            *rank_step_cells(a, r),
-            num(r.compute_pct),
-            num(r.comm_comp_overlap_pct),
-            num(r.exposed_comm_pct),
-            num(r.idle_pct),
-            r.device_name or "-",
-        ]
-        for r in a.ranks
-    ]
+    rows = rank_rows(a)
     out.append("Per rank")
     out.append(
         format_table(
