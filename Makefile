@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/reftrain --nproc 2 --runs-dir $(RUNS) --demo
 
-# Machine-checked habits (issue 16): ruff's defect rules, the import
+# Machine-checked habits: ruff's defect rules, the import
 # contracts and mypy, all configured in pyproject.toml ([tool.importlinter],
 # [tool.mypy]; docs/architecture.md).
 lint: $(STAMP)

@@ -67,6 +67,35 @@ def test_no_module_cites_an_issue_number() -> None:
     assert not offenders, f"comments or docstrings citing an issue number (file: lines): {offenders}"
 
 
+# The build's own files (pyproject.toml, Makefile, .ci/run) hold comments too; theirs start with "#".
+BUILD_FILES = ("pyproject.toml", "Makefile", ".ci/run")
+
+
+def hash_comment_references(text: str) -> list[int]:
+    """Lines of ``text`` whose ``#`` comment (from the first ``#`` that starts a comment) cites an issue."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        comment = stripped if stripped.startswith("#") else line.partition(" #")[2]
+        if comment and ISSUE.search(comment):
+            found.append(number)
+    return found
+
+
+def test_the_build_files_scan_reads_comments_only() -> None:
+    text = 'a = "issue 3"\n# see issue 12\nb = 1  # issue 4, item 2\n# an issue with 2 parts\n'
+    assert hash_comment_references(text) == [2, 3]
+
+
+def test_no_build_file_comment_cites_an_issue_number() -> None:
+    offenders = {
+        name: lines
+        for name in BUILD_FILES
+        if (REPO / name).exists() and (lines := hash_comment_references((REPO / name).read_text(encoding="utf-8")))
+    }
+    assert not offenders, f"comments citing an issue number (file: lines): {offenders}"
+
+
 # `docs/<name>.md, "Heading"` or `docs/<name>.md "Heading"` in code and docs: the reader is sent to a
 # section, so the section must exist when the docs are reorganized.
 DOC_SECTION = re.compile(r'docs/(\w+)\.md,?\s*\(?"([^"\n]+)"')
