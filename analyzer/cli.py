@@ -511,7 +511,7 @@ def _print(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         # `analyzer report X | head`: the reader left; not an error.
-        sys.stdout = None  # type: ignore[assignment]
+        sys.stdout = None
 
 
 def _fraction(text: str) -> float:
@@ -912,7 +912,7 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
         if len(skipped) > 1:  # every unusable file, when the error line names only the first
             for line in skipped:
                 _say("skipped", line)
-        _say("error", exc)
+        _say("error", str(exc))
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
         _say("", "interrupted")
