@@ -511,7 +511,7 @@ def _print(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         # `analyzer report X | head`: the reader left; not an error.
-        sys.stdout = None  # type: ignore[assignment]
+        sys.stdout = None
 
 
 def _fraction(text: str) -> float:
@@ -638,12 +638,65 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="show the program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
-        "report",
-        parents=[common, analysis],
-        help="tables of one run; JSON and HTML reports",
-        description="Per-rank step time, breakdown, overlap, idle, MFU, stragglers and top kernels of one run.",
+    _report_arguments(
+        sub.add_parser(
+            "report",
+            parents=[common, analysis],
+            help="tables of one run; JSON and HTML reports",
+            description="Per-rank step time, breakdown, overlap, idle, MFU, stragglers and top kernels of one run.",
+        )
     )
+    _compare_arguments(
+        sub.add_parser(
+            "compare",
+            parents=[common, analysis],
+            help="what changed between two runs",
+            description="Per-phase and per-kernel deltas and the MFU delta, largest contributors first.",
+        )
+    )
+    _export_arguments(
+        sub.add_parser(
+            "export",
+            parents=[common, analysis],
+            help="the run's tables as CSV/Parquet files, or into TensorBoard, W&B or MLflow",
+            description="Write a run's analysis (summary, per rank, training curves, MFU per step, stragglers, "
+            "top kernels, ops, modules, roofline, collectives, memory) as one file per table into a folder, or "
+            "into a tracker's run with the report attached (docs/export.md).",
+        )
+    )
+    _history_arguments(
+        sub.add_parser(
+            "history",
+            parents=[common, _progress_options()],
+            help="headline figures of every run in a folder, in order",
+            description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
+            "CI gate's verdict between consecutive runs and change points (analyzer/verbs/history.py).",
+        )
+    )
+    _check_arguments(
+        sub.add_parser(
+            "check",
+            parents=[common, analysis],
+            help="CI gate: exit 1 when the candidate regressed",
+            description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "
+            "within bounds, 1 on a regression, 2 on unusable input, 4 when too noisy to tell. See docs/ci.md.",
+        )
+    )
+    _suggest_arguments(
+        sub.add_parser(
+            "suggest",
+            parents=[common, analysis],
+            help="ranked config changes with evidence and predicted gain",
+            description="Rules over the run's measurements: each suggestion names the change (a reftrain --set "
+            "override or plain PyTorch advice), the evidence and the predicted step time and MFU. "
+            "See docs/suggestions.md.",
+        )
+    )
+    return parser
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    """``analyzer report``'s own arguments."""
     p.add_argument("path", metavar="PATH", help="a reftrain run directory, a folder of traces, or one trace file")
     p.add_argument(
         "--json", type=Path, metavar="FILE", help="write the versioned JSON report (schema analyzer.report/1)"
@@ -651,12 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page with charts")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser(
-        "compare",
-        parents=[common, analysis],
-        help="what changed between two runs",
-        description="Per-phase and per-kernel deltas and the MFU delta, largest contributors first.",
-    )
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    """``analyzer compare``'s own arguments."""
     p.add_argument("base", metavar="BASE", help="baseline run (run directory or trace folder)")
     p.add_argument("cand", metavar="CAND", help="candidate run")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the comparison as JSON (schema analyzer.compare/1)")
@@ -668,14 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser(
-        "export",
-        parents=[common, analysis],
-        help="the run's tables as CSV/Parquet files, or into TensorBoard, W&B or MLflow",
-        description="Write a run's analysis (summary, per rank, training curves, MFU per step, stragglers, "
-        "top kernels, ops, modules, roofline, collectives, memory) as one file per table into a folder, or "
-        "into a tracker's run with the report attached (docs/export.md).",
-    )
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    """``analyzer export``'s own arguments."""
     p.add_argument("path", help="reftrain run directory or folder of traces")
     p.add_argument(
         "--to",
@@ -692,13 +737,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser(
-        "history",
-        parents=[common, _progress_options()],
-        help="headline figures of every run in a folder, in order",
-        description="MFU, step time and tokens/s of each reftrain run under RUNS_DIR in order, the "
-        "CI gate's verdict between consecutive runs and change points (analyzer/verbs/history.py).",
-    )
+
+def _history_arguments(p: argparse.ArgumentParser) -> None:
+    """``analyzer history``'s own arguments."""
     p.add_argument("runs_dir", metavar="RUNS_DIR", help="folder of reftrain run directories")
     p.add_argument(
         "--by",
@@ -710,13 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page (chart and table)")
     p.set_defaults(func=cmd_history)
 
-    p = sub.add_parser(
-        "check",
-        parents=[common, analysis],
-        help="CI gate: exit 1 when the candidate regressed",
-        description="Compare steady-state steps of a candidate with one or more baselines; exit 0 "
-        "within bounds, 1 on a regression, 2 on unusable input, 4 when too noisy to tell. See docs/ci.md.",
-    )
+
+def _check_arguments(p: argparse.ArgumentParser) -> None:
+    """``analyzer check``'s own arguments."""
     p.add_argument("cand", metavar="CAND", help="candidate run (run directory or trace folder)")
     p.add_argument(
         "--baseline",
@@ -798,16 +835,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_check)
 
+
+def _suggest_arguments(p: argparse.ArgumentParser) -> None:
+    """``analyzer suggest``'s own arguments."""
     from analyzer.verbs.suggest.engine import SCHEMA as SUGGESTIONS_SCHEMA
 
-    p = sub.add_parser(
-        "suggest",
-        parents=[common, analysis],
-        help="ranked config changes with evidence and predicted gain",
-        description="Rules over the run's measurements: each suggestion names the change (a reftrain --set "
-        "override or plain PyTorch advice), the evidence and the predicted step time and MFU. "
-        "See docs/suggestions.md.",
-    )
     p.add_argument("path", metavar="PATH", help="a reftrain run directory, a folder of traces, or one trace file")
     p.add_argument(
         "--json", type=Path, metavar="FILE", help=f"write the suggestions as JSON (schema {SUGGESTIONS_SCHEMA})"
@@ -822,7 +854,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)"
     )
     p.set_defaults(func=cmd_suggest)
-    return parser
 
 
 def _limit_options(args: argparse.Namespace) -> list:
@@ -912,7 +943,7 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
         if len(skipped) > 1:  # every unusable file, when the error line names only the first
             for line in skipped:
                 _say("skipped", line)
-        _say("error", exc)
+        _say("error", str(exc))
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
         _say("", "interrupted")

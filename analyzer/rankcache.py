@@ -115,8 +115,8 @@ class SummaryEntryError(Exception):
 
 def entry_for(unit: MapUnit) -> Path | None:
     """The summary a unit's current files would have; None when any file has no parse-cache entry name."""
-    entries = [f.entry for f in unit.files]
-    if not entries or any(e is None for e in entries):
+    entries = [f.entry for f in unit.files if f.entry is not None]
+    if not entries or len(entries) != len(unit.files):
         return None
     first = unit.files[0]
     paths_hash = hashlib.sha1(orjson.dumps([str(f.path.absolute()) for f in unit.files])).hexdigest()[:10]
@@ -151,15 +151,18 @@ def read(entry: Path, unit: MapUnit) -> UnitResult:
         result = decode(meta["result"], arrays)
         if not isinstance(result, UnitResult) or len(result.outcomes) != len(unit.files):
             raise ValueError("not a summary of these files")
+        stored = [facts for _, facts, _ in result.outcomes if isinstance(facts, FileFacts)]
+        if len(stored) != len(unit.files):  # only storable() results are written
+            raise ValueError("a summary with a failed file")
     except Exception as exc:  # noqa: BLE001 - any failure means "map again"
         raise SummaryEntryError(
             f"{unit.files[0].path.name}: rank summary {entry.name} unreadable ({_short(exc)}); summarized again"
         ) from None
     # Paths as this analysis names them (the entry may have been written from another working directory).
-    outcomes = []
-    for f, (_, facts, warnings) in zip(unit.files, result.outcomes):
-        outcomes.append((f.path, dataclasses.replace(facts, path=f.path), list(warnings)))
-    result.outcomes = outcomes
+    result.outcomes = [
+        (f.path, dataclasses.replace(facts, path=f.path), list(warnings))
+        for f, facts, (_, _, warnings) in zip(unit.files, stored, result.outcomes)
+    ]
     return result
 
 

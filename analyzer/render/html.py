@@ -28,6 +28,7 @@ from analyzer.render.format import (
     short_kernel_name,
     value_text,
 )
+from analyzer.render.rows import KernelRow, ModuleRow, OpRow, table_rows
 from analyzer.render.text import (
     BREAKDOWN_TITLE,
     NO_STEPS_LINE,
@@ -304,7 +305,7 @@ def _attribution_html(a: "RunAnalysis", top: int) -> str:
                     num(r.host_ms / n_ranks, ".3f"),
                     num(r.share_of_step_pct),
                 ]
-                for r in ops.itertuples(index=False)
+                for r in table_rows(ops, OpRow)
             ],
             left=(0, 1),
         )
@@ -325,7 +326,7 @@ def _attribution_html(a: "RunAnalysis", top: int) -> str:
                         num(m.device_self_ms / n_ranks, ".3f"),
                         num(m.host_ms / n_ranks, ".3f"),
                     ]
-                    for m in mods.itertuples(index=False)
+                    for m in table_rows(mods, ModuleRow)
                 ],
                 left=(0, 1),
             )
@@ -335,26 +336,7 @@ def _attribution_html(a: "RunAnalysis", top: int) -> str:
 
 def report_html(a: "RunAnalysis", *, top: int = 15) -> str:
     """A self-contained HTML report of one run: headline, tables and SVG charts."""
-    m = a.mfu
-    mfu_text = pct(m.median, 2) if m.source != "none" else "none"
-    hfu_text = pct(m.hfu_median, 2) if m.source != "none" else "none"
-    st = a.step_time
-    step_text = f"{num(st.ms, '.2f')} ms" if st.ms is not None else "-"
-    step_note = st.label + (
-        f"; profiled windows {num(st.profiled_ms, '.2f')} ms"
-        if st.source == "steady_state" and st.profiled_ms is not None
-        else ""
-    )
-    flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
-    body = [
-        f'<h1>analyzer report</h1><p class="note">{html.escape(path_text(a.path))}<br>{html.escape(kind_text(a))}'
-        f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {package_version()}</p>",
-        '<div class="headline">'
-        f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
-        f"<div>HFU<b>{html.escape(hfu_text)}</b>with recompute</div>"
-        f"<div>step time<b>{html.escape(step_text)}</b>{html.escape(step_note)}</div>"
-        f"<div>stragglers<b>{html.escape(flagged)}</b></div></div>",
-    ]
+    body = _headline_html(a)
     warns = warning_lines(a)
     if warns:
         items = [
@@ -362,41 +344,10 @@ def report_html(a: "RunAnalysis", *, top: int = 15) -> str:
             for w in warns
         ]
         body.append(f"<h2>Input problems and warnings</h2><ul>{''.join(items)}</ul>")
-    rows = rank_rows(a)
-    body.append(
-        "<h2>Per rank</h2>"
-        + table(
-            [
-                "rank",
-                "timeline",
-                "steps",
-                *rank_step_headers(a),
-                "compute %",
-                "overlap % (HTA)",
-                "exposed comm %",
-                "idle % (HTA)",
-                "device",
-            ],
-            rows,
-            left=(1, 8 + has_steady(a)),
-        )
-    )
-    body.append(
-        f'<p class="note">{html.escape(step_time_text(a))}. steady ms: median over the rank\'s steady-state metrics '
-        "steps; profiled ms: median over its ProfilerStep windows (the steps of the breakdown, overlap and idle). "
-        "overlap % (HTA): time in which communication and compute kernels both run, over communication "
-        "time. exposed comm %: communication not hidden by compute, over step time. idle % (HTA): time with no GPU "
-        "activity over the span of device events. Definitions: docs/metrics.md.</p>"
-    )
+    body += _ranks_html(a)
     figures = charts(a, top)
     body.append(training_curves_html(a))
-    if has_timeline(a):
-        body.append(
-            "<h2>Whole-trace GPU timeline</h2>" + f'<p class="note">{html.escape(TIMELINE_TITLE)}. '
-            f"{html.escape(TIMELINE_NOTE.strip())}</p>" + table(TIMELINE_HEADERS, timeline_rows(a))
-        )
-        if not breakdown_parts(a):
-            body.append(f'<p class="note">{html.escape(NO_STEPS_LINE)}</p>')
+    body += _timeline_html(a)
     for key, title in (("breakdown", "Step breakdown"), ("overlap", "Overlap and idle"), ("step_time", "Step time")):
         if key in figures:
             extra = f'<p class="note">{html.escape(BREAKDOWN_TITLE)}</p>' if key == "breakdown" else ""
@@ -414,28 +365,97 @@ def report_html(a: "RunAnalysis", *, top: int = 15) -> str:
     body.append(_attribution_html(a, top))
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
-        title = "Top host ops" if host_ops(a) else "Top kernels"
-        body.append(
-            f"<h2>{title}</h2>"
-            + figures.get("kernels", "")
-            + table(
-                ["#", "name", "kind", "count", "total ms", "ms/rank", "share %"],
-                [
-                    [
-                        i + 1,
-                        short_kernel_name(k.name, 120),
-                        k.kind,
-                        k.count,
-                        num(k.total_ms, ".2f"),
-                        num(k.ms_per_rank, ".2f"),
-                        num(k.share_pct),
-                    ]
-                    for i, k in enumerate(kernels.itertuples(index=False))
-                ],
-                left=(1, 2),
-            )
-        )
+        body.append(_kernels_html(a, kernels, figures.get("kernels", "")))
     return html_page(f"analyzer report: {path_text(a.path)}", "\n".join(body))
+
+
+def _headline_html(a: "RunAnalysis") -> list[str]:
+    """The report's title line and its headline figures: MFU, HFU, step time, stragglers."""
+    m = a.mfu
+    mfu_text = pct(m.median, 2) if m.source != "none" else "none"
+    hfu_text = pct(m.hfu_median, 2) if m.source != "none" else "none"
+    st = a.step_time
+    step_text = f"{num(st.ms, '.2f')} ms" if st.ms is not None else "-"
+    step_note = st.label + (
+        f"; profiled windows {num(st.profiled_ms, '.2f')} ms"
+        if st.source == "steady_state" and st.profiled_ms is not None
+        else ""
+    )
+    flagged = ", ".join(str(r) for r in a.stragglers.ranks) or "none"
+    return [
+        f'<h1>analyzer report</h1><p class="note">{html.escape(path_text(a.path))}<br>{html.escape(kind_text(a))}'
+        f" &middot; generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by analyzer {package_version()}</p>",
+        '<div class="headline">'
+        f"<div>MFU<b>{html.escape(mfu_text)}</b>{html.escape(m.source)}</div>"
+        f"<div>HFU<b>{html.escape(hfu_text)}</b>with recompute</div>"
+        f"<div>step time<b>{html.escape(step_text)}</b>{html.escape(step_note)}</div>"
+        f"<div>stragglers<b>{html.escape(flagged)}</b></div></div>",
+    ]
+
+
+def _ranks_html(a: "RunAnalysis") -> list[str]:
+    """The per-rank table (the text report's rows) and what its columns mean."""
+    return [
+        "<h2>Per rank</h2>"
+        + table(
+            [
+                "rank",
+                "timeline",
+                "steps",
+                *rank_step_headers(a),
+                "compute %",
+                "overlap % (HTA)",
+                "exposed comm %",
+                "idle % (HTA)",
+                "device",
+            ],
+            rank_rows(a),
+            left=(1, 8 + has_steady(a)),
+        ),
+        f'<p class="note">{html.escape(step_time_text(a))}. steady ms: median over the rank\'s steady-state metrics '
+        "steps; profiled ms: median over its ProfilerStep windows (the steps of the breakdown, overlap and idle). "
+        "overlap % (HTA): time in which communication and compute kernels both run, over communication "
+        "time. exposed comm %: communication not hidden by compute, over step time. idle % (HTA): time with no GPU "
+        "activity over the span of device events. Definitions: docs/metrics.md.</p>",
+    ]
+
+
+def _timeline_html(a: "RunAnalysis") -> list[str]:
+    """The whole-trace GPU timeline table, and the note when there are no step windows; [] without a timeline."""
+    if not has_timeline(a):
+        return []
+    out = [
+        "<h2>Whole-trace GPU timeline</h2>" + f'<p class="note">{html.escape(TIMELINE_TITLE)}. '
+        f"{html.escape(TIMELINE_NOTE.strip())}</p>" + table(TIMELINE_HEADERS, timeline_rows(a))
+    ]
+    if not breakdown_parts(a):
+        out.append(f'<p class="note">{html.escape(NO_STEPS_LINE)}</p>')
+    return out
+
+
+def _kernels_html(a: "RunAnalysis", kernels: pd.DataFrame, chart: str) -> str:
+    """The top kernels (or host ops) table of analyzer.verbs.report.top_kernels_table, under its chart."""
+    title = "Top host ops" if host_ops(a) else "Top kernels"
+    return (
+        f"<h2>{title}</h2>"
+        + chart
+        + table(
+            ["#", "name", "kind", "count", "total ms", "ms/rank", "share %"],
+            [
+                [
+                    i + 1,
+                    short_kernel_name(k.name, 120),
+                    k.kind,
+                    k.count,
+                    num(k.total_ms, ".2f"),
+                    num(k.ms_per_rank, ".2f"),
+                    num(k.share_pct),
+                ]
+                for i, k in enumerate(table_rows(kernels, KernelRow))
+            ],
+            left=(1, 2),
+        )
+    )
 
 
 _VERDICT_COLOUR = {"pass": "#1a7f37", "regression": "#cf222e", "inconclusive": "#9a6700"}

@@ -22,11 +22,23 @@ from analyzer.render.format import (
     evidence_value,
     short_kernel_name,
 )
+from analyzer.render.rows import (
+    AnnotationRow,
+    IdleRow,
+    KernelRow,
+    MemoryRankRow,
+    ModuleRow,
+    OpRow,
+    RooflineOpRow,
+    TracePeakRow,
+    table_rows,
+)
 from analyzer.verbs.printable import printable
 from analyzer.verbs.report import top_kernels_table
 
 if TYPE_CHECKING:
     from analyzer.api import RankSummary, RunAnalysis
+    from analyzer.metrics.attribution import RunAttribution
     from analyzer.metrics.mfu import MfuResult
     from analyzer.metrics.step_time import StepTime
     from analyzer.verbs.check import GateOutcome
@@ -222,7 +234,7 @@ def has_timeline(a: "RunAnalysis") -> bool:
     return any(r.gpu_timeline for r in a.ranks)
 
 
-def timeline_rows(a: "RunAnalysis") -> list[list[str]]:
+def timeline_rows(a: "RunAnalysis") -> list[list[object]]:
     return [
         [r.rank, num(r.gpu_span_ms, ".2f"), *(num(r.gpu_timeline.get(p), ".2f") for p in TIMELINE_PARTS)]
         for r in a.ranks
@@ -308,7 +320,7 @@ def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
         out.append(BREAKDOWN_TITLE)
         brows = []
         for r in a.ranks:
-            cells = [r.rank]
+            cells: list[object] = [r.rank]
             for p in parts:
                 b = r.breakdown.get(p)
                 cells.append(f"{num(b['mean_ms'], '.2f')} ({num(b['pct'])}%)" if b else "-")
@@ -349,7 +361,7 @@ def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
                 num(k.ms_per_rank, ".2f"),
                 num(k.share_pct),
             ]
-            for k in kernels.itertuples(index=False)
+            for k in table_rows(kernels, KernelRow)
         ]
         out.append(format_table(["name", "kind", "count", "total ms", "ms/rank", "share %"], krows, left=(0, 1)))
     return printable("\n".join(out).rstrip() + "\n")
@@ -377,7 +389,7 @@ def memory_lines(a: "RunAnalysis") -> list[str]:
             else []
         )
         + [r.n_steps]
-        for r in m.ranks.itertuples(index=False)
+        for r in table_rows(m.ranks, MemoryRankRow)
     ]
     headers = ["rank", "peak RSS" if rss else "peak allocated", "at step"] + (
         ["peak reserved", "at step"] if reserved else []
@@ -395,7 +407,7 @@ def memory_lines(a: "RunAnalysis") -> list[str]:
             + "; ".join(
                 f"rank {r.rank} {r.device} {mib(r.peak_allocated_bytes)} allocated, {mib(r.peak_reserved_bytes)} reserved "
                 f"({r.n_events} events)"
-                for r in tp.itertuples(index=False)
+                for r in table_rows(tp, TracePeakRow)
             )
         )
     return lines
@@ -411,26 +423,38 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
     at = a.attribution
     if at is None or at.ops.empty:
         return []
+    n_ranks = max(1, len(at.totals))
+    by_host = float(at.totals["device_ms"].sum()) <= 0  # CPU-only traces: host time is all there is
+    return (
+        [_attribution_headline(at, n_ranks)]
+        + _op_lines(at, n_ranks, by_host, top)
+        + _module_lines(at, n_ranks, by_host, top)
+        + _annotation_lines(at, n_ranks, top)
+    )
+
+
+def _attribution_headline(at: "RunAttribution", n_ranks: int) -> str:
+    """How much of the device time the attribution places, and where it could not."""
     t = at.totals
-    n_ranks = max(1, len(t))
     device_ms = float(t["device_ms"].sum())
+    if device_ms <= 0:
+        return "Where the time goes (no device events: host time of ops, modules and annotations, ms per rank)"
+
+    def share(col: str) -> str:
+        return pct(float(t[col].sum()) / device_ms)
+
+    return (
+        f"Where device time goes ({device_ms / n_ranks:.2f} ms per rank of device events in the window): "
+        f"attributed to an op {share('attributed_ms')}, unattributed {share('unattributed_ms')} "
+        f"({int(t['n_unattributed'].sum())} events with no launch call or no op around it); backward "
+        f"{share('backward_ms')}; launched off the main thread {share('other_thread_ms')}; CUDA-graph replays "
+        f"{share('graph_ms')} (attributed to the graph launch); inside an nn.Module range {share('module_ms')}"
+    )
+
+
+def _op_lines(at: "RunAttribution", n_ranks: int, by_host: bool, top: int) -> list[str]:
+    """The ``top`` ops by device (or host) time per rank, each with its largest kernels."""
     ops = at.summed("ops")
-    by_host = device_ms <= 0  # CPU-only traces: host time is all there is
-    out = []
-    if by_host:
-        out.append("Where the time goes (no device events: host time of ops, modules and annotations, ms per rank)")
-    else:
-
-        def share(col: str) -> str:
-            return pct(float(t[col].sum()) / device_ms)
-
-        out.append(
-            f"Where device time goes ({device_ms / n_ranks:.2f} ms per rank of device events in the window): "
-            f"attributed to an op {share('attributed_ms')}, unattributed {share('unattributed_ms')} "
-            f"({int(t['n_unattributed'].sum())} events with no launch call or no op around it); backward "
-            f"{share('backward_ms')}; launched off the main thread {share('other_thread_ms')}; CUDA-graph replays "
-            f"{share('graph_ms')} (attributed to the graph launch); inside an nn.Module range {share('module_ms')}"
-        )
     ops = ops.sort_values(["host_ms", "op"], ascending=[False, True], kind="stable") if by_host else ops
     kernels = at.summed("op_kernels")
     # Each op's kernels, largest first (ties in table order), gathered in one pass over the table.
@@ -440,7 +464,7 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
     ):
         by_op.setdefault((str(op), bool(bwd)), []).append((float(ms), str(kernel), int(count)))
     rows = []
-    for r in ops.head(top).itertuples(index=False):
+    for r in table_rows(ops.head(top), OpRow):
         mine = sorted(by_op.get((str(r.op), bool(r.backward)), []), key=lambda k: -k[0])[:ATTRIBUTION_TOP_KERNELS]
         names = "; ".join(f"{short_kernel_name(k, 40)} x{c}" for _, k, c in mine)
         rows.append(
@@ -455,64 +479,71 @@ def attribution_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
                 names or "-",
             ]
         )
-    out.append(
+    return [
         f"Ops by {'host' if by_host else 'device'} time (per rank; bwd: the backward of that forward op, "
-        "from autograd sequence numbers; device ms: kernels counted to the op, incl: launched anywhere under it)"
-    )
-    out.append(
+        "from autograd sequence numbers; device ms: kernels counted to the op, incl: launched anywhere under it)",
         format_table(
             ["op", "dir", "calls", "device ms", "incl ms", "host ms", "% of step", "top kernels"], rows, left=(0, 1, 7)
-        )
-    )
+        ),
+    ]
+
+
+def _module_lines(at: "RunAttribution", n_ranks: int, by_host: bool, top: int) -> list[str]:
+    """The nn.Module tree to depth 2, per rank; [] without module ranges."""
     mods = at.summed("modules")
-    if not mods.empty:
-        shown = mods.loc[mods["depth"] <= 2]
-        order = "host_ms" if by_host else "device_ms"
-        # Depth-first: each root's subtree in path order; the largest roots first.
-        roots = shown.loc[shown["depth"] == 0].sort_values(order, ascending=False)["module"].unique()[:top]
-        mrows = []
-        for root in roots:
-            sub = shown.loc[(shown["module"] == root) | shown["module"].str.startswith(root + "/")]
-            for m in sub.itertuples(index=False):
-                name = "  " * int(m.depth) + m.module.rsplit("/", 1)[-1]
-                mrows.append(
-                    [
-                        name,
-                        "bwd" if m.backward else "fwd",
-                        m.calls // n_ranks,
-                        num(m.device_ms / n_ranks, ".3f"),
-                        num(m.device_self_ms / n_ranks, ".3f"),
-                        num(m.host_ms / n_ranks, ".3f"),
-                        num(m.share_of_step_pct),
-                    ]
-                )
-        out.append("Module tree (nn.Module ranges, depth <= 2, per rank; device ms inclusive of nested modules)")
-        out.append(
-            format_table(
-                ["module", "dir", "calls", "device ms", "self ms", "host ms", "% of step"],
-                mrows[: 4 * top],
-                left=(0, 1),
+    if mods.empty:
+        return []
+    shown = mods.loc[mods["depth"] <= 2]
+    order = "host_ms" if by_host else "device_ms"
+    # Depth-first: each root's subtree in path order; the largest roots first.
+    roots = shown.loc[shown["depth"] == 0].sort_values(order, ascending=False)["module"].unique()[:top]
+    mrows = []
+    for root in roots:
+        sub = shown.loc[(shown["module"] == root) | shown["module"].str.startswith(root + "/")]
+        for m in table_rows(sub, ModuleRow):
+            name = "  " * int(m.depth) + m.module.rsplit("/", 1)[-1]
+            mrows.append(
+                [
+                    name,
+                    "bwd" if m.backward else "fwd",
+                    m.calls // n_ranks,
+                    num(m.device_ms / n_ranks, ".3f"),
+                    num(m.device_self_ms / n_ranks, ".3f"),
+                    num(m.host_ms / n_ranks, ".3f"),
+                    num(m.share_of_step_pct),
+                ]
             )
-        )
+    return [
+        "Module tree (nn.Module ranges, depth <= 2, per rank; device ms inclusive of nested modules)",
+        format_table(
+            ["module", "dir", "calls", "device ms", "self ms", "host ms", "% of step"],
+            mrows[: 4 * top],
+            left=(0, 1),
+        ),
+    ]
+
+
+def _annotation_lines(at: "RunAttribution", n_ranks: int, top: int) -> list[str]:
+    """The ``top`` user annotations by device time, per rank; [] without annotations."""
     annos = at.summed("annotations")
-    if not annos.empty:
-        annos = annos.sort_values(["device_ms", "host_ms"], ascending=False).head(top)
-        arows = [
-            [
-                short_kernel_name(r.name, 48),
-                r.calls // n_ranks,
-                num(r.device_ms / n_ranks, ".3f"),
-                num(r.host_ms / n_ranks, ".3f"),
-                num(r.gpu_ms / n_ranks, ".3f") if r.gpu_calls else "-",
-            ]
-            for r in annos.itertuples(index=False)
+    if annos.empty:
+        return []
+    annos = annos.sort_values(["device_ms", "host_ms"], ascending=False).head(top)
+    arows = [
+        [
+            short_kernel_name(r.name, 48),
+            r.calls // n_ranks,
+            num(r.device_ms / n_ranks, ".3f"),
+            num(r.host_ms / n_ranks, ".3f"),
+            num(r.gpu_ms / n_ranks, ".3f") if r.gpu_calls else "-",
         ]
-        out.append(
-            "User annotations (per rank; device ms: kernels launched under them; GPU ms: their GPU-side "
-            "copies, HTA's user annotation breakdown)"
-        )
-        out.append(format_table(["annotation", "calls", "device ms", "host ms", "GPU ms"], arows, left=(0,)))
-    return out
+        for r in table_rows(annos, AnnotationRow)
+    ]
+    return [
+        "User annotations (per rank; device ms: kernels launched under them; GPU ms: their GPU-side "
+        "copies, HTA's user annotation breakdown)",
+        format_table(["annotation", "calls", "device ms", "host ms", "GPU ms"], arows, left=(0,)),
+    ]
 
 
 def idle_lines(a: "RunAnalysis") -> list[str]:
@@ -536,7 +567,7 @@ def idle_lines(a: "RunAnalysis") -> list[str]:
             num(r.sync_idle_ms / r.n_steps if r.n_steps else None, ".2f"),
             num(r.pageable_htod_per_step),
         ]
-        for r in t.loc[t["span_ms"] > 0].itertuples(index=False)
+        for r in table_rows(t.loc[t["span_ms"] > 0], IdleRow)
     ]
     return [
         "Why the GPU is idle (HTA's idle breakdown and launch statistics, window as idle % (HTA); per step: "
@@ -590,7 +621,7 @@ def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:
             o.bound or "-",
             num(o.efficiency_pct),
         ]
-        for o in ops.itertuples(index=False)
+        for o in table_rows(ops, RooflineOpRow)
     ]
     hbm = f"HBM {r.hbm_bytes_per_s / 1e12:.2f} TB/s ({r.hbm_source})" if r.hbm_bytes_per_s else "HBM bandwidth unknown"
     cover = (

@@ -27,12 +27,11 @@ the export's ``run/*``, ``analysis/*`` and ``rank<R>/*``: they never mix.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
 from analyzer.errors import AnalyzerError
-from analyzer.verbs.export import Export, curve_points, summary_figures
+from analyzer.verbs.export import Export, curve_points, finite, summary_figures
 
 EXTRA_LINE = "export to tensorboard needs the tensorboard package: pip install 'trainperf[trackers]'"
 SUFFIX = ".analyzer"
@@ -56,14 +55,15 @@ def write_tensorboard(export: Export, out_dir: Path, run_id: str | None = None) 
     writer = EventFileWriter(str(run_dir), filename_suffix=SUFFIX)
     wall = time.time()
 
-    def scalar(tag: str, value, step: int) -> None:
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    def scalar(tag: str, value: object, step: int) -> None:
+        v = finite(value)
+        if v is None:
             return
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))])
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=v)])
         writer.add_event(event_pb2.Event(wall_time=wall, step=int(step), summary=summary))
 
     for tag, step, value in curve_points(export.tables):
-        scalar(tag, float(value), step)
+        scalar(tag, value, step)
     for tag, value in summary_figures(export.tables).items():
         scalar(tag, value, 0)
     writer.flush()

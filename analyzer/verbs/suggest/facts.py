@@ -341,8 +341,10 @@ def rank_phase_medians(steady: pd.DataFrame) -> dict[int, dict[str, float]]:
     cols = [f"{p}_ms" for p in PHASES + ("step_time", "injected")]
     cols = [c for c in cols if c in steady.columns]
     med = steady.groupby("rank")[cols].median(numeric_only=True)
+    names = [str(c).removesuffix("_ms") for c in med.columns]
     return {
-        int(r): {c.removesuffix("_ms"): float(v) for c, v in row.items() if pd.notna(v)} for r, row in med.iterrows()
+        int(r): {n: float(v) for n, v in zip(names, row) if pd.notna(v)}
+        for r, row in zip(med.index.tolist(), med.to_numpy(dtype=float))
     }
 
 
@@ -538,11 +540,10 @@ def kernel_facts(ra: "RunAnalysis") -> KernelFacts | None:
 
 def idle_facts(ra: "RunAnalysis") -> IdleFacts | None:
     """IdleFacts from the run's idle figures (ranks with device events); None without any."""
-    at = getattr(ra, "idle", None)
-    t = at.ranks if at is not None else None
-    if t is None or t.empty:
+    at = ra.idle
+    if at is None or at.ranks.empty:
         return None
-    t = t.loc[pd.to_numeric(t["span_ms"]) > 0]
+    t = at.ranks.loc[pd.to_numeric(at.ranks["span_ms"]) > 0]
     idle = float(t["idle_ms"].sum()) if len(t) else 0.0
     if t.empty or idle <= 0:
         return None
@@ -681,7 +682,7 @@ def memory_facts(
         values = pd.to_numeric(steady["mem_bytes"], errors="coerce").dropna()
         if len(values):
             peak = float(values.max())
-            kinds = steady["mem_kind"].astype(str).unique() if "mem_kind" in steady.columns else []
+            kinds = steady["mem_kind"].astype(str).unique().tolist() if "mem_kind" in steady.columns else []
             kind = str(kinds[0]) if len(kinds) else None
     hw = (man or ra.run_manifest).hw
     capacity, source = None, None
@@ -827,6 +828,7 @@ def step_facts(ra: "RunAnalysis", steady: pd.DataFrame | None, windows: pd.DataF
     """The steady step (module doc: ``step_time_ms``, ``phases``, ``shares``) over the steady records and
     the usable step windows."""
     phases = phase_medians(steady) if steady is not None else {}
+    step_time_ms: float | None
     if ra.kind == "reftrain" and "step_time" in phases:
         step_time_ms, source = phases.pop("step_time"), "metrics JSONL, steady-state steps"
         n_steps = int(steady["step"].nunique()) if steady is not None else 0

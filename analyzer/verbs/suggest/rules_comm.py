@@ -30,12 +30,12 @@ BUCKET_COPY_MIN_SHARE = 0.01
 COPY_BYTES_PER_S = {"cpu": 4e9, "cuda": 2e12}
 
 
-def _exposed(f: RunFacts) -> tuple[float, float] | None:
-    """(exposed comm ms, share of step) when over EXPOSED_COMM_MIN_SHARE, else None."""
+def _exposed(f: RunFacts) -> tuple[float, float, float] | None:
+    """(exposed comm ms, share of step, step ms) when over EXPOSED_COMM_MIN_SHARE, else None."""
     if not f.step_time_ms or f.exposed_comm_ms is None:
         return None
     share = f.exposed_comm_ms / f.step_time_ms
-    return (f.exposed_comm_ms, share) if share > EXPOSED_COMM_MIN_SHARE else None
+    return (f.exposed_comm_ms, share, f.step_time_ms) if share > EXPOSED_COMM_MIN_SHARE else None
 
 
 def _comm_evidence(f: RunFacts, exposed_ms: float, share: float) -> dict:
@@ -80,7 +80,7 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
         return None
     if f.comm.n_per_step < BUCKET_MIN_COLLECTIVES or _verdict(f) in ("waiting", "bandwidth_bound"):
         return None  # waiting: fewer collectives would wait as long (rule_comm_waiting); bandwidth-bound: alpha is not the cost
-    exposed_ms, share = ex
+    exposed_ms, share, step = ex
     cap = float(f.cfg("parallel.bucket_cap_mb", 25.0) or 25.0)
     new_cap = max(25.0, 4 * cap)
     n_after = whatif.ddp_bucket_count(f.comm.bytes_per_step, new_cap)
@@ -99,7 +99,7 @@ def rule_ddp_bucket_size(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             f"{f.comm.n_per_step:.0f} -> {n_after} collectives per step at alpha {f.comm.alpha_ms:.2f} ms each "
             f"(alpha-beta fit of service times), at most the {exposed_ms:.1f} ms exposed",
         ),
@@ -207,18 +207,18 @@ def rule_grad_accumulation(f: RunFacts) -> Suggestion | None:
     ex = _exposed(f)
     if ex is None or (not f.tokens_per_step and f.shares_source != "device") or _verdict(f) == "waiting":
         return None
-    exposed_ms, share = ex
+    exposed_ms, share, step = ex
     ga = int(f.cfg("train.grad_accum", 1) or 1)
     per_micro = None
     if f.phases:
         fb = f.phases.get("forward", 0.0) + f.phases.get("backward", 0.0) + f.phases.get("data_wait", 0.0)
-        per_micro = (fb - (f.exposed_comm_ms - f.phases.get("grad_sync", 0.0))) / ga
+        per_micro = (fb - (exposed_ms - f.phases.get("grad_sync", 0.0))) / ga
     elif f.shares_source == "device":
-        per_micro = f.step_time_ms - exposed_ms  # one micro-batch per trace step assumed
+        per_micro = step - exposed_ms  # one micro-batch per trace step assumed
     if per_micro is None or per_micro <= 0:
         return None
     k = ACCUMULATION_FACTOR
-    step_after = whatif.accumulate_step_ms(f.step_time_ms, per_micro, k)
+    step_after = whatif.accumulate_step_ms(step, per_micro, k)
     return Suggestion(
         title=f"Synchronize gradients every {k * ga} micro-batches instead of {ga}",
         trigger=f"exposed comm {share:.1%} of step > EXPOSED_COMM_MIN_SHARE {EXPOSED_COMM_MIN_SHARE:.0%}",
@@ -264,7 +264,7 @@ def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
     mem = f.memory.fraction
     if mem is not None and mem > FSDP_RESHARD_MAX_MEMORY:
         return None
-    exposed_ms, share = ex
+    exposed_ms, share, step = ex
     gather_share = f.comm.gather_service_share if f.comm.gather_service_share is not None else 0.5
     saved = min(exposed_ms, 0.5 * gather_share * f.comm.service_ms_per_step)
     return Suggestion(
@@ -280,7 +280,7 @@ def rule_fsdp_reshard(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             "backward's all-gathers (half of the all-gather service time) removed, "
             f"at most the {exposed_ms:.1f} ms exposed",
         ),
@@ -312,8 +312,8 @@ def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
         return None
     if c.alpha_ms is None or c.per_byte_ms is None or _verdict(f) in ("waiting", "latency_bound"):
         return None  # latency-bound: larger buckets (rule_ddp_bucket_size) are the advice, not smaller ones
-    exposed_ms, share = ex
-    if c.last_ms / f.step_time_ms <= LAST_BUCKET_MIN_SHARE:
+    exposed_ms, share, step = ex
+    if c.last_ms / step <= LAST_BUCKET_MIN_SHARE:
         return None
     cap = float(f.cfg("parallel.bucket_cap_mb", 25.0) or 25.0)
     new_cap = max(LAST_BUCKET_MIN_CAP_MB, cap / 4)
@@ -325,7 +325,7 @@ def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
         return None
     return Suggestion(
         title=f"Shorten the exposed last gradient bucket: bucket_cap_mb {cap:g} -> {new_cap:g}",
-        trigger=f"last all-reduce of the step {c.last_ms:.2f} ms = {c.last_ms / f.step_time_ms:.1%} of step > "
+        trigger=f"last all-reduce of the step {c.last_ms:.2f} ms = {c.last_ms / step:.1%} of step > "
         f"{LAST_BUCKET_MIN_SHARE:.0%}, {c.last_bytes / 2**20:.1f} MiB > {new_cap:g} MiB",
         evidence=_comm_evidence(f, exposed_ms, share)
         | {"last_bucket_bytes": c.last_bytes, "last_bucket_ms": c.last_ms, "comm_per_byte_ms": c.per_byte_ms},
@@ -337,7 +337,7 @@ def rule_last_bucket_overlap(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             f"tail {c.last_ms:.2f} ms -> alpha {c.alpha_ms:.3f} + {new_cap:g} MiB x per-byte = {tail_after:.2f} ms "
             f"(alpha-beta fit), at most the {exposed_ms:.1f} ms exposed",
         ),
@@ -364,7 +364,7 @@ def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
         return None
     if f.comm.gather_service_share is None or _verdict(f) == "waiting":
         return None
-    exposed_ms, share = ex
+    exposed_ms, share, step = ex
     g = f.comm.gathers_per_step
     saved = exposed_ms * f.comm.gather_service_share * (1 - 1 / g)
     return Suggestion(
@@ -380,7 +380,7 @@ def rule_fsdp_prefetch(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             f"the all-gathers' {f.comm.gather_service_share:.0%} of the {exposed_ms:.1f} ms exposed hidden but the "
             f"first of {g:.0f} per step",
         ),
@@ -403,7 +403,7 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
     bytes_ms = f.comm.bytes_per_step * f.comm.per_byte_ms
     if bytes_ms <= 0.5 * f.comm.service_ms_per_step:
         return None  # latency-bound: compression would not help
-    exposed_ms, share = ex
+    exposed_ms, share, step = ex
     saved = min(exposed_ms, 0.5 * bytes_ms)
     return Suggestion(
         title="Send gradients in bf16 (DDP compression hook)",
@@ -417,7 +417,7 @@ def rule_comm_compression(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             f"half of the {bytes_ms:.1f} ms bandwidth-bound service per step saved",
         ),
         confidence="low",
@@ -483,12 +483,12 @@ def rule_comm_waiting(f: RunFacts) -> Suggestion | None:
     the cause, and only all ranks' traces name it. What-if (an upper bound):
     all exposed communication removed.
     """
-    if _verdict(f) != "waiting" or not f.step_time_ms or f.exposed_comm_ms is None:
+    d = f.comm_diagnosis
+    if d is None or d.verdict != "waiting" or not f.step_time_ms or f.exposed_comm_ms is None:
         return None
     share = f.exposed_comm_ms / f.step_time_ms
     if share <= WAITING_MIN_SHARE:
         return None
-    d = f.comm_diagnosis
     evidence = (
         {
             "exposed_comm_ms": f.exposed_comm_ms,

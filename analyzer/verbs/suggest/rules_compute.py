@@ -139,8 +139,8 @@ def rule_micro_batch(f: RunFacts) -> Suggestion | None:
     )
 
 
-def _device_parts(f: RunFacts) -> tuple[float, float, float] | None:
-    """(idle share, batch-proportional device ms, fixed device ms) of a device breakdown.
+def _device_parts(f: RunFacts) -> tuple[float, float, float, float] | None:
+    """(idle share, batch-proportional device ms, fixed device ms, step ms) of a device breakdown.
 
     Exposed communication is fixed (gradient all-reduce, parameter
     all-gather: sizes set by the model) except its all-to-all share, whose
@@ -148,14 +148,15 @@ def _device_parts(f: RunFacts) -> tuple[float, float, float] | None:
     on an embedding job holding all-to-all constant while doubling the batch
     predicted a speed-up the job cannot have.
     """
-    if f.shares_source != "device" or not f.step_time_ms:
+    step = f.step_time_ms
+    if f.shares_source != "device" or not step:
         return None
     s = f.shares
-    scaled = (s.get("compute", 0.0) + s.get("overlapped_comm", 0.0) + s.get("exposed_memcpy", 0.0)) * f.step_time_ms
-    exposed = s.get("exposed_comm", 0.0) * f.step_time_ms
+    scaled = (s.get("compute", 0.0) + s.get("overlapped_comm", 0.0) + s.get("exposed_memcpy", 0.0)) * step
+    exposed = s.get("exposed_comm", 0.0) * step
     ks = f.kernels
     batch_share = ks.batch_comm_ms_per_step / ks.comm_ms_per_step if ks and ks.comm_ms_per_step > 0 else 0.0
-    return s.get("idle", 0.0), scaled + exposed * batch_share, exposed * (1.0 - batch_share)
+    return s.get("idle", 0.0), scaled + exposed * batch_share, exposed * (1.0 - batch_share), step
 
 
 @rule(part="idle", also=("exposed_comm",))
@@ -176,20 +177,20 @@ def rule_launch_bound(f: RunFacts) -> Suggestion | None:
     parts = _device_parts(f)
     if parts is None:
         return None
-    idle, scaled, fixed = parts
+    idle, scaled, fixed, step = parts
     if idle <= IDLE_MIN_SHARE or scaled <= 0:
         return None
     if f.idle is not None and f.idle.host_wait_frac + f.idle.kernel_wait_frac < LAUNCH_WAIT_MIN_FRAC:
         return None
     mem = f.memory.fraction
     k = 2
-    while k < MICRO_BATCH_MAX_FACTOR and 2 * k * scaled + fixed <= f.step_time_ms:
+    while k < MICRO_BATCH_MAX_FACTOR and 2 * k * scaled + fixed <= step:
         k *= 2
     while mem is not None and k > 1 and mem * k > MEMORY_GROWTH_LIMIT:
         k //= 2
     if k < 2:
         return None
-    step_after = whatif.device_batch_step_ms(f.step_time_ms, scaled, fixed, k)
+    step_after = whatif.device_batch_step_ms(step, scaled, fixed, k)
     mb = f.cfg("train.micro_batch_size")
     overrides = {"train.micro_batch_size": mb * k} if (f.is_reftrain and mb) else {}
     pred = whatif.prediction(
@@ -247,13 +248,13 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
     ks = f.kernels
     if parts is None or ks is None:
         return None
-    idle, _, _ = parts
+    idle, _, _, step = parts
     if idle <= IDLE_MIN_SHARE or ks.short_share < SHORT_KERNEL_MIN_SHARE:
         return None
     if f.idle is not None and f.idle.host_wait_frac + f.idle.kernel_wait_frac < LAUNCH_WAIT_MIN_FRAC:
         return None
     launch_frac = f.idle.host_wait_frac + f.idle.kernel_wait_frac if f.idle is not None else 1.0
-    saved = idle * min(ks.short_share, launch_frac) * f.step_time_ms
+    saved = idle * min(ks.short_share, launch_frac) * step
     return Suggestion(
         title="Replay the step as a CUDA graph to remove launch overhead",
         trigger=f"device idle {idle:.1%} > {IDLE_MIN_SHARE:.0%} and {ks.short_share:.0%} of launches under "
@@ -272,7 +273,7 @@ def rule_cuda_graphs(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             f"idle x short-launch share = {saved:.2f} ms of launch gaps removed",
         ),
         confidence="low",
@@ -297,7 +298,7 @@ def rule_torch_compile(f: RunFacts) -> Suggestion | None:
     ks = f.kernels
     if parts is None or ks is None or (f.is_reftrain and f.cfg("train.compile")):
         return None
-    idle, _, _ = parts
+    idle, _, _, step = parts
     if idle > IDLE_MIN_SHARE or ks.kernel_ms_per_step <= 0 or ks.compiled_ms_per_step >= ks.fusable_ms_per_step:
         return None
     fusable = ks.fusable_ms_per_step
@@ -322,7 +323,7 @@ def rule_torch_compile(f: RunFacts) -> Suggestion | None:
         ),
         predicted=whatif.prediction(
             f,
-            whatif.remove(f.step_time_ms, saved),
+            whatif.remove(step, saved),
             f"fusable kernel time {fusable:.2f} ms x {COMPILE_NON_GEMM_TIME_FACTOR} after fusion",
         ),
         confidence="low",
@@ -360,10 +361,11 @@ def _matmul_precision(f: RunFacts) -> str | None:
     return precision
 
 
-def _gemm_ms(f: RunFacts) -> float | None:
+def _gemm_ms(f: RunFacts) -> tuple[float, float] | None:
+    """(GEMM kernel ms per step, step ms); None without kernels or a step time."""
     if f.kernels is None or not f.step_time_ms:
         return None
-    return f.kernels.gemm_ms_per_step
+    return f.kernels.gemm_ms_per_step, f.step_time_ms
 
 
 @rule(part="compute", flops=True)
@@ -376,23 +378,24 @@ def rule_bf16_autocast(f: RunFacts) -> Suggestion | None:
     """
     precision = _matmul_precision(f)
     peaks = _gpu_peaks(f)
-    gemm = _gemm_ms(f)
+    gemm_step = _gemm_ms(f)
     if (
         precision not in ("fp32", "tf32")
         or peaks is None
         or "bf16" not in peaks
         or precision not in peaks
-        or gemm is None
+        or gemm_step is None
     ):
         return None
-    share = gemm / f.step_time_ms
+    gemm, step = gemm_step
+    share = gemm / step
     if share <= GEMM_MIN_SHARE:
         return None
     ratio = peaks[precision] / peaks["bf16"]
     saved = gemm * (1.0 - ratio)
     pred = whatif.prediction(
         f,
-        whatif.remove(f.step_time_ms, saved),
+        whatif.remove(step, saved),
         f"GEMM time {gemm:.2f} ms x {peaks[precision] / 1e12:.0f}/{peaks['bf16'] / 1e12:.0f} "
         f"(datasheet {precision} / bf16 peak of {f.device_name})",
         peak_ratio=peaks[precision] / peaks["bf16"],
@@ -428,18 +431,19 @@ def rule_tf32(f: RunFacts) -> Suggestion | None:
     """
     precision = _matmul_precision(f)
     peaks = _gpu_peaks(f)
-    gemm = _gemm_ms(f)
-    if precision != "fp32" or peaks is None or not {"fp32", "tf32"} <= set(peaks) or gemm is None:
+    gemm_step = _gemm_ms(f)
+    if precision != "fp32" or peaks is None or not {"fp32", "tf32"} <= set(peaks) or gemm_step is None:
         return None
+    gemm, step = gemm_step
     if peaks["tf32"] <= peaks["fp32"]:
         return None  # no TF32 tensor cores (V100, T4)
-    share = gemm / f.step_time_ms
+    share = gemm / step
     if share <= GEMM_MIN_SHARE:
         return None
     ratio = peaks["fp32"] / peaks["tf32"]
     pred = whatif.prediction(
         f,
-        whatif.remove(f.step_time_ms, gemm * (1.0 - ratio)),
+        whatif.remove(step, gemm * (1.0 - ratio)),
         f"GEMM time {gemm:.2f} ms x {peaks['fp32'] / 1e12:.1f}/{peaks['tf32'] / 1e12:.0f} "
         f"(datasheet fp32 / tf32 peak of {f.device_name})",
         peak_ratio=ratio,

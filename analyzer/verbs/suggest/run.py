@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from analyzer.verbs.suggest import (  # noqa: F401
     rules_comm,
@@ -32,6 +32,7 @@ from analyzer.verbs.suggest.engine import (
     _CONFIDENCE_ORDER,
     COMM_FIRST_SHARE,
     SCHEMA,
+    Confidence,
     NOT_ACTIONABLE,
     RULES,
     Suggestion,
@@ -49,10 +50,10 @@ if TYPE_CHECKING:
 
 # FLOP coverage under this leaves the trace-shape MFU a lower bound (analyzer.metrics.mfu.COVERAGE_MIN's figure).
 FLOP_COVERAGE_MIN = 0.90
-_BY_ORDER = {v: k for k, v in _CONFIDENCE_ORDER.items()}
+_BY_ORDER: dict[int, Confidence] = {_CONFIDENCE_ORDER[c]: c for c in get_args(Confidence)}
 
 
-def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
+def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], Confidence]:
     """What a suggestion's inputs cover, and its confidence capped by that coverage.
 
     ``flop_coverage``: share of the device compute time whose FLOPs the

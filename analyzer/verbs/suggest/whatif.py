@@ -72,7 +72,10 @@ def prediction(
     the rules propose. ``step_before_ms`` replaces the steady step for
     predictions of another scope (the run's mean step).
     """
-    before = float(step_before_ms if step_before_ms is not None else f.step_time_ms)
+    before_ms = step_before_ms if step_before_ms is not None else f.step_time_ms
+    if before_ms is None:
+        raise ValueError("a prediction needs the run's measured step time")
+    before = float(before_ms)
     tokens_before = f.tokens_per_step
     tokens_after = tokens_per_step_after if tokens_per_step_after is not None else tokens_before
     work = (tokens_after / tokens_before) if (tokens_before and tokens_after) else work_ratio
