@@ -322,8 +322,9 @@ def match_arrivals(
 # ---------------------------------------------------------------------------
 
 
-# nccl-tests' bus-bandwidth factors (PERFORMANCE.md), n = ranks in the group.
-def _busbw_factor(kind: str, n: int) -> float:
+def busbw_factor(kind: str, n: int) -> float:
+    """Bus bandwidth over algorithm bandwidth for a collective ``kind`` among ``n`` ranks (nccl-tests'
+    PERFORMANCE.md); NaN for one rank or an unknown kind."""
     if n <= 1:
         return float("nan")
     if kind == "all_reduce":
@@ -383,7 +384,7 @@ def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
     size = agg["bytes"].to_numpy(np.float64) * np.where(agg["kind"].to_numpy() == "all_gather", n, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(duration_ns.to_numpy() > 0, size / duration_ns.to_numpy(), np.nan)  # bytes/ns == GB/s
-    factor = np.array([_busbw_factor(k, int(m)) for k, m in zip(agg["kind"], n)])
+    factor = np.array([busbw_factor(k, int(m)) for k, m in zip(agg["kind"], n)])
     out = pd.DataFrame(
         {
             "key": agg.index.to_numpy(),

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "analyzer.suggestions/1"
 Confidence = Literal["high", "medium", "low"]
-_CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
+CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
 def format_value(value: Any) -> str:
@@ -282,7 +282,7 @@ def rank(suggestions: list[Suggestion], comm_first: bool = False) -> list[Sugges
             comm_first and part_of(s.rule) != "exposed_comm",
             s.kind != "change",
             -round(s.gain, 6),
-            _CONFIDENCE_ORDER[s.confidence],
+            CONFIDENCE_ORDER[s.confidence],
             s.rule,
         ),
     )

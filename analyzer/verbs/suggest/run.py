@@ -29,7 +29,7 @@ from analyzer.verbs.suggest import (  # noqa: F401
     rules_recompute,
 )
 from analyzer.verbs.suggest.engine import (
-    _CONFIDENCE_ORDER,
+    CONFIDENCE_ORDER,
     COMM_FIRST_SHARE,
     SCHEMA,
     NOT_ACTIONABLE,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 # FLOP coverage under this leaves the trace-shape MFU a lower bound (analyzer.metrics.mfu.COVERAGE_MIN's figure).
 FLOP_COVERAGE_MIN = 0.90
-_BY_ORDER = {v: k for k, v in _CONFIDENCE_ORDER.items()}
+_BY_ORDER = {v: k for k, v in CONFIDENCE_ORDER.items()}
 
 
 def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
@@ -89,7 +89,7 @@ def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], str]:
         cap = max(cap, 2)
         limits.append(f"{f.ranks_traced} of {in_job} ranks traced: waiting for a peer and transfer look the same")
     cov["limits"] = tuple(limits)
-    return cov, _BY_ORDER[max(_CONFIDENCE_ORDER[s.confidence], cap)]
+    return cov, _BY_ORDER[max(CONFIDENCE_ORDER[s.confidence], cap)]
 
 
 def largest_actionable(f: "RunFacts") -> tuple[str, float] | None:
