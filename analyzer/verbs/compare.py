@@ -240,7 +240,8 @@ def _metrics_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
     steady = steady_state(metrics, manifest.warmup_steps or 0, manifest.profiled_steps)
     if steady.empty:
         return None
-    cols = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
+    # A phase the records lack is a column of zeros (the scalar broadcasts).
+    cols: dict[str, pd.Series | float] = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
     for phase in METRICS_PHASES:
         cols[phase] = pd.to_numeric(steady[phase], errors="coerce") if phase in steady.columns else 0.0
     table = pd.DataFrame(cols, index=steady.index).fillna(0.0)
@@ -329,12 +330,14 @@ def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) ->
     joined = kb.merge(kc, on="name", how="outer", suffixes=("_base", "_cand"))
     deltas = [
         Delta(
-            name=row.name,
-            base=float(row.ms_per_step_base) if pd.notna(row.ms_per_step_base) else 0.0,
-            cand=float(row.ms_per_step_cand) if pd.notna(row.ms_per_step_cand) else 0.0,
-            kind=str(row.kind_base if pd.notna(row.kind_base) else row.kind_cand),
+            name=name,
+            base=float(base_ms) if pd.notna(base_ms) else 0.0,
+            cand=float(cand_ms) if pd.notna(cand_ms) else 0.0,
+            kind=str(kind_base if pd.notna(kind_base) else kind_cand),
         )
-        for row in joined.itertuples(index=False)
+        for name, base_ms, cand_ms, kind_base, kind_cand in zip(
+            *(joined[c].tolist() for c in ("name", "ms_per_step_base", "ms_per_step_cand", "kind_base", "kind_cand"))
+        )
     ]
     sources = {
         str(s)
@@ -395,8 +398,8 @@ def _matched(sb: pd.Series, sc: pd.Series) -> list[Delta]:
     joined = pd.concat([sb.rename("base"), sc.rename("cand")], axis=1).fillna(0.0)
     return _by_abs_delta(
         [
-            Delta(str(name), float(row.base), float(row.cand), str(kind))
-            for (name, kind), row in zip(joined.index, joined.itertuples(index=False))
+            Delta(str(name), float(base), float(cand), str(kind))
+            for (name, kind), base, cand in zip(joined.index, joined["base"].tolist(), joined["cand"].tolist())
         ]
     )
 
@@ -490,7 +493,10 @@ def _memory_deltas(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[list[Delta
     ]
     if mb.peak_reserved_bytes is not None or mc.peak_reserved_bytes is not None:
         deltas.append(Delta("peak reserved", mib(mb.peak_reserved_bytes), mib(mc.peak_reserved_bytes), mb.kind))
-    per_rank = [{int(r.rank): mib(r.peak_allocated_bytes) for r in m.ranks.itertuples(index=False)} for m in (mb, mc)]
+    per_rank = [
+        {int(r): mib(v) for r, v in zip(m.ranks["rank"].tolist(), m.ranks["peak_allocated_bytes"].tolist())}
+        for m in (mb, mc)
+    ]
     deltas += [
         Delta(f"rank {r}", per_rank[0].get(r), per_rank[1].get(r), mb.kind)
         for r in sorted(set(per_rank[0]) | set(per_rank[1]))
