@@ -64,8 +64,8 @@ rows (the phases add up to it), labelled as such wherever it is shown.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -81,6 +81,56 @@ SCHEMA = "analyzer.compare/1"
 METRICS_PHASES = ("data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms")
 # Columns of the steps table that are not breakdown parts.
 _STEP_META = ("rank", "step", "start_ns", "end_ns", "step_time_ms", "source", "comm_ms", "mfu")
+
+
+class DeltaDocument(TypedDict):
+    """:meth:`Delta.to_json`: the fields, then ``delta`` and ``delta_pct``."""
+
+    name: str
+    base: float | None
+    cand: float | None
+    kind: str | None
+    delta: float
+    delta_pct: float | None
+
+
+class MfuDeltaDocument(TypedDict):
+    """:meth:`MfuDelta.to_json`: the fields, then ``cand_comparable``, ``delta`` and ``drop``."""
+
+    base: float | None
+    cand: float | None
+    base_source: str
+    cand_source: str
+    cand_on_base_peak: float | None
+    base_hfu: float | None
+    cand_hfu: float | None
+    cand_comparable: float | None
+    delta: float | None
+    drop: float | None
+
+
+class ComparisonDocument(TypedDict):
+    """``analyzer compare --json`` (schema ``analyzer.compare/1``, :data:`SCHEMA`): :meth:`Comparison.to_json`,
+    in this order; ``base`` and ``cand`` are the runs' paths. Units as on :class:`Comparison`."""
+
+    schema: str
+    base: str
+    cand: str
+    step_time_ms: DeltaDocument
+    step_time_median_ms: DeltaDocument
+    phase_source: str
+    phases: list[DeltaDocument]
+    kernel_source: str
+    kernels: list[DeltaDocument]
+    op_source: str
+    ops: list[DeltaDocument]
+    modules: list[DeltaDocument]
+    memory_source: str
+    memory: list[DeltaDocument]
+    memory_growth: float | None
+    ranks: list[DeltaDocument]
+    mfu: MfuDeltaDocument
+    notes: list[str]
 
 
 @dataclass(frozen=True)
@@ -101,11 +151,15 @@ class Delta:
         """Relative change in percent of the baseline; None when the baseline is 0 or absent."""
         return 100.0 * self.delta / self.base if self.base else None
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["delta"] = self.delta
-        out["delta_pct"] = self.delta_pct
-        return out
+    def to_json(self) -> DeltaDocument:
+        return DeltaDocument(
+            name=self.name,
+            base=self.base,
+            cand=self.cand,
+            kind=self.kind,
+            delta=self.delta,
+            delta_pct=self.delta_pct,
+        )
 
 
 @dataclass(frozen=True)
@@ -136,12 +190,19 @@ class MfuDelta:
         cand = self.cand_comparable
         return None if self.base is None or cand is None or self.base == 0 else (self.base - cand) / self.base
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["cand_comparable"] = self.cand_comparable
-        out["delta"] = self.delta
-        out["drop"] = self.drop
-        return out
+    def to_json(self) -> MfuDeltaDocument:
+        return MfuDeltaDocument(
+            base=self.base,
+            cand=self.cand,
+            base_source=self.base_source,
+            cand_source=self.cand_source,
+            cand_on_base_peak=self.cand_on_base_peak,
+            base_hfu=self.base_hfu,
+            cand_hfu=self.cand_hfu,
+            cand_comparable=self.cand_comparable,
+            delta=self.delta,
+            drop=self.drop,
+        )
 
 
 @dataclass
@@ -201,29 +262,30 @@ class Comparison:
         """The ``n`` (module path, pass) rows that grew the most, largest first (most specific rows only)."""
         return sorted((d for d in self.modules if d.delta > 0), key=lambda d: -d.delta)[:n]
 
-    def to_json(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "schema": SCHEMA,
-                "base": self.base_path,
-                "cand": self.cand_path,
-                "step_time_ms": self.step_time.to_json(),
-                "step_time_median_ms": self.step_time_median.to_json(),
-                "phase_source": self.phase_source,
-                "phases": [d.to_json() for d in self.phases],
-                "kernel_source": self.kernel_source,
-                "kernels": [d.to_json() for d in self.kernels],
-                "op_source": self.op_source,
-                "ops": [d.to_json() for d in self.ops],
-                "modules": [d.to_json() for d in self.modules],
-                "memory_source": self.memory_source,
-                "memory": [d.to_json() for d in self.memory],
-                "memory_growth": self.memory_growth,
-                "ranks": [d.to_json() for d in self.ranks],
-                "mfu": self.mfu.to_json(),
-                "notes": list(self.notes),
-            }
+    def to_json(self) -> ComparisonDocument:
+        doc = ComparisonDocument(
+            schema=SCHEMA,
+            base=self.base_path,
+            cand=self.cand_path,
+            step_time_ms=self.step_time.to_json(),
+            step_time_median_ms=self.step_time_median.to_json(),
+            phase_source=self.phase_source,
+            phases=[d.to_json() for d in self.phases],
+            kernel_source=self.kernel_source,
+            kernels=[d.to_json() for d in self.kernels],
+            op_source=self.op_source,
+            ops=[d.to_json() for d in self.ops],
+            modules=[d.to_json() for d in self.modules],
+            memory_source=self.memory_source,
+            memory=[d.to_json() for d in self.memory],
+            memory_growth=self.memory_growth,
+            ranks=[d.to_json() for d in self.ranks],
+            mfu=self.mfu.to_json(),
+            notes=list(self.notes),
         )
+        # NaN and numpy scalars (from the tables) become plain JSON values; the keys stay those of the type.
+        sanitized: ComparisonDocument = jsonable(doc)
+        return sanitized
 
 
 def _by_abs_delta(deltas: list[Delta]) -> list[Delta]:

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from analyzer.errors import AnalyzerError
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+
+
+class GoodputDocument(TypedDict):
+    """The check document's ``goodput``: :class:`GoodputGate`'s fields and ``failed``."""
+
+    min_goodput: float
+    goodput: float
+    wall_s: float
+    productive_s: float
+    lost_s: dict[str, float]
+    attempts: int
+    base_goodput: float | None
+    failed: bool
 
 
 @dataclass(frozen=True)
@@ -46,8 +59,8 @@ class GoodputGate:
             f"of wall {self.wall_s:.2f} s, {self.attempts} attempt(s){base}); largest losses: {self.lost_text()}"
         )
 
-    def to_json(self) -> dict:
-        return asdict(self) | {"failed": self.failed}
+    def to_json(self) -> GoodputDocument:
+        return cast(GoodputDocument, asdict(self) | {"failed": self.failed})
 
 
 def goodput_gate(candidate: "RunAnalysis", min_goodput: float, baseline: "RunAnalysis | None" = None) -> GoodputGate:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Sequence
+from typing import Sequence, TypedDict, cast
 
 import numpy as np
 
@@ -14,6 +14,22 @@ from analyzer.verbs.check.verdict import gate_samples
 
 # Each run needs this many canary probes for its machine-speed statistic to mean anything.
 _MIN_PROBES = 3
+
+
+class MachineSpeedDocument(TypedDict):
+    """The check document's ``machine_speed``: :class:`MachineSpeed`'s fields."""
+
+    base_probe_ms: float
+    cand_probe_ms: float
+    slowdown: float
+    base_probe_cpu_ms: float
+    cand_probe_cpu_ms: float
+    cpu_slowdown: float
+    adjusted_drop: float
+    adjusted_cpu_drop: float | None
+    adjusted_verdict: Verdict
+    n_base: int
+    n_cand: int
 
 
 @dataclass(frozen=True)
@@ -43,8 +59,8 @@ class MachineSpeed:
     n_base: int  # probes, all baselines
     n_cand: int
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> MachineSpeedDocument:
+        return cast(MachineSpeedDocument, asdict(self))
 
 
 def _probe_ms(base: Sequence[StepSamples], cand: StepSamples, quantile: float) -> tuple[float, float]:

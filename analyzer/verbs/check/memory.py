@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, TypedDict, cast
 
 from analyzer.errors import AnalyzerError
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
+
+
+class MemoryDocument(TypedDict):
+    """The check document's ``memory``: :class:`MemoryGate`'s fields and ``failed``."""
+
+    max_growth: float
+    growth: float
+    base_bytes: float
+    cand_bytes: float
+    kind: str
+    source: str
+    reserved_growth: float | None
+    failed: bool
 
 
 @dataclass(frozen=True)
@@ -46,8 +59,8 @@ class MemoryGate:
             "max over ranks)"
         )
 
-    def to_json(self) -> dict:
-        return asdict(self) | {"failed": self.failed}
+    def to_json(self) -> MemoryDocument:
+        return cast(MemoryDocument, asdict(self) | {"failed": self.failed})
 
 
 def memory_gate(bases: "Sequence[RunAnalysis]", candidate: "RunAnalysis", max_growth: float) -> MemoryGate:

@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from analyzer.render.format import short_kernel_name, value_text
-from analyzer.verbs.check.goodput import GoodputGate
-from analyzer.verbs.check.machine import MachineSpeed
-from analyzer.verbs.check.memory import MemoryGate
-from analyzer.verbs.check.result import VERDICT_LABELS, CheckResult, Verdict
+from analyzer.verbs.check.goodput import GoodputDocument, GoodputGate
+from analyzer.verbs.check.machine import MachineSpeed, MachineSpeedDocument
+from analyzer.verbs.check.memory import MemoryDocument, MemoryGate
+from analyzer.verbs.check.result import (
+    VERDICT_LABELS,
+    CheckResult,
+    CheckResultDocument,
+    CheckStatisticDocument,
+    Verdict,
+)
 from analyzer.verbs.check.samples import StepSamples
-from analyzer.verbs.compare import labelled
+from analyzer.verbs.compare import ComparisonDocument, labelled
 
 if TYPE_CHECKING:
     from analyzer.verbs.compare import Comparison, Delta
+
+
+class CheckDocument(CheckResultDocument):
+    """``analyzer check --json`` (schema ``analyzer.check/2``): :meth:`GateOutcome.to_json`. The step
+    statistic's fields (:class:`CheckResultDocument`; ``notes`` the gate's and the runs'), then these.
+    ``verdict`` is the overall one (the exit code), ``step_verdict`` the step statistic's alone."""
+
+    explanation: str
+    cpu_time: CheckStatisticDocument | None
+    compare: ComparisonDocument
+    step_verdict: Verdict
+    goodput: GoodputDocument | None
+    memory: MemoryDocument | None
+    machine_speed: MachineSpeedDocument | None
 
 
 @dataclass
@@ -68,14 +88,17 @@ class GateOutcome:
         """The paragraph ``analyzer check`` prints (:func:`explain`)."""
         return explain(self)
 
-    def to_json(self) -> dict:
-        out = self.result.to_json()
+    def to_json(self) -> CheckDocument:
+        out = cast(CheckDocument, self.result.to_json())
         out["notes"] = list(self.result.notes) + list(self.notes)
         out["explanation"] = self.explanation
         out["cpu_time"] = (
             None
             if self.cpu is None
-            else {k: v for k, v in self.cpu.to_json().items() if k not in ("schema", "base_source", "cand_source")}
+            else cast(
+                CheckStatisticDocument,
+                {k: v for k, v in self.cpu.to_json().items() if k not in ("schema", "base_source", "cand_source")},
+            )
         )
         out["compare"] = self.comparison.to_json()
         # ``verdict`` is the overall one (the exit code); ``step_verdict`` that of the step statistic alone.

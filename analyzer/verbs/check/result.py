@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict, cast
 
 from analyzer.errors import AnalyzerError
 from analyzer.verbs.check.samples import METRIC_LABELS, Metric
@@ -32,6 +32,44 @@ class CheckConfig:
             raise AnalyzerError(f"--alpha must be in (0, 1), got {self.alpha}")
         if not 0.0 < self.quantile < 1.0:
             raise AnalyzerError(f"--quantile must be in (0, 1), got {self.quantile}")
+
+
+class CheckStatisticDocument(TypedDict):
+    """One gated statistic in the check document (the CPU-time one: its ``cpu_time``): the fields of
+    :class:`CheckResult` but the sources, and ``metric_label``. Definitions: docs/ci.md."""
+
+    verdict: Verdict
+    metric: Metric
+    base_median: float
+    cand_median: float
+    base_value: float
+    cand_value: float
+    quantile: float
+    drop: float
+    max_drop: float
+    p_value: float
+    alpha: float
+    noise: float
+    noise_source: str
+    min_detectable_drop: float
+    n_base: int
+    n_cand: int
+    n_baselines: int
+    exceeds_threshold: bool
+    significant: bool
+    notes: list[str]
+    metric_label: str
+
+
+class CheckResultDocument(CheckStatisticDocument):
+    """:meth:`CheckResult.to_json`: every field of :class:`CheckResult`, ``schema`` and ``metric_label``."""
+
+    base_source: str
+    cand_source: str
+    schema: str  # CHECK_SCHEMA
+
+
+CHECK_SCHEMA = "analyzer.check/2"
 
 
 @dataclass(frozen=True)
@@ -85,9 +123,10 @@ class CheckResult:
             return f"median {self.metric_label}"
         return f"{self.metric_label} at the {_ordinal(self.quantile)} percentile of step time"
 
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["schema"] = "analyzer.check/2"
+    def to_json(self) -> CheckResultDocument:
+        # The fields in their order, then the two added keys (tests/test_documents.py holds the type to them).
+        out = cast(CheckResultDocument, asdict(self))
+        out["schema"] = CHECK_SCHEMA
         out["metric_label"] = self.metric_label
         return out
 

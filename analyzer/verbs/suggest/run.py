@@ -35,6 +35,7 @@ from analyzer.verbs.suggest.engine import (
     NOT_ACTIONABLE,
     RULES,
     Suggestion,
+    SuggestionsDocument,
     needs_flops,
     part_of,
     parts_of,
@@ -160,14 +161,14 @@ def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
     return suggestions_json(suggest(ra), facts.config_path, facts.world_size)
 
 
-def suggestions_document(ra: "RunAnalysis") -> dict[str, Any]:
+def suggestions_document(ra: "RunAnalysis") -> SuggestionsDocument:
     """``analyzer suggest --json``'s document (schema :data:`~analyzer.verbs.suggest.engine.SCHEMA`):
     the run's identity and :func:`report_suggestions`."""
-    return {
-        "schema": SCHEMA,
-        "path": [str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
-        "kind": ra.kind,
-        "run_id": ra.run_manifest.run_id,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "suggestions": report_suggestions(ra),
-    }
+    return SuggestionsDocument(
+        schema=SCHEMA,
+        path=[str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
+        kind=ra.kind,
+        run_id=ra.run_manifest.run_id,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        suggestions=report_suggestions(ra),
+    )
