@@ -1,4 +1,4 @@
-"""`analyzer check --min-goodput G` (analyzer/verbs/check.py GoodputGate; docs/ci.md "Goodput").
+"""`analyzer check --min-goodput G` (analyzer/verbs/check/goodput.py GoodputGate; docs/ci.md "Goodput").
 
 On the example reftrain run under traces/ (one attempt, goodput 58.8 %: 13.06 s of
 productive steps in 22.22 s of wall, most of the rest start-up), checked against itself so

@@ -132,7 +132,7 @@ def test_import_in_a_running_ipython_registers_the_views(tmp_path):
     assert out.returncode == 0, out.stderr
     for view in ("('analyzer.api', 'RunAnalysis')", "('analyzer.verbs.compare', 'Comparison')"):
         assert view in out.stdout
-    assert "('analyzer.verbs.check', 'GateOutcome')" in out.stdout
+    assert "('analyzer.verbs.check.outcome', 'GateOutcome')" in out.stdout
     plain = subprocess.run(
         [sys.executable, "-c", "import sys, analyzer.api; print('analyzer.render.notebook' in sys.modules)"],
         capture_output=True,

@@ -25,7 +25,7 @@ from analyzer.errors import TraceError
 from analyzer.ingest.limits import ParseLimits
 from analyzer.ingest.load import load_trace, load_traces
 from analyzer.ingest.parse import parse_columns
-from analyzer.ingest.parse.read import _read_blocks
+from analyzer.ingest.parse.read import read_blocks
 from synth import KinetoTrace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def test_gzip_ratio_bound_trips_while_streaming(tmp_path: Path) -> None:
     lim = ParseLimits(gzip_floor_bytes=MIB)
     seen = 0
     with pytest.raises(TraceError) as err:
-        for block in _read_blocks(path, limits=lim):
+        for block in read_blocks(path, limits=lim):
             seen += len(block)
     assert seen <= lim.max_decompressed(compressed)  # stopped at the bound, not at the end
     assert str(err.value).startswith(

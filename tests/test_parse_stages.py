@@ -17,7 +17,7 @@ import pytest
 from analyzer.errors import TraceError
 from analyzer.ingest.parse import Columns, Splitter, decode_events, parse_columns
 from analyzer.ingest.parse import classify
-from analyzer.ingest.parse.read import _read_blocks
+from analyzer.ingest.parse.read import read_blocks
 from synth import KinetoTrace
 
 
@@ -128,7 +128,7 @@ def test_rows_over_int64_at_the_end_renumber_sparse_rows(tmp_path: Path) -> None
 def test_read_stage_gives_the_bytes_in_blocks(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_bytes(b"x" * 10)
-    assert list(_read_blocks(path, size=4)) == [b"xxxx", b"xxxx", b"xx"]
+    assert list(read_blocks(path, size=4)) == [b"xxxx", b"xxxx", b"xx"]
 
 
 def _events(*dicts: dict) -> list:

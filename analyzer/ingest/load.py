@@ -36,7 +36,7 @@ from analyzer.ingest.graph_capture import (
 from analyzer.ingest.strays import stray_mask
 from analyzer.ingest.parse import (  # noqa: F401 - rank_from_filename is part of this module's API
     ParsedTrace,
-    _resolve_rank,
+    resolve_rank,
     parse_columns,
     rank_from_filename,
 )
@@ -145,7 +145,7 @@ def rank_trace(parsed: ParsedTrace, rank: int | None = None) -> RankTrace:
     dist = dist if isinstance(dist, dict) else {}
     props = parsed.meta.get("deviceProperties")
     props = props if isinstance(props, list) else []
-    resolved, source = _resolve_rank(dist, parsed.path, rank)
+    resolved, source = resolve_rank(dist, parsed.path, rank)
     events, notes = _build_events(parsed, resolved)
     threads = _threads_frame(parsed.threads)
     captures = capture_folder(parsed.path)

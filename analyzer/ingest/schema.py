@@ -255,7 +255,7 @@ COLUMNS: dict[str, str] = {
     "group_size": "int64",
     "pg_name": "category",
 }
-_INT_DEFAULT = -1
+INT_DEFAULT = -1
 
 
 def classify(cat: str, name: str) -> str:

@@ -119,7 +119,7 @@ from analyzer.ingest.schema import (  # noqa: F401 - re-exported: the table sche
     RUNTIME_CATS,
     GPU_TIMELINE_CATS,
     COLUMNS,
-    _INT_DEFAULT,
+    INT_DEFAULT,
     CATEGORY_ALIASES,
     canonical_category,
     classify,
@@ -152,7 +152,7 @@ def events_from_records(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     for col, dtype in COLUMNS.items():
         if dtype == "int64" or dtype == "int32":
-            frame[col] = frame[col].fillna(_INT_DEFAULT).astype(np.dtype(dtype))
+            frame[col] = frame[col].fillna(INT_DEFAULT).astype(np.dtype(dtype))
         elif col == "kind":
             frame[col] = pd.Categorical(frame[col], categories=list(KINDS))
         elif dtype == "category":

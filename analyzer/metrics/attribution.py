@@ -208,8 +208,6 @@ class KernelAttribution:
 
 def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> KernelAttribution:
     """Attribute every device event in the analysis window (module docstring)."""
-    from analyzer.metrics.launch import launches
-
     steps = steps if steps is not None else pd.DataFrame({"step": [], "start_ns": [], "end_ns": []})
     ev = _Events.of(events)
     kind, cat = events["kind"], events["cat"]
@@ -221,7 +219,32 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
     mods = _Host.of(ev, is_mod)
     annos = _Host.of(ev, is_anno)
 
-    # Backward: autograd nodes and what they enclose; each node's forward op by sequence number.
+    tree = _op_tree(events, ops)
+    # Module of each op: the innermost module range at its start; backward ops take their forward op's.
+    mod_paths = _module_paths(mods)
+    op_module = _take(mod_paths, mods.at(ops.tkey, ops.start))
+    fwd_outer = _take(tree.fwd_of_node, tree.outer, -1).astype(np.int64)
+    op_module_attr = np.where(tree.backward, _take(op_module, fwd_outer), op_module)
+    kernels = _kernel_table(events, steps, ev, ops, mods, annos, tree, mod_paths, op_module_attr)
+    ops_out, mods_out, annos_out = _host_tables(events, ops, mods, annos, tree, mod_paths, op_module_attr)
+    tid_codes, tid_values = pd.factorize(ops_out["tid"].to_numpy(np.int64))
+    main_tid = int(tid_values[np.bincount(tid_codes).argmax()]) if len(ops.rows) else None
+    return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
+
+
+@dataclass(frozen=True)
+class _OpTree:
+    """Per host op (positions in ``ops``): where autograd's backward puts it and the name it counts under."""
+
+    backward: np.ndarray  # bool: under an autograd node, and not recomputed forward work
+    outer: np.ndarray  # int64: the outermost node around the op, -1 outside any
+    fwd_of_node: np.ndarray  # int64: for a node, the forward op that created it, else -1
+    is_outer_node: np.ndarray  # bool
+    key: np.ndarray  # object: the op's name, its forward op's for an outer node, marked when recomputed
+
+
+def _op_tree(events: pd.DataFrame, ops: _Host) -> _OpTree:
+    """Backward: autograd nodes and what they enclose; each node's forward op by sequence number."""
     n_ops = len(ops.rows)
     op_names = ops.names
     seq = events["seq_num"].to_numpy(np.int64)[ops.rows]
@@ -279,13 +302,27 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
             op_names[np.clip(f, 0, None)],
             np.array([n.removeprefix(EVALUATE_PREFIX) for n in op_names[on]], dtype=object),
         )
-    # Module of each op: the innermost module range at its start; backward ops take their forward op's.
-    mod_paths = _module_paths(mods)
-    op_module = _take(mod_paths, mods.at(ops.tkey, ops.start))
-    fwd_outer = _take(fwd_of_node, outer, -1).astype(np.int64)
-    op_module_attr = np.where(backward, _take(op_module, fwd_outer), op_module)
+    return _OpTree(backward, outer, fwd_of_node, is_outer_node, key)
 
-    # Device events in the window and their launch calls.
+
+def _kernel_table(
+    events: pd.DataFrame,
+    steps: pd.DataFrame,
+    ev: _Events,
+    ops: _Host,
+    mods: _Host,
+    annos: _Host,
+    tree: _OpTree,
+    mod_paths: np.ndarray,
+    op_module_attr: np.ndarray,
+) -> pd.DataFrame:
+    """One row per device event in the analysis window: its launch call, the op, module and annotation
+    around that call, and the op whose shapes it is timed by (:attr:`KernelAttribution.kernels`)."""
+    from analyzer.metrics.launch import launches
+
+    kind = events["kind"]
+    n_ops, op_names = len(ops.rows), ops.names
+    backward, outer, fwd_of_node, key = tree.backward, tree.outer, tree.fwd_of_node, tree.key
     win = hta_window(events, steps) & is_in(kind, DEVICE_KINDS)
     dev_rows = np.flatnonzero(win)
     dev_index = events.index[dev_rows]
@@ -355,7 +392,21 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
         },
         index=dev_index,
     )
-    # Text columns as object arrays, as the kernels' (pandas 3 would convert 40k op names to its str dtype).
+    return kernels
+
+
+def _host_tables(
+    events: pd.DataFrame,
+    ops: _Host,
+    mods: _Host,
+    annos: _Host,
+    tree: _OpTree,
+    mod_paths: np.ndarray,
+    op_module_attr: np.ndarray,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The ops, modules and annotations tables of :class:`KernelAttribution`."""
+    n_ops, op_names = len(ops.rows), ops.names
+    backward, outer, is_outer_node, key = tree.backward, tree.outer, tree.is_outer_node, tree.key
     at = pd.RangeIndex(n_ops)
     ops_out = pd.DataFrame(
         {
@@ -396,9 +447,7 @@ def attribute(events: pd.DataFrame, steps: pd.DataFrame | None = None) -> Kernel
         },
         index=at,
     )
-    tid_codes, tid_values = pd.factorize(ops_out["tid"].to_numpy(np.int64))
-    main_tid = int(tid_values[np.bincount(tid_codes).argmax()]) if n_ops else None
-    return KernelAttribution(kernels, ops_out, mods_out, annos_out, main_tid)
+    return ops_out, mods_out, annos_out
 
 
 def _obj(values: np.ndarray, index: pd.Index) -> pd.Series:
@@ -570,7 +619,36 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
     # --- shapes (only ops whose shapes the loader keeps)
     with_shapes = np.flatnonzero(found & k["input_dims"].notna().to_numpy())
     shapes = _shape_table(k, with_shapes) if len(with_shapes) else empty_frame(SHAPES_COLUMNS)
-    # --- top kernels per op: (op row, kernel name) groups by codes and bincount, the largest per op row
+    op_kernels = _op_kernels(k, found, dur, codes, uniq_codes, np.asarray(key_names, dtype=object))
+    modules = _module_table(ka)
+    annotations = _annotation_table(ka, events)
+    totals = _rank_totals(k, ka.main_tid, steps, dur, found)
+    # Text as categoricals: a rank summary stores each distinct name once (kernel names repeat across ops).
+    for frame, cols in (
+        (ops_t, ("op",)),
+        (shapes, ("op", "input_dims", "input_types", "concrete_inputs")),
+        (op_kernels, ("op", "kernel", "cls")),
+    ):
+        for c in cols:
+            if len(frame):
+                frame[c] = frame[c].astype("category")
+    return AttributionTables(ops_t, shapes, modules, annotations, op_kernels, totals)
+
+
+def _op_kernels(
+    k: pd.DataFrame,
+    found: np.ndarray,
+    dur: np.ndarray,
+    codes: np.ndarray,
+    uniq_codes: np.ndarray,
+    key_names: np.ndarray,
+) -> pd.DataFrame:
+    """The op-kernels table: for each op row, its ``TOP_KERNELS_PER_OP`` largest kernels by device time.
+
+    ``codes``: each host op's row; ``uniq_codes``: each row's ``key code * 2 + backward``; ``key_names``: the
+    keys. (op row, kernel name) groups by integer codes and bincount, then the largest per op row.
+    """
+    m = len(uniq_codes)
     if found.any() and m:
         row = codes[k["attr_pos"].to_numpy(np.int64)[found]]
         kname_codes, kname_first = _renumber(k["name_code"].to_numpy(np.int64)[found])
@@ -586,9 +664,9 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         rank_in_row = np.arange(len(order)) - np.searchsorted(g_row_sorted, g_row_sorted, side="left")
         keep = order[rank_in_row < TOP_KERNELS_PER_OP]
         cls = k["cls"].to_numpy(object)[found]
-        op_kernels = pd.DataFrame(
+        return pd.DataFrame(
             {
-                "op": pd.Series(np.asarray(key_names, dtype=object)[uniq_codes[g_row[keep]] // 2], dtype=object),
+                "op": pd.Series(key_names[uniq_codes[g_row[keep]] // 2], dtype=object),
                 "backward": (uniq_codes[g_row[keep]] % 2).astype(bool),
                 "kernel": pd.Series(np.asarray(kname_values, dtype=object)[g_name[keep]], dtype=object),
                 "cls": pd.Series(cls[first[keep]], dtype=object),
@@ -596,17 +674,21 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
                 "device_ms": g_ms[keep],
             }
         )
-    else:
-        op_kernels = empty_frame(OP_KERNELS_COLUMNS)
-    modules = _module_table(ka)
-    annotations = _annotation_table(ka, events)
+    return empty_frame(OP_KERNELS_COLUMNS)
+
+
+def _rank_totals(
+    k: pd.DataFrame, main_tid: int | None, steps: pd.DataFrame, dur: np.ndarray, found: np.ndarray
+) -> dict[str, int]:
+    """:attr:`AttributionTables.totals` of one rank: device time in total, attributed or not, in graphs, in
+    backward, launched from a thread other than the main one, under a module, under an annotation (ns)."""
     kb = k["backward"].to_numpy(bool)
     graph = k["graph"].to_numpy(bool)
     other = (k["launch_tid"].to_numpy(np.int64) >= 0) & (
-        k["launch_tid"].to_numpy(np.int64) != (ka.main_tid if ka.main_tid is not None else -2)
+        k["launch_tid"].to_numpy(np.int64) != (main_tid if main_tid is not None else -2)
     )
     step_ns = int((steps["end_ns"] - steps["start_ns"]).sum()) if len(steps) else 0
-    totals = {
+    return {
         "device_ns": int(dur.sum()),
         "attributed_ns": int(dur[found].sum()),
         "unattributed_ns": int(dur[~found].sum()),
@@ -619,16 +701,6 @@ def rank_attribution(events: pd.DataFrame, steps: pd.DataFrame) -> AttributionTa
         "n_device": int(len(k)),
         "n_unattributed": int((~found).sum()),
     }
-    # Text as categoricals: a rank summary stores each distinct name once (kernel names repeat across ops).
-    for frame, cols in (
-        (ops_t, ("op",)),
-        (shapes, ("op", "input_dims", "input_types", "concrete_inputs")),
-        (op_kernels, ("op", "kernel", "cls")),
-    ):
-        for c in cols:
-            if len(frame):
-                frame[c] = frame[c].astype("category")
-    return AttributionTables(ops_t, shapes, modules, annotations, op_kernels, totals)
 
 
 def _shape_table(k: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:

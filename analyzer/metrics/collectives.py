@@ -31,7 +31,7 @@ import pandas as pd
 
 from analyzer.metrics.text import text_map
 from analyzer.metrics.dtypes import MESSAGE_DTYPE_BYTES
-from analyzer.metrics.stragglers import _busbw_factor
+from analyzer.metrics.stragglers import busbw_factor
 
 COLUMNS = (
     "kind",
@@ -100,7 +100,7 @@ def collective_table(events: pd.DataFrame) -> pd.DataFrame:
     duration = (comm["end_ns"] - comm["start_ns"]).to_numpy(np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(duration > 0, size / duration, np.nan)  # bytes/ns == GB/s
-    factor = np.array([_busbw_factor(str(k), int(m)) for k, m in zip(kinds, group)], dtype=np.float64)
+    factor = np.array([busbw_factor(str(k), int(m)) for k, m in zip(kinds, group)], dtype=np.float64)
     return (
         pd.DataFrame(
             {

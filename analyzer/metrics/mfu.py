@@ -234,40 +234,7 @@ def mfu_from_manifest(
     assert peak is not None
     flops = float(tokens_per_step) * float(per_token) / float(world_size)
     hw_flops = float(tokens_per_step) * float(per_token_hw) / float(world_size)
-    # Each rank's MFU over its own step time, then the mean over ranks: the
-    # same order as reftrain's logged value. Dividing a mean step time instead
-    # differs by Jensen's gap, which reached 4% on a loaded 2-core machine
-    # where ranks' step times within one step differ by up to 2x.
-    rank_seconds = pd.to_numeric(steady["step_time_ms"], errors="coerce").to_numpy(np.float64) / 1e3
-    per_rank = pd.DataFrame(
-        {
-            "step": steady["step"].to_numpy(),
-            "rank": steady["rank"].to_numpy(),
-            "step_time_ms": rank_seconds * 1e3,
-            "mfu": flops / (rank_seconds * float(peak)),
-            "hfu": hw_flops / (rank_seconds * float(peak)),
-            "tflops": flops / rank_seconds / 1e12,
-        }
-    )
-    per_step = per_rank.groupby("step", sort=True).agg(
-        n_ranks=("rank", "nunique"),
-        step_time_ms=("step_time_ms", "mean"),
-        mfu=("mfu", "mean"),
-        hfu=("hfu", "mean"),
-        tflops=("tflops", "mean"),
-    )
-    steps = pd.DataFrame(
-        {
-            "step": per_step.index.to_numpy(np.int64),
-            "n_ranks": per_step["n_ranks"].to_numpy(np.int64),
-            "step_time_ms": per_step["step_time_ms"].to_numpy(),
-            "flops": flops,
-            "hardware_flops": hw_flops,
-            "achieved_tflops_per_s": per_step["tflops"].to_numpy(),
-            "mfu": per_step["mfu"].to_numpy(),
-            "hfu": per_step["hfu"].to_numpy(),
-        }
-    )
+    steps = _manifest_steps(steady, flops, hw_flops, float(peak))
     logged = None
     if "mfu" in steady.columns:
         logged = _median_or_none(pd.to_numeric(steady["mfu"], errors="coerce").groupby(steady["step"]).mean())
@@ -349,6 +316,45 @@ class RankFlops:
         if self.attribution == "kernels":
             return self.covered_kernel_ns / self.flop_kernel_ns if self.flop_kernel_ns > 0 else None
         return self.covered_host_ns / self.flop_host_ns if self.flop_host_ns > 0 else None
+
+
+def _manifest_steps(steady: pd.DataFrame, flops: float, hw_flops: float, peak: float) -> pd.DataFrame:
+    """Per steady-state step: the mean over ranks of each rank's MFU, HFU and achieved FLOP/s, from
+    ``flops`` (model) and ``hw_flops`` (hardware) per step per device and ``peak`` FLOP/s."""
+    # Each rank's MFU over its own step time, then the mean over ranks: the
+    # same order as reftrain's logged value. Dividing a mean step time instead
+    # differs by Jensen's gap, which reached 4% on a loaded 2-core machine
+    # where ranks' step times within one step differ by up to 2x.
+    rank_seconds = pd.to_numeric(steady["step_time_ms"], errors="coerce").to_numpy(np.float64) / 1e3
+    per_rank = pd.DataFrame(
+        {
+            "step": steady["step"].to_numpy(),
+            "rank": steady["rank"].to_numpy(),
+            "step_time_ms": rank_seconds * 1e3,
+            "mfu": flops / (rank_seconds * peak),
+            "hfu": hw_flops / (rank_seconds * peak),
+            "tflops": flops / rank_seconds / 1e12,
+        }
+    )
+    per_step = per_rank.groupby("step", sort=True).agg(
+        n_ranks=("rank", "nunique"),
+        step_time_ms=("step_time_ms", "mean"),
+        mfu=("mfu", "mean"),
+        hfu=("hfu", "mean"),
+        tflops=("tflops", "mean"),
+    )
+    return pd.DataFrame(
+        {
+            "step": per_step.index.to_numpy(np.int64),
+            "n_ranks": per_step["n_ranks"].to_numpy(np.int64),
+            "step_time_ms": per_step["step_time_ms"].to_numpy(),
+            "flops": flops,
+            "hardware_flops": hw_flops,
+            "achieved_tflops_per_s": per_step["tflops"].to_numpy(),
+            "mfu": per_step["mfu"].to_numpy(),
+            "hfu": per_step["hfu"].to_numpy(),
+        }
+    )
 
 
 def _kernel_dtype(ops: pd.DataFrame, kernels: pd.DataFrame) -> str | None:
@@ -538,70 +544,10 @@ def mfu_from_trace_shapes(
         )
     dtypes = [r.dtype for r in ranks if r.dtype]
     dtype = max(set(dtypes), key=dtypes.count) if dtypes else None
-    notes: list[str] = []
-    peak: Peak | None = None
-    reason = None
-    if peak_flops is not None:
-        peak = Peak(float(peak_flops), dtype, "argument", "peak_flops argument")
-    else:
-        names = {n for n in device_names.values() if n}
-        if not names:
-            reason = "no GPU in the trace (deviceProperties empty) and no peak_flops given"
-        else:
-            name = sorted(names)[0]
-            peak = lookup_peak(name, dtype)
-            if peak is None:
-                reason = f"no datasheet peak for device {name!r} in {dtype or 'bf16'}; pass peak_flops (--peak-flops)"
-            if len(names) > 1:
-                notes.append(f"ranks report different devices {sorted(names)}; peak of {name!r} used")
-    per_rank = []
-    for r in ranks:
-        t = r.steps.assign(rank=r.rank)
-        per_rank.append(t)
-    table = pd.concat(per_rank, ignore_index=True)
-    seconds = table["step_time_ms"].to_numpy() / 1e3
-    table["achieved_tflops_per_s"] = table["flops"].to_numpy() / seconds / 1e12
-    table["mfu"] = table["flops"] / (seconds * peak.per_s) if peak else np.nan
-    table["hfu"] = table["hardware_flops"] / (seconds * peak.per_s) if peak else np.nan
-    averaged = ["step_time_ms", "flops", "hardware_flops", "achieved_tflops_per_s", "mfu", "hfu"]
-    if len(ranks) == 1 and table["step"].is_unique:
-        # One rank, one row per step: the mean over ranks is the row (the groupby cost 4 ms of a one-file report).
-        steps = table.sort_values("step", kind="stable")[["step", *averaged]].reset_index(drop=True)
-        steps.insert(1, "n_ranks", 1)
-    else:
-        per_step = table.groupby("step", sort=True).agg(
-            n_ranks=("rank", "nunique"), **{c: (c, "mean") for c in averaged}
-        )
-        steps = per_step.reset_index()
-    steps = steps[list(STEP_COLUMNS)]
-    modes = sorted({r.backward for r in ranks})
-    backward = modes[0] if len(modes) == 1 else "mixed"
-    families: dict[str, str] = {}
-    for r in ranks:
-        for family, mode in r.families:
-            families[family] = mode if families.get(family, mode) == mode else "mixed"
-    estimated = [f for f, m in families.items() if m == "estimated"]
-    if estimated:
-        notes.append(
-            "no recorded backward op for "
-            + ", ".join(f"{f} (backward estimated as {BACKWARD_RATIO[f]:g}x its forward)" for f in estimated)
-        )
-    if backward == "absent":
-        notes.append("no autograd backward in the trace: forward FLOPs only (inference or forward-only profile)")
-    unknown = sum(r.n_unknown_shapes for r in ranks)
-    if unknown:
-        notes.append(
-            f"{unknown} of {n_ops} matmul-like ops lack usable shapes (their children or enclosing op count instead, where usable)"
-        )
-    if inconsistent:
-        notes.append(
-            f"{sum(i['count'] for i in inconsistent)} matmul-like op(s) recorded shapes that do not fit the op "
-            f"(e.g. {inconsistent[0]['name']} {inconsistent[0]['input_dims']}: {inconsistent[0]['reason']}); listed in inconsistent_ops"
-        )
-    if coverage is not None:
-        notes.append(
-            f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv {_time_kind(ranks)} whose FLOPs are known"
-        )
+    peak, reason, notes = _trace_peak(device_names, dtype, peak_flops)
+    steps = _trace_steps(ranks, peak)
+    backward, families, shape_notes = _trace_backward_notes(ranks, n_ops, coverage, inconsistent)
+    notes += shape_notes
     if lower_bound:
         notes.insert(
             0,
@@ -637,6 +583,92 @@ def mfu_from_trace_shapes(
         peak_detail=peak.detail,
         **common,
     )
+
+
+def _trace_peak(
+    device_names: Mapping[int, str | None], dtype: str | None, peak_flops: float | None
+) -> tuple[Peak | None, str | None, list[str]]:
+    """The peak of a trace's MFU: ``peak_flops`` if given, else the datasheet peak of the ranks' device in
+    ``dtype``; the reason when there is none, and a note when the ranks name different devices."""
+    notes: list[str] = []
+    peak: Peak | None = None
+    reason = None
+    if peak_flops is not None:
+        peak = Peak(float(peak_flops), dtype, "argument", "peak_flops argument")
+    else:
+        names = {n for n in device_names.values() if n}
+        if not names:
+            reason = "no GPU in the trace (deviceProperties empty) and no peak_flops given"
+        else:
+            name = sorted(names)[0]
+            peak = lookup_peak(name, dtype)
+            if peak is None:
+                reason = f"no datasheet peak for device {name!r} in {dtype or 'bf16'}; pass peak_flops (--peak-flops)"
+            if len(names) > 1:
+                notes.append(f"ranks report different devices {sorted(names)}; peak of {name!r} used")
+    return peak, reason, notes
+
+
+def _trace_steps(ranks: Sequence[RankFlops], peak: Peak | None) -> pd.DataFrame:
+    """Per ProfilerStep window, the mean over ranks of step time, FLOPs, achieved FLOP/s, MFU and HFU
+    (NaN without a peak); columns ``STEP_COLUMNS``."""
+    per_rank = []
+    for r in ranks:
+        t = r.steps.assign(rank=r.rank)
+        per_rank.append(t)
+    table = pd.concat(per_rank, ignore_index=True)
+    seconds = table["step_time_ms"].to_numpy() / 1e3
+    table["achieved_tflops_per_s"] = table["flops"].to_numpy() / seconds / 1e12
+    table["mfu"] = table["flops"] / (seconds * peak.per_s) if peak else np.nan
+    table["hfu"] = table["hardware_flops"] / (seconds * peak.per_s) if peak else np.nan
+    averaged = ["step_time_ms", "flops", "hardware_flops", "achieved_tflops_per_s", "mfu", "hfu"]
+    if len(ranks) == 1 and table["step"].is_unique:
+        # One rank, one row per step: the mean over ranks is the row (the groupby cost 4 ms of a one-file report).
+        steps = table.sort_values("step", kind="stable")[["step", *averaged]].reset_index(drop=True)
+        steps.insert(1, "n_ranks", 1)
+    else:
+        per_step = table.groupby("step", sort=True).agg(
+            n_ranks=("rank", "nunique"), **{c: (c, "mean") for c in averaged}
+        )
+        steps = per_step.reset_index()
+    return steps[list(STEP_COLUMNS)]
+
+
+def _trace_backward_notes(
+    ranks: Sequence[RankFlops], n_ops: int, coverage: float | None, inconsistent: list[dict[str, Any]]
+) -> tuple[str, dict[str, str], list[str]]:
+    """How the backward FLOPs were counted (over all ranks, and per op family: ``recorded``, ``estimated``,
+    ``absent`` or ``mixed``) and the notes on backward, unusable shapes and FLOP coverage."""
+    notes: list[str] = []
+    modes = sorted({r.backward for r in ranks})
+    backward = modes[0] if len(modes) == 1 else "mixed"
+    families: dict[str, str] = {}
+    for r in ranks:
+        for family, mode in r.families:
+            families[family] = mode if families.get(family, mode) == mode else "mixed"
+    estimated = [f for f, m in families.items() if m == "estimated"]
+    if estimated:
+        notes.append(
+            "no recorded backward op for "
+            + ", ".join(f"{f} (backward estimated as {BACKWARD_RATIO[f]:g}x its forward)" for f in estimated)
+        )
+    if backward == "absent":
+        notes.append("no autograd backward in the trace: forward FLOPs only (inference or forward-only profile)")
+    unknown = sum(r.n_unknown_shapes for r in ranks)
+    if unknown:
+        notes.append(
+            f"{unknown} of {n_ops} matmul-like ops lack usable shapes (their children or enclosing op count instead, where usable)"
+        )
+    if inconsistent:
+        notes.append(
+            f"{sum(i['count'] for i in inconsistent)} matmul-like op(s) recorded shapes that do not fit the op "
+            f"(e.g. {inconsistent[0]['name']} {inconsistent[0]['input_dims']}: {inconsistent[0]['reason']}); listed in inconsistent_ops"
+        )
+    if coverage is not None:
+        notes.append(
+            f"FLOP coverage {coverage:.1%}: share of GEMM/attention/conv {_time_kind(ranks)} whose FLOPs are known"
+        )
+    return backward, families, notes
 
 
 def _time_kind(ranks: Sequence[RankFlops]) -> str:

@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.metrics.frames import empty_frame
-from analyzer.metrics.hardware import datasheet_peak, hbm_peak
+from analyzer.metrics.hardware import MemoryPeak, datasheet_peak, hbm_peak
 from analyzer.metrics.matmul_flops import ShapeError
 from analyzer.metrics.op_models import BACKWARD_BYTES, BACKWARD_FLOPS, MEMORY_FAMILIES, CallCost, per_call
 from analyzer.metrics.taxonomy import kernel_precision
@@ -263,8 +263,58 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None, op_kernels: p
             0.0,
             notes,
         )
-    rows = []
-    tf32 = _tf32_ops(op_kernels)
+    rows, row_notes = _modeled_rows(shapes, _tf32_ops(op_kernels))
+    notes += row_notes
+    roofs, peaks, roof_notes = _roofs(rows, device_name, hbm)
+    notes += roof_notes
+    if not rows:
+        return Roofline(
+            empty_frame(POINT_COLUMNS),
+            empty_frame(OP_COLUMNS),
+            pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
+            device_name,
+            None if hbm is None else hbm.bytes_per_s,
+            None if hbm is None else hbm.source,
+            total_ms,
+            0.0,
+            notes,
+        )
+    points = pd.DataFrame(rows)
+    points["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in points["dtype"]]
+    hbm_bps = hbm.bytes_per_s if hbm else None
+    points = _rates(points, hbm_bps)[list(POINT_COLUMNS)]
+    points = points.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    ops = _per_op(points)
+    ops["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in ops["dtype"]]
+    ops = _rates(ops, hbm_bps)[list(OP_COLUMNS)]
+    ops = ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    over = ops.loc[ops["efficiency_pct"].to_numpy(np.float64) > 100.0]
+    if len(over):
+        notes.append(
+            "efficiency over 100 % (the FLOPs model or the peak table is wrong for these rows): "
+            + ", ".join(
+                f"{o}{' bwd' if b else ''} {d} {e:.1f} %"
+                for o, b, d, e in over[["op", "backward", "dtype", "efficiency_pct"]].itertuples(index=False)
+            )
+        )
+    return Roofline(
+        points,
+        ops,
+        pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
+        device_name,
+        hbm_bps,
+        None if hbm is None else hbm.source,
+        total_ms,
+        float(points["device_ms"].sum()),
+        notes,
+    )
+
+
+def _modeled_rows(shapes: pd.DataFrame, tf32: set[tuple[str, bool]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One point per shapes row its op model fits (FLOPs and bytes of all its calls, backward scaled), and
+    notes on the rows left off (no model, no backward model) and on causal attention."""
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     unfit: dict[str, int] = {}
     cache: dict[tuple[str, str, str, str], CallCost | None] = {}
     no_backward: dict[str, int] = {}
@@ -335,6 +385,15 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None, op_kernels: p
             "not on the roofline (no model, or shapes that do not fit the op): "
             + ", ".join(f"{op} ({n} shape(s))" for op, n in sorted(unfit.items()))
         )
+    return rows, notes
+
+
+def _roofs(
+    rows: list[dict[str, Any]], device_name: str | None, hbm: MemoryPeak | None
+) -> tuple[list[dict[str, Any]], dict[str | None, float], list[str]]:
+    """The roofs of the rows' dtypes on ``device_name`` (datasheet peak, ridge point), the peaks by dtype,
+    and a note when there are none."""
+    notes: list[str] = []
     roofs = []
     peaks: dict[str | None, float] = {}
     for dtype in sorted({str(r["dtype"]) for r in rows if r["dtype"]}):
@@ -356,44 +415,4 @@ def roofline(shapes: pd.DataFrame, device_name: str | None = None, op_kernels: p
             f"no datasheet peaks for '{device_name}' in the peak table (analyzer.metrics.hardware): "
             "no bound or efficiency"
         )
-    if not rows:
-        return Roofline(
-            empty_frame(POINT_COLUMNS),
-            empty_frame(OP_COLUMNS),
-            pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
-            device_name,
-            None if hbm is None else hbm.bytes_per_s,
-            None if hbm is None else hbm.source,
-            total_ms,
-            0.0,
-            notes,
-        )
-    points = pd.DataFrame(rows)
-    points["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in points["dtype"]]
-    hbm_bps = hbm.bytes_per_s if hbm else None
-    points = _rates(points, hbm_bps)[list(POINT_COLUMNS)]
-    points = points.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
-    ops = _per_op(points)
-    ops["peak_flops_per_s"] = [peaks.get(d, np.nan) for d in ops["dtype"]]
-    ops = _rates(ops, hbm_bps)[list(OP_COLUMNS)]
-    ops = ops.sort_values(["device_ms", "op"], ascending=[False, True], kind="stable").reset_index(drop=True)
-    over = ops.loc[ops["efficiency_pct"].to_numpy(np.float64) > 100.0]
-    if len(over):
-        notes.append(
-            "efficiency over 100 % (the FLOPs model or the peak table is wrong for these rows): "
-            + ", ".join(
-                f"{o}{' bwd' if b else ''} {d} {e:.1f} %"
-                for o, b, d, e in over[["op", "backward", "dtype", "efficiency_pct"]].itertuples(index=False)
-            )
-        )
-    return Roofline(
-        points,
-        ops,
-        pd.DataFrame(roofs, columns=list(ROOF_COLUMNS)),
-        device_name,
-        hbm_bps,
-        None if hbm is None else hbm.source,
-        total_ms,
-        float(points["device_ms"].sum()),
-        notes,
-    )
+    return roofs, peaks, notes

@@ -322,8 +322,9 @@ def match_arrivals(
 # ---------------------------------------------------------------------------
 
 
-# nccl-tests' bus-bandwidth factors (PERFORMANCE.md), n = ranks in the group.
-def _busbw_factor(kind: str, n: int) -> float:
+def busbw_factor(kind: str, n: int) -> float:
+    """Bus bandwidth over algorithm bandwidth for a collective ``kind`` among ``n`` ranks (nccl-tests'
+    PERFORMANCE.md); NaN for one rank or an unknown kind."""
     if n <= 1:
         return float("nan")
     if kind == "all_reduce":
@@ -383,7 +384,7 @@ def collective_table(arrivals: pd.DataFrame) -> pd.DataFrame:
     size = agg["bytes"].to_numpy(np.float64) * np.where(agg["kind"].to_numpy() == "all_gather", n, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(duration_ns.to_numpy() > 0, size / duration_ns.to_numpy(), np.nan)  # bytes/ns == GB/s
-    factor = np.array([_busbw_factor(k, int(m)) for k, m in zip(agg["kind"], n)])
+    factor = np.array([busbw_factor(k, int(m)) for k, m in zip(agg["kind"], n)])
     out = pd.DataFrame(
         {
             "key": agg.index.to_numpy(),
@@ -688,6 +689,43 @@ def find_stragglers(
             per_step = per_step.join(_stacked(late_table, "lateness_ms"), how="outer")
         per_step = per_step.reset_index()
 
+    per_rank = _rank_records(ranks, step_table, ratio, waits, step_sig, late_sig, median_step_ms, cfg)
+
+    flagged = [r.rank for r in per_rank if r.flagged]
+    if len(ranks) < 2:
+        verdict = "no verdict: stragglers need two or more ranks"
+    elif max((len(step_table),) + ((len(late_table),) if not late_table.empty else ())) < cfg.min_steps:
+        verdict = f"no verdict: fewer than {cfg.min_steps} steps to judge persistence"
+    elif flagged:
+        verdict = "persistent straggler(s): " + "; ".join(r.evidence for r in per_rank if r.flagged)
+    else:
+        verdict = f"no persistent straggler among {len(ranks)} ranks"
+    if arrivals.empty and len(ranks) >= 2:
+        notes.append("no collectives matched across ranks: verdict from step times only")
+    return StragglerResult(
+        ranks=flagged,
+        per_rank=per_rank,
+        verdict=verdict,
+        step_source=step_source,
+        arrival_source=arrival_source if not arrivals.empty else None,
+        config=cfg,
+        per_step=per_step,
+        notes=notes,
+    )
+
+
+def _rank_records(
+    ranks: list[int],
+    step_table: pd.DataFrame,
+    ratio: pd.DataFrame,
+    waits: pd.DataFrame,
+    step_sig: _Signal | None,
+    late_sig: _Signal | None,
+    median_step_ms: float | None,
+    cfg: StragglerConfig,
+) -> list[RankStraggle]:
+    """One :class:`RankStraggle` per rank: its step times (``step_table``, step x rank, and ``ratio`` to the
+    step's median), its arrival totals (``waits``), the two signals' scores and whether they flag it."""
     # Per-rank arrival totals in one pass over the (rank, collective) rows.
     empty = pd.Series(dtype="float64")
     if not waits.empty:
@@ -743,28 +781,7 @@ def find_stragglers(
         )
         rs.evidence = _evidence(rs)
         per_rank.append(rs)
-
-    flagged = [r.rank for r in per_rank if r.flagged]
-    if len(ranks) < 2:
-        verdict = "no verdict: stragglers need two or more ranks"
-    elif max((len(step_table),) + ((len(late_table),) if not late_table.empty else ())) < cfg.min_steps:
-        verdict = f"no verdict: fewer than {cfg.min_steps} steps to judge persistence"
-    elif flagged:
-        verdict = "persistent straggler(s): " + "; ".join(r.evidence for r in per_rank if r.flagged)
-    else:
-        verdict = f"no persistent straggler among {len(ranks)} ranks"
-    if arrivals.empty and len(ranks) >= 2:
-        notes.append("no collectives matched across ranks: verdict from step times only")
-    return StragglerResult(
-        ranks=flagged,
-        per_rank=per_rank,
-        verdict=verdict,
-        step_source=step_source,
-        arrival_source=arrival_source if not arrivals.empty else None,
-        config=cfg,
-        per_step=per_step,
-        notes=notes,
-    )
+    return per_rank
 
 
 def _evidence(r: RankStraggle) -> str:

@@ -404,22 +404,7 @@ def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tup
         empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
         steps = pd.DataFrame({"rank": [], "step": [], "start_ns": [], "end_ns": []}, dtype="int64")
         return Overview(source=source, span_ns=(0, 1), origins={}, occupancy=empty, steps=steps), notes
-    common: set[int] | None = None
-    for g in grids.values():
-        ids = set(int(s) for s in g.step)
-        common = ids if common is None else common & ids
-    first_common = min(common) if common else None
-    coarse = max(g.bin_ns for g in grids.values())
-    origins: dict[int, int] = {}
-    index: dict[int, np.ndarray] = {}  # per rank: each fine bin's coarse bin, relative to the origin
-    for r, g in grids.items():
-        shift = 0
-        if first_common is not None:
-            at = int(g.step_start_ns[np.flatnonzero(g.step == first_common)[0]])
-            shift = round((at - g.anchor_ns) / g.bin_ns)
-        origins[r] = g.anchor_ns + shift * g.bin_ns
-        n = len(next(iter(g.parts_ns.values())))
-        index[r] = (g.first_bin - shift + np.arange(n, dtype=np.int64)) * g.bin_ns // coarse
+    origins, index, coarse = _aligned_origins(grids)
     lo = min(int(i[0]) for i in index.values())
     hi = max(int(i[-1]) for i in index.values()) + 1
     n_coarse = hi - lo
@@ -471,3 +456,26 @@ def overview_from_grids(tl: RunTimeline, window: int | None, n_bins: int) -> tup
     return Overview(
         source=source, span_ns=(int(edges[0]), int(edges[-1])), origins=origins, occupancy=occ, steps=steps
     ), notes
+
+
+def _aligned_origins(grids: dict[int, TimelineGrid]) -> tuple[dict[int, int], dict[int, np.ndarray], int]:
+    """Each rank's origin (the start of the first ProfilerStep every rank recorded, moved to the nearest
+    fine-bin edge; else its grid's anchor), each of its fine bins' coarse bin relative to that origin, and
+    the coarse bin width (ns: the coarsest rank's fine bin)."""
+    common: set[int] | None = None
+    for g in grids.values():
+        ids = set(int(s) for s in g.step)
+        common = ids if common is None else common & ids
+    first_common = min(common) if common else None
+    coarse = max(g.bin_ns for g in grids.values())
+    origins: dict[int, int] = {}
+    index: dict[int, np.ndarray] = {}  # per rank: each fine bin's coarse bin, relative to the origin
+    for r, g in grids.items():
+        shift = 0
+        if first_common is not None:
+            at = int(g.step_start_ns[np.flatnonzero(g.step == first_common)[0]])
+            shift = round((at - g.anchor_ns) / g.bin_ns)
+        origins[r] = g.anchor_ns + shift * g.bin_ns
+        n = len(next(iter(g.parts_ns.values())))
+        index[r] = (g.first_bin - shift + np.arange(n, dtype=np.int64)) * g.bin_ns // coarse
+    return origins, index, coarse

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 VIEWS = {
     ("analyzer.api", "RunAnalysis"): "run_html",
     ("analyzer.verbs.compare", "Comparison"): "compare_html",
-    ("analyzer.verbs.check", "GateOutcome"): "gate_html",
+    ("analyzer.verbs.check.outcome", "GateOutcome"): "gate_html",
 }
 
 

@@ -64,8 +64,8 @@ rows (the phases add up to it), labelled as such wherever it is shown.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -81,6 +81,56 @@ SCHEMA = "analyzer.compare/1"
 METRICS_PHASES = ("data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "grad_sync_ms")
 # Columns of the steps table that are not breakdown parts.
 _STEP_META = ("rank", "step", "start_ns", "end_ns", "step_time_ms", "source", "comm_ms", "mfu")
+
+
+class DeltaDocument(TypedDict):
+    """:meth:`Delta.to_json`: the fields, then ``delta`` and ``delta_pct``."""
+
+    name: str
+    base: float | None
+    cand: float | None
+    kind: str | None
+    delta: float
+    delta_pct: float | None
+
+
+class MfuDeltaDocument(TypedDict):
+    """:meth:`MfuDelta.to_json`: the fields, then ``cand_comparable``, ``delta`` and ``drop``."""
+
+    base: float | None
+    cand: float | None
+    base_source: str
+    cand_source: str
+    cand_on_base_peak: float | None
+    base_hfu: float | None
+    cand_hfu: float | None
+    cand_comparable: float | None
+    delta: float | None
+    drop: float | None
+
+
+class ComparisonDocument(TypedDict):
+    """``analyzer compare --json`` (schema ``analyzer.compare/1``, :data:`SCHEMA`): :meth:`Comparison.to_json`,
+    in this order; ``base`` and ``cand`` are the runs' paths. Units as on :class:`Comparison`."""
+
+    schema: str
+    base: str
+    cand: str
+    step_time_ms: DeltaDocument
+    step_time_median_ms: DeltaDocument
+    phase_source: str
+    phases: list[DeltaDocument]
+    kernel_source: str
+    kernels: list[DeltaDocument]
+    op_source: str
+    ops: list[DeltaDocument]
+    modules: list[DeltaDocument]
+    memory_source: str
+    memory: list[DeltaDocument]
+    memory_growth: float | None
+    ranks: list[DeltaDocument]
+    mfu: MfuDeltaDocument
+    notes: list[str]
 
 
 @dataclass(frozen=True)
@@ -101,11 +151,15 @@ class Delta:
         """Relative change in percent of the baseline; None when the baseline is 0 or absent."""
         return 100.0 * self.delta / self.base if self.base else None
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["delta"] = self.delta
-        out["delta_pct"] = self.delta_pct
-        return out
+    def to_json(self) -> DeltaDocument:
+        return DeltaDocument(
+            name=self.name,
+            base=self.base,
+            cand=self.cand,
+            kind=self.kind,
+            delta=self.delta,
+            delta_pct=self.delta_pct,
+        )
 
 
 @dataclass(frozen=True)
@@ -136,12 +190,19 @@ class MfuDelta:
         cand = self.cand_comparable
         return None if self.base is None or cand is None or self.base == 0 else (self.base - cand) / self.base
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["cand_comparable"] = self.cand_comparable
-        out["delta"] = self.delta
-        out["drop"] = self.drop
-        return out
+    def to_json(self) -> MfuDeltaDocument:
+        return MfuDeltaDocument(
+            base=self.base,
+            cand=self.cand,
+            base_source=self.base_source,
+            cand_source=self.cand_source,
+            cand_on_base_peak=self.cand_on_base_peak,
+            base_hfu=self.base_hfu,
+            cand_hfu=self.cand_hfu,
+            cand_comparable=self.cand_comparable,
+            delta=self.delta,
+            drop=self.drop,
+        )
 
 
 @dataclass
@@ -201,29 +262,30 @@ class Comparison:
         """The ``n`` (module path, pass) rows that grew the most, largest first (most specific rows only)."""
         return sorted((d for d in self.modules if d.delta > 0), key=lambda d: -d.delta)[:n]
 
-    def to_json(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "schema": SCHEMA,
-                "base": self.base_path,
-                "cand": self.cand_path,
-                "step_time_ms": self.step_time.to_json(),
-                "step_time_median_ms": self.step_time_median.to_json(),
-                "phase_source": self.phase_source,
-                "phases": [d.to_json() for d in self.phases],
-                "kernel_source": self.kernel_source,
-                "kernels": [d.to_json() for d in self.kernels],
-                "op_source": self.op_source,
-                "ops": [d.to_json() for d in self.ops],
-                "modules": [d.to_json() for d in self.modules],
-                "memory_source": self.memory_source,
-                "memory": [d.to_json() for d in self.memory],
-                "memory_growth": self.memory_growth,
-                "ranks": [d.to_json() for d in self.ranks],
-                "mfu": self.mfu.to_json(),
-                "notes": list(self.notes),
-            }
+    def to_json(self) -> ComparisonDocument:
+        doc = ComparisonDocument(
+            schema=SCHEMA,
+            base=self.base_path,
+            cand=self.cand_path,
+            step_time_ms=self.step_time.to_json(),
+            step_time_median_ms=self.step_time_median.to_json(),
+            phase_source=self.phase_source,
+            phases=[d.to_json() for d in self.phases],
+            kernel_source=self.kernel_source,
+            kernels=[d.to_json() for d in self.kernels],
+            op_source=self.op_source,
+            ops=[d.to_json() for d in self.ops],
+            modules=[d.to_json() for d in self.modules],
+            memory_source=self.memory_source,
+            memory=[d.to_json() for d in self.memory],
+            memory_growth=self.memory_growth,
+            ranks=[d.to_json() for d in self.ranks],
+            mfu=self.mfu.to_json(),
+            notes=list(self.notes),
         )
+        # NaN and numpy scalars (from the tables) become plain JSON values; the keys stay those of the type.
+        sanitized: ComparisonDocument = jsonable(doc)
+        return sanitized
 
 
 def _by_abs_delta(deltas: list[Delta]) -> list[Delta]:
@@ -240,7 +302,8 @@ def _metrics_phase_table(a: "RunAnalysis") -> pd.DataFrame | None:
     steady = steady_state(metrics, manifest.warmup_steps or 0, manifest.profiled_steps)
     if steady.empty:
         return None
-    cols = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
+    # A phase the records lack is a column of zeros (the scalar broadcasts).
+    cols: dict[str, pd.Series | float] = {"step_time_ms": pd.to_numeric(steady["step_time_ms"], errors="coerce")}
     for phase in METRICS_PHASES:
         cols[phase] = pd.to_numeric(steady[phase], errors="coerce") if phase in steady.columns else 0.0
     table = pd.DataFrame(cols, index=steady.index).fillna(0.0)
@@ -329,12 +392,14 @@ def _kernel_deltas(base: "RunAnalysis", cand: "RunAnalysis", top: int | None) ->
     joined = kb.merge(kc, on="name", how="outer", suffixes=("_base", "_cand"))
     deltas = [
         Delta(
-            name=row.name,
-            base=float(row.ms_per_step_base) if pd.notna(row.ms_per_step_base) else 0.0,
-            cand=float(row.ms_per_step_cand) if pd.notna(row.ms_per_step_cand) else 0.0,
-            kind=str(row.kind_base if pd.notna(row.kind_base) else row.kind_cand),
+            name=name,
+            base=float(base_ms) if pd.notna(base_ms) else 0.0,
+            cand=float(cand_ms) if pd.notna(cand_ms) else 0.0,
+            kind=str(kind_base if pd.notna(kind_base) else kind_cand),
         )
-        for row in joined.itertuples(index=False)
+        for name, base_ms, cand_ms, kind_base, kind_cand in zip(
+            *(joined[c].tolist() for c in ("name", "ms_per_step_base", "ms_per_step_cand", "kind_base", "kind_cand"))
+        )
     ]
     sources = {
         str(s)
@@ -395,8 +460,8 @@ def _matched(sb: pd.Series, sc: pd.Series) -> list[Delta]:
     joined = pd.concat([sb.rename("base"), sc.rename("cand")], axis=1).fillna(0.0)
     return _by_abs_delta(
         [
-            Delta(str(name), float(row.base), float(row.cand), str(kind))
-            for (name, kind), row in zip(joined.index, joined.itertuples(index=False))
+            Delta(str(name), float(base), float(cand), str(kind))
+            for (name, kind), base, cand in zip(joined.index, joined["base"].tolist(), joined["cand"].tolist())
         ]
     )
 
@@ -490,7 +555,10 @@ def _memory_deltas(base: "RunAnalysis", cand: "RunAnalysis") -> tuple[list[Delta
     ]
     if mb.peak_reserved_bytes is not None or mc.peak_reserved_bytes is not None:
         deltas.append(Delta("peak reserved", mib(mb.peak_reserved_bytes), mib(mc.peak_reserved_bytes), mb.kind))
-    per_rank = [{int(r.rank): mib(r.peak_allocated_bytes) for r in m.ranks.itertuples(index=False)} for m in (mb, mc)]
+    per_rank = [
+        {int(r): mib(v) for r, v in zip(m.ranks["rank"].tolist(), m.ranks["peak_allocated_bytes"].tolist())}
+        for m in (mb, mc)
+    ]
     deltas += [
         Delta(f"rank {r}", per_rank[0].get(r), per_rank[1].get(r), mb.kind)
         for r in sorted(set(per_rank[0]) | set(per_rank[1]))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypedDict, cast
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Git
@@ -35,6 +35,36 @@ Order = Literal["time", "commit"]
 # Told (run number from 1, runs to analyze, run folder name) as each run's analysis starts; returns
 # the listener of that run's per-rank map (analyze's ``progress``), or None.
 RunProgress = Callable[[int, int, str], "Callable[[Progress], None] | None"]
+
+
+class HistoryPointDocument(TypedDict):
+    """One point of the history document: :class:`HistoryPoint`'s fields."""
+
+    run: str
+    start_time: str
+    commit: str | None
+    dirty: bool | None
+    mfu: float | None
+    step_time_ms: float | None
+    tokens_per_s: float | None
+    goodput: float | None
+    verdict: str | None
+    verdict_error: str | None
+    explanation: str | None
+    change_point: bool
+    direction: Literal["slower", "faster"] | None
+
+
+class HistoryDocument(TypedDict):
+    """``analyzer history --json`` (schema ``analyzer.history/1``): :meth:`History.to_json`."""
+
+    schema: str  # HISTORY_SCHEMA
+    by: Order
+    points: list[HistoryPointDocument]
+    skipped: list[str]  # "folder: why"
+
+
+HISTORY_SCHEMA = "analyzer.history/1"
 
 
 @dataclass(frozen=True)
@@ -60,15 +90,15 @@ class History:
     points: list[HistoryPoint]
     skipped: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HistoryDocument:
         from dataclasses import asdict
 
-        return {
-            "schema": "analyzer.history/1",
-            "by": self.by,
-            "points": [asdict(p) for p in self.points],
-            "skipped": list(self.skipped),
-        }
+        return HistoryDocument(
+            schema=HISTORY_SCHEMA,
+            by=self.by,
+            points=[cast(HistoryPointDocument, asdict(p)) for p in self.points],
+            skipped=list(self.skipped),
+        )
 
 
 def _sha(a: "RunAnalysis") -> str | None:

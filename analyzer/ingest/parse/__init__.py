@@ -58,8 +58,8 @@ from analyzer.ingest.limits import ParseLimits
 from analyzer.ingest.limits import current as current_limits
 from analyzer.ingest.parse.classify import MAX_TIME_NS, complete_events, raw_times
 from analyzer.ingest.parse.columns import Columns, to_ns
-from analyzer.ingest.parse.decode import _META_KEYS, Event, decode_events
-from analyzer.ingest.parse.read import BLOCK_BYTES, _read_blocks
+from analyzer.ingest.parse.decode import META_KEYS, Event, decode_events
+from analyzer.ingest.parse.read import BLOCK_BYTES, read_blocks
 from analyzer.ingest.parse.split import Splitter
 from analyzer.ingest.parse.units import UnitDecision, decide, gather, time_unit_ns
 from analyzer.ingest.schema import canonical_category
@@ -94,7 +94,8 @@ def rank_from_filename(name: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _resolve_rank(distributed_info: dict, path: Path, hint: int | None) -> tuple[int, str]:
+def resolve_rank(distributed_info: dict, path: Path, hint: int | None) -> tuple[int, str]:
+    """(rank, where it came from): the trace's ``distributedInfo.rank``, else the file name, else ``hint``, else 0."""
     rank = distributed_info.get("rank") if isinstance(distributed_info, dict) else None
     if isinstance(rank, (int, float, str)) and str(rank).lstrip("-").isdigit():
         return int(rank), "distributedInfo"
@@ -184,7 +185,7 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for block in _read_blocks(path, limits=limits):
+        for block in read_blocks(path, limits=limits):
             splitter.feed(block)
         splitter.finish()
     except RecursionError:
@@ -199,7 +200,7 @@ def parse_columns(path: Path, limits: ParseLimits | None = None) -> ParsedTrace:
     finally:
         if was_enabled:
             gc.enable()
-    meta = {k: splitter.meta[k] for k in _META_KEYS if k in splitter.meta}
+    meta = {k: splitter.meta[k] for k in META_KEYS if k in splitter.meta}
     if "deviceProperties" not in meta and "computeProperties" in meta:
         meta["deviceProperties"] = meta["computeProperties"]
     meta.pop("computeProperties", None)

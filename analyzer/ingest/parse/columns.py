@@ -25,7 +25,7 @@ from analyzer.ingest.parse.classify import (
     valid_times,
     wants_args,
 )
-from analyzer.ingest.parse.decode import _NO_ARGS, Args, Event
+from analyzer.ingest.parse.decode import NO_ARGS, Args, Event
 from analyzer.ingest.schema import CONCRETE_OPS, text_id
 
 _PID, _TID = attrgetter("pid"), attrgetter("tid")
@@ -119,7 +119,7 @@ class Columns:
         del timed
         if not cats:
             return
-        no_args = _NO_ARGS
+        no_args = NO_ARGS
         args = [e.args or no_args for e in xs]
         on_gpu = on_gpu_timeline(cats, self._gpu_cat)
         streams = [(e.tid if a.stream is None else a.stream) if on_gpu[c] else -1 for e, a, c in zip(xs, args, cats)]
@@ -177,7 +177,7 @@ class Columns:
                 (e.ts, a.total_allocated, a.total_reserved, a.nbytes, a.device_type, a.device_id)
                 for e in events
                 if e.name == "[memory]" and e.ph == "i"
-                for a in (e.args or _NO_ARGS,)
+                for a in (e.args or NO_ARGS,)
             ]
         )
 
@@ -249,7 +249,7 @@ class Columns:
         return list(self.name_ids)[code]
 
     def _metadata(self, e: Event) -> None:
-        a = e.args or _NO_ARGS
+        a = e.args or NO_ARGS
         if e.name == "process_name":
             self.processes.setdefault(text_id(e.pid), {})["name"] = "" if a.name is None else str(a.name)
         elif e.name == "process_labels":

@@ -83,14 +83,14 @@ class _Doc(msgspec.Struct):
 
 
 # Top-level keys kept from a document (see ParsedTrace.meta).
-_META_KEYS = ("distributedInfo", "deviceProperties", "computeProperties", "displayTimeUnit", "baseTimeNanoseconds")
+META_KEYS = ("distributedInfo", "deviceProperties", "computeProperties", "displayTimeUnit", "baseTimeNanoseconds")
 
 
-_NO_ARGS = Args()
+NO_ARGS = Args()
 _EVENTS = msgspec.json.Decoder(list[Event])
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _ONE = msgspec.json.Decoder(Event)
-_DOC = msgspec.json.Decoder(_Doc)
+DOC_DECODER = msgspec.json.Decoder(_Doc)
 
 
 def decode_events(text: Any) -> list[Event]:
@@ -127,7 +127,7 @@ def _lenient_event(raw: msgspec.Raw) -> Event | None:
     return msgspec.convert(fixed, Event)
 
 
-def _json_error(exc: msgspec.DecodeError, length: int) -> tuple[str, int]:
+def json_error(exc: msgspec.DecodeError, length: int) -> tuple[str, int]:
     """(reason, byte position) of a msgspec syntax error."""
     text = str(exc)
     m = re.match(r"JSON is malformed: (.*) \(byte (\d+)\)$", text)
@@ -138,7 +138,7 @@ def _json_error(exc: msgspec.DecodeError, length: int) -> tuple[str, int]:
     return text, length
 
 
-_JSON_TYPES = {
+JSON_TYPES = {
     ord("{"): "dict",
     ord("["): "list",
     ord('"'): "str",

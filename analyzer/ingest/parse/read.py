@@ -25,15 +25,16 @@ from analyzer.ingest.limits import current as current_limits
 # (148, 151, 164, 188 MB for 1, 2, 4, 8 MB).
 BLOCK_BYTES = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
-_MB = 1e6
+MB = 1e6
 
 
-def _over_bound(path: Path, what: str, limit_name: str) -> TraceError:
+def over_bound(path: Path, what: str, limit_name: str) -> TraceError:
     """The one line for a file over a bound: what it exceeded, and the flag that raises it."""
     return TraceError(path, f"{what} (raise the bound with {FLAGS[limit_name]})")
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
+    """``n`` bytes in MiB, e.g. ``1,024 MiB``."""
     return f"{n / (1 << 20):,.0f} MiB"
 
 
@@ -41,7 +42,7 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):,.1f} GiB" if n < (10 << 30) else f"{n / (1 << 30):,.0f} GiB"
 
 
-def _read_blocks(path: Path, size: int | None = None, limits: ParseLimits | None = None) -> Iterator[bytes]:
+def read_blocks(path: Path, size: int | None = None, limits: ParseLimits | None = None) -> Iterator[bytes]:
     """Decompressed content of ``path`` in blocks of at most ``size`` bytes
     (default :data:`BLOCK_BYTES`).
 
@@ -71,7 +72,7 @@ def _read_blocks(path: Path, size: int | None = None, limits: ParseLimits | None
                     return
                 total += len(block)
                 if total > limits.max_json_bytes:
-                    raise _over_bound(path, f"more than {_gib(limits.max_json_bytes)} of JSON", "max_json_bytes")
+                    raise over_bound(path, f"more than {_gib(limits.max_json_bytes)} of JSON", "max_json_bytes")
                 yield block
         compressed = os.fstat(fh.fileno()).st_size
         yield from _gunzip(fh, path, size, compressed, limits)
@@ -85,7 +86,7 @@ def _read(fh: Any, path: Path, n: int) -> bytes:
 
 
 def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits) -> Iterator[bytes]:
-    """The blocks of a gzip file of one or more members (see _read_blocks)."""
+    """The blocks of a gzip file of one or more members (see read_blocks)."""
     bound = limits.max_decompressed(compressed)
     out_bytes = 0
     # wbits=31: gzip wrapper, CRC and length checked by zlib.
@@ -110,13 +111,13 @@ def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits
                 data += more
                 continue
             if data[:2] != _GZIP_MAGIC:
-                raise TraceError(path, f"trailing garbage after gzip stream at {out_bytes / _MB:.1f} MB")
+                raise TraceError(path, f"trailing garbage after gzip stream at {out_bytes / MB:.1f} MB")
             d = zlib.decompressobj(31)
             in_member = True
         try:
             block = d.decompress(data, size)
         except zlib.error as exc:  # type: ignore[misc]  # isal's stub types error as an instance; it is the class
-            raise TraceError(path, f"corrupt gzip data after {out_bytes / _MB:.1f} MB ({exc})") from None
+            raise TraceError(path, f"corrupt gzip data after {out_bytes / MB:.1f} MB ({exc})") from None
         if d.eof:
             # Everything after this member. Not unused_data + unconsumed_tail:
             # on Python 3.11 both hold the bytes after the member, and
@@ -132,17 +133,17 @@ def _gunzip(fh: Any, path: Path, size: int, compressed: int, limits: ParseLimits
             yield block
         elif in_member and not data and at_end:
             # No input left and no output pending: the member never ended.
-            raise TraceError(path, f"truncated gzip stream after {out_bytes / _MB:.1f} MB")
+            raise TraceError(path, f"truncated gzip stream after {out_bytes / MB:.1f} MB")
         if not in_member and at_end and not data:
             return
 
 
 def _gzip_over_bound(path: Path, bound: int, compressed: int, limits: ParseLimits) -> TraceError:
     if bound >= limits.max_json_bytes:
-        return _over_bound(path, f"decompresses to more than {_gib(bound)} of JSON", "max_json_bytes")
-    return _over_bound(
+        return over_bound(path, f"decompresses to more than {_gib(bound)} of JSON", "max_json_bytes")
+    return over_bound(
         path,
-        f"decompresses to more than {_mib(bound)}, the bound for {compressed / _MB:.1f} MB of gzip "
-        f"({limits.max_gzip_ratio:g}x, at least {_mib(limits.gzip_floor_bytes)}; a gzip bomb?)",
+        f"decompresses to more than {mib(bound)}, the bound for {compressed / MB:.1f} MB of gzip "
+        f"({limits.max_gzip_ratio:g}x, at least {mib(limits.gzip_floor_bytes)}; a gzip bomb?)",
         "max_gzip_ratio",
     )

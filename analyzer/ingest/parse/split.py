@@ -13,8 +13,8 @@ import orjson
 
 from analyzer.errors import TraceError
 from analyzer.ingest.limits import current as current_limits
-from analyzer.ingest.parse.decode import _DOC, _JSON_TYPES, _META_KEYS, decode_events, _json_error
-from analyzer.ingest.parse.read import _MB, _mib, _over_bound
+from analyzer.ingest.parse.decode import DOC_DECODER, JSON_TYPES, META_KEYS, decode_events, json_error
+from analyzer.ingest.parse.read import MB, mib, over_bound
 
 _TRACE_EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*')
 
@@ -66,11 +66,11 @@ class Splitter:
 
     def _over_event_bound(self) -> NoReturn:
         what = {
-            "body": f"an element of traceEvents longer than {_mib(self.max_event_bytes)}",
-            "head": f"more than {_mib(self.max_event_bytes)} of JSON before traceEvents",
-        }.get(self._state, f"a JSON document that cannot be read in parts, over {_mib(self.max_event_bytes)}")
+            "body": f"an element of traceEvents longer than {mib(self.max_event_bytes)}",
+            "head": f"more than {mib(self.max_event_bytes)} of JSON before traceEvents",
+        }.get(self._state, f"a JSON document that cannot be read in parts, over {mib(self.max_event_bytes)}")
         # The buffer starts where the unfinished piece starts.
-        raise _over_bound(self.path, f"{what} (from line {self._newlines_before() + 1})", "max_event_bytes")
+        raise over_bound(self.path, f"{what} (from line {self._newlines_before() + 1})", "max_event_bytes")
 
     def finish(self) -> None:
         if self.total == 0:
@@ -128,7 +128,7 @@ class Splitter:
             with memoryview(self._buf) as whole, whole[start:] as text:
                 value = msgspec.json.decode(text)
         except msgspec.DecodeError as exc:
-            reason, pos = _json_error(exc, len(self._buf) - start)
+            reason, pos = json_error(exc, len(self._buf) - start)
             if reason != "the text ends early" and start + pos < len(self._buf):
                 self._raise_json(reason, start + pos)
             return
@@ -155,7 +155,7 @@ class Splitter:
                 try:
                     events = decode_events(chunk)
                 except msgspec.DecodeError as exc:
-                    failure = _json_error(exc, end + 1)
+                    failure = json_error(exc, end + 1)
                 else:
                     self.on_events(events)
                     del events
@@ -208,18 +208,18 @@ class Splitter:
             if first != b"{":
                 obj = msgspec.json.decode(doc)  # raises for invalid text
                 raise TraceError(self.path, f"not a Kineto trace: the JSON is a {type(obj).__name__}, not an object")
-            top = _DOC.decode(doc)
+            top = DOC_DECODER.decode(doc)
         except msgspec.DecodeError as exc:
-            reason, pos = _json_error(exc, len(doc))
+            reason, pos = json_error(exc, len(doc))
             self._raise_json(reason, pos - lead)
         raw = top.traceEvents
         if not len(raw):
             keys = ", ".join(list(orjson.loads(doc))[:6]) or "none"
             raise TraceError(self.path, f"no traceEvents array (top-level keys: {keys})")
-        kind = _JSON_TYPES.get(memoryview(raw)[0], "number")
+        kind = JSON_TYPES.get(memoryview(raw)[0], "number")
         if kind != "list":
             raise TraceError(self.path, f"traceEvents is a {kind}, not an array")
-        for key in _META_KEYS:
+        for key in META_KEYS:
             if getattr(top, key) is not None:
                 self.meta[key] = getattr(top, key)
         events = decode_events(raw)
@@ -236,10 +236,10 @@ class Splitter:
         """
         if self._buf_pos == 0:
             return 0
-        from analyzer.ingest.parse.read import _read_blocks
+        from analyzer.ingest.parse.read import read_blocks
 
         count = seen = 0
-        for block in _read_blocks(self.path):
+        for block in read_blocks(self.path):
             take = min(len(block), self._buf_pos - seen)
             count += block.count(b"\n", 0, take)
             seen += take
@@ -262,7 +262,7 @@ class Splitter:
         if reason == "the text ends early" or at >= len(buf):
             raise TraceError(
                 self.path,
-                f"invalid JSON: the text ends early, after {self.total / _MB:.1f} MB ({where}; file cut off?)",
+                f"invalid JSON: the text ends early, after {self.total / MB:.1f} MB ({where}; file cut off?)",
             ) from None
         raise TraceError(self.path, f"invalid JSON at {where}: {reason}") from None
 

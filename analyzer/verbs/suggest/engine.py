@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict
 
 from analyzer.jsontext import jsonable
 
@@ -36,8 +36,22 @@ if TYPE_CHECKING:
     from analyzer.verbs.suggest.facts import RunFacts
 
 SCHEMA = "analyzer.suggestions/1"
+
+
+class SuggestionsDocument(TypedDict):
+    """``analyzer suggest --json`` (schema :data:`SCHEMA`), written by
+    :func:`analyzer.verbs.suggest.run.suggestions_document`: the run's identity and its ranked suggestions."""
+
+    schema: str
+    path: str | list[str]
+    kind: str  # "reftrain" or "traces"
+    run_id: str | None
+    created_at: str  # ISO 8601, UTC, seconds
+    suggestions: list[dict[str, Any]]  # Suggestion.to_json() each: the report's suggestions[] entries
+
+
 Confidence = Literal["high", "medium", "low"]
-_CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
+CONFIDENCE_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
 def format_value(value: Any) -> str:
@@ -282,7 +296,7 @@ def rank(suggestions: list[Suggestion], comm_first: bool = False) -> list[Sugges
             comm_first and part_of(s.rule) != "exposed_comm",
             s.kind != "change",
             -round(s.gain, 6),
-            _CONFIDENCE_ORDER[s.confidence],
+            CONFIDENCE_ORDER[s.confidence],
             s.rule,
         ),
     )

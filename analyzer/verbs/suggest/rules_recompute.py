@@ -10,9 +10,11 @@ number`` with ``Fwd thread id`` 0) running inside backward's
 
 from __future__ import annotations
 
+from typing import Any
+
 from analyzer.verbs.suggest import whatif
 from analyzer.verbs.suggest.engine import Change, Confidence, Suggestion, rule
-from analyzer.verbs.suggest.facts import RunFacts
+from analyzer.verbs.suggest.facts import RecomputeFacts, RunFacts
 
 # Recompute over this share of the step is worth trading memory for.
 RECOMPUTE_MIN_SHARE = 0.05
@@ -51,6 +53,66 @@ def _full_activation_bytes(f: RunFacts) -> float | None:
     return float(layers * per_layer * element / 2.0)
 
 
+def _evidence(f: RunFacts, r: RecomputeFacts, recompute_ms: float, flop_ms: float) -> dict[str, Any]:
+    """The evidence both of the rule's suggestions carry."""
+    return {
+        "recompute_ms": recompute_ms,
+        "recompute_share": r.share,
+        "recompute_flop_ms": flop_ms,
+        "recompute_ranges_per_window": r.ranges_per_window,
+        "recompute_matmul_ops_per_window": r.flop_ops,
+        "matmul_output_bytes": r.out_bytes,
+        "matmul_ops_with_known_size": r.shaped_ops,
+        "checkpoint_implementation": "reentrant (CheckpointFunctionBackward)" if r.reentrant else "non-reentrant",
+        "peak_memory_bytes": r.peak_bytes,
+        "memory_capacity_bytes": r.capacity_bytes,
+        "memory_source": r.memory_source,
+        "step_time_ms": f.step_time_ms,
+        "windows": r.windows,
+        "ranks": r.ranks,
+    }
+
+
+def _turn_off(
+    f: RunFacts,
+    r: RecomputeFacts,
+    evidence: dict[str, Any],
+    step_time_ms: float,
+    recompute_ms: float,
+    limit: float | None,
+) -> Suggestion | None:
+    """reftrain with activation checkpointing on and every activation fitting under ``limit`` (bytes;
+    Korthikanti et al.'s per-layer bytes): turn it off, the gain the whole recompute; else None."""
+    if (
+        f.is_reftrain
+        and f.cfg("train.activation_checkpointing") is True
+        and r.peak_bytes is not None
+        and r.capacity_bytes is not None
+        and limit
+    ):
+        full = _full_activation_bytes(f)
+        if full is not None and r.peak_bytes + full <= limit:
+            return Suggestion(
+                title=f"Recompute is {r.share:.0%} of the step and the activations fit: turn activation checkpointing off",
+                trigger=f"recompute {r.share:.1%} of step > RECOMPUTE_MIN_SHARE {RECOMPUTE_MIN_SHARE:.0%}; peak "
+                f"{r.peak_bytes / 2**30:.1f} GiB + all activations {full / 2**30:.1f} GiB <= "
+                f"{MEMORY_LIMIT:.0%} of {r.capacity_bytes / 2**30:.0f} GiB",
+                evidence=evidence | {"activation_bytes_estimate": full},
+                change=Change(
+                    {"train.activation_checkpointing": False},
+                    "stop wrapping the blocks in checkpoint_wrapper: every activation is kept",
+                ),
+                predicted=whatif.prediction(
+                    f,
+                    whatif.remove(step_time_ms, recompute_ms),
+                    f"the {recompute_ms:.1f} ms of recompute per step removed",
+                ),
+                confidence="medium",
+                notes=("activation bytes from Korthikanti et al. 2022 eq. 1 for a standard transformer layer",),
+            )
+    return None
+
+
 @rule(part="compute")
 def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
     """Recompute over RECOMPUTE_MIN_SHARE of the step with the memory to keep some of it: checkpoint selectively.
@@ -75,51 +137,12 @@ def rule_selective_checkpointing(f: RunFacts) -> Suggestion | None:
     recompute_ms = r.share * f.step_time_ms
     flop_ms = min(recompute_ms, r.flop_share * f.step_time_ms)
     shapes_known = r.flop_ops > 0 and r.shaped_ops >= r.flop_ops
-    evidence = {
-        "recompute_ms": recompute_ms,
-        "recompute_share": r.share,
-        "recompute_flop_ms": flop_ms,
-        "recompute_ranges_per_window": r.ranges_per_window,
-        "recompute_matmul_ops_per_window": r.flop_ops,
-        "matmul_output_bytes": r.out_bytes,
-        "matmul_ops_with_known_size": r.shaped_ops,
-        "checkpoint_implementation": "reentrant (CheckpointFunctionBackward)" if r.reentrant else "non-reentrant",
-        "peak_memory_bytes": r.peak_bytes,
-        "memory_capacity_bytes": r.capacity_bytes,
-        "memory_source": r.memory_source,
-        "step_time_ms": f.step_time_ms,
-        "windows": r.windows,
-        "ranks": r.ranks,
-    }
+    evidence = _evidence(f, r, recompute_ms, flop_ms)
     notes: list[str] = []
     limit = MEMORY_LIMIT * r.capacity_bytes if r.capacity_bytes is not None else None
-    if (
-        f.is_reftrain
-        and f.cfg("train.activation_checkpointing") is True
-        and r.peak_bytes is not None
-        and r.capacity_bytes is not None
-        and limit
-    ):
-        full = _full_activation_bytes(f)
-        if full is not None and r.peak_bytes + full <= limit:
-            return Suggestion(
-                title=f"Recompute is {r.share:.0%} of the step and the activations fit: turn activation checkpointing off",
-                trigger=f"recompute {r.share:.1%} of step > RECOMPUTE_MIN_SHARE {RECOMPUTE_MIN_SHARE:.0%}; peak "
-                f"{r.peak_bytes / 2**30:.1f} GiB + all activations {full / 2**30:.1f} GiB <= "
-                f"{MEMORY_LIMIT:.0%} of {r.capacity_bytes / 2**30:.0f} GiB",
-                evidence=evidence | {"activation_bytes_estimate": full},
-                change=Change(
-                    {"train.activation_checkpointing": False},
-                    "stop wrapping the blocks in checkpoint_wrapper: every activation is kept",
-                ),
-                predicted=whatif.prediction(
-                    f,
-                    whatif.remove(f.step_time_ms, recompute_ms),
-                    f"the {recompute_ms:.1f} ms of recompute per step removed",
-                ),
-                confidence="medium",
-                notes=("activation bytes from Korthikanti et al. 2022 eq. 1 for a standard transformer layer",),
-            )
+    off = _turn_off(f, r, evidence, f.step_time_ms, recompute_ms, limit)
+    if off is not None:
+        return off
     if flop_ms <= 0:
         return None  # only cheap ops are recomputed: a selective policy has nothing expensive to save
     kept = 1.0

@@ -29,13 +29,14 @@ from analyzer.verbs.suggest import (  # noqa: F401
     rules_recompute,
 )
 from analyzer.verbs.suggest.engine import (
-    _CONFIDENCE_ORDER,
+    CONFIDENCE_ORDER,
     COMM_FIRST_SHARE,
     SCHEMA,
     Confidence,
     NOT_ACTIONABLE,
     RULES,
     Suggestion,
+    SuggestionsDocument,
     needs_flops,
     part_of,
     parts_of,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 # FLOP coverage under this leaves the trace-shape MFU a lower bound (analyzer.metrics.mfu.COVERAGE_MIN's figure).
 FLOP_COVERAGE_MIN = 0.90
-_BY_ORDER: dict[int, Confidence] = {_CONFIDENCE_ORDER[c]: c for c in get_args(Confidence)}
+_BY_ORDER: dict[int, Confidence] = {CONFIDENCE_ORDER[c]: c for c in get_args(Confidence)}
 
 
 def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], Confidence]:
@@ -90,7 +91,7 @@ def coverage(f: "RunFacts", s: Suggestion) -> tuple[dict[str, Any], Confidence]:
         cap = max(cap, 2)
         limits.append(f"{f.ranks_traced} of {in_job} ranks traced: waiting for a peer and transfer look the same")
     cov["limits"] = tuple(limits)
-    return cov, _BY_ORDER[max(_CONFIDENCE_ORDER[s.confidence], cap)]
+    return cov, _BY_ORDER[max(CONFIDENCE_ORDER[s.confidence], cap)]
 
 
 def largest_actionable(f: "RunFacts") -> tuple[str, float] | None:
@@ -161,14 +162,14 @@ def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
     return suggestions_json(suggest(ra), facts.config_path, facts.world_size)
 
 
-def suggestions_document(ra: "RunAnalysis") -> dict[str, Any]:
+def suggestions_document(ra: "RunAnalysis") -> SuggestionsDocument:
     """``analyzer suggest --json``'s document (schema :data:`~analyzer.verbs.suggest.engine.SCHEMA`):
     the run's identity and :func:`report_suggestions`."""
-    return {
-        "schema": SCHEMA,
-        "path": [str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
-        "kind": ra.kind,
-        "run_id": ra.run_manifest.run_id,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "suggestions": report_suggestions(ra),
-    }
+    return SuggestionsDocument(
+        schema=SCHEMA,
+        path=[str(p) for p in ra.path] if isinstance(ra.path, list) else str(ra.path),
+        kind=ra.kind,
+        run_id=ra.run_manifest.run_id,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        suggestions=report_suggestions(ra),
+    )

@@ -1,0 +1,37 @@
+"""Shape rules of analyzer/ that neither import-linter nor ruff state: no function longer than
+``MAX_FUNCTION_LINES`` (a longer one is several steps that deserve names)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ANALYZER = Path(__file__).resolve().parent.parent / "analyzer"
+# Lines from the ``def`` to the function's last line, docstring and comments included.
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (N lines)`` for each function or method in ``path`` longer than ``limit`` lines, nested ones too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            assert node.end_lineno is not None
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                found.append(f"{node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_in_the_analyzer_is_over_the_limit():
+    found = {str(p.relative_to(ANALYZER)): long_functions(p) for p in sorted(ANALYZER.rglob("*.py"))}
+    assert {name: fns for name, fns in found.items() if fns} == {}
+
+
+def test_the_check_counts_every_line_of_a_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(99))
+    code = f"def at_limit():\n{body}\n\nclass C:\n    def over(self):\n{body.replace('    ', '        ')}        return 1\n"
+    src = tmp_path / "m.py"
+    src.write_text(code)
+    # at_limit: the def line and 99 statements, 100 lines; over: 101.
+    assert long_functions(src) == ["over (101 lines)"]
