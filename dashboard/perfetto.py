@@ -21,9 +21,9 @@ from pathlib import Path
 import streamlit as st
 
 PERFETTO_URL = "https://ui.perfetto.dev"
-# How long the button keeps pinging a Perfetto window that has not answered (its first visit
-# downloads the UI, about 10 MB, before it listens).
-PING_TIMEOUT_S = 60
+# How long a click waits for the Perfetto window to answer and the file to arrive (the UI's first
+# visit downloads it, about 10 MB, before it listens).
+TIMEOUT_S = 60
 # Room left in the server's largest message for what travels with the file (the rest of the
 # rerun's page is sent in other messages; this is the component's own envelope, with margin).
 ENVELOPE_BYTES = 2**20
@@ -31,28 +31,29 @@ REQUEST_BYTES = 4  # the request number that precedes the file's bytes in the da
 
 _JS = """
 const PERFETTO = "%(url)s";
-const PING_TIMEOUT_MS = %(timeout_ms)d;
+const TIMEOUT_MS = %(timeout_ms)d;
 const REQUEST_BYTES = %(request_bytes)d;
 // Per mounted button (the frontend's component key): the Perfetto window it opened, waiting for
 // the PONG and for the trace's bytes, whichever comes last.
 const pending = new Map();
 
-function deliver(key) {
-  const open = pending.get(key);
-  if (!open || !open.ready || !open.buffer) return;
-  pending.delete(key);
-  const message = {perfetto: {buffer: open.buffer, title: open.title, fileName: open.fileName}};
-  open.win.postMessage(message, PERFETTO, [open.buffer]);
-  open.status.textContent = "";
-}
-
-function stop(key, why) {
+// Every way a request ends: delivered (why ""), window closed, or out of time.
+function finish(key, why) {
   const open = pending.get(key);
   if (!open) return;
   pending.delete(key);
   clearInterval(open.timer);
+  clearTimeout(open.deadline);
   window.removeEventListener("message", open.onMessage);
   open.status.textContent = why;
+}
+
+function deliver(key) {
+  const open = pending.get(key);
+  if (!open || !open.ready || !open.buffer) return;
+  const message = {perfetto: {buffer: open.buffer, title: open.title, fileName: open.fileName}};
+  open.win.postMessage(message, PERFETTO, [open.buffer]);
+  finish(key, "");
 }
 
 export default function ({key, data, parentElement, setTriggerValue}) {
@@ -76,7 +77,7 @@ export default function ({key, data, parentElement, setTriggerValue}) {
   }
   button.textContent = data.label;
   button.onclick = () => {
-    stop(key, "");
+    finish(key, "");
     const win = window.open(PERFETTO);
     if (!win) {
       status.textContent = "The browser blocked the Perfetto window: allow pop-ups for this page.";
@@ -86,25 +87,20 @@ export default function ({key, data, parentElement, setTriggerValue}) {
     open.onMessage = (event) => {
       if (event.source !== win || event.data !== "PONG") return;
       clearInterval(open.timer);
-      window.removeEventListener("message", open.onMessage);
       open.ready = true;
       deliver(key);
     };
-    const started = Date.now();
     // PING carries nothing, so it goes to any origin: until the new window has loaded Perfetto it
     // is about:blank, and a message addressed to Perfetto's origin would only log an error.
-    open.timer = setInterval(() => {
-      if (win.closed) stop(key, "");
-      else if (Date.now() - started > PING_TIMEOUT_MS) stop(key, data.timeoutText);
-      else win.postMessage("PING", "*");
-    }, 50);
+    open.timer = setInterval(() => (win.closed ? finish(key, "") : win.postMessage("PING", "*")), 50);
+    open.deadline = setTimeout(() => finish(key, data.timeoutText), TIMEOUT_MS);
     window.addEventListener("message", open.onMessage);
     pending.set(key, open);
     status.textContent = "Opening in the Perfetto UI...";
     setTriggerValue("open", true);
   };
 }
-""" % {"url": PERFETTO_URL, "timeout_ms": PING_TIMEOUT_S * 1000, "request_bytes": REQUEST_BYTES}
+""" % {"url": PERFETTO_URL, "timeout_ms": TIMEOUT_S * 1000, "request_bytes": REQUEST_BYTES}
 
 # Styled like Streamlit's secondary buttons, from the theme's variables.
 _CSS = """
@@ -162,6 +158,6 @@ def open_in_perfetto(path: Path, *, title: str, file_name: str, key: str) -> Non
             "label": "Open in Perfetto UI",
             "title": title,
             "fileName": file_name,
-            "timeoutText": f"The Perfetto UI did not answer in {PING_TIMEOUT_S} s: download the file and open it there.",
+            "timeoutText": f"The trace did not reach the Perfetto UI in {TIMEOUT_S} s: download it and open it there.",
         }
     _open_in_perfetto(key=key, data=data, width="content", height="content", on_open_change=partial(_request, flag))

@@ -128,6 +128,7 @@ def _check_delivery(pg, button, trace: Path, file_name: str, url: str) -> None:
     assert got["fileName"] == file_name and got["title"].endswith(file_name)
     # The trace was posted only after the UI answered, which it does only once listening.
     assert got["pingsBefore"] >= 1 and popup.evaluate("() => window.answered") >= 1
+    pg.get_by_text("Opening in the Perfetto UI").wait_for(state="detached", timeout=10_000)  # done, said nothing
     popup.close()
 
 
