@@ -14,6 +14,7 @@ from analyzer.metrics.mfu import MfuResult
 from dashboard import state
 from dashboard.data import curves, suggestions, throughput, trace_windows
 from dashboard.discover import RunEntry, RunLookupError, safe_file
+from dashboard.perfetto import PERFETTO_URL, open_in_perfetto
 from dashboard.text import plain
 from dashboard.ui import (
     show_table,
@@ -28,8 +29,6 @@ from dashboard.ui import (
     open_run,
     show_vega,
 )
-
-PERFETTO_URL = "https://ui.perfetto.dev"
 
 
 def mfu_caption(mfu: MfuResult) -> str:
@@ -589,10 +588,9 @@ def suggestions_section(run: RunEntry) -> None:
 
 
 def downloads(run: RunEntry) -> None:
-    """Every raw trace of the run, grouped by profiler window, as downloads; the way to Perfetto.
-
-    The app only serves the file to this browser: the user opens it in the Perfetto UI, which
-    parses it locally ("Open trace file" in https://ui.perfetto.dev). Nothing is sent anywhere.
+    """Every raw trace of the run, grouped by profiler window: a download and an "Open in Perfetto UI"
+    button each (dashboard/perfetto.py). Either way the file goes only to this browser, and Perfetto
+    parses it in its own tab; nothing is uploaded.
     """
     st.subheader("Raw traces")
     windows = trace_windows(run)
@@ -602,10 +600,10 @@ def downloads(run: RunEntry) -> None:
     n_files = sum(len(files) for files in windows.values())
     st.caption(
         plain(
-            f"{n_files:,} trace file(s) in {len(windows)} profiler window(s). To view one in Perfetto: download it, "
-            'open the Perfetto UI, choose "Open trace file" (or drop the file on the page) and pick the download; '
-            "Perfetto reads PyTorch profiler .json and .json.gz files in the browser and uploads nothing, "
-            "and the dashboard sends nothing to it."
+            f'{n_files:,} trace file(s) in {len(windows)} profiler window(s). "Open in Perfetto UI" opens '
+            "https://ui.perfetto.dev in a new tab and hands it the file; or download it, open the Perfetto UI and "
+            'choose "Open trace file" (or drop the file on the page). Perfetto reads PyTorch profiler .json and '
+            ".json.gz files in the browser and uploads nothing."
         )
     )
     st.link_button("Open the Perfetto UI", PERFETTO_URL)
@@ -627,14 +625,18 @@ def downloads(run: RunEntry) -> None:
             # traces/step{N}/rank{R}.pt.trace.json.gz: every window's files share names, so the saved
             # name keeps the window's folder.
             stem = f"{path.parent.name}-" if run.kind == "reftrain" and path.parent.name != "traces" else ""
-            st.download_button(
-                f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
-                data=real.read_bytes,
-                file_name=stem + path.name,
-                mime="application/gzip" if path.name.endswith(".gz") else "application/json",
-                on_click="ignore",
-                key=f"download_{w}_{i}",
-            )
+            with st.container(horizontal=True, vertical_alignment="center"):
+                st.download_button(
+                    f"{plain(path.name)} ({size / 2**20:.1f} MiB)",
+                    data=real.read_bytes,
+                    file_name=stem + path.name,
+                    mime="application/gzip" if path.name.endswith(".gz") else "application/json",
+                    on_click="ignore",
+                    key=f"download_{w}_{i}",
+                )
+                open_in_perfetto(
+                    real, title=f"{run.name} {stem}{path.name}", file_name=stem + path.name, key=f"perfetto_{w}_{i}"
+                )
 
 
 def render() -> None:
