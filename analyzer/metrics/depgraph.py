@@ -150,6 +150,7 @@ class _Builder:
         self.nodes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.edges: list[tuple[np.ndarray, ...]] = []
         self.n = 0
+        self.m = 0
 
     def add_nodes(self, ts: np.ndarray, event: np.ndarray, is_start: np.ndarray) -> np.ndarray:
         ids = np.arange(self.n, self.n + len(ts), dtype=np.int64)
@@ -157,9 +158,12 @@ class _Builder:
         self.n += len(ts)
         return ids
 
-    def add_edges(self, src, dst, weight, kind, event, bound) -> None:
+    def add_edges(self, src, dst, weight, kind, event, bound) -> np.ndarray:
+        """Appends edges; returns their ids."""
         src = np.asarray(src, np.int64)
         m = len(src)
+        first = self.m
+        self.m += m
         self.edges.append(
             (
                 src,
@@ -170,6 +174,7 @@ class _Builder:
                 np.broadcast_to(np.asarray(bound, np.int8), (m,)).copy(),
             )
         )
+        return np.arange(first, first + m, dtype=np.int64)
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         ts, ev, st = (np.concatenate(c) for c in zip(*self.nodes))
@@ -233,7 +238,6 @@ def step_graph(
     """
     ws, we, root = step_window(events, steps, step)
     b = _Builder()
-    start_ts = np.int64(ws)
     start_node = int(b.add_nodes(np.array([ws]), np.array([-1]), np.array([True]))[0])
     if events.empty:
         end_node = int(b.add_nodes(np.array([we]), np.array([-1]), np.array([False]))[0])
@@ -318,7 +322,11 @@ def step_graph(
     )
     q = ~idle_at_launch
     qi, qp = cur[q], prev_idx[q]
-    b.add_edges(d_end[qp], d_start[qi], np.maximum(ds[qi] - de[qp], 0), KERNEL_KERNEL, drows[qp], GPU_KK)
+    ov = de[qp] > ds[qi]
+    b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, drows[qp[~ov]], GPU_KK)
+    # Overlapping the previous event on its stream (CUDA graph replays): it waited behind that
+    # event's start, and the time between the two starts is the earlier event's, in its category.
+    b.add_edges(d_start[qp[ov]], d_start[qi[ov]], ds[qi[ov]] - ds[qp[ov]], KERNEL_KERNEL, drows[qp[ov]], dbound[qp[ov]])
     b.add_edges(lnode[q], d_start[qi], 0, DEPENDENCY, -1, -1)
     # Stream order behind a launch edge: from the previous event's end when it ended by then, else
     # its start (events overlapping on one stream: CUDA graph replays).
@@ -336,28 +344,60 @@ def step_graph(
     t_order = np.lexsort((tour_depth, tour_is_start, tour_ts, np.r_[hkey, hkey]))
     tn, tt, tst, tev = tour_node[t_order], tour_ts[t_order], tour_is_start[t_order], tour_ev[t_order]
     tk = np.r_[hkey, hkey][t_order]
+    # The open event after each instant: its event when it is a start, else its event's parent.
+    open_after = np.where(tst, tev, hparent[tev]) if nh else np.zeros(0, np.int64)
+    main_key = _main_thread(hkey, hs, he, hdepth, host_pos[root] if root >= 0 else -1)
     same = tk[1:] == tk[:-1]
     a, c = np.flatnonzero(same), np.flatnonzero(same) + 1
-    # The open event in the segment a -> c: a's event when a is a start, else a's event's parent.
-    seg_ev = np.where(tst[a], tev[a], hparent[tev[a]])
-    top_gap = seg_ev < 0
+    seg_ev = open_after[a]
     w = np.maximum(tt[c] - tt[a], 0)
+    on_main = tk[a] == main_key
+    # The main thread's own time outside any traced op inside it (the root annotation's own segments,
+    # or top-level gaps without a root): untraced Python, or waiting on another thread. It can absorb:
+    # it carries its time only where nothing else arrives on time (_resolve_absorbing).
+    own = on_main & (seg_ev == (host_pos[root] if root >= 0 else -1))
+    top_gap = (seg_ev < 0) & ~own
     # A blocking call's own segment (its start to its end, no children) goes through its release.
     blocking_seg = tst[a] & ~tst[c] & (tev[a] == tev[c]) & hblock[tev[a]]
-    plain = ~top_gap & ~blocking_seg
+    plain = ~top_gap & ~blocking_seg & ~own
     b.add_edges(tn[a[plain]], tn[c[plain]], w[plain], OP, hrows[seg_ev[plain]], bound_host[seg_ev[plain]])
     b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, DEPENDENCY, -1, -1)
+    absorbing = [b.add_edges(tn[a[own]], tn[c[own]], 0, OP, root, CPU_BOUND)]
 
     # Blocking calls: release nodes and sync edges.
     bpos = tev[a[blocking_seg]]
-    wait_edges = _blocking_calls(
-        b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host
+    absorbing.append(
+        _blocking_calls(
+            b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host
+        )
     )
+
+    # Hand-offs: another thread's top-level op starts after the main thread's latest instant before
+    # it and is awaited by the main thread's next instant after it; both edges carry the main
+    # thread's time between (the open op there is charged). Added after the thread chains, so that
+    # on a tie the main thread's own op keeps the path.
+    mpos = np.flatnonzero(tk == main_key)
+    m_ts, m_node = tt[mpos], tn[mpos]
+    m_open = open_after[mpos]
+    other_top = np.flatnonzero((hkey != main_key) & (hparent < 0))
+    if len(other_top) and len(mpos):
+        o_s, o_e = hs[other_top], he[other_top]
+        p = np.searchsorted(m_ts, o_s, side="right") - 1
+        has_p = p >= 0
+        pp = p[has_p]
+        ev_p = np.where(m_open[pp] >= 0, hrows[np.clip(m_open[pp], 0, None)], -1)
+        bd_p = np.where(m_open[pp] >= 0, bound_host[np.clip(m_open[pp], 0, None)], CPU_BOUND)
+        b.add_edges(m_node[pp], h_start[other_top[has_p]], o_s[has_p] - m_ts[pp], OP, ev_p, bd_p)
+        j = np.searchsorted(m_ts, o_e, side="left")
+        has_j = (j < len(mpos)) & (j > 0)
+        jj = j[has_j]
+        ev_j = np.where(m_open[jj - 1] >= 0, hrows[np.clip(m_open[jj - 1], 0, None)], -1)
+        bd_j = np.where(m_open[jj - 1] >= 0, bound_host[np.clip(m_open[jj - 1], 0, None)], CPU_BOUND)
+        b.add_edges(h_end[other_top[has_j]], m_node[jj], m_ts[jj] - o_e[has_j], OP, ev_j, bd_j)
 
     # Anchor: start node before every source, every sink before the end node.
     ts, ev, st, src, dst, wt, kd, ee, bd = b.arrays()
-    last_ts = int(ts.max())
-    end_ts = max(we, last_ts)
+    end_ts = max(we, int(ts.max()))
     end_node = int(b.add_nodes(np.array([end_ts]), np.array([-1]), np.array([False]))[0])
     has_in = np.zeros(b.n, bool)
     has_in[dst] = True
@@ -367,17 +407,29 @@ def step_graph(
     sources = sources[(sources != start_node) & (sources != end_node)]
     sinks = np.flatnonzero(~has_out)
     sinks = sinks[(sinks != end_node) & (sinks != start_node)]
-    if root >= 0:
-        # The root annotation starts the step: the start node is tied to it with its own time.
-        sources = sources[sources != h_start[host_pos[root]]]
-        b.add_edges([start_node], [h_start[host_pos[root]]], 0, DEPENDENCY, -1, -1)
+    if len(mpos):
+        # The main thread's first instant: the start node's time until then is the main thread's.
+        first = m_node[0]
+        sources = sources[sources != first]
+        absorbing.append(b.add_edges([start_node], [first], m_ts[0] - ws, OP, -1, CPU_BOUND))
     b.add_edges(np.full(len(sources), start_node), sources, 0, DEPENDENCY, -1, -1)
     b.add_edges(sinks, np.full(len(sinks), end_node), 0, DEPENDENCY, -1, -1)
     if len(sinks) == 0:
         b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
-    del start_ts
     graph = _finish(b, rank, step, start_node, end_node)
-    return _fix_unexplained_waits(graph, wait_edges)
+    return _resolve_absorbing(graph, np.concatenate(absorbing))
+
+
+def _main_thread(hkey: np.ndarray, hs: np.ndarray, he: np.ndarray, hdepth: np.ndarray, root_pos: int) -> int:
+    """The thread key of the step's root annotation; without one, the thread with the most top-level time."""
+    if root_pos >= 0:
+        return int(hkey[root_pos])
+    if len(hkey) == 0:
+        return -1
+    top = hdepth == 0
+    keys, inv = np.unique(hkey[top], return_inverse=True)
+    busy = np.bincount(inv, weights=(he - hs)[top].astype(np.float64))
+    return int(keys[int(np.argmax(busy))])
 
 
 def _group_running_argmax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -393,6 +445,15 @@ def _group_running_argmax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     is_new = lifted == run
     idx = np.where(is_new, np.arange(n), 0)
     return np.maximum.accumulate(idx)
+
+
+def _argmax_per_key(items: np.ndarray, key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per distinct key, the item with the largest value (the last such in ``items``' order on ties)."""
+    if len(items) == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((value, key))
+    last = np.r_[key[order][1:] != key[order][:-1], True]
+    return np.asarray(items, np.int64)[order[last]]
 
 
 def _host_bounds(names: pd.Series, hrows: np.ndarray, patterns: Sequence[str]) -> np.ndarray:
@@ -463,10 +524,9 @@ def _blocking_calls(
                 synced[s_b[i]] = True
                 continue
             # The last event started on each stream by then.
-            ck = dk[cand]
-            last = pd.Series(cand).groupby(ck).agg(lambda x: x[ds[x].argmax()] if len(x) else -1).to_numpy()
+            last = _argmax_per_key(cand, dk[cand], ds[cand])
             pairs_b.append(np.full(len(last), s_b[i]))
-            pairs_d.append(last.astype(np.int64))
+            pairs_d.append(last)
             synced[s_b[i]] = True
     if nd:
         lts = start[dlaunch]
@@ -476,10 +536,10 @@ def _blocking_calls(
                 if own:
                     cand = np.flatnonzero(corr[drows] == corr[brow[i]])
                 else:
-                    cand = np.flatnonzero(lts < bs[i])
-                    if len(cand):
-                        ck = skey[cand]
-                        cand = pd.Series(cand).groupby(ck).agg(lambda x: x[end[drows][x].argmax()]).to_numpy()
+                    # Launched before the call and done by its return (the trace does not say which
+                    # stream a stream synchronize waits on: the latest of each stream that fits).
+                    cand = np.flatnonzero((lts < bs[i]) & (end[drows] <= be[i]))
+                    cand = _argmax_per_key(cand, skey[cand], end[drows][cand])
                 if len(cand):
                     pairs_b.append(np.full(len(cand), i))
                     pairs_d.append(cand.astype(np.int64))
@@ -490,12 +550,11 @@ def _blocking_calls(
         np.maximum.at(awaited, pb, end[drows][pd_])
     release = np.clip(np.maximum(awaited, bs), bs, be)
     r_node = b.add_nodes(release, brow, np.zeros(len(brow), bool))
-    first_edge = sum(len(e[0]) for e in b.edges)
-    b.add_edges(h_start[bpos], r_node, 0, OP, brow, bound_host[bpos])
+    waits = b.add_edges(h_start[bpos], r_node, 0, OP, brow, bound_host[bpos])
     b.add_edges(r_node, h_end[bpos], be - release, OP, brow, bound_host[bpos])
     if len(pb):
-        b.add_edges(d_end[pd_], r_node[pb], np.maximum(release[pb] - end[drows][pd_], 0), SYNC, -1, -1)
-    return np.arange(first_edge, first_edge + len(brow), dtype=np.int64)
+        b.add_edges(d_end[pd_], r_node[pb], 0, SYNC, -1, -1)
+    return waits
 
 
 def _finish(b: _Builder, rank: int, step: int, start_node: int, end_node: int) -> StepGraph:
@@ -590,11 +649,15 @@ def path_edges(graph: StepGraph, via: np.ndarray) -> np.ndarray:
     return np.asarray(out[::-1], dtype=np.int64)
 
 
-def _fix_unexplained_waits(graph: StepGraph, wait_edges: np.ndarray) -> StepGraph:
-    """Give a blocking call's wait its measured time where no path through the device arrives at its
-    release on time (it waited for work the graph cannot see), so the longest path stays the span.
+def _resolve_absorbing(graph: StepGraph, absorbing: np.ndarray) -> StepGraph:
+    """Weights of the absorbing edges: a blocking call's wait (start -> release) and the main
+    thread's own untraced time. Each carries its measured time only where no other in-edge of its
+    node arrives on time (the wait was for work the graph cannot see; the untraced time was the
+    main thread's own), else 0 (the time is explained by the path that arrives then). So the longest
+    path stays the measured span, and a replay that speeds up what was awaited moves the node.
 
-    One pass in topological order: the release node's arrival is checked once its in-edges are final."""
+    One pass in topological order: a node's absorbing edge is settled once its other in-edges are."""
+    wait_edges = absorbing
     if len(wait_edges) == 0:
         return graph
     w = graph.edge_weight_ns.copy()
@@ -606,21 +669,24 @@ def _fix_unexplained_waits(graph: StepGraph, wait_edges: np.ndarray) -> StepGrap
     ie = in_order.tolist()
     srcl, wl, tsl = src.tolist(), w.tolist(), ts.tolist()
     wait_at = {int(dst[e]): int(e) for e in wait_edges}
+    for e in wait_edges:
+        wl[int(e)] = 0
     t0 = tsl[graph.start_node]
     unreached = -(1 << 62)
     dist = [unreached] * n
     dist[graph.start_node] = 0
     for v in order.tolist():
         best = dist[v]
-        for k in range(in_start[v], in_start[v + 1]):
-            e = ie[k]
-            d = dist[srcl[e]]
-            if d != unreached and d + wl[e] > best:
-                best = d + wl[e]
         e = wait_at.get(v)
-        if e is not None and best < tsl[v] - t0:
-            wl[e] = tsl[v] - tsl[srcl[e]]
+        for k in range(in_start[v], in_start[v + 1]):
+            f = ie[k]
+            d = dist[srcl[f]]
+            if f != e and d != unreached and d + wl[f] > best:
+                best = d + wl[f]
+        if e is not None:
             d = dist[srcl[e]]
+            if best < tsl[v] - t0:
+                wl[e] = max(tsl[v] - tsl[srcl[e]], 0)
             if d != unreached:
                 best = max(best, d + wl[e])
         dist[v] = best
