@@ -177,9 +177,15 @@ class _Builder:
         return np.arange(first, first + m, dtype=np.int64)
 
     def arrays(self) -> tuple[np.ndarray, ...]:
+        if not self.nodes:
+            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), *self._no_edges())
         ts, ev, st = (np.concatenate(c) for c in zip(*self.nodes))
-        cols = [np.concatenate(c) for c in zip(*self.edges)] if self.edges else [np.zeros(0, np.int64)] * 6
-        return (ts, ev, st, *cols)
+        return (ts, ev, st, *([np.concatenate(c) for c in zip(*self.edges)] if self.edges else self._no_edges()))
+
+    @staticmethod
+    def _no_edges() -> tuple[np.ndarray, ...]:
+        i8, i64 = np.zeros(0, np.int8), np.zeros(0, np.int64)
+        return (i64, i64.copy(), i64.copy(), i8, i64.copy(), i8.copy())
 
 
 def step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
@@ -238,11 +244,9 @@ def step_graph(
     """
     ws, we, root = step_window(events, steps, step)
     b = _Builder()
-    start_node = int(b.add_nodes(np.array([ws]), np.array([-1]), np.array([True]))[0])
     if events.empty:
-        end_node = int(b.add_nodes(np.array([we]), np.array([-1]), np.array([False]))[0])
-        b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
-        return _finish(b, rank, step, start_node, end_node)
+        return _finish(b, rank, step, -1, -1)
+    start_node = int(b.add_nodes(np.array([ws]), np.array([-1]), np.array([True]))[0])
 
     start = events["start_ns"].to_numpy(np.int64)
     end = events["end_ns"].to_numpy(np.int64)
@@ -318,7 +322,12 @@ def step_graph(
     # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
     li = cur[idle_at_launch]
     b.add_edges(
-        lnode[idle_at_launch], d_start[li], np.maximum(ds[li] - lts[idle_at_launch], 0), LAUNCH_DELAY, -1, GPU_LAUNCH
+        lnode[idle_at_launch],
+        d_start[li],
+        np.maximum(ds[li] - lts[idle_at_launch], 0),
+        LAUNCH_DELAY,
+        drows[li],
+        GPU_LAUNCH,
     )
     q = ~idle_at_launch
     qi, qp = cur[q], prev_idx[q]
@@ -356,13 +365,16 @@ def step_graph(
     # or top-level gaps without a root): untraced Python, or waiting on another thread. It can absorb:
     # it carries its time only where nothing else arrives on time (_resolve_absorbing).
     own = on_main & (seg_ev == (host_pos[root] if root >= 0 else -1))
+    # Another thread's time between its top-level ops is absorbing too (HTA: zero-weight dependencies).
     top_gap = (seg_ev < 0) & ~own
     # A blocking call's own segment (its start to its end, no children) goes through its release.
     blocking_seg = tst[a] & ~tst[c] & (tev[a] == tev[c]) & hblock[tev[a]]
     plain = ~top_gap & ~blocking_seg & ~own
     b.add_edges(tn[a[plain]], tn[c[plain]], w[plain], OP, hrows[seg_ev[plain]], bound_host[seg_ev[plain]])
-    b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, DEPENDENCY, -1, -1)
-    absorbing = [b.add_edges(tn[a[own]], tn[c[own]], 0, OP, root, CPU_BOUND)]
+    absorbing = [
+        b.add_edges(tn[a[own]], tn[c[own]], 0, OP, root, CPU_BOUND),
+        b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, OP, -1, CPU_BOUND),
+    ]
 
     # Blocking calls: release nodes and sync edges.
     bpos = tev[a[blocking_seg]]
@@ -372,24 +384,33 @@ def step_graph(
         )
     )
 
-    # Hand-offs: another thread's top-level op starts after the main thread's latest instant before
-    # it and is awaited by the main thread's next instant after it; both edges carry the main
-    # thread's time between (the open op there is charged). Added after the thread chains, so that
-    # on a tie the main thread's own op keeps the path.
+    # Hand-offs: a run of another thread's top-level ops (ops with no main-thread instant between
+    # them) starts after the main thread's latest instant before it and is awaited by the main
+    # thread's next instant after it; both edges carry the main thread's time between (the open op
+    # there is charged). Added after the thread chains, so that on a tie the main thread's own op
+    # keeps the path.
     mpos = np.flatnonzero(tk == main_key)
     m_ts, m_node = tt[mpos], tn[mpos]
     m_open = open_after[mpos]
     other_top = np.flatnonzero((hkey != main_key) & (hparent < 0))
+    other_top = other_top[np.lexsort((hs[other_top], hkey[other_top]))]
     if len(other_top) and len(mpos):
-        o_s, o_e = hs[other_top], he[other_top]
+        o_s, o_e, o_k = hs[other_top], he[other_top], hkey[other_top]
         p = np.searchsorted(m_ts, o_s, side="right") - 1
-        has_p = p >= 0
+        j = np.searchsorted(m_ts, o_e, side="left")
+        first_of_thread = np.r_[True, o_k[1:] != o_k[:-1]]
+        last_of_thread = np.r_[o_k[1:] != o_k[:-1], True]
+        # A main-thread instant falls between this op and the previous (next) one of its thread.
+        prev_end = np.r_[np.iinfo(np.int64).min, o_e[:-1]]
+        next_start = np.r_[o_s[1:], np.iinfo(np.int64).max]
+        run_start = first_of_thread | ((p >= 0) & (m_ts[np.clip(p, 0, None)] >= prev_end))
+        run_end = last_of_thread | ((j < len(mpos)) & (m_ts[np.clip(j, 0, len(mpos) - 1)] <= next_start))
+        has_p = (p >= 0) & run_start
         pp = p[has_p]
         ev_p = np.where(m_open[pp] >= 0, hrows[np.clip(m_open[pp], 0, None)], -1)
         bd_p = np.where(m_open[pp] >= 0, bound_host[np.clip(m_open[pp], 0, None)], CPU_BOUND)
         b.add_edges(m_node[pp], h_start[other_top[has_p]], o_s[has_p] - m_ts[pp], OP, ev_p, bd_p)
-        j = np.searchsorted(m_ts, o_e, side="left")
-        has_j = (j < len(mpos)) & (j > 0)
+        has_j = (j < len(mpos)) & (j > 0) & run_end
         jj = j[has_j]
         ev_j = np.where(m_open[jj - 1] >= 0, hrows[np.clip(m_open[jj - 1], 0, None)], -1)
         bd_j = np.where(m_open[jj - 1] >= 0, bound_host[np.clip(m_open[jj - 1], 0, None)], CPU_BOUND)
@@ -609,7 +630,9 @@ def topological_order(graph: StepGraph) -> np.ndarray:
 def longest_paths(graph: StepGraph, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the longest path length (ns) from the start node, and the in-edge it arrives by
     (-1 for the start node and nodes it does not reach). ``weights`` replaces the edge weights
-    (same order). Ties go to the edge added first."""
+    (same order). Of in-edges arriving at the same time, the path takes the one from the latest
+    instant (the last constraint released: another thread's op that ends inside the main thread's
+    untraced time, rather than the untraced time itself); then the one added first."""
     w = graph.edge_weight_ns if weights is None else weights
     n = len(graph.node_ts_ns)
     order = topological_order(graph)
@@ -618,20 +641,22 @@ def longest_paths(graph: StepGraph, weights: np.ndarray | None = None) -> tuple[
     ie = in_order.tolist()
     src = graph.edge_src.tolist()
     wl = w.tolist()
+    tsl = graph.node_ts_ns.tolist()
     unreached = -(1 << 62)
     dist = [unreached] * n
     via = [-1] * n
     dist[graph.start_node] = 0
     for v in order.tolist():
-        best, arg = dist[v], via[v]
+        best, arg, arg_ts = dist[v], via[v], unreached
         for k in range(in_start[v], in_start[v + 1]):
             e = ie[k]
-            d = dist[src[e]]
+            u = src[e]
+            d = dist[u]
             if d == unreached:
                 continue
             d += wl[e]
-            if d > best:
-                best, arg = d, e
+            if d > best or (d == best and tsl[u] > arg_ts):
+                best, arg, arg_ts = d, e, tsl[u]
         dist[v], via[v] = best, arg
     return np.asarray(dist, dtype=np.int64), np.asarray(via, dtype=np.int64)
 
