@@ -188,7 +188,7 @@ class _Builder:
         return (i64, i64.copy(), i64.copy(), i8, i64.copy(), i8.copy())
 
 
-def step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
+def _step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
     """``(start_ns, end_ns, root row)`` of step ``step`` (the ProfilerStep#N annotation's row, -1
     for ``step=-1``, the whole trace: first start to last end). Raises AnalyzerError for a step the
     trace does not have."""
@@ -242,7 +242,7 @@ def step_graph(
     matches one is ``data_loading`` on the path instead of ``cpu_bound`` (HTA's ``data_load_events``,
     none by default). Times in ns. Raises AnalyzerError for a step the trace does not have.
     """
-    ws, we, root = step_window(events, steps, step)
+    ws, we, root = _step_window(events, steps, step)
     b = _Builder()
     if events.empty:
         return _finish(b, rank, step, -1, -1)
