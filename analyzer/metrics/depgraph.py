@@ -319,7 +319,11 @@ def step_graph(
     lts = start[lrow]
     cur = order
     prev_end_ts = np.where(has_prev, de[np.clip(prev_idx, 0, None)], np.iinfo(np.int64).min)
-    idle_at_launch = prev_end_ts < lts
+    # Device work launched before the window and still running or queued on the stream (the
+    # previous step's backlog): the latest end among those events started before this one.
+    out_row, out_end = _backlog(events, device, drows[order], start, end)
+    backlog = (out_end > prev_end_ts) & (out_end >= lts)
+    idle_at_launch = (prev_end_ts < lts) & ~backlog
     # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
     li = cur[idle_at_launch]
     b.add_edges(
@@ -330,7 +334,20 @@ def step_graph(
         drows[li],
         GPU_LAUNCH,
     )
-    q = ~idle_at_launch
+    # Behind the backlog: from the start node to the backlog's end (the earlier event's time in the
+    # window, in its category), then the gap to this event.
+    bi = cur[backlog]
+    if len(bi):
+        b_row = out_row[backlog]
+        b_ts = np.minimum(out_end[backlog], ds[bi])
+        b_node = b.add_nodes(b_ts, b_row, np.zeros(len(bi), bool))
+        b_bound = np.where(kind.to_numpy(object)[b_row] == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8)
+        b.add_edges(np.full(len(bi), start_node), b_node, np.maximum(b_ts - ws, 0), OP, b_row, b_bound)
+        b.add_edges(b_node, d_start[bi], ds[bi] - b_ts, KERNEL_KERNEL, b_row, GPU_KK)
+        b.add_edges(lnode[backlog], d_start[bi], 0, DEPENDENCY, -1, -1)
+        bp = backlog & has_prev
+        b.add_edges(d_end[prev_idx[bp]], d_start[cur[bp]], 0, DEPENDENCY, -1, -1)
+    q = ~idle_at_launch & ~backlog
     qi, qp = cur[q], prev_idx[q]
     ov = de[qp] > ds[qi]
     b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, drows[qp[~ov]], GPU_KK)
@@ -444,6 +461,38 @@ def step_graph(
         b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
     graph = _finish(b, rank, step, start_node, end_node)
     return _resolve_absorbing(graph, np.concatenate(absorbing))
+
+
+def _backlog(
+    events: pd.DataFrame, device: np.ndarray, rows: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per device row in ``rows``: the row and end of the latest-ending device event *not* in
+    ``rows`` on the same stream that started before it (-1 and int64 min when none)."""
+    none_row = np.full(len(rows), -1, np.int64)
+    none_end = np.full(len(rows), np.iinfo(np.int64).min, np.int64)
+    outside = device.copy()
+    outside[rows] = False
+    orows = np.flatnonzero(outside)
+    if len(orows) == 0 or len(rows) == 0:
+        return none_row, none_end
+    both = np.r_[orows, rows]
+    key = thread_keys(events["pid"].to_numpy(np.int64)[both], events["stream"].to_numpy(np.int64)[both])
+    ok, qk = key[: len(orows)], key[len(orows) :]
+    order = np.lexsort((start[orows], ok))
+    ok, o_s, o_e, o_r = ok[order], start[orows][order], end[orows][order], orows[order]
+    first = np.r_[True, ok[1:] != ok[:-1]]
+    arg = _group_running_argmax(o_e, np.cumsum(first) - 1)
+    # Per query, the last outside event of its stream starting before it.
+    lo = np.searchsorted(ok, qk, side="left")
+    pos = np.empty(len(rows), np.int64)
+    for k in np.unique(qk):  # few: one per stream
+        sel = qk == k
+        a, z = np.searchsorted(ok, k, side="left"), np.searchsorted(ok, k, side="right")
+        pos[sel] = a + np.searchsorted(o_s[a:z], start[rows][sel], side="left") - 1
+    found = (pos >= lo) & (pos >= 0)
+    found &= ok[np.clip(pos, 0, None)] == qk
+    at = arg[np.clip(pos, 0, None)]
+    return np.where(found, o_r[at], -1), np.where(found, o_e[at], np.iinfo(np.int64).min)
 
 
 def _main_thread(hkey: np.ndarray, hs: np.ndarray, he: np.ndarray, hdepth: np.ndarray, root_pos: int) -> int:
