@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
@@ -159,15 +160,23 @@ class _Builder:
         self.n += len(ts)
         return ids
 
-    def add_edges(self, src, dst, weight, kind, event, bound) -> np.ndarray:
+    def add_edges(
+        self,
+        src: npt.ArrayLike,
+        dst: npt.ArrayLike,
+        weight: npt.ArrayLike,
+        kind: int,
+        event: npt.ArrayLike,
+        bound: npt.ArrayLike,
+    ) -> np.ndarray:
         """Appends edges; returns their ids."""
-        src = np.asarray(src, np.int64)
-        m = len(src)
+        src_ids = np.asarray(src, np.int64)
+        m = len(src_ids)
         first = self.m
         self.m += m
         self.edges.append(
             (
-                src,
+                src_ids,
                 np.asarray(dst, np.int64),
                 np.broadcast_to(np.asarray(weight, np.int64), (m,)).copy(),
                 np.broadcast_to(np.asarray(kind, np.int8), (m,)).copy(),
@@ -607,16 +616,16 @@ def _blocking_calls(
         lts = start[dlaunch]
         for name_set, own in ((_AWAIT_ALL, False), (_AWAIT_OWN, True)):
             pick = np.flatnonzero(~synced & np.isin(bname, list(name_set)))
-            for i in pick:  # few: one per synchronize call
+            for k in pick:  # few: one per synchronize call
                 if own:
-                    cand = np.flatnonzero(corr[drows] == corr[brow[i]])
+                    cand = np.flatnonzero(corr[drows] == corr[brow[k]])
                 else:
                     # Launched before the call and done by its return (the trace does not say which
                     # stream a stream synchronize waits on: the latest of each stream that fits).
-                    cand = np.flatnonzero((lts < bs[i]) & (end[drows] <= be[i]))
+                    cand = np.flatnonzero((lts < bs[k]) & (end[drows] <= be[k]))
                     cand = _argmax_per_key(cand, skey[cand], end[drows][cand])
                 if len(cand):
-                    pairs_b.append(np.full(len(cand), i))
+                    pairs_b.append(np.full(len(cand), k))
                     pairs_d.append(cand.astype(np.int64))
     pb = np.concatenate(pairs_b) if pairs_b else np.zeros(0, np.int64)
     pd_ = np.concatenate(pairs_d) if pairs_d else np.zeros(0, np.int64)
