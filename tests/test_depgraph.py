@@ -73,8 +73,9 @@ def tables(records: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return events, steps_from_events(events)
 
 
-def check_invariants(g: StepGraph) -> None:
-    """The contract's invariants, each asserted exactly (rounding: ROUNDING_NS per edge)."""
+def check_invariants(g: StepGraph) -> int:
+    """The contract's invariants, each asserted exactly (rounding: ROUNDING_NS per edge); returns the
+    longest path's length (ns)."""
     order = topological_order(g)  # raises on a cycle
     assert sorted(order.tolist()) == list(range(len(g.node_ts_ns)))
     slack = g.node_ts_ns[g.edge_dst] - g.node_ts_ns[g.edge_src] - g.edge_weight_ns
@@ -92,6 +93,7 @@ def check_invariants(g: StepGraph) -> None:
     path = path_edges(g, via)
     assert abs(int(dist[g.end_node]) - g.span_ns) <= ROUNDING_NS * len(path)
     assert int(g.edge_weight_ns[path].sum()) == int(dist[g.end_node])
+    return int(dist[g.end_node])
 
 
 def edges(g: StepGraph, events: pd.DataFrame) -> set[tuple[str, str, str, int]]:
@@ -278,9 +280,13 @@ def test_whole_trace_and_missing_step() -> None:
         step_graph(events, steps, 7)
 
 
-def test_loaded_synthetic_trace_matches_the_table_builder(tmp_path: Path) -> None:
-    """The same GPU-bound step written as a Kineto file and loaded: the same edges."""
-    t = KinetoTrace(rank=0, world_size=1)
+@pytest.mark.parametrize(
+    "era, time_format, time_unit",
+    [("today", "float", "us"), ("tb_plugin", "int", "us"), ("today", "float", "ns")],
+)
+def test_loaded_synthetic_trace_matches_the_table_builder(tmp_path: Path, era, time_format, time_unit) -> None:
+    """The same GPU-bound step written as a Kineto file of each format era and loaded: the same edges."""
+    t = KinetoTrace(rank=0, world_size=1, era=era, time_format=time_format, time_unit=time_unit)
     t.step(1, 0, 100)
     t.kernel("K1", 12, 40, launch_us=5)
     t.kernel("K2", 55, 30, launch_us=15)
@@ -341,9 +347,7 @@ def test_invariants_on_every_shared_trace_with_steps(hta_samples: Path) -> None:
     for rt in _shared_traces_with_steps(hta_samples):
         for step in rt.steps["step"].tolist():
             g = build_step_graph(rt, int(step))
-            check_invariants(g)
-            dist, _ = longest_paths(g)
             # No rounding needed on these: the longest path is the span to the nanosecond.
-            assert int(dist[g.end_node]) == g.span_ns, f"{rt.path.name} step {step}"
+            assert check_invariants(g) == g.span_ns, f"{rt.path.name} step {step}"
             checked += 1
     assert checked == 20  # amd 2, cpu_only 1, mixed_files 1, distributed_info 1, nccl 3, control 6, test 6
