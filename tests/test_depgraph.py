@@ -351,3 +351,42 @@ def test_invariants_on_every_shared_trace_with_steps(hta_samples: Path) -> None:
             assert check_invariants(g) == g.span_ns, f"{rt.path.name} step {step}"
             checked += 1
     assert checked == 20  # amd 2, cpu_only 1, mixed_files 1, distributed_info 1, nccl 3, control 6, test 6
+
+
+def test_backward_thread_is_put_on_the_forward_thread() -> None:
+    """HTA's rule: one thread with "forward" ops and one with "autograd" ops: the backward thread's ops
+    go on the forward thread, where they nest in the step like its own ops (no hand-off edges)."""
+    events, steps = tables(
+        [
+            host("ProfilerStep#1", 0, 100, cat="user_annotation"),
+            host("forward", 0, 30),
+            host("autograd::engine::evaluate_function: AddmmBackward0", 32, 20, tid=BWD),
+            host("optimizer", 82, 13),
+        ]
+    )
+    g = step_graph(events, steps, 1)
+    check_invariants(g)
+    got = edges(g, events)
+    assert ("op", "forward.end", "autograd::engine::evaluate_function: AddmmBackward0.start", 2) in got
+    assert ("op", "autograd::engine::evaluate_function: AddmmBackward0.end", "optimizer.start", 30) in got
+
+
+def test_join_ranks_cpu_only_gloo(tmp_path: Path) -> None:
+    """CPU-only ranks: the gloo annotations on the comm thread are the matched collectives; the two
+    all-reduces of each rank are matched in order (1st with 1st, 2nd with 2nd)."""
+    traces = []
+    for rank in (0, 1):
+        t = KinetoTrace(rank=rank, world_size=2, gpu=False, backend="gloo")
+        t.step(1, 0, 100)
+        t.cpu_op("c10d::allreduce_", 10, 5)
+        t.annotation("gloo:all_reduce", 12 + rank, 20 - rank, tid=t.comm_tid)
+        t.cpu_op("c10d::allreduce_", 50, 5)
+        t.annotation("gloo:all_reduce", 52 + 3 * rank, 30 - 3 * rank, tid=t.comm_tid)
+        traces.append(load_trace(t.write(tmp_path / f"rank{rank}.json.gz")))
+    g = join_ranks(traces, 1)
+    cross = np.flatnonzero(g.edge_kind == EDGE_KINDS.index("cross_rank"))
+    pairs = {
+        (int(g.node_rank[s]), int(g.node_ts_ns[s]) // US, int(g.node_rank[d]), int(g.node_ts_ns[d]) // US)
+        for s, d in zip(g.edge_src[cross], g.edge_dst[cross])
+    }
+    assert pairs == {(0, 12, 1, 32), (1, 13, 0, 32), (0, 52, 1, 82), (1, 55, 0, 82)}
