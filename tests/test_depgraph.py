@@ -8,6 +8,7 @@ and reaching the end; the longest path equal to the measured span) are checked o
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -331,26 +332,40 @@ def test_join_ranks_links_matched_collectives(tmp_path: Path) -> None:
     assert int(dist[g.end_node]) == 100 * US
 
 
-def _shared_traces_with_steps(hta_samples: Path) -> list[RankTrace]:
-    out = []
-    for path in sorted(hta_samples.rglob("*.json.gz")):
-        if "df_index_resolver" in str(path):  # 123k events, 5 steps: the same code paths as trace_diff, 10x slower
-            continue
-        rt = load_trace(path)
-        if not rt.steps.empty:
-            out.append(rt)
-    return out
+# The shared traces with ProfilerStep markers (under ../shared/traces), but df_index_resolver (123k
+# events, the same code paths as trace_diff, 10x slower). The other shared traces have no steps.
+SHARED_WITH_STEPS = (
+    "hta-samples/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "hta-samples/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "hta-samples/distributed_info_unavailable/distributed_info_not_found.json.gz",
+    "hta-samples/mixed_files/rank_non_gpu.json.gz",
+    "hta-samples/nccl_parser_config/nccl_data.json.gz",
+    "hta-samples/trace_diff/control/control.json.gz",
+    "hta-samples/trace_diff/test/test.json.gz",
+    "tracelens-samples/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+    "tracelens-samples/h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz",
+    "tracelens-samples/h100/gaunernst_bert-small-uncased__1016001.json.gz",
+    "tracelens-samples/inference/sglang_decode/capture_traces/bs_32_rank0.json.gz",
+    "tracelens-samples/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+    "tracelens-samples/mi300/gaunernst_bert-small-uncased__1016001.json.gz",
+)
 
 
-def test_invariants_on_every_shared_trace_with_steps(hta_samples: Path) -> None:
-    checked = 0
-    for rt in _shared_traces_with_steps(hta_samples):
-        for step in rt.steps["step"].tolist():
-            g = build_step_graph(rt, int(step))
-            # No rounding needed on these: the longest path is the span to the nanosecond.
-            assert check_invariants(g) == g.span_ns, f"{rt.path.name} step {step}"
-            checked += 1
-    assert checked == 20  # amd 2, cpu_only 1, mixed_files 1, distributed_info 1, nccl 3, control 6, test 6
+@functools.lru_cache(maxsize=None)
+def shared_trace(path: Path) -> RankTrace:
+    """A shared trace, loaded once per session (the HTA conformance test reads some of the same)."""
+    return load_trace(path)
+
+
+@pytest.mark.parametrize("rel", SHARED_WITH_STEPS, ids=[Path(r).name[:40] for r in SHARED_WITH_STEPS])
+def test_invariants_on_every_shared_trace_with_steps(hta_samples: Path, rel: str) -> None:
+    """The first step of each (trace_diff's and nccl's other steps are alike: all 20 HTA-sample steps
+    pass, measured with the command in docs/metrics.md)."""
+    rt = shared_trace(hta_samples.parent / rel)
+    step = int(rt.steps["step"].iloc[0])
+    g = build_step_graph(rt, step)
+    # No rounding needed on these: the longest path is the span to the nanosecond.
+    assert check_invariants(g) == g.span_ns, f"{rel} step {step}"
 
 
 def test_backward_thread_is_put_on_the_forward_thread() -> None:
