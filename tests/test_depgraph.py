@@ -359,8 +359,8 @@ def shared_trace(path: Path) -> RankTrace:
 
 @pytest.mark.parametrize("rel", SHARED_WITH_STEPS, ids=[Path(r).name[:40] for r in SHARED_WITH_STEPS])
 def test_invariants_on_every_shared_trace_with_steps(hta_samples: Path, rel: str) -> None:
-    """The first step of each (trace_diff's and nccl's other steps are alike: all 20 HTA-sample steps
-    pass, measured with the command in docs/metrics.md)."""
+    """The first step of each (the other steps of trace_diff and nccl are alike; all 20 steps of the
+    HTA samples passed when measured, at ~0.3 s a step, too slow to run every time)."""
     rt = shared_trace(hta_samples.parent / rel)
     step = int(rt.steps["step"].iloc[0])
     g = build_step_graph(rt, step)
