@@ -107,7 +107,8 @@ def _path_ops(
         ranks = np.zeros(len(rows), np.int64)
         tables = {0: events}
     else:  # a joined multi-rank graph: an edge's event is in its source node's rank's table
-        assert graph.node_rank is not None, "per-rank events need a joined graph (node_rank)"
+        if graph.node_rank is None:
+            raise ValueError("events by rank are for a joined multi-rank graph (join_ranks); pass the rank's table")
         ranks = graph.node_rank[graph.edge_src[path][keep]]
         tables = dict(events)
     names = np.empty(len(rows), dtype=object)
