@@ -53,7 +53,7 @@ def steps_with_ops(a: "RunAnalysis") -> list["StepCriticalPath"]:
 def ops_rows(p: "StepCriticalPath", width: int, top: int = TOP_OPS_SHOWN) -> list[list[object]]:
     """The ``top`` ops with the most time on one step's path."""
     return [
-        [short_kernel_name(o.name, width), o.kind, o.bound, num(o.ms_on_path, ".3f"), num(o.pct), o.count]
+        [short_kernel_name(str(o.name), width), o.kind, o.bound, num(o.ms_on_path, ".3f"), num(o.pct), o.count]
         for o in p.ops.head(top).itertuples(index=False)
     ]
 

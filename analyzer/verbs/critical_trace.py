@@ -143,9 +143,9 @@ def overlay_trace(rt: RankTrace, paths: Sequence[CriticalPath]) -> OverlayTrace:
                 _flow(len(flows) // 2, a, _node_ns(g, src, start, end, a), pid, tid, True, flow_args),
                 _flow(len(flows) // 2, b, _node_ns(g, dst, start, end, b), pid, tid, False, flow_args),
             ]
-    for a in args:
-        if MARK_ARG in a:
-            a["critical_path_ms"] = a.pop("_ns") / 1e6
+    for event_args in args:
+        if MARK_ARG in event_args:
+            event_args["critical_path_ms"] = event_args.pop("_ns") / 1e6
     ts, dur = _us(start), _us(end - start)
     cats, names = ev["cat"].astype(str).tolist(), ev["name"].astype(str).tolist()
     trace_events: list[dict[str, Any]] = [
@@ -204,14 +204,14 @@ def _flow(
 def _metadata(rt: RankTrace) -> list[dict[str, Any]]:
     """Process and thread names (and process labels), as Kineto's metadata events write them."""
     out: list[dict[str, Any]] = []
-    for p in rt.processes.itertuples(index=False):
-        out.append({"ph": "M", "name": "process_name", "pid": int(p.pid), "tid": 0, "args": {"name": str(p.name)}})
-        if isinstance(p.labels, str) and p.labels:
-            out.append({"ph": "M", "name": "process_labels", "pid": int(p.pid), "tid": 0, "args": {"labels": p.labels}})
-    for t in rt.threads.itertuples(index=False):
-        out.append(
-            {"ph": "M", "name": "thread_name", "pid": int(t.pid), "tid": int(t.tid), "args": {"name": str(t.name)}}
-        )
+    procs = rt.processes
+    for pid, name, labels in zip(procs["pid"].tolist(), procs["name"].tolist(), procs["labels"].tolist()):
+        out.append({"ph": "M", "name": "process_name", "pid": int(pid), "tid": 0, "args": {"name": str(name)}})
+        if isinstance(labels, str) and labels:
+            out.append({"ph": "M", "name": "process_labels", "pid": int(pid), "tid": 0, "args": {"labels": labels}})
+    threads = rt.threads
+    for pid, tid, name in zip(threads["pid"].tolist(), threads["tid"].tolist(), threads["name"].tolist()):
+        out.append({"ph": "M", "name": "thread_name", "pid": int(pid), "tid": int(tid), "args": {"name": str(name)}})
     return out
 
 
