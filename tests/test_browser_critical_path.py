@@ -56,7 +56,7 @@ def test_timeline_page_shows_the_critical_path_and_its_overlay(server, page):  #
     nonzero = sum(1 for p in mine for v in p.breakdown_pct.values() if v > 0)
     assert drawn.count() >= nonzero > 0, (drawn.count(), nonzero)
     page.wait_for_function(
-        "name => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')].some(el => el.innerText.includes(name))",
+        "name => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')].some(el => el.innerHTML.includes(name))",
         arg=top_op,
         timeout=RENDER_TIMEOUT_MS,
     )

@@ -36,9 +36,10 @@ class StepCriticalPath:
     carries time; all 0.0 when it carries none). ``ops``: the :data:`TOP_OPS`
     events on the path with the most time on it (columns
     :data:`OPS_COLUMNS`: the op or kernel name, the events table's kind,
-    the bound category, ms on the path, its percent of ``length_ms``, and
-    how many of its events the path passes through), most time first.
-    ``n_ops``: how many distinct ops the whole path passes through.
+    the bound category, ms on the path, its percent of the path's weighted
+    time, and how many distinct events of that name the path passes
+    through), most time first. ``n_ops``: how many such rows the whole
+    path has (distinct name, kind and bound).
     """
 
     rank: int
