@@ -439,6 +439,23 @@ def test_timeline_caps_the_events_drawn(open_page, runs_dir):
     assert drawn == 100
 
 
+def test_timeline_critical_path_is_the_analyzers(open_page, analyses):
+    # The page draws RunAnalysis.critical_path as it is: one stacked bar series per HTA category,
+    # one bar per profiled step of the picked rank (rank 0 first), values the analyzer's percentages.
+    from analyzer.metrics.depgraph import BOUND_CATEGORIES
+
+    table = analyses[GPU_RUN].critical_path.table()
+    mine = table.loc[table["rank"] == 0]
+    assert len(mine) == 2
+    at = open_page("timeline", run=GPU_RUN)
+    bars = charts(at)["critical_path_bounds"]["data"]
+    assert [b["name"] for b in bars] == list(BOUND_CATEGORIES)
+    for b in bars:
+        assert b["x"] == [f"step {s}" for s in mine["step"]]
+        assert b["y"] == pytest.approx(mine[b["name"]].tolist())
+    assert at.selectbox(key="critical_path_rank").options == ["0", "1"]
+
+
 # --------------------------------------------------------------------------- communication
 
 
