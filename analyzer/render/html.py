@@ -343,11 +343,11 @@ def critical_path_html(a: "RunAnalysis") -> str:
         return ""
     bars = [
         svg.Bars(
-            name=name,
+            name=short.removesuffix(" %"),  # HTA's names overflow the legend; cp_rows.LEGEND spells them out
             values=[p.breakdown_pct[name] for p in paths],
             hover=[f"rank {p.rank} step {p.step}, {name}: {p.breakdown_pct[name]:.1f}%" for p in paths],
         )
-        for name in BOUND_CATEGORIES
+        for short, name in zip(cp_rows.SHORT_LABELS, BOUND_CATEGORIES)
     ]
     chart = svg.bar_chart(
         "What bounds the critical path, per rank and step",
