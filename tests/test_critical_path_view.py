@@ -231,3 +231,49 @@ def test_brief_is_stored_in_the_rank_summary_format() -> None:
     back = rankcache.decode(rankcache.encode([brief], arrays), arrays)[0]
     assert (back.rank, back.step, back.length_ms, back.breakdown_pct) == (2, 7, 1.5, brief.breakdown_pct)
     assert list(back.ops.columns) == list(OPS_COLUMNS)
+
+
+def test_report_writes_the_overlay_of_the_asked_rank(tmp_path: Path, capsys) -> None:
+    from analyzer import cli
+    from analyzer.metrics.critical_path import critical_paths
+
+    folder = tmp_path / "run"
+    for rank in (0, 1):
+        t = KinetoTrace(rank=rank, world_size=2)
+        t.step(1, 0, 1000)
+        t.cpu_op("aten::mm", 10, 100)
+        t.kernel("sgemm", 120, 500 + 100 * rank, launch_us=50)
+        t.write(folder / f"rank{rank}.json.gz")
+    out = tmp_path / "cp.json.gz"
+    code = cli.main(
+        ["report", str(folder), "--no-cache", "--critical-path-trace", str(out), "--critical-path-rank", "1"]
+    )
+    err = capsys.readouterr().err
+    assert code == 0, err
+    rt = load_traces([folder / "rank1.json.gz"], cache=False, progress=False).ranks[1]
+    (cp,) = critical_paths(rt)
+    expected = {int(e) for e in cp.graph.edge_event[cp.path_edges] if e >= 0}
+    expected |= {int(e) for e in cp.graph.node_event[cp.graph.edge_src[cp.path_edges]] if e >= 0}
+    expected |= {int(e) for e in cp.graph.node_event[cp.graph.edge_dst[cp.path_edges]] if e >= 0}
+    doc = json.loads(gzip.decompress(out.read_bytes()))
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {i for i, e in enumerate(xs) if e["args"].get(MARK_ARG) == 1} == expected
+    assert doc["distributedInfo"]["rank"] == 1
+    assert f"rank 1's trace (rank1.json.gz) with the critical path of step(s) 1 marked ({len(expected)} events" in err
+    # A rank the run does not have: one line, exit 2, nothing written.
+    code = cli.main(
+        ["report", str(folder), "--critical-path-trace", str(tmp_path / "x.json"), "--critical-path-rank", "5"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "rank 5: not in this run (ranks: 0, 1)" in err and not (tmp_path / "x.json").exists()
+
+
+def test_overlay_of_a_trace_without_steps_is_one_line(tmp_path: Path) -> None:
+    from analyzer.errors import AnalyzerError
+    from analyzer.verbs.critical_trace import critical_path_trace
+
+    t = KinetoTrace(rank=0, world_size=1)
+    t.kernel("sgemm", 120, 500, launch_us=50)
+    path = t.write(tmp_path / "rank0.json.gz")
+    with pytest.raises(AnalyzerError, match=r"rank0.json.gz: no ProfilerStep window, so no critical path to mark"):
+        critical_path_trace(path)
