@@ -226,7 +226,15 @@ def critical_path_section(run: RunEntry, ra, window_name: str, window: int | Non
         f"**Ops on the critical path of step {chosen.step}** ({chosen.n_ops} in all; the {len(chosen.ops)} with the "
         "most time on it)"
     )
-    show_table(chosen.ops, hide_index=True, key="critical_path_ops")
+    show_table(
+        chosen.ops,
+        hide_index=True,
+        key="critical_path_ops",
+        column_config={
+            "ms_on_path": st.column_config.NumberColumn("ms on path", format="%.3f"),
+            "pct": st.column_config.NumberColumn("% of path", format="%.1f"),
+        },
+    )
     names_of = ra.timeline.traces(window) if ra.timeline is not None else {}
     files = {f.name: f for f in trace_windows(run).get(window_name, [])}
     file = files.get(names_of.get(int(rank), ""))
