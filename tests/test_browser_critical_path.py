@@ -61,7 +61,9 @@ def test_timeline_page_shows_the_critical_path_and_its_overlay(server, page):  #
         timeout=RENDER_TIMEOUT_MS,
     )
     page.get_by_text("Make rank 0's trace with the critical path marked").click()
-    button = page.get_by_role("button", name=f"Download rank 0's critical-path trace ({overlay.n_marked:,} events marked")
+    button = page.get_by_role(
+        "button", name=f"Download rank 0's critical-path trace ({overlay.n_marked:,} events marked"
+    )
     button.wait_for(timeout=RENDER_TIMEOUT_MS)
     with page.expect_download(timeout=RENDER_TIMEOUT_MS) as info:
         button.click()
