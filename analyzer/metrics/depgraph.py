@@ -11,7 +11,8 @@ categories (``cuda_runtime``, ``cuda_driver``, ``hip_runtime``, ``hip_driver``) 
 collectives (kind ``cpu_comm``) that start inside the window and last more than 0 ns; the step's
 own ``ProfilerStep#N`` annotation as the root of its thread; device events (kernels, memcpy,
 memset) whose launch call is one of those host events. Window: ``[start, end]`` of the
-``ProfilerStep#N`` annotation (``step=-1``: the whole trace).
+``ProfilerStep#N`` annotation (``step=-1``: the whole trace, from its first event's start to its
+last graph event's end).
 
 Edges (:data:`EDGE_KINDS`):
 
@@ -188,7 +189,7 @@ class _Builder:
         return (i64, i64.copy(), i64.copy(), i8, i64.copy(), i8.copy())
 
 
-def step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
+def _step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
     """``(start_ns, end_ns, root row)`` of step ``step`` (the ProfilerStep#N annotation's row, -1
     for ``step=-1``, the whole trace: first start to last end). Raises AnalyzerError for a step the
     trace does not have."""
@@ -242,7 +243,7 @@ def step_graph(
     matches one is ``data_loading`` on the path instead of ``cpu_bound`` (HTA's ``data_load_events``,
     none by default). Times in ns. Raises AnalyzerError for a step the trace does not have.
     """
-    ws, we, root = step_window(events, steps, step)
+    ws, we, root = _step_window(events, steps, step)
     b = _Builder()
     if events.empty:
         return _finish(b, rank, step, -1, -1)
@@ -318,7 +319,11 @@ def step_graph(
     lts = start[lrow]
     cur = order
     prev_end_ts = np.where(has_prev, de[np.clip(prev_idx, 0, None)], np.iinfo(np.int64).min)
-    idle_at_launch = prev_end_ts < lts
+    # Device work launched before the window and still running or queued on the stream (the
+    # previous step's backlog): the latest end among those events started before this one.
+    out_row, out_end = _backlog(events, device, drows[order], start, end)
+    backlog = (out_end > prev_end_ts) & (out_end >= lts)
+    idle_at_launch = (prev_end_ts < lts) & ~backlog
     # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
     li = cur[idle_at_launch]
     b.add_edges(
@@ -329,7 +334,20 @@ def step_graph(
         drows[li],
         GPU_LAUNCH,
     )
-    q = ~idle_at_launch
+    # Behind the backlog: from the start node to the backlog's end (the earlier event's time in the
+    # window, in its category), then the gap to this event.
+    bi = cur[backlog]
+    if len(bi):
+        b_row = out_row[backlog]
+        b_ts = np.minimum(out_end[backlog], ds[bi])
+        b_node = b.add_nodes(b_ts, b_row, np.zeros(len(bi), bool))
+        b_bound = np.where(kind.to_numpy(object)[b_row] == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8)
+        b.add_edges(np.full(len(bi), start_node), b_node, np.maximum(b_ts - ws, 0), OP, b_row, b_bound)
+        b.add_edges(b_node, d_start[bi], ds[bi] - b_ts, KERNEL_KERNEL, b_row, GPU_KK)
+        b.add_edges(lnode[backlog], d_start[bi], 0, DEPENDENCY, -1, -1)
+        bp = backlog & has_prev
+        b.add_edges(d_end[prev_idx[bp]], d_start[cur[bp]], 0, DEPENDENCY, -1, -1)
+    q = ~idle_at_launch & ~backlog
     qi, qp = cur[q], prev_idx[q]
     ov = de[qp] > ds[qi]
     b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, drows[qp[~ov]], GPU_KK)
@@ -418,7 +436,8 @@ def step_graph(
 
     # Anchor: start node before every source, every sink before the end node.
     ts, ev, st, src, dst, wt, kd, ee, bd = b.arrays()
-    end_ts = max(we, int(ts.max()))
+    # A step ends at its annotation's end or its last event's; a whole trace at its last graph event.
+    end_ts = max(we, int(ts.max())) if root >= 0 else int(ts.max())
     end_node = int(b.add_nodes(np.array([end_ts]), np.array([-1]), np.array([False]))[0])
     has_in = np.zeros(b.n, bool)
     has_in[dst] = True
@@ -432,13 +451,48 @@ def step_graph(
         # The main thread's first instant: the start node's time until then is the main thread's.
         first = m_node[0]
         sources = sources[sources != first]
-        absorbing.append(b.add_edges([start_node], [first], m_ts[0] - ws, OP, -1, CPU_BOUND))
+        if root >= 0:  # the root annotation starts at the window's start
+            b.add_edges([start_node], [first], 0, DEPENDENCY, -1, -1)
+        else:
+            absorbing.append(b.add_edges([start_node], [first], 0, OP, -1, CPU_BOUND))
     b.add_edges(np.full(len(sources), start_node), sources, 0, DEPENDENCY, -1, -1)
     b.add_edges(sinks, np.full(len(sinks), end_node), 0, DEPENDENCY, -1, -1)
     if len(sinks) == 0:
         b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
     graph = _finish(b, rank, step, start_node, end_node)
     return _resolve_absorbing(graph, np.concatenate(absorbing))
+
+
+def _backlog(
+    events: pd.DataFrame, device: np.ndarray, rows: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per device row in ``rows``: the row and end of the latest-ending device event *not* in
+    ``rows`` on the same stream that started before it (-1 and int64 min when none)."""
+    none_row = np.full(len(rows), -1, np.int64)
+    none_end = np.full(len(rows), np.iinfo(np.int64).min, np.int64)
+    outside = device.copy()
+    outside[rows] = False
+    orows = np.flatnonzero(outside)
+    if len(orows) == 0 or len(rows) == 0:
+        return none_row, none_end
+    both = np.r_[orows, rows]
+    key = thread_keys(events["pid"].to_numpy(np.int64)[both], events["stream"].to_numpy(np.int64)[both])
+    ok, qk = key[: len(orows)], key[len(orows) :]
+    order = np.lexsort((start[orows], ok))
+    ok, o_s, o_e, o_r = ok[order], start[orows][order], end[orows][order], orows[order]
+    first = np.r_[True, ok[1:] != ok[:-1]]
+    arg = _group_running_argmax(o_e, np.cumsum(first) - 1)
+    # Per query, the last outside event of its stream starting before it.
+    lo = np.searchsorted(ok, qk, side="left")
+    pos = np.empty(len(rows), np.int64)
+    for k in np.unique(qk):  # few: one per stream
+        sel = qk == k
+        a, z = np.searchsorted(ok, k, side="left"), np.searchsorted(ok, k, side="right")
+        pos[sel] = a + np.searchsorted(o_s[a:z], start[rows][sel], side="left") - 1
+    found = (pos >= lo) & (pos >= 0)
+    found &= ok[np.clip(pos, 0, None)] == qk
+    at = arg[np.clip(pos, 0, None)]
+    return np.where(found, o_r[at], -1), np.where(found, o_e[at], np.iinfo(np.int64).min)
 
 
 def _main_thread(hkey: np.ndarray, hs: np.ndarray, he: np.ndarray, hdepth: np.ndarray, root_pos: int) -> int:
@@ -721,3 +775,94 @@ def _resolve_absorbing(graph: StepGraph, absorbing: np.ndarray) -> StepGraph:
 def build_step_graph(trace: RankTrace, step: int, data_load_patterns: Sequence[str] = ()) -> StepGraph:
     """:func:`step_graph` of one rank's trace."""
     return step_graph(trace.events, trace.steps, step, trace.rank, data_load_patterns)
+
+
+_COLLECTIVE_ANNOTATION = re.compile(r"^(gloo|nccl):")
+
+
+def _collective_nodes(graph: StepGraph, events: pd.DataFrame) -> pd.DataFrame:
+    """The collectives of one rank's graph, in start order: ``key`` (process group and the
+    collective's ordinal in it), ``start`` and ``end`` node ids. Device collectives (kind ``comm``)
+    where the graph has them, else host ``gloo:*``/``nccl:*`` annotations (CPU-only traces)."""
+    starts = np.flatnonzero(graph.node_is_start & (graph.node_event >= 0))
+    rows = graph.node_event[starts]
+    kinds = events["kind"].to_numpy(object)[rows]
+    pick = kinds == "comm"
+    if not pick.any():
+        names = events["name"].to_numpy(object)[rows]
+        pick = (kinds == "cpu_comm") & np.array([bool(_COLLECTIVE_ANNOTATION.match(str(n))) for n in names], bool)
+    starts, rows = starts[pick], rows[pick]
+    # Each event's end node: the non-start node of the same event that is not a release node (the
+    # event's end is added before any release node, so the first such node).
+    ends_all = np.flatnonzero(~graph.node_is_start & (graph.node_event >= 0))
+    first_end = pd.Series(ends_all, index=graph.node_event[ends_all])
+    first_end = first_end[~first_end.index.duplicated()]
+    ends = first_end.reindex(rows).to_numpy(np.int64)
+    order = np.argsort(graph.node_ts_ns[starts], kind="stable")
+    starts, rows, ends = starts[order], rows[order], ends[order]
+    pg = events["pg_name"].astype(object).to_numpy()[rows]
+    pg = np.array(["" if (p is None or p != p) else str(p) for p in pg], dtype=object)
+    ordinal = pd.Series(np.ones(len(pg), np.int64)).groupby(pg).cumsum().to_numpy() - 1 if len(pg) else pg
+    return pd.DataFrame({"pg": pg, "ordinal": ordinal, "start": starts, "end": ends})
+
+
+def join_ranks(traces: Sequence[RankTrace], step: int) -> StepGraph:
+    """The graphs of step ``step`` of several ranks joined into one (rank -1), with ``cross_rank``
+    edges between matched collectives.
+
+    Node ids: rank ``traces[i]``'s nodes follow those of the ranks before it, in the given order;
+    ``node_rank`` says whose each node is (``node_event`` and ``edge_event`` index that rank's
+    events table; an edge's rank is its source node's). A new start node (the earliest rank start)
+    precedes every rank's start node, and every rank's end node precedes a new end node (the latest
+    rank end), by zero-weight dependencies. Collectives are matched by process group and their
+    order in it on each rank (k-th all-reduce of group "0" with the k-th on every other rank); a
+    matched collective cannot end on one rank before it started on every other: an edge from each
+    rank's start of it to every other rank's end of it. A rank that lacks the step is an error.
+    """
+    graphs = [build_step_graph(t, step) for t in traces]
+    offsets = np.cumsum([0] + [len(g.node_ts_ns) for g in graphs])
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(g, name) for g in graphs])
+
+    node_ts, node_event, node_is_start = cat("node_ts_ns"), cat("node_event"), cat("node_is_start")
+    node_rank = np.concatenate([np.full(len(g.node_ts_ns), t.rank, np.int64) for g, t in zip(graphs, traces)])
+    shift = np.concatenate([np.full(len(g.edge_src), o, np.int64) for g, o in zip(graphs, offsets[:-1])])
+    src, dst = cat("edge_src") + shift, cat("edge_dst") + shift
+    weight, kind, event, bound = cat("edge_weight_ns"), cat("edge_kind"), cat("edge_event"), cat("edge_bound")
+    real = [i for i, g in enumerate(graphs) if g.start_node >= 0]
+    n = len(node_ts)
+    start_ts = min((int(graphs[i].node_ts_ns[graphs[i].start_node]) for i in real), default=0)
+    end_ts = max((int(graphs[i].node_ts_ns[graphs[i].end_node]) for i in real), default=0)
+    new_src = [np.array([n] * len(real), np.int64), np.array([offsets[i] + graphs[i].end_node for i in real], np.int64)]
+    new_dst = [
+        np.array([offsets[i] + graphs[i].start_node for i in real], np.int64),
+        np.array([n + 1] * len(real), np.int64),
+    ]
+    colls = [_collective_nodes(graphs[i], traces[i].events).assign(offset=offsets[i], r=i) for i in real]
+    if colls:
+        allc = pd.concat(colls, ignore_index=True)
+        pairs = allc.merge(allc, on=["pg", "ordinal"], suffixes=("_a", "_b"))
+        pairs = pairs[pairs["r_a"] != pairs["r_b"]]
+        new_src.append((pairs["start_a"] + pairs["offset_a"]).to_numpy(np.int64))
+        new_dst.append((pairs["end_b"] + pairs["offset_b"]).to_numpy(np.int64))
+    ns, nd = np.concatenate(new_src), np.concatenate(new_dst)
+    m = len(ns)
+    is_cross = np.zeros(m, bool)
+    is_cross[2 * len(real) :] = True
+    return StepGraph(
+        rank=-1,
+        step=step,
+        start_node=n,
+        end_node=n + 1,
+        node_ts_ns=np.r_[node_ts, start_ts, end_ts].astype(np.int64),
+        node_event=np.r_[node_event, -1, -1].astype(np.int64),
+        node_is_start=np.r_[node_is_start, True, False].astype(bool),
+        edge_src=np.r_[src, ns],
+        edge_dst=np.r_[dst, nd],
+        edge_weight_ns=np.r_[weight, np.zeros(m, np.int64)],
+        edge_kind=np.r_[kind, np.where(is_cross, CROSS_RANK, DEPENDENCY).astype(np.int8)],
+        edge_event=np.r_[event, np.full(m, -1, np.int64)],
+        edge_bound=np.r_[bound, np.full(m, -1, np.int8)],
+        node_rank=np.r_[node_rank, -1, -1],
+    )
