@@ -277,3 +277,29 @@ def test_overlay_of_a_trace_without_steps_is_one_line(tmp_path: Path) -> None:
     path = t.write(tmp_path / "rank0.json.gz")
     with pytest.raises(AnalyzerError, match=r"rank0.json.gz: no ProfilerStep window, so no critical path to mark"):
         critical_path_trace(path)
+
+
+def test_reports_print_at_most_eight_paths(traced) -> None:
+    from analyzer.render.critical_path import shown_note, shown_paths
+
+    path, _, cp = traced
+    brief = step_critical_path(cp)
+    base = analyze(path, cache=False)
+
+    def run(paths: list[tuple[int, int, float]]):
+        briefs = [dataclasses.replace(brief, rank=r, step=s, length_ms=ms) for r, s, ms in paths]
+        return dataclasses.replace(base, critical_path=RunCriticalPath(briefs))
+
+    # 3 ranks x 4 steps: each rank's longest step.
+    few_ranks = run([(r, s, 10.0 * r + s) for r in range(3) for s in range(4)])
+    assert [(p.rank, p.step) for p in shown_paths(few_ranks)] == [(0, 3), (1, 3), (2, 3)]
+    assert shown_note(few_ranks) == "  Shown: each rank's longest step (3 of 12 paths; the JSON report has every one)."
+    text = report_text(few_ranks)
+    assert text.count("ops on the path)") == 3 and len(few_ranks.to_json()["critical_path"]) == 12
+    # 12 ranks x 1 step of (5 r mod 12) ms: the 8 longest (ranks 7, 2, 9, 4, 11, 6, 1, 8), by rank.
+    many = run([(r, 1, float((r * 5) % 12)) for r in range(12)])
+    assert [p.rank for p in shown_paths(many)] == [1, 2, 4, 6, 7, 8, 9, 11]
+    assert "the 8 ranks with the longest step (8 of 12 paths" in shown_note(many)
+    # Up to 8 paths, every one and no note.
+    eight = run([(r, s, 1.0) for r in range(2) for s in range(4)])
+    assert len(shown_paths(eight)) == 8 and shown_note(eight) == ""

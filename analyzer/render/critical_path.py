@@ -24,30 +24,43 @@ TITLE = "Critical path per profiled step (what bounds the step: % of the path's 
 SHORT_LABELS = ("cpu %", "data %", "compute %", "comm %", "kernel-kernel %", "launch %")
 LEGEND = "  " + "; ".join(f"{short.removesuffix(' %')}: {name}" for short, name in zip(SHORT_LABELS, BOUND_CATEGORIES))
 TOP_OPS_SHOWN = 5
-# Beyond this many (rank, step) paths, the ops are listed for each rank's longest step only: the text stays short.
-MAX_STEPS_WITH_OPS = 8
+# At most this many (rank, step) paths are printed, so the section stays short on a run of many ranks or
+# steps: all of them up to this many, else each rank's longest step, else the longest of those. The JSON
+# report and the API keep every one.
+MAX_PATHS_SHOWN = 8
 HEADERS = ["rank", "step", "length ms", *SHORT_LABELS]
 OPS_HEADERS = ["name", "kind", "bound", "ms on path", "% of path", "count"]
 
 
-def breakdown_rows(a: "RunAnalysis") -> list[list[object]]:
-    """One row per (rank, step): rank, step, path length (ms) and the six category percentages."""
-    return [
-        [p.rank, p.step, num(p.length_ms, ".2f"), *(num(p.breakdown_pct[c]) for c in BOUND_CATEGORIES)]
-        for p in a.critical_path.paths
-    ]
-
-
-def steps_with_ops(a: "RunAnalysis") -> list["StepCriticalPath"]:
-    """The paths whose ops are listed: every one, or each rank's longest when there are many."""
+def shown_paths(a: "RunAnalysis") -> list["StepCriticalPath"]:
+    """The paths the reports print (:data:`MAX_PATHS_SHOWN`), by rank then step."""
     paths = a.critical_path.paths
-    if len(paths) <= MAX_STEPS_WITH_OPS:
+    if len(paths) <= MAX_PATHS_SHOWN:
         return list(paths)
     longest: dict[int, StepCriticalPath] = {}
     for p in paths:
         if p.rank not in longest or p.length_ms > longest[p.rank].length_ms:
             longest[p.rank] = p
-    return [longest[r] for r in sorted(longest)]
+    kept = sorted(longest.values(), key=lambda p: (-p.length_ms, p.rank))[:MAX_PATHS_SHOWN]
+    return sorted(kept, key=lambda p: p.rank)
+
+
+def shown_note(a: "RunAnalysis") -> str:
+    """Which paths the section prints, when not all of them."""
+    shown, paths = shown_paths(a), a.critical_path.paths
+    if len(shown) == len(paths):
+        return ""
+    n_ranks = len({p.rank for p in paths})
+    which = "each rank's longest step" if len(shown) == n_ranks else f"the {len(shown)} ranks with the longest step"
+    return f"  Shown: {which} ({len(shown)} of {len(paths)} paths; the JSON report has every one)."
+
+
+def breakdown_rows(a: "RunAnalysis") -> list[list[object]]:
+    """One row per shown (rank, step): rank, step, path length (ms) and the six category percentages."""
+    return [
+        [p.rank, p.step, num(p.length_ms, ".2f"), *(num(p.breakdown_pct[c]) for c in BOUND_CATEGORIES)]
+        for p in shown_paths(a)
+    ]
 
 
 def ops_rows(p: "StepCriticalPath", width: int, top: int = TOP_OPS_SHOWN) -> list[list[object]]:
@@ -58,7 +71,4 @@ def ops_rows(p: "StepCriticalPath", width: int, top: int = TOP_OPS_SHOWN) -> lis
     ]
 
 
-def ops_note(a: "RunAnalysis") -> str:
-    shown = steps_with_ops(a)
-    which = "each step" if len(shown) == len(a.critical_path.paths) else "each rank's longest step"
-    return f"Top {TOP_OPS_SHOWN} ops on the critical path of {which} (ms on path: the op's time on the path)"
+OPS_NOTE = f"Top {TOP_OPS_SHOWN} ops on each critical path above (ms on path: the op's time on the path)"

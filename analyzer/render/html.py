@@ -338,7 +338,7 @@ def _attribution_html(a: "RunAnalysis", top: int) -> str:
 def critical_path_html(a: "RunAnalysis") -> str:
     """The critical path per profiled step: a stacked bar per (rank, step) by what bounds it, the breakdown
     table and the top ops' tables (analyzer.render.critical_path); "" without."""
-    paths = a.critical_path.paths
+    paths = cp_rows.shown_paths(a)
     if not paths:
         return ""
     bars = [
@@ -363,10 +363,10 @@ def critical_path_html(a: "RunAnalysis") -> str:
         "docs/metrics.md, &quot;Critical path&quot;.</p>",
         chart,
         table(cp_rows.HEADERS, cp_rows.breakdown_rows(a)),
-        f'<p class="note">{html.escape(cp_rows.LEGEND.strip())}</p>',
-        f"<h3>{html.escape(cp_rows.ops_note(a))}</h3>",
+        f'<p class="note">{html.escape(cp_rows.LEGEND.strip())} {html.escape(cp_rows.shown_note(a).strip())}</p>',
+        f"<h3>{html.escape(cp_rows.OPS_NOTE)}</h3>",
     ]
-    for p in cp_rows.steps_with_ops(a):
+    for p in cp_rows.shown_paths(a):
         body.append(
             f'<p class="note">rank {p.rank}, step {p.step}: {num(p.length_ms, ".2f")} ms, {p.n_ops} ops on the path</p>'
         )

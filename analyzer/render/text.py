@@ -574,8 +574,9 @@ def critical_path_lines(a: "RunAnalysis") -> list[str]:
     """The critical path per profiled step: its breakdown and top ops (analyzer.render.critical_path); [] without."""
     if not a.critical_path.paths:
         return []
-    out = [cp_rows.TITLE, format_table(cp_rows.HEADERS, cp_rows.breakdown_rows(a)), cp_rows.LEGEND, cp_rows.ops_note(a)]
-    for p in cp_rows.steps_with_ops(a):
+    out = [cp_rows.TITLE, format_table(cp_rows.HEADERS, cp_rows.breakdown_rows(a)), cp_rows.LEGEND]
+    out += [line for line in (cp_rows.shown_note(a), cp_rows.OPS_NOTE) if line]
+    for p in cp_rows.shown_paths(a):
         out.append(f"  rank {p.rank}, step {p.step} ({num(p.length_ms, '.2f')} ms, {p.n_ops} ops on the path)")
         table = format_table(cp_rows.OPS_HEADERS, cp_rows.ops_rows(p, 60), left=(0, 1, 2))
         out += ["    " + line for line in table.splitlines()]
