@@ -307,7 +307,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         _write_text(args.json, dumps_json(document))
     if args.html:
         _write_text(args.html, html.report_html(analysis))
-    if args.critical_path_trace:
+    _print(text)
+    if args.critical_path_trace:  # after the report: a path it cannot mark costs the user no report
         from analyzer.verbs.critical_trace import critical_path_trace, rank_trace_file
 
         overlay = critical_path_trace(rank_trace_file(analysis, args.critical_path_rank))
@@ -318,7 +319,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             f"of step(s) {', '.join(map(str, overlay.steps))} marked ({overlay.n_marked} events, {overlay.n_flows} "
             "arrows); open it in the Perfetto UI",
         )
-    _print(text)
     if entry is not None:
         from analyzer.verbs import report_cache
 

@@ -260,12 +260,13 @@ def test_report_writes_the_overlay_of_the_asked_rank(tmp_path: Path, capsys) -> 
     assert {i for i, e in enumerate(xs) if e["args"].get(MARK_ARG) == 1} == expected
     assert doc["distributedInfo"]["rank"] == 1
     assert f"rank 1's trace (rank1.json.gz) with the critical path of step(s) 1 marked ({len(expected)} events" in err
-    # A rank the run does not have: one line, exit 2, nothing written.
+    # A rank the run does not have: one line, exit 2, no overlay written, the report printed.
     code = cli.main(
         ["report", str(folder), "--critical-path-trace", str(tmp_path / "x.json"), "--critical-path-rank", "5"]
     )
-    err = capsys.readouterr().err
+    out_text, err = capsys.readouterr()
     assert code == 2 and "rank 5: not in this run (ranks: 0, 1)" in err and not (tmp_path / "x.json").exists()
+    assert "Critical path per profiled step" in out_text  # the report itself is still printed
 
 
 def test_overlay_of_a_trace_without_steps_is_one_line(tmp_path: Path) -> None:
