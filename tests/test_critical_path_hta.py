@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.ingest.load import load_trace
 from analyzer.metrics.critical_path import CriticalPath, critical_path
 from analyzer.metrics.depgraph import BOUND_CATEGORIES, build_step_graph
+from test_depgraph import shared_trace  # loaded once per session, with the invariant checks
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # HTA's own pandas deprecation and NaN warnings
 
@@ -61,7 +61,7 @@ def hta_paths(hta_samples: Path, tmp_path_factory) -> dict[str, tuple[dict[str, 
         folder = tmp_path_factory.mktemp("cp_hta")
         src = hta_samples / rel
         os.symlink(src, folder / src.name)  # HTA wants a folder holding only traces
-        rt = load_trace(src)
+        rt = shared_trace(src)
         logging.disable(logging.WARNING)  # HTA logs per edge it cannot add
         try:
             analysis = hta.TraceAnalysis(trace_dir=str(folder))
