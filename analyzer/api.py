@@ -33,6 +33,7 @@ from analyzer.ingest.formats import REPORT_SCHEMA, ReportCore, RunManifest
 from analyzer.metrics.attribution import RunAttribution, run_attribution
 from analyzer.metrics.roofline import Roofline, roofline
 from analyzer.metrics.breakdown import Source, summarize_breakdown, with_waits
+from analyzer.metrics.critical_summary import RunCriticalPath, run_critical_path
 from analyzer.metrics.memory import RunMemory, run_memory
 from analyzer.metrics.frames import empty_frame
 from analyzer.metrics.idle import RunIdle, run_idle
@@ -220,6 +221,8 @@ class RunAnalysis:
     idle: RunIdle | None = None
     # Every rank's fine time grids, for timelines without events (analyzer.metrics.timeline; not in the report).
     timeline: RunTimeline | None = field(default=None, repr=False, compare=False)
+    # The critical path of each rank's profiled steps, in brief (analyzer.metrics.critical_summary).
+    critical_path: RunCriticalPath = field(default_factory=RunCriticalPath)
 
     def __repr__(self) -> str:
         # A console shows this; the generated repr printed every table (tens of KB). A notebook shows the
@@ -363,6 +366,7 @@ class RunAnalysis:
             "memory": self.memory.to_json(),
             "idle": None if self.idle is None else self.idle.to_json(),
             "roofline": self.roofline().to_json(),
+            "critical_path": self.critical_path.to_json(),
             "errors": list(self.errors),
             "warnings": list(self.warnings),
         }
@@ -534,6 +538,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         memory=run_memory(metrics, {r: p.memory for r, p in parts.items()}),
         idle=run_idle({r: p.idle for r, p in parts.items()}),
         timeline=timeline,
+        critical_path=run_critical_path({r: p.critical_paths for r, p in parts.items()}),
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
         rank_workload={r: p.workload for r, p in parts.items() if p.workload is not None and len(p.workload)},
     )

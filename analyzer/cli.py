@@ -286,7 +286,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         options = {"command": "report", "peak_flops": args.peak_flops, "top": args.top, "limits": _limit_options(args)}
         entry = report_cache.entry_path(path, options, [o for o in (args.json, args.html) if o])
-        cached = report_cache.read(entry) if entry is not None and not args.html else None
+        fresh = args.html or args.critical_path_trace  # outputs the stored report does not hold
+        cached = report_cache.read(entry) if entry is not None and not fresh else None
         if cached is not None:
             for kind, message in cached.messages:
                 _say(kind, message)
@@ -307,6 +308,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.html:
         _write_text(args.html, html.report_html(analysis))
     _print(text)
+    if args.critical_path_trace:  # after the report: a path it cannot mark costs the user no report
+        from analyzer.verbs.critical_trace import critical_path_trace, rank_trace_file
+
+        overlay = critical_path_trace(rank_trace_file(analysis, args.critical_path_rank))
+        overlay.write(args.critical_path_trace)
+        _say(
+            "note",
+            f"{args.critical_path_trace}: rank {overlay.rank}'s trace ({overlay.source.name}) with the critical path "
+            f"of step(s) {', '.join(map(str, overlay.steps))} marked ({overlay.n_marked} events, {overlay.n_flows} "
+            "arrows); open it in the Perfetto UI",
+        )
     if entry is not None:
         from analyzer.verbs import report_cache
 
@@ -702,6 +714,19 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         "--json", type=Path, metavar="FILE", help="write the versioned JSON report (schema analyzer.report/1)"
     )
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page with charts")
+    p.add_argument(
+        "--critical-path-trace",
+        type=Path,
+        metavar="FILE",
+        help="write one rank's trace with each profiled step's critical path marked, for the Perfetto UI "
+        "(.json.gz: gzip-compressed; docs/cli.md)",
+    )
+    p.add_argument(
+        "--critical-path-rank",
+        type=int,
+        metavar="RANK",
+        help="the rank of --critical-path-trace (default: the first rank with a profiled step)",
+    )
     p.set_defaults(func=cmd_report)
 
 

@@ -57,6 +57,7 @@ from analyzer.ingest.load import FileFacts
 from analyzer.metrics.attribution import AttributionTables
 from analyzer.metrics.breakdown import BreakdownPieces
 from analyzer.metrics.idle import IdleTables, LaunchSummary, PageableCopies, SyncPoints
+from analyzer.metrics.critical_summary import StepCriticalPath
 from analyzer.metrics.memory import RankMemory
 from analyzer.metrics.mfu import RankFlops
 from analyzer.metrics.overlap import OverlapResult
@@ -83,6 +84,7 @@ _CLASSES: dict[str, type] = {
         LaunchSummary,
         PageableCopies,
         SyncPoints,
+        StepCriticalPath,
     )
 }
 

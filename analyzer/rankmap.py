@@ -38,6 +38,8 @@ from analyzer.ingest.tables import RankTrace
 from analyzer.metrics.attribution import AttributionTables, rank_attribution
 from analyzer.metrics.breakdown import BreakdownPieces, Source, breakdown_pieces, source_of
 from analyzer.metrics.collectives import collective_table as rank_collective_table
+from analyzer.metrics.critical_path import critical_paths
+from analyzer.metrics.critical_summary import StepCriticalPath, step_critical_path
 from analyzer.metrics.idle import IdleTables, rank_idle
 from analyzer.metrics.kernels import top_kernels
 from analyzer.metrics.memory import RankMemory, rank_memory
@@ -49,7 +51,7 @@ from analyzer.metrics.windows import check_windows
 from analyzer.metrics.workload import rank_workload
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 12
+MAP_VERSION = 13
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -92,7 +94,9 @@ class RankPart:
     :data:`~analyzer.metrics.timeline.FINE_BINS` bins), from which the
     dashboard's timeline bins every rank without its events; ``idle`` its
     idle causes, launch statistics, host syncs and pageable copies
-    (:func:`analyzer.metrics.idle.rank_idle`).
+    (:func:`analyzer.metrics.idle.rank_idle`); ``critical_paths`` the
+    critical path of each profiled step in brief
+    (:func:`analyzer.metrics.critical_summary.step_critical_path`).
     """
 
     rank: int
@@ -116,6 +120,7 @@ class RankPart:
     timeline: list[TimelineGrid] = field(default_factory=list)
     # Tokens from the input shapes and activation recompute per step window (analyzer.metrics.workload).
     workload: pd.DataFrame | None = None
+    critical_paths: list[StepCriticalPath] = field(default_factory=list)
 
 
 @dataclass
@@ -208,11 +213,12 @@ def summarize_rank(rt: RankTrace) -> RankPart:
     # Step windows clipped or dropped to fit the trace (analyzer.metrics.windows); flagged ones feed no rule.
     checked = check_windows(events, rt.steps, rank)
     windows = checked.steps[["step", "start_ns", "end_ns"]]
+    paths, path_warnings = rank_critical_paths(rt)
     return RankPart(
         rank=rank,
         trace=rt.path.name,
         source=source,
-        window_warnings=list(checked.warnings),
+        window_warnings=list(checked.warnings) + path_warnings,
         pieces=breakdown_pieces(events, windows, source),
         window_flagged=checked.steps[["step", "flagged"]].rename(columns={"flagged": "window_flagged"}),
         overlap=overlap(events, windows),
@@ -227,4 +233,18 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         memory=rank_memory(rt.memory, windows),
         idle=rank_idle(events, windows),
         workload=rank_workload(events, windows),
+        critical_paths=paths,
     )
+
+
+def rank_critical_paths(rt: RankTrace) -> tuple[list[StepCriticalPath], list[str]]:
+    """The brief critical path of each profiled step, and a warning when they could not be computed.
+
+    The dependency graph is built from every kind of trace the loader reads;
+    a trace it cannot make a graph of loses its critical paths (withheld,
+    and said in one warning line), not the rest of its rank's figures.
+    """
+    try:
+        return [step_critical_path(cp) for cp in critical_paths(rt)], []
+    except Exception as exc:  # noqa: BLE001 - withheld and named in a warning; the other figures stand
+        return [], [f"{rt.path.name}: critical path not computed ({type(exc).__name__}: {str(exc)[:200]})"]

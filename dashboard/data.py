@@ -316,3 +316,22 @@ def history(root: Path, runs: list[RunEntry], by: str) -> tuple[Loaded, list[str
     return _history(str(root), by, tuple(str(r.path) for r in kept), tuple(run_key(r) for r in kept)), [
         w for w in refusals if w
     ]
+
+
+@st.cache_resource(max_entries=_MAX_TRACESETS, show_spinner="Marking the critical path...")
+def _critical_path_trace(file: str, key: str) -> Loaded:
+    from analyzer.verbs.critical_trace import critical_path_trace as overlay
+
+    try:
+        return Loaded(overlay(Path(file)))
+    except Exception as exc:  # noqa: BLE001 - see _fail
+        return _fail(f"critical_path_trace({file})", exc)
+
+
+def critical_path_trace(run: RunEntry, file: Path) -> Loaded:
+    """``analyzer.verbs.critical_trace.critical_path_trace`` of one of a run's trace files: the rank's trace
+    with each profiled step's critical path marked (an ``OverlayTrace``), for the Perfetto UI."""
+    refused = run.refusal()
+    if refused:
+        return Loaded(None, refused)
+    return _critical_path_trace(str(file), run_key(run))

@@ -4,11 +4,17 @@ and a backward pass (tests/test_dashboard_operators.py), headless Chromium.
 
 Checks that Vega drew the roofline's points, roofs and ridge point, and the
 forward and backward icicles' bars, as many as the analyzer's tables have
-rows, with no console error.
+rows, with no console error. The Timeline page's critical path, on the same
+server: what the analyzer computed for rank 0 (the bound breakdown of each
+step as a stacked bar of six categories, the step's top op on the path), and
+the overlaid trace it offers downloads, loads back in our own loader, and
+marks as many events as the analyzer's overlay.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +26,8 @@ from test_browser_e2e import RENDER_TIMEOUT_MS, _wait_idle, browser, page, pytes
 from test_dashboard_operators import SHAPED_RUN, write_shaped_gpu_traces
 
 from analyzer.api import analyze
+from analyzer.ingest.load import load_traces
+from analyzer.verbs.critical_trace import MARK_ARG, critical_path_trace, rank_trace_file
 
 
 @pytest.fixture(scope="module")
@@ -72,4 +80,44 @@ def test_modules_page_draws_both_icicles(server, page):  # noqa: F811 (the impor
         bars = charts.nth(i).locator("g.mark-rect.role-mark path")
         assert bars.count() == len(drawn) > 0, (backward, bars.count(), len(drawn))
     page.screenshot(path=str(root / "modules.png"), full_page=True)
+    assert page.problems() == []
+
+
+def test_timeline_page_shows_the_critical_path_and_its_overlay(server, page):  # noqa: F811 (the imported fixture)
+    url, runs, root = server
+    ra = analyze(runs / SHAPED_RUN)
+    mine = ra.critical_path.for_rank(0)
+    assert [p.step for p in mine] == [3, 4]
+    top_op = str(mine[0].ops["name"].iloc[0])
+    overlay = critical_path_trace(rank_trace_file(ra, 0))
+    page.goto(f"{url}/timeline?run={SHAPED_RUN}", wait_until="domcontentloaded")
+    page.get_by_role("heading", name="Critical path").wait_for(timeout=RENDER_TIMEOUT_MS)
+    _wait_idle(page)
+    # The bound chart: one stacked bar series per HTA category, one bar per profiled step.
+    chart = page.locator(".js-plotly-plot").filter(has_text="What bounds the critical path")
+    chart.wait_for(state="visible", timeout=RENDER_TIMEOUT_MS)
+    assert chart.locator("g.trace.bars").count() == 6
+    drawn = chart.locator("g.trace.bars g.point path")
+    nonzero = sum(1 for p in mine for v in p.breakdown_pct.values() if v > 0)
+    assert drawn.count() >= nonzero > 0, (drawn.count(), nonzero)
+    page.wait_for_function(
+        "name => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')].some(el => el.innerHTML.includes(name))",
+        arg=top_op,
+        timeout=RENDER_TIMEOUT_MS,
+    )
+    page.get_by_text("Make rank 0's trace with the critical path marked").click()
+    button = page.get_by_role(
+        "button", name=f"Download rank 0's critical-path trace ({overlay.n_marked:,} events marked"
+    )
+    button.wait_for(timeout=RENDER_TIMEOUT_MS)
+    with page.expect_download(timeout=RENDER_TIMEOUT_MS) as info:
+        button.click()
+    saved = root / "overlay.json.gz"
+    info.value.save_as(saved)
+    doc = json.loads(gzip.decompress(saved.read_bytes()))
+    marked = sum(1 for e in doc["traceEvents"] if e["ph"] == "X" and e["args"].get(MARK_ARG) == 1)
+    assert marked == overlay.n_marked > 0
+    back = load_traces([saved], cache=False, progress=False)
+    assert list(back.ranks) == [0] and back.ranks[0].steps["step"].tolist() == [3, 4]
+    page.screenshot(path=str(root / "timeline-critical-path.png"), full_page=True)
     assert page.problems() == []

@@ -87,8 +87,8 @@ def test_report_html_is_self_contained(synthetic, capsys, tmp_path) -> None:
     # Charts are inline SVG: no script, nothing fetched, no external stylesheet.
     assert "<script" not in text
     assert re.search(r"""<link[^>]+href=["']https?:""", text) is None
-    # Charts: breakdown, overlap, step time, MFU, top kernels.
-    assert text.count("<svg") == 5
+    # Charts: breakdown, overlap, step time, MFU, critical path, top kernels.
+    assert text.count("<svg") == 6
     assert "50.0" in text  # the overlap figure in the per-rank table
 
 

@@ -37,6 +37,7 @@ from dashboard_support import (
 from analyzer.api import analyze
 from analyzer.errors import AnalyzerError
 from analyzer.metrics.throughput import throughput
+from analyzer.metrics.depgraph import BOUND_CATEGORIES
 from analyzer.metrics.timeline import overview, select_window
 from dashboard.cli import APP_PATH, RUNS_DIR_ENV
 from dashboard.text import plain
@@ -417,6 +418,17 @@ def test_timeline_heatmap_and_window_of_gpu_traces(open_page, runs_dir, analyses
     heat = charts(at)["timeline_heatmap"]["data"][0]
     expected = ov.occupancy.pivot(index="rank", columns="bin", values="compute_frac").to_numpy()
     assert np.array_equal(np.array(heat["z"], dtype=float), expected)
+    # The critical path as RunAnalysis.critical_path holds it: one stacked bar series per HTA category,
+    # one bar per profiled step of the picked rank (rank 0 first), values the analyzer's percentages.
+    table = analyses[GPU_RUN].critical_path.table()
+    mine = table.loc[table["rank"] == 0]
+    assert len(mine) == 2
+    bars = figs["critical_path_bounds"]["data"]
+    assert [b["name"] for b in bars] == list(BOUND_CATEGORIES)
+    for b in bars:
+        assert b["x"] == [f"step {s}" for s in mine["step"]]
+        assert b["y"] == pytest.approx(mine[b["name"]].tolist())
+    assert at.selectbox(key="critical_path_rank").options == ["0", "1"]
 
 
 def test_timeline_caps_the_events_drawn(open_page, runs_dir):

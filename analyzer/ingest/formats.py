@@ -564,6 +564,7 @@ class ReportCore(typing.TypedDict):
     memory: dict[str, Any]
     idle: dict[str, Any] | None
     roofline: dict[str, Any]
+    critical_path: list[dict[str, Any]]  # one entry per rank and profiled step
     errors: list[str]
     warnings: list[str]
 

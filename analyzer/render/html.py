@@ -17,6 +17,8 @@ import pandas as pd
 from analyzer.ingest.formats import package_version
 from analyzer.jsontext import path_text
 from analyzer.metrics.curves import METRICS, training_curves
+from analyzer.metrics.depgraph import BOUND_CATEGORIES
+from analyzer.render import critical_path as cp_rows
 from analyzer.render import svg
 from analyzer.render.format import (
     delta_rows,
@@ -334,6 +336,45 @@ def _attribution_html(a: "RunAnalysis", top: int) -> str:
     return "".join(body)
 
 
+def critical_path_html(a: "RunAnalysis") -> str:
+    """The critical path per profiled step: a stacked bar per (rank, step) by what bounds it, the breakdown
+    table and the top ops' tables (analyzer.render.critical_path); "" without."""
+    paths = cp_rows.shown_paths(a)
+    if not paths:
+        return ""
+    bars = [
+        svg.Bars(
+            name=short.removesuffix(" %"),  # HTA's names overflow the legend; cp_rows.LEGEND spells them out
+            values=[p.breakdown_pct[name] for p in paths],
+            hover=[f"rank {p.rank} step {p.step}, {name}: {p.breakdown_pct[name]:.1f}%" for p in paths],
+        )
+        for short, name in zip(cp_rows.SHORT_LABELS, BOUND_CATEGORIES)
+    ]
+    chart = svg.bar_chart(
+        "What bounds the critical path, per rank and step",
+        [f"r{p.rank} s{p.step}" for p in paths],
+        bars,
+        y_title="% of path",
+        stacked=True,
+    )
+    body = [
+        "<h2>Critical path</h2>",
+        f'<p class="note">{html.escape(cp_rows.TITLE)}. The path is the longest chain of dependent work in the '
+        "step (CPU ops, launches, kernels, syncs): shortening what is on it shortens the step. Definitions: "
+        "docs/metrics.md, &quot;Critical path&quot;.</p>",
+        chart,
+        table(cp_rows.HEADERS, cp_rows.breakdown_rows(a)),
+        f'<p class="note">{html.escape(cp_rows.LEGEND.strip())} {html.escape(cp_rows.shown_note(a).strip())}</p>',
+        f"<h3>{html.escape(cp_rows.OPS_NOTE)}</h3>",
+    ]
+    for p in cp_rows.shown_paths(a):
+        body.append(
+            f'<p class="note">rank {p.rank}, step {p.step}: {num(p.length_ms, ".2f")} ms, {p.n_ops} ops on the path</p>'
+        )
+        body.append(table(cp_rows.OPS_HEADERS, cp_rows.ops_rows(p, 120), left=(0, 1, 2)))
+    return "".join(body)
+
+
 def report_html(a: "RunAnalysis", *, top: int = 15) -> str:
     """A self-contained HTML report of one run: headline, tables and SVG charts."""
     body = _headline_html(a)
@@ -363,6 +404,7 @@ def report_html(a: "RunAnalysis", *, top: int = 15) -> str:
     body.append("<h2>Stragglers</h2>" + _stragglers_html(a))
     body.append("<h2>Suggestions</h2>" + _suggestions_html(a))
     body.append(_attribution_html(a, top))
+    body.append(critical_path_html(a))
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         body.append(_kernels_html(a, kernels, figures.get("kernels", "")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from analyzer.jsontext import path_text
+from analyzer.render import critical_path as cp_rows
 from analyzer.render.format import (
     delta_rows,
     growth_text,
@@ -348,6 +349,9 @@ def report_text(a: "RunAnalysis", *, top: int = 10) -> str:
     idle = idle_lines(a)
     if idle:
         out += idle + [""]
+    critical = critical_path_lines(a)
+    if critical:
+        out += critical + [""]
     kernels = top_kernels_table(a, top)
     if not kernels.empty:
         title = "Top host ops (inclusive time)" if host_ops(a) else "Top kernels"
@@ -595,6 +599,19 @@ def idle_lines(a: "RunAnalysis") -> list[str]:
         "  launch/delay/kernel us: medians of the launch call, of kernel start - call end, of the kernel; short: "
         "kernels shorter than their launch call (HTA's). syncs: stream/device/event syncs, blocking copies, .item().",
     ]
+
+
+def critical_path_lines(a: "RunAnalysis") -> list[str]:
+    """The critical path per profiled step: its breakdown and top ops (analyzer.render.critical_path); [] without."""
+    if not a.critical_path.paths:
+        return []
+    out = [cp_rows.TITLE, format_table(cp_rows.HEADERS, cp_rows.breakdown_rows(a)), cp_rows.LEGEND]
+    out += [line for line in (cp_rows.shown_note(a), cp_rows.OPS_NOTE) if line]
+    for p in cp_rows.shown_paths(a):
+        out.append(f"  rank {p.rank}, step {p.step} ({num(p.length_ms, '.2f')} ms, {p.n_ops} ops on the path)")
+        table = format_table(cp_rows.OPS_HEADERS, cp_rows.ops_rows(p, 60), left=(0, 1, 2))
+        out += ["    " + line for line in table.splitlines()]
+    return out
 
 
 def roofline_lines(a: "RunAnalysis", top: int = 10) -> list[str]:

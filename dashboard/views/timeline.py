@@ -1,4 +1,4 @@
-"""Timeline: a rank-by-time occupancy heatmap, and a zoomed window of events.
+"""Timeline: a rank-by-time occupancy heatmap, the critical path of each profiled step, and a zoomed window of events.
 
 The overview bins time from the rank summaries (``RunAnalysis.timeline_overview``:
 each rank's fine time grid, built where its events were read), so it reads
@@ -9,6 +9,12 @@ picker, the slowest rank and rank 0 by default) and draws them with WebGL
 (``scattergl``), capped at :data:`MAX_EVENTS` (the user may lower the cap):
 SVG bar timelines take over 10 s at 100k events, WebGL lines stay
 interactive at tens of thousands.
+
+The critical path section reads ``RunAnalysis.critical_path`` (computed by
+the analyzer per rank and profiled step; docs/metrics.md, "Critical path"):
+what bounds each step of one rank, the ops with the most time on the path,
+and a download of that rank's trace with the path marked for the Perfetto
+UI (``analyzer.verbs.critical_trace``, made on request: it reads the file).
 """
 
 from __future__ import annotations
@@ -22,9 +28,18 @@ import streamlit as st
 
 from analyzer.metrics.timeline import states_of
 from dashboard import state
-from dashboard.data import analysis, timeline_overview, timeline_window, trace_windows, window_label
+from analyzer.metrics.depgraph import BOUND_CATEGORIES
+from dashboard.data import (
+    analysis,
+    critical_path_trace,
+    timeline_overview,
+    timeline_window,
+    trace_windows,
+    window_label,
+)
+from dashboard.discover import RunEntry
 from dashboard.text import html_text, plain
-from dashboard.ui import rank_axis, show_chart
+from dashboard.ui import rank_axis, show_chart, show_table
 
 MAX_ZOOM_RANKS = 8
 MAX_EVENTS = 50_000
@@ -42,6 +57,15 @@ _KIND_COLORS = {
     "annotation": "#9467bd",
 }
 _MAX_NAME_CHARS = 160
+# HTA's category colours are not fixed; these follow the timeline's: compute blue, communication red.
+_BOUND_COLORS = {
+    "cpu_bound": "#9467bd",
+    "data_loading": "#8c564b",
+    "gpu_compute_bound": "#1f77b4",
+    "gpu_communication_bound": "#d62728",
+    "gpu_kernel_kernel_overhead": "#ff7f0e",
+    "gpu_kernel_launch_overhead": "#bcbd22",
+}
 
 
 def heatmap(ov, state_name: str) -> go.Figure:
@@ -157,6 +181,85 @@ def window_figure(events: pd.DataFrame, source: str) -> go.Figure:
     return fig
 
 
+def bound_figure(table: pd.DataFrame) -> go.Figure:
+    """One stacked bar per profiled step: the share of its critical path in each of HTA's categories."""
+    x = [f"step {s}" for s in table["step"]]
+    fig = go.Figure(
+        [
+            go.Bar(
+                name=name,
+                x=x,
+                y=table[name],
+                marker_color=_BOUND_COLORS[name],
+                hovertemplate="%{x}<br>" + name + " %{y:.1f}%<extra></extra>",
+            )
+            for name in BOUND_CATEGORIES
+        ]
+    )
+    fig.update_layout(barmode="stack", title="What bounds the critical path (% of the path)", yaxis_title="%")
+    return fig
+
+
+def critical_path_section(run: RunEntry, ra, window_name: str, window: int | None) -> None:
+    """One rank's critical paths: the bound breakdown per step, the top ops of a step, the overlaid trace."""
+    st.subheader("Critical path")
+    paths = ra.critical_path.paths
+    if not paths:
+        st.info("No critical path: it is computed per profiled step (ProfilerStep#N), and no rank of this run has one.")
+        return
+    ranks = sorted({p.rank for p in paths})
+    rank = st.selectbox("Rank", ranks, key="critical_path_rank") if len(ranks) > 1 else ranks[0]
+    mine = ra.critical_path.for_rank(int(rank))
+    table = ra.critical_path.table()
+    table = table.loc[table["rank"] == rank].reset_index(drop=True)
+    show_chart(bound_figure(table), key="critical_path_bounds")
+    show_table(table.drop(columns=["rank"]), hide_index=True, key="critical_path_steps")
+    st.caption(
+        "The critical path is the longest chain of dependent work in a step (CPU ops, launches, kernels, syncs, "
+        "collectives): shortening what is on it shortens the step; what is off it buys nothing. Its length is the "
+        "step's measured span; the categories are HTA's (docs/metrics.md, \"Critical path\")."
+    )
+    by_step = {p.step: p for p in mine}
+    step = st.selectbox("Step", list(by_step), key="critical_path_step") if len(by_step) > 1 else mine[0].step
+    chosen = by_step[int(step)]
+    st.markdown(
+        f"**Ops on the critical path of step {chosen.step}** ({chosen.n_ops} in all; the {len(chosen.ops)} with the "
+        "most time on it)"
+    )
+    show_table(
+        chosen.ops,
+        hide_index=True,
+        key="critical_path_ops",
+        column_config={
+            "ms_on_path": st.column_config.NumberColumn("ms on path", format="%.3f"),
+            "pct": st.column_config.NumberColumn("% of path", format="%.1f"),
+        },
+    )
+    names_of = ra.timeline.traces(window) if ra.timeline is not None else {}
+    files = {f.name: f for f in trace_windows(run).get(window_name, [])}
+    file = files.get(names_of.get(int(rank), ""))
+    if file is None:
+        st.caption(f"Rank {rank} has no trace file in {plain(window_name)}: no overlaid trace to download.")
+        return
+    if not st.toggle(f"Make rank {rank}'s trace with the critical path marked", key="critical_path_make"):
+        st.caption("For the Perfetto UI: events on the path get args.critical = 1, arrows follow it across threads.")
+        return
+    loaded = critical_path_trace(run, file)
+    if loaded.value is None:
+        st.error(plain(loaded.error or "the overlaid trace could not be made"))
+        return
+    overlay = loaded.value
+    st.download_button(
+        f"Download rank {rank}'s critical-path trace ({overlay.n_marked:,} events marked, {overlay.n_flows:,} arrows)",
+        data=overlay.to_bytes(),
+        file_name=f"critical_path_rank{rank}_{file.name.removesuffix('.gz').removesuffix('.json')}.json.gz",
+        mime="application/gzip",
+        on_click="ignore",
+        key="critical_path_download",
+    )
+    st.caption('Open it in the Perfetto UI (https://ui.perfetto.dev); docs/dashboard.md, "Timeline".')
+
+
 def render() -> None:
     runs = state.all_runs()
     run = state.selected_run(runs)
@@ -206,6 +309,8 @@ def render() -> None:
     )
     for note in notes:
         st.caption(plain(note))
+
+    critical_path_section(run, ra, window_name, window)
 
     st.subheader("Zoom")
     ranks = sorted(ov.origins)
