@@ -115,8 +115,9 @@ def _path_ops(
     kinds = np.empty(len(rows), dtype=object)
     for r in np.unique(ranks).tolist():
         at = ranks == r
-        names[at] = tables[r]["name"].to_numpy(object)[rows[at]].astype(str)
-        kinds[at] = tables[r]["kind"].to_numpy(object)[rows[at]].astype(str)
+        # Only the path's rows: converting a whole categorical column per step cost most of the path's time.
+        names[at] = tables[r]["name"].take(rows[at]).astype(str).to_numpy(object)
+        kinds[at] = tables[r]["kind"].take(rows[at]).astype(str).to_numpy(object)
     frame = pd.DataFrame(
         {
             "name": names,
