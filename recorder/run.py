@@ -737,9 +737,12 @@ class Recorder:
         self.heartbeat.note(step, "end")
         for listener in self.on_step:  # outside every step's clock, as the trace export below
             listener(record)
+        exports = self.profiler.action(step) == torch.profiler.ProfilerAction.RECORD_AND_SAVE
         self.profiler.step_done(step)
         self.step_index = step + 1
         self._poll_save(wait=False)
+        if exports and self._agrees_by_collective():
+            self._meet()
         self._boundary_ns = time.perf_counter_ns()
         self._check_preemption()
         return record
@@ -937,6 +940,15 @@ class Recorder:
         self.close(status="preempted", cause=cause, exit_codes=[0] * self.place.world_size)
         if self.exit_on_preempt:
             raise SystemExit(0)
+
+    def _meet(self) -> None:
+        """Wait for every rank (a blocking all-reduce of nothing). After a profiler window the ranks
+        export their traces, which takes seconds and differs between ranks: without this, the
+        first rank to finish would wait for the last inside the next step's first collective, and
+        that step's time would hold the slowest rank's export."""
+        nothing = torch.zeros(1, device=self.device if self.place.backend == "nccl" else "cpu")
+        with untimed_collectives():  # not training communication
+            torch.distributed.all_reduce(nothing)
 
     def _settle_agreement(self) -> None:
         """Wait for the agreement in flight: every rank issued it after the same step."""
