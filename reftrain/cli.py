@@ -502,7 +502,7 @@ def _launch(
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent forwarded it to the ranks
         done = manifest.read_manifest(run_dir)
         if done is not None and done.status in ("preempted", "completed"):
-            # The ranks finished their step, saved and recorded it (reftrain/preemption.py).
+            # The ranks finished their step, saved and recorded it (the recorder's preemption, docs/reftrain.md "Preemption").
             print(f"reftrain: {exc.sigval.name}: run {done.status}; {run_dir}", file=sys.stderr)
             return 0
         latest = checkpoint.latest_checkpoint(run_dir)

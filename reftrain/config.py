@@ -208,7 +208,7 @@ class CheckpointConfig:
 
 @dataclass
 class PreemptionConfig:
-    """Stopping on SIGTERM/SIGINT (reftrain/preemption.py, docs/reftrain.md "Preemption")."""
+    """Stopping on SIGTERM/SIGINT (the recorder stops the ranks: docs/reftrain.md "Preemption")."""
 
     grace_s: int = _opt(
         20,

@@ -34,7 +34,7 @@ import recorder
 from analyzer.ingest import formats as fmt
 from recorder import manifest
 from recorder.hardware import git_state
-from recorder.instrument import untimed_group
+from recorder.instrument import untimed_collectives, untimed_group
 from recorder.ranks import restart_count
 from recorder.run import ProfileSchedule
 from reftrain import checkpoint, data, flops, parallel, rundir
@@ -294,7 +294,8 @@ def _train(
         raise
 
     everyone: list = [None] * env.world_size
-    dist.all_gather_object(everyone, {"summary": _rank_summary(records, cfg, start_step)})
+    with untimed_collectives():  # the ranks' medians for the summary: not training communication
+        dist.all_gather_object(everyone, {"summary": _rank_summary(records, cfg, start_step)})
     if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
         # What the injection measured per rank (medians over steady steps): the analyzer and
         # bench_gate read the injected time from here instead of trusting the request.
