@@ -109,7 +109,14 @@ def worker(args: argparse.Namespace) -> None:
     pc = parameter_counts(raw)
     m = cfg.model
     fpt = flops.flops_per_token(
-        pc["non_embedding"], block_parameter_count(raw), m.n_layers, m.n_heads, m.d_model // m.n_heads, m.seq_len, False
+        pc["non_embedding"],
+        block_parameter_count(raw),
+        m.n_layers,
+        m.n_heads,
+        m.d_model // m.n_heads,
+        m.seq_len,
+        m.d_ff,
+        False,
     )
     peak = flops.PeakFlops(1e12, "override", "bench: MFU not reported", "fp32")
     batches_a = iter(data.build_loader(cfg, rank, 0, "cpu"))
