@@ -1202,6 +1202,10 @@ def open(
     `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
     run: the final checkpoint), `meet_timeout_s`, `ddp_comm_hook` (True: time DDP's bucket
     all-reduces through a Python comm hook; False leaves DDP's C++ all-reduce alone, untimed, for
-    the lowest overhead: docs/record.md, "Overhead"). Every rank of a distributed job calls it.
+    the lowest overhead: docs/record.md, "Overhead"). For a trainer that does more itself
+    (docs/record.md, "A trainer of your own"): `existing` (record into runs_dir/name, made by a
+    launcher), `phase_hooks` (False: the loop times its phases with `Recorder.phase`),
+    `run_json` (run.json fields the loop knows better), `on_step` (listeners called with each
+    step's record), `preempt_signals`, `exit_on_preempt`. Every rank of a distributed job calls it.
     """
     return Recorder(runs_dir, name, config, model, optimizer, **options)
