@@ -289,27 +289,26 @@ def _train(
         wall_start = time.perf_counter()
         preempted = _loop(cfg, rec, step_fn, start_step, faults, saver)
         wall_s = time.perf_counter() - wall_start
+        everyone: list = [None] * env.world_size
+        with untimed_collectives():  # the ranks' medians for the summary: not training communication
+            dist.all_gather_object(everyone, {"summary": _rank_summary(records, cfg, start_step)})
+        if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
+            # What the injection measured per rank (medians over steady steps): the analyzer and
+            # bench_gate read the injected time from here instead of trusting the request.
+            inject.measured = {
+                "injected_ms": [e["summary"]["injected_ms"] for e in everyone],
+                "compute_factor": [e["summary"]["compute_factor"] for e in everyone],
+            }
+        if preempted:  # the recorder closed the run at the stop, before the ranks' medians were known
+            if env.rank == 0 and inject.measured is not None:
+                man = manifest.read_manifest(run_dir) or rec.manifest
+                man.inject = inject
+                manifest.write_json(run_dir / "run.json", man)
+        else:
+            rec.close(run_json={"inject": inject}, exit_codes=[0] * env.world_size)
     except BaseException as exc:
-        rec.close(status="failed", error=_reason(exc))
+        rec.close(status="failed", error=_reason(exc))  # nothing when the run is closed already
         raise
-
-    everyone: list = [None] * env.world_size
-    with untimed_collectives():  # the ranks' medians for the summary: not training communication
-        dist.all_gather_object(everyone, {"summary": _rank_summary(records, cfg, start_step)})
-    if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
-        # What the injection measured per rank (medians over steady steps): the analyzer and
-        # bench_gate read the injected time from here instead of trusting the request.
-        inject.measured = {
-            "injected_ms": [e["summary"]["injected_ms"] for e in everyone],
-            "compute_factor": [e["summary"]["compute_factor"] for e in everyone],
-        }
-    if preempted:  # the recorder closed the run at the stop, before the ranks' medians were known
-        if env.rank == 0 and inject.measured is not None:
-            man = manifest.read_manifest(run_dir) or rec.manifest
-            man.inject = inject
-            manifest.write_json(run_dir / "run.json", man)
-    else:
-        rec.close(run_json={"inject": inject}, exit_codes=[0] * env.world_size)
     if env.rank == 0:
         status = "preempted" if preempted else "completed"
         summary = run_summary(run_dir, records, wall_s, status)
