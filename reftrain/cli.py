@@ -467,7 +467,7 @@ def _launch(
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
     child += ["--quiet"] if quiet else []
     # On SIGTERM/SIGINT the agent signals each rank and waits --shutdown-timeout seconds
-    # before SIGKILL: the grace period in which the ranks finish their step and save.
+    # before SIGKILL: the grace period in which the ranks finish their steps and save.
     launch_args = torchrun.parse_args(
         [
             "--standalone",
