@@ -9,10 +9,11 @@ and data stream:
 
 - plain: a bare PyTorch DDP step (data, forward, backward, clip, AdamW,
   loss.item()), no hook, no timers, nothing written;
-- reftrain: `reftrain.train.TrainStep.run`, the trainer's own step: phase
-  timing, the comm hook and wrapped torch.distributed timing every
-  collective, the metrics record written and flushed, collective records
-  flushed, RSS read. Profiler off.
+- reftrain: `reftrain.train.TrainStep.run`, the trainer's own step recorded
+  by the recorder as reftrain opens it: phase timing, the comm hook and
+  wrapped torch.distributed timing every collective, the metrics record
+  written and flushed, collective records flushed, RSS read, the heartbeat
+  note, the machine-speed canary every 5th step. Profiler off.
 
 Steps alternate plain/reftrain, reftrain/plain, ... so each pair sees the same
 machine load; a barrier (not timed) lines the ranks up before every step. The
@@ -21,11 +22,13 @@ variant, overhead = median(reftrain) / median(plain) - 1, and the median of
 the per-pair ratios (robust to load drifting between pairs). Both copies see
 the same batches, so their losses must agree; the script checks it.
 
-Profiler windows, separately: the reftrain step under a profiler schedule
-(wait 1, warm-up 1, active 1, repeating), so unprofiled, warm-up and active
-steps interleave. Printed: median step time of each kind, the active steps'
-overhead over unprofiled ones, and the time to write each window's trace
-(spent between steps, outside any step time).
+Profiler windows, separately: the reftrain step of a third copy, recorded with
+a profiler schedule (wait 1, warm-up 1, active 1, repeating), so unprofiled,
+warm-up and active steps interleave. Printed: median step time of each kind
+(the step's own record), the active steps' overhead over unprofiled ones, and
+the time to write each window's trace (the wall time of the window's last
+step less its recorded time: the export and the ranks' meeting after it,
+outside any step time).
 """
 
 from __future__ import annotations
@@ -71,12 +74,13 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    import recorder
+    from analyzer.ingest import formats as fmt
+    from recorder.instrument import untimed_collectives
     from reftrain import data, flops, parallel
-    from reftrain.config import Config, ProfileConfig, apply_set, resolve
-    from recorder.instrument import CollectiveTimer, JsonlWriter, untimed_collectives
-    from reftrain.model import Transformer, block_parameter_count, parameter_counts
-    from recorder.profiling import StepProfiler
+    from reftrain.config import Config, apply_set, resolve
     from reftrain.inject import Injector
+    from reftrain.model import Transformer, block_parameter_count, parameter_counts
     from reftrain.train import TrainStep, _optimizer, lr_at
 
     warmup_pairs = 3
@@ -105,22 +109,37 @@ def worker(args: argparse.Namespace) -> None:
     pc = parameter_counts(raw)
     m = cfg.model
     fpt = flops.flops_per_token(
-        pc["non_embedding"], block_parameter_count(raw), m.n_layers, m.n_heads, m.d_model // m.n_heads, m.seq_len, False
+        pc["non_embedding"],
+        block_parameter_count(raw),
+        m.n_layers,
+        m.n_heads,
+        m.d_model // m.n_heads,
+        m.seq_len,
+        m.d_ff,
+        False,
     )
     peak = flops.PeakFlops(1e12, "override", "bench: MFU not reported", "fp32")
     batches_a = iter(data.build_loader(cfg, rank, 0, "cpu"))
     batches_b = iter(data.build_loader(cfg, rank, 0, "cpu"))
 
     out_dir = Path(tempfile.mkdtemp(prefix=f"bench-reftrain-r{rank}-"))
-    metrics = JsonlWriter(out_dir / "metrics.jsonl")
-    colls = JsonlWriter(out_dir / "collectives.jsonl")
-    timer = CollectiveTimer(colls, rank, env.device)
-    model_b.register_comm_hook(None, timer.ddp_comm_hook)
-    timer.install()
-    no_profiler = StepProfiler(ProfileConfig(enabled=False), rank, out_dir / "traces", env.device, 0)
-    step_b = TrainStep(
-        cfg, env, model_b, opt_b, batches_b, timer, metrics, Injector(cfg, rank, env.device), no_profiler, peak, fpt
-    )
+
+    def recorded(name: str, model, optimizer, profile: recorder.ProfileSchedule) -> recorder.Recorder:
+        """The recorder as reftrain.train opens it (rank 0's directory under its own temporary folder)."""
+        return recorder.open(
+            out_dir,
+            name,
+            model=model,
+            optimizer=optimizer,
+            phase_hooks=False,
+            flops=fmt.Flops.from_json(fpt.to_manifest()),
+            peak_flops_per_s=fmt.PeakFlops.from_json(peak.to_manifest()),
+            profile=profile,
+            telemetry_interval_ms=None,
+        )
+
+    rec_b = recorded("always-on", model_b, opt_b, recorder.ProfileSchedule(enabled=False))
+    step_b = TrainStep(cfg, env, model_b, opt_b, batches_b, Injector(cfg, rank, env.device), rec_b)
     params_a = [p for p in model_a.parameters() if p.requires_grad]
 
     def plain(step: int) -> float:
@@ -136,7 +155,9 @@ def worker(args: argparse.Namespace) -> None:
         return loss.item()
 
     def instrumented(step: int) -> float:
-        return step_b.run(step)["loss"]
+        record = step_b.run(step)
+        assert record is not None
+        return record["loss"]
 
     def timed(fn, step: int) -> tuple[float, float]:
         with untimed_collectives():
@@ -158,28 +179,31 @@ def worker(args: argparse.Namespace) -> None:
             instr_ms.append(result["reftrain"][0])
         mismatches += result["plain"][1] != result["reftrain"][1]
 
-    # Profiler windows: wait 1, warm-up 1, active 1, repeating.
-    first = warmup_pairs + args.pairs
-    prof = StepProfiler(
-        ProfileConfig(enabled=True, wait=1, warmup=1, active=1, repeat=0), rank, out_dir / "traces", env.device, first
+    rec_b.close()
+
+    # Profiler windows: wait 1, warm-up 1, active 1, repeating, on a third copy recorded with them.
+    model_c, opt_c = build()
+    schedule = recorder.ProfileSchedule(enabled=True, wait=1, warmup=1, active=1, repeat=0)
+    rec_c = recorded("windows", model_c, opt_c, schedule)
+    step_c = TrainStep(
+        cfg, env, model_c, opt_c, iter(data.build_loader(cfg, rank, 0, "cpu")), Injector(cfg, rank, env.device), rec_c
     )
-    step_b.profiler = prof
     kinds: dict[str, list[float]] = {"unprofiled": [], "warmup": [], "active": []}
     export_ms: list[float] = []
-    with prof:
-        for step in range(first, first + 3 * args.windows):
-            action = prof.action(step).name
-            ms, _ = timed(instrumented, step)
-            kind = {"NONE": "unprofiled", "WARMUP": "warmup"}.get(action, "active")
-            kinds[kind].append(ms)
-            start = time.perf_counter()
-            prof.step_done(step)
-            if action == "RECORD_AND_SAVE":
-                export_ms.append((time.perf_counter() - start) * 1e3)
-    timer.flush(wait=True)
-    timer.uninstall()
-    metrics.close()
-    colls.close()
+    for step in range(3 * args.windows):
+        action = rec_c.profiler.action(step).name
+        with untimed_collectives():
+            dist.barrier()
+        start = time.perf_counter()
+        record = step_c.run(step)
+        wall_ms = (time.perf_counter() - start) * 1e3
+        assert record is not None
+        kind = {"NONE": "unprofiled", "WARMUP": "warmup"}.get(action, "active")
+        kinds[kind].append(record["step_time_ms"])
+        if action == "RECORD_AND_SAVE":
+            export_ms.append(wall_ms - record["step_time_ms"])
+    traces = len(rec_c.profiler.traces)
+    rec_c.close()
 
     mine = {
         "plain_ms": plain_ms,
@@ -187,7 +211,7 @@ def worker(args: argparse.Namespace) -> None:
         "mismatches": mismatches,
         "kinds": kinds,
         "export_ms": export_ms,
-        "traces": len(prof.traces),
+        "traces": traces,
     }
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, mine)

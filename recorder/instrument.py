@@ -293,7 +293,7 @@ class CollectiveTimer:
         self._lock = threading.Lock()
         # Anchor now, outside any step, so the first collective adds no synchronize.
         self._anchor: _CudaAnchor | None = _CudaAnchor(self._device) if self._cuda else None
-        self._originals: list[tuple[Any, str, Callable]] = []
+        self._originals: list[tuple[Any, str, Any]] = []
         self._hook_opts: dict[Any, dist.AllreduceOptions] = {}  # per process group, for ddp_comm_hook
 
     # -- bookkeeping -------------------------------------------------------
@@ -336,6 +336,7 @@ class CollectiveTimer:
         else:
             end_ns = time.time_ns()
             rec.end_ns = end_ns
+            assert rec.start_ns is not None  # host records are stamped at issue (_begin)
             with self._lock:
                 self._step_comm_ns[rec.step] = self._step_comm_ns.get(rec.step, 0) + end_ns - rec.start_ns
 
@@ -366,7 +367,7 @@ class CollectiveTimer:
         divide first, as `allreduce_hook` does. The result equals DDP's default
         average up to the last bit (sum-then-divide instead of scale-then-sum).
         """
-        group = state if state is not None else dist.group.WORLD
+        group: Any = state if state is not None else dist.group.WORLD
         buffer = bucket.buffer()
         opts = self._hook_opts.get(group)
         if opts is None:
@@ -393,7 +394,7 @@ class CollectiveTimer:
         else SUM (the hook divides first)."""
         opts = dist.AllreduceOptions()
         backend = str(dist.get_backend(group)).lower()
-        opts.reduceOp = dist.ReduceOp.AVG if backend in ("gloo", "nccl") else dist.ReduceOp.SUM
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.AVG if backend in ("gloo", "nccl") else dist.ReduceOp.SUM)
         opts.asyncOp = True
         return opts
 
@@ -476,6 +477,7 @@ class CollectiveTimer:
         """Fill start_ns/end_ns from events if the collective has completed on the device."""
         if rec.end_event is None or not rec.end_event.query():
             return False
+        assert rec.anchor is not None and rec.start_event is not None  # CUDA records carry both (_begin)
         rec.start_ns = rec.anchor.to_epoch_ns(rec.start_event)
         rec.end_ns = rec.anchor.to_epoch_ns(rec.end_event)
         with self._lock:
@@ -545,7 +547,7 @@ class CollectiveTimer:
                 del self._step_comm_ns[old]
         self._writer.flush()
         # Records keep the anchor they were timed against, so re-anchoring is always safe.
-        if self._cuda and time.monotonic() - self._anchor.created_s > _CUDA_REANCHOR_S:
+        if self._anchor is not None and time.monotonic() - self._anchor.created_s > _CUDA_REANCHOR_S:
             self._anchor = _CudaAnchor(self._device)
 
 
@@ -558,6 +560,8 @@ class _Phase:
     """Context manager returned by `PhaseTimer.phase` (a class, not a generator: cheaper)."""
 
     __slots__ = ("_timer", "_name", "_host", "_start", "_profile")
+
+    _start: Any  # perf_counter_ns on the host clock, a recorded CUDA event on the device's
 
     def __init__(self, timer: PhaseTimer, name: str, host: bool) -> None:
         self._timer = timer

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +50,20 @@ from recorder.profiling import StepProfiler
 from recorder.ranks import Meeting, Place, max_restarts, restart_count, this_place
 from recorder.telemetry import GpuTelemetry, nvml_index_of
 
-PHASES = ("forward", "backward", "optimizer")
+# The phases of a step: the hooks time forward, backward and optimizer; a loop that times its phases
+# itself (`Recorder.phase`) may also time its batch fetch (`data`) and an explicit gradient all-reduce.
+PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
+# run.json fields a loop may set at open or close (`run_json=`): what the loop knows better than the
+# recorder. The rest (status, files, attempts, clock, ...) is the recorder's to write.
+RUN_JSON_FIELDS = ("command", "git", "params", "inject", "resumed_from", "tokens_per_step")
+# Metrics fields a loop may add to a step's record (`step_end(extra=...)`): what only the loop measures.
+EXTRA_STEP_FIELDS = (
+    "injected_ms",
+    "injected_forward_ms",
+    "injected_backward_ms",
+    "compute_cpu_ms",
+    "injected_cpu_ms",
+)
 # The heartbeat file is rewritten at most this often (seconds) by a background thread.
 BEAT_EVERY_S = 0.5
 # How long open() and close() wait for the other ranks (their keys on the store).
@@ -162,6 +175,16 @@ class _Beats:
         self.heartbeat.close()
 
 
+class _PendingSave:
+    """A checkpoint save whose write goes on in the background after its `rec.saving()` block."""
+
+    __slots__ = ("step", "stall_s", "started_s", "done")
+
+    def __init__(self, step: int, started_s: float, done: Callable[[bool], bool]) -> None:
+        self.step, self.started_s, self.done = step, started_s, done
+        self.stall_s = 0.0
+
+
 class Step:
     """What `Recorder.step()` yields: set `loss` (and `lr`, `grad_norm`) inside the block."""
 
@@ -195,15 +218,32 @@ class Recorder:
         start_step: int = 0,
         warmup_steps: int = 3,
         flops: fmt.Flops | None = None,
-        peak_flops_per_s: float | None = None,
+        peak_flops_per_s: float | fmt.PeakFlops | None = None,
         profile: ProfileSchedule | None = None,
         device: torch.device | str | None = None,
-        telemetry_interval_ms: int = 100,
-        on_preempt: Callable[[int], None] | None = None,
+        telemetry_interval_ms: int | None = 100,
+        on_preempt: Callable[[int], str | None] | None = None,
         meet_timeout_s: float = MEET_TIMEOUT_S,
         ddp_comm_hook: bool = True,
+        existing: bool = False,
+        phase_hooks: bool = True,
+        run_json: dict[str, Any] | None = None,
+        on_step: Sequence[Callable[[dict], None]] = (),
+        preempt_signals: Sequence[int] = (signal.SIGTERM,),
+        exit_on_preempt: bool = True,
     ) -> None:
         self.place: Place = this_place()
+        self.existing = existing
+        if existing and name is None:
+            raise RecorderError("recorder.open(existing=True) needs the run directory's name (name=...)")
+        unknown = sorted(set(run_json or {}) - set(RUN_JSON_FIELDS))
+        if unknown:
+            raise RecorderError(
+                f"recorder.open(run_json=...): {', '.join(unknown)} not settable; one of {', '.join(RUN_JSON_FIELDS)}"
+            )
+        self.on_step = tuple(on_step)
+        self.preempt_signals = tuple(preempt_signals)
+        self.exit_on_preempt = exit_on_preempt
         self.attempt = restart_count()
         self.model, self.optimizer = model, optimizer
         self.warmup_steps, self.steps_planned = warmup_steps, steps
@@ -251,7 +291,8 @@ class Recorder:
         self._canary_ms: tuple[float, float] | None = None  # (wall, CPU) of the probe before this step
         self._telemetry, self._telemetry_files, telemetry_note = self._start_telemetry(telemetry_interval_ms)
         self._hooks: list[Any] = []
-        self._hook_model(model, optimizer)
+        if phase_hooks:
+            self._hook_model(model, optimizer)
         self._clock = (
             align_clocks().to_dict()
             if self.all_ranks
@@ -264,6 +305,8 @@ class Recorder:
         hardware = self._gather_hardware()
         self.peak = self._peak(peak_flops_per_s)
         self._man = self._first_manifest(config, hardware, telemetry_note)
+        for key, value in (run_json or {}).items():
+            setattr(self._man, key, value)
         if rank == 0:
             self._write_manifest()
         # Per-step state.
@@ -286,9 +329,16 @@ class Recorder:
         # Without FLOPs given, the first step runs under a FLOP counter (recorder.flops).
         self._flop_counter: StepFlopCounter | None = None
         self._previous_handlers: dict[int, Any] = {}
+        self._pending_save: _PendingSave | None = None
+        self._in_saving: _PendingSave | None = None  # the `saving()` block in progress
         self._install_signal_handlers()
         self.profiler.__enter__()
         self.heartbeat.now(self.step_index, "setup")
+
+    @property
+    def manifest(self) -> fmt.RunManifest:
+        """run.json as this rank knows it (rank 0 writes it): what the recorder wrote at open and since."""
+        return self._man
 
     # -- set-up ---------------------------------------------------------------
 
@@ -304,6 +354,14 @@ class Recorder:
                 "initialized; call torch.distributed.init_process_group before recorder.open "
                 "(the ranks agree on the run directory through it)"
             )
+        if self.existing:
+            assert name is not None
+            path = runs_dir / name
+            if not (path / "config.yaml").is_file():
+                raise RecorderError(
+                    f"recorder.open(existing=True): {path}: no config.yaml (not a prepared run directory)"
+                )
+            return path
         if place.rank == 0:
             path = self._create_run_dir(runs_dir, name, config, model)
             if self._meeting is not None:
@@ -374,7 +432,9 @@ class Recorder:
             _say(f"collective timing: {exc}")
         return "; ".join(what) or "none"
 
-    def _start_telemetry(self, interval_ms: int) -> tuple[GpuTelemetry | None, list[str], str | None]:
+    def _start_telemetry(self, interval_ms: int | None) -> tuple[GpuTelemetry | None, list[str], str | None]:
+        if interval_ms is None:
+            return None, [], "telemetry disabled (recorder.open(telemetry_interval_ms=None))"
         if self.device.type != "cuda":
             return None, [], "CPU run: no GPU to sample (metrics hold each step's process CPU time, cpu_ms)"
         ok, reason = GpuTelemetry.available()
@@ -407,10 +467,12 @@ class Recorder:
             torch.distributed.all_gather_object(everyone, mine)
         return everyone
 
-    def _peak(self, given: float | None) -> fmt.PeakFlops | None:
+    def _peak(self, given: float | fmt.PeakFlops | None) -> fmt.PeakFlops | None:
         """The given peak, else the datasheet's for a known GPU, else an fp32 (TF32 where CUDA allows it)
         matmul measured on every rank at once, the max over ranks (as reftrain measures it: on a shared
         CPU the ranks share cores, as they will while training)."""
+        if isinstance(given, fmt.PeakFlops):  # the loop's own (its dtype's datasheet peak, its measurement)
+            return given
         if given is not None:
             return fmt.PeakFlops(
                 per_s=float(given), source="override", detail="recorder.open(peak_flops_per_s=...)", dtype=None
@@ -465,7 +527,10 @@ class Recorder:
             steps=self.steps_planned,
             start_step=self.step_index,
             warmup_steps=self.warmup_steps,
-            profiled_steps=[],
+            # The planned windows until close lists the steps that ran in one.
+            profiled_steps=[]
+            if self.steps_planned is None
+            else [s for s in range(self.step_index, self.steps_planned) if self.profiler.collecting(s)],
             clock=fmt.Clock.from_json(self._clock),
             inject=fmt.Inject(),
             resumed_from=None,
@@ -481,6 +546,8 @@ class Recorder:
             man.start_time = previous.start_time or self._start_time
             man.checkpoint_saves = previous.checkpoint_saves
             man.hangs = previous.hangs
+            if previous.files.metrics:  # the earlier attempts' files stay listed should this one die
+                man.files = previous.files
         return man
 
     def _write_manifest(self) -> None:
@@ -531,6 +598,16 @@ class Recorder:
 
     # -- the steps ------------------------------------------------------------
 
+    def phase(self, name: str, host_clock: bool = False) -> Any:
+        """A context manager timing one block of the step as phase `name` (`data`, `forward`,
+        `backward`, `grad_sync`, `optimizer`), for a loop that times its phases itself
+        (`recorder.open(..., phase_hooks=False)`); blocks of one phase add up within a step, and
+        each is annotated as `name` in a profiler window. CUDA: timed by events on the current
+        stream unless `host_clock` (a block that waits on the host, the batch fetch)."""
+        if name not in PHASES:
+            raise RecorderError(f"Recorder.phase({name!r}): not one of {', '.join(PHASES)}")
+        return self.phases.phase(name, host_clock)
+
     def step_start(self) -> None:
         """Mark the start of a training step (after the batch is in hand, or before: the forward
         pass's start is the compute's start when the model was given)."""
@@ -566,19 +643,30 @@ class Recorder:
             self._flop_counter = StepFlopCounter().__enter__()
 
     def step_end(
-        self, tokens: int | None = None, loss: Any = None, lr: float | None = None, grad_norm: Any = None
-    ) -> None:
-        """Mark the end of the step: writes its metrics record. `tokens`: tokens this rank processed in
-        the step; `loss` a float or a 0-d tensor (read with .item()); `lr` defaults to the optimizer's
-        first parameter group's; `grad_norm` as returned by clip_grad_norm_."""
+        self,
+        tokens: int | None = None,
+        loss: Any = None,
+        lr: float | None = None,
+        grad_norm: Any = None,
+        extra: dict[str, float | None] | None = None,
+    ) -> dict | None:
+        """Mark the end of the step: writes its metrics record and returns it (its JSON object; None
+        when nothing was recorded). `tokens`: tokens this rank processed in the step; `loss` a float
+        or a 0-d tensor (read with .item()); `lr` defaults to the optimizer's first parameter
+        group's; `grad_norm` as returned by clip_grad_norm_; `extra`: fields only the loop measures
+        (EXTRA_STEP_FIELDS: the time and CPU time of work it injected)."""
         if not self.recording:
-            return
+            return None
         if self.closed:
             _say("step_end after close: ignored")
-            return
+            return None
         if not self._in_step:
             _say(f"step_end without step_start (step {self.step_index}): ignored")
-            return
+            return None
+        extra = dict(extra or {})
+        for key in sorted(set(extra) - set(EXTRA_STEP_FIELDS)):
+            _say(f"step_end(extra={{{key!r}: ...}}): not one of {', '.join(EXTRA_STEP_FIELDS)}: ignored")
+            del extra[key]
         self._close_open_phases()
         step = self.step_index
         if self._flop_counter is not None:
@@ -604,17 +692,18 @@ class Recorder:
             lr = self.optimizer.param_groups[0].get("lr")
         step_s = step_time_ms / 1e3
         profiled = self.profiler.collecting(step)
-        record = fmt.MetricsLine(
+        line = fmt.MetricsLine(
             step=step,
             rank=self.place.rank,
             loss=_number(loss),
             step_time_ms=step_time_ms,
             cpu_ms=cpu_ms,
-            data_wait_ms=(compute_start - boundary) / 1e6,
+            # Before the compute's start, plus the blocks a loop timed as `data` inside the step.
+            data_wait_ms=(compute_start - boundary) / 1e6 + times["data_ms"],
             forward_ms=times["forward_ms"],
             backward_ms=times["backward_ms"],
             optimizer_ms=times["optimizer_ms"],
-            grad_sync_ms=0.0,
+            grad_sync_ms=times["grad_sync_ms"],
             comm_ms=self.timer.step_comm_ms(step),
             tokens=tokens,
             tokens_per_s=tokens / step_s if tokens is not None and step_s > 0 else None,
@@ -630,7 +719,10 @@ class Recorder:
             canary_cpu_ms=None if self._canary_ms is None else self._canary_ms[1],
             time_ns=time.time_ns(),
             attempt=self.attempt,
-        ).to_json()
+        )
+        for key, value in extra.items():
+            setattr(line, key, value)
+        record = line.to_json()
         self._write_records(record)
         self.records_written += 1
         self.last_step = step
@@ -643,10 +735,17 @@ class Recorder:
                 self._man.tokens_per_step = self.tokens_per_step
                 self._write_manifest()
         self.heartbeat.note(step, "end")
+        for listener in self.on_step:  # outside every step's clock, as the trace export below
+            listener(record)
+        exports = self.profiler.action(step) == torch.profiler.ProfilerAction.RECORD_AND_SAVE
         self.profiler.step_done(step)
         self.step_index = step + 1
+        self._poll_save(wait=False)
+        if exports and self._agrees_by_collective():
+            self._meet()
         self._boundary_ns = time.perf_counter_ns()
         self._check_preemption()
+        return record
 
     def _write_records(self, record: dict) -> None:
         """Append the step's metrics line and the completed collectives. A write that fails (disk
@@ -716,24 +815,68 @@ class Recorder:
 
     @contextmanager
     def saving(self) -> Iterator[None]:
-        """Wrap a checkpoint save: its wall time is the loop's stall (run.json `checkpoint_saves`)."""
+        """Wrap a checkpoint save: its wall time is the loop's stall (run.json `checkpoint_saves`).
+
+        A save whose write goes on in the background after the block (torch.distributed.checkpoint's
+        async_save) calls `rec.save_pending(done)` inside it; the save is recorded when `done` says
+        its write is complete. One save is in flight at most: the block first waits for the
+        previous one, and that wait is part of this save's stall."""
         if not self.recording:
             yield
             return
         step = self.step_index  # the save holds the state after this many steps
         self.heartbeat.now(step - 1, "checkpoint")
         t0 = time.perf_counter()
-        with untimed_collectives():  # checkpoint I/O is not training communication
-            yield
+        self._poll_save(wait=True)
+        self._in_saving = _PendingSave(step, t0, lambda wait: True)
+        try:
+            with untimed_collectives():  # checkpoint I/O is not training communication
+                yield
+        finally:
+            block, self._in_saving = self._in_saving, None
         stall_s = time.perf_counter() - t0
         self._boundary_ns = time.perf_counter_ns()  # the next step's time starts after the save
-        if self.place.rank == 0:
-            try:
-                manifest.record_checkpoint_save(self.run_dir, step, stall_s, self.attempt)
-            except OSError as exc:
-                _say(f"{self.run_dir / 'run.json'}: cannot record the checkpoint save: {exc.strerror or exc}")
-            else:
-                self._man.checkpoint_saves = (manifest.read_manifest(self.run_dir) or self._man).checkpoint_saves
+        if block is self._pending_save:  # written in the background: recorded when complete
+            block.stall_s = stall_s
+            return
+        self._record_save(step, stall_s)
+
+    def save_pending(self, done: Callable[[bool], bool]) -> None:
+        """Inside `rec.saving()`: this save's write goes on after the block. `done(wait)` says whether
+        the write is complete (waiting for it when `wait`); the recorder calls it after each step
+        and waits for it before the next save, in `wait_saves()` and at close. A `done` that raises
+        (the write failed) propagates from there. The save is then recorded with `kind: async` and
+        `complete_s`, the time from its start to its completion."""
+        if not self.recording:
+            return
+        if self._in_saving is None:
+            _say("save_pending outside a saving() block: ignored")
+            return
+        self._in_saving.done = done
+        self._pending_save = self._in_saving
+
+    def wait_saves(self) -> None:
+        """Wait for the save in flight (`save_pending`) and record it."""
+        if self.recording:
+            self._poll_save(wait=True)
+
+    def _poll_save(self, wait: bool) -> None:
+        pending = self._pending_save
+        if pending is None or not pending.done(wait):
+            return
+        self._pending_save = None
+        self._record_save(pending.step, pending.stall_s, time.perf_counter() - pending.started_s)
+
+    def _record_save(self, step: int, stall_s: float, complete_s: float | None = None) -> None:
+        if self.place.rank != 0:
+            return
+        kind = "sync" if complete_s is None else "async"
+        try:
+            manifest.record_checkpoint_save(self.run_dir, step, stall_s, self.attempt, kind, complete_s)
+        except OSError as exc:
+            _say(f"{self.run_dir / 'run.json'}: cannot record the checkpoint save: {exc.strerror or exc}")
+        else:
+            self._man.checkpoint_saves = (manifest.read_manifest(self.run_dir) or self._man).checkpoint_saves
 
     # -- preemption -----------------------------------------------------------
 
@@ -742,7 +885,7 @@ class Recorder:
 
         if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
             return
-        for sig in (signal.SIGTERM,):
+        for sig in self.preempt_signals:
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def _restore_signal_handlers(self) -> None:
@@ -788,12 +931,24 @@ class Recorder:
         done = self.step_index
         if self.on_preempt is not None:
             with self.saving():
-                self.on_preempt(done)
-            cause = f"preempted: {name} received; stopped after step {done - 1} with the final checkpoint hook's save"
+                saved = self.on_preempt(done)
+            self.wait_saves()
+            what = saved or "the final checkpoint hook's save"
+            cause = f"preempted: {name} received; stopped after step {done - 1} with {what}"
         else:
             cause = f"preempted: {name} received; stopped after step {done - 1} (no final checkpoint hook registered)"
-        self.close(status="preempted", cause=cause)
-        raise SystemExit(0)
+        self.close(status="preempted", cause=cause, exit_codes=[0] * self.place.world_size)
+        if self.exit_on_preempt:
+            raise SystemExit(0)
+
+    def _meet(self) -> None:
+        """Wait for every rank (a blocking all-reduce of nothing). After a profiler window the ranks
+        export their traces, which takes seconds and differs between ranks: without this, the
+        first rank to finish would wait for the last inside the next step's first collective, and
+        that step's time would hold the slowest rank's export."""
+        nothing = torch.zeros(1, device=self.device if self.place.backend == "nccl" else "cpu")
+        with untimed_collectives():  # not training communication
+            torch.distributed.all_reduce(nothing)
 
     def _settle_agreement(self) -> None:
         """Wait for the agreement in flight: every rank issued it after the same step."""
@@ -803,10 +958,21 @@ class Recorder:
 
     # -- the end --------------------------------------------------------------
 
-    def close(self, status: str | None = None, error: str | None = None, cause: str | None = None) -> None:
+    def close(
+        self,
+        status: str | None = None,
+        error: str | None = None,
+        cause: str | None = None,
+        run_json: dict[str, Any] | None = None,
+        exit_codes: list[int] | None = None,
+    ) -> None:
         """End the run: flush and close this rank's files; rank 0 writes run.json's final state.
 
-        `status` is `completed` (the default), `failed` (with `error`, one line) or `preempted`.
+        `status` is `completed` (the default), `failed` (with `error`, one line) or `preempted`;
+        `cause` the attempt's cause. Unless failed, the save in flight is waited for first.
+        `run_json`: fields the loop sets in the final run.json (as at open, e.g. `inject` with
+        what the injection measured); `exit_codes`: the ranks' exit status when the loop knows
+        them (a trainer that exits 0 after closing), for the attempt's record.
         Closing twice is harmless.
         """
         if self.closed or not self.recording:
@@ -821,6 +987,12 @@ class Recorder:
             self._in_step_failed()
         if status != "failed":
             self._settle_agreement()
+            self.wait_saves()
+        for key, value in (run_json or {}).items():
+            if key not in RUN_JSON_FIELDS:
+                _say(f"close(run_json={{{key!r}: ...}}): not one of {', '.join(RUN_JSON_FIELDS)}: ignored")
+                continue
+            setattr(self._man, key, value)
         for handle in self._hooks:
             handle.remove()
         self._restore_signal_handlers()
@@ -859,7 +1031,7 @@ class Recorder:
         }
         everyone = self._gather_at_close(mine)
         if self.place.rank == 0:
-            self._final_manifest(everyone, status, error, cause)
+            self._final_manifest(everyone, status, error, cause, exit_codes)
 
     def _gather_at_close(self, mine: dict) -> list[dict]:
         """Every rank's files and ending, through the store (never a collective: a rank may have died)."""
@@ -881,7 +1053,9 @@ class Recorder:
             everyone.append(theirs)
         return everyone
 
-    def _final_manifest(self, everyone: list[dict], status: str, error: str | None, cause: str | None) -> None:
+    def _final_manifest(
+        self, everyone: list[dict], status: str, error: str | None, cause: str | None, exit_codes: list[int] | None
+    ) -> None:
         on_disk = manifest.read_manifest(self.run_dir)
         man = self._man
         if on_disk is not None:
@@ -908,6 +1082,7 @@ class Recorder:
                 status,
                 cause or (error if status == "failed" else None),
             )
+            last.exit_codes = exit_codes
         self._write_manifest()
 
     def fail(self, exc: BaseException) -> None:
@@ -1027,6 +1202,10 @@ def open(
     `telemetry_interval_ms`, `on_preempt` (called with the step count before a SIGTERM ends the
     run: the final checkpoint), `meet_timeout_s`, `ddp_comm_hook` (True: time DDP's bucket
     all-reduces through a Python comm hook; False leaves DDP's C++ all-reduce alone, untimed, for
-    the lowest overhead: docs/record.md, "Overhead"). Every rank of a distributed job calls it.
+    the lowest overhead: docs/record.md, "Overhead"). For a trainer that does more itself
+    (docs/record.md, "A trainer of your own"): `existing` (record into runs_dir/name, made by a
+    launcher), `phase_hooks` (False: the loop times its phases with `Recorder.phase`),
+    `run_json` (run.json fields the loop knows better), `on_step` (listeners called with each
+    step's record), `preempt_signals`, `exit_on_preempt`. Every rank of a distributed job calls it.
     """
     return Recorder(runs_dir, name, config, model, optimizer, **options)

@@ -467,7 +467,7 @@ def _launch(
     child = ["--attach", str(run_dir)] + (["--resume", str(resume)] if resume is not None else [])
     child += ["--quiet"] if quiet else []
     # On SIGTERM/SIGINT the agent signals each rank and waits --shutdown-timeout seconds
-    # before SIGKILL: the grace period in which the ranks finish their step and save.
+    # before SIGKILL: the grace period in which the ranks finish their steps and save.
     launch_args = torchrun.parse_args(
         [
             "--standalone",
@@ -502,7 +502,7 @@ def _launch(
     except SignalException as exc:  # Ctrl-C or a scheduler's SIGTERM: the agent forwarded it to the ranks
         done = manifest.read_manifest(run_dir)
         if done is not None and done.status in ("preempted", "completed"):
-            # The ranks finished their step, saved and recorded it (reftrain/preemption.py).
+            # The ranks finished their step, saved and recorded it (the recorder's preemption, docs/reftrain.md "Preemption").
             print(f"reftrain: {exc.sigval.name}: run {done.status}; {run_dir}", file=sys.stderr)
             return 0
         latest = checkpoint.latest_checkpoint(run_dir)

@@ -208,11 +208,12 @@ class CheckpointConfig:
 
 @dataclass
 class PreemptionConfig:
-    """Stopping on SIGTERM/SIGINT (reftrain/preemption.py, docs/reftrain.md "Preemption")."""
+    """Stopping on SIGTERM/SIGINT (the recorder stops the ranks: docs/reftrain.md "Preemption")."""
 
     grace_s: int = _opt(
         20,
-        "under reftrain --nproc: seconds the ranks get to finish their step and save after "
+        "under reftrain --nproc: seconds the ranks get to finish their steps (the one in progress and, with "
+        "several ranks, the next: they agree on the stop) and save after "
         "a SIGTERM/SIGINT before the launcher kills them; keep it below the scheduler's own "
         "(Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s by default)",
     )

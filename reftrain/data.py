@@ -140,7 +140,7 @@ def build_dataset(cfg: Config, rank: int) -> Dataset:
     return TokenFile(Path(d.path), t.seed, rank, t.micro_batch_size, m.seq_len, m.vocab_size, length, d.delay_ms)
 
 
-# The signals a scheduler or Ctrl-C sends to stop a job (reftrain/preemption.py handles them in the rank).
+# The signals a scheduler or Ctrl-C sends to stop a job (the recorder handles them in the rank).
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 

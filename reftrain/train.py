@@ -1,54 +1,50 @@
-"""The training loop of one rank, instrumented on every step.
+"""The training loop of one rank, recorded on every step by the recorder (docs/record.md).
 
-Reads top to bottom: set up (process group, clocks, model, FLOPs and peak,
-parallelism, optimizer, resume, data, writers), then the loop, then the
-summary. Each step runs the phases data -> forward -> backward (per
-micro-batch) -> grad_sync (only with parallel.overlap_grad_sync=false) ->
-optimizer, timed by PhaseTimer and annotated for the profiler, and writes one
-metrics record (docs/rundir.md, reftrain.metrics/1).
+Reads top to bottom: set up (process group, model, FLOPs and peak,
+parallelism, optimizer, resume, data), the recorder opened on the run
+directory, then the loop, then the summary. Each step runs the phases
+data -> forward -> backward (per micro-batch) -> grad_sync (only with
+parallel.overlap_grad_sync=false) -> optimizer, timed by the recorder
+(`Recorder.phase`) and annotated for the profiler, and the recorder writes
+one metrics record (docs/rundir.md, reftrain.metrics/1). The recorder also
+writes run.json, the collective records, telemetry, the profiler windows and
+the heartbeat, and stops the run on SIGTERM/SIGINT; reftrain keeps its
+model, config, checkpoints, fault injection and console.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import signal
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+import recorder
 from analyzer.ingest import formats as fmt
 from recorder import manifest
-from recorder.clock import align_clocks
+from recorder.hardware import git_state
+from recorder.instrument import untimed_collectives, untimed_group
+from recorder.ranks import restart_count
+from recorder.run import ProfileSchedule
 from reftrain import checkpoint, data, flops, parallel, rundir
-from recorder.canary import Canary
-from reftrain.config import Config, resolve
+from reftrain.config import Config, model_shape, resolve
 from reftrain.errors import ReftrainError
-from reftrain.faults import Faults, restart_count
-from recorder.heartbeat import Heartbeat
-from recorder.hardware import describe_hardware, git_state
+from reftrain.faults import Faults
 from reftrain.inject import Injector
-from recorder.instrument import (
-    CollectiveTimer,
-    JsonlWriter,
-    PhaseTimer,
-    peak_reserved_bytes,
-    process_memory_bytes,
-    untimed_collectives,
-    untimed_group,
-)
 from reftrain.model import Transformer, block_parameter_count, parameter_counts
-from recorder.preemption import Preemption
-from recorder.ranks import max_restarts
-from recorder.profiling import StepProfiler
-from recorder.telemetry import GpuTelemetry, nvml_index_of
 from reftrain.trackers import Trackers, run_summary
 
-PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -121,29 +117,6 @@ def _autocast(cfg: Config, env: parallel.DistEnv):
     return contextlib.nullcontext()
 
 
-@dataclass
-class _Telemetry:
-    sampler: GpuTelemetry | None
-    files: list[str]
-    note: str | None
-
-
-def _start_telemetry(cfg: Config, env: parallel.DistEnv, run_dir: Path) -> _Telemetry:
-    if not cfg.telemetry.enabled:
-        return _Telemetry(None, [], "telemetry disabled (telemetry.enabled=false)")
-    if env.device.type != "cuda":
-        ok, reason = GpuTelemetry.available()
-        note = "CPU run: no GPU to sample" + (f" ({reason})" if not ok else "")
-        return _Telemetry(None, [], note)
-    ok, reason = GpuTelemetry.available()
-    if not ok:
-        return _Telemetry(None, [], reason)
-    rel = fmt.records_file("telemetry", env.rank)
-    sampler = GpuTelemetry(run_dir / rel, nvml_index_of(env.device), cfg.telemetry.interval_ms)
-    sampler.start()
-    return _Telemetry(sampler, [rel], None)
-
-
 def _say(env: parallel.DistEnv, text: str) -> None:
     if env.rank == 0:
         print(text, flush=True)
@@ -184,11 +157,15 @@ def run(
         except BaseException as exc:
             trackers.finish(None, "failed")
             if env.rank == 0:
-                reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
-                manifest.mark_failed(run_dir, reason, command, env.world_size)
+                manifest.mark_failed(run_dir, _reason(exc), command, env.world_size)
             raise
     finally:
         parallel.shutdown()
+
+
+def _reason(exc: BaseException) -> str:
+    """run.json's `error` for an exception in the rank: its message (the launcher prints it as one line)."""
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
 
 
 def _finished(run_dir: Path, env: parallel.DistEnv) -> bool:
@@ -207,22 +184,20 @@ def _train(
     resumed_from_run: Path | None,
     trackers: Trackers | None = None,
     quiet: bool = False,
-) -> fmt.RunManifest:
+) -> None:
     t, device = cfg.train, env.device
-    start_time = manifest.utc_now()
     torch.manual_seed(t.seed)  # identical initial weights on every rank (FSDP2 shards them as is)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = t.tf32
         torch.backends.cudnn.allow_tf32 = t.tf32
-    clock = align_clocks().to_dict()
 
     # Model, its FLOPs and the peak they are compared with.
-    model = Transformer(cfg.model).to(device)
-    params = parameter_counts(model)
-    m = cfg.model
+    net = Transformer(cfg.model).to(device)
+    params = parameter_counts(net)
+    m = model_shape(cfg.model)
     fpt = flops.flops_per_token(
         params["non_embedding"],
-        block_parameter_count(model),
+        block_parameter_count(net),
         m.n_layers,
         m.n_heads,
         m.d_model // m.n_heads,
@@ -233,11 +208,11 @@ def _train(
     peak = _peak_flops(cfg, env)
 
     if t.activation_checkpointing:
-        parallel.apply_activation_checkpointing(model)
+        parallel.apply_activation_checkpointing(net)
     if t.compile:
-        parallel.apply_compile(model, t.compile_backend)
+        parallel.apply_compile(net, t.compile_backend)
     ddp = cfg.parallel.strategy == "ddp"
-    model = parallel.apply_ddp(model, cfg, env) if ddp else parallel.apply_fsdp(model, cfg, env)
+    model = parallel.apply_ddp(net, cfg, env) if ddp else parallel.apply_fsdp(net, cfg, env)
     optimizer = _optimizer(model, cfg)
 
     start_step = 0
@@ -251,175 +226,106 @@ def _train(
                 f"train.steps={t.steps} leaves nothing to do (raise it with --steps)"
             )
     loader = data.build_loader(cfg, env.rank, start_step, device.type)
-    tokens_per_micro = t.micro_batch_size * m.seq_len
-    tokens_per_rank_step = tokens_per_micro * t.grad_accum
-    tokens_per_step = tokens_per_rank_step * env.world_size
-
-    # Who ran where (gathered so rank 0 can write it).
-    hw = describe_hardware(device)
-    all_hw: list = [None] * env.world_size
-    dist.all_gather_object(all_hw, hw)
-
-    attempt = restart_count()
-    # Each attempt writes its own files (JsonlWriter never appends): the first the
-    # documented names, a restart's under attempt{k}/ (docs/rundir.md, "Restarts").
-    sub = fmt.attempt_folder(attempt)
-    profiler = StepProfiler(cfg.profile, env.rank, run_dir / "traces" / sub, device, start_step)
-    steps_run = list(range(start_step, t.steps))
-    profiled_steps = [s for s in steps_run if profiler.collecting(s)]
-    telemetry = _start_telemetry(cfg, env, run_dir)
     injector = Injector(cfg, env.rank, device)
     faults = Faults(cfg.fault, env.rank)
     for line in faults.unreachable(start_step):  # a resumed run can start past the step of a fault
         print(f"reftrain: warning: rank {env.rank}: {line}", file=sys.stderr, flush=True)
+    saver = Saver(cfg, env, run_dir, faults)
+    records: list[dict] = []  # this rank's metrics lines, as written
+    console = None if env.rank != 0 or quiet else Console(cfg, start_step, env.world_size)
+    listeners: list[Callable[[dict], None]] = [records.append]
+    if console is not None:
+        listeners.append(lambda record: console.after(records))
+    if trackers is not None:
+        listeners.append(trackers.log_step)
+    inject = fmt.Inject(slow_rank=cfg.inject.slow_rank, delay_ms=cfg.inject.delay_ms, slowdown=cfg.inject.slowdown)
 
-    # run.json: the one typed definition of the manifest (analyzer.ingest.formats, docs/rundir.md).
-    man = fmt.RunManifest(
-        schema=manifest.SCHEMA,
-        run_id=run_dir.name,
-        status="running",
-        start_time=start_time,
-        end_time=None,
-        git=fmt.Git.from_json(git_state(REPO_ROOT)),
-        command=command,
-        config=manifest.saved_config_dict(run_dir),
-        world_size=env.world_size,
-        backend=env.backend,
-        hardware=fmt.Hardware(
-            device_type=device.type,
-            device_names=[h["device_name"] for h in all_hw],
-            # The smallest device bounds the run (None on CPU).
-            device_memory_bytes=min(
-                (h["device_memory_bytes"] for h in all_hw if h["device_memory_bytes"]), default=None
-            ),
-            cpu_model=hw["cpu_model"],
-            cpu_cores=hw["cpu_cores"],
-            cpu_cores_usable=hw["cpu_cores_usable"],
-            hostnames=[h["hostname"] for h in all_hw],
-        ),
-        torch_version=torch.__version__,
-        params=fmt.Params.from_json(params),
-        flops=fmt.Flops.from_json(fpt.to_manifest()),
-        peak_flops=fmt.PeakFlops.from_json(peak.to_manifest()),
-        tokens_per_step=tokens_per_step,
+    # The recorder writes the run directory (docs/record.md): run.json, the metrics, collective and
+    # telemetry records, the profiler windows, the heartbeat; reftrain times its own phases.
+    rec = recorder.open(
+        run_dir.parent,
+        run_dir.name,
+        model=model,
+        optimizer=optimizer,
+        existing=True,
+        phase_hooks=False,
         steps=t.steps,
         start_step=start_step,
         warmup_steps=t.warmup_steps,
-        profiled_steps=profiled_steps,
-        clock=fmt.Clock.from_json(clock),
-        inject=fmt.Inject(slow_rank=cfg.inject.slow_rank, delay_ms=cfg.inject.delay_ms, slowdown=cfg.inject.slowdown),
-        resumed_from=None
-        if resume is None
-        else fmt.ResumedFrom(run_dir=str(resumed_from_run), checkpoint=str(resume), step=start_step),
-        telemetry_note=telemetry.note,
-        files=manifest.files_listing(run_dir, []),
-        schemas=dict(manifest.SCHEMAS),
-        max_restarts=max_restarts(),
-        attempts=[],
+        flops=fmt.Flops.from_json(fpt.to_manifest()),
+        peak_flops_per_s=fmt.PeakFlops.from_json(peak.to_manifest()),
+        profile=ProfileSchedule(**dataclasses.asdict(cfg.profile)),
+        device=device,
+        telemetry_interval_ms=cfg.telemetry.interval_ms if cfg.telemetry.enabled else None,
+        on_preempt=saver.final_save,
+        preempt_signals=(signal.SIGTERM, signal.SIGINT),
+        exit_on_preempt=False,
+        on_step=listeners,
+        run_json={
+            "command": command,
+            "git": fmt.Git.from_json(git_state(REPO_ROOT)),
+            "params": fmt.Params.from_json(params),
+            "inject": inject,
+            "resumed_from": None
+            if resume is None
+            else fmt.ResumedFrom(run_dir=str(resumed_from_run), checkpoint=str(resume), step=start_step),
+            "tokens_per_step": t.micro_batch_size * m.seq_len * t.grad_accum * env.world_size,
+        },
     )
-    if env.rank == 0:
-        man.attempts = manifest.attempts_so_far(run_dir, attempt, start_time, start_step)
-        if attempt > 0:  # the first attempt's start, and the files earlier attempts wrote
-            previous = manifest.read_manifest(run_dir) or fmt.RunManifest()
-            man.start_time = previous.start_time or start_time
-            if previous.files.metrics is not None:
-                man.files = previous.files
-            man.checkpoint_saves = previous.checkpoint_saves or []
-            man.hangs = previous.hangs  # the launcher's watchdog ended an earlier attempt
-    if env.rank == 0:
-        manifest.write_json(run_dir / "run.json", man)
-    if env.rank == 0 and not quiet:
-        print(
-            f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
-            f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
-            f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})"
-        )
-        if telemetry.note and cfg.telemetry.enabled:
-            print(f"telemetry: {telemetry.note}", flush=True)
-    if env.rank == 0 and trackers is not None:
-        trackers.start(man.config or cfg.to_dict(), run_dir.name, attempt)
-
-    metrics_rel = fmt.records_file("metrics", env.rank, attempt)
-    colls_rel = fmt.records_file("collectives", env.rank, attempt)
-    metrics_writer = JsonlWriter(run_dir / metrics_rel)
-    colls_writer = JsonlWriter(run_dir / colls_rel)
-    timer = CollectiveTimer(colls_writer, env.rank, device)
-    if ddp:
-        model.register_comm_hook(None, timer.ddp_comm_hook)
-    timer.install()
-    records: list[dict] = []
-    heartbeat = Heartbeat(run_dir, env.rank, attempt)
-    saver = Saver(cfg, env, run_dir, faults, heartbeat)
-    wall_start = time.perf_counter()
     try:
-        with profiler, Preemption(env.rank, device) as preemption:
-            # The machine-speed canary on CPU runs, where the steps' work is host CPU time (docs/ci.md).
-            canary = Canary(start_step, t.steps - 1) if device.type == "cpu" else None
-            step_fn = TrainStep(
-                cfg, env, model, optimizer, iter(loader), timer, metrics_writer, injector, profiler, peak, fpt, canary
+        saver.rec = rec
+        note = rec.manifest.telemetry_note
+        if env.rank == 0 and not quiet:
+            print(
+                f"reftrain: {run_dir}  |  {env.world_size} x {device.type} ({env.backend}), "
+                f"{cfg.parallel.strategy}, {params['total'] / 1e6:.2f} M params, "
+                f"{fpt.model / 1e6:.1f} MFLOP/token, peak {peak.per_s / 1e12:.3g} TFLOP/s ({peak.source}: {peak.detail})"
             )
-            console = None if env.rank != 0 or quiet else Console(cfg, start_step, env.world_size)
-            stopped_by = _loop(
-                cfg, env, run_dir, step_fn, start_step, records, faults, saver, heartbeat, preemption, trackers, console
-            )
-        timer.flush(wait=True)
-        heartbeat.beat(records[-1]["step"] if records else start_step, "done")
-    finally:
-        heartbeat.close()
-        timer.uninstall()
-        metrics_writer.close()
-        colls_writer.close()
-        if telemetry.sampler is not None:
-            telemetry.sampler.stop()
-            if telemetry.sampler.error:
-                print(f"rank {env.rank}: {telemetry.sampler.error}", file=sys.stderr, flush=True)
-    wall_s = time.perf_counter() - wall_start
-
-    mine = {
-        "metrics": [metrics_rel],
-        "collectives": [colls_rel],
-        "telemetry": telemetry.files,
-        "traces": [f"traces/{sub}{name}" for name in profiler.traces],
-        "summary": _rank_summary(records, cfg, start_step),
-    }
-    everyone: list = [None] * env.world_size
-    dist.all_gather_object(everyone, mine)
-    if env.rank == 0:
-        earlier = manifest.earlier_attempt_files(run_dir, attempt, env.world_size)
-        status = "completed" if stopped_by is None else "preempted"
-        man.status, man.end_time = status, manifest.utc_now()
-        man.files = manifest.files_listing(run_dir, [earlier, *everyone])
-        on_disk = manifest.read_manifest(run_dir) or fmt.RunManifest()
-        man.checkpoint_saves, man.hangs = on_disk.checkpoint_saves or [], on_disk.hangs
-        last = man.attempts[-1]
-        last.end_time, last.status, last.exit_codes = man.end_time, status, [0] * env.world_size
-        if stopped_by is not None:
-            done = records[-1]["step"] + 1 if records else start_step
-            last.cause = (
-                f"preempted: {stopped_by} received; stopped after step {done - 1} with checkpoint "
-                f"checkpoints/step{done} (reftrain --resume {run_dir} continues)"
-            )
-        if (cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None) and man.inject is not None:
+            if note and cfg.telemetry.enabled:
+                print(f"telemetry: {note}", flush=True)
+        if env.rank == 0 and trackers is not None:
+            trackers.start(rec.manifest.config or cfg.to_dict(), run_dir.name, restart_count())
+        step_fn = TrainStep(cfg, env, model, optimizer, iter(loader), injector, rec)
+        wall_start = time.perf_counter()
+        preempted = _loop(cfg, rec, step_fn, start_step, faults, saver)
+        wall_s = time.perf_counter() - wall_start
+        everyone: list = [None] * env.world_size
+        with untimed_collectives():  # the ranks' medians for the summary: not training communication
+            dist.all_gather_object(everyone, {"summary": _rank_summary(records, cfg, start_step)})
+        if cfg.inject.slowdown is not None or cfg.inject.slow_rank is not None:
             # What the injection measured per rank (medians over steady steps): the analyzer and
             # bench_gate read the injected time from here instead of trusting the request.
-            man.inject.measured = {
+            inject.measured = {
                 "injected_ms": [e["summary"]["injected_ms"] for e in everyone],
                 "compute_factor": [e["summary"]["compute_factor"] for e in everyone],
             }
-        manifest.write_json(run_dir / "run.json", man)
+        if preempted:  # the recorder closed the run at the stop, before the ranks' medians were known
+            if env.rank == 0 and inject.measured is not None:
+                man = manifest.read_manifest(run_dir) or rec.manifest
+                man.inject = inject
+                manifest.write_json(run_dir / "run.json", man)
+        else:
+            rec.close(run_json={"inject": inject}, exit_codes=[0] * env.world_size)
+    except BaseException as exc:
+        rec.close(status="failed", error=_reason(exc))  # nothing when the run is closed already
+        raise
+    if env.rank == 0:
+        status = "preempted" if preempted else "completed"
         summary = run_summary(run_dir, records, wall_s, status)
-        _print_summary(cfg, run_dir, records, everyone, summary, start_step, profiled_steps)
+        _print_summary(cfg, run_dir, records, everyone, summary, start_step, rec.profiled_steps)
         if trackers is not None:
             trackers.finish(summary, status)
-        if stopped_by is not None:
-            print(f"reftrain: {last.cause}", flush=True)
-    return man
+        if preempted:
+            final = manifest.read_manifest(run_dir)
+            if final is not None and final.attempts:
+                print(f"reftrain: {final.attempts[-1].cause}", flush=True)
 
 
 class TrainStep:
-    """One optimizer step with everything that is always on: phase timing, collective
-    timing, the metrics record and its write. The loop (and bench/bench_reftrain.py)
-    call `run(step)`; printing, checkpoints and the profiler stay in the loop.
+    """One optimizer step: the phases data -> forward -> backward (per micro-batch) -> grad_sync ->
+    optimizer, each timed by the recorder (`rec.phase`) and annotated for the profiler, between
+    the recorder's step marks, which write the metrics record. The loop (and
+    bench/bench_reftrain.py) call `run(step)`; checkpoints stay in the loop.
     """
 
     def __init__(
@@ -428,187 +334,115 @@ class TrainStep:
         env: parallel.DistEnv,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        batches,
-        timer: CollectiveTimer,
-        writer: JsonlWriter,
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
         injector: Injector,
-        profiler: StepProfiler,
-        peak: flops.PeakFlops,
-        fpt: flops.FlopsPerToken,
-        canary: Canary | None = None,
+        rec: recorder.Recorder,
     ) -> None:
         self.cfg, self.env, self.model, self.optimizer = cfg, env, model, optimizer
-        self.canary = canary
-        self.batches = batches
-        self.timer, self.writer, self.injector, self.profiler = timer, writer, injector, profiler
-        self.peak, self.fpt = peak, fpt
+        self.batches, self.injector, self.rec = batches, injector, rec
         self.params = [q for q in model.parameters() if q.requires_grad]
-        self.phases = PhaseTimer(env.device, PHASES)
         self.autocast = _autocast(cfg, env)
-        self.tokens = cfg.train.micro_batch_size * cfg.model.seq_len * cfg.train.grad_accum
+        self.tokens = cfg.train.micro_batch_size * model_shape(cfg.model).seq_len * cfg.train.grad_accum
+        self.vocab_size = model_shape(cfg.model).vocab_size
 
-    def run(self, step: int) -> dict:
-        """Train step `step`; returns the reftrain.metrics/1 record it wrote."""
-        cfg, env, model, pt = self.cfg, self.env, self.model, self.phases
+    def run(self, step: int) -> dict | None:
+        """Train step `step`; returns the reftrain.metrics/1 record written (None when the recorder records nothing)."""
+        cfg, env, model, rec = self.cfg, self.env, self.model, self.rec
         t, p, device = cfg.train, cfg.parallel, env.device
         ddp = p.strategy == "ddp"
-        canary_ms = canary_cpu_ms = None
-        if self.canary is not None and self.canary.due(step) and not self.profiler.collecting(step):
-            canary_ms, canary_cpu_ms = self.canary.probe()  # before the step's clocks start
-        self.timer.set_step(step)
+        rec.step_start()  # the canary probe, when due, runs here: before the step's clocks start
         lr = lr_at(step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.injector.start_step()
-        pt.start_step()
-        cpu_start_s = time.process_time()
         loss_sum = torch.zeros((), device=device)
         for micro in range(t.grad_accum):
             last = micro == t.grad_accum - 1
-            with pt.phase("data", host_clock=True):
+            with rec.phase("data", host_clock=True):
                 x, y = next(self.batches)
                 if cfg.data.path is not None:
-                    data.check_batch(x, cfg.model.vocab_size, cfg.data.path)
-                    data.check_batch(y, cfg.model.vocab_size, cfg.data.path)
+                    data.check_batch(x, self.vocab_size, cfg.data.path)
+                    data.check_batch(y, self.vocab_size, cfg.data.path)
                 x = x.to(device, non_blocking=True)
                 y = y.to(device, non_blocking=True)
+            sync: contextlib.AbstractContextManager[Any]
             if ddp:
                 # Gradients are all-reduced only in the last micro-batch's backward (or after it).
-                sync = contextlib.nullcontext() if (last and p.overlap_grad_sync) else model.no_sync()
+                sync = contextlib.nullcontext() if (last and p.overlap_grad_sync) else cast(DDP, model).no_sync()
             else:
-                model.set_requires_gradient_sync(last)
+                cast(FSDPModule, model).set_requires_gradient_sync(last)
                 sync = contextlib.nullcontext()
             with sync:
-                with pt.phase("forward"), self.injector.compute("forward", first_forward=micro == 0):
+                with rec.phase("forward"), self.injector.compute("forward", first_forward=micro == 0):
                     with self.autocast:
                         loss = model(x, y)
-                with pt.phase("backward"), self.injector.compute("backward"):
+                with rec.phase("backward"), self.injector.compute("backward"):
                     (loss / t.grad_accum).backward()
             loss_sum += loss.detach()
         if ddp and not p.overlap_grad_sync:
-            with pt.phase("grad_sync"):
+            with rec.phase("grad_sync"):
                 parallel.allreduce_gradients(self.params, p.bucket_cap_mb, env.world_size)
-        with pt.phase("optimizer"):
+        with rec.phase("optimizer"):
             grad_norm = None
             if cfg.optim.grad_clip > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        times = pt.end_step()
-        # CPU time of this rank's process (all threads) over the step. Beside the
-        # wall-clock step time it tells more work from a busier machine: time
-        # spent descheduled by neighbours is wall time, not CPU time (docs/ci.md).
-        cpu_ms = (time.process_time() - cpu_start_s) * 1e3
-        mem_reserved = peak_reserved_bytes(device)  # before the reset below, which resets both peaks
-        mem_bytes, mem_kind = process_memory_bytes(device, reset_peak=True)
-        step_s = times["step_time_ms"] / 1e3
         if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
-        tokens = self.tokens
-        # The typed line (docs/rundir.md), written and returned as its JSON object.
-        record = fmt.MetricsLine(
-            step=step,
-            rank=env.rank,
+        injector = self.injector
+        return rec.step_end(
+            tokens=self.tokens,
             loss=loss_sum.item() / t.grad_accum,
-            step_time_ms=times["step_time_ms"],
-            cpu_ms=cpu_ms,
-            data_wait_ms=times["data_ms"],
-            forward_ms=times["forward_ms"],
-            backward_ms=times["backward_ms"],
-            optimizer_ms=times["optimizer_ms"],
-            grad_sync_ms=times["grad_sync_ms"],
-            comm_ms=self.timer.step_comm_ms(step),
-            tokens=tokens,
-            tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
-            mfu=flops.mfu(tokens, self.fpt.model, step_s, self.peak.per_s),
-            hfu=flops.mfu(tokens, self.fpt.hardware, step_s, self.peak.per_s),
-            mem_bytes=mem_bytes,
-            mem_kind=mem_kind,
-            mem_reserved_bytes=mem_reserved,
-            profiled=self.profiler.collecting(step),
             lr=lr,
-            grad_norm=None if grad_norm is None else float(grad_norm),
-            injected_ms=self.injector.injected_ms,
-            injected_forward_ms=self.injector.injected["forward"],
-            injected_backward_ms=self.injector.injected["backward"],
-            # Slowdown on CPU: CPU time of forward + backward's own work and of the injected work.
-            compute_cpu_ms=self.injector.compute_cpu_ms if self.injector.compute_cpu_ms else None,
-            injected_cpu_ms=self.injector.injected_cpu_ms if self.injector.compute_cpu_ms else None,
-            canary_ms=canary_ms,
-            canary_cpu_ms=canary_cpu_ms,
-            time_ns=time.time_ns(),
-            attempt=restart_count(),  # which torchelastic attempt ran it (a restart runs steps again)
-        ).to_json()
-        self.writer.write(record)
-        self.writer.flush()
-        self.timer.flush()
-        return record
+            grad_norm=grad_norm,
+            extra={
+                "injected_ms": injector.injected_ms,
+                "injected_forward_ms": injector.injected["forward"],
+                "injected_backward_ms": injector.injected["backward"],
+                # Slowdown on CPU: CPU time of forward + backward's own work and of the injected work.
+                "compute_cpu_ms": injector.compute_cpu_ms if injector.compute_cpu_ms else None,
+                "injected_cpu_ms": injector.injected_cpu_ms if injector.compute_cpu_ms else None,
+            },
+        )
 
 
 def _loop(
     cfg: Config,
-    env: parallel.DistEnv,
-    run_dir: Path,
+    rec: recorder.Recorder,
     step_fn: TrainStep,
     start_step: int,
-    records: list[dict],
     faults: Faults | None = None,
     saver: Saver | None = None,
-    heartbeat: Heartbeat | None = None,
-    preemption: Preemption | None = None,
-    trackers: Trackers | None = None,
-    console: Console | None = None,
-) -> str | None:
-    """Run the steps; returns None at the end, or the signal's name when preempted
-    (the state after the last step run is then saved)."""
+) -> bool:
+    """Run the steps; returns whether a signal stopped them (the recorder then saved the state
+    after the last step run, through `Saver.final_save`, and closed the run as preempted)."""
     t = cfg.train
-    saver = saver or Saver(cfg, env, run_dir, faults, heartbeat)
     for step in range(start_step, t.steps):
         if faults is not None:
             faults.step_start(step)
-        if heartbeat is not None:
-            heartbeat.beat(step, "start")
-        record = step_fn.run(step)
-        records.append(record)
-        if heartbeat is not None:
-            heartbeat.beat(step, "end")
-        if console is not None:
-            console.after(records)
-        if trackers is not None:
-            trackers.log_step(record)
-        saver.poll()
-        saved = False
-        if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
-            saver.save(step + 1, step_fn.model, step_fn.optimizer)
-            saved = True
-        step_fn.profiler.step_done(step)
-        stop = preemption.agreed() if preemption is not None else None
-        if stop is not None:
-            if not saved:
-                saver.save(step + 1, step_fn.model, step_fn.optimizer)
-            saver.finish()
-            return stop
-    saver.finish()
+        step_fn.run(step)
+        if rec.closed:
+            return True
+        if saver is not None and t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
+            saver.save(step + 1)
+    rec.wait_saves()
     if faults is not None:
         faults.step_start(t.steps)  # "step train.steps": after the last step and its checkpoint
-    return None
+    return False
 
 
 class Saver:
-    """The loop's checkpoint saves, synchronous or asynchronous (checkpoint.async_save).
-
-    Each save's stall (the loop's wall time inside it, rank 0) goes to
-    run.json's `checkpoint_saves` when the save is published: for a
-    synchronous save at once, for an asynchronous one when its write has
-    completed (checked after every step; waited for before the next save
-    and at the end), with `complete_s`, the time from its start to then.
+    """The loop's checkpoint saves, synchronous or asynchronous (checkpoint.async_save), each inside
+    the recorder's `saving()` block: its stall goes to run.json's `checkpoint_saves`; an
+    asynchronous save's write goes on after the block (`Recorder.save_pending`), and the recorder
+    records it, with `complete_s`, once published (checked after every step; waited for before
+    the next save and at the end). The fault hooks run just before a save is published.
     """
 
-    def __init__(
-        self, cfg: Config, env: parallel.DistEnv, run_dir: Path, faults: Faults | None, heartbeat: Heartbeat | None
-    ) -> None:
-        self.env, self.run_dir, self.faults, self.heartbeat = env, run_dir, faults, heartbeat
-        self.pending: checkpoint.PendingSave | None = None
+    def __init__(self, cfg: Config, env: parallel.DistEnv, run_dir: Path, faults: Faults | None) -> None:
+        self.env, self.run_dir, self.faults = env, run_dir, faults
+        self.rec: recorder.Recorder | None = None  # set once the recorder is open
         self.group = None
         self.async_save = cfg.checkpoint.async_save and cfg.train.checkpoint_every > 0
         if self.async_save:
@@ -621,57 +455,52 @@ class Saver:
         if self.faults is not None:
             self.faults.in_save(step)
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def save(self, step: int) -> None:
         """Save the state after `step` steps as checkpoints/step{step}. Collective."""
-        if self.heartbeat is not None:
-            self.heartbeat.beat(step - 1, "checkpoint")
+        assert self.rec is not None
+        with self.rec.saving():
+            self._write(step)
+
+    def final_save(self, step: int) -> str:
+        """The save when a signal stops the run (the recorder's `on_preempt`, inside its `saving()`);
+        returns what run.json's cause says of it."""
+        self._write(step)
+        return f"checkpoint checkpoints/step{step} (reftrain --resume {self.run_dir} continues)"
+
+    def _write(self, step: int) -> None:
+        assert self.rec is not None
         t0 = time.perf_counter()
-        self.finish()  # one save in flight at most: waiting for the previous one stalls the loop too
-        with untimed_collectives():  # checkpoint I/O is not training communication
-            if self.async_save:
-                try:
-                    self.pending = checkpoint.save_async(self.run_dir, step, model, optimizer, self.group)
-                except Exception as exc:  # noqa: BLE001 - DCP's async path refused: say so once, save synchronously
-                    self.async_save = False
-                    _say(
-                        self.env,
-                        f"  checkpoint: async_save failed ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); saving synchronously from now on",
-                    )
-            if not self.async_save:
-                path = checkpoint.save(self.run_dir, step, model, optimizer, before_publish=self._before_publish)
-        stall_s = time.perf_counter() - t0
-        if self.pending is not None:
-            self.pending.stall_s = stall_s
-            _say(self.env, f"  checkpoint step{step}: staged in {stall_s:.2f} s, writing in the background")
-            return
-        if self.env.rank == 0:  # the loop's stall per save, for goodput (run.json checkpoint_saves)
-            manifest.record_checkpoint_save(self.run_dir, step, stall_s, restart_count())
-        _say(self.env, f"  checkpoint {path.relative_to(self.run_dir.parent)} saved in {stall_s:.1f} s")
+        model, optimizer = self.rec.model, self.rec.optimizer
+        if self.async_save:
+            try:
+                pending = checkpoint.save_async(self.run_dir, step, model, optimizer, self.group)
+            except Exception as exc:  # noqa: BLE001 - DCP's async path refused: say so once, save synchronously
+                self.async_save = False
+                _say(
+                    self.env,
+                    f"  checkpoint: async_save failed ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}); saving synchronously from now on",
+                )
+            else:
+                pending.stall_s = time.perf_counter() - t0
+                self.rec.save_pending(lambda wait: self._complete(pending, wait))
+                _say(self.env, f"  checkpoint step{step}: staged in {pending.stall_s:.2f} s, writing in the background")
+                return
+        path = checkpoint.save(self.run_dir, step, model, optimizer, before_publish=self._before_publish)
+        _say(
+            self.env, f"  checkpoint {path.relative_to(self.run_dir.parent)} saved in {time.perf_counter() - t0:.1f} s"
+        )
 
-    def poll(self) -> None:
-        """Publish the asynchronous save in flight if its write has completed (not collective)."""
-        if self.pending is not None:
-            self._complete(wait=False)
-
-    def finish(self) -> None:
-        """Wait for the asynchronous save in flight and publish it."""
-        if self.pending is not None:
-            self._complete(wait=True)
-
-    def _complete(self, wait: bool) -> None:
-        p = self.pending
+    def _complete(self, p: checkpoint.PendingSave, wait: bool) -> bool:
+        """Publish the asynchronous save `p` once its write has completed; whether it has."""
         if not checkpoint.finish_async(self.run_dir, p, wait, self._before_publish):
-            return
-        self.pending = None
-        complete_s = time.perf_counter() - p.started_s
-        if self.env.rank == 0:
-            manifest.record_checkpoint_save(self.run_dir, p.step, p.stall_s, restart_count(), "async", complete_s)
+            return False
         _say(
             self.env,
             f"  checkpoint {p.path.relative_to(self.run_dir.parent)} published "
-            f"{complete_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)",
+            f"{time.perf_counter() - p.started_s:.1f} s after it began (the loop stalled {p.stall_s:.2f} s)",
         )
+        return True
 
 
 # ---------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 
     PYTHONPATH=. python -m torch.distributed.run --nproc-per-node 2 tests/recorder_ddp_loop.py RUNS MODE
 
-MODE: `all` (every rank records), `rank0-only` / `rank1-only` (one rank opens the
+MODE: `all` (every rank records; rank 1 spends AFTER_WINDOW_S after the profiler window's last
+step, as a rank with a slow trace export would), `rank0-only` / `rank1-only` (one rank opens the
 recorder, the other trains without it), `rank1-fails` (rank 1's loop raises at step 2).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +22,8 @@ from recorder import ProfileSchedule
 from tests.recorder_loops import TOKENS, TinyLM, batch
 
 STEPS = 5
+WINDOW_END = 2  # the profiler window below: step 1 warm-up, step 2 traced, its trace written after it
+AFTER_WINDOW_S = 3.0
 
 
 def main() -> None:
@@ -31,6 +35,11 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(rank)
     records = mode == "all" or mode == "rank1-fails" or mode == f"rank{rank}-only"
+
+    def slow_after_the_window(record: dict) -> None:
+        if record["step"] == WINDOW_END:
+            time.sleep(AFTER_WINDOW_S)
+
     rec = (
         recorder.open(
             runs,
@@ -39,6 +48,7 @@ def main() -> None:
             optimizer=opt,
             meet_timeout_s=5,
             profile=ProfileSchedule(wait=1, warmup=1, active=1),
+            on_step=[slow_after_the_window] if mode == "all" and rank == 1 else [],
         )
         if records
         else None

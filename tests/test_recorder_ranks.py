@@ -14,6 +14,7 @@ import pytest
 
 from analyzer.api import analyze
 from analyzer.ingest.formats import RunManifest
+from tests.recorder_ddp_loop import AFTER_WINDOW_S, WINDOW_END
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -71,6 +72,12 @@ def test_two_ranks_record_one_run_with_timed_collectives(tmp_path):
         for m in metrics:
             mine = [c for c in colls if c["step"] == m["step"]]
             assert m["comm_ms"] == pytest.approx(sum(c["end_ns"] - c["start_ns"] for c in mine) / 1e6)
+    # Rank 1 spent AFTER_WINDOW_S after the window's last step; the ranks meet there, so neither
+    # rank's next step holds it (without the meeting rank 0's step 3 would wait for rank 1 inside
+    # its all-reduce: at least AFTER_WINDOW_S, a sleep's lower bound; the step is tens of ms).
+    for rank in (0, 1):
+        after = _lines(run_dir / f"metrics/rank{rank}.jsonl")[WINDOW_END + 1]
+        assert after["step_time_ms"] < AFTER_WINDOW_S * 1e3, (rank, after)
     run = analyze(run_dir, cache=False)
     assert run.errors == [] and len(run.ranks) == 2
 
