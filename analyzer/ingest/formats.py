@@ -430,8 +430,8 @@ class RunManifest(Record):
 class MetricsLine(Record):
     """One optimizer step of one rank (docs/rundir.md). Times in ms of that rank's wall clock.
 
-    The fields in the order reftrain writes them (``reftrain.train.TrainStep``
-    builds one per step and writes ``to_json()``).
+    The fields in the order the recorder writes them (``recorder.Recorder.step_end`` builds one per
+    step, for reftrain and for a user's own loop, and writes ``to_json()``).
     """
 
     step: int | None = None
