@@ -221,8 +221,9 @@ class RunAnalysis:
     idle: RunIdle | None = None
     # Every rank's fine time grids, for timelines without events (analyzer.metrics.timeline; not in the report).
     timeline: RunTimeline | None = field(default=None, repr=False, compare=False)
-    # The critical path of each rank's profiled steps, in brief (analyzer.metrics.critical_summary).
-    critical_path: RunCriticalPath = field(default_factory=RunCriticalPath)
+    # The critical path of each rank's profiled steps, in brief (analyzer.metrics.critical_summary);
+    # None when not asked for (analyze(..., critical_path=True)).
+    critical_path: RunCriticalPath | None = None
 
     def __repr__(self) -> str:
         # A console shows this; the generated repr printed every table (tens of KB). A notebook shows the
@@ -366,7 +367,7 @@ class RunAnalysis:
             "memory": self.memory.to_json(),
             "idle": None if self.idle is None else self.idle.to_json(),
             "roofline": self.roofline().to_json(),
-            "critical_path": self.critical_path.to_json(),
+            "critical_path": None if self.critical_path is None else self.critical_path.to_json(),
             "errors": list(self.errors),
             "warnings": list(self.warnings),
         }
@@ -392,6 +393,7 @@ def analyze(
     engine: str = "local",
     ray_address: str | None = None,
     progress: Callable[[Progress], None] | None = None,
+    critical_path: bool = False,
 ) -> RunAnalysis:
     """Analyze a reftrain run directory, a folder of Kineto traces, or a list of trace files.
 
@@ -406,6 +408,9 @@ def analyze(
     ``progress``: called with an :class:`analyzer.execute.Progress` (files
     and ranks done of their totals) once the map is planned and after each
     rank; not called when a finished analysis is read from the cache.
+    ``critical_path``: compute each profiled step's critical path
+    (``RunAnalysis.critical_path``; None without: it costs about as much
+    CPU as every other per-rank figure together).
     Files that cannot be used become one-line ``errors``; the other ranks are
     still analyzed. Raises AnalyzerError (one line) when nothing usable is
     left: no run directory records and no trace that loads.
@@ -419,14 +424,21 @@ def analyze(
     paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not paths:
         raise AnalyzerError("nothing to analyze: no path given")
-    options = ExecOptions(cache=cache, jobs=jobs, engine=engine, ray_address=ray_address, progress=progress)
+    options = ExecOptions(
+        cache=cache,
+        jobs=jobs,
+        engine=engine,
+        ray_address=ray_address,
+        progress=progress,
+        critical_path=critical_path,
+    )
     run_key = _run_key(paths, peak_flops, options)
     stored = runcache.read(run_key, paths[0] if len(paths) == 1 else paths) if run_key is not None else None
     if stored is not None:
         return stored
     located = locate(paths)
     executed = execute(located.sets, options)
-    analysis = _reduce(_run_inputs(paths, located, executed, peak_flops))
+    analysis = _reduce(_run_inputs(paths, located, executed, peak_flops), options.critical_path)
     analysis.telemetry = located.telemetry
     if run_key is not None:
         problem = runcache.write(run_key, analysis)
@@ -440,7 +452,7 @@ def _run_key(paths: list[Path], peak_flops: float | None, options: ExecOptions) 
     stored (no cache, or parsing under way: the jobs' files must be taken from the jobs)."""
     if not options.cache or options.jobs is not None:
         return None
-    return runcache.key_for(paths, peak_flops)
+    return runcache.key_for(paths, peak_flops, options.critical_path)
 
 
 def _run_inputs(paths: list[Path], located: Located, executed: Executed, peak_flops: float | None) -> RunInputs:
@@ -480,8 +492,9 @@ class RunInputs:
     warnings: list[str]
 
 
-def _reduce(run: RunInputs) -> RunAnalysis:
-    """The run-level metrics from the ranks' parts (pure: no file access, no events)."""
+def _reduce(run: RunInputs, critical_path: bool = False) -> RunAnalysis:
+    """The run-level metrics from the ranks' parts (pure: no file access, no events); the
+    critical paths with ``critical_path`` (else None)."""
     manifest, metrics, records, peak_flops = run.manifest, run.metrics, run.records, run.peak_flops
     man = RunManifest.from_json(manifest or {})  # the typed run.json (empty for traces)
     warnings = run.warnings
@@ -491,7 +504,7 @@ def _reduce(run: RunInputs) -> RunAnalysis:
     step_tables: list[pd.DataFrame] = []
     rank_flops = []
     for rank, part in parts.items():
-        warnings += part.window_warnings
+        warnings += part.window_warnings + part.critical_path_warnings
         table = with_waits(part.pieces, waits.get(rank))
         table = table.merge(part.window_flagged, on="step", how="left")
         step_tables.append(table.assign(rank=rank))
@@ -538,7 +551,9 @@ def _reduce(run: RunInputs) -> RunAnalysis:
         memory=run_memory(metrics, {r: p.memory for r, p in parts.items()}),
         idle=run_idle({r: p.idle for r, p in parts.items()}),
         timeline=timeline,
-        critical_path=run_critical_path({r: p.critical_paths for r, p in parts.items()}),
+        critical_path=run_critical_path({r: p.critical_paths or [] for r, p in parts.items()})
+        if critical_path
+        else None,
         rank_collectives={r: p.comm_table for r, p in parts.items() if p.comm_table is not None and len(p.comm_table)},
         rank_workload={r: p.workload for r, p in parts.items() if p.workload is not None and len(p.workload)},
     )

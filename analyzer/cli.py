@@ -74,7 +74,9 @@ def _existing(path_text: str) -> Path:
     return path
 
 
-def start_parsing(paths: Sequence[Path], cache: bool, import_parser: bool = False) -> ParseJobs | None:
+def start_parsing(
+    paths: Sequence[Path], cache: bool, import_parser: bool = False, critical_path: bool = False
+) -> ParseJobs | None:
     """Start parsing the traces of ``paths`` that have no cache entry, in
     worker processes (which also write the entries), before the caller
     imports pandas.
@@ -85,6 +87,7 @@ def start_parsing(paths: Sequence[Path], cache: bool, import_parser: bool = Fals
     turns out not to read is parsed for nothing, never wrongly.
     ``import_parser``: import the parser (numpy, msgspec) here first, for
     the forked workers to inherit (:func:`_one_blas_thread` says when).
+    ``critical_path``: workers that map a rank also compute its critical paths.
     """
     from analyzer.ingest.cache import TraceCache
     from analyzer.ingest.locate import trace_files_of, trace_window
@@ -109,9 +112,11 @@ def start_parsing(paths: Sequence[Path], cache: bool, import_parser: bool = Fals
         import analyzer.ingest.parse  # noqa: F401  (numpy starts no threads here: _one_blas_thread)
 
     if one_file_units and map_in_workers(len(todo), usable_cpus()):
+        from functools import partial
+
         from analyzer.engines import parse_and_map
 
-        return ParseJobs(list(todo), entries=todo, task=parse_and_map)
+        return ParseJobs(list(todo), entries=todo, task=partial(parse_and_map, critical_path=critical_path))
     return ParseJobs(list(todo), entries=todo)
 
 
@@ -267,6 +272,7 @@ def _analyze(
             engine=args.engine,
             ray_address=args.ray_address,
             progress=progress,
+            critical_path=_critical_path(args),
         )
     lines = run_messages(analysis)
     for kind, message in lines:
@@ -274,6 +280,12 @@ def _analyze(
     if messages is not None:
         messages += lines
     return analysis
+
+
+def _critical_path(args: argparse.Namespace) -> bool:
+    """Whether the command computes the critical paths: ``report --critical-path``, implied by
+    ``--critical-path-trace`` (other commands never do)."""
+    return bool(getattr(args, "critical_path", False) or getattr(args, "critical_path_trace", None))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -284,7 +296,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         # importing pandas (analyzer/verbs/report_cache.py says what the key covers).
         from analyzer.verbs import report_cache
 
-        options = {"command": "report", "peak_flops": args.peak_flops, "top": args.top, "limits": _limit_options(args)}
+        options = {
+            "command": "report",
+            "peak_flops": args.peak_flops,
+            "top": args.top,
+            "limits": _limit_options(args),
+            "critical_path": _critical_path(args),
+        }
         entry = report_cache.entry_path(path, options, [o for o in (args.json, args.html) if o])
         fresh = args.html or args.critical_path_trace  # outputs the stored report does not hold
         cached = report_cache.read(entry) if entry is not None and not fresh else None
@@ -506,7 +524,12 @@ def _parsing(paths: Sequence[Path], args: argparse.Namespace) -> Iterator[ParseJ
     """:func:`start_parsing`, closed (workers joined) when the block ends."""
     # On Ray the map tasks parse where they run; parsing here first would do their work on this machine.
     jobs = (
-        start_parsing(paths, cache=not args.no_cache, import_parser=getattr(args, "import_parser", False))
+        start_parsing(
+            paths,
+            cache=not args.no_cache,
+            import_parser=getattr(args, "import_parser", False),
+            critical_path=_critical_path(args),
+        )
         if args.engine == "local"
         else None
     )
@@ -715,11 +738,18 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page with charts")
     p.add_argument(
+        "--critical-path",
+        action="store_true",
+        help="compute each profiled step's critical path (what bounds the step, HTA's categories): a report "
+        "section and the JSON's critical_path list; off by default, as it costs about as much CPU as the "
+        'rest of the per-rank analysis (docs/metrics.md, "Critical path")',
+    )
+    p.add_argument(
         "--critical-path-trace",
         type=Path,
         metavar="FILE",
         help="write one rank's trace with each profiled step's critical path marked, for the Perfetto UI "
-        "(.json.gz: gzip-compressed; docs/cli.md)",
+        "(.json.gz: gzip-compressed; docs/cli.md); implies --critical-path",
     )
     p.add_argument(
         "--critical-path-rank",

@@ -92,17 +92,17 @@ def run_map(
 # local
 
 
-def parse_and_map(path: Path, entry: Path | None) -> UnitResult:
+def parse_and_map(path: Path, entry: Path | None, critical_path: bool = False) -> UnitResult:
     """Parse one trace file (writing its cache entry) and map it as a rank of its own: the
     task of the CLI's early parse workers (:class:`analyzer.ingest.jobs.ParseJobs`) when every
     file of the analysis is its own map unit. A folder of many ranks is then parsed *and*
     summarized in the workers, in parallel, instead of parsed there and summarized here one rank
     after the other (about 0.25 s per rank of a 50 MB trace). The file's problems are its
     outcome's TraceError, as in :func:`analyzer.rankmap.map_unit` (which parses an uncached file
-    itself); this never raises for them."""
+    itself); this never raises for them. ``critical_path``: as :attr:`analyzer.rankmap.MapUnit.critical_path`."""
     from analyzer.rankmap import MapUnit, UnitFile, map_unit
 
-    return map_unit(MapUnit((UnitFile(path, entry),)))
+    return map_unit(MapUnit((UnitFile(path, entry),), critical_path))
 
 
 def _worth_a_pool(units: Sequence[MapUnit], workers: int | None) -> int:

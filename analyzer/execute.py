@@ -44,7 +44,7 @@ from analyzer.ingest.jobs import ParseJobs
 from analyzer.ingest.load import FileFacts, assemble, expand_paths
 from analyzer.ingest.locate import trace_window
 from analyzer.ingest.parse import ParsedTrace, rank_from_filename
-from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit
+from analyzer.rankmap import MapUnit, RankPart, UnitFile, UnitResult, map_unit, without_critical_paths
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ class ExecOptions:
     finished analysis; ``jobs``: parsing the CLI started before importing
     pandas; ``engine`` and ``ray_address``: where the map runs
     (:mod:`analyzer.engines`); ``progress``: called with a :class:`Progress`
-    as the map goes (None: nobody listens).
+    as the map goes (None: nobody listens); ``critical_path``: compute each
+    profiled step's critical path (:attr:`analyzer.rankmap.MapUnit.critical_path`,
+    carried by every unit to whichever engine maps it).
     """
 
     cache: bool = True
@@ -79,6 +81,7 @@ class ExecOptions:
     engine: str = "local"
     ray_address: str | None = None
     progress: Callable[[Progress], None] | None = None
+    critical_path: bool = False
 
     def holds(self, path: Path) -> bool:
         """Whether the early parse jobs hold this file."""
@@ -168,7 +171,7 @@ def plan(sets: list[list[Path]], options: ExecOptions) -> Plan:
         for uf in set_plan.order:
             named = rank_from_filename(uf.path.name) if len(sets) > 1 else None
             unit_files.setdefault(uf.path if named is None else ("rank", named), []).append(uf)
-    return Plan(set_plans, [MapUnit(tuple(fs)) for fs in unit_files.values()])
+    return Plan(set_plans, [MapUnit(tuple(fs), options.critical_path) for fs in unit_files.values()])
 
 
 def _plan_set(files_in: list[Path], options: ExecOptions) -> SetPlan:
@@ -241,7 +244,7 @@ def execute(sets: list[list[Path]], options: ExecOptions) -> Executed:
         store_summaries([*held, *todo], results, summary_warnings)
     out = Executed()
     kept = assemble_sets(planned.sets, _outcomes(results.values()), out)
-    out.parts = rank_parts(kept, results.values(), planned.units)
+    out.parts = rank_parts(kept, results.values(), planned.units, options.critical_path)
     return out
 
 
@@ -259,15 +262,22 @@ def take_early_jobs(unit: MapUnit, jobs: ParseJobs) -> UnitResult:
             parsed[held_file.path] = err
             continue
         if isinstance(got, UnitResult):  # analyzer.engines.parse_and_map: the worker mapped the file
-            if len(unit.files) == 1:
-                return _named_as(got, held_file.path)
-            # Not a unit of its own after all: read what the worker stored (or parse again).
+            if len(unit.files) == 1 and _answers(got, unit):
+                return _named_as(got if unit.critical_path else without_critical_paths(got), held_file.path)
+            # Not a unit of its own after all, or mapped without the critical paths asked for:
+            # read what the worker stored (or parse again).
             to_map[i] = replace(held_file, hit=held_file.entry is not None and held_file.entry.exists())
             continue
         # Named as the unit names it: a relative folder's files reach the workers resolved,
         # and the rank's lookup in rank_parts goes by the unit's names.
         parsed[held_file.path] = replace(got, path=held_file.path)
-    return map_unit(MapUnit(tuple(to_map)), parsed)
+    return map_unit(replace(unit, files=tuple(to_map)), parsed)
+
+
+def _answers(result: UnitResult, unit: MapUnit) -> bool:
+    """Whether a summary answers the unit: one with critical paths answers any unit, one
+    without them only a unit that does not ask for them (a file that failed has no part)."""
+    return result.part is None or result.part.critical_paths is not None or not unit.critical_path
 
 
 def _named_as(result: UnitResult, path: Path) -> UnitResult:
@@ -284,18 +294,24 @@ def read_summaries(
     units: list[MapUnit], done: Callable[[MapUnit], None]
 ) -> tuple[dict[MapUnit, UnitResult], dict[MapUnit, str]]:
     """The stored summaries of units whose files are unchanged (:mod:`analyzer.rankcache`),
-    and the problem with each stored entry that could not be used (that unit is mapped again)."""
+    and the problem with each stored entry that could not be used (that unit is mapped again).
+
+    A unit that does not ask for critical paths is also answered by the summary made with
+    them (the paths dropped), so asking once keeps every later analysis a hit."""
     stored: dict[MapUnit, UnitResult] = {}
     problems: dict[MapUnit, str] = {}
     for u in units:
-        entry = rankcache.entry_for(u)
-        if entry is None or not entry.exists():
+        asked = [u] if u.critical_path else [replace(u, critical_path=True), u]
+        entry = next((e for e in map(rankcache.entry_for, asked) if e is not None and e.exists()), None)
+        if entry is None:
             continue
         try:
             stored[u] = rankcache.read(entry, u)
         except rankcache.SummaryEntryError as exc:
             problems[u] = str(exc)
             continue
+        if not u.critical_path:
+            without_critical_paths(stored[u])
         done(u)
     return stored, problems
 
@@ -357,9 +373,12 @@ def assemble_sets(sets: list[SetPlan], outcomes: Outcomes, out: Executed) -> dic
     return kept
 
 
-def rank_parts(kept: dict[int, list[Path]], results: Iterable[UnitResult], units: list[MapUnit]) -> dict[int, RankPart]:
+def rank_parts(
+    kept: dict[int, list[Path]], results: Iterable[UnitResult], units: list[MapUnit], critical_path: bool = False
+) -> dict[int, RankPart]:
     """Each rank's part: the unit that read exactly its kept files, else (files whose
-    names and contents disagree on the rank) those files mapped again, here."""
+    names and contents disagree on the rank) those files mapped again, here (with the
+    critical paths when ``critical_path``)."""
     by_files = {}
     for result in results:
         if result.part is not None:
@@ -371,7 +390,7 @@ def rank_parts(kept: dict[int, list[Path]], results: Iterable[UnitResult], units
         part = by_files.get((rank, tuple(files)))
         if part is None:
             regrouped = MapUnit(
-                tuple(UnitFile(f, e, e is not None and e.exists()) for f in files for e in [entries[f]])
+                tuple(UnitFile(f, e, e is not None and e.exists()) for f in files for e in [entries[f]]), critical_path
             )
             part = map_unit(regrouped).part
         if part is not None:

@@ -16,11 +16,16 @@ Where: beside the parse cache entries of the unit's files (the same folder,
 The key hashes the unit's parse-cache entry names, in order (each already
 names its file's absolute path, identity and content fingerprint, and
 :data:`~analyzer.ingest.cache.LOADER_VERSION`: docs/loading.md, "Cache"),
-and :data:`~analyzer.rankmap.MAP_VERSION`, and the files of a
-``capture_traces/`` folder beside a trace (:mod:`analyzer.ingest.graph_capture`);
-any change to a file, to the
+and :data:`~analyzer.rankmap.MAP_VERSION`, the files of a
+``capture_traces/`` folder beside a trace (:mod:`analyzer.ingest.graph_capture`),
+and whether the summary holds the critical paths
+(:attr:`~analyzer.rankmap.MapUnit.critical_path`); any change to a file, to the
 parser or to what the map computes gives a new name, and writing a new
-summary deletes the older ones of the same files. Only units whose every
+summary deletes the older ones of the same files. A summary without critical
+paths never answers a unit that asks for them; one with them answers both
+(:func:`analyzer.execute.read_summaries` drops the paths for a unit that did
+not ask), so the later analyses of a run whose paths were asked for once
+stay hits. Only units whose every
 file loaded are stored (a bad file is read again, and reported again).
 
 Format: no pickle (an entry planted in a shared folder may hold data, never
@@ -124,7 +129,8 @@ def entry_for(unit: MapUnit) -> Path | None:
     paths_hash = hashlib.sha1(orjson.dumps([str(f.path.absolute()) for f in unit.files])).hexdigest()[:10]
     # Capture traces beside a trace change its events (graph replays mapped to captured ops): part of the key.
     captures = [capture_fingerprint(f.path.parent) for f in unit.files]
-    key_hash = hashlib.sha1(orjson.dumps([[e.name for e in entries], MAP_VERSION, captures])).hexdigest()[:16]
+    key = [[e.name for e in entries], MAP_VERSION, captures, unit.critical_path]
+    key_hash = hashlib.sha1(orjson.dumps(key)).hexdigest()[:16]
     return entries[0].parent / f"{first.path.name}.{paths_hash}.{key_hash}{SUFFIX}"
 
 

@@ -23,7 +23,7 @@ imported by :mod:`analyzer.execute`, :mod:`analyzer.engines` and the caches
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -51,7 +51,7 @@ from analyzer.metrics.windows import check_windows
 from analyzer.metrics.workload import rank_workload
 
 # Bump when what a RankPart holds or how it is computed changes: it keys the stored summaries (analyzer/rankcache.py).
-MAP_VERSION = 13
+MAP_VERSION = 14
 TOP_KERNELS_PER_RANK = 50
 
 
@@ -66,9 +66,12 @@ class UnitFile:
 
 @dataclass(frozen=True)
 class MapUnit:
-    """The files of one rank, in profiler-window order (one file for a trace folder)."""
+    """The files of one rank, in profiler-window order (one file for a trace folder), and
+    whether its summary computes each profiled step's critical path (asked for: it costs about
+    as much as every other per-rank figure together)."""
 
     files: tuple[UnitFile, ...]
+    critical_path: bool = False
 
 
 @dataclass
@@ -96,7 +99,9 @@ class RankPart:
     idle causes, launch statistics, host syncs and pageable copies
     (:func:`analyzer.metrics.idle.rank_idle`); ``critical_paths`` the
     critical path of each profiled step in brief
-    (:func:`analyzer.metrics.critical_summary.step_critical_path`).
+    (:func:`analyzer.metrics.critical_summary.step_critical_path`), None when
+    not asked for (:attr:`MapUnit.critical_path`), and
+    ``critical_path_warnings`` the line saying why they could not be computed.
     """
 
     rank: int
@@ -120,7 +125,8 @@ class RankPart:
     timeline: list[TimelineGrid] = field(default_factory=list)
     # Tokens from the input shapes and activation recompute per step window (analyzer.metrics.workload).
     workload: pd.DataFrame | None = None
-    critical_paths: list[StepCriticalPath] = field(default_factory=list)
+    critical_paths: list[StepCriticalPath] | None = None
+    critical_path_warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -175,7 +181,7 @@ def map_unit(unit: MapUnit, parsed: dict[Path, ParsedTrace | TraceError] | None 
         if isinstance(rt, RankTrace):
             traces.append(rt)
     if traces and len({rt.rank for rt in traces}) == 1:
-        part = summarize_rank(merge_windows(traces))
+        part = summarize_rank(merge_windows(traces), critical_path=unit.critical_path)
         # One grid per window, each on its own span (windows of a run lie far apart in time).
         grids = [timeline_grid(rt.events, rt.steps, part.source, trace_window(rt.path), rt.path.name) for rt in traces]
         part.timeline = [g for g in grids if g is not None]
@@ -206,19 +212,20 @@ def merge_windows(rts: list[RankTrace]) -> RankTrace:
     )
 
 
-def summarize_rank(rt: RankTrace) -> RankPart:
-    """Every per-rank figure of one rank's tables (the formulas are the metrics modules')."""
+def summarize_rank(rt: RankTrace, critical_path: bool = False) -> RankPart:
+    """Every per-rank figure of one rank's tables (the formulas are the metrics modules');
+    the critical paths of its profiled steps only with ``critical_path``."""
     rank, events = rt.rank, rt.events
     source = source_of(events)
     # Step windows clipped or dropped to fit the trace (analyzer.metrics.windows); flagged ones feed no rule.
     checked = check_windows(events, rt.steps, rank)
     windows = checked.steps[["step", "start_ns", "end_ns"]]
-    paths, path_warnings = rank_critical_paths(rt)
+    paths, path_warnings = rank_critical_paths(rt) if critical_path else (None, [])
     return RankPart(
         rank=rank,
         trace=rt.path.name,
         source=source,
-        window_warnings=list(checked.warnings) + path_warnings,
+        window_warnings=list(checked.warnings),
         pieces=breakdown_pieces(events, windows, source),
         window_flagged=checked.steps[["step", "flagged"]].rename(columns={"flagged": "window_flagged"}),
         overlap=overlap(events, windows),
@@ -234,7 +241,15 @@ def summarize_rank(rt: RankTrace) -> RankPart:
         idle=rank_idle(events, windows),
         workload=rank_workload(events, windows),
         critical_paths=paths,
+        critical_path_warnings=path_warnings,
     )
+
+
+def without_critical_paths(result: UnitResult) -> UnitResult:
+    """A summary computed with critical paths, as one computed without them (the same otherwise)."""
+    if result.part is not None:
+        result.part = replace(result.part, critical_paths=None, critical_path_warnings=[])
+    return result
 
 
 def rank_critical_paths(rt: RankTrace) -> tuple[list[StepCriticalPath], list[str]]:

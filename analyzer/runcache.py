@@ -22,7 +22,7 @@ The key (any change gives a new name, so a stale entry is never read):
 * the code: size, mtime, ctime and inode of the analyzer's ``.py`` files,
   the Python version, :data:`RUN_CACHE_VERSION` and
   :data:`~analyzer.rankmap.MAP_VERSION`;
-* the options that change the result (``peak_flops``).
+* the options that change the result (``peak_flops``, ``critical_path``).
 
 An analysis is stored only when it has no errors and no rank summary was
 written while it ran (the summaries it was keyed on are the ones it read),
@@ -71,8 +71,8 @@ class RunKey:
     summaries: tuple[tuple[str, int, int, int], ...]
 
 
-def key_for(paths: list[Path], peak_flops: float | None) -> RunKey | None:
-    """The key of analyzing ``paths`` (as :func:`analyzer.api.analyze` takes them) now;
+def key_for(paths: list[Path], peak_flops: float | None, critical_path: bool = False) -> RunKey | None:
+    """The key of analyzing ``paths`` (as :func:`analyzer.api.analyze` takes them, with or without the critical paths) now;
     None when some input cannot be read or has no cache entry (nothing to key on)."""
     from analyzer.ingest.load import expand_paths
 
@@ -109,6 +109,7 @@ def key_for(paths: list[Path], peak_flops: float | None) -> RunKey | None:
             "others": others,
             "summaries": summaries,
             "peak_flops": peak_flops,
+            "critical_path": critical_path,
         },
         option=orjson.OPT_SORT_KEYS,
     )

@@ -71,21 +71,22 @@ def _fail(what: str, exc: BaseException) -> Loaded:
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner="Analyzing the run...")
-def _analysis(path: str, key: str) -> Loaded:
+def _analysis(path: str, key: str, critical_path: bool = False) -> Loaded:
     from analyzer.api import analyze
 
     try:
-        return Loaded(analyze(Path(path)))
+        return Loaded(analyze(Path(path), critical_path=critical_path))
     except Exception as exc:  # noqa: BLE001 - reported as this run's error, see _fail
         return _fail(f"analyze({path})", exc)
 
 
-def analysis(run: RunEntry) -> Loaded:
-    """``analyzer.api.analyze`` of a run: a RunAnalysis, or its error."""
+def analysis(run: RunEntry, critical_path: bool = False) -> Loaded:
+    """``analyzer.api.analyze`` of a run: a RunAnalysis, or its error; with each profiled
+    step's critical path when ``critical_path`` (the Timeline page asks for it)."""
     refused = run.refusal()
     if refused:
         return Loaded(None, refused)
-    return _analysis(str(run.path), run_key(run))
+    return _analysis(str(run.path), run_key(run), critical_path)
 
 
 @st.cache_resource(max_entries=_MAX_ANALYSES, show_spinner=False)

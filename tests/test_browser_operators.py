@@ -85,7 +85,7 @@ def test_modules_page_draws_both_icicles(server, page):  # noqa: F811 (the impor
 
 def test_timeline_page_shows_the_critical_path_and_its_overlay(server, page):  # noqa: F811 (the imported fixture)
     url, runs, root = server
-    ra = analyze(runs / SHAPED_RUN)
+    ra = analyze(runs / SHAPED_RUN, critical_path=True)
     mine = ra.critical_path.for_rank(0)
     assert [p.step for p in mine] == [3, 4]
     top_op = str(mine[0].ops["name"].iloc[0])

@@ -87,9 +87,13 @@ def test_report_html_is_self_contained(synthetic, capsys, tmp_path) -> None:
     # Charts are inline SVG: no script, nothing fetched, no external stylesheet.
     assert "<script" not in text
     assert re.search(r"""<link[^>]+href=["']https?:""", text) is None
-    # Charts: breakdown, overlap, step time, MFU, critical path, top kernels.
-    assert text.count("<svg") == 6
+    # Charts: breakdown, overlap, step time, MFU, top kernels; the critical path's only when asked for.
+    assert text.count("<svg") == 5 and "<h2>Critical path</h2>" not in text
     assert "50.0" in text  # the overlap figure in the per-rank table
+    args = ("report", str(synthetic["base"]), "--html", str(page), "--peak-flops", str(PEAK), "--critical-path")
+    code, _, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert page.read_text().count("<svg") == 6 and "<h2>Critical path</h2>" in page.read_text()
 
 
 @pytest.mark.parametrize(

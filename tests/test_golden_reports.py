@@ -40,7 +40,11 @@ CASES: dict[str, tuple[Path, str]] = {
     "example-ddp-w2-slow-rank1": (REPO / "traces", "example-ddp-w2-slow-rank1"),
     "hta-critical-path-alexnet": (SHARED_TRACES, "critical_path/alexnet"),
     "hta-amd-trace-mi250": (SHARED_TRACES, "amd_trace"),
+    "example-ddp-w2-critical-path": (REPO / "traces", "example-ddp-w2"),
 }
+# The cases analyzed with the critical paths (``analyze(..., critical_path=True)``, ``report --critical-path``);
+# the others are the default report, which has none (``critical_path: null``).
+WITH_CRITICAL_PATH = {"example-ddp-w2-critical-path"}
 
 # What legitimately differs between two reports of the same input by the same code, by
 # name: where the input lies (the checkout's location), the analyzer's version and the
@@ -60,9 +64,9 @@ INPUT_PATH_IN: tuple[tuple[str, ...], ...] = (
 INPUT = "<input>"
 
 
-def report_document(path: Path) -> dict[str, Any]:
+def report_document(path: Path, critical_path: bool = False) -> dict[str, Any]:
     """The JSON report of ``path`` as the CLI writes it, parsed back (no parse cache)."""
-    return json.loads(dumps_json(report_json(analyze(path, cache=False))))
+    return json.loads(dumps_json(report_json(analyze(path, cache=False, critical_path=critical_path))))
 
 
 def masked(doc: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +127,7 @@ def test_report_matches_golden(name: str, update_goldens: bool) -> None:
     if not base.is_dir():
         pytest.skip(f"{base} is absent (the shared sample traces are only on the project's CI and dev machines)")
     path = base / sub
-    doc = masked(report_document(path))
+    doc = masked(report_document(path, critical_path=name in WITH_CRITICAL_PATH))
     text = dumps_json(doc)
     golden = golden_path(name)
     if update_goldens:

@@ -36,7 +36,7 @@ from tests.test_golden_reports import differences, golden_path
 SNAPSHOT = GOLDEN / "public_surface.json"
 # The goldens whose key tree is frozen: inputs of the repository, so the snapshot does not
 # depend on whether ../shared is present.
-KEY_TREE_FROM = ("example-ddp-w2", "example-ddp-w2-slow-rank1")
+KEY_TREE_FROM = ("example-ddp-w2", "example-ddp-w2-slow-rank1", "example-ddp-w2-critical-path")
 # Dicts keyed by what a rule measures or changes, not by the format: their keys are not frozen.
 PER_RULE = (("suggestions", "[]", "evidence"), ("suggestions", "[]", "change", "overrides"))
 

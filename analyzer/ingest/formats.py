@@ -564,7 +564,7 @@ class ReportCore(typing.TypedDict):
     memory: dict[str, Any]
     idle: dict[str, Any] | None
     roofline: dict[str, Any]
-    critical_path: list[dict[str, Any]]  # one entry per rank and profiled step
+    critical_path: list[dict[str, Any]] | None  # one entry per rank and profiled step; None: not computed
     errors: list[str]
     warnings: list[str]
 

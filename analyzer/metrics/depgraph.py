@@ -672,33 +672,39 @@ def _finish(b: _Builder, rank: int, step: int, start_node: int, end_node: int) -
 
 
 def topological_order(graph: StepGraph) -> np.ndarray:
-    """Node ids in an order where every edge goes forward; raises AnalyzerError on a cycle."""
-    n = len(graph.node_ts_ns)
-    src, dst = graph.edge_src, graph.edge_dst
-    indeg = np.bincount(dst, minlength=n)
-    out_order = np.argsort(src, kind="stable")
-    out_start = np.searchsorted(src[out_order], np.arange(n + 1))
-    succ = dst[out_order].tolist()
-    starts = out_start.tolist()
-    deg = indeg.tolist()
-    # Kahn's algorithm, ready nodes taken in time order so ties keep the trace's order.
-    ts = graph.node_ts_ns.tolist()
-    import heapq
+    """Node ids in an order where every edge goes forward; raises AnalyzerError on a cycle.
 
-    ready = [(ts[v], v) for v in range(n) if deg[v] == 0]
-    heapq.heapify(ready)
-    out: list[int] = []
-    while ready:
-        _, v = heapq.heappop(ready)
-        out.append(v)
-        for k in range(starts[v], starts[v + 1]):
-            u = succ[k]
-            deg[u] -= 1
-            if deg[u] == 0:
-                heapq.heappush(ready, (ts[u], u))
-    if len(out) != n:
-        raise AnalyzerError(f"rank {graph.rank} step {graph.step}: the dependency graph has a cycle")
-    return np.asarray(out, dtype=np.int64)
+    Edges go forward in time (``node_ts_ns[dst] >= node_ts_ns[src]``), so time order is a
+    topological order but among nodes of the same instant. Those are ordered by their level: the
+    longest chain of same-instant edges ending at the node (an edge's head is at least one level
+    above its tail), found by relaxing those edges, vectorized, until no level changes (as many
+    passes as the longest such chain, a few on real traces). Levels that still change after as many
+    passes as there are same-instant edges mean a cycle. An edge back in time would break the
+    order, so times are first raised to their predecessors' (a no-op on a graph that keeps its
+    invariant). Any topological order gives the same longest paths: :func:`longest_paths` and
+    :func:`_resolve_absorbing` break ties by in-edge order and times, never by node order.
+    """
+    ts, src, dst = graph.node_ts_ns, graph.edge_src, graph.edge_dst
+    n = len(ts)
+    at = ts.copy()
+    for _ in range(n + 1):
+        back = at[dst] < at[src]
+        if not back.any():
+            break
+        np.maximum.at(at, dst[back], at[src[back]])
+    same = at[dst] == at[src]
+    same_src, same_dst = src[same], dst[same]
+    level = np.zeros(n, dtype=np.int64)
+    moving = np.ones(len(same_src), dtype=bool)  # edges whose tail's level changed in the last pass
+    for _ in range(len(same_src) + 1):
+        raised = level.copy()
+        np.maximum.at(raised, same_dst[moving], level[same_src[moving]] + 1)
+        changed = raised != level
+        if not changed.any():
+            return np.lexsort((level, at)).astype(np.int64)
+        level = raised
+        moving = changed[same_src]
+    raise AnalyzerError(f"rank {graph.rank} step {graph.step}: the dependency graph has a cycle")
 
 
 def longest_paths(graph: StepGraph, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

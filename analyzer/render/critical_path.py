@@ -32,9 +32,14 @@ HEADERS = ["rank", "step", "length ms", *SHORT_LABELS]
 OPS_HEADERS = ["name", "kind", "bound", "ms on path", "% of path", "count"]
 
 
+def all_paths(a: "RunAnalysis") -> list["StepCriticalPath"]:
+    """Every rank's and step's path; none when the analysis did not compute them (no section then)."""
+    return [] if a.critical_path is None else a.critical_path.paths
+
+
 def shown_paths(a: "RunAnalysis") -> list["StepCriticalPath"]:
     """The paths the reports print (:data:`MAX_PATHS_SHOWN`), by rank then step."""
-    paths = a.critical_path.paths
+    paths = all_paths(a)
     if len(paths) <= MAX_PATHS_SHOWN:
         return list(paths)
     longest: dict[int, StepCriticalPath] = {}
@@ -47,7 +52,7 @@ def shown_paths(a: "RunAnalysis") -> list["StepCriticalPath"]:
 
 def shown_note(a: "RunAnalysis") -> str:
     """Which paths the section prints, when not all of them."""
-    shown, paths = shown_paths(a), a.critical_path.paths
+    shown, paths = shown_paths(a), all_paths(a)
     if len(shown) == len(paths):
         return ""
     n_ranks = len({p.rank for p in paths})

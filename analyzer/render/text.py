@@ -603,7 +603,7 @@ def idle_lines(a: "RunAnalysis") -> list[str]:
 
 def critical_path_lines(a: "RunAnalysis") -> list[str]:
     """The critical path per profiled step: its breakdown and top ops (analyzer.render.critical_path); [] without."""
-    if not a.critical_path.paths:
+    if not cp_rows.all_paths(a):
         return []
     out = [cp_rows.TITLE, format_table(cp_rows.HEADERS, cp_rows.breakdown_rows(a)), cp_rows.LEGEND]
     out += [line for line in (cp_rows.shown_note(a), cp_rows.OPS_NOTE) if line]

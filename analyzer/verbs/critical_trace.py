@@ -238,8 +238,10 @@ def rank_trace_file(a: "RunAnalysis", rank: int | None) -> Path:
     its last profiler window's file. Raises AnalyzerError when there is none."""
     from analyzer.execute import locate
 
-    with_paths = sorted({p.rank for p in a.critical_path.paths})
     if rank is None:
+        if a.critical_path is None:
+            raise AnalyzerError("critical paths not computed: analyze(..., critical_path=True), or --critical-path")
+        with_paths = sorted({p.rank for p in a.critical_path.paths})
         if not with_paths:
             raise AnalyzerError("no rank has a profiled step with a critical path (no ProfilerStep markers)")
         rank = with_paths[0]

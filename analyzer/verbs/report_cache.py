@@ -21,7 +21,10 @@ never read):
 * the code: size, mtime, ctime and inode of every ``.py`` file of the ``analyzer`` and
   ``reftrain`` packages (analyzer reads reftrain's FLOP and peak tables),
   the Python version and :data:`REPORT_CACHE_VERSION`;
-* the options that change the output: ``--peak-flops`` and ``--top``.
+* the options that change the output: ``--peak-flops``, ``--top``, the limits and
+  ``--critical-path`` (set by ``--critical-path-trace`` too): a report with
+  the critical paths and one without are two entries (the newer replaces the
+  older, as for any key change).
 
 Where: ``.analyzer-cache/`` inside the input folder (beside the input file)
 when writable, else the user cache folder (``$XDG_CACHE_HOME/trainperf``).

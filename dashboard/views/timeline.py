@@ -11,7 +11,8 @@ SVG bar timelines take over 10 s at 100k events, WebGL lines stay
 interactive at tens of thousands.
 
 The critical path section reads ``RunAnalysis.critical_path`` (computed by
-the analyzer per rank and profiled step; docs/metrics.md, "Critical path"):
+the analyzer per rank and profiled step, which this page asks for:
+``analyze(..., critical_path=True)``; docs/metrics.md, "Critical path"):
 what bounds each step of one rank, the ops with the most time on the path,
 and a download of that rank's trace with the path marked for the Perfetto
 UI (``analyzer.verbs.critical_trace``, made on request: it reads the file).
@@ -203,7 +204,7 @@ def bound_figure(table: pd.DataFrame) -> go.Figure:
 def critical_path_section(run: RunEntry, ra, window_name: str, window: int | None) -> None:
     """One rank's critical paths: the bound breakdown per step, the top ops of a step, the overlaid trace."""
     st.subheader("Critical path")
-    paths = ra.critical_path.paths
+    paths = ra.critical_path.paths if ra.critical_path is not None else []
     if not paths:
         st.info("No critical path: it is computed per profiled step (ProfilerStep#N), and no rank of this run has one.")
         return
@@ -266,7 +267,7 @@ def render() -> None:
     if run is None:
         return
     st.title(f"Timeline · {plain(run.name)}")
-    loaded = analysis(run)
+    loaded = analysis(run, critical_path=True)
     if loaded.value is None:
         st.error(plain(loaded.error or "the run could not be analyzed"))
         return
