@@ -310,16 +310,19 @@ def _step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[
     return start, end, int(hit[0]) if len(hit) else -1
 
 
-def _remap_backward_thread(events: pd.DataFrame, rows: np.ndarray, tid: np.ndarray) -> np.ndarray:
+def _remap_backward_thread(events: pd.DataFrame, window: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """HTA's rule: when exactly one thread has ``cpu_op``/``user_annotation`` events named with
     "autograd" and exactly one with "forward", and they differ, the backward thread's events are put
-    on the forward thread (the two passes do not overlap; the path then runs through both)."""
-    sub = events.iloc[rows]
+    on the forward thread (the two passes do not overlap; the path then runs through both). The
+    threads are found among the host events of the window (``window``: row positions; the graph's
+    events are fewer: a ``## forward ##`` annotation is not one); ``tid``: the graph's events' tids."""
+    sub = events.iloc[window]
     cats = is_in(sub["cat"], ("cpu_op", "user_annotation"))
+    sub_tid = sub["tid"].to_numpy(np.int64)
 
     def only_tid(word: str) -> int | None:
         hit = text_mask(sub["name"], lambda n: word in n) & cats
-        tids = np.unique(tid[hit])
+        tids = np.unique(sub_tid[hit])
         return int(tids[0]) if len(tids) == 1 else None
 
     fwd, bwd = only_tid("forward"), only_tid("autograd")
@@ -357,18 +360,12 @@ def step_graph(
     corr = events["correlation"].to_numpy(np.int64)
 
     # Host events of the window (HTA: start inside the window, positive duration).
-    host_mask = (
-        ~device
-        & (events["stream"].to_numpy(np.int64) < 0)
-        & (is_in(events["cat"], _HOST_CATS) | is_in(kind, ("cpu_comm",)))
-        & (start >= ws)
-        & (start <= we)
-        & (end > start)
-    )
+    in_window = ~device & (events["stream"].to_numpy(np.int64) < 0) & (start >= ws) & (start <= we) & (end > start)
+    host_mask = in_window & (is_in(events["cat"], _HOST_CATS) | is_in(kind, ("cpu_comm",)))
     if root >= 0:
         host_mask[root] = True
     hrows = np.flatnonzero(host_mask)
-    tid = _remap_backward_thread(events, hrows, events["tid"].to_numpy(np.int64)[hrows])
+    tid = _remap_backward_thread(events, np.flatnonzero(in_window), events["tid"].to_numpy(np.int64)[hrows])
     hkey = thread_keys(events["pid"].to_numpy(np.int64)[hrows], tid)
     hs, he = start[hrows], end[hrows]
     _, hparent, hdepth = nest(hkey, hs, he)
