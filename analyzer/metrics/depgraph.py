@@ -65,10 +65,11 @@ Differences from HTA, by design (docs/metrics.md, "Critical path"): HTA's graph 
 start and end (its longest path may start and end anywhere), no edge into the previous step's
 device backlog, and gives no weight to a blocking call, to the step annotation's own time and to
 the gaps between a thread's top-level ops; ours is anchored at the step's start and end so the
-path length is the measured span. HTA drops a kernel-kernel edge over 1.5 ms; we keep it (the kernel
-waited in its stream's queue that long). Cross-thread runtime-lock edges are not modelled.
-Event record/wait (``Event Sync``, ``Stream Wait Event``) need the ``cuda_sync`` events' record
-correlation, which the loader does not keep: those waits are not edges yet.
+path length is the measured span. Each difference is a switch of :class:`GraphRules`;
+:data:`HTA_RULES` builds HTA's graph (its longest path is HTA's, to the microsecond on the shared
+traces). Cross-thread runtime-lock edges are not modelled. Event record/wait (``Event Sync``,
+``Stream Wait Event``) need the ``cuda_sync`` events' record correlation, which the loader does
+not keep: those waits are not edges yet.
 """
 
 from __future__ import annotations
