@@ -429,6 +429,20 @@ def step_graph(
     idle_at_launch = (prev_end_ts < lts) & ~behind_backlog
     if rules.queue_length_launch_test:
         idle_at_launch &= _queue_empty(events, device, corr, start, drows[order])
+    # Stream Wait Event: the event waits for the work recorded on another stream (a sync edge).
+    rec_i, wait_i = _stream_waits(events, drows, dlaunch, start, corr)
+    ok = ds[wait_i] >= de[rec_i] - ROUNDING_NS  # else the trace contradicts itself: no edge
+    rec_i, wait_i = rec_i[ok], wait_i[ok]
+    b.add_edges(d_end[rec_i], d_start[wait_i], 0, SYNC, -1, -1)
+    if rules.queue_length_launch_test:
+        # HTA: a launch (queue) edge only when the awaited work ended before the launch (the previous
+        # event's end); the sync edge alone otherwise.
+        sync_end = np.full(len(drows), np.iinfo(np.int64).min)
+        np.maximum.at(sync_end, wait_i, de[rec_i])
+        idle_at_launch &= sync_end[cur] < lts
+        waited = sync_end[cur] >= prev_end_ts
+    else:
+        waited = np.zeros(nd, bool)
     # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
     li = cur[idle_at_launch]
     b.add_edges(
@@ -452,7 +466,7 @@ def step_graph(
         b.add_edges(lnode[backlog], d_start[bi], 0, DEPENDENCY, -1, -1)
         bp = backlog & has_prev
         b.add_edges(d_end[prev_idx[bp]], d_start[cur[bp]], 0, DEPENDENCY, -1, -1)
-    q = ~idle_at_launch & ~backlog & has_prev
+    q = ~idle_at_launch & ~backlog & has_prev & ~waited
     if rules.max_kernel_gap_ns is not None:  # HTA: a longer gap is no edge (the event has no in-edge then)
         q &= ds[cur] - prev_end_ts < rules.max_kernel_gap_ns
     qi, qp = cur[q], prev_idx[q]
@@ -613,6 +627,69 @@ def _backlog(
     return np.where(found, o_r[at], -1), np.where(found, o_e[at], np.iinfo(np.int64).min)
 
 
+_RECORD_CALLS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "hipEventRecord", "hipEventRecordWithFlags"})
+
+
+def _recorded(
+    events: pd.DataFrame, sync_rows: np.ndarray, drows: np.ndarray, dlaunch: np.ndarray, start: np.ndarray
+) -> np.ndarray:
+    """Per cuda_sync row waiting on a recorded CUDA event (``record_corr`` >= 0): the position in
+    ``drows`` of the work the event recorded, the last device event of the recording stream
+    (``wait_stream`` on the sync event's device) launched before the cudaEventRecord call with that
+    correlation id; -1 when that work is not in the graph (launched before the window) or the call
+    is not in the trace."""
+    out = np.full(len(sync_rows), -1, np.int64)
+    corr = events["correlation"].to_numpy(np.int64)
+    rec = np.flatnonzero(text_mask(events["name"], _RECORD_CALLS.__contains__) & (corr >= 0))
+    if len(sync_rows) == 0 or len(drows) == 0 or len(rec) == 0:
+        return out
+    rec_ts = pd.Series(start[rec], index=corr[rec])
+    rec_ts = rec_ts[~rec_ts.index.duplicated()]
+    t_rec = rec_ts.reindex(events["record_corr"].to_numpy(np.int64)[sync_rows]).to_numpy()
+    pid, stream = events["pid"].to_numpy(np.int64), events["stream"].to_numpy(np.int64)
+    wait_stream = events["wait_stream"].to_numpy(np.int64)[sync_rows]
+    lts = start[dlaunch]
+    for i in np.flatnonzero(~np.isnan(t_rec)):  # few: one per wait
+        cand = np.flatnonzero((pid[drows] == pid[sync_rows[i]]) & (stream[drows] == wait_stream[i]) & (lts < t_rec[i]))
+        if len(cand):
+            out[i] = cand[np.argmax(lts[cand])]
+    return out
+
+
+def _stream_waits(
+    events: pd.DataFrame, drows: np.ndarray, dlaunch: np.ndarray, start: np.ndarray, corr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``Stream Wait Event`` (cudaStreamWaitEvent) pairs as positions in ``drows``: the recorded
+    work (:func:`_recorded`) and the waiting event, the first device event on the waiting stream
+    (the sync event's) launched after the cudaStreamWaitEvent call (the sync event's correlation id)."""
+    none = np.zeros(0, np.int64)
+    if "record_corr" not in events.columns or len(drows) == 0:
+        return none, none
+    sync_rows = np.flatnonzero(
+        is_in(events["cat"], ("cuda_sync",))
+        & text_mask(events["name"], lambda n: n == "Stream Wait Event")
+        & (events["record_corr"].to_numpy(np.int64) >= 0)
+    )
+    if len(sync_rows) == 0:
+        return none, none
+    rec = _recorded(events, sync_rows, drows, dlaunch, start)
+    calls = np.flatnonzero(~is_in(events["cat"], ("cuda_sync",)) & (corr >= 0) & (events["stream"].to_numpy() < 0))
+    call_ts = pd.Series(start[calls], index=corr[calls])
+    call_ts = call_ts[~call_ts.index.duplicated()]
+    t_wait = call_ts.reindex(corr[sync_rows]).to_numpy()
+    pid, stream = events["pid"].to_numpy(np.int64), events["stream"].to_numpy(np.int64)
+    lts = start[dlaunch]
+    waiting = np.full(len(sync_rows), -1, np.int64)
+    for i in np.flatnonzero((rec >= 0) & ~np.isnan(t_wait)):  # few: one per wait
+        cand = np.flatnonzero(
+            (pid[drows] == pid[sync_rows[i]]) & (stream[drows] == stream[sync_rows[i]]) & (lts > t_wait[i])
+        )
+        if len(cand):
+            waiting[i] = cand[np.argmin(lts[cand])]
+    ok = (rec >= 0) & (waiting >= 0)
+    return rec[ok], waiting[ok]
+
+
 def _queue_empty(
     events: pd.DataFrame, device: np.ndarray, corr: np.ndarray, start: np.ndarray, rows: np.ndarray
 ) -> np.ndarray:
@@ -743,11 +820,18 @@ def _blocking_calls(
         dpid = events["pid"].to_numpy(np.int64)[drows]
         spid = events["pid"].to_numpy(np.int64)[sync_rows]
         s_end = end[sync_rows]
+        event_rec = (
+            _recorded(events, sync_rows, drows, dlaunch, start)
+            if "record_corr" in events.columns
+            else np.full(len(sync_rows), -1, np.int64)
+        )
         for i in range(len(sync_rows)):  # few: one per synchronize call
             if s_name[i] == "Context Sync":
                 cand = np.flatnonzero((dpid == spid[i]) & (ds <= s_end[i]))
             elif s_name[i] == "Stream Sync":
                 cand = np.flatnonzero((dk == sk[i]) & (ds <= s_end[i]))
+            elif s_name[i] == "Event Sync" and event_rec[i] >= 0:
+                cand = event_rec[i : i + 1]  # the work the awaited CUDA event recorded
             else:
                 continue
             if len(cand) == 0:
