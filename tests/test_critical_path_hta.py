@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.metrics.critical_path import CriticalPath, critical_path
-from analyzer.metrics.depgraph import BOUND_CATEGORIES, HTA_RULES, build_step_graph
+from analyzer.metrics.depgraph import BOUND_CATEGORIES, HTA_RULES, SYNC, build_step_graph
 from test_depgraph import shared_trace  # loaded once per session, with the invariant checks
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # HTA's own pandas deprecation and NaN warnings
@@ -145,3 +145,33 @@ def test_test_trace_device_backlog_hta_cannot_reach(hta_paths) -> None:
     assert sum(theirs.values()) == pytest.approx(56.324, abs=0.001)  # shorter than the 100.3 ms annotation
     assert cp.length_ms == pytest.approx(157.408)  # ours ends with the step's last device work
     assert sum(ours[c] for c in DEVICE) / cp.length_ms > 0.95
+
+
+ALEXNET = "critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
+
+
+def test_hta_rules_whole_trace_with_cuda_sync_events(hta_samples: Path, tmp_path: Path) -> None:
+    """HTA's own critical-path sample (no steps; the whole trace, ``annotation=""``) has cuda_sync
+    events: Stream Sync, Context Sync and Stream Wait Event (record/wait). Under HTA's rules our
+    path is HTA's to the microsecond per category (measured: cpu 43294.205, compute 59.215,
+    kernel-kernel 0.050, launch 2.016 ms) and both graphs have the same 31 sync edges."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    src = hta_samples / ALEXNET
+    os.symlink(src, tmp_path / src.name)
+    rt = shared_trace(src)
+    logging.disable(logging.WARNING)
+    try:
+        analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
+        graph, ok = analysis.critical_path_analysis(rank=rt.rank, annotation="", instance_id=None)
+        assert ok
+        edges = graph.get_critical_path_breakdown()
+        hta_syncs = sum(1 for _, _, d in graph.edges(data=True) if d["object"].type.name == "SYNC_DEPENDENCY")
+    finally:
+        logging.disable(logging.NOTSET)
+    theirs = {c: float(edges.loc[edges["bound_by"] == c, "duration"].sum()) / 1e3 for c in BOUND_CATEGORIES}
+    cp = critical_path(build_step_graph(rt, -1, rules=HTA_RULES), rt.events)
+    ours = _ms(cp)
+    for c in BOUND_CATEGORIES:
+        assert ours[c] == pytest.approx(theirs[c], abs=0.002), c
+    assert theirs["gpu_kernel_launch_overhead"] == pytest.approx(2.016, abs=0.001)
+    assert int((cp.graph.edge_kind == SYNC).sum()) == hta_syncs == 31
