@@ -35,9 +35,13 @@ Edges (:data:`EDGE_KINDS`):
   on the path only for the part of the call after the device finished, and a replay with faster
   device work moves the release. Which device events a call awaits: the ``cuda_sync`` events of
   newer traces (``Stream Sync``: the last event on that stream; ``Context Sync``: the last on every
-  stream); without them, per stream the last event launched before the call that ended by its
+  stream; ``Event Sync``: the work its CUDA event recorded, below); without them, per stream the last event launched before the call that ended by its
   return (the trace does not say which stream a stream synchronize waits on); a blocking memcpy
   its own copy.
+  Event record/wait: a CUDA event records the last device event of its stream launched before the
+  ``cudaEventRecord`` call (the ``cuda_sync`` event's ``record_corr`` and ``wait_stream``); a
+  ``Stream Wait Event`` makes the first event launched on its stream after the
+  ``cudaStreamWaitEvent`` call wait for that work: a ``sync`` edge from its end, zero weight.
 * ``dependency``: zero-weight order: the start node to every node without a predecessor, every
   node without a successor to the end node, stream order behind a launch edge, launch order behind
   a kernel-kernel edge.
@@ -67,9 +71,7 @@ device backlog, and gives no weight to a blocking call, to the step annotation's
 the gaps between a thread's top-level ops; ours is anchored at the step's start and end so the
 path length is the measured span. Each difference is a switch of :class:`GraphRules`;
 :data:`HTA_RULES` builds HTA's graph (its longest path is HTA's, to the microsecond on the shared
-traces). Cross-thread runtime-lock edges are not modelled. Event record/wait (``Event Sync``,
-``Stream Wait Event``) need the ``cuda_sync`` events' record correlation, which the loader does
-not keep: those waits are not edges yet.
+traces). Cross-thread runtime-lock edges are not modelled.
 """
 
 from __future__ import annotations
@@ -173,8 +175,10 @@ class GraphRules:
       was idle at the launch call (its previous event ended before the call started). HTA's: also
       nothing else queued on the stream from the launch to the event's start (its queue-length
       series: +1 at each launch call of :data:`LAUNCH_CALLS`, -1 at each device event's start, is 1
-      after the launch and 0 after the start); an event failing it waits behind the previous event
-      of its stream in the window (a kernel-kernel gap) or, without one, has no in-edge.
+      after the launch and 0 after the start; work it waits on through a ``Stream Wait Event``
+      ended before the launch); an event failing it waits behind the previous event of its stream
+      in the window (a kernel-kernel gap, unless that awaited work ended later: then the sync edge
+      alone) or, without one, has no in-edge.
     * ``every_launched_event``: every device event a launch call started is in the graph (a CUDA
       graph launch starts many). HTA's: only the last one (its event-to-launch link keeps one event
       per correlation id).
