@@ -676,13 +676,16 @@ def _stream_waits(
     )
     if len(sync_rows) == 0:
         return none, none
-    rec = _recorded(events, sync_rows, drows, dlaunch, start)
     calls = np.flatnonzero(~is_in(events["cat"], ("cuda_sync",)) & (corr >= 0) & (events["stream"].to_numpy() < 0))
     call_ts = pd.Series(start[calls], index=corr[calls])
     call_ts = call_ts[~call_ts.index.duplicated()]
     t_wait = call_ts.reindex(corr[sync_rows]).to_numpy()
-    pid, stream = events["pid"].to_numpy(np.int64), events["stream"].to_numpy(np.int64)
     lts = start[dlaunch]
+    # Only waits among the graph's launches can join two of its events (a wait follows its record).
+    near = (t_wait >= lts.min()) & (t_wait < lts.max())
+    sync_rows, t_wait = sync_rows[near], t_wait[near]
+    rec = _recorded(events, sync_rows, drows, dlaunch, start)
+    pid, stream = events["pid"].to_numpy(np.int64), events["stream"].to_numpy(np.int64)
     waiting = np.full(len(sync_rows), -1, np.int64)
     for i in np.flatnonzero((rec >= 0) & ~np.isnan(t_wait)):  # few: one per wait
         cand = np.flatnonzero(
