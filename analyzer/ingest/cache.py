@@ -56,8 +56,9 @@ if TYPE_CHECKING:
 # 7: input shapes of aten::embedding; 8: shapes and concrete_inputs of attention's backend ops;
 # 9: shapes of the memory-bound families, concrete_inputs of reductions, softmax and normalization;
 # 10: baseTimeNanoseconds kept in the document's metadata; 11: the time unit decided from the events, the header a hint;
-# 12: shapes and concrete_inputs of the FLOP table's backward, grouped-GEMM and backend ops).
-LOADER_VERSION = 12
+# 12: shapes and concrete_inputs of the FLOP table's backward, grouped-GEMM and backend ops;
+# 13: wait_stream and record_corr of the cuda_sync events waiting on a recorded CUDA event).
+LOADER_VERSION = 13
 ENTRY_SUFFIX = ".npz"
 # Suffixes of entries this and earlier versions wrote, removed when a trace's entry is rewritten.
 _ENTRY_SUFFIXES = (".npz", ".parquet")

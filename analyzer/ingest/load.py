@@ -280,7 +280,7 @@ def _build_events(parsed: ParsedTrace, rank: int) -> tuple[pd.DataFrame, list[st
         given[:] = list(parsed.sparse[col].values())
         # An explicit object Series: pandas 3 would infer its str dtype.
         frame[col] = pd.Series(scatter(col, np.full(n, None, dtype=object), given), dtype=object, copy=False)
-    for col in ("msg_in_nelems", "msg_out_nelems", "group_size"):
+    for col in ("msg_in_nelems", "msg_out_nelems", "group_size", "wait_stream", "record_corr"):
         given = np.fromiter(parsed.sparse[col].values(), dtype=np.int64, count=len(parsed.sparse[col]))
         frame[col] = scatter(col, np.full(n, -1, dtype=np.int64), given)
     for col in ("coll_name", "msg_dtype", "pg_name"):

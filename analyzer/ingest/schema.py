@@ -254,6 +254,8 @@ COLUMNS: dict[str, str] = {
     "msg_dtype": "category",
     "group_size": "int64",
     "pg_name": "category",
+    "wait_stream": "int64",
+    "record_corr": "int64",
 }
 INT_DEFAULT = -1
 

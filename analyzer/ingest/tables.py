@@ -80,6 +80,11 @@ msg_dtype       category   ``args["dtype"]`` for comm events (for ``gloo:*``
                            annotations ``Input type[0]``), else NaN
 group_size      int64      ``args["Group size"]``, -1 when absent
 pg_name         category   ``args["Process Group Name"]``, else NaN
+wait_stream     int64      ``args["wait_on_stream"]`` of a cuda_sync event
+                           waiting on a recorded CUDA event (``Stream Wait
+                           Event``, ``Event Sync``): the event's stream; -1
+record_corr     int64      ``args["wait_on_cuda_event_record_corr_id"]``: the
+                           correlation id of the cudaEventRecord call; -1
 =============== ========== ===================================================
 """
 

@@ -2,7 +2,8 @@
 
 The graph (:mod:`analyzer.metrics.depgraph`) joins the step's instants by the constraints between
 them, each edge carrying the time it measured. The critical path is the longest path from the
-step's start node to its end node; its length is the step's measured span (the graph's invariant),
+step's start node to its end node; its length is the step's measured span (the graph's invariant;
+under HTA's rules, HTA's path, shorter where HTA's graph gives time no weight),
 and each of its edges is charged to one of HTA's categories (:data:`BOUND_CATEGORIES`, HTA's
 ``CPGraph.bound_by``): a host op's time is ``cpu_bound`` (``data_loading`` when its name matches a
 caller's pattern), a device event's ``gpu_compute_bound`` or, for a collective kernel (nccl/rccl in
@@ -24,7 +25,15 @@ import numpy as np
 import pandas as pd
 
 from analyzer.ingest.tables import RankTrace
-from analyzer.metrics.depgraph import BOUND_CATEGORIES, StepGraph, build_step_graph, longest_paths, path_edges
+from analyzer.metrics.depgraph import (
+    BOUND_CATEGORIES,
+    OUR_RULES,
+    GraphRules,
+    StepGraph,
+    build_step_graph,
+    longest_paths,
+    path_edges,
+)
 
 OPS_COLUMNS = ("name", "kind", "bound", "ms_on_path", "pct", "count")
 
@@ -139,10 +148,14 @@ def _path_ops(
     return out[list(OPS_COLUMNS)]
 
 
-def critical_paths(trace: RankTrace, data_load_patterns: Sequence[str] = ()) -> list[CriticalPath]:
+def critical_paths(
+    trace: RankTrace, data_load_patterns: Sequence[str] = (), rules: GraphRules = OUR_RULES
+) -> list[CriticalPath]:
     """One critical path per profiled step (ProfilerStep#N) of the rank, in step order; empty
-    without steps. ``data_load_patterns``: see :func:`analyzer.metrics.depgraph.step_graph`."""
+    without steps. ``data_load_patterns``, ``rules``: see :func:`analyzer.metrics.depgraph.step_graph`
+    (:data:`analyzer.metrics.depgraph.HTA_RULES` for HTA's path, shorter than the step where HTA's
+    graph drops time)."""
     return [
-        critical_path(build_step_graph(trace, int(step), data_load_patterns), trace.events)
+        critical_path(build_step_graph(trace, int(step), data_load_patterns, rules), trace.events)
         for step in trace.steps["step"].tolist()
     ]

@@ -35,9 +35,13 @@ Edges (:data:`EDGE_KINDS`):
   on the path only for the part of the call after the device finished, and a replay with faster
   device work moves the release. Which device events a call awaits: the ``cuda_sync`` events of
   newer traces (``Stream Sync``: the last event on that stream; ``Context Sync``: the last on every
-  stream); without them, per stream the last event launched before the call that ended by its
+  stream; ``Event Sync``: the work its CUDA event recorded, below); without them, per stream the last event launched before the call that ended by its
   return (the trace does not say which stream a stream synchronize waits on); a blocking memcpy
   its own copy.
+  Event record/wait: a CUDA event records the last device event of its stream launched before the
+  ``cudaEventRecord`` call (the ``cuda_sync`` event's ``record_corr`` and ``wait_stream``); a
+  ``Stream Wait Event`` makes the first event launched on its stream after the
+  ``cudaStreamWaitEvent`` call wait for that work: a ``sync`` edge from its end, zero weight.
 * ``dependency``: zero-weight order: the start node to every node without a predecessor, every
   node without a successor to the end node, stream order behind a launch edge, launch order behind
   a kernel-kernel edge.
@@ -65,10 +69,9 @@ Differences from HTA, by design (docs/metrics.md, "Critical path"): HTA's graph 
 start and end (its longest path may start and end anywhere), no edge into the previous step's
 device backlog, and gives no weight to a blocking call, to the step annotation's own time and to
 the gaps between a thread's top-level ops; ours is anchored at the step's start and end so the
-path length is the measured span. HTA drops a kernel-kernel edge over 1.5 ms; we keep it (the kernel
-waited in its stream's queue that long). Cross-thread runtime-lock edges are not modelled.
-Event record/wait (``Event Sync``, ``Stream Wait Event``) need the ``cuda_sync`` events' record
-correlation, which the loader does not keep: those waits are not edges yet.
+path length is the measured span. Each difference is a switch of :class:`GraphRules`;
+:data:`HTA_RULES` builds HTA's graph (its longest path is HTA's, to the microsecond on the shared
+traces). Cross-thread runtime-lock edges are not modelled.
 """
 
 from __future__ import annotations
@@ -115,6 +118,23 @@ BLOCKING_CALLS = frozenset(
         "hipMemcpy",
     }
 )
+# Calls that enqueue device work (HTA's runtime launch events, the series its queue length counts).
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaMemcpyAsync",
+        "cudaMemsetAsync",
+        "runFunction - job_prep_and_submit_for_execution",
+        "hipLaunchKernel",
+        "hipExtModuleLaunchKernel",
+        "hipMemsetAsync",
+        "hipMemcpyAsync",
+        "hipMemcpyWithStream",
+    }
+)
 # Without cuda_sync events: calls that await every device event launched before them.
 _AWAIT_ALL = frozenset(
     {"cudaDeviceSynchronize", "cudaStreamSynchronize", "hipDeviceSynchronize", "hipStreamSynchronize"}
@@ -125,6 +145,70 @@ _HOST_CATS = frozenset({"cpu_op"}) | RUNTIME_CATS
 # Per edge, Kineto's separate rounding of a parent's and a child's end (1 us in microsecond traces).
 ROUNDING_NS = 1_000
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass(frozen=True)
+class GraphRules:
+    """The choices where our graph and HTA's differ (docs/metrics.md, "Critical path", says each one's
+    size on the shared traces). :data:`OUR_RULES` (the default) keeps the measured span: its longest
+    path is the step. :data:`HTA_RULES` reproduces HTA's ``critical_path_analysis``: its longest path
+    is HTA's, shorter than the step where HTA's graph drops time.
+
+    * ``host_gaps_carry_time``: the main thread's own untraced time (the step annotation's segments
+      between its ops) and the gaps between another thread's top-level ops carry their measured time
+      where nothing else explains it (absorbing). HTA: 0 (consecutive top-level ops are zero-weight
+      dependencies; a ``cpu_op`` step annotation is an op in HTA too, and its segments carry time).
+    * ``blocking_calls_carry_time``: a blocking call's wait is absorbing and its return after the
+      release carries its time. HTA: both 0 (its exit edge of a blocking call has zero weight).
+    * ``thread_handoffs``: edges from the main thread to a run of another thread's top-level ops and
+      back. HTA: none (threads meet only through the backward-thread remap).
+    * ``inferred_syncs``: without ``cuda_sync`` events, a synchronize awaits the last event launched
+      before it on each stream. HTA: sync edges only from ``cuda_sync`` events.
+    * ``previous_step_backlog``: device work queued behind work launched before the window waits on
+      that backlog (an edge from the start node). HTA: no such edge; the first such event of a
+      stream has no in-edge.
+    * ``order_edges``: zero-weight edges into a device event besides the one carrying its wait: from
+      its launch call when it waited in its stream's queue, from the previous event on its stream
+      when its launch delay is the edge. HTA: none (its zero-weight launch edges are off by default),
+      so its device chains break at each launch-delay edge.
+    * ``queue_length_launch_test``: when a device event's launch delay is an edge. Ours: the stream
+      was idle at the launch call (its previous event ended before the call started). HTA's: also
+      nothing else queued on the stream from the launch to the event's start (its queue-length
+      series: +1 at each launch call of :data:`LAUNCH_CALLS`, -1 at each device event's start, is 1
+      after the launch and 0 after the start; work it waits on through a ``Stream Wait Event``
+      ended before the launch); an event failing it waits behind the previous event of its stream
+      in the window (a kernel-kernel gap, unless that awaited work ended later: then the sync edge
+      alone) or, without one, has no in-edge.
+    * ``every_launched_event``: every device event a launch call started is in the graph (a CUDA
+      graph launch starts many). HTA's: only the last one (its event-to-launch link keeps one event
+      per correlation id).
+    * ``max_kernel_gap_ns``: a kernel-kernel gap this long or longer is no edge (HTA: 1.5 ms);
+      ``None``: every gap is an edge.
+    """
+
+    host_gaps_carry_time: bool = True
+    blocking_calls_carry_time: bool = True
+    thread_handoffs: bool = True
+    inferred_syncs: bool = True
+    previous_step_backlog: bool = True
+    order_edges: bool = True
+    queue_length_launch_test: bool = False
+    every_launched_event: bool = True
+    max_kernel_gap_ns: int | None = None
+
+
+OUR_RULES = GraphRules()
+HTA_RULES = GraphRules(
+    host_gaps_carry_time=False,
+    blocking_calls_carry_time=False,
+    thread_handoffs=False,
+    inferred_syncs=False,
+    previous_step_backlog=False,
+    order_edges=False,
+    queue_length_launch_test=True,
+    every_launched_event=False,
+    max_kernel_gap_ns=1_500_000,
+)
 
 
 @dataclass(frozen=True)
@@ -231,16 +315,19 @@ def _step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[
     return start, end, int(hit[0]) if len(hit) else -1
 
 
-def _remap_backward_thread(events: pd.DataFrame, rows: np.ndarray, tid: np.ndarray) -> np.ndarray:
+def _remap_backward_thread(events: pd.DataFrame, window: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """HTA's rule: when exactly one thread has ``cpu_op``/``user_annotation`` events named with
     "autograd" and exactly one with "forward", and they differ, the backward thread's events are put
-    on the forward thread (the two passes do not overlap; the path then runs through both)."""
-    sub = events.iloc[rows]
+    on the forward thread (the two passes do not overlap; the path then runs through both). The
+    threads are found among the host events of the window (``window``: row positions; the graph's
+    events are fewer: a ``## forward ##`` annotation is not one); ``tid``: the graph's events' tids."""
+    sub = events.iloc[window]
     cats = is_in(sub["cat"], ("cpu_op", "user_annotation"))
+    sub_tid = sub["tid"].to_numpy(np.int64)
 
     def only_tid(word: str) -> int | None:
         hit = text_mask(sub["name"], lambda n: word in n) & cats
-        tids = np.unique(tid[hit])
+        tids = np.unique(sub_tid[hit])
         return int(tids[0]) if len(tids) == 1 else None
 
     fwd, bwd = only_tid("forward"), only_tid("autograd")
@@ -255,13 +342,15 @@ def step_graph(
     step: int,
     rank: int = 0,
     data_load_patterns: Sequence[str] = (),
+    rules: GraphRules = OUR_RULES,
 ) -> StepGraph:
     """The dependency graph of ProfilerStep#``step`` (``-1``: the whole trace) of one rank.
 
     ``events``/``steps`` are the rank's tables (analyzer/ingest/tables.py); node and edge events are
     row positions in ``events``. ``data_load_patterns``: regular expressions; a host event whose name
     matches one is ``data_loading`` on the path instead of ``cpu_bound`` (HTA's ``data_load_events``,
-    none by default). Times in ns. Raises AnalyzerError for a step the trace does not have.
+    none by default). ``rules``: :class:`GraphRules` (ours by default; :data:`HTA_RULES` for HTA's
+    graph). Times in ns. Raises AnalyzerError for a step the trace does not have.
     """
     ws, we, root = _step_window(events, steps, step)
     b = _Builder()
@@ -276,18 +365,12 @@ def step_graph(
     corr = events["correlation"].to_numpy(np.int64)
 
     # Host events of the window (HTA: start inside the window, positive duration).
-    host_mask = (
-        ~device
-        & (events["stream"].to_numpy(np.int64) < 0)
-        & (is_in(events["cat"], _HOST_CATS) | is_in(kind, ("cpu_comm",)))
-        & (start >= ws)
-        & (start <= we)
-        & (end > start)
-    )
+    in_window = ~device & (events["stream"].to_numpy(np.int64) < 0) & (start >= ws) & (start <= we) & (end > start)
+    host_mask = in_window & (is_in(events["cat"], _HOST_CATS) | is_in(kind, ("cpu_comm",)))
     if root >= 0:
         host_mask[root] = True
     hrows = np.flatnonzero(host_mask)
-    tid = _remap_backward_thread(events, hrows, events["tid"].to_numpy(np.int64)[hrows])
+    tid = _remap_backward_thread(events, np.flatnonzero(in_window), events["tid"].to_numpy(np.int64)[hrows])
     hkey = thread_keys(events["pid"].to_numpy(np.int64)[hrows], tid)
     hs, he = start[hrows], end[hrows]
     _, hparent, hdepth = nest(hkey, hs, he)
@@ -300,6 +383,9 @@ def step_graph(
     rt_by_corr = pd.Series(runtime_rows, index=corr[runtime_rows])
     rt_by_corr = rt_by_corr[~rt_by_corr.index.duplicated()]
     drows_all = np.flatnonzero(device & (corr >= 0))
+    if not rules.every_launched_event:  # HTA: the last device event of each correlation id
+        drows_all = _argmax_per_key(drows_all, corr[drows_all], start[drows_all])
+        drows_all.sort()
     launch_row = rt_by_corr.reindex(corr[drows_all]).to_numpy()
     keep = ~np.isnan(launch_row)
     drows = drows_all[keep]
@@ -342,8 +428,25 @@ def step_graph(
     # Device work launched before the window and still running or queued on the stream (the
     # previous step's backlog): the latest end among those events started before this one.
     out_row, out_end = _backlog(events, device, drows[order], start, end)
-    backlog = (out_end > prev_end_ts) & (out_end >= lts)
-    idle_at_launch = (prev_end_ts < lts) & ~backlog
+    behind_backlog = (out_end > prev_end_ts) & (out_end >= lts)
+    backlog = behind_backlog if rules.previous_step_backlog else np.zeros(nd, bool)
+    idle_at_launch = (prev_end_ts < lts) & ~behind_backlog
+    if rules.queue_length_launch_test:
+        idle_at_launch &= _queue_empty(events, device, corr, start, drows[order])
+    # Stream Wait Event: the event waits for the work recorded on another stream (a sync edge).
+    rec_i, wait_i = _stream_waits(events, drows, dlaunch, start, corr)
+    ok = ds[wait_i] >= de[rec_i] - ROUNDING_NS  # else the trace contradicts itself: no edge
+    rec_i, wait_i = rec_i[ok], wait_i[ok]
+    b.add_edges(d_end[rec_i], d_start[wait_i], 0, SYNC, -1, -1)
+    if rules.queue_length_launch_test:
+        # HTA: a launch (queue) edge only when the awaited work ended before the launch (the previous
+        # event's end); the sync edge alone otherwise.
+        sync_end = np.full(len(drows), np.iinfo(np.int64).min)
+        np.maximum.at(sync_end, wait_i, de[rec_i])
+        idle_at_launch &= sync_end[cur] < lts
+        waited = sync_end[cur] >= prev_end_ts
+    else:
+        waited = np.zeros(nd, bool)
     # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
     li = cur[idle_at_launch]
     b.add_edges(
@@ -367,17 +470,21 @@ def step_graph(
         b.add_edges(lnode[backlog], d_start[bi], 0, DEPENDENCY, -1, -1)
         bp = backlog & has_prev
         b.add_edges(d_end[prev_idx[bp]], d_start[cur[bp]], 0, DEPENDENCY, -1, -1)
-    q = ~idle_at_launch & ~backlog
+    q = ~idle_at_launch & ~backlog & has_prev & ~waited
+    if rules.max_kernel_gap_ns is not None:  # HTA: a longer gap is no edge (the event has no in-edge then)
+        q &= ds[cur] - prev_end_ts < rules.max_kernel_gap_ns
     qi, qp = cur[q], prev_idx[q]
     ov = de[qp] > ds[qi]
     b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, drows[qp[~ov]], GPU_KK)
     # Overlapping the previous event on its stream (CUDA graph replays): it waited behind that
     # event's start, and the time between the two starts is the earlier event's, in its category.
     b.add_edges(d_start[qp[ov]], d_start[qi[ov]], ds[qi[ov]] - ds[qp[ov]], KERNEL_KERNEL, drows[qp[ov]], dbound[qp[ov]])
-    b.add_edges(lnode[q], d_start[qi], 0, DEPENDENCY, -1, -1)
+    if rules.order_edges:
+        b.add_edges(lnode[~idle_at_launch & ~backlog], d_start[cur[~idle_at_launch & ~backlog]], 0, DEPENDENCY, -1, -1)
     # Stream order behind a launch edge: from the previous event's end when it ended by then, else
     # its start (events overlapping on one stream: CUDA graph replays).
-    pi, pp = cur[idle_at_launch & has_prev], prev_idx[idle_at_launch & has_prev]
+    behind = idle_at_launch & has_prev & rules.order_edges
+    pi, pp = cur[behind], prev_idx[behind]
     before = de[pp] <= ds[pi]
     b.add_edges(np.where(before, d_end[pp], d_start[pp]), d_start[pi], 0, DEPENDENCY, -1, -1)
 
@@ -407,20 +514,27 @@ def step_graph(
     top_gap = (seg_ev < 0) & ~own
     # A blocking call's own segment (its start to its end, no children) goes through its release.
     blocking_seg = tst[a] & ~tst[c] & (tev[a] == tev[c]) & hblock[tev[a]]
+    if not rules.host_gaps_carry_time and root >= 0 and events["cat"].iloc[root] == "cpu_op":
+        own[:] = False  # HTA: a cpu_op step annotation is an op like any other, its segments carry time
     plain = ~top_gap & ~blocking_seg & ~own
+    if not rules.blocking_calls_carry_time:
+        # HTA: any exit edge of a blocking call (from its last child's end, too) has zero weight.
+        w = np.where(~tst[c] & hblock[tev[c]], 0, w)
     b.add_edges(tn[a[plain]], tn[c[plain]], w[plain], OP, hrows[seg_ev[plain]], bound_host[seg_ev[plain]])
-    absorbing = [
+    gaps = [
         b.add_edges(tn[a[own]], tn[c[own]], 0, OP, root, CPU_BOUND),
         b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, OP, -1, CPU_BOUND),
     ]
+    # Absorbing edges (added with weight 0, weighed by _resolve_absorbing); under HTA's rules they stay 0.
+    absorbing = gaps if rules.host_gaps_carry_time else []
 
     # Blocking calls: release nodes and sync edges.
     bpos = tev[a[blocking_seg]]
-    absorbing.append(
-        _blocking_calls(
-            b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host
-        )
+    waits = _blocking_calls(
+        b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host, rules
     )
+    if rules.blocking_calls_carry_time:
+        absorbing.append(waits)
 
     # Hand-offs: a run of another thread's top-level ops (ops with no main-thread instant between
     # them) starts after the main thread's latest instant before it and is awaited by the main
@@ -432,7 +546,7 @@ def step_graph(
     m_open = open_after[mpos]
     other_top = np.flatnonzero((hkey != main_key) & (hparent < 0))
     other_top = other_top[np.lexsort((hs[other_top], hkey[other_top]))]
-    if len(other_top) and len(mpos):
+    if len(other_top) and len(mpos) and rules.thread_handoffs:
         o_s, o_e, o_k = hs[other_top], he[other_top], hkey[other_top]
         p = np.searchsorted(m_ts, o_s, side="right") - 1
         j = np.searchsorted(m_ts, o_e, side="left")
@@ -473,14 +587,16 @@ def step_graph(
         sources = sources[sources != first]
         if root >= 0:  # the root annotation starts at the window's start
             b.add_edges([start_node], [first], 0, DEPENDENCY, -1, -1)
-        else:
+        elif rules.host_gaps_carry_time:
             absorbing.append(b.add_edges([start_node], [first], 0, OP, -1, CPU_BOUND))
+        else:
+            b.add_edges([start_node], [first], 0, DEPENDENCY, -1, -1)
     b.add_edges(np.full(len(sources), start_node), sources, 0, DEPENDENCY, -1, -1)
     b.add_edges(sinks, np.full(len(sinks), end_node), 0, DEPENDENCY, -1, -1)
     if len(sinks) == 0:
         b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
     graph = _finish(b, rank, step, start_node, end_node)
-    return _resolve_absorbing(graph, np.concatenate(absorbing))
+    return _resolve_absorbing(graph, np.concatenate(absorbing)) if absorbing else graph
 
 
 def _backlog(
@@ -513,6 +629,108 @@ def _backlog(
     found &= ok[np.clip(pos, 0, None)] == qk
     at = arg[np.clip(pos, 0, None)]
     return np.where(found, o_r[at], -1), np.where(found, o_e[at], np.iinfo(np.int64).min)
+
+
+_RECORD_CALLS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "hipEventRecord", "hipEventRecordWithFlags"})
+
+
+def _recorded(
+    events: pd.DataFrame, sync_rows: np.ndarray, drows: np.ndarray, dlaunch: np.ndarray, start: np.ndarray
+) -> np.ndarray:
+    """Per cuda_sync row waiting on a recorded CUDA event (``record_corr`` >= 0): the position in
+    ``drows`` of the work the event recorded, the last device event of the recording stream
+    (``wait_stream`` on the sync event's device) launched before the cudaEventRecord call with that
+    correlation id; -1 when that work is not in the graph (launched before the window) or the call
+    is not in the trace."""
+    out = np.full(len(sync_rows), -1, np.int64)
+    corr = events["correlation"].to_numpy(np.int64)
+    rec = np.flatnonzero(text_mask(events["name"], _RECORD_CALLS.__contains__) & (corr >= 0))
+    if len(sync_rows) == 0 or len(drows) == 0 or len(rec) == 0:
+        return out
+    rec_ts = pd.Series(start[rec], index=corr[rec])
+    rec_ts = rec_ts[~rec_ts.index.duplicated()]
+    t_rec = rec_ts.reindex(events["record_corr"].to_numpy(np.int64)[sync_rows]).to_numpy()
+    pid, stream = events["pid"].to_numpy(np.int64), events["stream"].to_numpy(np.int64)
+    wait_stream = events["wait_stream"].to_numpy(np.int64)[sync_rows]
+    lts = start[dlaunch]
+    for i in np.flatnonzero(~np.isnan(t_rec)):  # few: one per wait
+        cand = np.flatnonzero((pid[drows] == pid[sync_rows[i]]) & (stream[drows] == wait_stream[i]) & (lts < t_rec[i]))
+        if len(cand):
+            out[i] = cand[np.argmax(lts[cand])]
+    return out
+
+
+def _stream_waits(
+    events: pd.DataFrame, drows: np.ndarray, dlaunch: np.ndarray, start: np.ndarray, corr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``Stream Wait Event`` (cudaStreamWaitEvent) pairs as positions in ``drows``: the recorded
+    work (:func:`_recorded`) and the waiting event, the first device event on the waiting stream
+    (the sync event's) launched after the cudaStreamWaitEvent call (the sync event's correlation id)."""
+    none = np.zeros(0, np.int64)
+    if "record_corr" not in events.columns or len(drows) == 0:
+        return none, none
+    sync_rows = np.flatnonzero(
+        is_in(events["cat"], ("cuda_sync",))
+        & text_mask(events["name"], lambda n: n == "Stream Wait Event")
+        & (events["record_corr"].to_numpy(np.int64) >= 0)
+    )
+    if len(sync_rows) == 0:
+        return none, none
+    calls = np.flatnonzero(~is_in(events["cat"], ("cuda_sync",)) & (corr >= 0) & (events["stream"].to_numpy() < 0))
+    call_ts = pd.Series(start[calls], index=corr[calls])
+    call_ts = call_ts[~call_ts.index.duplicated()]
+    t_wait = call_ts.reindex(corr[sync_rows]).to_numpy()
+    lts = start[dlaunch]
+    # Only waits among the graph's launches can join two of its events (a wait follows its record).
+    near = (t_wait >= lts.min()) & (t_wait < lts.max())
+    sync_rows, t_wait = sync_rows[near], t_wait[near]
+    rec = _recorded(events, sync_rows, drows, dlaunch, start)
+    pid, stream = events["pid"].to_numpy(np.int64), events["stream"].to_numpy(np.int64)
+    waiting = np.full(len(sync_rows), -1, np.int64)
+    for i in np.flatnonzero((rec >= 0) & ~np.isnan(t_wait)):  # few: one per wait
+        cand = np.flatnonzero(
+            (pid[drows] == pid[sync_rows[i]]) & (stream[drows] == stream[sync_rows[i]]) & (lts > t_wait[i])
+        )
+        if len(cand):
+            waiting[i] = cand[np.argmin(lts[cand])]
+    ok = (rec >= 0) & (waiting >= 0)
+    return rec[ok], waiting[ok]
+
+
+def _queue_empty(
+    events: pd.DataFrame, device: np.ndarray, corr: np.ndarray, start: np.ndarray, rows: np.ndarray
+) -> np.ndarray:
+    """HTA's queue-length launch test, per device row in ``rows``: over the whole trace, per stream,
+    the count of device events launched (a :data:`LAUNCH_CALLS` call, +1 at its start) and not yet
+    started (-1 at the event's start) is 1 just after its launch and 0 just after its start. False
+    for an event whose launch is not such a call."""
+    names = events["name"]
+    launches = np.flatnonzero(text_mask(names, LAUNCH_CALLS.__contains__) & ~device & (corr >= 0))
+    by_corr = pd.Series(launches, index=corr[launches])
+    by_corr = by_corr[~by_corr.index.duplicated()]
+    drows = np.flatnonzero(device & (corr >= 0))
+    lrow = by_corr.reindex(corr[drows]).to_numpy()
+    ok = ~np.isnan(lrow)
+    drows, lrow = drows[ok], lrow[ok].astype(np.int64)
+    n = len(drows)
+    if n == 0:
+        return np.zeros(len(rows), bool)
+    key = thread_keys(events["pid"].to_numpy(np.int64)[drows], events["stream"].to_numpy(np.int64)[drows])
+    # One +1 (launch) and one -1 (start) per event; on equal times the launch first.
+    k2, ts2 = np.r_[key, key], np.r_[start[lrow], start[drows]]
+    delta = np.r_[np.ones(n, np.int64), -np.ones(n, np.int64)]
+    order = np.lexsort((-delta, ts2, k2))
+    first = np.r_[True, k2[order][1:] != k2[order][:-1]]
+    csum = np.cumsum(delta[order])
+    base = np.maximum.accumulate(np.where(first, np.arange(2 * n), 0))
+    level = np.empty(2 * n, np.int64)
+    level[order] = csum - np.r_[0, csum][base]
+    empty = (level[:n] == 1) & (level[n:] == 0)
+    pos = pd.Series(np.arange(n), index=drows).reindex(rows).to_numpy()
+    have = ~np.isnan(pos)
+    out = np.zeros(len(rows), bool)
+    out[have] = empty[pos[have].astype(np.int64)]
+    return out
 
 
 def _main_thread(hkey: np.ndarray, hs: np.ndarray, he: np.ndarray, hdepth: np.ndarray, root_pos: int) -> int:
@@ -577,6 +795,7 @@ def _blocking_calls(
     end: np.ndarray,
     corr: np.ndarray,
     bound_host: np.ndarray,
+    rules: GraphRules,
 ) -> np.ndarray:
     """Release nodes, wait/return edges and sync edges of the blocking calls at host positions
     ``bpos``; returns the ids of the wait edges (start -> release), in the order added."""
@@ -608,11 +827,18 @@ def _blocking_calls(
         dpid = events["pid"].to_numpy(np.int64)[drows]
         spid = events["pid"].to_numpy(np.int64)[sync_rows]
         s_end = end[sync_rows]
+        event_rec = (
+            _recorded(events, sync_rows, drows, dlaunch, start)
+            if "record_corr" in events.columns
+            else np.full(len(sync_rows), -1, np.int64)
+        )
         for i in range(len(sync_rows)):  # few: one per synchronize call
             if s_name[i] == "Context Sync":
                 cand = np.flatnonzero((dpid == spid[i]) & (ds <= s_end[i]))
             elif s_name[i] == "Stream Sync":
                 cand = np.flatnonzero((dk == sk[i]) & (ds <= s_end[i]))
+            elif s_name[i] == "Event Sync" and event_rec[i] >= 0:
+                cand = event_rec[i : i + 1]  # the work the awaited CUDA event recorded
             else:
                 continue
             if len(cand) == 0:
@@ -623,7 +849,7 @@ def _blocking_calls(
             pairs_b.append(np.full(len(last), s_b[i]))
             pairs_d.append(last)
             synced[s_b[i]] = True
-    if nd:
+    if nd and rules.inferred_syncs:
         lts = start[dlaunch]
         for name_set, own in ((_AWAIT_ALL, False), (_AWAIT_OWN, True)):
             pick = np.flatnonzero(~synced & np.isin(bname, list(name_set)))
@@ -646,7 +872,7 @@ def _blocking_calls(
     release = np.clip(np.maximum(awaited, bs), bs, be)
     r_node = b.add_nodes(release, brow, np.zeros(len(brow), bool))
     waits = b.add_edges(h_start[bpos], r_node, 0, OP, brow, bound_host[bpos])
-    b.add_edges(r_node, h_end[bpos], be - release, OP, brow, bound_host[bpos])
+    b.add_edges(r_node, h_end[bpos], (be - release) * rules.blocking_calls_carry_time, OP, brow, bound_host[bpos])
     if len(pb):
         b.add_edges(d_end[pd_], r_node[pb], 0, SYNC, -1, -1)
     return waits
@@ -798,9 +1024,11 @@ def _resolve_absorbing(graph: StepGraph, absorbing: np.ndarray) -> StepGraph:
     return StepGraph(**{**graph.__dict__, "edge_weight_ns": np.asarray(wl, dtype=np.int64)})
 
 
-def build_step_graph(trace: RankTrace, step: int, data_load_patterns: Sequence[str] = ()) -> StepGraph:
+def build_step_graph(
+    trace: RankTrace, step: int, data_load_patterns: Sequence[str] = (), rules: GraphRules = OUR_RULES
+) -> StepGraph:
     """:func:`step_graph` of one rank's trace."""
-    return step_graph(trace.events, trace.steps, step, trace.rank, data_load_patterns)
+    return step_graph(trace.events, trace.steps, step, trace.rank, data_load_patterns, rules)
 
 
 _COLLECTIVE_ANNOTATION = re.compile(r"^(gloo|nccl):")

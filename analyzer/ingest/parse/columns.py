@@ -77,6 +77,8 @@ class Columns:
                 "msg_dtype",
                 "group_size",
                 "pg_name",
+                "wait_stream",
+                "record_corr",
             )
         }
         self.processes: dict[int, dict[str, str]] = {}
@@ -133,6 +135,7 @@ class Columns:
             for i, (n, a) in enumerate(zip(names, args))
             if a.collective is not None
             or a.in_nelems is not None
+            or a.wait_record_corr is not None
             or (
                 wants[n]
                 and (
@@ -259,6 +262,10 @@ class Columns:
 
     def _special(self, row: int, name: str, a: Args) -> None:
         sp = self.sparse
+        if a.wait_record_corr is not None:  # a cuda_sync event waiting on a recorded CUDA event
+            sp["record_corr"][row] = _int_or_default(a.wait_record_corr)
+            sp["wait_stream"][row] = _int_or_default(a.wait_stream)
+            return
         # Copy the raw text out now: it points into the parse buffer.
         raw_dims = a.input_dims if len(a.input_dims) else a.input_dims_old
         dims_text, dims = self._canonical(raw_dims)

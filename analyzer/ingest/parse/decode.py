@@ -47,6 +47,10 @@ class Args(msgspec.Struct):
     group_size: Any = msgspec.field(default=None, name="Group size")
     dtype: Any = None
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    # cuda_sync "Stream Wait Event"/"Event Sync": the stream the awaited CUDA event was recorded on
+    # and the correlation id of its cudaEventRecord call.
+    wait_stream: Any = msgspec.field(default=None, name="wait_on_stream")
+    wait_record_corr: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     name: Any = None  # metadata events: process_name, thread_name
     labels: Any = None  # metadata events: process_labels
     # "[memory]" instant events (profile_memory=True): the allocator's totals after an allocation or free.
