@@ -336,6 +336,87 @@ def _remap_backward_thread(events: pd.DataFrame, window: np.ndarray, tid: np.nda
     return np.where(tid == bwd, fwd, tid)
 
 
+@dataclass(frozen=True)
+class _Selected:
+    """The events of one step's graph. Host events: rows ``hrows`` of the events table (``host_pos``:
+    a row's position among them, -1 for other rows), their thread keys (backward thread remapped),
+    times, nesting (``hparent`` position, ``hdepth``), blocking-call flags and path categories; the
+    step annotation's row ``root`` and position ``root_pos`` (-1 without one). Device events: rows
+    ``drows`` launched by a host event (at row ``dlaunch``), times, stream keys ``skey`` and categories.
+    ``start``/``end``/``corr``/``device``: the whole table's columns."""
+
+    root: int
+    root_pos: int
+    hrows: np.ndarray
+    hkey: np.ndarray
+    hs: np.ndarray
+    he: np.ndarray
+    hparent: np.ndarray
+    hdepth: np.ndarray
+    hblock: np.ndarray
+    bound_host: np.ndarray
+    host_pos: np.ndarray
+    drows: np.ndarray
+    dlaunch: np.ndarray
+    ds: np.ndarray
+    de: np.ndarray
+    skey: np.ndarray
+    dbound: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    corr: np.ndarray
+    device: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """Node ids: the start node, and per host and device event (by position) its start and end nodes."""
+
+    start_node: int
+    h_start: np.ndarray
+    h_end: np.ndarray
+    d_start: np.ndarray
+    d_end: np.ndarray
+
+
+@dataclass(frozen=True)
+class _StreamOrder:
+    """The selected device events per stream, by start then end. ``cur``: their device positions in
+    that order; per event in it: ``prev_idx``, the device position of the latest-ending earlier event
+    of its stream (``has_prev``; its end ``prev_end_ts``, int64 min without one), its launch call's
+    node ``lnode`` and start ``lts``, the backlog before the window it may wait behind (``out_row``,
+    ``out_end``; ``backlog``: it does, under the rules), and ``idle_at_launch``: the stream was idle
+    at the launch call (before the Stream Wait Event test of :func:`_stream_wait_edges`)."""
+
+    cur: np.ndarray
+    prev_idx: np.ndarray
+    has_prev: np.ndarray
+    prev_end_ts: np.ndarray
+    lnode: np.ndarray
+    lts: np.ndarray
+    out_row: np.ndarray
+    out_end: np.ndarray
+    backlog: np.ndarray
+    idle_at_launch: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Tour:
+    """The host instants of each thread in call-stack (Euler tour) order, threads by key: node ``tn``,
+    time ``tt``, is-start ``tst``, host position ``tev``, thread key ``tk``, and ``open_after`` the host
+    position of the event open after the instant (-1: none). ``main_key``: the main thread's key;
+    ``mpos``: the main thread's instants (positions in the tour)."""
+
+    tn: np.ndarray
+    tt: np.ndarray
+    tst: np.ndarray
+    tev: np.ndarray
+    tk: np.ndarray
+    open_after: np.ndarray
+    main_key: int
+    mpos: np.ndarray
+
+
 def step_graph(
     events: pd.DataFrame,
     steps: pd.DataFrame,
@@ -351,18 +432,67 @@ def step_graph(
     matches one is ``data_loading`` on the path instead of ``cpu_bound`` (HTA's ``data_load_events``,
     none by default). ``rules``: :class:`GraphRules` (ours by default; :data:`HTA_RULES` for HTA's
     graph). Times in ns. Raises AnalyzerError for a step the trace does not have.
+
+    The parts, in the order they add nodes and edges (edge ids break ties on the path): the events
+    and their nodes, the device side (op, sync, launch, backlog and queue edges), the host threads'
+    chains, the blocking calls, the hand-offs between threads, the anchors at the start and end
+    nodes; then the absorbing edges are weighed.
     """
     ws, we, root = _step_window(events, steps, step)
     b = _Builder()
     if events.empty:
         return _finish(b, rank, step, -1, -1)
     start_node = int(b.add_nodes(np.array([ws]), np.array([-1]), np.array([True]))[0])
+    sel = _select_events(events, ws, we, root, data_load_patterns, rules)
+    nodes = _event_nodes(b, sel, start_node)
+    b.add_edges(nodes.d_start, nodes.d_end, sel.de - sel.ds, OP, sel.drows, sel.dbound)
+    so = _stream_order(events, sel, nodes, rules)
+    idle_at_launch, waited = _stream_wait_edges(b, events, sel, nodes, so, rules)
+    _launch_edges(b, sel, nodes, so, idle_at_launch)
+    _backlog_edges(b, events, sel, nodes, so, ws)
+    _queue_edges(b, sel, nodes, so, idle_at_launch, waited, rules)
+    tour = _thread_tour(sel, nodes)
+    absorbing, bpos = _host_edges(b, events, sel, tour, rules)
+    waits = _blocking_calls(
+        b,
+        events,
+        sel.hrows,
+        bpos,
+        nodes.h_start,
+        nodes.h_end,
+        sel.drows,
+        nodes.d_end,
+        sel.dlaunch,
+        sel.skey,
+        sel.start,
+        sel.end,
+        sel.corr,
+        sel.bound_host,
+        rules,
+    )
+    if rules.blocking_calls_carry_time:
+        absorbing.append(waits)
+    if rules.thread_handoffs:
+        _handoff_edges(b, sel, nodes, tour)
+    end_node, anchored = _anchor_edges(b, sel, start_node, tour, we, rules)
+    absorbing += anchored
+    graph = _finish(b, rank, step, start_node, end_node)
+    return _resolve_absorbing(graph, np.concatenate(absorbing)) if absorbing else graph
 
+
+def _select_events(
+    events: pd.DataFrame, ws: int, we: int, root: int, data_load_patterns: Sequence[str], rules: GraphRules
+) -> _Selected:
+    """The graph's events of the window ``[ws, we]`` (the module docstring says which): host events
+    that start in it and last more than 0 ns, the step annotation ``root`` among them, nested per
+    thread; the device events their calls launched, matched by correlation id (every one, or under
+    HTA's rules the last-starting one of each correlation id)."""
     start = events["start_ns"].to_numpy(np.int64)
     end = events["end_ns"].to_numpy(np.int64)
     kind = events["kind"]
     device = is_in(kind, DEVICE_KINDS)
     corr = events["correlation"].to_numpy(np.int64)
+    pid = events["pid"].to_numpy(np.int64)
 
     # Host events of the window (HTA: start inside the window, positive duration).
     in_window = ~device & (events["stream"].to_numpy(np.int64) < 0) & (start >= ws) & (start <= we) & (end > start)
@@ -371,12 +501,11 @@ def step_graph(
         host_mask[root] = True
     hrows = np.flatnonzero(host_mask)
     tid = _remap_backward_thread(events, np.flatnonzero(in_window), events["tid"].to_numpy(np.int64)[hrows])
-    hkey = thread_keys(events["pid"].to_numpy(np.int64)[hrows], tid)
+    hkey = thread_keys(pid[hrows], tid)
     hs, he = start[hrows], end[hrows]
     _, hparent, hdepth = nest(hkey, hs, he)
     names = events["name"]
     blocking_all = text_mask(names, BLOCKING_CALLS.__contains__) & is_in(kind, ("runtime",))
-    hblock = blocking_all[hrows]
 
     # Device events launched by a host call of the window (by correlation id).
     runtime_rows = np.flatnonzero(host_mask & (corr >= 0) & is_in(kind, ("runtime", "other")))
@@ -389,27 +518,54 @@ def step_graph(
     launch_row = rt_by_corr.reindex(corr[drows_all]).to_numpy()
     keep = ~np.isnan(launch_row)
     drows = drows_all[keep]
-    dlaunch = launch_row[keep].astype(np.int64)
-
-    # Nodes: host start/end, device start/end, a release node per blocking call.
-    nh, nd = len(hrows), len(drows)
-    h_start = b.add_nodes(hs, hrows, np.ones(nh, bool))
-    h_end = b.add_nodes(he, hrows, np.zeros(nh, bool))
-    ds, de = start[drows], end[drows]
-    d_start = b.add_nodes(ds, drows, np.ones(nd, bool))
-    d_end = b.add_nodes(de, drows, np.zeros(nd, bool))
     host_pos = np.full(len(events), -1, np.int64)
-    host_pos[hrows] = np.arange(nh)
-
-    bound_host = _host_bounds(names, hrows, data_load_patterns)
-
-    # Device side: op edges, then per stream launch-or-queue edges.
+    host_pos[hrows] = np.arange(len(hrows))
     dkind = kind.to_numpy(object)[drows]
-    dbound = np.where(dkind == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8)
-    b.add_edges(d_start, d_end, de - ds, OP, drows, dbound)
-    skey = thread_keys(events["pid"].to_numpy(np.int64)[drows], events["stream"].to_numpy(np.int64)[drows])
-    order = np.lexsort((de, ds, skey))
-    so_key = skey[order]
+    return _Selected(
+        root=root,
+        root_pos=int(host_pos[root]) if root >= 0 else -1,
+        hrows=hrows,
+        hkey=hkey,
+        hs=hs,
+        he=he,
+        hparent=hparent,
+        hdepth=hdepth,
+        hblock=blocking_all[hrows],
+        bound_host=_host_bounds(names, hrows, data_load_patterns),
+        host_pos=host_pos,
+        drows=drows,
+        dlaunch=launch_row[keep].astype(np.int64),
+        ds=start[drows],
+        de=end[drows],
+        skey=thread_keys(pid[drows], events["stream"].to_numpy(np.int64)[drows]),
+        dbound=np.where(dkind == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8),
+        start=start,
+        end=end,
+        corr=corr,
+        device=device,
+    )
+
+
+def _event_nodes(b: _Builder, sel: _Selected, start_node: int) -> _Nodes:
+    """A start and an end node per host event, then per device event (release nodes of blocking
+    calls and backlog nodes come later)."""
+    nh, nd = len(sel.hrows), len(sel.drows)
+    h_start = b.add_nodes(sel.hs, sel.hrows, np.ones(nh, bool))
+    h_end = b.add_nodes(sel.he, sel.hrows, np.zeros(nh, bool))
+    d_start = b.add_nodes(sel.ds, sel.drows, np.ones(nd, bool))
+    d_end = b.add_nodes(sel.de, sel.drows, np.zeros(nd, bool))
+    return _Nodes(start_node, h_start, h_end, d_start, d_end)
+
+
+def _stream_order(events: pd.DataFrame, sel: _Selected, nodes: _Nodes, rules: GraphRules) -> _StreamOrder:
+    """Per device event, what it waits behind on its stream (:class:`_StreamOrder`): the previous
+    event (HTA's "previous event ended" test takes the latest end among earlier events), the previous
+    step's backlog, and whether the stream was idle at its launch (with HTA's queue-length test when
+    the rules ask for it)."""
+    nd = len(sel.drows)
+    ds, de = sel.ds, sel.de
+    order = np.lexsort((de, ds, sel.skey))
+    so_key = sel.skey[order]
     first = np.r_[True, so_key[1:] != so_key[:-1]] if nd else np.zeros(0, bool)
     # Latest end among earlier events of the same stream (HTA's "previous event ended" test) and
     # the event that ends then.
@@ -420,158 +576,228 @@ def step_graph(
     prev_pos = np.where(first, -1, prev_pos)
     has_prev = prev_pos >= 0
     prev_idx = np.where(has_prev, order[np.clip(prev_pos, 0, None)], -1)
-    lrow = dlaunch[order]
-    lnode = h_start[host_pos[lrow]]
-    lts = start[lrow]
-    cur = order
+    lrow = sel.dlaunch[order]
+    lts = sel.start[lrow]
     prev_end_ts = np.where(has_prev, de[np.clip(prev_idx, 0, None)], np.iinfo(np.int64).min)
     # Device work launched before the window and still running or queued on the stream (the
     # previous step's backlog): the latest end among those events started before this one.
-    out_row, out_end = _backlog(events, device, drows[order], start, end)
+    out_row, out_end = _backlog(events, sel.device, sel.drows[order], sel.start, sel.end)
     behind_backlog = (out_end > prev_end_ts) & (out_end >= lts)
-    backlog = behind_backlog if rules.previous_step_backlog else np.zeros(nd, bool)
     idle_at_launch = (prev_end_ts < lts) & ~behind_backlog
     if rules.queue_length_launch_test:
-        idle_at_launch &= _queue_empty(events, device, corr, start, drows[order])
-    # Stream Wait Event: the event waits for the work recorded on another stream (a sync edge).
-    rec_i, wait_i = _stream_waits(events, drows, dlaunch, start, corr)
+        idle_at_launch &= _queue_empty(events, sel.device, sel.corr, sel.start, sel.drows[order])
+    return _StreamOrder(
+        cur=order,
+        prev_idx=prev_idx,
+        has_prev=has_prev,
+        prev_end_ts=prev_end_ts,
+        lnode=nodes.h_start[sel.host_pos[lrow]],
+        lts=lts,
+        out_row=out_row,
+        out_end=out_end,
+        backlog=behind_backlog if rules.previous_step_backlog else np.zeros(nd, bool),
+        idle_at_launch=idle_at_launch,
+    )
+
+
+def _stream_wait_edges(
+    b: _Builder, events: pd.DataFrame, sel: _Selected, nodes: _Nodes, so: _StreamOrder, rules: GraphRules
+) -> tuple[np.ndarray, np.ndarray]:
+    """``sync`` edges of the Stream Wait Events: the event waits for the work recorded on another
+    stream. Returns ``(idle_at_launch, waited)`` per event of ``so``'s order: under HTA's queue-length
+    test a launch edge only when the awaited work ended before the launch, and ``waited``: the sync
+    edge alone is the event's wait (no kernel-kernel gap); otherwise ``so``'s flags and no ``waited``."""
+    ds, de = sel.ds, sel.de
+    rec_i, wait_i = _stream_waits(events, sel.drows, sel.dlaunch, sel.start, sel.corr)
     ok = ds[wait_i] >= de[rec_i] - ROUNDING_NS  # else the trace contradicts itself: no edge
     rec_i, wait_i = rec_i[ok], wait_i[ok]
-    b.add_edges(d_end[rec_i], d_start[wait_i], 0, SYNC, -1, -1)
-    if rules.queue_length_launch_test:
-        # HTA: a launch (queue) edge only when the awaited work ended before the launch (the previous
-        # event's end); the sync edge alone otherwise.
-        sync_end = np.full(len(drows), np.iinfo(np.int64).min)
-        np.maximum.at(sync_end, wait_i, de[rec_i])
-        idle_at_launch &= sync_end[cur] < lts
-        waited = sync_end[cur] >= prev_end_ts
-    else:
-        waited = np.zeros(nd, bool)
-    # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
-    li = cur[idle_at_launch]
+    b.add_edges(nodes.d_end[rec_i], nodes.d_start[wait_i], 0, SYNC, -1, -1)
+    if not rules.queue_length_launch_test:
+        return so.idle_at_launch, np.zeros(len(sel.drows), bool)
+    sync_end = np.full(len(sel.drows), np.iinfo(np.int64).min)
+    np.maximum.at(sync_end, wait_i, de[rec_i])
+    idle_at_launch = so.idle_at_launch & (sync_end[so.cur] < so.lts)
+    return idle_at_launch, sync_end[so.cur] >= so.prev_end_ts
+
+
+def _launch_edges(b: _Builder, sel: _Selected, nodes: _Nodes, so: _StreamOrder, idle_at_launch: np.ndarray) -> None:
+    """``launch_delay`` edges: the stream was idle at the launch call, so the launch delay carries the
+    time (the queue gap does otherwise: :func:`_queue_edges`)."""
+    li = so.cur[idle_at_launch]
     b.add_edges(
-        lnode[idle_at_launch],
-        d_start[li],
-        np.maximum(ds[li] - lts[idle_at_launch], 0),
+        so.lnode[idle_at_launch],
+        nodes.d_start[li],
+        np.maximum(sel.ds[li] - so.lts[idle_at_launch], 0),
         LAUNCH_DELAY,
-        drows[li],
+        sel.drows[li],
         GPU_LAUNCH,
     )
-    # Behind the backlog: from the start node to the backlog's end (the earlier event's time in the
-    # window, in its category), then the gap to this event.
-    bi = cur[backlog]
-    if len(bi):
-        b_row = out_row[backlog]
-        b_ts = np.minimum(out_end[backlog], ds[bi])
-        b_node = b.add_nodes(b_ts, b_row, np.zeros(len(bi), bool))
-        b_bound = np.where(kind.to_numpy(object)[b_row] == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8)
-        b.add_edges(np.full(len(bi), start_node), b_node, np.maximum(b_ts - ws, 0), OP, b_row, b_bound)
-        b.add_edges(b_node, d_start[bi], ds[bi] - b_ts, KERNEL_KERNEL, b_row, GPU_KK)
-        b.add_edges(lnode[backlog], d_start[bi], 0, DEPENDENCY, -1, -1)
-        bp = backlog & has_prev
-        b.add_edges(d_end[prev_idx[bp]], d_start[cur[bp]], 0, DEPENDENCY, -1, -1)
-    q = ~idle_at_launch & ~backlog & has_prev & ~waited
+
+
+def _backlog_edges(b: _Builder, events: pd.DataFrame, sel: _Selected, nodes: _Nodes, so: _StreamOrder, ws: int) -> None:
+    """Behind the previous step's backlog: a node at the backlog's end, an ``op`` edge to it from the
+    start node (the earlier event's time in the window, in its category), the ``kernel_kernel`` gap
+    from it to the event, and zero-weight order from the launch call and the previous event."""
+    bi = so.cur[so.backlog]
+    if not len(bi):
+        return
+    ds, backlog = sel.ds, so.backlog
+    b_row = so.out_row[backlog]
+    b_ts = np.minimum(so.out_end[backlog], ds[bi])
+    b_node = b.add_nodes(b_ts, b_row, np.zeros(len(bi), bool))
+    b_bound = np.where(events["kind"].to_numpy(object)[b_row] == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8)
+    b.add_edges(np.full(len(bi), nodes.start_node), b_node, np.maximum(b_ts - ws, 0), OP, b_row, b_bound)
+    b.add_edges(b_node, nodes.d_start[bi], ds[bi] - b_ts, KERNEL_KERNEL, b_row, GPU_KK)
+    b.add_edges(so.lnode[backlog], nodes.d_start[bi], 0, DEPENDENCY, -1, -1)
+    bp = backlog & so.has_prev
+    b.add_edges(nodes.d_end[so.prev_idx[bp]], nodes.d_start[so.cur[bp]], 0, DEPENDENCY, -1, -1)
+
+
+def _queue_edges(
+    b: _Builder,
+    sel: _Selected,
+    nodes: _Nodes,
+    so: _StreamOrder,
+    idle_at_launch: np.ndarray,
+    waited: np.ndarray,
+    rules: GraphRules,
+) -> None:
+    """Stream order: a ``kernel_kernel`` edge carrying the gap from the previous event of the stream to
+    an event that waited in its queue (from its start when the two overlap), then (with the rules'
+    order edges) zero-weight order from the launch call of a queued event and from the previous event
+    behind a launch edge."""
+    ds, de, d_start, d_end, cur = sel.ds, sel.de, nodes.d_start, nodes.d_end, so.cur
+    q = ~idle_at_launch & ~so.backlog & so.has_prev & ~waited
     if rules.max_kernel_gap_ns is not None:  # HTA: a longer gap is no edge (the event has no in-edge then)
-        q &= ds[cur] - prev_end_ts < rules.max_kernel_gap_ns
-    qi, qp = cur[q], prev_idx[q]
+        q &= ds[cur] - so.prev_end_ts < rules.max_kernel_gap_ns
+    qi, qp = cur[q], so.prev_idx[q]
     ov = de[qp] > ds[qi]
-    b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, drows[qp[~ov]], GPU_KK)
+    b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, sel.drows[qp[~ov]], GPU_KK)
     # Overlapping the previous event on its stream (CUDA graph replays): it waited behind that
     # event's start, and the time between the two starts is the earlier event's, in its category.
-    b.add_edges(d_start[qp[ov]], d_start[qi[ov]], ds[qi[ov]] - ds[qp[ov]], KERNEL_KERNEL, drows[qp[ov]], dbound[qp[ov]])
+    b.add_edges(
+        d_start[qp[ov]], d_start[qi[ov]], ds[qi[ov]] - ds[qp[ov]], KERNEL_KERNEL, sel.drows[qp[ov]], sel.dbound[qp[ov]]
+    )
     if rules.order_edges:
-        b.add_edges(lnode[~idle_at_launch & ~backlog], d_start[cur[~idle_at_launch & ~backlog]], 0, DEPENDENCY, -1, -1)
+        queued = ~idle_at_launch & ~so.backlog
+        b.add_edges(so.lnode[queued], d_start[cur[queued]], 0, DEPENDENCY, -1, -1)
     # Stream order behind a launch edge: from the previous event's end when it ended by then, else
     # its start (events overlapping on one stream: CUDA graph replays).
-    behind = idle_at_launch & has_prev & rules.order_edges
-    pi, pp = cur[behind], prev_idx[behind]
+    behind = idle_at_launch & so.has_prev & rules.order_edges
+    pi, pp = cur[behind], so.prev_idx[behind]
     before = de[pp] <= ds[pi]
     b.add_edges(np.where(before, d_end[pp], d_start[pp]), d_start[pi], 0, DEPENDENCY, -1, -1)
 
-    # Host side: consecutive instants of each thread, in call-stack (Euler tour) order.
-    tour_node = np.r_[h_start, h_end]
-    tour_ts = np.r_[hs, he]
+
+def _thread_tour(sel: _Selected, nodes: _Nodes) -> _Tour:
+    """Each thread's host instants in call-stack order (:class:`_Tour`) and the main thread."""
+    nh = len(sel.hrows)
+    tour_node = np.r_[nodes.h_start, nodes.h_end]
+    tour_ts = np.r_[sel.hs, sel.he]
     tour_is_start = np.r_[np.ones(nh, bool), np.zeros(nh, bool)]
     tour_ev = np.r_[np.arange(nh), np.arange(nh)]
-    tour_depth = np.r_[hdepth, -hdepth]
+    tour_depth = np.r_[sel.hdepth, -sel.hdepth]
     # Same time: ends before starts; outer starts first, inner ends first.
-    t_order = np.lexsort((tour_depth, tour_is_start, tour_ts, np.r_[hkey, hkey]))
-    tn, tt, tst, tev = tour_node[t_order], tour_ts[t_order], tour_is_start[t_order], tour_ev[t_order]
-    tk = np.r_[hkey, hkey][t_order]
+    t_order = np.lexsort((tour_depth, tour_is_start, tour_ts, np.r_[sel.hkey, sel.hkey]))
+    tst, tev = tour_is_start[t_order], tour_ev[t_order]
+    tk = np.r_[sel.hkey, sel.hkey][t_order]
     # The open event after each instant: its event when it is a start, else its event's parent.
-    open_after = np.where(tst, tev, hparent[tev]) if nh else np.zeros(0, np.int64)
-    main_key = _main_thread(hkey, hs, he, hdepth, host_pos[root] if root >= 0 else -1)
+    open_after = np.where(tst, tev, sel.hparent[tev]) if nh else np.zeros(0, np.int64)
+    main_key = _main_thread(sel.hkey, sel.hs, sel.he, sel.hdepth, sel.root_pos)
+    return _Tour(
+        tn=tour_node[t_order],
+        tt=tour_ts[t_order],
+        tst=tst,
+        tev=tev,
+        tk=tk,
+        open_after=open_after,
+        main_key=main_key,
+        mpos=np.flatnonzero(tk == main_key),
+    )
+
+
+def _host_edges(
+    b: _Builder, events: pd.DataFrame, sel: _Selected, tour: _Tour, rules: GraphRules
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """``op`` edges between consecutive instants of each thread, charged to the event open between
+    them. The main thread's own untraced time and the gaps between another thread's top-level ops
+    are zero-weight edges; returned as absorbing when the rules give host gaps time. A blocking
+    call's own segment is left to :func:`_blocking_calls`: returns ``(absorbing edge ids, host
+    positions of those calls)``."""
+    tn, tt, tst, tev, tk = tour.tn, tour.tt, tour.tst, tour.tev, tour.tk
+    root = sel.root
     same = tk[1:] == tk[:-1]
     a, c = np.flatnonzero(same), np.flatnonzero(same) + 1
-    seg_ev = open_after[a]
+    seg_ev = tour.open_after[a]
     w = np.maximum(tt[c] - tt[a], 0)
-    on_main = tk[a] == main_key
+    on_main = tk[a] == tour.main_key
     # The main thread's own time outside any traced op inside it (the root annotation's own segments,
     # or top-level gaps without a root): untraced Python, or waiting on another thread. It can absorb:
     # it carries its time only where nothing else arrives on time (_resolve_absorbing).
-    own = on_main & (seg_ev == (host_pos[root] if root >= 0 else -1))
+    own = on_main & (seg_ev == sel.root_pos)
     # Another thread's time between its top-level ops is absorbing too (HTA: zero-weight dependencies).
     top_gap = (seg_ev < 0) & ~own
     # A blocking call's own segment (its start to its end, no children) goes through its release.
-    blocking_seg = tst[a] & ~tst[c] & (tev[a] == tev[c]) & hblock[tev[a]]
+    blocking_seg = tst[a] & ~tst[c] & (tev[a] == tev[c]) & sel.hblock[tev[a]]
     if not rules.host_gaps_carry_time and root >= 0 and events["cat"].iloc[root] == "cpu_op":
         own[:] = False  # HTA: a cpu_op step annotation is an op like any other, its segments carry time
     plain = ~top_gap & ~blocking_seg & ~own
     if not rules.blocking_calls_carry_time:
         # HTA: any exit edge of a blocking call (from its last child's end, too) has zero weight.
-        w = np.where(~tst[c] & hblock[tev[c]], 0, w)
-    b.add_edges(tn[a[plain]], tn[c[plain]], w[plain], OP, hrows[seg_ev[plain]], bound_host[seg_ev[plain]])
+        w = np.where(~tst[c] & sel.hblock[tev[c]], 0, w)
+    b.add_edges(tn[a[plain]], tn[c[plain]], w[plain], OP, sel.hrows[seg_ev[plain]], sel.bound_host[seg_ev[plain]])
     gaps = [
         b.add_edges(tn[a[own]], tn[c[own]], 0, OP, root, CPU_BOUND),
         b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, OP, -1, CPU_BOUND),
     ]
     # Absorbing edges (added with weight 0, weighed by _resolve_absorbing); under HTA's rules they stay 0.
-    absorbing = gaps if rules.host_gaps_carry_time else []
+    return (gaps if rules.host_gaps_carry_time else []), tev[a[blocking_seg]]
 
-    # Blocking calls: release nodes and sync edges.
-    bpos = tev[a[blocking_seg]]
-    waits = _blocking_calls(
-        b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host, rules
-    )
-    if rules.blocking_calls_carry_time:
-        absorbing.append(waits)
 
-    # Hand-offs: a run of another thread's top-level ops (ops with no main-thread instant between
-    # them) starts after the main thread's latest instant before it and is awaited by the main
-    # thread's next instant after it; both edges carry the main thread's time between (the open op
-    # there is charged). Added after the thread chains, so that on a tie the main thread's own op
-    # keeps the path.
-    mpos = np.flatnonzero(tk == main_key)
-    m_ts, m_node = tt[mpos], tn[mpos]
-    m_open = open_after[mpos]
-    other_top = np.flatnonzero((hkey != main_key) & (hparent < 0))
+def _handoff_edges(b: _Builder, sel: _Selected, nodes: _Nodes, tour: _Tour) -> None:
+    """Hand-offs: a run of another thread's top-level ops (ops with no main-thread instant between
+    them) starts after the main thread's latest instant before it and is awaited by the main thread's
+    next instant after it; both ``op`` edges carry the main thread's time between (the open op there
+    is charged). Added after the thread chains, so that on a tie the main thread's own op keeps the
+    path."""
+    hs, he, hkey, mpos = sel.hs, sel.he, sel.hkey, tour.mpos
+    m_ts, m_node = tour.tt[mpos], tour.tn[mpos]
+    m_open = tour.open_after[mpos]
+    other_top = np.flatnonzero((hkey != tour.main_key) & (sel.hparent < 0))
     other_top = other_top[np.lexsort((hs[other_top], hkey[other_top]))]
-    if len(other_top) and len(mpos) and rules.thread_handoffs:
-        o_s, o_e, o_k = hs[other_top], he[other_top], hkey[other_top]
-        p = np.searchsorted(m_ts, o_s, side="right") - 1
-        j = np.searchsorted(m_ts, o_e, side="left")
-        first_of_thread = np.r_[True, o_k[1:] != o_k[:-1]]
-        last_of_thread = np.r_[o_k[1:] != o_k[:-1], True]
-        # A main-thread instant falls between this op and the previous (next) one of its thread.
-        prev_end = np.r_[np.iinfo(np.int64).min, o_e[:-1]]
-        next_start = np.r_[o_s[1:], np.iinfo(np.int64).max]
-        run_start = first_of_thread | ((p >= 0) & (m_ts[np.clip(p, 0, None)] >= prev_end))
-        run_end = last_of_thread | ((j < len(mpos)) & (m_ts[np.clip(j, 0, len(mpos) - 1)] <= next_start))
-        has_p = (p >= 0) & run_start
-        pp = p[has_p]
-        ev_p = np.where(m_open[pp] >= 0, hrows[np.clip(m_open[pp], 0, None)], -1)
-        bd_p = np.where(m_open[pp] >= 0, bound_host[np.clip(m_open[pp], 0, None)], CPU_BOUND)
-        b.add_edges(m_node[pp], h_start[other_top[has_p]], o_s[has_p] - m_ts[pp], OP, ev_p, bd_p)
-        has_j = (j < len(mpos)) & (j > 0) & run_end
-        jj = j[has_j]
-        ev_j = np.where(m_open[jj - 1] >= 0, hrows[np.clip(m_open[jj - 1], 0, None)], -1)
-        bd_j = np.where(m_open[jj - 1] >= 0, bound_host[np.clip(m_open[jj - 1], 0, None)], CPU_BOUND)
-        b.add_edges(h_end[other_top[has_j]], m_node[jj], m_ts[jj] - o_e[has_j], OP, ev_j, bd_j)
+    if not (len(other_top) and len(mpos)):
+        return
+    o_s, o_e, o_k = hs[other_top], he[other_top], hkey[other_top]
+    p = np.searchsorted(m_ts, o_s, side="right") - 1
+    j = np.searchsorted(m_ts, o_e, side="left")
+    first_of_thread = np.r_[True, o_k[1:] != o_k[:-1]]
+    last_of_thread = np.r_[o_k[1:] != o_k[:-1], True]
+    # A main-thread instant falls between this op and the previous (next) one of its thread.
+    prev_end = np.r_[np.iinfo(np.int64).min, o_e[:-1]]
+    next_start = np.r_[o_s[1:], np.iinfo(np.int64).max]
+    run_start = first_of_thread | ((p >= 0) & (m_ts[np.clip(p, 0, None)] >= prev_end))
+    run_end = last_of_thread | ((j < len(mpos)) & (m_ts[np.clip(j, 0, len(mpos) - 1)] <= next_start))
+    has_p = (p >= 0) & run_start
+    pp = p[has_p]
+    ev_p = np.where(m_open[pp] >= 0, sel.hrows[np.clip(m_open[pp], 0, None)], -1)
+    bd_p = np.where(m_open[pp] >= 0, sel.bound_host[np.clip(m_open[pp], 0, None)], CPU_BOUND)
+    b.add_edges(m_node[pp], nodes.h_start[other_top[has_p]], o_s[has_p] - m_ts[pp], OP, ev_p, bd_p)
+    has_j = (j < len(mpos)) & (j > 0) & run_end
+    jj = j[has_j]
+    ev_j = np.where(m_open[jj - 1] >= 0, sel.hrows[np.clip(m_open[jj - 1], 0, None)], -1)
+    bd_j = np.where(m_open[jj - 1] >= 0, sel.bound_host[np.clip(m_open[jj - 1], 0, None)], CPU_BOUND)
+    b.add_edges(nodes.h_end[other_top[has_j]], m_node[jj], m_ts[jj] - o_e[has_j], OP, ev_j, bd_j)
 
-    # Anchor: start node before every source, every sink before the end node.
+
+def _anchor_edges(
+    b: _Builder, sel: _Selected, start_node: int, tour: _Tour, we: int, rules: GraphRules
+) -> tuple[int, list[np.ndarray]]:
+    """The end node, and zero-weight edges from the start node to every source and from every sink
+    to the end node; the edge into the main thread's first instant is absorbing when the rules give
+    host gaps time and there is no root annotation. Returns ``(end node, absorbing edge ids)``."""
     ts, ev, st, src, dst, wt, kd, ee, bd = b.arrays()
     # A step ends at its annotation's end or its last event's; a whole trace at its last graph event.
-    end_ts = max(we, int(ts.max())) if root >= 0 else int(ts.max())
+    end_ts = max(we, int(ts.max())) if sel.root >= 0 else int(ts.max())
     end_node = int(b.add_nodes(np.array([end_ts]), np.array([-1]), np.array([False]))[0])
     has_in = np.zeros(b.n, bool)
     has_in[dst] = True
@@ -581,11 +807,12 @@ def step_graph(
     sources = sources[(sources != start_node) & (sources != end_node)]
     sinks = np.flatnonzero(~has_out)
     sinks = sinks[(sinks != end_node) & (sinks != start_node)]
-    if len(mpos):
+    absorbing = []
+    if len(tour.mpos):
         # The main thread's first instant: the start node's time until then is the main thread's.
-        first = m_node[0]
+        first = tour.tn[tour.mpos][0]
         sources = sources[sources != first]
-        if root >= 0:  # the root annotation starts at the window's start
+        if sel.root >= 0:  # the root annotation starts at the window's start
             b.add_edges([start_node], [first], 0, DEPENDENCY, -1, -1)
         elif rules.host_gaps_carry_time:
             absorbing.append(b.add_edges([start_node], [first], 0, OP, -1, CPU_BOUND))
@@ -595,8 +822,7 @@ def step_graph(
     b.add_edges(sinks, np.full(len(sinks), end_node), 0, DEPENDENCY, -1, -1)
     if len(sinks) == 0:
         b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
-    graph = _finish(b, rank, step, start_node, end_node)
-    return _resolve_absorbing(graph, np.concatenate(absorbing)) if absorbing else graph
+    return end_node, absorbing
 
 
 def _backlog(
