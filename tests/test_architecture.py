@@ -46,3 +46,43 @@ def test_mypy_exempts_no_module():
     assert sorted(config["files"]) == ["analyzer", "dashboard", "recorder", "reftrain"]
     exempt = [o["module"] for o in config.get("overrides", []) if o.get("ignore_errors")]
     assert exempt == []
+
+
+def _recipes() -> str:
+    text = (ANALYZER.parent / "docs" / "architecture.md").read_text()
+    start = text.index("## Recipes")
+    return text[start : text.index("\n## ", start + 1) if "\n## " in text[start + 1 :] else len(text)]
+
+
+def test_the_recipes_name_files_that_exist():
+    """Every concrete path docs/architecture.md's recipes send a reader to exists (placeholders such as
+    ``rules_<topic>.py`` aside), so the recipes follow the code when files move."""
+    import re
+
+    named = set(re.findall(r"`((?:analyzer|tests|bench|docs|recorder|reftrain|dashboard)/[\w/.<>-]+)`", _recipes()))
+    named |= {f"analyzer/{p}" for p in re.findall(r"`((?:metrics|ingest|verbs|render)/[\w/.<>-]+)`", _recipes())}
+    concrete = {p.rstrip("/") for p in named if "<" not in p}
+    assert len(concrete) > 20  # the scan reads the recipes, not an empty section
+    missing = sorted(p for p in concrete if not (ANALYZER.parent / p).exists())
+    assert missing == []
+
+
+def test_the_recipes_name_functions_that_exist():
+    """The functions and constants the recipes name as ``module.name`` exist in the analyzer's module of that
+    name (``rankmap.MAP_VERSION``, ``engine.RULE_PART``, ``decode.META_KEYS``, ...)."""
+    import importlib
+    import re
+
+    modules = {
+        ".".join(f.relative_to(ANALYZER.parent).with_suffix("").parts).removesuffix(".__init__")
+        for f in ANALYZER.rglob("*.py")
+    }
+    checked = []
+    for module, name in set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)*)\.([A-Za-z_]+)`", _recipes())):
+        if name in ("py", "toml") or module == "html":  # a file name; the standard library's html.escape
+            continue
+        found = sorted(m for m in modules if m == module or m.endswith("." + module))
+        assert found, f"{module}.{name}: no module {module} in analyzer/"
+        assert any(hasattr(importlib.import_module(m), name) for m in found), f"{module}.{name} in {found}"
+        checked.append(f"{module}.{name}")
+    assert len(checked) >= 10, checked
