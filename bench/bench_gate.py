@@ -385,6 +385,7 @@ def run_load(
             )
         if after is not None:
             bases.append(after)
+        save(args, cells)
     if queue:
         print(f"   time budget for this load spent ({len(queue)} trials not run)", flush=True)
 
@@ -566,19 +567,23 @@ def main(argv: list[str] | None = None) -> int:
             f"\nwall time {(time.monotonic() - start) / 60:.1f} min; trials per cell as shown "
             f"(--trials {args.trials}, --budget-min {args.budget_min:g})"
         )
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(
-                json.dumps(
-                    {
-                        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                        "table": [c.row() for c in cells],
-                        "trials": [asdict(c) for c in cells],
-                    },
-                    indent=1,
-                )
-            )
+        save(args, cells)
     return 0
+
+
+def save(args: argparse.Namespace, cells: list[Cell]) -> None:
+    """Write every trial so far to ``--json`` (after each block too, so a running bench can be re-gated)."""
+    if not args.json:
+        return
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "table": [c.row() for c in cells],
+        "trials": [asdict(c) for c in cells],
+    }
+    tmp = args.json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(args.json)  # atomic: a reader never sees half a file
 
 
 if __name__ == "__main__":
