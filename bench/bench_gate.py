@@ -445,6 +445,19 @@ def _probes_of(probes, steps):
     return None if probes is None else probes.through(int(steps.steps[-1]))
 
 
+def _costs(cand, bases, cand_n, bases_n, use: bool) -> tuple[list, object]:
+    """The runs' CPU time per step in canary units, each cut after its last kept step (probes included)."""
+    from analyzer.verbs.check import cost_samples
+
+    if not use:
+        return [], None
+    last = lambda s: int(s.steps[-1])  # noqa: E731
+    return (
+        [cost_samples(b, f"baseline {i + 1}", last(s)) for i, (b, s) in enumerate(zip(bases, bases_n))],
+        cost_samples(cand, "candidate", last(cand_n)),
+    )
+
+
 def reuse(args: argparse.Namespace) -> int:
     """Re-gate an earlier bench's trials at several run lengths, from the runs it kept (``--out``).
 
@@ -457,7 +470,7 @@ def reuse(args: argparse.Namespace) -> int:
     """
     from analyzer.api import analyze
     from analyzer.errors import AnalyzerError
-    from analyzer.verbs.check import cpu_samples, gate_samples, machine_speed_gate, run_probes, run_samples
+    from analyzer.verbs.check import canary_cost_gate, cpu_samples, gate_samples, run_probes, run_samples
 
     doc = json.loads(args.reuse.read_text())
     config, use_cpu, use_canary = _check_config(args.check_args.split())
@@ -498,7 +511,7 @@ def reuse(args: argparse.Namespace) -> int:
                 try:
                     before = gate_samples(bases_n, cand_n, config, cpu_b_n, cpu_c_n)[0].verdict
                     # The canary's probes of the same steps: those up to each run's last kept step.
-                    result, _, machine = machine_speed_gate(
+                    result, _, machine = canary_cost_gate(
                         bases_n,
                         cand_n,
                         config,
@@ -506,6 +519,7 @@ def reuse(args: argparse.Namespace) -> int:
                         cpu_c_n,
                         [_probes_of(p, s) for p, s in zip(probes_b, bases_n)],
                         _probes_of(probes_c, cand_n),
+                        *_costs(cand, bases, cand_n, bases_n, use_cpu and use_canary),
                     )
                     verdict, drop, noise = result.verdict, result.drop, result.noise
                 except AnalyzerError:

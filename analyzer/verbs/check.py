@@ -55,13 +55,14 @@ import pandas as pd
 from analyzer.verbs.compare import candidate_peak_scale, labelled
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.formats import Inject, RunManifest
+from analyzer.metrics.machine_speed import WINDOW_STEPS, canary_cost_per_step
 from analyzer.render.format import short_kernel_name, value_text
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
     from analyzer.verbs.compare import Comparison, Delta
 
-Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s", "canary_probes_per_s"]
+Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s", "canary_probes_per_s", "steps_per_canary"]
 Verdict = Literal["pass", "regression", "inconclusive"]
 # The word ``analyzer check`` prints for each verdict (the step statistic's and the overall one alike).
 VERDICT_LABELS: dict[str, str] = {
@@ -75,6 +76,7 @@ METRIC_LABELS: dict[str, str] = {
     "steps_per_s": "throughput (steps/s)",
     "cpu_steps_per_s": "steps per CPU-second (busiest rank)",
     "canary_probes_per_s": "machine-speed canary probes per second",
+    "steps_per_canary": "steps per canary unit of CPU time (busiest rank)",
 }
 # A drop this close to the threshold counts as *at* the threshold: relative
 # drops are computed in floating point ((1.0 - 0.95) / 1.0 is 0.0500000000000000444).
@@ -971,6 +973,8 @@ class MachineSpeed:
     adjusted_verdict: Verdict
     n_base: int  # probes, all baselines
     n_cand: int
+    # The CPU time per step in canary units, gated (canary_cost_gate); None where it could not be measured.
+    cost: "CheckResult | None" = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -1066,6 +1070,92 @@ def machine_speed_gate(
     return replace(result, verdict="inconclusive", notes=[*result.notes, note]), cpu_result, machine
 
 
+def cost_samples(a: "RunAnalysis", label: str, through_step: int | None = None) -> StepSamples | None:
+    """Steps per canary unit of CPU time of a CPU run directory, or None where it cannot be measured.
+
+    ``1 / cost`` per steady-state step, ``cost`` the step's CPU time divided
+    by the canary probe's CPU time next to it, busiest rank
+    (:func:`analyzer.metrics.machine_speed.canary_cost_per_step`; docs/ci.md
+    "Machine speed"). ``through_step``: the run cut after that step
+    (bench_gate's shorter lengths). None for trace folders, GPU runs, runs
+    without ``cpu_ms`` or the canary, or with fewer than 3 probes on a rank.
+    """
+    manifest = a.run_manifest
+    if a.kind != "reftrain" or manifest.hw.device_type != "cpu":
+        return None
+    cost = canary_cost_per_step(
+        a.metrics,
+        warmup_steps=manifest.warmup_steps or 0,
+        profiled_steps=manifest.profiled_steps,
+        through_step=through_step,
+    )
+    if cost is None:
+        return None
+    return StepSamples(
+        metric="steps_per_canary",
+        values=1.0 / cost.to_numpy(dtype=np.float64),
+        steps=cost.index.to_numpy(dtype=np.int64),
+        source=f"{label}: metrics cpu_ms / canary_cpu_ms within {WINDOW_STEPS} steps, busiest rank, {len(cost)} step(s)",
+        n_ranks=int(a.metrics["rank"].nunique()),
+    )
+
+
+def canary_cost_gate(
+    base: Sequence[StepSamples],
+    cand: StepSamples,
+    config: CheckConfig,
+    cpu_base: Sequence[StepSamples | None] = (),
+    cpu_cand: StepSamples | None = None,
+    probes_base: Sequence[Probes | None] = (),
+    probes_cand: Probes | None = None,
+    cost_base: Sequence[StepSamples | None] = (),
+    cost_cand: StepSamples | None = None,
+) -> tuple[CheckResult, CheckResult | None, MachineSpeed | None]:
+    """:func:`machine_speed_gate`, then the CPU time per step in canary units decides where the wall clock cannot.
+
+    ``cost_*``: :func:`cost_samples` of each run. Applies when the canary
+    applied (``machine_speed_gate`` measured the machine's speed) and every
+    run has cost samples; the cost is gated like the steps
+    (:func:`check_samples`: its fast quantile, p, its own split-half and
+    baseline-pair noise), and its result is stored in ``MachineSpeed.cost``.
+    Then
+
+    * an inconclusive verdict becomes a regression when the cost is a
+      regression and the wall clock does not vouch against it (the wall
+      clock's own verdict is not ``pass``, and it does not show the
+      candidate faster by more than its noise): the work per step grew by
+      more than the threshold, beyond what the runs show against
+      themselves, with the machine's speed taken out step by step;
+    * a regression becomes inconclusive when the cost is not a regression:
+      the steps got slower, but not the work with the machine's speed taken out.
+
+    A pass stays a pass: the wall clock was quiet enough to vouch for the
+    step time, whatever the CPU time did.
+    """
+    result, cpu_result, machine = machine_speed_gate(base, cand, config, cpu_base, cpu_cand, probes_base, probes_cand)
+    if machine is None or cost_cand is None or not cost_base or any(c is None for c in cost_base):
+        return result, cpu_result, machine
+    cost = check_samples([c for c in cost_base if c is not None], cost_cand, config)
+    machine = replace(machine, cost=cost)
+    wall = check_samples(base, cand, config)
+    wall_vouches = wall.verdict == "pass" or wall.drop < -wall.noise
+    figures = f"{cost.statistic_label}: drop {cost.drop:+.1%}, p = {cost.p_value:.2g}, its own noise {cost.noise:.1%}"
+    if result.inconclusive and cost.regression and not wall_vouches:
+        note = (
+            f"the CPU time per step with the machine's speed taken out step by step (the canary) confirms a "
+            f"slowdown ({figures}) that the wall clock could not tell from its own noise ({wall.noise:.1%}): "
+            "the work per step grew"
+        )
+        return replace(result, verdict="regression", notes=[*result.notes, note]), cpu_result, machine
+    if result.regression and not cost.regression:
+        note = (
+            f"inconclusive: with the machine's speed taken out step by step (the canary), the CPU time per step "
+            f"does not confirm the drop ({figures}): rerun"
+        )
+        return replace(result, verdict="inconclusive", notes=[*result.notes, note]), cpu_result, machine
+    return result, cpu_result, machine
+
+
 def injected_notes(label: str, manifest: RunManifest) -> list[str]:
     """What reftrain injected into a run on purpose (run.json ``inject``), as notes for the explanation."""
     inject = manifest.inject or Inject()
@@ -1142,8 +1232,16 @@ def check(
         labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
         probes_base = [run_probes(b, label) for b, label in zip(bases, labels)]
         probes_cand = run_probes(candidate, "candidate")
-    result, cpu_result, machine = machine_speed_gate(
-        base_samples, cand_samples, config, cpu_base, cpu_cand, probes_base, probes_cand
+    result, cpu_result, machine = canary_cost_gate(
+        base_samples,
+        cand_samples,
+        config,
+        cpu_base,
+        cpu_cand,
+        probes_base,
+        probes_cand,
+        [cost_samples(b, f"baseline {i + 1}") for i, b in enumerate(bases)] if machine_speed and cpu_time else [],
+        cost_samples(candidate, "candidate") if machine_speed and cpu_time else None,
     )
     if candidate.kind == "reftrain":
         notes += injected_notes("candidate", candidate.run_manifest)
