@@ -36,7 +36,9 @@ Definitions (also in docs/ci.md, with the reasons for each choice):
 * **Machine speed** (CPU runs with the canary that the recorder and reftrain
   write, a fixed compute probe timed between steps): the gate runs again with the candidate's values
   put on the baselines' machine speed; a regression or a pass that does
-  not survive that becomes inconclusive (:func:`machine_speed_gate`).
+  not survive that becomes inconclusive (:func:`machine_speed_gate`). Each
+  step's CPU time divided by the probe's next to it (the cost) is gated
+  too, and decides where the wall clock is too noisy (:func:`canary_cost_gate`).
 
 Deterministic (the same runs always give the same verdict): no resampling,
 no seed.
@@ -1201,8 +1203,9 @@ def check(
     clock's own noise held back and CPU time confirms is a regression
     (:func:`cpu_time_confirm`); ``cpu_time=False`` turns both off.
     Runs that all carry the machine-speed canary (recorder/canary.py) then have the
-    verdict checked against how fast the machine was during each
-    (:func:`machine_speed_gate`); ``machine_speed=False`` turns it off.
+    verdict checked against how fast the machine was during each, and
+    their CPU time per step in canary units gated (:func:`canary_cost_gate`);
+    ``machine_speed=False`` turns it off.
 
     ``min_goodput`` adds the goodput floor (:func:`goodput_gate`): a
     candidate below it is a regression (:attr:`GateOutcome.verdict`).
