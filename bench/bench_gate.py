@@ -4,9 +4,9 @@
     .venv/bin/python bench/bench_gate.py                         # the docs/ci.md table, <= 30 minutes
     # 20 no-change and 20 slow25 pairs beside two busy loops, runs kept, then gated at 57 and 197 steady
     # steps (what --steps 60 and --steps 200 give):
-    .venv/bin/python bench/bench_gate.py --steps 200 --cases none,slow25 --loads 2 --trials 20 --budget-min 40 \
+    .venv/bin/python bench/bench_gate.py --steps 200 --cases none,slow25 --loads 2 --trials 20 --budget-min 55 \
         --out bench/out/gate200 --json bench/out/gate200.json
-    .venv/bin/python bench/bench_gate.py --reuse bench/out/gate200.json --lengths 57,197
+    .venv/bin/python bench/bench_gate.py --reuse bench/out/gate200.json --lengths 57,197 --baseline-checks
 
 For each load condition (0, 1 or 2 background processes that each keep one
 core busy, started and stopped by this script), the bench trains baseline
@@ -46,9 +46,11 @@ really did.
 
 Runs trained by reftrain carry the machine-speed canary (docs/ci.md,
 "Machine speed"); each trial records what the gate saw of it (`machine`:
-the check JSON's `machine_speed`), and `--reuse` records the verdict with
-and without it (`verdict_without_canary`, and the table's last column), so
-one set of runs shows what the canary changed.
+the check JSON's `machine_speed`, with the cost per step's gate in
+`machine.cost`), and `--reuse` records the verdict with and without it
+(`verdict_without_canary`, and the table's last column), so one set of runs
+shows what the canary changed. `--json` is rewritten after every block, so
+a campaign still training can be re-gated with `--reuse`.
 
 Printed per cell (case x load): trials, how often the gate said
 regression, inconclusive and pass (and unusable: exit 2), the achieved
