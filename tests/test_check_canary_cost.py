@@ -171,6 +171,8 @@ def test_check_gates_run_directories_on_their_cost():
     assert outcome.machine.cost.drop == pytest.approx(0.2) and outcome.verdict == "regression"
     assert outcome.machine.cost.cand_value == pytest.approx(1.8 / 12.5)  # steps per canary unit
     assert outcome.to_json()["machine_speed"]["cost"]["metric"] == "steps_per_canary"
+    assert "Cost per step (CPU time in canary units, busiest rank): drop +20.0% (p = " in outcome.explanation
+    assert "; regression)." in outcome.explanation
     # Without the canary, or without CPU time, there is no cost, and the wall clock alone cannot say.
     assert check(base, cand, machine_speed=False).verdict == "inconclusive"
     assert check(base, cand, cpu_time=False).machine.cost is None
