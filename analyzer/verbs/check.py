@@ -1231,8 +1231,8 @@ def check(
         cpu_cand = cpu_samples(candidate, "candidate")
     probes_base: list[Probes | None] = []
     probes_cand = None
+    labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
     if machine_speed:
-        labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
         probes_base = [run_probes(b, label) for b, label in zip(bases, labels)]
         probes_cand = run_probes(candidate, "candidate")
     result, cpu_result, machine = canary_cost_gate(
@@ -1243,7 +1243,7 @@ def check(
         cpu_cand,
         probes_base,
         probes_cand,
-        [cost_samples(b, f"baseline {i + 1}") for i, b in enumerate(bases)] if machine_speed and cpu_time else [],
+        [cost_samples(b, label) for b, label in zip(bases, labels)] if machine_speed and cpu_time else [],
         cost_samples(candidate, "candidate") if machine_speed and cpu_time else None,
     )
     if candidate.kind == "reftrain":
