@@ -116,6 +116,14 @@ def test_the_cost_makes_a_regression_that_the_wall_clock_could_not_tell_from_its
         [BASE], NOISY, config, (), None, [_probes()], _probes(), [_cost(1.0)], _cost(1 / 1.04)
     )
     assert machine.cost.verdict == "pass" and kept == before
+    # 25 % more work, but the candidate's cost moves 17.5 % between its halves: the cost is a regression on its
+    # own (20 % > 17.5 %), yet its drop less its noise, 2.5 %, is within the 5 % allowed: not confirmed.
+    drifting = _samples(0.1 * np.concatenate([0.8 * JITTER[:6], 0.66 * JITTER[6:]]), metric="steps_per_canary")
+    unsure, _, machine = canary_cost_gate(
+        [BASE], NOISY, config, (), None, [_probes()], _probes(), [_cost(1.0)], drifting
+    )
+    assert machine.cost.regression and machine.cost.noise == pytest.approx(0.175, abs=2e-3)
+    assert unsure == before
 
 
 def test_the_wall_clock_vouching_against_it_keeps_the_verdict():
@@ -143,6 +151,10 @@ def test_a_regression_that_the_cost_does_not_confirm_is_withdrawn():
     assert result.notes[-1].startswith("inconclusive: with the machine's speed taken out step by step")
     confirmed, _, _ = canary_cost_gate([BASE], slow, config, (), None, [_probes()], _probes(), [_cost(1.0)], _cost(0.8))
     assert confirmed.verdict == "regression"
+    # A cost drop of 20 % with 17.5 % of its own noise does not confirm it either.
+    drifting = _samples(0.1 * np.concatenate([0.8 * JITTER[:6], 0.66 * JITTER[6:]]), metric="steps_per_canary")
+    unsure = canary_cost_gate([BASE], slow, config, (), None, [_probes()], _probes(), [_cost(1.0)], drifting)[0]
+    assert unsure.verdict == "inconclusive" and "drop +20.1%" in unsure.notes[-1]
 
 
 def test_without_the_canary_or_a_cost_in_every_run_the_verdict_is_machine_speed_gates():
