@@ -4,9 +4,9 @@
     .venv/bin/python bench/bench_gate.py                         # the docs/ci.md table, <= 30 minutes
     # 20 no-change and 20 slow25 pairs beside two busy loops, runs kept, then gated at 57 and 197 steady
     # steps (what --steps 60 and --steps 200 give):
-    .venv/bin/python bench/bench_gate.py --steps 200 --cases none,slow25 --loads 2 --trials 20 --budget-min 40 \
+    .venv/bin/python bench/bench_gate.py --steps 200 --cases none,slow25 --loads 2 --trials 20 --budget-min 55 \
         --out bench/out/gate200 --json bench/out/gate200.json
-    .venv/bin/python bench/bench_gate.py --reuse bench/out/gate200.json --lengths 57,197
+    .venv/bin/python bench/bench_gate.py --reuse bench/out/gate200.json --lengths 57,197 --baseline-checks
 
 For each load condition (0, 1 or 2 background processes that each keep one
 core busy, started and stopped by this script), the bench trains baseline
@@ -46,9 +46,11 @@ really did.
 
 Runs trained by reftrain carry the machine-speed canary (docs/ci.md,
 "Machine speed"); each trial records what the gate saw of it (`machine`:
-the check JSON's `machine_speed`), and `--reuse` records the verdict with
-and without it (`verdict_without_canary`, and the table's last column), so
-one set of runs shows what the canary changed.
+the check JSON's `machine_speed`, with the cost per step's gate in
+`machine.cost`), and `--reuse` records the verdict with and without it
+(`verdict_without_canary`, and the table's last column), so one set of runs
+shows what the canary changed. `--json` is rewritten after every block, so
+a campaign still training can be re-gated with `--reuse`.
 
 Printed per cell (case x load): trials, how often the gate said
 regression, inconclusive and pass (and unusable: exit 2), the achieved
@@ -385,6 +387,7 @@ def run_load(
             )
         if after is not None:
             bases.append(after)
+        save(args, cells)
     if queue:
         print(f"   time budget for this load spent ({len(queue)} trials not run)", flush=True)
 
@@ -444,6 +447,19 @@ def _probes_of(probes, steps):
     return None if probes is None else probes.through(int(steps.steps[-1]))
 
 
+def _costs(cand, bases, cand_n, bases_n, use: bool) -> tuple[list, object]:
+    """The runs' CPU time per step in canary units, each cut after its last kept step (probes included)."""
+    from analyzer.verbs.check import cost_samples
+
+    if not use:
+        return [], None
+    last = lambda s: int(s.steps[-1])  # noqa: E731
+    return (
+        [cost_samples(b, f"baseline {i + 1}", last(s)) for i, (b, s) in enumerate(zip(bases, bases_n))],
+        cost_samples(cand, "candidate", last(cand_n)),
+    )
+
+
 def reuse(args: argparse.Namespace) -> int:
     """Re-gate an earlier bench's trials at several run lengths, from the runs it kept (``--out``).
 
@@ -456,7 +472,7 @@ def reuse(args: argparse.Namespace) -> int:
     """
     from analyzer.api import analyze
     from analyzer.errors import AnalyzerError
-    from analyzer.verbs.check import cpu_samples, gate_samples, machine_speed_gate, run_probes, run_samples
+    from analyzer.verbs.check import canary_cost_gate, cpu_samples, gate_samples, run_probes, run_samples
 
     doc = json.loads(args.reuse.read_text())
     config, use_cpu, use_canary = _check_config(args.check_args.split())
@@ -497,7 +513,7 @@ def reuse(args: argparse.Namespace) -> int:
                 try:
                     before = gate_samples(bases_n, cand_n, config, cpu_b_n, cpu_c_n)[0].verdict
                     # The canary's probes of the same steps: those up to each run's last kept step.
-                    result, _, machine = machine_speed_gate(
+                    result, _, machine = canary_cost_gate(
                         bases_n,
                         cand_n,
                         config,
@@ -505,6 +521,7 @@ def reuse(args: argparse.Namespace) -> int:
                         cpu_c_n,
                         [_probes_of(p, s) for p, s in zip(probes_b, bases_n)],
                         _probes_of(probes_c, cand_n),
+                        *_costs(cand, bases, cand_n, bases_n, use_cpu and use_canary),
                     )
                     verdict, drop, noise = result.verdict, result.drop, result.noise
                 except AnalyzerError:
@@ -566,19 +583,23 @@ def main(argv: list[str] | None = None) -> int:
             f"\nwall time {(time.monotonic() - start) / 60:.1f} min; trials per cell as shown "
             f"(--trials {args.trials}, --budget-min {args.budget_min:g})"
         )
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(
-                json.dumps(
-                    {
-                        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                        "table": [c.row() for c in cells],
-                        "trials": [asdict(c) for c in cells],
-                    },
-                    indent=1,
-                )
-            )
+        save(args, cells)
     return 0
+
+
+def save(args: argparse.Namespace, cells: list[Cell]) -> None:
+    """Write every trial so far to ``--json`` (after each block too, so a running bench can be re-gated)."""
+    if not args.json:
+        return
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "table": [c.row() for c in cells],
+        "trials": [asdict(c) for c in cells],
+    }
+    tmp = args.json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(args.json)  # atomic: a reader never sees half a file
 
 
 if __name__ == "__main__":

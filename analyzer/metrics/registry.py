@@ -41,6 +41,7 @@ from analyzer.metrics import (
     idle,
     kernels,
     launch,
+    machine_speed,
     matmul_flops,
     memory,
     mfu,
@@ -191,6 +192,8 @@ METRICS: tuple[Metric, ...] = (
     metric(curves.overlay, params={"metric": "loss"}, curves="run_curves"),
     # goodput
     metric(goodput.goodput, manifest="manifest", metrics="metrics"),
+    # machine_speed: CPU time per step in canary units
+    metric(machine_speed.canary_cost_per_step, params={"warmup_steps": 0, "profiled_steps": []}, metrics="metrics"),
     # idle: why the GPU is idle
     metric(idle.window_device, events="events", steps="steps"),
     metric(idle.stream_idle, dev="window_device"),

@@ -36,7 +36,9 @@ Definitions (also in docs/ci.md, with the reasons for each choice):
 * **Machine speed** (CPU runs with the canary that the recorder and reftrain
   write, a fixed compute probe timed between steps): the gate runs again with the candidate's values
   put on the baselines' machine speed; a regression or a pass that does
-  not survive that becomes inconclusive (:func:`machine_speed_gate`).
+  not survive that becomes inconclusive (:func:`machine_speed_gate`). Each
+  step's CPU time divided by the probe's next to it (the cost) is gated
+  too, and decides where the wall clock is too noisy (:func:`canary_cost_gate`).
 
 Deterministic (the same runs always give the same verdict): no resampling,
 no seed.
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 from analyzer.verbs.check.compat import check_compatible, injected_notes
 from analyzer.verbs.check.goodput import GoodputGate, goodput_gate
-from analyzer.verbs.check.machine import MachineSpeed, machine_speed_gate
+from analyzer.verbs.check.machine import MachineSpeed, canary_cost_gate, machine_speed_gate
 from analyzer.verbs.check.memory import MemoryGate, memory_gate
 from analyzer.verbs.check.outcome import GateOutcome, explain
 from analyzer.verbs.check.result import METRIC_LABELS, VERDICT_LABELS, CheckConfig, CheckResult, Verdict
@@ -62,6 +64,7 @@ from analyzer.verbs.check.samples import (
     Metric,
     Probes,
     StepSamples,
+    cost_samples,
     cpu_samples,
     run_probes,
     run_samples,
@@ -87,6 +90,7 @@ __all__ = [
     "check",
     "check_compatible",
     "check_samples",
+    "cost_samples",
     "cpu_samples",
     "cpu_time_confirm",
     "cpu_time_veto",
@@ -95,6 +99,7 @@ __all__ = [
     "gate_samples",
     "goodput_gate",
     "injected_notes",
+    "canary_cost_gate",
     "machine_speed_gate",
     "mann_whitney_less",
     "memory_gate",

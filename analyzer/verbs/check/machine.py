@@ -7,10 +7,10 @@ from typing import Sequence, TypedDict, cast
 
 import numpy as np
 
-from analyzer.verbs.check.result import CheckConfig, CheckResult, Verdict
+from analyzer.verbs.check.result import CheckConfig, CheckResult, CheckResultDocument, Verdict
 from analyzer.verbs.check.samples import Probes, StepSamples
 from analyzer.verbs.check.stats import fast_quantile
-from analyzer.verbs.check.verdict import gate_samples
+from analyzer.verbs.check.verdict import DROP_ROUNDING, check_samples, gate_samples
 
 # Each run needs this many canary probes for its machine-speed statistic to mean anything.
 _MIN_PROBES = 3
@@ -30,6 +30,7 @@ class MachineSpeedDocument(TypedDict):
     adjusted_verdict: Verdict
     n_base: int
     n_cand: int
+    cost: CheckResultDocument | None
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,13 @@ class MachineSpeed:
     adjusted_verdict: Verdict
     n_base: int  # probes, all baselines
     n_cand: int
+    # The CPU time per step in canary units, gated (canary_cost_gate); None where it could not be measured.
+    cost: CheckResult | None = None
 
     def to_json(self) -> MachineSpeedDocument:
-        return cast(MachineSpeedDocument, asdict(self))
+        out = cast(MachineSpeedDocument, asdict(self))
+        out["cost"] = None if self.cost is None else self.cost.to_json()  # with its schema and label, as the gate's
+        return out
 
 
 def _probe_ms(base: Sequence[StepSamples], cand: StepSamples, quantile: float) -> tuple[float, float]:
@@ -151,3 +156,63 @@ def machine_speed_gate(
     else:
         return result, cpu_result, machine
     return replace(result, verdict="inconclusive", notes=[*result.notes, note]), cpu_result, machine
+
+
+def canary_cost_gate(
+    base: Sequence[StepSamples],
+    cand: StepSamples,
+    config: CheckConfig,
+    cpu_base: Sequence[StepSamples | None] = (),
+    cpu_cand: StepSamples | None = None,
+    probes_base: Sequence[Probes | None] = (),
+    probes_cand: Probes | None = None,
+    cost_base: Sequence[StepSamples | None] = (),
+    cost_cand: StepSamples | None = None,
+) -> tuple[CheckResult, CheckResult | None, MachineSpeed | None]:
+    """:func:`machine_speed_gate`, then the CPU time per step in canary units decides where the wall clock cannot.
+
+    ``cost_*``: :func:`cost_samples` of each run. Applies when the canary
+    applied (``machine_speed_gate`` measured the machine's speed) and every
+    run has cost samples; the cost is gated like the steps
+    (:func:`check_samples`: its fast quantile, p, its own split-half and
+    baseline-pair noise), and its result is stored in ``MachineSpeed.cost``.
+    Then
+
+    * an inconclusive verdict becomes a regression when the cost confirms
+      it (a regression whose drop less its noise still exceeds the
+      threshold) and the wall clock does not vouch against it (the wall
+      clock's own verdict is not ``pass``, and it does not show the
+      candidate faster by more than its noise): the work per step grew by
+      more than the threshold, beyond what the runs show against
+      themselves, with the machine's speed taken out step by step;
+    * a regression becomes inconclusive when the cost does not confirm it:
+      the steps got slower, but not the work with the machine's speed taken out.
+
+    A pass stays a pass: the wall clock was quiet enough to vouch for the
+    step time, whatever the CPU time did.
+    """
+    result, cpu_result, machine = machine_speed_gate(base, cand, config, cpu_base, cpu_cand, probes_base, probes_cand)
+    if machine is None or cost_cand is None or not cost_base or any(c is None for c in cost_base):
+        return result, cpu_result, machine
+    cost = check_samples([c for c in cost_base if c is not None], cost_cand, config)
+    machine = replace(machine, cost=cost)
+    wall = check_samples(base, cand, config)
+    wall_vouches = wall.verdict == "pass" or wall.drop < -wall.noise
+    # The cost's drop less its own noise must still exceed the threshold: its runs drift against each other by
+    # more than the split halves and one baseline pair show (bench_gate beside two busy loops, docs/ci.md).
+    confirms = cost.regression and cost.drop - cost.noise - config.max_drop > DROP_ROUNDING
+    figures = f"{cost.statistic_label}: drop {cost.drop:+.1%}, p = {cost.p_value:.2g}, its own noise {cost.noise:.1%}"
+    if result.inconclusive and confirms and not wall_vouches:
+        note = (
+            f"the CPU time per step with the machine's speed taken out step by step (the canary) confirms a "
+            f"slowdown ({figures}) that the wall clock could not tell from its own noise ({wall.noise:.1%}): "
+            "the work per step grew"
+        )
+        return replace(result, verdict="regression", notes=[*result.notes, note]), cpu_result, machine
+    if result.regression and not confirms:
+        note = (
+            f"inconclusive: with the machine's speed taken out step by step (the canary), the CPU time per step "
+            f"does not confirm the drop ({figures}): rerun"
+        )
+        return replace(result, verdict="inconclusive", notes=[*result.notes, note]), cpu_result, machine
+    return result, cpu_result, machine

@@ -152,6 +152,12 @@ def explain(outcome: GateOutcome) -> str:
             f"machine was {abs(ms.slowdown):.1%} {'slower' if ms.slowdown >= 0 else 'faster'}; with that taken "
             f"out the drop is {ms.adjusted_drop:+.1%} ({ms.adjusted_verdict})."
         )
+        if ms.cost is not None:
+            k = ms.cost
+            text += (
+                f" Cost per step (CPU time in canary units, busiest rank): drop {k.drop:+.1%} "
+                f"(p = {k.p_value:.2g}, noise {k.noise:.1%}; {k.verdict})."
+            )
     st = c.step_time
     if st.base is not None and st.cand is not None:
         text += f" Mean step time {st.base:.1f} -> {st.cand:.1f} ms ({st.delta:+.1f} ms"

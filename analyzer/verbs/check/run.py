@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 from analyzer.errors import AnalyzerError
 from analyzer.verbs.check.compat import check_compatible, injected_notes
 from analyzer.verbs.check.goodput import goodput_gate
-from analyzer.verbs.check.machine import machine_speed_gate
+from analyzer.verbs.check.machine import canary_cost_gate
 from analyzer.verbs.check.memory import memory_gate
 from analyzer.verbs.check.outcome import GateOutcome
 from analyzer.verbs.check.result import CheckConfig
-from analyzer.verbs.check.samples import Probes, StepSamples, cpu_samples, run_probes, run_samples
+from analyzer.verbs.check.samples import Probes, StepSamples, cost_samples, cpu_samples, run_probes, run_samples
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
@@ -45,8 +45,9 @@ def check(
     clock's own noise held back and CPU time confirms is a regression
     (:func:`cpu_time_confirm`); ``cpu_time=False`` turns both off.
     Runs that all carry the machine-speed canary (recorder/canary.py) then have the
-    verdict checked against how fast the machine was during each
-    (:func:`machine_speed_gate`); ``machine_speed=False`` turns it off.
+    verdict checked against how fast the machine was during each, and
+    their CPU time per step in canary units gated (:func:`canary_cost_gate`);
+    ``machine_speed=False`` turns it off.
 
     ``min_goodput`` adds the goodput floor (:func:`goodput_gate`): a
     candidate below it is a regression (:attr:`GateOutcome.verdict`).
@@ -72,12 +73,20 @@ def check(
         cpu_cand = cpu_samples(candidate, "candidate")
     probes_base: list[Probes | None] = []
     probes_cand = None
+    labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
     if machine_speed:
-        labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
         probes_base = [run_probes(b, label) for b, label in zip(bases, labels)]
         probes_cand = run_probes(candidate, "candidate")
-    result, cpu_result, machine = machine_speed_gate(
-        base_samples, cand_samples, config, cpu_base, cpu_cand, probes_base, probes_cand
+    result, cpu_result, machine = canary_cost_gate(
+        base_samples,
+        cand_samples,
+        config,
+        cpu_base,
+        cpu_cand,
+        probes_base,
+        probes_cand,
+        [cost_samples(b, label) for b, label in zip(bases, labels)] if machine_speed and cpu_time else [],
+        cost_samples(candidate, "candidate") if machine_speed and cpu_time else None,
     )
     if candidate.kind == "reftrain":
         notes += injected_notes("candidate", candidate.run_manifest)

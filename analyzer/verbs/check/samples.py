@@ -10,18 +10,20 @@ import numpy as np
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
+from analyzer.metrics.machine_speed import WINDOW_STEPS, canary_cost_per_step
 from analyzer.verbs.compare import candidate_peak_scale
 
 if TYPE_CHECKING:
     from analyzer.api import RunAnalysis
 
-Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s", "canary_probes_per_s"]
+Metric = Literal["mfu", "tokens_per_s", "steps_per_s", "cpu_steps_per_s", "canary_probes_per_s", "steps_per_canary"]
 METRIC_LABELS: dict[str, str] = {
     "mfu": "MFU",
     "tokens_per_s": "throughput (tokens/s per rank)",
     "steps_per_s": "throughput (steps/s)",
     "cpu_steps_per_s": "steps per CPU-second (busiest rank)",
     "canary_probes_per_s": "machine-speed canary probes per second",
+    "steps_per_canary": "steps per canary unit of CPU time (busiest rank)",
 }
 
 
@@ -293,3 +295,33 @@ def run_probes(a: "RunAnalysis", label: str) -> Probes | None:
             )
         )
     return Probes(wall=found[0], cpu=found[1])
+
+
+def cost_samples(a: "RunAnalysis", label: str, through_step: int | None = None) -> StepSamples | None:
+    """Steps per canary unit of CPU time of a CPU run directory, or None where it cannot be measured.
+
+    ``1 / cost`` per steady-state step, ``cost`` the step's CPU time divided
+    by the canary probe's CPU time next to it, busiest rank
+    (:func:`analyzer.metrics.machine_speed.canary_cost_per_step`; docs/ci.md
+    "Machine speed"). ``through_step``: the run cut after that step
+    (bench_gate's shorter lengths). None for trace folders, GPU runs, runs
+    without ``cpu_ms`` or the canary, or with fewer than 3 probes on a rank.
+    """
+    manifest, metrics = a.run_manifest, a.metrics
+    if a.kind != "reftrain" or manifest.hw.device_type != "cpu" or metrics is None:
+        return None
+    cost = canary_cost_per_step(
+        metrics,
+        warmup_steps=manifest.warmup_steps or 0,
+        profiled_steps=manifest.profiled_steps,
+        through_step=through_step,
+    )
+    if cost is None:
+        return None
+    return StepSamples(
+        metric="steps_per_canary",
+        values=1.0 / cost.to_numpy(dtype=np.float64),
+        steps=cost.index.to_numpy(dtype=np.int64),
+        source=f"{label}: metrics cpu_ms / canary_cpu_ms within {WINDOW_STEPS} steps, busiest rank, {len(cost)} step(s)",
+        n_ranks=int(metrics["rank"].nunique()),
+    )

@@ -15,7 +15,7 @@ from analyzer.verbs.check.stats import fast_quantile, mann_whitney_less, min_one
 
 # A drop this close to the threshold counts as *at* the threshold: relative
 # drops are computed in floating point ((1.0 - 0.95) / 1.0 is 0.0500000000000000444).
-_DROP_ROUNDING = 1e-9
+DROP_ROUNDING = 1e-9
 
 
 def _validate(name: str, s: StepSamples) -> None:
@@ -63,13 +63,13 @@ def check_samples(
     drop = relative_drop(base_value, cand_value)
     p_value = mann_whitney_less(pooled, cand.values)
     noise, noise_source = self_noise([*zip(labels, (b.values for b in bases)), ("candidate", cand.values)], q)
-    exceeds = drop - config.max_drop > _DROP_ROUNDING
+    exceeds = drop - config.max_drop > DROP_ROUNDING
     significant = p_value < config.alpha
     beyond_noise = drop > noise
     notes = []
     if exceeds and significant and beyond_noise:
         verdict: Verdict = "regression"
-    elif exceeds or noise - config.max_drop > _DROP_ROUNDING:
+    elif exceeds or noise - config.max_drop > DROP_ROUNDING:
         verdict = "inconclusive"
         if exceeds and not significant:
             notes.append(
@@ -138,7 +138,7 @@ def cpu_time_veto(result: CheckResult, cpu: CheckResult) -> CheckResult:
     the 64 injected slowdowns caught there was confirmed by less.
     """
     need = max(result.max_drop, result.drop) / 2
-    confirmed = cpu.drop - need > _DROP_ROUNDING and cpu.drop - cpu.noise > _DROP_ROUNDING and cpu.significant
+    confirmed = cpu.drop - need > DROP_ROUNDING and cpu.drop - cpu.noise > DROP_ROUNDING and cpu.significant
     if not result.regression or confirmed:
         return result
     note = (
@@ -166,7 +166,7 @@ def cpu_time_confirm(result: CheckResult, cpu: CheckResult) -> CheckResult:
     need = max(result.max_drop, result.drop) / 2
     if not (result.inconclusive and result.exceeds_threshold and result.significant):
         return result
-    if not (cpu.regression and cpu.drop - need > _DROP_ROUNDING):
+    if not (cpu.regression and cpu.drop - need > DROP_ROUNDING):
         return result
     note = (
         f"the wall clock alone was too noisy ({result.noise:.1%}, {result.noise_source}), but the CPU time "
