@@ -1,0 +1,489 @@
+"""Trace-driven what-if replay: a step's dependency graph re-simulated with changed durations.
+
+The graph (:class:`analyzer.metrics.depgraph.StepGraph`) has instants as
+nodes and constraints as edges: ``t[dst] >= t[src] + weight``. The replay
+gives every node the earliest time its constraints allow,
+
+    t'[start] = t[start];   t'[v] = max over in-edges (u, v) of t'[u] + w'(u, v)
+
+(longest path from the start node, in topological order), and predicts the
+step as ``t'[end] - t'[start]``. With the measured weights this is the
+measured span exactly (the builder's invariant: the longest path is the
+span). Resource order holds under any change because it is in the graph:
+ops on one thread follow each other by ``dependency`` edges, kernels on one
+stream by ``kernel_kernel`` edges.
+
+What a measured wait becomes (:func:`replay_weights`). A measured gap is
+either work or waiting for something else, and only work is a fixed cost:
+
+* a device event's start waits for its launch (``launch_delay``) and for the
+  previous event on its stream (``kernel_kernel``), each carrying the measured
+  delay to the start. The constraint whose source came last (the smallest
+  weight) is the one the start waited for and keeps its weight; the others
+  were waiting for it and keep only their kind's intrinsic cost, the median
+  weight of the binding edges of that kind in the step (the trace's own launch
+  latency and back-to-back kernel gap), capped at their measured weight. So
+  a kernel that waited for its launch starts right after the previous kernel
+  when the launch moves earlier, and a kernel queued behind a long kernel no
+  longer carries the queue time as a "launch delay" when that kernel shrinks.
+* a host call that waited for the device (a ``sync`` edge into its end: stream
+  or device synchronize, a blocking copy) carries the wait in its own ``op``
+  edge. When the device work it waited for ended after the call began, the
+  call's time is split: the wait is dropped (the ``sync`` edge now makes it)
+  and the time from the device work's end to the call's return moves onto the
+  sync edge, so the call returns that long after the device work, wherever
+  that lands.
+
+Both rewrites keep the unchanged replay exact: each edge they lower was not
+the one its node waited for (or the wait moved onto a binding edge).
+
+What-if changes (:data:`CHANGES`) are pure functions of the graph, its
+:class:`EdgeFacts` and the weights, returning new weights (and a floor under
+the step: work a change moves off the path that still has to run). The
+models, their assumptions and measured accuracy are in docs/suggestions.md
+("Replay").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from analyzer.errors import AnalyzerError
+from analyzer.ingest.schema import FLOP_OPS, MEMORY_BOUND_OPS
+from analyzer.metrics.collective_model import fit_alpha_beta
+from analyzer.metrics.collectives import collective_table
+from analyzer.metrics.depgraph import BOUND_CATEGORIES, EDGE_KINDS, StepGraph
+from analyzer.metrics.idle import LAUNCH_CALLS
+from analyzer.metrics.taxonomy import CLASSES, row_classes
+from analyzer.metrics.text import is_in
+
+OP, LAUNCH_DELAY, KERNEL_KERNEL, DEPENDENCY, SYNC, CROSS_RANK = (EDGE_KINDS.index(k) for k in EDGE_KINDS)
+# Constraints into a device event's start that carry the measured delay (see the module docstring).
+WAIT_KINDS = (LAUNCH_DELAY, KERNEL_KERNEL)
+# Host ops whose time grows with the batch on CPU-only graphs: the aten ops doing per-sample work.
+BATCH_HOST_OPS = FLOP_OPS | MEMORY_BOUND_OPS | frozenset({"aten::embedding", "aten::embedding_backward"})
+
+
+class ReplayError(AnalyzerError):
+    """A graph the replay cannot simulate (a cycle), or a change that does not apply to it."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The replayed step: its predicted length, the measured one, and the new critical path.
+
+    ``node_ts_ns``: each instant's replayed time (the start node keeps its
+    measured time). ``path_edges``: the edges of the replayed critical path,
+    start to end. ``breakdown_pct``: every :data:`BOUND_CATEGORIES` name ->
+    share (%) of the weighted time on that path, by the category of each
+    edge, as HTA's ``summary()`` (a sync edge carrying its host call's return
+    latency counts as ``cpu_bound``, the call's category).
+    ``floor_ns``: a lower bound a change set on the step (work moved off the
+    path that still runs within it); ``length_ns`` already includes it.
+    """
+
+    length_ns: int
+    measured_ns: int
+    node_ts_ns: np.ndarray
+    path_edges: np.ndarray
+    breakdown_pct: dict[str, float]
+    floor_ns: int = 0
+
+    @property
+    def length_ms(self) -> float:
+        return self.length_ns / 1e6
+
+    @property
+    def measured_ms(self) -> float:
+        return self.measured_ns / 1e6
+
+
+@dataclass(frozen=True)
+class EdgeFacts:
+    """Per edge, what the event its time is attributed to is (the inputs of the what-if changes).
+
+    ``event_kind``: the events table's kind ('' without an event);
+    ``cls``: the kernel class (:mod:`analyzer.metrics.taxonomy`), None for
+    host events; ``is_launch``: a kernel/copy launch call
+    (:data:`analyzer.metrics.idle.LAUNCH_CALLS`); ``is_comm``: a collective
+    (device communication kernel or host ``cpu_comm`` op); ``scales_with_batch``:
+    work proportional to the batch (device compute, memcpy and memset; on a
+    graph without device events, the aten ops of :data:`BATCH_HOST_OPS`);
+    ``bus_bytes``: a device collective's bus bytes (nccl-tests' size times its
+    bus factor, NaN when unknown); ``alpha_ns``: the fixed cost of the trace's
+    own collectives from the alpha-beta fit (None when it cannot be fitted).
+    """
+
+    event_kind: np.ndarray
+    cls: np.ndarray
+    is_launch: np.ndarray
+    is_comm: np.ndarray
+    scales_with_batch: np.ndarray
+    bus_bytes: np.ndarray
+    alpha_ns: float | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A change's result: new edge weights (ns) and a floor under the step (ns)."""
+
+    weight_ns: np.ndarray
+    floor_ns: int = 0
+
+
+def replay_weights(graph: StepGraph) -> np.ndarray:
+    """The weights the replay starts from: the measured ones with waits a change may remove taken out.
+
+    See the module docstring. Returns a new int64 array; the unchanged replay
+    with it is the measured span exactly.
+    """
+    ts = graph.node_ts_ns.astype(np.int64)
+    src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
+    w = graph.edge_weight_ns.astype(np.int64).copy()
+    kind = graph.edge_kind
+    n = len(ts)
+    if not len(w):
+        return w
+    lowest = np.iinfo(np.int64).min
+    # Waits into device starts. A node waited for the constraint that arrived at its time and whose
+    # source came last: per node the latest source among its tight in-edges (of every kind).
+    tight = ts[src] + w >= ts[dst]
+    latest = np.full(n, lowest, dtype=np.int64)
+    np.maximum.at(latest, dst[tight], ts[src[tight]])
+    e = np.flatnonzero(is_in_codes(kind, WAIT_KINDS))
+    binding = tight[e] & (ts[src[e]] == latest[dst[e]])
+    for k in WAIT_KINDS:
+        of_kind = kind[e] == k
+        held = w[e[of_kind & binding]]
+        intrinsic = int(np.median(held)) if len(held) else 0
+        lower = e[of_kind & ~binding]
+        w[lower] = np.minimum(w[lower], intrinsic)
+    # Host calls that waited for the device: the wait goes, the return latency moves onto the sync edge.
+    sync = np.flatnonzero(kind == SYNC)
+    if len(sync):
+        device_end = np.full(n, lowest, dtype=np.int64)
+        np.maximum.at(device_end, dst[sync], ts[src[sync]] + w[sync])
+        waited = np.flatnonzero((kind == OP) & (device_end[dst] > ts[src]))
+        w[waited] = 0
+        calls = np.zeros(n, dtype=bool)
+        calls[dst[waited]] = True
+        last = sync[(ts[src[sync]] + w[sync] == device_end[dst[sync]]) & calls[dst[sync]]]
+        w[last] += ts[dst[last]] - device_end[dst[last]]
+    return w
+
+
+def is_in_codes(codes: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    """Mask of ``codes`` (small ints) equal to any of ``values``."""
+    return np.isin(codes, np.asarray(values, dtype=codes.dtype))
+
+
+def longest_times(graph: StepGraph, weight_ns: np.ndarray) -> np.ndarray:
+    """Each node's earliest time under ``weight_ns``: the longest path from the start node (ns).
+
+    Level by level in topological order (Kahn's algorithm, one vectorized
+    relaxation per level). Nodes without in-edges other than the start
+    (none in a valid graph) start with the start node. Raises ReplayError
+    on a cycle.
+    """
+    n = len(graph.node_ts_ns)
+    src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
+    w = np.asarray(weight_ns, dtype=np.int64)
+    order = np.argsort(src, kind="stable")
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
+    indeg = np.bincount(dst, minlength=n)
+    t = np.full(n, int(graph.node_ts_ns[graph.start_node]), dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    done = 0
+    while len(frontier):
+        done += len(frontier)
+        lo, hi = ptr[frontier], ptr[frontier + 1]
+        counts = hi - lo
+        total = int(counts.sum())
+        if not total:
+            break
+        # The out-edges of every frontier node, gathered without a Python loop.
+        pos = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(total)
+        e = order[pos]
+        d = dst[e]
+        np.maximum.at(t, d, t[src[e]] + w[e])
+        np.subtract.at(indeg, d, 1)
+        frontier = np.unique(d[indeg[d] == 0])
+    if done < n:
+        raise ReplayError(f"step {graph.step} of rank {graph.rank}: the dependency graph has a cycle")
+    return t
+
+
+def critical_edges(graph: StepGraph, weight_ns: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The edges of one longest path from start to end under ``weight_ns`` (times ``t``), in order.
+
+    Walked back from the end node along tight in-edges (``t[src] + w ==
+    t[dst]``), preferring the one carrying the most time, then the lowest id.
+    """
+    src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
+    w = np.asarray(weight_ns, dtype=np.int64)
+    tight = np.flatnonzero(t[src] + w == t[dst])
+    # Per destination the preferred tight edge: sort by (dst, -weight, id) and keep the first.
+    pick = tight[np.lexsort((tight, -w[tight], dst[tight]))]
+    first = np.unique(dst[pick], return_index=True)
+    via = np.full(len(t), -1, dtype=np.int64)
+    via[first[0]] = pick[first[1]]
+    path: list[int] = []
+    node = int(graph.end_node)
+    while node != graph.start_node and via[node] >= 0 and len(path) <= len(w):
+        edge = int(via[node])
+        path.append(edge)
+        node = int(src[edge])
+    return np.asarray(path[::-1], dtype=np.int64)
+
+
+def path_breakdown(graph: StepGraph, weight_ns: np.ndarray, path: np.ndarray) -> dict[str, float]:
+    """Every :data:`BOUND_CATEGORIES` name -> % of the weighted time on ``path`` (0.0 for a path without time)."""
+    w = np.asarray(weight_ns, dtype=np.int64)[path]
+    bound = graph.edge_bound[path].astype(np.int64)
+    # A zero-weight kind that carries time in the replay is a sync edge holding its host call's return.
+    bound = np.where(bound < 0, BOUND_CATEGORIES.index("cpu_bound"), bound)
+    ok = w > 0
+    per = np.bincount(bound[ok], weights=w[ok], minlength=len(BOUND_CATEGORIES)).astype(np.float64)
+    total = per.sum()
+    return {name: (100.0 * float(v) / total if total > 0 else 0.0) for name, v in zip(BOUND_CATEGORIES, per)}
+
+
+def replay(graph: StepGraph, weights: Weights | np.ndarray | None = None) -> Replay:
+    """Replay ``graph`` with ``weights`` (default :func:`replay_weights`: the unchanged step)."""
+    if weights is None:
+        weights = Weights(replay_weights(graph))
+    elif isinstance(weights, np.ndarray):
+        weights = Weights(weights)
+    w = np.asarray(weights.weight_ns, dtype=np.int64)
+    if len(w) != len(graph.edge_src):
+        raise ReplayError(f"{len(w)} weights for {len(graph.edge_src)} edges")
+    if len(w) and int(w.min()) < 0:
+        raise ReplayError("an edge weight is negative")
+    t = longest_times(graph, w)
+    path = critical_edges(graph, w, t)
+    start = int(graph.node_ts_ns[graph.start_node])
+    length = max(int(t[graph.end_node]) - start, int(weights.floor_ns))
+    return Replay(
+        length_ns=length,
+        measured_ns=int(graph.node_ts_ns[graph.end_node]) - start,
+        node_ts_ns=t,
+        path_edges=path,
+        breakdown_pct=path_breakdown(graph, w, path),
+        floor_ns=int(weights.floor_ns),
+    )
+
+
+# ---------------------------------------------------------------------------
+# What each edge's time is (the inputs of the changes)
+# ---------------------------------------------------------------------------
+
+
+def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
+    """:class:`EdgeFacts` of ``graph``'s edges from the rank's events table (``edge_event`` is a row position)."""
+    ev = graph.edge_event.astype(np.int64)
+    has = ev >= 0
+    rows = ev[has]
+    n_edges = len(ev)
+    event_kind = np.full(n_edges, "", dtype=object)
+    event_kind[has] = events["kind"].astype(str).to_numpy(object)[rows]
+    cls = np.full(n_edges, None, dtype=object)
+    cls[has] = row_classes(events)[rows]
+    names = np.full(n_edges, "", dtype=object)
+    names[has] = events["name"].astype(str).to_numpy(object)[rows]
+    is_launch = np.isin(names, np.asarray(LAUNCH_CALLS, dtype=object))
+    is_comm = np.isin(event_kind, np.asarray(["comm", "cpu_comm"], dtype=object))
+    device_graph = bool(np.isin(event_kind, np.asarray(["compute", "comm", "memcpy", "memset"], dtype=object)).any())
+    if device_graph:
+        scales = np.isin(event_kind, np.asarray(["compute", "memcpy", "memset"], dtype=object))
+    else:
+        scales = (event_kind == "cpu_op") & np.isin(names, np.asarray(sorted(BATCH_HOST_OPS), dtype=object))
+    op = graph.edge_kind == OP
+    bus, alpha, notes = _collective_sizes(events, ev)
+    return EdgeFacts(
+        event_kind=event_kind,
+        cls=cls,
+        is_launch=is_launch & op,
+        is_comm=is_comm & op,
+        scales_with_batch=scales & op,
+        bus_bytes=bus,
+        alpha_ns=alpha,
+        notes=notes,
+    )
+
+
+def _collective_sizes(events: pd.DataFrame, ev: np.ndarray) -> tuple[np.ndarray, float | None, tuple[str, ...]]:
+    """Per edge the bus bytes of its device collective (NaN otherwise), and the alpha-beta fixed cost (ns)."""
+    bus = np.full(len(ev), np.nan, dtype=np.float64)
+    comm_rows = np.flatnonzero(is_in(events["kind"], ("comm",)))
+    if not len(comm_rows):
+        return bus, None, ()
+    table = collective_table(events)
+    # collective_table sorts the comm rows by start (stable); the events are sorted by start already.
+    order = comm_rows[np.argsort(events["start_ns"].to_numpy(np.int64)[comm_rows], kind="stable")]
+    factor = table["busbw_gbps"].to_numpy(np.float64) / table["algbw_gbps"].to_numpy(np.float64)
+    size = table["size_bytes"].to_numpy(np.float64)
+    per_row = np.full(len(events), np.nan, dtype=np.float64)
+    per_row[order] = size * factor
+    has = ev >= 0
+    bus[has] = per_row[ev[has]]
+    alpha_ms, _ = fit_alpha_beta(size, table["duration_ns"].to_numpy(np.float64) / 1e6)
+    notes = () if alpha_ms is not None else ("collectives of fewer than two sizes: no fixed cost fitted, taken as 0",)
+    return bus, (None if alpha_ms is None else alpha_ms * 1e6), notes
+
+
+# ---------------------------------------------------------------------------
+# What-if changes: (graph, facts, weights) -> Weights
+# ---------------------------------------------------------------------------
+
+Change = Callable[[StepGraph, EdgeFacts, Weights], Weights]
+
+
+def faster(cls: str, factor: float) -> Change:
+    """Device events of kernel class ``cls`` (:data:`analyzer.metrics.taxonomy.CLASSES`) ``factor`` times faster."""
+    if cls not in CLASSES:
+        raise ReplayError(f"unknown kernel class {cls!r}: one of {', '.join(CLASSES)}")
+    if not factor > 0:
+        raise ReplayError(f"speed-up factor {factor} is not positive")
+
+    def change(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
+        sel = (graph.edge_kind == OP) & (facts.cls == cls)
+        w = weights.weight_ns.copy()
+        w[sel] = np.rint(w[sel] / factor).astype(np.int64)
+        return Weights(w, weights.floor_ns)
+
+    return change
+
+
+def comm_bandwidth(busbw_gbps: float) -> Change:
+    """Device collectives at ``busbw_gbps`` bus bandwidth: ``alpha + bus_bytes / busbw`` (alpha-beta, Hockney 1994).
+
+    ``alpha`` is the fixed cost fitted on the trace's own collectives
+    (:func:`analyzer.metrics.collective_model.fit_alpha_beta`; 0 when it
+    cannot be fitted). Collectives of unknown size keep their time.
+    """
+    if not busbw_gbps > 0:
+        raise ReplayError(f"bus bandwidth {busbw_gbps} GB/s is not positive")
+
+    def change(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
+        sel = facts.is_comm & np.isfinite(facts.bus_bytes)
+        w = weights.weight_ns.copy()
+        # bytes / (GB/s) = ns.
+        w[sel] = np.rint((facts.alpha_ns or 0.0) + facts.bus_bytes[sel] / busbw_gbps).astype(np.int64)
+        return Weights(w, weights.floor_ns)
+
+    return change
+
+
+def no_launch_overhead(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
+    """Launches cost nothing (CUDA graphs): launch delays and the launch calls' own CPU time go to 0."""
+    w = weights.weight_ns.copy()
+    w[(graph.edge_kind == LAUNCH_DELAY) | facts.is_launch] = 0
+    return Weights(w, weights.floor_ns)
+
+
+def overlap_comm(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
+    """Communication hidden behind compute: collectives block nothing on the path.
+
+    Their edges carry no time, and the step is floored at the collectives'
+    total time (one communicator runs them one after another, so they still
+    need that long within the step).
+    """
+    w = weights.weight_ns.copy()
+    floor = int(w[facts.is_comm].sum())
+    w[facts.is_comm] = 0
+    return Weights(w, max(weights.floor_ns, floor))
+
+
+def micro_batch_scale(factor: float) -> Change:
+    """A ``factor`` times larger micro-batch: the work that grows with the batch (EdgeFacts.scales_with_batch)
+    takes ``factor`` times as long; launches, waits and collectives (the same gradients) keep their time."""
+    if not factor > 0:
+        raise ReplayError(f"micro-batch factor {factor} is not positive")
+
+    def change(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
+        w = weights.weight_ns.copy()
+        sel = facts.scales_with_batch
+        w[sel] = np.rint(w[sel] * factor).astype(np.int64)
+        return Weights(w, weights.floor_ns)
+
+    return change
+
+
+def apply(graph: StepGraph, facts: EdgeFacts, changes: list[Change]) -> Weights:
+    """The replay's start weights with ``changes`` applied in order."""
+    weights = Weights(replay_weights(graph))
+    for change in changes:
+        weights = change(graph, facts, weights)
+    return weights
+
+
+# ---------------------------------------------------------------------------
+# Several ranks: one rank's delay removed
+# ---------------------------------------------------------------------------
+
+
+def collective_order(graph: StepGraph, facts: EdgeFacts, events: pd.DataFrame) -> np.ndarray:
+    """The collective edges of a rank's step in issue order (their events' start)."""
+    comm = np.flatnonzero(facts.is_comm)
+    start = events["start_ns"].to_numpy(np.int64)[graph.edge_event[comm]]
+    return comm[np.argsort(start, kind="stable")]
+
+
+def without_rank_delay(
+    graphs: Mapping[int, StepGraph], facts: Mapping[int, EdgeFacts], order: Mapping[int, np.ndarray], rank: int
+) -> dict[int, Weights]:
+    """Per other rank, weights with the waits for ``rank`` taken out of its collectives.
+
+    The k-th collective of the step is the same collective on every rank
+    (one process group issues them in one order). Where ``rank`` took the
+    least time in it, it arrived last and the others waited for it: their
+    time there becomes ``rank``'s (the transfer alone). Replaying the other
+    ranks with these weights predicts the job's step without ``rank``'s
+    delay (``rank`` itself then runs at the pace of the others, so it is not
+    replayed). Raises ReplayError when the ranks' steps hold different
+    numbers of collectives, or ``rank`` is not among them.
+    """
+    if rank not in graphs:
+        raise ReplayError(f"rank {rank} is not traced (ranks {', '.join(map(str, sorted(graphs)))})")
+    counts = {r: len(o) for r, o in order.items()}
+    if len(set(counts.values())) > 1:
+        raise ReplayError(f"ranks hold different numbers of collectives in the step: {counts}")
+    base = {r: Weights(replay_weights(g)) for r, g in graphs.items()}
+    late = base[rank].weight_ns[order[rank]]
+    others = [r for r in graphs if r != rank]
+    times = np.stack([base[r].weight_ns[order[r]] for r in graphs])
+    rank_last = late <= times.min(axis=0)
+    out = {}
+    for r in others:
+        w = base[r].weight_ns.copy()
+        edges = order[r][rank_last]
+        w[edges] = np.minimum(w[edges], late[rank_last])
+        out[r] = Weights(w)
+    return out
+
+
+__all__ = [
+    "CHANGES",
+    "EdgeFacts",
+    "Replay",
+    "ReplayError",
+    "Weights",
+    "apply",
+    "comm_bandwidth",
+    "edge_facts",
+    "faster",
+    "micro_batch_scale",
+    "no_launch_overhead",
+    "overlap_comm",
+    "replay",
+    "replay_weights",
+    "without_rank_delay",
+]
+
+# The changes by their command-line names (analyzer whatif).
+CHANGES = ("faster", "comm_bandwidth", "no_launch_overhead", "overlap_comm", "micro_batch_scale", "remove_rank_delay")
