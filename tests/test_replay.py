@@ -57,9 +57,10 @@ def gpu_step(launch_b_at: int = 20, b_start: int = 105):
     """One host thread launching a GEMM (A) and an elementwise kernel (B) on one stream, then a stream sync.
 
     Host: launch A [0, 10], launch B [launch_b_at, +10], cudaStreamSynchronize [40 or later, end];
-    device: A [15, 95], B [b_start, b_start + 45]; the sync returns 10 after B ends.
-    Nodes: 0 launch A start, 1 its end, 2 launch B start, 3 its end, 4 sync start, 5 A start, 6 A end,
-    7 B start, 8 B end, 9 sync end (the step's end).
+    device: A [15, 95], B [b_start, b_start + 45]; the sync returns 10 after B ends. As the builder does, the
+    synchronize is split at its release (B's end): its start to the release carries nothing, the release
+    to its end the 10 ns return. Nodes: 0 launch A start, 1 its end, 2 launch B start, 3 its end, 4 sync
+    start, 5 A start, 6 A end, 7 B start, 8 B end, 9 release, 10 sync end (the step's end).
     """
     b_end = b_start + 45
     sync_start = max(40, launch_b_at + 20)
@@ -96,13 +97,14 @@ def gpu_step(launch_b_at: int = 20, b_start: int = 105):
     la, lb = row["cudaLaunchKernel@0"], row[f"cudaLaunchKernel@{launch_b_at}"]
     ka, kb = row["sgemm_128x64_nn@15"], row[f"vectorized_elementwise_kernel@{b_start}"]
     sy = row[f"cudaStreamSynchronize@{sync_start}"]
-    ts = [0, 10, launch_b_at, launch_b_at + 10, sync_start, 15, 95, b_start, b_end, b_end + 10]
+    ts = [0, 10, launch_b_at, launch_b_at + 10, sync_start, 15, 95, b_start, b_end, b_end, b_end + 10]
     edges = [
         (0, 1, 10, "op", la, CPU),
         (1, 2, launch_b_at - 10, "op", -1, CPU),  # the host's own time between the calls
         (2, 3, 10, "op", lb, CPU),
         (3, 4, sync_start - launch_b_at - 10, "op", -1, CPU),
-        (4, 9, b_end + 10 - sync_start, "op", sy, CPU),
+        (4, 9, 0, "op", sy, CPU),
+        (9, 10, 10, "op", sy, CPU),
         (0, 5, 15, "launch_delay", la, LAUNCH_OVERHEAD),
         (5, 6, 80, "op", ka, GPU_COMPUTE),
         (2, 7, b_start - launch_b_at, "launch_delay", lb, LAUNCH_OVERHEAD),
@@ -119,18 +121,17 @@ def test_unchanged_replay_is_the_measured_step_exactly():
     assert (r.length_ns, r.measured_ns) == (160, 160)
     # Every node at its measured time or earlier: the measured times satisfy every constraint.
     assert (r.node_ts_ns <= g.node_ts_ns).all()
-    assert r.node_ts_ns[9] == 160
+    assert r.node_ts_ns[10] == 160
 
 
 def test_waits_are_rewritten_to_what_the_node_waited_for():
     g, _ = gpu_step()
     w = replay_weights(g)
     # B was queued behind A (its stream's gap came last): its 85 ns "launch delay" keeps only the trace's
-    # launch latency, A's binding 15 ns; the sync call's 120 ns become 0 and its 10 ns return latency
-    # moves onto the sync edge.
-    assert w[7] == 15 and w[8] == 10
-    assert w[4] == 0 and w[10] == 10
-    assert (w[[0, 1, 2, 3, 5, 6, 9]] == g.edge_weight_ns[[0, 1, 2, 3, 5, 6, 9]]).all()
+    # launch latency, A's binding 15 ns; every other weight stays.
+    assert w[8] == 15
+    others = [i for i in range(len(w)) if i != 8]
+    assert (w[others] == g.edge_weight_ns[others]).all()
 
 
 def test_faster_gemm_moves_a_queued_kernel_and_the_sync():
@@ -151,7 +152,7 @@ def test_faster_kernel_does_nothing_when_the_step_waits_for_its_launch():
     # A twice as fast ends at 55, but B still waits for its launch: 170 again (the closed form would say 130).
     assert replay(g, apply(g, facts, [faster("gemm", 2.0)])).length_ns == 170
     # B's measured 20 ns gap after A was waiting for the launch, not a cost of the stream.
-    assert replay_weights(g)[8] == 0
+    assert replay_weights(g)[9] == 0
 
 
 def test_no_launch_overhead():
@@ -189,11 +190,14 @@ def comm_step():
         },
     ]
     events = events_from_records(rows)
-    ts = [0, 5, 10, 10, 60, 60, 160, 160]
+    # Nodes: 0 launch 1 start, 1 launch 2 start, 2 sync start, 3 GEMM start, 4 its end, 5 all-reduce start,
+    # 6 its end, 7 the sync's release, 8 its end.
+    ts = [0, 5, 10, 10, 60, 60, 160, 160, 160]
     edges = [
         (0, 1, 5, "op", 0, CPU),
         (1, 2, 5, "op", 1, CPU),
-        (2, 7, 150, "op", 2, CPU),
+        (2, 7, 0, "op", 2, CPU),
+        (7, 8, 0, "op", 2, CPU),
         (0, 3, 10, "launch_delay", 0, LAUNCH_OVERHEAD),
         (3, 4, 50, "op", 3, GPU_COMPUTE),
         (1, 5, 55, "launch_delay", 1, LAUNCH_OVERHEAD),
@@ -217,7 +221,7 @@ def test_comm_bandwidth_uses_bus_bytes():
     g, events = comm_step()
     facts = edge_facts(g, events)
     # 250 floats = 1000 bytes; all-reduce on 2 ranks: bus factor 2 * (2 - 1) / 2 = 1. One size only: no alpha.
-    assert facts.bus_bytes[7] == pytest.approx(1000.0)
+    assert facts.bus_bytes[8] == pytest.approx(1000.0)
     assert facts.alpha_ns is None and facts.notes
     r = replay(g, apply(g, facts, [comm_bandwidth(20.0)]))
     # 1000 bytes at 20 GB/s = 50 ns: the all-reduce [60, 110], the sync returns at 110.
@@ -249,7 +253,7 @@ def test_longest_times_match_networkx_on_random_dags():
         edges = sorted(pairs)
         w = rng.integers(0, 1000, size=len(edges))
         g = graph(list(range(n)), [(a, b, int(x), "op", -1, CPU) for (a, b), x in zip(edges, w)])
-        t = longest_times(g, g.edge_weight_ns)
+        t, _ = longest_times(g, g.edge_weight_ns)
         dag = nx.DiGraph()
         dag.add_weighted_edges_from((a, b, int(x)) for (a, b), x in zip(edges, w))
         assert t[n - 1] - t[0] == nx.dag_longest_path_length(dag)

@@ -26,13 +26,18 @@ either work or waiting for something else, and only work is a fixed cost:
   a kernel that waited for its launch starts right after the previous kernel
   when the launch moves earlier, and a kernel queued behind a long kernel no
   longer carries the queue time as a "launch delay" when that kernel shrinks.
-* a host call that waited for the device (a ``sync`` edge into its end: stream
-  or device synchronize, a blocking copy) carries the wait in its own ``op``
-  edge. When the device work it waited for ended after the call began, the
-  call's time is split: the wait is dropped (the ``sync`` edge now makes it)
-  and the time from the device work's end to the call's return moves onto the
-  sync edge, so the call returns that long after the device work, wherever
+* a host call that waits for the device (stream or device synchronize, a
+  blocking copy) is split by the builder at its *release*: its start to the
+  release carries no time, a ``sync`` edge from the awaited device work's end
+  makes the release, and the release to its end carries the return. A ``sync``
+  edge's measured gap (the work ended before the call began) is no cost and
+  becomes 0, so the call returns that long after the device work, wherever
   that lands.
+* a queued device event's launch is a zero-weight ``dependency`` edge (the
+  builder's choice), so when its stream's previous event shrinks a lot, the
+  replay may start it earlier than its launch plus a launch latency: a
+  prediction for a large kernel speed-up on a launch-bound stream is then
+  optimistic by up to one launch latency per kernel.
 
 Both rewrites keep the unchanged replay exact: each edge they lower was not
 the one its node waited for (or the wait moved onto a binding edge).
@@ -56,8 +61,9 @@ from analyzer.errors import AnalyzerError
 from analyzer.ingest.schema import FLOP_OPS, MEMORY_BOUND_OPS
 from analyzer.metrics.collective_model import fit_alpha_beta
 from analyzer.metrics.collectives import collective_table
-from analyzer.metrics.depgraph import BOUND_CATEGORIES, EDGE_KINDS, StepGraph
+from analyzer.metrics.depgraph import BOUND_CATEGORIES, EDGE_KINDS, StepGraph, longest_paths, path_edges
 from analyzer.metrics.idle import LAUNCH_CALLS
+from analyzer.metrics.intervals import total_ns, union
 from analyzer.metrics.taxonomy import CLASSES, row_classes
 from analyzer.metrics.text import is_in
 
@@ -115,7 +121,9 @@ class EdgeFacts:
     graph without device events, the aten ops of :data:`BATCH_HOST_OPS`);
     ``bus_bytes``: a device collective's bus bytes (nccl-tests' size times its
     bus factor, NaN when unknown); ``alpha_ns``: the fixed cost of the trace's
-    own collectives from the alpha-beta fit (None when it cannot be fitted).
+    own collectives from the alpha-beta fit (None when it cannot be fitted);
+    ``comm_busy_ns``: the union of the intervals of the collectives the graph's
+    edges carry (ns).
     """
 
     event_kind: np.ndarray
@@ -125,6 +133,7 @@ class EdgeFacts:
     scales_with_batch: np.ndarray
     bus_bytes: np.ndarray
     alpha_ns: float | None
+    comm_busy_ns: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -163,17 +172,9 @@ def replay_weights(graph: StepGraph) -> np.ndarray:
         intrinsic = int(np.median(held)) if len(held) else 0
         lower = e[of_kind & ~binding]
         w[lower] = np.minimum(w[lower], intrinsic)
-    # Host calls that waited for the device: the wait goes, the return latency moves onto the sync edge.
-    sync = np.flatnonzero(kind == SYNC)
-    if len(sync):
-        device_end = np.full(n, lowest, dtype=np.int64)
-        np.maximum.at(device_end, dst[sync], ts[src[sync]] + w[sync])
-        waited = np.flatnonzero((kind == OP) & (device_end[dst] > ts[src]))
-        w[waited] = 0
-        calls = np.zeros(n, dtype=bool)
-        calls[dst[waited]] = True
-        last = sync[(ts[src[sync]] + w[sync] == device_end[dst[sync]]) & calls[dst[sync]]]
-        w[last] += ts[dst[last]] - device_end[dst[last]]
+    # A sync edge is an ordering: the device work's end releases the waiting call. A measured gap on it
+    # (the work ended before the call began) is no cost; exact, since the call's own start edge holds it.
+    w[kind == SYNC] = 0
     return w
 
 
@@ -182,63 +183,18 @@ def is_in_codes(codes: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
     return np.isin(codes, np.asarray(values, dtype=codes.dtype))
 
 
-def longest_times(graph: StepGraph, weight_ns: np.ndarray) -> np.ndarray:
-    """Each node's earliest time under ``weight_ns``: the longest path from the start node (ns).
+def longest_times(graph: StepGraph, weight_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's earliest time under ``weight_ns`` (ns), and the in-edge it arrives by (-1 for none).
 
-    Level by level in topological order (Kahn's algorithm, one vectorized
-    relaxation per level). Nodes without in-edges other than the start
-    (none in a valid graph) start with the start node. Raises ReplayError
-    on a cycle.
+    The longest path from the start node, in topological order
+    (:func:`analyzer.metrics.depgraph.longest_paths`, the builder's own).
+    Raises ReplayError on a cycle.
     """
-    n = len(graph.node_ts_ns)
-    src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
-    w = np.asarray(weight_ns, dtype=np.int64)
-    order = np.argsort(src, kind="stable")
-    ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
-    indeg = np.bincount(dst, minlength=n)
-    t = np.full(n, int(graph.node_ts_ns[graph.start_node]), dtype=np.int64)
-    frontier = np.flatnonzero(indeg == 0)
-    done = 0
-    while len(frontier):
-        done += len(frontier)
-        lo, hi = ptr[frontier], ptr[frontier + 1]
-        counts = hi - lo
-        total = int(counts.sum())
-        if not total:
-            break
-        # The out-edges of every frontier node, gathered without a Python loop.
-        pos = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(total)
-        e = order[pos]
-        d = dst[e]
-        np.maximum.at(t, d, t[src[e]] + w[e])
-        np.subtract.at(indeg, d, 1)
-        frontier = np.unique(d[indeg[d] == 0])
-    if done < n:
-        raise ReplayError(f"step {graph.step} of rank {graph.rank}: the dependency graph has a cycle")
-    return t
-
-
-def critical_edges(graph: StepGraph, weight_ns: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """The edges of one longest path from start to end under ``weight_ns`` (times ``t``), in order.
-
-    Walked back from the end node along tight in-edges (``t[src] + w ==
-    t[dst]``), preferring the one carrying the most time, then the lowest id.
-    """
-    src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
-    w = np.asarray(weight_ns, dtype=np.int64)
-    tight = np.flatnonzero(t[src] + w == t[dst])
-    # Per destination the preferred tight edge: sort by (dst, -weight, id) and keep the first.
-    pick = tight[np.lexsort((tight, -w[tight], dst[tight]))]
-    first = np.unique(dst[pick], return_index=True)
-    via = np.full(len(t), -1, dtype=np.int64)
-    via[first[0]] = pick[first[1]]
-    path: list[int] = []
-    node = int(graph.end_node)
-    while node != graph.start_node and via[node] >= 0 and len(path) <= len(w):
-        edge = int(via[node])
-        path.append(edge)
-        node = int(src[edge])
-    return np.asarray(path[::-1], dtype=np.int64)
+    try:
+        dist, via = longest_paths(graph, np.asarray(weight_ns, dtype=np.int64))
+    except AnalyzerError as exc:
+        raise ReplayError(str(exc)) from None
+    return int(graph.node_ts_ns[graph.start_node]) + dist, via
 
 
 def path_breakdown(graph: StepGraph, weight_ns: np.ndarray, path: np.ndarray) -> dict[str, float]:
@@ -264,8 +220,8 @@ def replay(graph: StepGraph, weights: Weights | np.ndarray | None = None) -> Rep
         raise ReplayError(f"{len(w)} weights for {len(graph.edge_src)} edges")
     if len(w) and int(w.min()) < 0:
         raise ReplayError("an edge weight is negative")
-    t = longest_times(graph, w)
-    path = critical_edges(graph, w, t)
+    t, via = longest_times(graph, w)
+    path = path_edges(graph, via)
     start = int(graph.node_ts_ns[graph.start_node])
     length = max(int(t[graph.end_node]) - start, int(weights.floor_ns))
     return Replay(
@@ -304,6 +260,8 @@ def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
         scales = (event_kind == "cpu_op") & np.isin(names, np.asarray(sorted(BATCH_HOST_OPS), dtype=object))
     op = graph.edge_kind == OP
     bus, alpha, notes = _collective_sizes(events, ev)
+    comm_rows = np.unique(ev[is_comm & op])
+    busy = union(events["start_ns"].to_numpy(np.int64)[comm_rows], events["end_ns"].to_numpy(np.int64)[comm_rows])
     return EdgeFacts(
         event_kind=event_kind,
         cls=cls,
@@ -312,6 +270,7 @@ def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
         scales_with_batch=scales & op,
         bus_bytes=bus,
         alpha_ns=alpha,
+        comm_busy_ns=total_ns(busy),
         notes=notes,
     )
 
@@ -389,12 +348,17 @@ def no_launch_overhead(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> 
 def overlap_comm(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
     """Communication hidden behind compute: collectives block nothing on the path.
 
-    Their edges carry no time, and the step is floored at the collectives'
-    total time (one communicator runs them one after another, so they still
-    need that long within the step).
+    Their edges carry no time, and the step is floored at the time
+    communication keeps a rank busy: the union of the collectives' measured
+    intervals (:attr:`EdgeFacts.comm_busy_ns`; a host collective and the
+    worker thread running it count once), scaled by the ratio of their
+    current to their measured edge weights (a bandwidth change applied
+    before this one).
     """
     w = weights.weight_ns.copy()
-    floor = int(w[facts.is_comm].sum())
+    measured = float(graph.edge_weight_ns[facts.is_comm].sum())
+    now = float(w[facts.is_comm].sum())
+    floor = int(round(facts.comm_busy_ns * (now / measured if measured > 0 else 1.0)))
     w[facts.is_comm] = 0
     return Weights(w, max(weights.floor_ns, floor))
 
