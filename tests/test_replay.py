@@ -14,6 +14,7 @@ from analyzer.metrics.replay import (
     Replay,
     ReplayError,
     apply,
+    collective_order,
     comm_bandwidth,
     edge_facts,
     faster,
@@ -302,3 +303,55 @@ def test_removing_a_late_ranks_delay():
     assert isinstance(replay(g0, out[0]), Replay) and replay(g0, out[0]).length_ns == 60
     with pytest.raises(ReplayError, match="rank 5 is not traced"):
         without_rank_delay(graphs, facts, order, 5)
+
+
+def gloo_rank(rank: int, compute: int, comm: int):
+    """A CPU rank's step as the builder sees DDP on gloo: ProfilerStep#1 [0, 200] on the main thread, aten::mm
+    [0, compute], then the thread waits outside every op (the wait no op records) while gloo:all_reduce runs
+    [compute, compute + comm] on gloo's thread, then aten::add [180, 200]. compute + comm = 180."""
+    rows = [
+        {"rank": rank, "cat": "user_annotation", "name": "ProfilerStep#1", "start_ns": 0, "end_ns": 200, "tid": 1},
+        {"rank": rank, "cat": "cpu_op", "name": "aten::mm", "start_ns": 0, "end_ns": compute, "tid": 1},
+        {"rank": rank, "cat": "cpu_op", "name": "gloo:all_reduce", "start_ns": compute, "end_ns": 180, "tid": 2},
+        {"rank": rank, "cat": "cpu_op", "name": "aten::add", "start_ns": 180, "end_ns": 200, "tid": 1},
+    ]
+    events = events_from_records(rows)
+    assert events["kind"].astype(str).tolist() == ["annotation", "cpu_op", "cpu_comm", "cpu_op"]
+    # Nodes: 0 step start, 1 mm start, 2 mm end, 3 add start, 4 add end, 5 step end (the end node),
+    # 6 all-reduce start, 7 its end.
+    ts = [0, 0, compute, 180, 200, 200, compute, 180]
+    edges = [
+        (0, 1, 0, "op", 0, CPU),
+        (1, 2, compute, "op", 1, CPU),
+        (2, 3, 180 - compute, "op", 0, CPU),  # the wait: ProfilerStep's own time
+        (3, 4, 20, "op", 3, CPU),
+        (4, 5, 0, "op", 0, CPU),
+        (0, 6, compute, "dependency", -1, -1),
+        (6, 7, comm, "op", 2, CPU),
+        (7, 5, 0, "dependency", -1, -1),
+    ]
+    g = graph(ts, edges, end=5, rank=rank)
+    return g, events
+
+
+def test_overlap_comm_removes_the_hosts_wait_for_it():
+    g, events = gloo_rank(0, 100, 80)
+    facts = edge_facts(g, events)
+    # The 80 ns the main thread sat outside every op were all while the all-reduce ran.
+    assert facts.comm_wait_ns.tolist() == [0, 0, 80, 0, 0, 0, 0, 0]
+    r = replay(g, apply(g, facts, [overlap_comm]))
+    # mm 100 + add 20 = 120; the 80 ns all-reduce still fits in the step (floor 80).
+    assert (r.length_ns, r.floor_ns) == (120, 80)
+
+
+def test_removing_a_late_ranks_delay_on_gloo():
+    # Rank 1 computes 160 ns, so rank 0's all-reduce waits 60 of its 80 ns; rank 1's takes 20 (the transfer).
+    (g0, e0), (g1, e1) = gloo_rank(0, 100, 80), gloo_rank(1, 160, 20)
+    graphs, facts = {0: g0, 1: g1}, {0: edge_facts(g0, e0), 1: edge_facts(g1, e1)}
+    order = {r: collective_order(graphs[r], facts[r], e) for r, e in ((0, e0), (1, e1))}
+    assert order[0].tolist() == [6]
+    out = without_rank_delay(graphs, facts, order, 1)
+    # Rank 0's wait shrinks by 60 (80 -> 20), its all-reduce to 20: mm 100 + 20 + add 20 = 140.
+    assert replay(g0, out[0]).length_ns == 140
+    # Rank 0 arriving last would remove nothing from rank 1: its all-reduce was already the shortest.
+    assert replay(g1, without_rank_delay(graphs, facts, order, 0)[1]).length_ns == 200

@@ -123,7 +123,11 @@ class EdgeFacts:
     bus factor, NaN when unknown); ``alpha_ns``: the fixed cost of the trace's
     own collectives from the alpha-beta fit (None when it cannot be fitted);
     ``comm_busy_ns``: the union of the intervals of the collectives the graph's
-    edges carry (ns).
+    edges carry (ns); ``host_gap``: host time outside every op (an ``op`` edge
+    of an annotation such as ``ProfilerStep#N``: Python between ops, or a wait
+    no op records, such as DDP's ``work.wait()`` on a gloo collective);
+    ``comm_wait_ns``: per host-gap edge, the part of it during which a
+    collective was in flight (a host waiting for communication), 0 elsewhere.
     """
 
     event_kind: np.ndarray
@@ -134,6 +138,8 @@ class EdgeFacts:
     bus_bytes: np.ndarray
     alpha_ns: float | None
     comm_busy_ns: int = 0
+    host_gap: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    comm_wait_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -262,6 +268,8 @@ def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
     bus, alpha, notes = _collective_sizes(events, ev)
     comm_rows = np.unique(ev[is_comm & op])
     busy = union(events["start_ns"].to_numpy(np.int64)[comm_rows], events["end_ns"].to_numpy(np.int64)[comm_rows])
+    host_gap = op & (event_kind == "annotation")
+    lo, hi = graph.node_ts_ns[graph.edge_src], graph.node_ts_ns[graph.edge_dst]
     return EdgeFacts(
         event_kind=event_kind,
         cls=cls,
@@ -271,8 +279,28 @@ def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
         bus_bytes=bus,
         alpha_ns=alpha,
         comm_busy_ns=total_ns(busy),
+        host_gap=host_gap,
+        comm_wait_ns=np.where(host_gap, covered_ns(lo, hi, busy), 0).astype(np.int64),
         notes=notes,
     )
+
+
+def covered_ns(lo: np.ndarray, hi: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per query ``[lo, hi)``, its length covered by ``intervals`` (sorted, disjoint: :func:`~analyzer.metrics.intervals.union`)."""
+    s, e = intervals
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    if not len(s):
+        return np.zeros(len(lo), dtype=np.int64)
+    length = e - s
+    before = np.concatenate([[0], np.cumsum(length)])  # covered length of the intervals before index k
+
+    def up_to(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(s, t, side="right") - 1  # the last interval starting at or before t
+        kk = np.clip(k, 0, None)
+        return np.where(k >= 0, before[kk] + np.clip(t - s[kk], 0, length[kk]), 0)
+
+    out: np.ndarray = np.clip(up_to(hi) - up_to(lo), 0, None)
+    return out
 
 
 def _collective_sizes(events: pd.DataFrame, ev: np.ndarray) -> tuple[np.ndarray, float | None, tuple[str, ...]]:
@@ -348,7 +376,8 @@ def no_launch_overhead(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> 
 def overlap_comm(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
     """Communication hidden behind compute: collectives block nothing on the path.
 
-    Their edges carry no time, and the step is floored at the time
+    Their edges carry no time, nor does the host's waiting for them
+    (:attr:`EdgeFacts.comm_wait_ns`), and the step is floored at the time
     communication keeps a rank busy: the union of the collectives' measured
     intervals (:attr:`EdgeFacts.comm_busy_ns`; a host collective and the
     worker thread running it count once), scaled by the ratio of their
@@ -360,6 +389,8 @@ def overlap_comm(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weight
     now = float(w[facts.is_comm].sum())
     floor = int(round(facts.comm_busy_ns * (now / measured if measured > 0 else 1.0)))
     w[facts.is_comm] = 0
+    # The host no longer waits for it either (a wait no op records: time outside every op while it ran).
+    w = np.maximum(w - facts.comm_wait_ns, 0)
     return Weights(w, max(weights.floor_ns, floor))
 
 
@@ -406,7 +437,9 @@ def without_rank_delay(
     The k-th collective of the step is the same collective on every rank
     (one process group issues them in one order). Where ``rank`` took the
     least time in it, it arrived last and the others waited for it: their
-    time there becomes ``rank``'s (the transfer alone). Replaying the other
+    time there becomes ``rank``'s (the transfer alone), and so does the
+    host's wait for it (host-gap edges overlapping the first ``wait`` ns of
+    the collective, :attr:`EdgeFacts.host_gap`). Replaying the other
     ranks with these weights predicts the job's step without ``rank``'s
     delay (``rank`` itself then runs at the pace of the others, so it is not
     replayed). Raises ReplayError when the ranks' steps hold different
@@ -424,9 +457,17 @@ def without_rank_delay(
     rank_last = late <= times.min(axis=0)
     out = {}
     for r in others:
-        w = base[r].weight_ns.copy()
+        g, w = graphs[r], base[r].weight_ns.copy()
         edges = order[r][rank_last]
-        w[edges] = np.minimum(w[edges], late[rank_last])
+        waited = np.maximum(w[edges] - late[rank_last], 0)
+        # While it waited, the host of this rank sat outside every op (DDP's wait on a gloo collective)
+        # or in the collective itself: both shrink by the wait.
+        start = g.node_ts_ns[g.edge_src[edges]]
+        windows = union(start, start + waited)
+        gap = facts[r].host_gap
+        lo, hi = g.node_ts_ns[g.edge_src], g.node_ts_ns[g.edge_dst]
+        w[gap] = np.maximum(w[gap] - covered_ns(lo[gap], hi[gap], windows), 0)
+        w[edges] = w[edges] - waited
         out[r] = Weights(w)
     return out
 
