@@ -13,6 +13,7 @@ from analyzer.metrics.depgraph import BOUND_CATEGORIES, EDGE_KINDS, StepGraph
 from analyzer.metrics.replay import (
     Replay,
     ReplayError,
+    accumulate,
     apply,
     collective_order,
     comm_bandwidth,
@@ -305,18 +306,24 @@ def test_removing_a_late_ranks_delay():
         without_rank_delay(graphs, facts, order, 5)
 
 
-def gloo_rank(rank: int, compute: int, comm: int):
+def gloo_rank(rank: int, compute: int, comm: int, optimizer: bool = False):
     """A CPU rank's step as the builder sees DDP on gloo: ProfilerStep#1 [0, 200] on the main thread, aten::mm
     [0, compute], then the thread waits outside every op (the wait no op records) while gloo:all_reduce runs
-    [compute, compute + comm] on gloo's thread, then aten::add [180, 200]. compute + comm = 180."""
+    [compute, compute + comm] on gloo's thread, then aten::add [180, 200] (inside ``Optimizer.step#SGD.step``
+    with ``optimizer``). compute + comm = 180. As in the builder's graphs, gloo's thread hangs off the start
+    node by a zero-weight edge: nothing in the trace ties it to the main thread."""
     rows = [
         {"rank": rank, "cat": "user_annotation", "name": "ProfilerStep#1", "start_ns": 0, "end_ns": 200, "tid": 1},
         {"rank": rank, "cat": "cpu_op", "name": "aten::mm", "start_ns": 0, "end_ns": compute, "tid": 1},
         {"rank": rank, "cat": "cpu_op", "name": "gloo:all_reduce", "start_ns": compute, "end_ns": 180, "tid": 2},
         {"rank": rank, "cat": "cpu_op", "name": "aten::add", "start_ns": 180, "end_ns": 200, "tid": 1},
     ]
+    if optimizer:
+        rows.append(
+            {"rank": rank, "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "start_ns": 180, "end_ns": 200}
+        )
     events = events_from_records(rows)
-    assert events["kind"].astype(str).tolist() == ["annotation", "cpu_op", "cpu_comm", "cpu_op"]
+    assert events["kind"].astype(str).tolist()[:4] == ["annotation", "cpu_op", "cpu_comm", "cpu_op"]
     # Nodes: 0 step start, 1 mm start, 2 mm end, 3 add start, 4 add end, 5 step end (the end node),
     # 6 all-reduce start, 7 its end.
     ts = [0, 0, compute, 180, 200, 200, compute, 180]
@@ -326,7 +333,7 @@ def gloo_rank(rank: int, compute: int, comm: int):
         (2, 3, 180 - compute, "op", 0, CPU),  # the wait: ProfilerStep's own time
         (3, 4, 20, "op", 3, CPU),
         (4, 5, 0, "op", 0, CPU),
-        (0, 6, compute, "dependency", -1, -1),
+        (0, 6, 0, "dependency", -1, -1),
         (6, 7, comm, "op", 2, CPU),
         (7, 5, 0, "dependency", -1, -1),
     ]
@@ -355,3 +362,21 @@ def test_removing_a_late_ranks_delay_on_gloo():
     assert replay(g0, out[0]).length_ns == 140
     # Rank 0 arriving last would remove nothing from rank 1: its all-reduce was already the shortest.
     assert replay(g1, without_rank_delay(graphs, facts, order, 0)[1]).length_ns == 200
+
+
+def test_a_larger_micro_batch_leaves_the_optimizer_alone():
+    g, events = gloo_rank(0, 100, 80)
+    # mm 200 + the wait 80 + add 40 (an elementwise op doing per-sample work) = 320.
+    assert replay(g, apply(g, edge_facts(g, events), [micro_batch_scale(2.0)])).length_ns == 320
+    g, events = gloo_rank(0, 100, 80, optimizer=True)
+    # The add inside the optimizer's step keeps its 20: 300.
+    assert edge_facts(g, events).once_ns.tolist() == [0, 0, 0, 20, 0, 0, 0, 0]
+    assert replay(g, apply(g, edge_facts(g, events), [micro_batch_scale(2.0)])).length_ns == 300
+
+
+def test_accumulation_repeats_all_but_the_sync_and_the_optimizer():
+    g, events = gloo_rank(0, 100, 80, optimizer=True)
+    # Two micro-batches of mm (200), one wait for the gradients' all-reduce (80), one optimizer step (20).
+    assert replay(g, apply(g, edge_facts(g, events), [accumulate(2)])).length_ns == 300
+    with pytest.raises(ReplayError, match="below 1"):
+        accumulate(0)

@@ -65,12 +65,14 @@ from analyzer.metrics.depgraph import BOUND_CATEGORIES, EDGE_KINDS, StepGraph, l
 from analyzer.metrics.idle import LAUNCH_CALLS
 from analyzer.metrics.intervals import total_ns, union
 from analyzer.metrics.taxonomy import CLASSES, row_classes
-from analyzer.metrics.text import is_in
+from analyzer.metrics.text import is_in, text_mask
 
 OP, LAUNCH_DELAY, KERNEL_KERNEL, DEPENDENCY, SYNC, CROSS_RANK = (EDGE_KINDS.index(k) for k in EDGE_KINDS)
 # Constraints into a device event's start that carry the measured delay (see the module docstring).
 WAIT_KINDS = (LAUNCH_DELAY, KERNEL_KERNEL)
 # Host ops whose time grows with the batch on CPU-only graphs: the aten ops doing per-sample work.
+# PyTorch's profiler annotates the optimizer's step and zero_grad with names starting so.
+OPTIMIZER_PREFIX = "Optimizer."
 BATCH_HOST_OPS = FLOP_OPS | MEMORY_BOUND_OPS | frozenset({"aten::embedding", "aten::embedding_backward"})
 
 
@@ -127,7 +129,11 @@ class EdgeFacts:
     of an annotation such as ``ProfilerStep#N``: Python between ops, or a wait
     no op records, such as DDP's ``work.wait()`` on a gloo collective);
     ``comm_wait_ns``: per host-gap edge, the part of it during which a
-    collective was in flight (a host waiting for communication), 0 elsewhere.
+    collective was in flight (a host waiting for communication), 0 elsewhere;
+    ``once_ns``: per edge, its part inside the optimizer's step or zero_grad
+    (PyTorch's ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``
+    annotations), which runs once per step whatever the batch or the number of
+    micro-batches.
     """
 
     event_kind: np.ndarray
@@ -140,6 +146,7 @@ class EdgeFacts:
     comm_busy_ns: int = 0
     host_gap: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     comm_wait_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    once_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -270,6 +277,7 @@ def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
     busy = union(events["start_ns"].to_numpy(np.int64)[comm_rows], events["end_ns"].to_numpy(np.int64)[comm_rows])
     host_gap = op & (event_kind == "annotation")
     lo, hi = graph.node_ts_ns[graph.edge_src], graph.node_ts_ns[graph.edge_dst]
+    w = graph.edge_weight_ns.astype(np.int64)
     return EdgeFacts(
         event_kind=event_kind,
         cls=cls,
@@ -281,8 +289,17 @@ def edge_facts(graph: StepGraph, events: pd.DataFrame) -> EdgeFacts:
         comm_busy_ns=total_ns(busy),
         host_gap=host_gap,
         comm_wait_ns=np.where(host_gap, covered_ns(lo, hi, busy), 0).astype(np.int64),
+        once_ns=np.where(op, np.minimum(covered_ns(lo, hi, _optimizer_intervals(events)), w), 0).astype(np.int64),
         notes=notes,
     )
+
+
+def _optimizer_intervals(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the optimizer's annotations (``Optimizer.step#AdamW.step``, ``Optimizer.zero_grad#...``)."""
+    rows = np.flatnonzero(
+        is_in(events["kind"], ("annotation",)) & text_mask(events["name"], lambda n: n.startswith(OPTIMIZER_PREFIX))
+    )
+    return union(events["start_ns"].to_numpy(np.int64)[rows], events["end_ns"].to_numpy(np.int64)[rows])
 
 
 def covered_ns(lo: np.ndarray, hi: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
@@ -395,15 +412,40 @@ def overlap_comm(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weight
 
 
 def micro_batch_scale(factor: float) -> Change:
-    """A ``factor`` times larger micro-batch: the work that grows with the batch (EdgeFacts.scales_with_batch)
-    takes ``factor`` times as long; launches, waits and collectives (the same gradients) keep their time."""
+    """A ``factor`` times larger micro-batch: the work that grows with the batch (EdgeFacts.scales_with_batch,
+    less its part in the optimizer, EdgeFacts.once_ns) takes ``factor`` times as long; launches, waits,
+    the optimizer and the collectives (the same gradients) keep their time."""
     if not factor > 0:
         raise ReplayError(f"micro-batch factor {factor} is not positive")
 
     def change(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
         w = weights.weight_ns.copy()
         sel = facts.scales_with_batch
-        w[sel] = np.rint(w[sel] * factor).astype(np.int64)
+        once = np.minimum(facts.once_ns[sel], w[sel])
+        w[sel] = once + np.rint((w[sel] - once) * factor).astype(np.int64)
+        return Weights(w, weights.floor_ns)
+
+    return change
+
+
+def accumulate(factor: int) -> Change:
+    """``factor`` times the micro-batches per optimizer step (gradient accumulation without sync).
+
+    Every ``op`` edge repeats ``factor`` times (forward, backward, data
+    loading, the host's own time) except what happens once per optimizer
+    step: the collectives (the gradients are reduced once, after the last
+    micro-batch), the host's waits for them (EdgeFacts.comm_wait_ns) and the
+    optimizer (EdgeFacts.once_ns). Waits between events (launch delays,
+    stream gaps) keep their time: a lower bound for them.
+    """
+    if factor < 1:
+        raise ReplayError(f"accumulation factor {factor} is below 1")
+
+    def change(graph: StepGraph, facts: EdgeFacts, weights: Weights) -> Weights:
+        w = weights.weight_ns.copy()
+        sel = (graph.edge_kind == OP) & ~facts.is_comm
+        once = np.minimum(facts.once_ns[sel] + facts.comm_wait_ns[sel], w[sel])
+        w[sel] = once + (w[sel] - once) * factor
         return Weights(w, weights.floor_ns)
 
     return change
@@ -476,6 +518,7 @@ __all__ = [
     "CHANGES",
     "EdgeFacts",
     "Replay",
+    "accumulate",
     "ReplayError",
     "Weights",
     "apply",
@@ -491,4 +534,12 @@ __all__ = [
 ]
 
 # The changes by their command-line names (analyzer whatif).
-CHANGES = ("faster", "comm_bandwidth", "no_launch_overhead", "overlap_comm", "micro_batch_scale", "remove_rank_delay")
+CHANGES = (
+    "faster",
+    "comm_bandwidth",
+    "no_launch_overhead",
+    "overlap_comm",
+    "micro_batch_scale",
+    "accumulate",
+    "remove_rank_delay",
+)
