@@ -470,10 +470,10 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         from analyzer.verbs.suggest.emit import emit_config
         from analyzer.verbs.suggest.facts import run_facts
         from analyzer.render.text import suggestions_text
-        from analyzer.verbs.suggest.run import suggest, suggestions_document
+        from analyzer.verbs.suggest.run import suggest_with_replay, suggestions_document
 
         analysis = _analyze(path, args, jobs)
-    suggestions = suggest(analysis)
+    suggestions = suggest_with_replay(analysis, path, cache=not args.no_cache)
     facts = run_facts(analysis)
     if args.json:
         _write_text(args.json, dumps_json(suggestions_document(analysis)))
@@ -500,12 +500,13 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         no_launch_overhead=args.no_launch_overhead,
         overlap_comm=args.overlap_comm,
         micro_batch_scale=args.micro_batch_scale,
+        accumulate=args.accumulate,
         remove_rank_delay=args.remove_rank_delay,
     )
     if not request.describe():
         raise AnalyzerError(
             "whatif: name a change (--faster, --comm-bandwidth, --no-launch-overhead, --overlap-comm, "
-            "--micro-batch-scale, --remove-rank-delay)"
+            "--micro-batch-scale, --accumulate, --remove-rank-delay)"
         )
     with _parsing([path], args) as jobs:
         from analyzer.render.whatif import whatif_text
@@ -889,6 +890,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         metavar="F",
         help="a micro-batch F times larger: compute scales by F, launches and collectives do not",
+    )
+    p.add_argument(
+        "--accumulate",
+        type=positive_int,
+        metavar="K",
+        help="K times the micro-batches per optimizer step: all but the gradient sync and the optimizer repeat",
     )
     p.add_argument(
         "--remove-rank-delay", type=int, metavar="R", help="rank R's delay removed (traces of two or more ranks)"

@@ -92,3 +92,27 @@ def test_whatif_on_a_two_rank_run(tmp_path, capsys):
     assert predicted < measured
     assert doc["mfu"]["predicted"] == pytest.approx(doc["mfu"]["measured"] * measured / predicted)
     assert "rank 1's delay removed" in capsys.readouterr().out
+
+
+def test_suggestions_take_the_replays_prediction_where_it_applies():
+    """The straggler rule's prediction on the slow-rank run comes from the replay; without traces, the closed form."""
+    from analyzer.api import analyze
+    from analyzer.verbs.suggest.run import replay_predictions, suggest, suggestions_document
+    from analyzer.verbs.whatif import WhatIfRequest, run_traces, whatif
+
+    ra = analyze(SLOW_RANK_RUN)
+    closed = suggest(ra)
+    assert [s.rule for s in closed] == ["straggler"] and closed[0].predicted.model == "closed-form"
+    assert replay_predictions(ra, [])[0].predicted.model == "closed-form"  # no graph: the closed form stays
+    traces, problems = run_traces(SLOW_RANK_RUN)
+    assert sorted(t.rank for t in traces) == [0, 1] and not problems  # the files run.json lists
+    replayed = replay_predictions(ra, traces)
+    p = replayed[0].predicted
+    assert p.model == "replay" and "(closed form: " in p.method
+    result = whatif(traces, WhatIfRequest(remove_rank_delay=1))
+    assert p.step_time_ms_after == pytest.approx(
+        closed[0].predicted.step_time_ms_before * result.predicted_step_ms / result.measured_step_ms
+    )
+    # The analysis' memo holds them: the report's and the JSON's suggestions say the same.
+    assert suggest(ra)[0].predicted.model == "replay"
+    assert suggestions_document(ra)["suggestions"][0]["predicted"]["model"] == "replay"

@@ -31,6 +31,7 @@ from analyzer.metrics.replay import (
     Replay,
     ReplayError,
     Weights,
+    accumulate,
     apply,
     collective_order,
     comm_bandwidth,
@@ -56,7 +57,8 @@ class WhatIfRequest:
 
     ``faster``: (kernel class, factor) pairs; ``comm_bandwidth_gbps``: the
     collectives' bus bandwidth; ``micro_batch_scale``: the micro-batch
-    growth factor; ``remove_rank_delay``: the rank whose delay goes.
+    growth factor; ``accumulate``: the factor on the micro-batches per
+    optimizer step; ``remove_rank_delay``: the rank whose delay goes.
     """
 
     faster: tuple[tuple[str, float], ...] = ()
@@ -64,6 +66,7 @@ class WhatIfRequest:
     no_launch_overhead: bool = False
     overlap_comm: bool = False
     micro_batch_scale: float | None = None
+    accumulate: int | None = None
     remove_rank_delay: int | None = None
 
     def changes(self) -> list[Change]:
@@ -76,6 +79,8 @@ class WhatIfRequest:
             out.append(overlap_comm)
         if self.micro_batch_scale is not None:
             out.append(micro_batch_scale(self.micro_batch_scale))
+        if self.accumulate is not None:
+            out.append(accumulate(self.accumulate))
         return out
 
     def describe(self) -> list[str]:
@@ -89,13 +94,16 @@ class WhatIfRequest:
             out.append("communication overlapped")
         if self.micro_batch_scale is not None:
             out.append(f"micro-batch {self.micro_batch_scale:g}x")
+        if self.accumulate is not None:
+            out.append(f"{self.accumulate}x the micro-batches per optimizer step")
         if self.remove_rank_delay is not None:
             out.append(f"rank {self.remove_rank_delay}'s delay removed")
         return out
 
     @property
     def work_ratio(self) -> float:
-        return self.micro_batch_scale or 1.0
+        """Work per step after over before: the micro-batch and accumulation factors."""
+        return (self.micro_batch_scale or 1.0) * (self.accumulate or 1)
 
 
 @dataclass(frozen=True)
