@@ -221,11 +221,12 @@ def path_ops(graph: StepGraph, events: pd.DataFrame, r: Replay, weights: np.ndar
             "ns": w[keep],
         }
     )
-    per = frame.groupby(["name", "kind"], sort=False)["ns"].sum().sort_values(ascending=False, kind="stable")
+    per = frame.groupby(["name", "kind"], sort=False, as_index=False)["ns"].sum()
+    per = per.sort_values("ns", ascending=False, kind="stable").head(top)
     total = float(w[w > 0].sum())
     return tuple(
         PathOp(name=str(name), kind=str(kind), ms_on_path=float(ns) / 1e6, pct=100.0 * float(ns) / total)
-        for (name, kind), ns in per.head(top).items()
+        for name, kind, ns in zip(per["name"], per["kind"], per["ns"])
     )
 
 
