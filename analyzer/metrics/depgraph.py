@@ -11,7 +11,8 @@ categories (``cuda_runtime``, ``cuda_driver``, ``hip_runtime``, ``hip_driver``) 
 collectives (kind ``cpu_comm``) that start inside the window and last more than 0 ns; the step's
 own ``ProfilerStep#N`` annotation as the root of its thread; device events (kernels, memcpy,
 memset) whose launch call is one of those host events. Window: ``[start, end]`` of the
-``ProfilerStep#N`` annotation (``step=-1``: the whole trace).
+``ProfilerStep#N`` annotation (``step=-1``: the whole trace, from its first event's start to its
+last graph event's end).
 
 Edges (:data:`EDGE_KINDS`):
 
@@ -150,6 +151,7 @@ class _Builder:
         self.nodes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.edges: list[tuple[np.ndarray, ...]] = []
         self.n = 0
+        self.m = 0
 
     def add_nodes(self, ts: np.ndarray, event: np.ndarray, is_start: np.ndarray) -> np.ndarray:
         ids = np.arange(self.n, self.n + len(ts), dtype=np.int64)
@@ -157,9 +159,12 @@ class _Builder:
         self.n += len(ts)
         return ids
 
-    def add_edges(self, src, dst, weight, kind, event, bound) -> None:
+    def add_edges(self, src, dst, weight, kind, event, bound) -> np.ndarray:
+        """Appends edges; returns their ids."""
         src = np.asarray(src, np.int64)
         m = len(src)
+        first = self.m
+        self.m += m
         self.edges.append(
             (
                 src,
@@ -170,14 +175,21 @@ class _Builder:
                 np.broadcast_to(np.asarray(bound, np.int8), (m,)).copy(),
             )
         )
+        return np.arange(first, first + m, dtype=np.int64)
 
     def arrays(self) -> tuple[np.ndarray, ...]:
+        if not self.nodes:
+            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), *self._no_edges())
         ts, ev, st = (np.concatenate(c) for c in zip(*self.nodes))
-        cols = [np.concatenate(c) for c in zip(*self.edges)] if self.edges else [np.zeros(0, np.int64)] * 6
-        return (ts, ev, st, *cols)
+        return (ts, ev, st, *([np.concatenate(c) for c in zip(*self.edges)] if self.edges else self._no_edges()))
+
+    @staticmethod
+    def _no_edges() -> tuple[np.ndarray, ...]:
+        i8, i64 = np.zeros(0, np.int8), np.zeros(0, np.int64)
+        return (i64, i64.copy(), i64.copy(), i8, i64.copy(), i8.copy())
 
 
-def step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
+def _step_window(events: pd.DataFrame, steps: pd.DataFrame, step: int) -> tuple[int, int, int]:
     """``(start_ns, end_ns, root row)`` of step ``step`` (the ProfilerStep#N annotation's row, -1
     for ``step=-1``, the whole trace: first start to last end). Raises AnalyzerError for a step the
     trace does not have."""
@@ -231,14 +243,11 @@ def step_graph(
     matches one is ``data_loading`` on the path instead of ``cpu_bound`` (HTA's ``data_load_events``,
     none by default). Times in ns. Raises AnalyzerError for a step the trace does not have.
     """
-    ws, we, root = step_window(events, steps, step)
+    ws, we, root = _step_window(events, steps, step)
     b = _Builder()
-    start_ts = np.int64(ws)
-    start_node = int(b.add_nodes(np.array([ws]), np.array([-1]), np.array([True]))[0])
     if events.empty:
-        end_node = int(b.add_nodes(np.array([we]), np.array([-1]), np.array([False]))[0])
-        b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
-        return _finish(b, rank, step, start_node, end_node)
+        return _finish(b, rank, step, -1, -1)
+    start_node = int(b.add_nodes(np.array([ws]), np.array([-1]), np.array([True]))[0])
 
     start = events["start_ns"].to_numpy(np.int64)
     end = events["end_ns"].to_numpy(np.int64)
@@ -310,15 +319,41 @@ def step_graph(
     lts = start[lrow]
     cur = order
     prev_end_ts = np.where(has_prev, de[np.clip(prev_idx, 0, None)], np.iinfo(np.int64).min)
-    idle_at_launch = prev_end_ts < lts
+    # Device work launched before the window and still running or queued on the stream (the
+    # previous step's backlog): the latest end among those events started before this one.
+    out_row, out_end = _backlog(events, device, drows[order], start, end)
+    backlog = (out_end > prev_end_ts) & (out_end >= lts)
+    idle_at_launch = (prev_end_ts < lts) & ~backlog
     # Stream idle at the launch: the launch delay carries the time; else the queue gap does.
     li = cur[idle_at_launch]
     b.add_edges(
-        lnode[idle_at_launch], d_start[li], np.maximum(ds[li] - lts[idle_at_launch], 0), LAUNCH_DELAY, -1, GPU_LAUNCH
+        lnode[idle_at_launch],
+        d_start[li],
+        np.maximum(ds[li] - lts[idle_at_launch], 0),
+        LAUNCH_DELAY,
+        drows[li],
+        GPU_LAUNCH,
     )
-    q = ~idle_at_launch
+    # Behind the backlog: from the start node to the backlog's end (the earlier event's time in the
+    # window, in its category), then the gap to this event.
+    bi = cur[backlog]
+    if len(bi):
+        b_row = out_row[backlog]
+        b_ts = np.minimum(out_end[backlog], ds[bi])
+        b_node = b.add_nodes(b_ts, b_row, np.zeros(len(bi), bool))
+        b_bound = np.where(kind.to_numpy(object)[b_row] == "comm", GPU_COMM, GPU_COMPUTE).astype(np.int8)
+        b.add_edges(np.full(len(bi), start_node), b_node, np.maximum(b_ts - ws, 0), OP, b_row, b_bound)
+        b.add_edges(b_node, d_start[bi], ds[bi] - b_ts, KERNEL_KERNEL, b_row, GPU_KK)
+        b.add_edges(lnode[backlog], d_start[bi], 0, DEPENDENCY, -1, -1)
+        bp = backlog & has_prev
+        b.add_edges(d_end[prev_idx[bp]], d_start[cur[bp]], 0, DEPENDENCY, -1, -1)
+    q = ~idle_at_launch & ~backlog
     qi, qp = cur[q], prev_idx[q]
-    b.add_edges(d_end[qp], d_start[qi], np.maximum(ds[qi] - de[qp], 0), KERNEL_KERNEL, drows[qp], GPU_KK)
+    ov = de[qp] > ds[qi]
+    b.add_edges(d_end[qp[~ov]], d_start[qi[~ov]], ds[qi[~ov]] - de[qp[~ov]], KERNEL_KERNEL, drows[qp[~ov]], GPU_KK)
+    # Overlapping the previous event on its stream (CUDA graph replays): it waited behind that
+    # event's start, and the time between the two starts is the earlier event's, in its category.
+    b.add_edges(d_start[qp[ov]], d_start[qi[ov]], ds[qi[ov]] - ds[qp[ov]], KERNEL_KERNEL, drows[qp[ov]], dbound[qp[ov]])
     b.add_edges(lnode[q], d_start[qi], 0, DEPENDENCY, -1, -1)
     # Stream order behind a launch edge: from the previous event's end when it ended by then, else
     # its start (events overlapping on one stream: CUDA graph replays).
@@ -336,28 +371,73 @@ def step_graph(
     t_order = np.lexsort((tour_depth, tour_is_start, tour_ts, np.r_[hkey, hkey]))
     tn, tt, tst, tev = tour_node[t_order], tour_ts[t_order], tour_is_start[t_order], tour_ev[t_order]
     tk = np.r_[hkey, hkey][t_order]
+    # The open event after each instant: its event when it is a start, else its event's parent.
+    open_after = np.where(tst, tev, hparent[tev]) if nh else np.zeros(0, np.int64)
+    main_key = _main_thread(hkey, hs, he, hdepth, host_pos[root] if root >= 0 else -1)
     same = tk[1:] == tk[:-1]
     a, c = np.flatnonzero(same), np.flatnonzero(same) + 1
-    # The open event in the segment a -> c: a's event when a is a start, else a's event's parent.
-    seg_ev = np.where(tst[a], tev[a], hparent[tev[a]])
-    top_gap = seg_ev < 0
+    seg_ev = open_after[a]
     w = np.maximum(tt[c] - tt[a], 0)
+    on_main = tk[a] == main_key
+    # The main thread's own time outside any traced op inside it (the root annotation's own segments,
+    # or top-level gaps without a root): untraced Python, or waiting on another thread. It can absorb:
+    # it carries its time only where nothing else arrives on time (_resolve_absorbing).
+    own = on_main & (seg_ev == (host_pos[root] if root >= 0 else -1))
+    # Another thread's time between its top-level ops is absorbing too (HTA: zero-weight dependencies).
+    top_gap = (seg_ev < 0) & ~own
     # A blocking call's own segment (its start to its end, no children) goes through its release.
     blocking_seg = tst[a] & ~tst[c] & (tev[a] == tev[c]) & hblock[tev[a]]
-    plain = ~top_gap & ~blocking_seg
+    plain = ~top_gap & ~blocking_seg & ~own
     b.add_edges(tn[a[plain]], tn[c[plain]], w[plain], OP, hrows[seg_ev[plain]], bound_host[seg_ev[plain]])
-    b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, DEPENDENCY, -1, -1)
+    absorbing = [
+        b.add_edges(tn[a[own]], tn[c[own]], 0, OP, root, CPU_BOUND),
+        b.add_edges(tn[a[top_gap]], tn[c[top_gap]], 0, OP, -1, CPU_BOUND),
+    ]
 
     # Blocking calls: release nodes and sync edges.
     bpos = tev[a[blocking_seg]]
-    wait_edges = _blocking_calls(
-        b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host
+    absorbing.append(
+        _blocking_calls(
+            b, events, hrows, bpos, h_start, h_end, drows, d_end, dlaunch, skey, start, end, corr, bound_host
+        )
     )
+
+    # Hand-offs: a run of another thread's top-level ops (ops with no main-thread instant between
+    # them) starts after the main thread's latest instant before it and is awaited by the main
+    # thread's next instant after it; both edges carry the main thread's time between (the open op
+    # there is charged). Added after the thread chains, so that on a tie the main thread's own op
+    # keeps the path.
+    mpos = np.flatnonzero(tk == main_key)
+    m_ts, m_node = tt[mpos], tn[mpos]
+    m_open = open_after[mpos]
+    other_top = np.flatnonzero((hkey != main_key) & (hparent < 0))
+    other_top = other_top[np.lexsort((hs[other_top], hkey[other_top]))]
+    if len(other_top) and len(mpos):
+        o_s, o_e, o_k = hs[other_top], he[other_top], hkey[other_top]
+        p = np.searchsorted(m_ts, o_s, side="right") - 1
+        j = np.searchsorted(m_ts, o_e, side="left")
+        first_of_thread = np.r_[True, o_k[1:] != o_k[:-1]]
+        last_of_thread = np.r_[o_k[1:] != o_k[:-1], True]
+        # A main-thread instant falls between this op and the previous (next) one of its thread.
+        prev_end = np.r_[np.iinfo(np.int64).min, o_e[:-1]]
+        next_start = np.r_[o_s[1:], np.iinfo(np.int64).max]
+        run_start = first_of_thread | ((p >= 0) & (m_ts[np.clip(p, 0, None)] >= prev_end))
+        run_end = last_of_thread | ((j < len(mpos)) & (m_ts[np.clip(j, 0, len(mpos) - 1)] <= next_start))
+        has_p = (p >= 0) & run_start
+        pp = p[has_p]
+        ev_p = np.where(m_open[pp] >= 0, hrows[np.clip(m_open[pp], 0, None)], -1)
+        bd_p = np.where(m_open[pp] >= 0, bound_host[np.clip(m_open[pp], 0, None)], CPU_BOUND)
+        b.add_edges(m_node[pp], h_start[other_top[has_p]], o_s[has_p] - m_ts[pp], OP, ev_p, bd_p)
+        has_j = (j < len(mpos)) & (j > 0) & run_end
+        jj = j[has_j]
+        ev_j = np.where(m_open[jj - 1] >= 0, hrows[np.clip(m_open[jj - 1], 0, None)], -1)
+        bd_j = np.where(m_open[jj - 1] >= 0, bound_host[np.clip(m_open[jj - 1], 0, None)], CPU_BOUND)
+        b.add_edges(h_end[other_top[has_j]], m_node[jj], m_ts[jj] - o_e[has_j], OP, ev_j, bd_j)
 
     # Anchor: start node before every source, every sink before the end node.
     ts, ev, st, src, dst, wt, kd, ee, bd = b.arrays()
-    last_ts = int(ts.max())
-    end_ts = max(we, last_ts)
+    # A step ends at its annotation's end or its last event's; a whole trace at its last graph event.
+    end_ts = max(we, int(ts.max())) if root >= 0 else int(ts.max())
     end_node = int(b.add_nodes(np.array([end_ts]), np.array([-1]), np.array([False]))[0])
     has_in = np.zeros(b.n, bool)
     has_in[dst] = True
@@ -367,17 +447,64 @@ def step_graph(
     sources = sources[(sources != start_node) & (sources != end_node)]
     sinks = np.flatnonzero(~has_out)
     sinks = sinks[(sinks != end_node) & (sinks != start_node)]
-    if root >= 0:
-        # The root annotation starts the step: the start node is tied to it with its own time.
-        sources = sources[sources != h_start[host_pos[root]]]
-        b.add_edges([start_node], [h_start[host_pos[root]]], 0, DEPENDENCY, -1, -1)
+    if len(mpos):
+        # The main thread's first instant: the start node's time until then is the main thread's.
+        first = m_node[0]
+        sources = sources[sources != first]
+        if root >= 0:  # the root annotation starts at the window's start
+            b.add_edges([start_node], [first], 0, DEPENDENCY, -1, -1)
+        else:
+            absorbing.append(b.add_edges([start_node], [first], 0, OP, -1, CPU_BOUND))
     b.add_edges(np.full(len(sources), start_node), sources, 0, DEPENDENCY, -1, -1)
     b.add_edges(sinks, np.full(len(sinks), end_node), 0, DEPENDENCY, -1, -1)
     if len(sinks) == 0:
         b.add_edges([start_node], [end_node], 0, DEPENDENCY, -1, -1)
-    del start_ts
     graph = _finish(b, rank, step, start_node, end_node)
-    return _fix_unexplained_waits(graph, wait_edges)
+    return _resolve_absorbing(graph, np.concatenate(absorbing))
+
+
+def _backlog(
+    events: pd.DataFrame, device: np.ndarray, rows: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per device row in ``rows``: the row and end of the latest-ending device event *not* in
+    ``rows`` on the same stream that started before it (-1 and int64 min when none)."""
+    none_row = np.full(len(rows), -1, np.int64)
+    none_end = np.full(len(rows), np.iinfo(np.int64).min, np.int64)
+    outside = device.copy()
+    outside[rows] = False
+    orows = np.flatnonzero(outside)
+    if len(orows) == 0 or len(rows) == 0:
+        return none_row, none_end
+    both = np.r_[orows, rows]
+    key = thread_keys(events["pid"].to_numpy(np.int64)[both], events["stream"].to_numpy(np.int64)[both])
+    ok, qk = key[: len(orows)], key[len(orows) :]
+    order = np.lexsort((start[orows], ok))
+    ok, o_s, o_e, o_r = ok[order], start[orows][order], end[orows][order], orows[order]
+    first = np.r_[True, ok[1:] != ok[:-1]]
+    arg = _group_running_argmax(o_e, np.cumsum(first) - 1)
+    # Per query, the last outside event of its stream starting before it.
+    lo = np.searchsorted(ok, qk, side="left")
+    pos = np.empty(len(rows), np.int64)
+    for k in np.unique(qk):  # few: one per stream
+        sel = qk == k
+        a, z = np.searchsorted(ok, k, side="left"), np.searchsorted(ok, k, side="right")
+        pos[sel] = a + np.searchsorted(o_s[a:z], start[rows][sel], side="left") - 1
+    found = (pos >= lo) & (pos >= 0)
+    found &= ok[np.clip(pos, 0, None)] == qk
+    at = arg[np.clip(pos, 0, None)]
+    return np.where(found, o_r[at], -1), np.where(found, o_e[at], np.iinfo(np.int64).min)
+
+
+def _main_thread(hkey: np.ndarray, hs: np.ndarray, he: np.ndarray, hdepth: np.ndarray, root_pos: int) -> int:
+    """The thread key of the step's root annotation; without one, the thread with the most top-level time."""
+    if root_pos >= 0:
+        return int(hkey[root_pos])
+    if len(hkey) == 0:
+        return -1
+    top = hdepth == 0
+    keys, inv = np.unique(hkey[top], return_inverse=True)
+    busy = np.bincount(inv, weights=(he - hs)[top].astype(np.float64))
+    return int(keys[int(np.argmax(busy))])
 
 
 def _group_running_argmax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -393,6 +520,15 @@ def _group_running_argmax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     is_new = lifted == run
     idx = np.where(is_new, np.arange(n), 0)
     return np.maximum.accumulate(idx)
+
+
+def _argmax_per_key(items: np.ndarray, key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per distinct key, the item with the largest value (the last such in ``items``' order on ties)."""
+    if len(items) == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((value, key))
+    last = np.r_[key[order][1:] != key[order][:-1], True]
+    return np.asarray(items, np.int64)[order[last]]
 
 
 def _host_bounds(names: pd.Series, hrows: np.ndarray, patterns: Sequence[str]) -> np.ndarray:
@@ -463,10 +599,9 @@ def _blocking_calls(
                 synced[s_b[i]] = True
                 continue
             # The last event started on each stream by then.
-            ck = dk[cand]
-            last = pd.Series(cand).groupby(ck).agg(lambda x: x[ds[x].argmax()] if len(x) else -1).to_numpy()
+            last = _argmax_per_key(cand, dk[cand], ds[cand])
             pairs_b.append(np.full(len(last), s_b[i]))
-            pairs_d.append(last.astype(np.int64))
+            pairs_d.append(last)
             synced[s_b[i]] = True
     if nd:
         lts = start[dlaunch]
@@ -476,10 +611,10 @@ def _blocking_calls(
                 if own:
                     cand = np.flatnonzero(corr[drows] == corr[brow[i]])
                 else:
-                    cand = np.flatnonzero(lts < bs[i])
-                    if len(cand):
-                        ck = skey[cand]
-                        cand = pd.Series(cand).groupby(ck).agg(lambda x: x[end[drows][x].argmax()]).to_numpy()
+                    # Launched before the call and done by its return (the trace does not say which
+                    # stream a stream synchronize waits on: the latest of each stream that fits).
+                    cand = np.flatnonzero((lts < bs[i]) & (end[drows] <= be[i]))
+                    cand = _argmax_per_key(cand, skey[cand], end[drows][cand])
                 if len(cand):
                     pairs_b.append(np.full(len(cand), i))
                     pairs_d.append(cand.astype(np.int64))
@@ -490,12 +625,11 @@ def _blocking_calls(
         np.maximum.at(awaited, pb, end[drows][pd_])
     release = np.clip(np.maximum(awaited, bs), bs, be)
     r_node = b.add_nodes(release, brow, np.zeros(len(brow), bool))
-    first_edge = sum(len(e[0]) for e in b.edges)
-    b.add_edges(h_start[bpos], r_node, 0, OP, brow, bound_host[bpos])
+    waits = b.add_edges(h_start[bpos], r_node, 0, OP, brow, bound_host[bpos])
     b.add_edges(r_node, h_end[bpos], be - release, OP, brow, bound_host[bpos])
     if len(pb):
-        b.add_edges(d_end[pd_], r_node[pb], np.maximum(release[pb] - end[drows][pd_], 0), SYNC, -1, -1)
-    return np.arange(first_edge, first_edge + len(brow), dtype=np.int64)
+        b.add_edges(d_end[pd_], r_node[pb], 0, SYNC, -1, -1)
+    return waits
 
 
 def _finish(b: _Builder, rank: int, step: int, start_node: int, end_node: int) -> StepGraph:
@@ -550,7 +684,9 @@ def topological_order(graph: StepGraph) -> np.ndarray:
 def longest_paths(graph: StepGraph, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the longest path length (ns) from the start node, and the in-edge it arrives by
     (-1 for the start node and nodes it does not reach). ``weights`` replaces the edge weights
-    (same order). Ties go to the edge added first."""
+    (same order). Of in-edges arriving at the same time, the path takes the one from the latest
+    instant (the last constraint released: another thread's op that ends inside the main thread's
+    untraced time, rather than the untraced time itself); then the one added first."""
     w = graph.edge_weight_ns if weights is None else weights
     n = len(graph.node_ts_ns)
     order = topological_order(graph)
@@ -559,20 +695,22 @@ def longest_paths(graph: StepGraph, weights: np.ndarray | None = None) -> tuple[
     ie = in_order.tolist()
     src = graph.edge_src.tolist()
     wl = w.tolist()
+    tsl = graph.node_ts_ns.tolist()
     unreached = -(1 << 62)
     dist = [unreached] * n
     via = [-1] * n
     dist[graph.start_node] = 0
     for v in order.tolist():
-        best, arg = dist[v], via[v]
+        best, arg, arg_ts = dist[v], via[v], unreached
         for k in range(in_start[v], in_start[v + 1]):
             e = ie[k]
-            d = dist[src[e]]
+            u = src[e]
+            d = dist[u]
             if d == unreached:
                 continue
             d += wl[e]
-            if d > best:
-                best, arg = d, e
+            if d > best or (d == best and tsl[u] > arg_ts):
+                best, arg, arg_ts = d, e, tsl[u]
         dist[v], via[v] = best, arg
     return np.asarray(dist, dtype=np.int64), np.asarray(via, dtype=np.int64)
 
@@ -590,11 +728,15 @@ def path_edges(graph: StepGraph, via: np.ndarray) -> np.ndarray:
     return np.asarray(out[::-1], dtype=np.int64)
 
 
-def _fix_unexplained_waits(graph: StepGraph, wait_edges: np.ndarray) -> StepGraph:
-    """Give a blocking call's wait its measured time where no path through the device arrives at its
-    release on time (it waited for work the graph cannot see), so the longest path stays the span.
+def _resolve_absorbing(graph: StepGraph, absorbing: np.ndarray) -> StepGraph:
+    """Weights of the absorbing edges: a blocking call's wait (start -> release) and the main
+    thread's own untraced time. Each carries its measured time only where no other in-edge of its
+    node arrives on time (the wait was for work the graph cannot see; the untraced time was the
+    main thread's own), else 0 (the time is explained by the path that arrives then). So the longest
+    path stays the measured span, and a replay that speeds up what was awaited moves the node.
 
-    One pass in topological order: the release node's arrival is checked once its in-edges are final."""
+    One pass in topological order: a node's absorbing edge is settled once its other in-edges are."""
+    wait_edges = absorbing
     if len(wait_edges) == 0:
         return graph
     w = graph.edge_weight_ns.copy()
@@ -606,21 +748,24 @@ def _fix_unexplained_waits(graph: StepGraph, wait_edges: np.ndarray) -> StepGrap
     ie = in_order.tolist()
     srcl, wl, tsl = src.tolist(), w.tolist(), ts.tolist()
     wait_at = {int(dst[e]): int(e) for e in wait_edges}
+    for e in wait_edges:
+        wl[int(e)] = 0
     t0 = tsl[graph.start_node]
     unreached = -(1 << 62)
     dist = [unreached] * n
     dist[graph.start_node] = 0
     for v in order.tolist():
         best = dist[v]
-        for k in range(in_start[v], in_start[v + 1]):
-            e = ie[k]
-            d = dist[srcl[e]]
-            if d != unreached and d + wl[e] > best:
-                best = d + wl[e]
         e = wait_at.get(v)
-        if e is not None and best < tsl[v] - t0:
-            wl[e] = tsl[v] - tsl[srcl[e]]
+        for k in range(in_start[v], in_start[v + 1]):
+            f = ie[k]
+            d = dist[srcl[f]]
+            if f != e and d != unreached and d + wl[f] > best:
+                best = d + wl[f]
+        if e is not None:
             d = dist[srcl[e]]
+            if best < tsl[v] - t0:
+                wl[e] = max(tsl[v] - tsl[srcl[e]], 0)
             if d != unreached:
                 best = max(best, d + wl[e])
         dist[v] = best
@@ -630,3 +775,94 @@ def _fix_unexplained_waits(graph: StepGraph, wait_edges: np.ndarray) -> StepGrap
 def build_step_graph(trace: RankTrace, step: int, data_load_patterns: Sequence[str] = ()) -> StepGraph:
     """:func:`step_graph` of one rank's trace."""
     return step_graph(trace.events, trace.steps, step, trace.rank, data_load_patterns)
+
+
+_COLLECTIVE_ANNOTATION = re.compile(r"^(gloo|nccl):")
+
+
+def _collective_nodes(graph: StepGraph, events: pd.DataFrame) -> pd.DataFrame:
+    """The collectives of one rank's graph, in start order: ``key`` (process group and the
+    collective's ordinal in it), ``start`` and ``end`` node ids. Device collectives (kind ``comm``)
+    where the graph has them, else host ``gloo:*``/``nccl:*`` annotations (CPU-only traces)."""
+    starts = np.flatnonzero(graph.node_is_start & (graph.node_event >= 0))
+    rows = graph.node_event[starts]
+    kinds = events["kind"].to_numpy(object)[rows]
+    pick = kinds == "comm"
+    if not pick.any():
+        names = events["name"].to_numpy(object)[rows]
+        pick = (kinds == "cpu_comm") & np.array([bool(_COLLECTIVE_ANNOTATION.match(str(n))) for n in names], bool)
+    starts, rows = starts[pick], rows[pick]
+    # Each event's end node: the non-start node of the same event that is not a release node (the
+    # event's end is added before any release node, so the first such node).
+    ends_all = np.flatnonzero(~graph.node_is_start & (graph.node_event >= 0))
+    first_end = pd.Series(ends_all, index=graph.node_event[ends_all])
+    first_end = first_end[~first_end.index.duplicated()]
+    ends = first_end.reindex(rows).to_numpy(np.int64)
+    order = np.argsort(graph.node_ts_ns[starts], kind="stable")
+    starts, rows, ends = starts[order], rows[order], ends[order]
+    pg = events["pg_name"].astype(object).to_numpy()[rows]
+    pg = np.array(["" if (p is None or p != p) else str(p) for p in pg], dtype=object)
+    ordinal = pd.Series(np.ones(len(pg), np.int64)).groupby(pg).cumsum().to_numpy() - 1 if len(pg) else pg
+    return pd.DataFrame({"pg": pg, "ordinal": ordinal, "start": starts, "end": ends})
+
+
+def join_ranks(traces: Sequence[RankTrace], step: int) -> StepGraph:
+    """The graphs of step ``step`` of several ranks joined into one (rank -1), with ``cross_rank``
+    edges between matched collectives.
+
+    Node ids: rank ``traces[i]``'s nodes follow those of the ranks before it, in the given order;
+    ``node_rank`` says whose each node is (``node_event`` and ``edge_event`` index that rank's
+    events table; an edge's rank is its source node's). A new start node (the earliest rank start)
+    precedes every rank's start node, and every rank's end node precedes a new end node (the latest
+    rank end), by zero-weight dependencies. Collectives are matched by process group and their
+    order in it on each rank (k-th all-reduce of group "0" with the k-th on every other rank); a
+    matched collective cannot end on one rank before it started on every other: an edge from each
+    rank's start of it to every other rank's end of it. A rank that lacks the step is an error.
+    """
+    graphs = [build_step_graph(t, step) for t in traces]
+    offsets = np.cumsum([0] + [len(g.node_ts_ns) for g in graphs])
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(g, name) for g in graphs])
+
+    node_ts, node_event, node_is_start = cat("node_ts_ns"), cat("node_event"), cat("node_is_start")
+    node_rank = np.concatenate([np.full(len(g.node_ts_ns), t.rank, np.int64) for g, t in zip(graphs, traces)])
+    shift = np.concatenate([np.full(len(g.edge_src), o, np.int64) for g, o in zip(graphs, offsets[:-1])])
+    src, dst = cat("edge_src") + shift, cat("edge_dst") + shift
+    weight, kind, event, bound = cat("edge_weight_ns"), cat("edge_kind"), cat("edge_event"), cat("edge_bound")
+    real = [i for i, g in enumerate(graphs) if g.start_node >= 0]
+    n = len(node_ts)
+    start_ts = min((int(graphs[i].node_ts_ns[graphs[i].start_node]) for i in real), default=0)
+    end_ts = max((int(graphs[i].node_ts_ns[graphs[i].end_node]) for i in real), default=0)
+    new_src = [np.array([n] * len(real), np.int64), np.array([offsets[i] + graphs[i].end_node for i in real], np.int64)]
+    new_dst = [
+        np.array([offsets[i] + graphs[i].start_node for i in real], np.int64),
+        np.array([n + 1] * len(real), np.int64),
+    ]
+    colls = [_collective_nodes(graphs[i], traces[i].events).assign(offset=offsets[i], r=i) for i in real]
+    if colls:
+        allc = pd.concat(colls, ignore_index=True)
+        pairs = allc.merge(allc, on=["pg", "ordinal"], suffixes=("_a", "_b"))
+        pairs = pairs[pairs["r_a"] != pairs["r_b"]]
+        new_src.append((pairs["start_a"] + pairs["offset_a"]).to_numpy(np.int64))
+        new_dst.append((pairs["end_b"] + pairs["offset_b"]).to_numpy(np.int64))
+    ns, nd = np.concatenate(new_src), np.concatenate(new_dst)
+    m = len(ns)
+    is_cross = np.zeros(m, bool)
+    is_cross[2 * len(real) :] = True
+    return StepGraph(
+        rank=-1,
+        step=step,
+        start_node=n,
+        end_node=n + 1,
+        node_ts_ns=np.r_[node_ts, start_ts, end_ts].astype(np.int64),
+        node_event=np.r_[node_event, -1, -1].astype(np.int64),
+        node_is_start=np.r_[node_is_start, True, False].astype(bool),
+        edge_src=np.r_[src, ns],
+        edge_dst=np.r_[dst, nd],
+        edge_weight_ns=np.r_[weight, np.zeros(m, np.int64)],
+        edge_kind=np.r_[kind, np.where(is_cross, CROSS_RANK, DEPENDENCY).astype(np.int8)],
+        edge_event=np.r_[event, np.full(m, -1, np.int64)],
+        edge_bound=np.r_[bound, np.full(m, -1, np.int8)],
+        node_rank=np.r_[node_rank, -1, -1],
+    )

@@ -34,7 +34,9 @@ from analyzer.metrics import (
     breakdown,
     collective_model,
     collectives,
+    critical_path,
     curves,
+    depgraph,
     goodput,
     idle,
     kernels,
@@ -108,6 +110,7 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "memory_steps": lambda: memory.metrics_step_memory(_frame(METRICS_COLUMNS)),
     "rank_memory": lambda: {0: memory.rank_memory(memory.empty_events(), tables.empty_steps())},
     "op_shapes": lambda: attribution.run_attribution({}).shapes,
+    "step_graph": lambda: depgraph.step_graph(tables.empty_events(), tables.empty_steps(), -1),
 }
 
 
@@ -170,6 +173,19 @@ METRICS: tuple[Metric, ...] = (
     metric(collectives.diagnose, params={"link_gbps": None}, table="comm_kernels"),
     metric(collectives.diagnose_unsized, table="comm_kernels"),
     # curves: training curves of the metrics records
+    metric(
+        critical_path.critical_path,
+        echoes=("rank", "step", "graph"),
+        graph="step_graph",
+        events="events",
+    ),
+    metric(
+        depgraph.step_graph,
+        params={"step": -1},
+        echoes=("rank", "step", "start_node", "end_node"),
+        events="events",
+        steps="steps",
+    ),
     metric(curves.training_curves, manifest="manifest", metrics="metrics"),
     metric(curves.smooth, params={"window": 5}, table="curves"),
     metric(curves.overlay, params={"metric": "loss"}, curves="run_curves"),
