@@ -465,10 +465,10 @@ def apply(graph: StepGraph, facts: EdgeFacts, changes: list[Change]) -> Weights:
 
 
 def collective_order(graph: StepGraph, facts: EdgeFacts, events: pd.DataFrame) -> np.ndarray:
-    """The collective edges of a rank's step in issue order (their events' start)."""
-    comm = np.flatnonzero(facts.is_comm)
-    start = events["start_ns"].to_numpy(np.int64)[graph.edge_event[comm]]
-    return comm[np.argsort(start, kind="stable")]
+    """The collective events of a rank's step (row positions) in issue order (their start, then row)."""
+    rows = np.unique(graph.edge_event[facts.is_comm])
+    start = events["start_ns"].to_numpy(np.int64)[rows]
+    return rows[np.lexsort((rows, start))]
 
 
 def without_rank_delay(
@@ -476,16 +476,18 @@ def without_rank_delay(
 ) -> dict[int, Weights]:
     """Per other rank, weights with the waits for ``rank`` taken out of its collectives.
 
-    The k-th collective of the step is the same collective on every rank
-    (one process group issues them in one order). Where ``rank`` took the
-    least time in it, it arrived last and the others waited for it: their
-    time there becomes ``rank``'s (the transfer alone), and so does the
-    host's wait for it (host-gap edges overlapping the first ``wait`` ns of
-    the collective, :attr:`EdgeFacts.host_gap`). Replaying the other
-    ranks with these weights predicts the job's step without ``rank``'s
-    delay (``rank`` itself then runs at the pace of the others, so it is not
-    replayed). Raises ReplayError when the ranks' steps hold different
-    numbers of collectives, or ``rank`` is not among them.
+    ``order``: per rank its collectives (:func:`collective_order`). The k-th
+    collective of the step is the same collective on every rank (one process
+    group issues them in one order). A collective's time on a rank is the sum
+    of its edges' weights. Where ``rank`` took the least time in it, it
+    arrived last and the others waited for it: their time there becomes
+    ``rank``'s (the transfer alone; each of its edges scaled alike), and so
+    does the host's wait for it (host-gap edges overlapping the first
+    ``wait`` ns of the collective, :attr:`EdgeFacts.host_gap`). Replaying the
+    other ranks with these weights predicts the job's step without
+    ``rank``'s delay (``rank`` itself then runs at the pace of the others, so
+    it is not replayed). Raises ReplayError when the ranks' steps hold
+    different numbers of collectives, or ``rank`` is not among them.
     """
     if rank not in graphs:
         raise ReplayError(f"rank {rank} is not traced (ranks {', '.join(map(str, sorted(graphs)))})")
@@ -493,23 +495,38 @@ def without_rank_delay(
     if len(set(counts.values())) > 1:
         raise ReplayError(f"ranks hold different numbers of collectives in the step: {counts}")
     base = {r: Weights(replay_weights(g)) for r, g in graphs.items()}
-    late = base[rank].weight_ns[order[rank]]
-    others = [r for r in graphs if r != rank]
-    times = np.stack([base[r].weight_ns[order[r]] for r in graphs])
-    rank_last = late <= times.min(axis=0)
+
+    def per_collective(r: int) -> tuple[np.ndarray, np.ndarray]:
+        """(per edge: its collective's index in order[r] or -1, per collective: its time on rank r)."""
+        g = graphs[r]
+        index = np.full(len(g.edge_event), -1, dtype=np.int64)
+        pos = {int(row): k for k, row in enumerate(order[r])}
+        comm = np.flatnonzero(facts[r].is_comm)
+        index[comm] = [pos.get(int(row), -1) for row in g.edge_event[comm]]
+        ok = index >= 0
+        time = np.bincount(index[ok], weights=base[r].weight_ns[ok], minlength=len(order[r]))
+        return index, time.astype(np.int64)
+
+    split = {r: per_collective(r) for r in graphs}
+    late = split[rank][1]
+    rank_last = late <= np.stack([split[r][1] for r in graphs]).min(axis=0)
     out = {}
-    for r in others:
+    for r in (r for r in graphs if r != rank):
         g, w = graphs[r], base[r].weight_ns.copy()
-        edges = order[r][rank_last]
-        waited = np.maximum(w[edges] - late[rank_last], 0)
+        index, time = split[r]
+        waited = np.where(rank_last, np.maximum(time - late, 0), 0)
         # While it waited, the host of this rank sat outside every op (DDP's wait on a gloo collective)
         # or in the collective itself: both shrink by the wait.
-        start = g.node_ts_ns[g.edge_src[edges]]
-        windows = union(start, start + waited)
+        first = np.full(len(order[r]), np.iinfo(np.int64).max, dtype=np.int64)
+        on = index >= 0
+        np.minimum.at(first, index[on], g.node_ts_ns[g.edge_src[on]])
+        hit = rank_last & (waited > 0)
+        windows = union(first[hit], first[hit] + waited[hit])
         gap = facts[r].host_gap
         lo, hi = g.node_ts_ns[g.edge_src], g.node_ts_ns[g.edge_dst]
         w[gap] = np.maximum(w[gap] - covered_ns(lo[gap], hi[gap], windows), 0)
-        w[edges] = w[edges] - waited
+        keep = np.where(time > 0, (time - waited) / np.maximum(time, 1), 1.0)
+        w[on] = np.rint(w[on] * keep[index[on]]).astype(np.int64)
         out[r] = Weights(w)
     return out
 
