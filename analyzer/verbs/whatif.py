@@ -221,8 +221,8 @@ def path_ops(graph: StepGraph, events: pd.DataFrame, r: Replay, weights: np.ndar
             "ns": w[keep],
         }
     )
-    per = frame.groupby(["name", "kind"], sort=False, as_index=False)["ns"].sum()
-    per = per.sort_values("ns", ascending=False, kind="stable").head(top)
+    per: pd.DataFrame = frame.groupby(["name", "kind"], sort=False, as_index=False)[["ns"]].sum()
+    per = per.sort_values(by="ns", ascending=False, kind="stable").head(top)
     total = float(w[w > 0].sum())
     return tuple(
         PathOp(name=str(name), kind=str(kind), ms_on_path=float(ns) / 1e6, pct=100.0 * float(ns) / total)
