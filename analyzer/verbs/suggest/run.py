@@ -190,7 +190,10 @@ def suggest_with_replay(ra: "RunAnalysis", path: Path, cache: bool = True) -> li
         return suggest(ra)  # the analysis has said why no trace could be used
     if len(traces) > REPLAY_MAX_TRACES:
         return suggest(ra)
-    return replay_predictions(ra, traces)
+    try:
+        return replay_predictions(ra, traces)
+    except AnalyzerError:
+        return suggest(ra)  # a step without a usable graph (a cycle): the closed form, which needs none
 
 
 def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:
