@@ -60,6 +60,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from analyzer.api import analyze  # noqa: E402
+from analyzer.errors import AnalyzerError  # noqa: E402
 from analyzer.verbs.suggest import emit_config, suggest  # noqa: E402
 from analyzer.verbs.suggest.run import replay_predictions  # noqa: E402
 from analyzer.verbs.whatif import run_traces  # noqa: E402
@@ -328,8 +329,11 @@ def run_dir_of(ra) -> Path:
 
 def replay_gain(ra, run_dir: Path, rule: str) -> float | None:
     """The replay's predicted gain for ``rule``'s suggestion on this run; None where the replay does not predict it."""
-    traces, _ = run_traces(run_dir)
-    s = next((s for s in replay_predictions(ra, traces) if s.rule == rule), None)
+    try:
+        traces, _ = run_traces(run_dir)
+        s = next((s for s in replay_predictions(ra, traces) if s.rule == rule), None)
+    except AnalyzerError:
+        return None  # no trace, or a step without a usable graph
     return s.gain if s is not None and s.predicted is not None and s.predicted.model == "replay" else None
 
 
