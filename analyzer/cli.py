@@ -470,10 +470,10 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         from analyzer.verbs.suggest.emit import emit_config
         from analyzer.verbs.suggest.facts import run_facts
         from analyzer.render.text import suggestions_text
-        from analyzer.verbs.suggest.run import suggest_with_replay, suggestions_document
+        from analyzer.verbs.suggest.run import suggest, suggest_with_replay, suggestions_document
 
         analysis = _analyze(path, args, jobs)
-    suggestions = suggest_with_replay(analysis, path, cache=not args.no_cache)
+    suggestions = suggest_with_replay(analysis, path, cache=not args.no_cache) if args.replay else suggest(analysis)
     facts = run_facts(analysis)
     if args.json:
         _write_text(args.json, dumps_json(suggestions_document(analysis)))
@@ -853,6 +853,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)"
+    )
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="predict with the replay of the profiled steps where it simulates the change (docs/suggestions.md, "
+        "Replay); the report's suggestions keep the closed form",
     )
     p.set_defaults(func=cmd_suggest)
 

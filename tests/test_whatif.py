@@ -116,3 +116,14 @@ def test_suggestions_take_the_replays_prediction_where_it_applies():
     # The analysis' memo holds them: the report's and the JSON's suggestions say the same.
     assert suggest(ra)[0].predicted.model == "replay"
     assert suggestions_document(ra)["suggestions"][0]["predicted"]["model"] == "replay"
+
+
+def test_suggest_replay_flag(tmp_path, capsys):
+    """`analyzer suggest --replay` says which model predicted; without it, the closed form (as the report)."""
+    out = tmp_path / "s.json"
+    assert cli.main(["suggest", str(SLOW_RANK_RUN), "--replay", "--json", str(out), "--quiet"]) == 0
+    assert "how (replay): replay of 2 profiled step(s)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["suggestions"][0]["predicted"]["model"] == "replay"
+    assert cli.main(["suggest", str(SLOW_RANK_RUN), "--json", str(out), "--quiet"]) == 0
+    assert "how (closed-form): rank 1 without" in capsys.readouterr().out
+    assert json.loads(out.read_text())["suggestions"][0]["predicted"]["model"] == "closed-form"

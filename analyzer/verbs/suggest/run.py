@@ -179,11 +179,17 @@ REPLAY_MAX_TRACES = 64
 
 
 def suggest_with_replay(ra: "RunAnalysis", path: Path, cache: bool = True) -> list[Suggestion]:
-    """``analyzer suggest``'s suggestions: :func:`replay_predictions` over the run's traces at ``path`` when it
-    has at most :data:`REPLAY_MAX_TRACES` trace files, else (or without a usable trace) :func:`suggest`."""
+    """``analyzer suggest --replay``'s suggestions: :func:`replay_predictions` over the run's traces at ``path``
+    when a suggestion's change is one the replay simulates and the run has at most :data:`REPLAY_MAX_TRACES`
+    trace files, else (or without a usable trace) :func:`suggest`."""
     from analyzer.errors import AnalyzerError
+    from analyzer.verbs.suggest.facts import run_facts
+    from analyzer.verbs.suggest.whatif import replay_request
     from analyzer.verbs.whatif import run_traces
 
+    facts = run_facts(ra)
+    if not any(replay_request(s, facts) for s in suggest(ra)):
+        return suggest(ra)  # no change the replay simulates: the traces are not read
     try:
         traces, _ = run_traces(path, cache=cache)
     except AnalyzerError:
