@@ -18,30 +18,40 @@ Edges (:data:`EDGE_KINDS`):
 
 * ``op``: the time a host event spends between consecutive instants of its thread (its start, its
   children's starts and ends, its end), attributed to the innermost event open in that segment;
-  a device event's duration. The segment between two top-level events of a thread is a
-  ``dependency`` (zero weight: HTA's rule; inside a step the root annotation is open, so the main
-  thread's chain has no such gap).
+  a device event's duration.
 * ``launch_delay``: a launch call's start to its device event's start, weight the measured
   delay, when the stream was idle at the launch (the previous event on the stream ended before the
   call started; HTA's test). Otherwise the device event waited in the stream's queue: the edge from
   the previous event's end is a ``kernel_kernel`` edge carrying the gap, and the launch a
-  zero-weight ``dependency``.
+  zero-weight ``dependency``. Two events overlapping on one stream (CUDA graph replays): the later
+  waits behind the earlier one's start, that edge carrying the earlier event's time in its category.
+  Queued behind device work launched before the window (the previous step's backlog, events not in
+  the graph): start node -> a node at the backlog's end (an ``op`` edge charged to the backlog's
+  last event, in its category) -> the event (``kernel_kernel``, the gap).
 * ``sync``: a device event's end to the release of a blocking host call that waited for it
-  (:data:`BLOCKING_CALLS`). A blocking call ``[s, e]`` gets a synthetic *release* node at
-  ``r = clip(latest awaited end, s, e)``: ``s -> r`` is an ``op`` edge of zero weight (waiting is
-  not work: HTA's zero-weight blocking calls) and ``r -> e`` an ``op`` edge carrying the return
-  after the release. So the host is on the path only for the part of the call after the device
-  finished, and a replay with faster device work moves the release. Which device events a call
-  awaits: the ``cuda_sync`` events of newer traces (``Stream Sync``: the last event on that stream;
-  ``Context Sync``: the last on every stream); without them, a device synchronize (and, lacking
-  the stream in the trace, a stream synchronize) awaits every device event launched before the
-  call, a blocking memcpy its own copy. When no awaited event's path arrives on time (work the
-  graph cannot see), the wait edge carries the wait so that the longest path stays the span.
+  (:data:`BLOCKING_CALLS`), zero weight. A blocking call ``[s, e]`` gets a *release* node (a
+  second non-start node of the call's event) at ``r = clip(latest awaited end, s, e)``: ``s -> r``
+  is its wait and ``r -> e`` an ``op`` edge carrying the return after the release. So the host is
+  on the path only for the part of the call after the device finished, and a replay with faster
+  device work moves the release. Which device events a call awaits: the ``cuda_sync`` events of
+  newer traces (``Stream Sync``: the last event on that stream; ``Context Sync``: the last on every
+  stream); without them, per stream the last event launched before the call that ended by its
+  return (the trace does not say which stream a stream synchronize waits on); a blocking memcpy
+  its own copy.
 * ``dependency``: zero-weight order: the start node to every node without a predecessor, every
   node without a successor to the end node, stream order behind a launch edge, launch order behind
   a kernel-kernel edge.
 * ``cross_rank``: in a joined multi-rank graph (:func:`join_ranks`), from each rank's start of a
   matched collective to every other rank's end of it.
+
+Absorbing ``op`` edges (:func:`_resolve_absorbing`): the main thread's own time (the step
+annotation's segments: untraced Python, or waiting on another thread), the time between another
+thread's top-level ops (HTA: zero-weight dependencies) and a blocking call's wait carry their
+measured time only where no other in-edge arrives at their node on time, else 0: the path then goes
+through what explains the time, and the longest path stays the span. Hand-offs: a run of another
+thread's top-level ops (no main-thread instant between them) gets an ``op`` edge from the main
+thread's latest instant before it and one to the main thread's next instant after it, carrying the
+main thread's time between (charged to the main thread's open op there).
 
 Invariants (tests/test_depgraph*.py): a DAG; ``node_ts_ns[dst] >= node_ts_ns[src] + weight`` up to
 :data:`ROUNDING_NS` per edge (Kineto rounds a child's end and its parent's end separately; a
@@ -52,9 +62,10 @@ node sits at the later of the window's end and the last graph event's end (devic
 in the step and still running after its annotation closed belongs to the step).
 
 Differences from HTA, by design (docs/metrics.md, "Critical path"): HTA's graph has no single
-start and end (its longest path may start and end anywhere) and loses the time of a blocking call
-after its release and of top-level gaps; ours is anchored at the step's start and end so the path
-length is the measured span. HTA drops a kernel-kernel edge over 1.5 ms; we keep it (the kernel
+start and end (its longest path may start and end anywhere), no edge into the previous step's
+device backlog, and gives no weight to a blocking call, to the step annotation's own time and to
+the gaps between a thread's top-level ops; ours is anchored at the step's start and end so the
+path length is the measured span. HTA drops a kernel-kernel edge over 1.5 ms; we keep it (the kernel
 waited in its stream's queue that long). Cross-thread runtime-lock edges are not modelled.
 Event record/wait (``Event Sync``, ``Stream Wait Event``) need the ``cuda_sync`` events' record
 correlation, which the loader does not keep: those waits are not edges yet.
@@ -67,6 +78,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
@@ -159,15 +171,23 @@ class _Builder:
         self.n += len(ts)
         return ids
 
-    def add_edges(self, src, dst, weight, kind, event, bound) -> np.ndarray:
+    def add_edges(
+        self,
+        src: npt.ArrayLike,
+        dst: npt.ArrayLike,
+        weight: npt.ArrayLike,
+        kind: int,
+        event: npt.ArrayLike,
+        bound: npt.ArrayLike,
+    ) -> np.ndarray:
         """Appends edges; returns their ids."""
-        src = np.asarray(src, np.int64)
-        m = len(src)
+        src_ids = np.asarray(src, np.int64)
+        m = len(src_ids)
         first = self.m
         self.m += m
         self.edges.append(
             (
-                src,
+                src_ids,
                 np.asarray(dst, np.int64),
                 np.broadcast_to(np.asarray(weight, np.int64), (m,)).copy(),
                 np.broadcast_to(np.asarray(kind, np.int8), (m,)).copy(),
@@ -607,16 +627,16 @@ def _blocking_calls(
         lts = start[dlaunch]
         for name_set, own in ((_AWAIT_ALL, False), (_AWAIT_OWN, True)):
             pick = np.flatnonzero(~synced & np.isin(bname, list(name_set)))
-            for i in pick:  # few: one per synchronize call
+            for k in pick:  # few: one per synchronize call
                 if own:
-                    cand = np.flatnonzero(corr[drows] == corr[brow[i]])
+                    cand = np.flatnonzero(corr[drows] == corr[brow[k]])
                 else:
                     # Launched before the call and done by its return (the trace does not say which
                     # stream a stream synchronize waits on: the latest of each stream that fits).
-                    cand = np.flatnonzero((lts < bs[i]) & (end[drows] <= be[i]))
+                    cand = np.flatnonzero((lts < bs[k]) & (end[drows] <= be[k]))
                     cand = _argmax_per_key(cand, skey[cand], end[drows][cand])
                 if len(cand):
-                    pairs_b.append(np.full(len(cand), i))
+                    pairs_b.append(np.full(len(cand), k))
                     pairs_d.append(cand.astype(np.int64))
     pb = np.concatenate(pairs_b) if pairs_b else np.zeros(0, np.int64)
     pd_ = np.concatenate(pairs_d) if pairs_d else np.zeros(0, np.int64)
