@@ -25,6 +25,7 @@ from analyzer.metrics.replay import (
     overlap_comm,
     replay,
     replay_weights,
+    replayed_path,
     without_rank_delay,
 )
 
@@ -143,7 +144,7 @@ def test_faster_gemm_moves_a_queued_kernel_and_the_sync():
     # A takes 40: ends at 55; B starts max(20 + 15, 55 + 10) = 65, ends 110; the sync returns at 120.
     assert r.length_ns == 120
     # The new path runs through the device: GEMM 40 + gap 10 + B 45 + return 10, launch 15 of 120 on it.
-    assert r.breakdown_pct["gpu_compute_bound"] == pytest.approx(100 * 85 / 120)
+    assert replayed_path(g, r, events).breakdown_pct["gpu_compute_bound"] == pytest.approx(100 * 85 / 120)
 
 
 def test_faster_kernel_does_nothing_when_the_step_waits_for_its_launch():
@@ -264,7 +265,8 @@ def test_longest_times_match_networkx_on_random_dags():
 def test_critical_path_is_a_longest_path():
     g, _ = gpu_step()
     r = replay(g)
-    w = replay_weights(g)
+    w = r.weight_ns
+    assert (w == replay_weights(g)).all()
     assert int(w[r.path_edges].sum()) == r.length_ns
     assert g.edge_src[r.path_edges[0]] == g.start_node and g.edge_dst[r.path_edges[-1]] == g.end_node
     assert (g.edge_dst[r.path_edges[:-1]] == g.edge_src[r.path_edges[1:]]).all()

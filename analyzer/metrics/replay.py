@@ -51,6 +51,7 @@ models, their assumptions and measured accuracy are in docs/suggestions.md
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -61,7 +62,8 @@ from analyzer.errors import AnalyzerError
 from analyzer.ingest.schema import FLOP_OPS, MEMORY_BOUND_OPS
 from analyzer.metrics.collective_model import fit_alpha_beta
 from analyzer.metrics.collectives import collective_table
-from analyzer.metrics.depgraph import BOUND_CATEGORIES, EDGE_KINDS, StepGraph, longest_paths, path_edges
+from analyzer.metrics.critical_path import CriticalPath, critical_path
+from analyzer.metrics.depgraph import EDGE_KINDS, StepGraph, longest_paths, path_edges
 from analyzer.metrics.idle import LAUNCH_CALLS
 from analyzer.metrics.intervals import total_ns, union
 from analyzer.metrics.taxonomy import CLASSES, row_classes
@@ -82,23 +84,21 @@ class ReplayError(AnalyzerError):
 
 @dataclass(frozen=True)
 class Replay:
-    """The replayed step: its predicted length, the measured one, and the new critical path.
+    """The replayed step: its predicted length and the measured one (ns).
 
     ``node_ts_ns``: each instant's replayed time (the start node keeps its
     measured time). ``path_edges``: the edges of the replayed critical path,
-    start to end. ``breakdown_pct``: every :data:`BOUND_CATEGORIES` name ->
-    share (%) of the weighted time on that path, by the category of each
-    edge, as HTA's ``summary()`` (a sync edge carrying its host call's return
-    latency counts as ``cpu_bound``, the call's category).
-    ``floor_ns``: a lower bound a change set on the step (work moved off the
-    path that still runs within it); ``length_ns`` already includes it.
+    start to end. ``weight_ns``: the weights replayed (its breakdown and ops:
+    :func:`replayed_path`). ``floor_ns``: a lower bound a change set on the
+    step (work moved off the path that still runs within it); ``length_ns``
+    already includes it.
     """
 
     length_ns: int
     measured_ns: int
     node_ts_ns: np.ndarray
     path_edges: np.ndarray
-    breakdown_pct: dict[str, float]
+    weight_ns: np.ndarray
     floor_ns: int = 0
 
     @property
@@ -210,16 +210,11 @@ def longest_times(graph: StepGraph, weight_ns: np.ndarray) -> tuple[np.ndarray, 
     return int(graph.node_ts_ns[graph.start_node]) + dist, via
 
 
-def path_breakdown(graph: StepGraph, weight_ns: np.ndarray, path: np.ndarray) -> dict[str, float]:
-    """Every :data:`BOUND_CATEGORIES` name -> % of the weighted time on ``path`` (0.0 for a path without time)."""
-    w = np.asarray(weight_ns, dtype=np.int64)[path]
-    bound = graph.edge_bound[path].astype(np.int64)
-    # A zero-weight kind that carries time in the replay is a sync edge holding its host call's return.
-    bound = np.where(bound < 0, BOUND_CATEGORIES.index("cpu_bound"), bound)
-    ok = w > 0
-    per = np.bincount(bound[ok], weights=w[ok], minlength=len(BOUND_CATEGORIES)).astype(np.float64)
-    total = per.sum()
-    return {name: (100.0 * float(v) / total if total > 0 else 0.0) for name, v in zip(BOUND_CATEGORIES, per)}
+def replayed_path(graph: StepGraph, r: Replay, events: pd.DataFrame) -> CriticalPath:
+    """The critical path of the replayed step: its breakdown by HTA's categories and its ops ranked by
+    time on it (:func:`analyzer.metrics.critical_path.critical_path` of the graph with the replayed weights;
+    a floor the change set is not on it)."""
+    return critical_path(dataclasses.replace(graph, edge_weight_ns=r.weight_ns), events)
 
 
 def replay(graph: StepGraph, weights: Weights | np.ndarray | None = None) -> Replay:
@@ -242,7 +237,7 @@ def replay(graph: StepGraph, weights: Weights | np.ndarray | None = None) -> Rep
         measured_ns=int(graph.node_ts_ns[graph.end_node]) - start,
         node_ts_ns=t,
         path_edges=path,
-        breakdown_pct=path_breakdown(graph, w, path),
+        weight_ns=w,
         floor_ns=int(weights.floor_ns),
     )
 
@@ -547,6 +542,7 @@ __all__ = [
     "overlap_comm",
     "replay",
     "replay_weights",
+    "replayed_path",
     "without_rank_delay",
 ]
 

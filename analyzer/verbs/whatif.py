@@ -18,12 +18,12 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.tables import RankTrace
 from analyzer.jsontext import jsonable
+from analyzer.metrics.critical_path import CriticalPath
 from analyzer.metrics.depgraph import StepGraph
 from analyzer.metrics.replay import (
     Change,
@@ -41,6 +41,7 @@ from analyzer.metrics.replay import (
     no_launch_overhead,
     overlap_comm,
     replay,
+    replayed_path,
     without_rank_delay,
 )
 
@@ -108,10 +109,11 @@ class WhatIfRequest:
 
 @dataclass(frozen=True)
 class PathOp:
-    """An event on a replayed critical path: its time on the path (ms) and share of the path (%)."""
+    """Events of one name on a replayed critical path: their time on it (ms), share of it (%), category."""
 
     name: str
     kind: str
+    bound: str
     ms_on_path: float
     pct: float
 
@@ -147,7 +149,13 @@ class StepWhatIf:
             "breakdown_before_pct": {k: jsonable(v) for k, v in self.breakdown_before_pct.items()},
             "breakdown_after_pct": {k: jsonable(v) for k, v in self.breakdown_after_pct.items()},
             "path_ops": [
-                {"name": o.name, "kind": o.kind, "ms_on_path": jsonable(o.ms_on_path), "pct": jsonable(o.pct)}
+                {
+                    "name": o.name,
+                    "kind": o.kind,
+                    "bound": o.bound,
+                    "ms_on_path": jsonable(o.ms_on_path),
+                    "pct": jsonable(o.pct),
+                }
                 for o in self.path_ops
             ],
         }
@@ -206,27 +214,12 @@ class WhatIfResult:
         }
 
 
-def path_ops(graph: StepGraph, events: pd.DataFrame, r: Replay, weights: np.ndarray, top: int) -> tuple[PathOp, ...]:
-    """The ``top`` events with the most time on the replayed path (edges without an event are left out)."""
-    path = r.path_edges
-    w = np.asarray(weights, dtype=np.int64)[path]
-    ev = graph.edge_event[path]
-    keep = (w > 0) & (ev >= 0)
-    if not keep.any() or r.length_ns <= 0:
-        return ()
-    frame = pd.DataFrame(
-        {
-            "name": events["name"].astype(str).to_numpy(object)[ev[keep]],
-            "kind": events["kind"].astype(str).to_numpy(object)[ev[keep]],
-            "ns": w[keep],
-        }
-    )
-    per: pd.DataFrame = frame.groupby(["name", "kind"], sort=False, as_index=False)[["ns"]].sum()
-    per = per.sort_values(by="ns", ascending=False, kind="stable").head(top)
-    total = float(w[w > 0].sum())
+def path_ops(path: CriticalPath, top: int) -> tuple[PathOp, ...]:
+    """The ``top`` rows of a critical path's ops (ranked by time on it)."""
+    ops = path.ops.head(top)
     return tuple(
-        PathOp(name=str(name), kind=str(kind), ms_on_path=float(ns) / 1e6, pct=100.0 * float(ns) / total)
-        for name, kind, ns in zip(per["name"], per["kind"], per["ns"])
+        PathOp(name=str(n), kind=str(k), bound=str(b), ms_on_path=float(ms), pct=float(p))
+        for n, k, b, ms, p in zip(ops["name"], ops["kind"], ops["bound"], ops["ms_on_path"], ops["pct"])
     )
 
 
@@ -268,7 +261,8 @@ def whatif_graphs(
             after[r] = (replay(g, w), w)
         slow = max(after, key=lambda r: (after[r][0].length_ns, -r))
         slow_before = max(before, key=lambda r: (before[r].length_ns, -r))
-        g, ev = ranks[slow]
+        path_before = replayed_path(ranks[slow_before][0], before[slow_before], ranks[slow_before][1])
+        path_after = replayed_path(ranks[slow][0], after[slow][0], ranks[slow][1])
         out.append(
             StepWhatIf(
                 step=step,
@@ -278,9 +272,9 @@ def whatif_graphs(
                 job_measured_ms=max(b.measured_ms for b in before.values()),
                 job_predicted_ms=after[slow][0].length_ms,
                 rank_on_path=slow,
-                breakdown_before_pct=before[slow_before].breakdown_pct,
-                breakdown_after_pct=after[slow][0].breakdown_pct,
-                path_ops=path_ops(g, ev, after[slow][0], after[slow][1].weight_ns, top),
+                breakdown_before_pct=path_before.breakdown_pct,
+                breakdown_after_pct=path_after.breakdown_pct,
+                path_ops=path_ops(path_after, top),
             )
         )
     result = WhatIfResult(
