@@ -72,9 +72,9 @@ from analyzer.metrics.text import is_in, text_mask
 OP, LAUNCH_DELAY, KERNEL_KERNEL, DEPENDENCY, SYNC, CROSS_RANK = (EDGE_KINDS.index(k) for k in EDGE_KINDS)
 # Constraints into a device event's start that carry the measured delay (see the module docstring).
 WAIT_KINDS = (LAUNCH_DELAY, KERNEL_KERNEL)
-# Host ops whose time grows with the batch on CPU-only graphs: the aten ops doing per-sample work.
 # PyTorch's profiler annotates the optimizer's step and zero_grad with names starting so.
 OPTIMIZER_PREFIX = "Optimizer."
+# Host ops whose time grows with the batch on CPU-only graphs: the aten ops doing per-sample work.
 BATCH_HOST_OPS = FLOP_OPS | MEMORY_BOUND_OPS | frozenset({"aten::embedding", "aten::embedding_backward"})
 
 
