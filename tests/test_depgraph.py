@@ -20,6 +20,7 @@ import scipy.sparse.csgraph
 from analyzer.errors import AnalyzerError
 from analyzer.ingest.load import load_trace
 from analyzer.ingest.tables import RankTrace, events_from_records, steps_from_events
+from analyzer.metrics.critical_path import critical_path
 from analyzer.metrics.depgraph import (
     BOUND_CATEGORIES,
     EDGE_KINDS,
@@ -330,6 +331,10 @@ def test_join_ranks_links_matched_collectives(tmp_path: Path) -> None:
     topological_order(g)
     dist, _ = longest_paths(g)
     assert int(dist[g.end_node]) == 100 * US
+    # The joined path names each rank's events from that rank's table.
+    cp = critical_path(g, {t.rank: t.events for t in traces})
+    assert cp.length_ms == pytest.approx(0.1)
+    assert "ProfilerStep#1" in set(cp.ops["name"])
 
 
 # The shared traces with ProfilerStep markers (under ../shared/traces), but df_index_resolver (123k

@@ -18,7 +18,7 @@ shares. docs/metrics.md, "Critical path", says how this agrees with HTA and wher
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -61,10 +61,11 @@ def _empty_ops() -> pd.DataFrame:
     )
 
 
-def critical_path(graph: StepGraph, events: pd.DataFrame) -> CriticalPath:
+def critical_path(graph: StepGraph, events: pd.DataFrame | Mapping[int, pd.DataFrame]) -> CriticalPath:
     """The longest path of ``graph`` from its start node to its end node, broken down by HTA's
-    categories; ``events`` is the rank's events table the graph's events index (iloc). A graph of
-    no nodes (a trace of no events) gives a path of length 0 with every share 0."""
+    categories; ``events`` is the rank's events table the graph's events index (iloc), or for a
+    joined multi-rank graph (:func:`analyzer.metrics.depgraph.join_ranks`) each rank's table by
+    rank. A graph of no nodes (a trace of no events) gives a path of length 0 with every share 0."""
     if graph.start_node < 0:
         return CriticalPath(
             graph.rank,
@@ -93,20 +94,36 @@ def critical_path(graph: StepGraph, events: pd.DataFrame) -> CriticalPath:
     )
 
 
-def _path_ops(graph: StepGraph, path: np.ndarray, events: pd.DataFrame, total_ns: int) -> pd.DataFrame:
+def _path_ops(
+    graph: StepGraph, path: np.ndarray, events: pd.DataFrame | Mapping[int, pd.DataFrame], total_ns: int
+) -> pd.DataFrame:
     """The path's time per (event name, kind, bound), largest first."""
     ev = graph.edge_event[path]
     keep = (ev >= 0) & (graph.edge_weight_ns[path] > 0) & (graph.edge_bound[path] >= 0)
     if not keep.any():
         return _empty_ops()
     rows = ev[keep]
+    if isinstance(events, pd.DataFrame):
+        ranks = np.zeros(len(rows), np.int64)
+        tables = {0: events}
+    else:  # a joined multi-rank graph: an edge's event is in its source node's rank's table
+        if graph.node_rank is None:
+            raise ValueError("events by rank are for a joined multi-rank graph (join_ranks); pass the rank's table")
+        ranks = graph.node_rank[graph.edge_src[path][keep]]
+        tables = dict(events)
+    names = np.empty(len(rows), dtype=object)
+    kinds = np.empty(len(rows), dtype=object)
+    for r in np.unique(ranks).tolist():
+        at = ranks == r
+        names[at] = tables[r]["name"].to_numpy(object)[rows[at]].astype(str)
+        kinds[at] = tables[r]["kind"].to_numpy(object)[rows[at]].astype(str)
     frame = pd.DataFrame(
         {
-            "name": events["name"].to_numpy(object)[rows].astype(str),
-            "kind": events["kind"].to_numpy(object)[rows].astype(str),
+            "name": names,
+            "kind": kinds,
             "bound": np.asarray(BOUND_CATEGORIES, dtype=object)[graph.edge_bound[path][keep]],
             "ns": graph.edge_weight_ns[path][keep],
-            "event": rows,
+            "event": ranks * (1 << 40) + rows,
         }
     )
     out = (
