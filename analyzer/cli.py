@@ -500,10 +500,10 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         from analyzer.verbs.suggest.emit import emit_config
         from analyzer.verbs.suggest.facts import run_facts
         from analyzer.render.text import suggestions_text
-        from analyzer.verbs.suggest.run import suggest, suggestions_document
+        from analyzer.verbs.suggest.run import suggest, suggest_with_replay, suggestions_document
 
         analysis = _analyze(path, args, jobs)
-    suggestions = suggest(analysis)
+    suggestions = suggest_with_replay(analysis, path, cache=not args.no_cache) if args.replay else suggest(analysis)
     facts = run_facts(analysis)
     if args.json:
         _write_text(args.json, dumps_json(suggestions_document(analysis)))
@@ -516,6 +516,39 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         _print(
             f"\nwrote {written} ({chosen.rule} applied); run it: reftrain --nproc {facts.world_size} --config {written}"
         )
+    return EXIT_OK
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    """Replay a run's profiled steps with the changes asked for (docs/cli.md, "whatif"); ``--json`` writes a file."""
+    path = _existing(args.path)
+    from analyzer.verbs.whatif import WhatIfRequest, parse_faster
+
+    request = WhatIfRequest(
+        faster=parse_faster(args.faster),
+        comm_bandwidth_gbps=args.comm_bandwidth,
+        no_launch_overhead=args.no_launch_overhead,
+        overlap_comm=args.overlap_comm,
+        micro_batch_scale=args.micro_batch_scale,
+        accumulate=args.accumulate,
+        remove_rank_delay=args.remove_rank_delay,
+    )
+    if not request.describe():
+        raise AnalyzerError(
+            "whatif: name a change (--faster, --comm-bandwidth, --no-launch-overhead, --overlap-comm, "
+            "--micro-batch-scale, --accumulate, --remove-rank-delay)"
+        )
+    with _parsing([path], args) as jobs:
+        from analyzer.render.whatif import whatif_text
+        from analyzer.verbs.whatif import run_traces, whatif
+
+        analysis = _analyze(path, args, jobs)
+    # The traces again, from the parse cache the analysis just filled: the graphs need every event.
+    traces, _ = run_traces(path, cache=not args.no_cache)  # unusable files: reported by the analysis above
+    result = whatif(traces, request, path=str(path), mfu_before=analysis.mfu.median)
+    if args.json:
+        _write_text(args.json, dumps_json(result.to_json()))
+    _print(whatif_text(result))
     return EXIT_OK
 
 
@@ -727,6 +760,16 @@ def build_parser() -> argparse.ArgumentParser:
             "See docs/suggestions.md.",
         )
     )
+    _whatif_arguments(
+        sub.add_parser(
+            "whatif",
+            parents=[common, analysis],
+            help="replay the profiled steps with changed durations: predicted step time, MFU, critical path",
+            description="Each rank's profiled step becomes its dependency graph, replayed with the changes "
+            "asked for: the predicted step time, MFU and new critical path next to the measured ones. "
+            "See docs/cli.md (whatif) and docs/suggestions.md (Replay).",
+        )
+    )
     return parser
 
 
@@ -908,7 +951,54 @@ def _suggest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pick", type=positive_int, default=1, metavar="N", help="which suggestion --emit-config applies (1 = top)"
     )
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="predict with the replay of the profiled steps where it simulates the change (docs/suggestions.md, "
+        "Replay); the report's suggestions keep the closed form",
+    )
     p.set_defaults(func=cmd_suggest)
+
+
+def _whatif_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="a reftrain run directory, a folder of traces, or one trace file")
+    p.add_argument(
+        "--faster",
+        action="append",
+        default=[],
+        metavar="CLASS=K",
+        help="kernels of this class K times faster (gemm, attention, convolution, elementwise, reduction, "
+        "normalization, communication, memcpy, memset, other); repeatable",
+    )
+    p.add_argument(
+        "--comm-bandwidth",
+        type=_positive,
+        metavar="GBPS",
+        help="collectives at this bus bandwidth (GB/s), alpha-beta with the fixed cost fitted on the trace's own",
+    )
+    p.add_argument(
+        "--no-launch-overhead",
+        action="store_true",
+        help="launches cost nothing (CUDA graphs): launch delays and launch calls' CPU time removed",
+    )
+    p.add_argument("--overlap-comm", action="store_true", help="communication hidden behind compute: it blocks nothing")
+    p.add_argument(
+        "--micro-batch-scale",
+        type=_positive,
+        metavar="F",
+        help="a micro-batch F times larger: compute scales by F, launches and collectives do not",
+    )
+    p.add_argument(
+        "--accumulate",
+        type=positive_int,
+        metavar="K",
+        help="K times the micro-batches per optimizer step: all but the gradient sync and the optimizer repeat",
+    )
+    p.add_argument(
+        "--remove-rank-delay", type=int, metavar="R", help="rank R's delay removed (traces of two or more ranks)"
+    )
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the result as JSON (schema analyzer.whatif/1)")
+    p.set_defaults(func=cmd_whatif)
 
 
 def _limit_options(args: argparse.Namespace) -> list:

@@ -16,7 +16,11 @@ For each scenario (a deliberately poor 2-rank gloo CPU config), the bench
    run's steady-state median), the measured gain (median over the
    base/after pairs of the pair's throughput ratio), the predicted gain
    (median over the base runs' predictions) and the prediction's error
-   relative to the measured gain.
+   relative to the measured gain, for both models: the closed form (the
+   rules' what-ifs, which pick the change) and the replay of the base run's
+   profiled steps with that change (``analyzer.verbs.suggest.run.replay_predictions``;
+   "-" where the replay does not simulate the rule's change or does not
+   reproduce the measured step).
 
 Every run uses the same peak FLOP/s (``run.peak_flops``, measured once at
 the start with reftrain's own matmul measurement), so MFU before and after
@@ -56,7 +60,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from analyzer.api import analyze  # noqa: E402
+from analyzer.errors import AnalyzerError  # noqa: E402
 from analyzer.verbs.suggest import emit_config, suggest  # noqa: E402
+from analyzer.verbs.suggest.run import replay_predictions  # noqa: E402
+from analyzer.verbs.whatif import run_traces  # noqa: E402
 from analyzer.metrics.stragglers import disturbed_steps  # noqa: E402
 from analyzer.metrics.throughput import throughput  # noqa: E402
 from reftrain.config import Config, resolve, set_value, to_yaml  # noqa: E402
@@ -232,11 +239,11 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
     base_cfg = work / f"{sc.name}.base.yaml"
     base_steps = max(steps, sc.min_steps)
     write_config(base_cfg, sc.settings, runs_dir, base_steps, peak)
-    before, after, predicted, picks = [], [], [], []
+    before, after, predicted, picks, replayed = [], [], [], [], []
     after_cfg = work / f"{sc.name}.after.yaml"
     for rep in range(repeats):
         b = measured(run_reftrain(base_cfg, f"{sc.name}-base-{rep}", runs_dir, timeout_s))
-        suggestions = suggest(b["analysis"])
+        suggestions = list(suggest(b["analysis"]))  # the closed form's (replay_predictions replaces the memo's)
         changes = [s for s in suggestions if s.kind == "change" and s.change.overrides]
         actionable = [s for s in changes if s.gain >= MIN_VERIFIABLE_GAIN]
         too_small = ", ".join(f"{s.rule} {s.gain:+.1%}" for s in changes if s.gain < MIN_VERIFIABLE_GAIN)
@@ -276,6 +283,7 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         # overrides may differ a little, e.g. 3 or 4 workers, as the measured wait moves).
         same = next((s for s in changes if s.rule == first.rule), None)
         predicted.append(same.gain if same is not None else 0.0)
+        replayed.append(replay_gain(b["analysis"], run_dir_of(b["analysis"]), first.rule))
         after.append(measured(run_reftrain(after_cfg, f"{sc.name}-after-{rep}", runs_dir, timeout_s, after_steps)))
         before.append(b)
     sb, sa = _summary(before), _summary(after)
@@ -285,6 +293,9 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
     gain = statistics.median(pair_gains)
     pred = statistics.median(predicted)
     rel_err = abs(pred - gain) / abs(gain) if gain else float("inf")
+    replay_known = [g for g in replayed if g is not None]
+    pred_replay = statistics.median(replay_known) if replay_known else None
+    rel_err_replay = abs(pred_replay - gain) / abs(gain) if pred_replay is not None and gain else None
     return {
         "scenario": sc.name,
         "why": sc.why,
@@ -299,6 +310,9 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         "predicted_gain": pred,
         "predicted_gains": predicted,
         "rel_error": rel_err,
+        "predicted_gain_replay": pred_replay,
+        "predicted_gains_replay": replayed,
+        "rel_error_replay": rel_err_replay,
         "improved": sa["mfu"] > sb["mfu"] and gain > 0,
         "within_target": rel_err <= MAX_REL_ERROR,
         "predicted_step_ms": first.predicted.step_time_ms_after if first.predicted else None,
@@ -307,6 +321,20 @@ def run_scenario(sc: Scenario, work: Path, steps: int, repeats: int, peak: float
         "load_1min": [r["load_1min"] for pair in zip(before, after) for r in pair],
         "steps": {"base": base_steps, "after": after_steps},
     }
+
+
+def run_dir_of(ra) -> Path:
+    return Path(ra.path if not isinstance(ra.path, list) else ra.path[0])
+
+
+def replay_gain(ra, run_dir: Path, rule: str) -> float | None:
+    """The replay's predicted gain for ``rule``'s suggestion on this run; None where the replay does not predict it."""
+    try:
+        traces, _ = run_traces(run_dir)
+        s = next((s for s in replay_predictions(ra, traces) if s.rule == rule), None)
+    except AnalyzerError:
+        return None  # no trace, or a step without a usable graph
+    return s.gain if s is not None and s.predicted is not None and s.predicted.model == "replay" else None
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -454,6 +482,14 @@ def calibrate_kappa(
     return out
 
 
+def _signed(x: float | None) -> str:
+    return f"{x:+7.1%}" if x is not None else "      -"
+
+
+def _plain(x: float | None) -> str:
+    return f"{x:6.1%}" if x is not None else "     -"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps, one repeat (development)")
@@ -549,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    error: {exc}", flush=True)
     print(
         "\nscenario              top suggestion        tokens/s before -> after    MFU before -> after   "
-        "gain measured  predicted  error"
+        "gain measured  closed-form  error   replay  error"
     )
     for r in results:
         if "measured_gain" not in r:
@@ -561,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['scenario']:21s} {r['top']:21s} {b['tokens_per_s']:9.0f} -> {a['tokens_per_s']:9.0f}   "
             f"{100 * b['mfu']:6.2f}% -> {100 * a['mfu']:6.2f}%   {r['measured_gain']:+9.1%}  {r['predicted_gain']:+9.1%}  "
-            f"{r['rel_error']:6.1%}{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}"
+            f"{r['rel_error']:6.1%}  {_signed(r['predicted_gain_replay'])}  {_plain(r['rel_error_replay'])}"
+            f"{'' if r['within_target'] else '  (over 25%)'}{'' if r['improved'] else '  NOT IMPROVED'}"
             f"  load {min(r['load_1min']):.1f}-{max(r['load_1min']):.1f}"
         )
     if args.json:

@@ -803,7 +803,7 @@ def suggestions_text(
         out.append(f"    {'advice' if not s.change.overrides else 'plain PyTorch'}: {s.change.advice}")
         if s.predicted is not None:
             out.append(f"    predicted: {prediction_text(s)}")
-            out.append(f"      how: {s.predicted.method}")
+            out.append(f"      how ({s.predicted.model}): {s.predicted.method}")
         if s.coverage:
             out.append(f"    coverage: {coverage_text(s.coverage)}")
         for note in s.notes:

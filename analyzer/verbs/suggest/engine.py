@@ -105,7 +105,10 @@ class Prediction:
     (and tokens/s, when known) scale by ``1 + gain`` because the model FLOPs
     per token do not change. ``method`` states the what-if in one sentence.
     ``scope`` is ``steady-state step`` for all rules except those that act
-    on the whole run's wall time (the profiler window).
+    on the whole run's wall time (the profiler window). ``model`` says which
+    model predicted: ``closed-form`` (analyzer/verbs/suggest/whatif.py) or
+    ``replay`` (the profiled steps' dependency graphs replayed with the
+    change, analyzer/metrics/replay.py).
     """
 
     step_time_ms_before: float
@@ -119,6 +122,7 @@ class Prediction:
     method: str
     scope: str = "steady-state step"
     work_ratio: float = 1.0  # work per step after / before (batch growth) when tokens are unknown (traces)
+    model: Literal["closed-form", "replay"] = "closed-form"
 
     @property
     def gain(self) -> float:
@@ -144,6 +148,7 @@ class Prediction:
             "work_ratio": jsonable(self.work_ratio),
             "method": self.method,
             "scope": self.scope,
+            "model": self.model,
         }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from analyzer.verbs.suggest import (  # noqa: F401
@@ -46,7 +47,10 @@ from analyzer.verbs.suggest.engine import (
 from analyzer.verbs.suggest.memo import memo_of
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from analyzer.api import RunAnalysis
+    from analyzer.ingest.tables import RankTrace
     from analyzer.verbs.suggest.facts import RunFacts
 
 # FLOP coverage under this leaves the trace-shape MFU a lower bound (analyzer.metrics.mfu.COVERAGE_MIN's figure).
@@ -152,6 +156,52 @@ def suggest(ra: "RunAnalysis") -> list[Suggestion]:
         ranked[0] = dataclasses.replace(ranked[0], notes=(note, *ranked[0].notes))
     memo.suggestions = tuple(ranked)
     return ranked
+
+
+def replay_predictions(ra: "RunAnalysis", traces: "Sequence[RankTrace]") -> list[Suggestion]:
+    """:func:`suggest` with each prediction the replay can make made by it (``predicted.model == "replay"``,
+    :func:`analyzer.verbs.suggest.whatif.replayed`), the others kept; the ranking stays. Stored in the
+    analysis' memo: :func:`suggest`, :func:`report_suggestions` and :func:`suggestions_document` of ``ra``
+    return these from then on. ``traces``: the run's profiled traces (rank, step windows)."""
+    from analyzer.verbs.suggest.facts import run_facts
+    from analyzer.verbs.suggest.whatif import replayed
+    from analyzer.verbs.whatif import step_graphs
+
+    ranked = suggest(ra)
+    facts = run_facts(ra)
+    graphs = step_graphs(traces)
+    out = [replayed(s, facts, graphs) for s in ranked]
+    memo_of(ra).suggestions = tuple(out)
+    return out
+
+
+# `analyzer suggest` replays runs of at most this many trace files (a graph per rank and profiled step, about
+# 0.1 to 0.5 s each on the development machine); larger runs keep the closed form.
+REPLAY_MAX_TRACES = 64
+
+
+def suggest_with_replay(ra: "RunAnalysis", path: Path, cache: bool = True) -> list[Suggestion]:
+    """``analyzer suggest --replay``'s suggestions: :func:`replay_predictions` over the run's traces at ``path``
+    when a suggestion's change is one the replay simulates and the run has at most :data:`REPLAY_MAX_TRACES`
+    trace files, else (or without a usable trace) :func:`suggest`."""
+    from analyzer.errors import AnalyzerError
+    from analyzer.verbs.suggest.facts import run_facts
+    from analyzer.verbs.suggest.whatif import replay_request
+    from analyzer.verbs.whatif import run_traces
+
+    facts = run_facts(ra)
+    if not any(replay_request(s, facts) for s in suggest(ra)):
+        return suggest(ra)  # no change the replay simulates: the traces are not read
+    try:
+        traces, _ = run_traces(path, cache=cache)
+    except AnalyzerError:
+        return suggest(ra)  # the analysis has said why no trace could be used
+    if len(traces) > REPLAY_MAX_TRACES:
+        return suggest(ra)
+    try:
+        return replay_predictions(ra, traces)
+    except AnalyzerError:
+        return suggest(ra)  # a step without a usable graph (a cycle): the closed form, which needs none
 
 
 def report_suggestions(ra: "RunAnalysis") -> list[dict[str, Any]]:

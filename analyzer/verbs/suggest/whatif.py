@@ -14,12 +14,17 @@ was calibrated on a GPU (none was available).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Mapping
+
+import pandas as pd
 
 from analyzer.verbs.suggest.engine import Prediction
 
 if TYPE_CHECKING:
+    from analyzer.metrics.depgraph import StepGraph
+    from analyzer.verbs.suggest.engine import Suggestion
     from analyzer.verbs.suggest.facts import RunFacts
+    from analyzer.verbs.whatif import WhatIfRequest
 
 # Asymptotic efficiency of the per-token work of a training step on CPU,
 # relative to the run's measured matmul peak (reftrain's 1024^3 fp32 matmul):
@@ -61,6 +66,7 @@ def prediction(
     peak_ratio: float = 1.0,
     scope: str = "steady-state step",
     step_before_ms: float | None = None,
+    model: Literal["closed-form", "replay"] = "closed-form",
 ) -> Prediction:
     """A Prediction from the run's measured step and the what-if step.
 
@@ -93,6 +99,7 @@ def prediction(
         method=method,
         scope=scope,
         work_ratio=work,
+        model=model,
     )
 
 
@@ -272,3 +279,81 @@ def ddp_last_bucket_bytes(grad_bytes: float, bucket_cap_mb: float) -> float:
 def accumulate_step_ms(step_ms: float, per_micro_ms: float, factor: int) -> float:
     """Step with ``factor`` times the micro-batches per optimizer step: the per-micro part repeats, the rest does not."""
     return step_ms + (factor - 1) * per_micro_ms
+
+
+# ---------------------------------------------------------------------------
+# The replay in place of the closed form
+# ---------------------------------------------------------------------------
+
+# The replay predicts only where the unchanged replay reproduces the measured profiled steps this closely.
+REPLAY_TOLERANCE = 0.02
+
+
+def replay_request(s: "Suggestion", f: "RunFacts") -> "WhatIfRequest | None":
+    """The replay's version of a suggestion's change, for the rules whose change it can simulate; else None.
+
+    micro_batch, smaller_micro_batch: the micro-batch factor; grad_accumulation:
+    the accumulation factor; overlap_grad_sync: communication overlapped;
+    straggler: the rank's delay removed; cuda_graphs: no launch overhead.
+    """
+    from analyzer.verbs.whatif import WhatIfRequest
+
+    o = s.change.overrides
+    mb, ga = f.cfg("train.micro_batch_size"), f.cfg("train.grad_accum", 1) or 1
+    if s.rule in ("micro_batch", "smaller_micro_batch") and o.get("train.micro_batch_size") and mb:
+        return WhatIfRequest(micro_batch_scale=float(o["train.micro_batch_size"]) / float(mb))
+    if s.rule == "grad_accumulation" and o.get("train.grad_accum"):
+        k = int(o["train.grad_accum"]) // int(ga)
+        return WhatIfRequest(accumulate=k) if k >= 1 else None
+    if s.rule == "overlap_grad_sync":
+        return WhatIfRequest(overlap_comm=True)
+    if s.rule == "straggler" and isinstance(s.evidence.get("rank"), int):
+        return WhatIfRequest(remove_rank_delay=int(s.evidence["rank"]))
+    if s.rule == "cuda_graphs":
+        return WhatIfRequest(no_launch_overhead=True)
+    return None
+
+
+def replayed(
+    s: "Suggestion", f: "RunFacts", graphs: Mapping[int, Mapping[int, tuple["StepGraph", pd.DataFrame]]]
+) -> "Suggestion":
+    """``s`` with its prediction made by the replay where :func:`replay_request` applies and the replay is
+    trusted (the unchanged replay within :data:`REPLAY_TOLERANCE` of every profiled step); else ``s``.
+
+    The replay's ratio predicted / measured over the profiled steps (the job's, the slowest rank's) is
+    applied to the prediction's step before; tokens and work after are the closed form's (the change's).
+    The method says both models' step after.
+    """
+    import dataclasses
+
+    from analyzer.metrics.replay import ReplayError
+    from analyzer.verbs.whatif import whatif_graphs
+
+    request = replay_request(s, f)
+    p = s.predicted
+    if request is None or p is None or not graphs:
+        return s
+    try:
+        result = whatif_graphs(graphs, request)
+    except ReplayError:
+        return s
+    err, measured, predicted = result.unchanged_error, result.measured_step_ms, result.predicted_step_ms
+    if err is None or err > REPLAY_TOLERANCE or not measured or not predicted:
+        return s
+    after = p.step_time_ms_before * predicted / measured
+    method = (
+        f"replay of {len(result.steps)} profiled step(s) with {'; '.join(result.changes)}: the slowest rank's "
+        f"{measured:.1f} -> {predicted:.1f} ms, x {predicted / measured:.3f} on the {p.step_time_ms_before:.1f} ms "
+        f"step = {after:.1f} ms (closed form: {p.step_time_ms_after:.1f} ms)"
+    )
+    new = prediction(
+        f,
+        after,
+        method,
+        tokens_per_step_after=p.tokens_per_step_after,
+        work_ratio=p.work_ratio,
+        scope=p.scope,
+        step_before_ms=p.step_time_ms_before,
+        model="replay",
+    )
+    return dataclasses.replace(s, predicted=new)
