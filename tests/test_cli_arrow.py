@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_golden_reports import CASES, differences, golden_path, masked
+from tests.test_golden_reports import CASES, WITH_CRITICAL_PATH, differences, golden_path, masked
 
 # Which modules a console-script process ends with: pyarrow None (blocked), absent, or a module.
 PROBE = """
@@ -42,7 +42,8 @@ def test_console_report_without_arrow_matches_golden(name: str, tmp_path: Path) 
     out = tmp_path / "report.json"
     # `python -m analyzer.cli` runs console_main, as the installed `analyzer` script does.
     done = subprocess.run(
-        [sys.executable, "-m", "analyzer.cli", "report", str(base / sub), "--no-cache", "--json", str(out)],
+        [sys.executable, "-m", "analyzer.cli", "report", str(base / sub), "--no-cache", "--json", str(out)]
+        + (["--critical-path"] if name in WITH_CRITICAL_PATH else []),
         capture_output=True,
         text=True,
         timeout=600,
