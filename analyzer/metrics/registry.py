@@ -47,6 +47,7 @@ from analyzer.metrics import (
     mfu,
     overlap,
     passes,
+    replay,
     roofline,
     step_time,
     stragglers,
@@ -112,6 +113,8 @@ EMPTY_INPUTS: dict[str, Callable[[], Any]] = {
     "rank_memory": lambda: {0: memory.rank_memory(memory.empty_events(), tables.empty_steps())},
     "op_shapes": lambda: attribution.run_attribution({}).shapes,
     "step_graph": lambda: depgraph.step_graph(tables.empty_events(), tables.empty_steps(), -1),
+    "replay": lambda: replay.replay(EMPTY_INPUTS["step_graph"]()),
+    "edge_facts": lambda: replay.edge_facts(EMPTY_INPUTS["step_graph"](), tables.empty_events()),
 }
 
 
@@ -187,6 +190,10 @@ METRICS: tuple[Metric, ...] = (
         events="events",
         steps="steps",
     ),
+    # replay: the step graph replayed with changed weights (what-if)
+    metric(replay.replayed_path, echoes=("rank", "step", "graph"), graph="step_graph", r="replay", events="events"),
+    metric(replay.edge_facts, graph="step_graph", events="events"),
+    metric(replay.collective_order, graph="step_graph", facts="edge_facts", events="events"),
     metric(curves.training_curves, manifest="manifest", metrics="metrics"),
     metric(curves.smooth, params={"window": 5}, table="curves"),
     metric(curves.overlay, params={"metric": "loss"}, curves="run_curves"),

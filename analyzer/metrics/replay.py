@@ -228,6 +228,9 @@ def replay(graph: StepGraph, weights: Weights | np.ndarray | None = None) -> Rep
         raise ReplayError(f"{len(w)} weights for {len(graph.edge_src)} edges")
     if len(w) and int(w.min()) < 0:
         raise ReplayError("an edge weight is negative")
+    if graph.start_node < 0:  # a graph of no events (an empty trace or window): nothing to replay
+        empty = np.zeros(0, dtype=np.int64)
+        return Replay(0, 0, graph.node_ts_ns.astype(np.int64), empty, w, int(weights.floor_ns))
     t, via = longest_times(graph, w)
     path = path_edges(graph, via)
     start = int(graph.node_ts_ns[graph.start_node])
