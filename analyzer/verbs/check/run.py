@@ -66,14 +66,14 @@ def check(
     for b in bases:
         notes += [n for n in check_compatible(b, candidate) if n not in notes]
     base_samples, cand_samples, sample_notes = run_samples(bases[0], candidate, *bases[1:])
+    labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
     cpu_base: list[StepSamples | None] = []
     cpu_cand = None
     if cpu_time:
-        cpu_base = [cpu_samples(b, "baseline" if len(bases) == 1 else f"baseline {i + 1}") for i, b in enumerate(bases)]
+        cpu_base = [cpu_samples(b, label) for b, label in zip(bases, labels)]
         cpu_cand = cpu_samples(candidate, "candidate")
     probes_base: list[Probes | None] = []
     probes_cand = None
-    labels = ["baseline"] if len(bases) == 1 else [f"baseline {i + 1}" for i in range(len(bases))]
     if machine_speed:
         probes_base = [run_probes(b, label) for b, label in zip(bases, labels)]
         probes_cand = run_probes(candidate, "candidate")
@@ -90,8 +90,8 @@ def check(
     )
     if candidate.kind == "reftrain":
         notes += injected_notes("candidate", candidate.run_manifest)
-        for i, b in enumerate(bases):
-            notes += injected_notes("baseline" if len(bases) == 1 else f"baseline {i + 1}", b.run_manifest)
+        for b, label in zip(bases, labels):
+            notes += injected_notes(label, b.run_manifest)
     return GateOutcome(
         result=result,
         comparison=compare(bases[0], candidate),
